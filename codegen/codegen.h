@@ -1,0 +1,22 @@
+/* codegen.h - backends. A backend is a table of functions filled with designated initialisers
+ * (as QBE's targets are); main.c picks one by name. Each emitter reads a planned IrGraph
+ * (memplan has run) and writes one self-contained C translation unit that defines the model's
+ * RtModel and main(), to be compiled and linked with libnetrt.
+ */
+#ifndef NETC_CODEGEN_H
+#define NETC_CODEGEN_H
+
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef struct CgBackend {
+    const char *name;        /* --backend NAME */
+    const char *description;
+    /* Write the trainer's C source for a planned graph. Returns 0 on success. */
+    int (*emit)(const IrGraph *g, FILE *out);
+} CgBackend;
+
+extern const CgBackend cg_cpu;
+
+#endif

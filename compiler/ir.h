@@ -1,0 +1,213 @@
+/* ir.h - the netc intermediate representation.
+ *
+ * A training program is one IrGraph: a list of IrNodes in schedule order (every operand comes
+ * before its user), each an SSA value with a shape, a dtype and a physical layout. Semantic
+ * analysis emits the forward part; autodiff appends the backward part; the optimizer update is
+ * described by graph->train and emitted by the backend as one loop over flat buffers.
+ *
+ *   nodes[0 .. n_fwd)      forward pass, loss and metrics (also the evaluation step)
+ *   nodes[n_fwd .. n)      backward pass; each trainable parameter's gradient ends in its
+ *                          IrParam.grad node
+ *
+ * Shapes are logical and follow PyTorch (NCHW, Linear weight [out,in]); `layout` says how the
+ * elements are stored. The memory plan fills `storage`/`offset`.
+ */
+#ifndef NETC_IR_H
+#define NETC_IR_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "diag.h"
+#include "util.h"
+
+typedef enum {
+#define OP(e, name, arity, kind, meaning) OP_##e,
+#include "ops.def"
+#undef OP
+    OP__COUNT
+} IrOp;
+
+typedef enum {
+    OPK_SOURCE, /* no operands */
+    OPK_EW,     /* element-wise with broadcasting */
+    OPK_REDUCE, /* reduction */
+    OPK_LIB,    /* library kernel */
+    OPK_VIEW,   /* reinterpretation of the operand's storage */
+} IrOpKind;
+
+/* Element types. The order matches RtDtype in runtime/netrt.h. */
+typedef enum {
+    DT_F32,  /* float */
+    DT_F16,  /* IEEE half, stored as uint16_t */
+    DT_BF16, /* bfloat16, stored as uint16_t */
+    DT_I32,  /* int32_t */
+    DT_I64,  /* int64_t */
+    DT_U8,   /* uint8_t */
+    DT__COUNT
+} IrDtype;
+
+typedef enum {
+    LAYOUT_ROW_MAJOR, /* contiguous, last axis fastest (PyTorch's default) */
+    LAYOUT_NHWC,      /* rank-4 [N,C,H,W] stored channels-last */
+} IrLayout;
+
+enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 3 };
+
+/* Every tensor is at most 2^40 elements; larger shapes are a compile error (also keeps every
+ * size computation far from int64 overflow). */
+#define IR_MAX_NUMEL ((int64_t)1 << 40)
+
+typedef struct IrShape {
+    int rank;
+    int64_t dim[IR_MAX_RANK];
+} IrShape;
+
+/* Operator attributes; each operator reads only the fields its ops.def line names. */
+typedef struct IrAttrs {
+    int kernel[2], stride[2], pad[2], dil[2]; /* conv2d/pooling, (h, w) */
+    int groups;                               /* conv2d */
+    int trans_a, trans_b;                     /* matmul */
+    double scalar;                            /* const value */
+    double p;                                 /* dropout probability */
+    int seed_id;                              /* dropout: which mask (shared by forward and grad) */
+    int batch_masked;                         /* mean: only the first n_valid rows count */
+} IrAttrs;
+
+typedef enum {
+    ST_NONE,   /* not planned yet */
+    ST_ARENA,  /* offset bytes into the step's arena */
+    ST_INPUT,  /* the runtime's batch buffer for input number `index` */
+    ST_PARAM,  /* flat parameter buffer, element offset `offset` */
+    ST_GRAD,   /* flat gradient buffer, element offset `offset` */
+    ST_ALIAS,  /* the storage of operand 0 (views) */
+    ST_INLINE, /* scalar constants: no storage, the value is written into the code */
+} IrStorage;
+
+typedef enum { PHASE_FWD, PHASE_BWD } IrPhase;
+
+typedef struct IrNode IrNode;
+struct IrNode {
+    int id; /* value number, printed %id; index in graph->nodes after ir_renumber() */
+    IrOp op;
+    int n_in;
+    IrNode *in[IR_MAX_OPERANDS];
+    IrShape shape;
+    IrDtype dtype;
+    IrLayout layout;
+    IrAttrs attr;
+    IrPhase phase;
+    SrcLoc loc;         /* the .net expression this came from */
+    const char *name;   /* INPUT/PARAM: the input's or parameter's name; others may be NULL */
+    int index;          /* INPUT: input number; PARAM: parameter number */
+    /* filled by the memory plan */
+    IrStorage storage;
+    int64_t offset;     /* bytes for ST_ARENA, elements for ST_PARAM/ST_GRAD */
+    int first_use, last_use; /* schedule positions where the value is defined / last read */
+};
+
+typedef enum { INIT_ZEROS, INIT_ONES, INIT_UNIFORM, INIT_NORMAL } IrInit;
+
+typedef struct IrParam {
+    const char *name; /* hierarchical: layer1.0.conv1.weight */
+    IrNode *node;     /* the OP_PARAM node */
+    IrNode *grad;     /* gradient node (set by autodiff); NULL when frozen or unused */
+    int trainable;
+    IrInit init;
+    double init_a;    /* uniform: bound (U(-a, a)); normal: standard deviation */
+    int64_t offset;   /* element offset in the flat parameter buffer (memory plan) */
+    int64_t grad_offset; /* element offset in the flat gradient buffer, -1 if frozen */
+} IrParam;
+
+typedef struct IrInput {
+    const char *name;
+    IrNode *node;
+    SrcLoc loc;
+} IrInput;
+
+typedef enum { OPTIM_SGD, OPTIM_ADAMW } IrOptimKind;
+typedef enum { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE } IrSchedKind;
+typedef enum { LOSS_CROSS_ENTROPY, LOSS_MSE, LOSS_BCE_LOGITS } IrLossKind;
+
+/* The training recipe from the train { } section; units as in docs/language.md. */
+typedef struct IrTrain {
+    IrOptimKind optim;
+    double lr, momentum, dampening, weight_decay;
+    int nesterov;
+    double beta1, beta2, eps;
+    IrSchedKind sched;
+    double warmup_epochs; /* linear warm-up from 0 over this many epochs (may be fractional) */
+    double step_epochs;   /* SCHED_STEP: multiply by gamma every step_epochs epochs */
+    double gamma;
+    double min_lr;        /* SCHED_COSINE: the floor */
+    int64_t epochs;
+    int64_t eval_every;   /* epochs between evaluations */
+    int64_t log_every;    /* steps between log lines */
+    IrLossKind loss_kind;
+} IrTrain;
+
+typedef struct IrGraph {
+    Arena *arena;
+    const char *model_name;
+    const char *source_path;
+    int64_t batch;
+    IrNode **nodes;
+    int n, cap;
+    int n_fwd;         /* nodes[0..n_fwd) are the forward pass */
+    IrInput *inputs;
+    int n_inputs;
+    IrParam *params;
+    int n_params;
+    IrNode *loss;      /* scalar f32 */
+    IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
+    IrTrain train;
+    int n_dropout;     /* seed ids handed out so far */
+    /* filled by the memory plan */
+    int64_t arena_bytes;       /* size of the planned arena */
+    int64_t unplanned_bytes;   /* sum of every arena buffer without reuse */
+    int64_t n_param_floats;    /* flat parameter buffer */
+    int64_t n_grad_floats;     /* flat gradient buffer = trainable parameters */
+    int64_t scratch_per_thread; /* floats of per-thread scratch the library kernels need */
+} IrGraph;
+
+/* ---- the operator table */
+const char *ir_op_name(IrOp op);
+int ir_op_arity(IrOp op);
+IrOpKind ir_op_kind(IrOp op);
+const char *ir_op_meaning(IrOp op);
+const char *ir_dtype_name(IrDtype dt);   /* "f32" */
+const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
+int ir_dtype_size(IrDtype dt);
+int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
+
+/* ---- shapes */
+int64_t ir_numel(const IrShape *s);
+int ir_shape_eq(const IrShape *a, const IrShape *b);
+IrShape ir_shape(int rank, ...); /* ir_shape(2, (int64_t)4, (int64_t)8) */
+IrShape ir_scalar_shape(void);
+/* numpy broadcasting; returns 0 when the shapes do not broadcast */
+int ir_broadcast(const IrShape *a, const IrShape *b, IrShape *out);
+/* "[64, 1, 28, 28]" into buf */
+const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
+
+/* ---- building */
+IrGraph *ir_graph_new(Arena *arena);
+/* Append a node; operands must already be in the graph. Returns the node for attrs to be set. */
+IrNode *ir_add(IrGraph *g, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, ...);
+IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc);
+IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, double init_a,
+                      SrcLoc loc);
+IrNode *ir_add_input(IrGraph *g, const char *name, IrShape shape, IrDtype dt, SrcLoc loc);
+IrParam *ir_find_param(IrGraph *g, const char *name);
+/* Number nodes 0..n-1 in schedule order. */
+void ir_renumber(IrGraph *g);
+
+/* ---- checking and printing */
+/* Check every invariant (operand order, arity, shapes per operator, dtypes). On failure print
+ * what is wrong with the node and return 0. `stage` names the pass that ran last. */
+int ir_verify(const IrGraph *g, const char *stage);
+/* --dump=ir / --dump=grad: one line per node, stable for golden tests:
+ *   %7 = conv2d(%3, %6) f32[64,6,28,28] stride=1,1 pad=2,2   # lenet.net:9 */
+void ir_print(const IrGraph *g, FILE *out);
+
+#endif

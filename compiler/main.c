@@ -1,0 +1,306 @@
+/* main.c - the netc driver: command line, the pipeline, and building the trainer.
+ *
+ *   netc FILE.net [-o OUT] [-D NAME=VALUE]... [--emit-dir DIR] [--dump=STAGE] ...
+ *
+ * compile() is the whole pipeline in one place, with the verifier between the passes. The
+ * generated C is compiled by the system C compiler, started with an argument vector (never a
+ * shell), and the trainer appears atomically: it is linked to OUT.tmp.PID and renamed.
+ */
+#include <errno.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ast.h"
+#include "codegen.h"
+#include "diag.h"
+#include "ir.h"
+#include "passes.h"
+
+extern char **environ;
+
+#ifndef NETC_VERSION
+#define NETC_VERSION "0.1.0"
+#endif
+
+enum { MAX_DEFINES = 256 };
+
+typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_MEMPLAN, DUMP_C } DumpStage;
+
+static const char *const dump_names[] = {
+    [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad",
+    [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c",
+};
+
+typedef struct Options {
+    const char *input;
+    const char *output;   /* trainer executable; NULL = derived from the input name */
+    const char *emit_dir; /* keep the generated C here */
+    const char *backend;
+    const char *cc;
+    const char *runtime_dir;
+    const char *opt_level;
+    DumpStage dump;
+    int check_only; /* --check: stop after semantic analysis */
+    SemaDefine defs[MAX_DEFINES];
+    int n_defs;
+} Options;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: netc FILE.net [options]\n"
+            "\n"
+            "Compile a .net model into a standalone training executable.\n"
+            "\n"
+            "options:\n"
+            "  -o FILE              the trainer to write (default: FILE.net without .net)\n"
+            "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
+            "  --emit-dir DIR       keep the generated C source in DIR\n"
+            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, memplan, c\n"
+            "  --check              check the model (parse and analyse) and stop\n"
+            "  --backend NAME       code generator (default: cpu)\n"
+            "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
+            "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
+            "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR or the build tree)\n"
+            "  --version            print the version\n"
+            "  -h, --help           this text\n");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "netc: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nnetc: run 'netc --help' for the options\n");
+    return 2;
+}
+
+static int parse_define(Options *o, const char *arg) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1]) return usage_error("-D needs NAME=VALUE, found '%s'", arg);
+    if (o->n_defs == MAX_DEFINES) return usage_error("too many -D options (the limit is 256)%s", "");
+    for (int i = 0; i < o->n_defs; i++)
+        if (strncmp(o->defs[i].name, arg, (size_t)(eq - arg)) == 0 &&
+            o->defs[i].name[eq - arg] == 0)
+            return usage_error("-D %s given twice", o->defs[i].name);
+    o->defs[o->n_defs++] = (SemaDefine){.name = strndup(arg, (size_t)(eq - arg)), .value = eq + 1};
+    return 0;
+}
+
+static int parse_dump(Options *o, const char *stage) {
+    for (int i = 1; i < (int)(sizeof dump_names / sizeof *dump_names); i++)
+        if (strcmp(stage, dump_names[i]) == 0) {
+            o->dump = (DumpStage)i;
+            return 0;
+        }
+    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, memplan, c)", stage);
+}
+
+/* The value of an option written `--opt VALUE` or `--opt=VALUE`; NULL if this arg is not it. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, int *err) {
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return NULL;
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (argv[*i][n] != 0) return NULL;
+    if (*i + 1 >= argc) {
+        *err = usage_error("%s needs a value", name);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int parse_args(int argc, char **argv, Options *o) {
+    *o = (Options){.backend = "cpu", .opt_level = "2"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int err = 0;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--version") == 0) {
+            printf("netc %s\n", NETC_VERSION);
+            exit(0);
+        } else if (strcmp(a, "--check") == 0) {
+            o->check_only = 1;
+        } else if ((v = opt_value(argc, argv, &i, "-o", &err))) {
+            o->output = v;
+        } else if (strncmp(a, "-D", 2) == 0) {
+            const char *d = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : "");
+            if ((err = parse_define(o, d))) return err;
+        } else if (strncmp(a, "-O", 2) == 0 && a[2]) {
+            o->opt_level = a + 2;
+        } else if ((v = opt_value(argc, argv, &i, "--emit-dir", &err))) {
+            o->emit_dir = v;
+        } else if ((v = opt_value(argc, argv, &i, "--dump", &err))) {
+            if ((err = parse_dump(o, v))) return err;
+        } else if ((v = opt_value(argc, argv, &i, "--backend", &err))) {
+            o->backend = v;
+        } else if ((v = opt_value(argc, argv, &i, "--cc", &err))) {
+            o->cc = v;
+        } else if ((v = opt_value(argc, argv, &i, "--runtime-dir", &err))) {
+            o->runtime_dir = v;
+        } else if (err) {
+            return err;
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("unknown option '%s'", a);
+        } else if (o->input) {
+            return usage_error("more than one input file (already have '%s')", o->input);
+        } else {
+            o->input = a;
+        }
+        if (err) return err;
+    }
+    if (!o->input) return usage_error("no input file%s", "");
+    if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
+        strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
+        return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);
+    return 0;
+}
+
+static const CgBackend *find_backend(const char *name) {
+    static const CgBackend *const backends[] = {&cg_cpu};
+    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
+        if (strcmp(backends[i]->name, name) == 0) return backends[i];
+    return NULL;
+}
+
+/* The default trainer name: the input's file name without its directory and `.net`. */
+static char *default_output(const char *input) {
+    const char *base = strrchr(input, '/');
+    base = base ? base + 1 : input;
+    size_t n = strlen(base);
+    if (n > 4 && strcmp(base + n - 4, ".net") == 0) n -= 4;
+    return strndup(base, n);
+}
+
+/* Run argv[0] with an argument vector and wait; returns its exit status or -1. */
+static int run_command(char *const argv[]) {
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
+    if (rc != 0) {
+        fprintf(stderr, "netc: error: cannot run the C compiler '%s': %s\n", argv[0], strerror(rc));
+        fprintf(stderr, "  hint: install gcc, or name another compiler with --cc or $CC\n");
+        return -1;
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Compile the generated C at c_path into the trainer `out`, atomically. */
+static int build_trainer(const Options *o, const char *c_path, const char *out) {
+    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
+    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
+    char inc_rt[4096], inc_blas[4096], lib_rt[4096], opt[8], tmp_out[4096];
+    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
+    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
+    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
+    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+    snprintf(tmp_out, sizeof tmp_out, "%s.tmp.%ld", out, (long)getpid());
+    char *argv[] = {
+        (char *)cc, "-std=gnu11", opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
+        lib_rt, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
+        "-o", tmp_out, NULL,
+    };
+    int rc = run_command(argv);
+    if (rc != 0) {
+        unlink(tmp_out);
+        if (rc > 0) fprintf(stderr, "netc: error: the C compiler failed (exit %d) on %s\n", rc, c_path);
+        return 1;
+    }
+    if (rename(tmp_out, out) != 0) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", out, strerror(errno));
+        unlink(tmp_out);
+        return 1;
+    }
+    return 0;
+}
+
+/* Where the generated C goes: --emit-dir/NAME.c, or a private temporary directory. */
+static int c_source_path(const Options *o, const char *name, char *path, size_t size, char *tmpdir) {
+    if (o->emit_dir) {
+        if (mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
+            return 1;
+        }
+        snprintf(path, size, "%s/%s.c", o->emit_dir, name);
+        return 0;
+    }
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, 4096, "%s/netc.XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        fprintf(stderr, "netc: error: cannot create a temporary directory: %s\n", strerror(errno));
+        return 1;
+    }
+    snprintf(path, size, "%s/%s.c", tmpdir, name);
+    return 0;
+}
+
+static int write_c(const CgBackend *be, const IrGraph *g, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    int rc = be->emit(g, f);
+    if (fclose(f) != 0 || rc != 0) {
+        fprintf(stderr, "netc: error: writing %s failed\n", path);
+        return 1;
+    }
+    return 0;
+}
+
+static int emit_and_build(const Options *o, const CgBackend *be, const IrGraph *g) {
+    char *out = o->output ? strdup(o->output) : default_output(o->input);
+    const char *slash = strrchr(out, '/');
+    char c_path[4096], tmpdir[4096] = "";
+    int rc = c_source_path(o, slash ? slash + 1 : out, c_path, sizeof c_path, tmpdir);
+    if (!rc) rc = write_c(be, g, c_path);
+    if (!rc) rc = build_trainer(o, c_path, out);
+    if (*tmpdir) {
+        unlink(c_path);
+        rmdir(tmpdir);
+    }
+    free(out);
+    return rc;
+}
+
+static int verify(const IrGraph *g, const char *stage) {
+    if (ir_verify(g, stage)) return 1;
+    ICE("the IR is invalid after %s", stage);
+}
+
+/* The pipeline: parse, analyse, differentiate, plan, emit, build. */
+static int compile(const Options *o, Arena *arena) {
+    const CgBackend *be = find_backend(o->backend);
+    if (!be) return usage_error("unknown backend '%s' (available: cpu)", o->backend);
+    AstProgram *prog = parse_file(arena, o->input);
+    if (!prog || diag_error_count()) return 1;
+    if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
+    IrGraph *g = sema_build(arena, prog, (SemaDefine *)o->defs, o->n_defs);
+    if (!g) return 1;
+    if (o->check_only) return 0;
+    if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
+    if (ad_differentiate(g) != 0) return 1;
+    verify(g, "autodiff");
+    if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
+    mp_plan(g);
+    verify(g, "memplan");
+    if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
+    if (o->dump == DUMP_C) return be->emit(g, stdout);
+    return emit_and_build(o, be, g);
+}
+
+int main(int argc, char **argv) {
+    Options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    Arena arena = {0};
+    rc = compile(&o, &arena);
+    arena_free(&arena);
+    for (int i = 0; i < o.n_defs; i++) free((char *)o.defs[i].name);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* passes.h - the entry points of the middle end, in pipeline order (see main.c: compile()). */
+#ifndef NETC_PASSES_H
+#define NETC_PASSES_H
+
+#include <stdio.h>
+
+#include "ast.h"
+#include "ir.h"
+
+/* A -D NAME=VALUE override of a model constant. */
+typedef struct SemaDefine {
+    const char *name;
+    const char *value; /* as written; parsed as an integer, a float, true or false */
+    int used;          /* set by sema; an unused define is an error */
+} SemaDefine;
+
+/* sema.c: evaluate the program (constants, blocks, loops, conditionals), infer shapes and build
+ * the forward graph with the loss, metrics and training recipe. Errors go through diag;
+ * returns NULL if there were any. */
+IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int n_defs);
+
+/* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);
+ * guarantees every trainable parameter that the loss depends on has IrParam.grad, a node of
+ * the parameter's shape; parameters the loss does not depend on get a zero gradient (OP_CONST
+ * expanded) so the optimizer still sees weight decay. Gradients of a value used several times
+ * are summed. Frozen parameters get none. Returns 0 on success. */
+int ad_differentiate(IrGraph *g);
+
+/* memplan.c: assign storage to every node: parameters and gradients into the flat buffers
+ * (trainable first), inputs to the runtime's batch buffers, views alias their operand,
+ * everything else an offset in one arena from liveness over the schedule. Sets the graph's
+ * arena_bytes, unplanned_bytes, n_param_floats, n_grad_floats and scratch_per_thread. */
+void mp_plan(IrGraph *g);
+/* --dump=memplan: each buffer's offset, size and lifetime, the arena size and the sum
+ * without reuse. */
+void mp_print(const IrGraph *g, FILE *out);
+
+#endif

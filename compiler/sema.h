@@ -1,0 +1,112 @@
+/* sema.h - internal interface between the evaluator (sema.c) and the built-in layers and the
+ * train section (sema_builtins.c). The public entry point is sema_build() in passes.h. */
+#ifndef NETC_SEMA_H
+#define NETC_SEMA_H
+
+#include <errno.h>
+
+#include "ast.h"
+#include "ir.h"
+#include "passes.h"
+
+enum {
+    SEMA_MAX_DEPTH = 64,            /* nested block calls */
+    SEMA_MAX_ITERATIONS = 1000000,  /* loop iterations over the whole compilation */
+    SEMA_MAX_NODES = 2000000,       /* IR operations */
+    SEMA_MAX_ARGS = 12,             /* parameters of any built-in */
+};
+
+typedef enum {
+    V_ERR,    /* an error was reported; consumers stay silent */
+    V_NONE,   /* no value (unset argument, no return yet) */
+    V_INT,    /* i */
+    V_FLOAT,  /* f */
+    V_BOOL,   /* i: 0 or 1 */
+    V_STR,    /* s */
+    V_TENSOR, /* t */
+    V_LIST,   /* items, n */
+} VKind;
+
+typedef struct Value {
+    VKind k;
+    int64_t i;
+    double f;
+    const char *s;
+    IrNode *t;
+    struct Value *items;
+    int n;
+} Value;
+
+typedef struct Binding {
+    const char *name;
+    Value v;
+    struct Binding *next;
+} Binding;
+
+typedef struct Env {
+    Binding *vars;
+    struct Env *parent;
+} Env;
+
+typedef struct Counter { /* automatic layer names: prefix/base -> next number */
+    const char *key;
+    int count;
+    struct Counter *next;
+} Counter;
+
+typedef struct Sema {
+    Arena *arena;
+    IrGraph *g;
+    const AstProgram *prog;
+    SemaDefine *defs;
+    int n_defs;
+    Env *global;
+    const AstStmt **blocks;
+    int n_blocks;
+    Vec block_vec;
+    const char *prefix; /* parameter name prefix in force ("" at the top) */
+    Counter *counters;
+    int depth, in_block, seen_train, too_big;
+    int64_t iterations;
+    Value ret; /* the return value of the block being run; V_NONE until `return` */
+} Sema;
+
+struct SemaBuiltin;
+typedef Value (*SemaBuiltinFn)(Sema *S, const AstExpr *call, const char *label, Value *args);
+
+typedef struct SemaBuiltin {
+    const char *name;
+    const char *signature; /* for hints: "x, out, bias=true" */
+    SemaBuiltinFn fn;
+    int n_required;
+    int n_params;
+    const char *params[SEMA_MAX_ARGS];
+} SemaBuiltin;
+
+/* sema.c */
+Value sema_eval(Sema *S, Env *env, const AstExpr *e);
+Value sema_call(Sema *S, Env *env, const AstExpr *call, const char *label);
+void sema_exec_body(Sema *S, Env *env, AstStmt *const *body, int n);
+int sema_bind_args(Sema *S, Env *env, const AstExpr *call, const char *const *names, int n,
+                   Value *out);
+Value sema_tensor_binop(Sema *S, int op, Value a, Value b, SrcLoc loc);
+IrNode *sema_node(Sema *S, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, IrNode *a,
+                  IrNode *b, IrNode *c);
+int sema_check_shape(Sema *S, const IrShape *s, SrcLoc loc);
+int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what);
+const char *sema_layer_name(Sema *S, const char *label, const char *base);
+const char *sema_shape_str(Sema *S, const IrShape *s);
+const char *sema_value_desc(Sema *S, Value v);
+SemaDefine *sema_find_define(Sema *S, const char *name);
+Value sema_parse_define(Sema *S, SemaDefine *d);
+Value sema_error(void);
+Value sema_int(int64_t i);
+Value sema_float(double f);
+Value sema_tensor(IrNode *t);
+double sema_num(Value v);
+
+/* sema_builtins.c */
+const SemaBuiltin *sema_find_builtin(const char *name);
+void sema_train(Sema *S, const AstStmt *train);
+
+#endif

@@ -1,0 +1,722 @@
+/* sema_builtins.c - the built-in layers, functions and losses, and the train section.
+ *
+ * Each built-in checks its arguments (shapes named in every error), creates its parameters
+ * under PyTorch's names and initialisation, and emits IR. docs/language.md documents each one;
+ * the table at the bottom of this file is the list of built-ins.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sema.h"
+
+/* ---- argument helpers */
+
+/* Where argument number `index` (or keyword `name`) was written, for error carets. */
+static SrcLoc arg_loc(const AstExpr *call, const char *name, int index) {
+    for (int i = 0; i < call->n_args; i++) {
+        const AstArg *a = &call->args[i];
+        if ((a->kw && strcmp(a->kw, name) == 0) || (!a->kw && i == index)) return a->value->loc;
+    }
+    return call->loc;
+}
+
+typedef struct {
+    Sema *S;
+    const AstExpr *call;
+    const SemaBuiltin *b;
+    Value *a;
+    int ok;
+} Args;
+
+static SrcLoc loc_of(Args *A, int i) { return arg_loc(A->call, A->b->params[i], i); }
+
+static int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
+    Value v = A->a[i];
+    if (v.k == V_NONE) return def;
+    if (v.k == V_ERR) {
+        A->ok = 0;
+        return def;
+    }
+    if (v.k != V_INT || v.i < min) {
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer >= %lld, found %s%s",
+                   A->b->params[i], A->b->name, (long long)min, sema_value_desc(A->S, v),
+                   v.k == V_INT ? arena_printf(A->S->arena, " %lld", (long long)v.i) : "");
+        A->ok = 0;
+        return def;
+    }
+    return v.i;
+}
+
+/* An int or a [h, w] list, as PyTorch's kernel_size/stride/padding. */
+static void arg_pair(Args *A, int i, int def, int min, int out[2]) {
+    Value v = A->a[i];
+    out[0] = out[1] = def;
+    if (v.k == V_LIST && v.n == 2 && v.items[0].k == V_INT && v.items[1].k == V_INT &&
+        v.items[0].i >= min && v.items[1].i >= min && v.items[0].i <= 1 << 20 &&
+        v.items[1].i <= 1 << 20) {
+        out[0] = (int)v.items[0].i;
+        out[1] = (int)v.items[1].i;
+        return;
+    }
+    if (v.k == V_LIST) {
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer or [h, w] with integers >= %d",
+                   A->b->params[i], A->b->name, min);
+        A->ok = 0;
+        return;
+    }
+    int64_t x = arg_int(A, i, def, min);
+    if (x > 1 << 20) {
+        diag_error(loc_of(A, i), "'%s' of %s is too large (%lld)", A->b->params[i], A->b->name,
+                   (long long)x);
+        A->ok = 0;
+        return;
+    }
+    out[0] = out[1] = (int)x;
+}
+
+static int arg_bool(Args *A, int i, int def) {
+    Value v = A->a[i];
+    if (v.k == V_NONE) return def;
+    if (v.k != V_BOOL) {
+        if (v.k != V_ERR)
+            diag_error(loc_of(A, i), "'%s' of %s must be true or false, found %s", A->b->params[i],
+                       A->b->name, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return def;
+    }
+    return (int)v.i;
+}
+
+static double arg_num(Args *A, int i, double def, double min, double max) {
+    Value v = A->a[i];
+    if (v.k == V_NONE) return def;
+    if ((v.k != V_INT && v.k != V_FLOAT) || !(sema_num(v) >= min && sema_num(v) <= max)) {
+        if (v.k != V_ERR)
+            diag_error(loc_of(A, i), "'%s' of %s must be a number in [%g, %g], found %s",
+                       A->b->params[i], A->b->name, min, max, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return def;
+    }
+    return sema_num(v);
+}
+
+static const char *arg_str(Args *A, int i, const char *def) {
+    Value v = A->a[i];
+    if (v.k == V_NONE) return def;
+    if (v.k != V_STR) {
+        if (v.k != V_ERR)
+            diag_error(loc_of(A, i), "'%s' of %s must be a string, found %s", A->b->params[i],
+                       A->b->name, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return def;
+    }
+    return v.s;
+}
+
+/* A float tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0). */
+static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
+    Value v = A->a[i];
+    char what[64];
+    snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
+    if (!sema_want_float_tensor(A->S, v, loc_of(A, i), what)) {
+        A->ok = 0;
+        return NULL;
+    }
+    int r = v.t->shape.rank;
+    if ((rank && r != rank) || r < min_rank) {
+        diag_error(loc_of(A, i), "%s must have %s%d axes, found shape %s", what,
+                   rank ? "" : "at least ", rank ? rank : min_rank,
+                   sema_shape_str(A->S, &v.t->shape));
+        A->ok = 0;
+        return NULL;
+    }
+    return v.t;
+}
+
+/* An integer tensor of class indices [N] matching `logits` [N, C], cast to i64 if needed. */
+static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
+    Value v = A->a[i];
+    if (v.k == V_ERR) return NULL;
+    if (v.k != V_TENSOR || v.t->dtype == DT_F32 || v.t->dtype == DT_F16 || v.t->dtype == DT_BF16) {
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer tensor of class indices, found %s",
+                   A->b->params[i], A->b->name, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return NULL;
+    }
+    if (v.t->shape.rank != 1 || v.t->shape.dim[0] != logits->shape.dim[0]) {
+        diag_error(loc_of(A, i), "labels of shape %s do not match logits of shape %s",
+                   sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
+        diag_hint("logits are [N, classes] and labels [N]");
+        A->ok = 0;
+        return NULL;
+    }
+    if (v.t->dtype == DT_I64) return v.t;
+    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
+}
+
+static IrParam *new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a,
+                          SrcLoc loc) {
+    if (!sema_check_shape(S, &shape, loc)) return NULL;
+    if (ir_find_param(S->g, name)) {
+        diag_error(loc, "parameter '%s' is defined twice", name);
+        diag_hint("give the layers different labels, e.g. `fc2: dense(...)`");
+        return NULL;
+    }
+    return ir_add_param(S->g, name, shape, init, a, loc);
+}
+
+/* Reshape node, or the node itself when the shape is unchanged. */
+static IrNode *reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc) {
+    if (ir_shape_eq(&x->shape, &shape)) return x;
+    return sema_node(S, OP_RESHAPE, shape, x->dtype, loc, 1, x, NULL, NULL);
+}
+
+#define BEGIN_ARGS(S, call, args)                                                        \
+    Args A_ = {S, call, sema_find_builtin(call->name), args, 1};                         \
+    Args *A = &A_
+
+/* ---- layers */
+
+static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, 2);
+    int64_t out = arg_int(A, 1, 1, 1);
+    int bias = arg_bool(A, 2, 1);
+    if (!A->ok) return sema_error();
+    int r = x->shape.rank;
+    int64_t in = x->shape.dim[r - 1], rows = ir_numel(&x->shape) / in;
+    const char *name = sema_layer_name(S, label, "dense");
+    double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, out, in),
+                           INIT_UNIFORM, bound, c->loc);
+    IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+                                  INIT_UNIFORM, bound, c->loc)
+                      : NULL;
+    if (!w || (bias && !b)) return sema_error();
+    IrNode *x2 = reshape(S, x, ir_shape(2, rows, in), c->loc);
+    IrNode *y = sema_node(S, OP_MATMUL, ir_shape(2, rows, out), DT_F32, c->loc, 2, x2, w->node, NULL);
+    y->attr.trans_b = 1;
+    if (b) y = sema_node(S, OP_ADD, y->shape, DT_F32, c->loc, 2, y, b->node, NULL);
+    IrShape ys = x->shape;
+    ys.dim[r - 1] = out;
+    return sema_tensor(reshape(S, y, ys, c->loc));
+}
+
+/* Output size of a convolution or pooling window along one axis (PyTorch's formula). */
+static int64_t window_out(int64_t in, int k, int stride, int pad, int dil) {
+    int64_t span = (int64_t)dil * (k - 1) + 1;
+    if (in + 2 * (int64_t)pad < span) return 0;
+    return (in + 2 * (int64_t)pad - span) / stride + 1;
+}
+
+static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 4, 4);
+    int64_t out = arg_int(A, 1, 1, 1);
+    int k[2], st[2], pad[2], dil[2];
+    arg_pair(A, 2, 1, 1, k);
+    arg_pair(A, 3, 1, 1, st);
+    arg_pair(A, 4, 0, 0, pad);
+    arg_pair(A, 5, 1, 1, dil);
+    int64_t groups = arg_int(A, 6, 1, 1);
+    int bias = arg_bool(A, 7, 1);
+    if (!A->ok) return sema_error();
+    int64_t C = x->shape.dim[1];
+    if (C % groups || out % groups) {
+        diag_error(c->loc, "groups=%lld must divide both the input channels (%lld) and the output "
+                   "channels (%lld)", (long long)groups, (long long)C, (long long)out);
+        return sema_error();
+    }
+    int64_t P = window_out(x->shape.dim[2], k[0], st[0], pad[0], dil[0]);
+    int64_t Q = window_out(x->shape.dim[3], k[1], st[1], pad[1], dil[1]);
+    if (P < 1 || Q < 1) {
+        diag_error(c->loc, "a %dx%d kernel (dilation %d,%d, padding %d,%d) does not fit input %s",
+                   k[0], k[1], dil[0], dil[1], pad[0], pad[1], sema_shape_str(S, &x->shape));
+        return sema_error();
+    }
+    const char *name = sema_layer_name(S, label, "conv2d");
+    int64_t fan_in = C / groups * k[0] * k[1];
+    double bound = 1.0 / sqrt((double)fan_in); /* torch.nn.Conv2d's default */
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
+                           ir_shape(4, out, C / groups, (int64_t)k[0], (int64_t)k[1]),
+                           INIT_UNIFORM, bound, c->loc);
+    IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+                                  INIT_UNIFORM, bound, c->loc)
+                      : NULL;
+    if (!w || (bias && !b)) return sema_error();
+    IrShape ys = ir_shape(4, x->shape.dim[0], out, P, Q);
+    if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
+    IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, w->node, NULL);
+    memcpy(y->attr.kernel, k, sizeof k);
+    memcpy(y->attr.stride, st, sizeof st);
+    memcpy(y->attr.pad, pad, sizeof pad);
+    memcpy(y->attr.dil, dil, sizeof dil);
+    y->attr.groups = (int)groups;
+    if (b) {
+        IrNode *b3 = reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), c->loc);
+        y = sema_node(S, OP_ADD, ys, DT_F32, c->loc, 2, y, b3, NULL);
+    }
+    return sema_tensor(y);
+}
+
+static Value b_pool(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 4, 4);
+    int k[2], st[2], pad[2];
+    arg_pair(A, 1, 1, 1, k);
+    if (A->a[2].k == V_NONE) memcpy(st, k, sizeof st);
+    else arg_pair(A, 2, 1, 1, st);
+    arg_pair(A, 3, 0, 0, pad);
+    if (!A->ok) return sema_error();
+    if (pad[0] > k[0] / 2 || pad[1] > k[1] / 2) {
+        diag_error(arg_loc(c, "pad", 3), "padding %d,%d is more than half the %dx%d window",
+                   pad[0], pad[1], k[0], k[1]);
+        diag_hint("PyTorch allows pad <= kernel/2");
+        return sema_error();
+    }
+    int64_t P = window_out(x->shape.dim[2], k[0], st[0], pad[0], 1);
+    int64_t Q = window_out(x->shape.dim[3], k[1], st[1], pad[1], 1);
+    if (P < 1 || Q < 1) {
+        diag_error(c->loc, "a %dx%d window does not fit input %s", k[0], k[1],
+                   sema_shape_str(S, &x->shape));
+        return sema_error();
+    }
+    IrOp op = strcmp(c->name, "maxpool2d") == 0 ? OP_MAXPOOL2D : OP_AVGPOOL2D;
+    IrNode *y = sema_node(S, op, ir_shape(4, x->shape.dim[0], x->shape.dim[1], P, Q), DT_F32,
+                          c->loc, 1, x, NULL, NULL);
+    memcpy(y->attr.kernel, k, sizeof k);
+    memcpy(y->attr.stride, st, sizeof st);
+    memcpy(y->attr.pad, pad, sizeof pad);
+    return sema_tensor(y);
+}
+
+static Value b_flatten(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, 1);
+    if (!A->ok) return sema_error();
+    int64_t n = x->shape.dim[0];
+    return sema_tensor(reshape(S, x, ir_shape(2, n, ir_numel(&x->shape) / n), c->loc));
+}
+
+static Value b_reshape(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, 0);
+    Value dims = A->a[1];
+    if (!A->ok) return sema_error();
+    if (dims.k != V_LIST || dims.n < 1 || dims.n > IR_MAX_RANK) {
+        diag_error(arg_loc(c, "shape", 1), "the shape of reshape must be a list of 1 to %d integers",
+                   IR_MAX_RANK);
+        return sema_error();
+    }
+    IrShape s = {.rank = dims.n};
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < dims.n; i++) {
+        Value d = dims.items[i];
+        if (d.k != V_INT || d.i == 0 || d.i < -1 || (d.i == -1 && infer >= 0)) {
+            diag_error(arg_loc(c, "shape", 1), "shape entries must be positive integers, with at most one -1");
+            return sema_error();
+        }
+        if (d.i == -1) infer = i;
+        else if (!checked_mul(known, d.i, &known) || known > IR_MAX_NUMEL) known = IR_MAX_NUMEL + 1;
+        s.dim[i] = d.i;
+    }
+    int64_t n = ir_numel(&x->shape);
+    if (infer >= 0 && known <= n && n % known == 0) s.dim[infer] = n / known;
+    if ((infer >= 0 && (known > n || n % known)) || (infer < 0 && known != n)) {
+        diag_error(c->loc, "cannot reshape %s (%lld elements) to the requested shape",
+                   sema_shape_str(S, &x->shape), (long long)n);
+        return sema_error();
+    }
+    return sema_tensor(reshape(S, x, s, c->loc));
+}
+
+static const struct {
+    const char *name;
+    IrOp op;
+} unary_ops[] = {
+    {"relu", OP_RELU}, {"sigmoid", OP_SIGMOID}, {"tanh", OP_TANH}, {"gelu", OP_GELU},
+    {"exp", OP_EXP},   {"log", OP_LOG},         {"sqrt", OP_SQRT}, {"softmax", OP_SOFTMAX},
+};
+
+static Value b_unary(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, c->name[0] == 's' && c->name[1] == 'o' ? 1 : 0);
+    if (!A->ok) return sema_error();
+    for (size_t i = 0; i < sizeof unary_ops / sizeof *unary_ops; i++)
+        if (strcmp(unary_ops[i].name, c->name) == 0)
+            return sema_tensor(sema_node(S, unary_ops[i].op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
+    ICE("b_unary: %s", c->name);
+}
+
+static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, 0);
+    double p = arg_num(A, 1, 0.5, 0, 0.999999);
+    if (!A->ok) return sema_error();
+    if (p == 0) return sema_tensor(x);
+    IrNode *y = sema_node(S, OP_DROPOUT, x->shape, x->dtype, c->loc, 1, x, NULL, NULL);
+    y->attr.p = p;
+    y->attr.seed_id = S->g->n_dropout++;
+    return sema_tensor(y);
+}
+
+static Value b_matmul(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *a = arg_tensor(A, 0, 0, 2), *b = arg_tensor(A, 1, 0, 2);
+    if (!A->ok) return sema_error();
+    int r = a->shape.rank;
+    if (r > 3 || b->shape.rank != r || a->shape.dim[r - 1] != b->shape.dim[r - 2] ||
+        (r == 3 && a->shape.dim[0] != b->shape.dim[0])) {
+        diag_error(c->loc, "matmul of shapes %s and %s: need [M,K]@[K,N] or [B,M,K]@[B,K,N]",
+                   sema_shape_str(S, &a->shape), sema_shape_str(S, &b->shape));
+        return sema_error();
+    }
+    IrShape s = a->shape;
+    s.dim[r - 1] = b->shape.dim[r - 1];
+    return sema_tensor(sema_node(S, OP_MATMUL, s, DT_F32, c->loc, 2, a, b, NULL));
+}
+
+static Value b_cast(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    IrDtype dt;
+    ir_dtype_from_name(c->name, &dt);
+    Value v = args[0];
+    if (v.k == V_ERR) return v;
+    int int_dt = dt == DT_I32 || dt == DT_I64 || dt == DT_U8;
+    if (v.k == V_INT || v.k == V_FLOAT)
+        return int_dt ? sema_int((int64_t)sema_num(v)) : sema_float(sema_num(v));
+    if (v.k != V_TENSOR) {
+        diag_error(c->loc, "%s() converts a tensor or a number, found %s", c->name, sema_value_desc(S, v));
+        return sema_error();
+    }
+    if (v.t->dtype == dt) return v;
+    return sema_tensor(sema_node(S, OP_CAST, v.t->shape, dt, c->loc, 1, v.t, NULL, NULL));
+}
+
+static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    Value dims = A->a[0];
+    const char *init = arg_str(A, 1, "normal");
+    double std = arg_num(A, 2, 1.0, 0, 1e6), a = arg_num(A, 3, 1.0, 0, 1e6);
+    if (!A->ok) return sema_error();
+    IrShape s = {.rank = dims.n};
+    int ok = dims.k == V_LIST && dims.n <= IR_MAX_RANK;
+    for (int i = 0; ok && i < dims.n; i++) {
+        ok = dims.items[i].k == V_INT && dims.items[i].i >= 1;
+        s.dim[i] = dims.items[i].i;
+    }
+    if (!ok) {
+        diag_error(arg_loc(c, "shape", 0), "param's shape must be a list of up to %d positive integers",
+                   IR_MAX_RANK);
+        return sema_error();
+    }
+    IrInit kind = INIT_NORMAL;
+    double ia = std;
+    if (strcmp(init, "zeros") == 0) kind = INIT_ZEROS;
+    else if (strcmp(init, "ones") == 0) kind = INIT_ONES;
+    else if (strcmp(init, "uniform") == 0) kind = INIT_UNIFORM, ia = a;
+    else if (strcmp(init, "normal") != 0) {
+        diag_error(arg_loc(c, "init", 1), "unknown init \"%s\"", init);
+        diag_hint("init is \"zeros\", \"ones\", \"uniform\" or \"normal\"");
+        return sema_error();
+    }
+    IrParam *p = new_param(S, sema_layer_name(S, label, "param"), s, kind, ia, c->loc);
+    return p ? sema_tensor(p->node) : sema_error();
+}
+
+static Value b_reduce(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 0, 0);
+    if (!A->ok) return sema_error();
+    IrOp op = strcmp(c->name, "mean") == 0 ? OP_MEAN : OP_SUM;
+    return sema_tensor(sema_node(S, op, ir_scalar_shape(), x->dtype, c->loc, 1, x, NULL, NULL));
+}
+
+/* ---- losses and metrics: the mean over the batch's valid rows */
+
+static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
+    IrNode *m = sema_node(S, OP_MEAN, ir_scalar_shape(), DT_F32, loc, 1, x, NULL, NULL);
+    m->attr.batch_masked = x->shape.rank >= 1 && x->shape.dim[0] == S->g->batch;
+    return m;
+}
+
+static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *logits = arg_tensor(A, 0, 2, 2);
+    if (!A->ok) return sema_error();
+    IrNode *lab = arg_labels(A, 1, logits);
+    if (!A->ok) return sema_error();
+    IrNode *l = sema_node(S, OP_XENT, ir_shape(1, logits->shape.dim[0]), DT_F32, c->loc, 2,
+                          logits, lab, NULL);
+    return sema_tensor(batch_mean(S, l, c->loc));
+}
+
+/* The two operands of an element-wise loss, which must have the same shape. */
+static int loss_pair(Args *A, IrNode **x, IrNode **t) {
+    *x = arg_tensor(A, 0, 0, 1);
+    *t = arg_tensor(A, 1, 0, 1);
+    if (!A->ok) return 0;
+    if (!ir_shape_eq(&(*x)->shape, &(*t)->shape)) {
+        diag_error(A->call->loc, "%s: prediction %s and target %s must have the same shape",
+                   A->b->name, sema_shape_str(A->S, &(*x)->shape), sema_shape_str(A->S, &(*t)->shape));
+        return 0;
+    }
+    return 1;
+}
+
+static Value b_mse(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x, *t;
+    if (!loss_pair(A, &x, &t)) return sema_error();
+    IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, t, NULL);
+    IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
+    return sema_tensor(batch_mean(S, sq, c->loc));
+}
+
+static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x, *t;
+    if (!loss_pair(A, &x, &t)) return sema_error();
+    IrNode *l = sema_node(S, OP_BCE_LOGITS, x->shape, DT_F32, c->loc, 2, x, t, NULL);
+    return sema_tensor(batch_mean(S, l, c->loc));
+}
+
+static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *logits = arg_tensor(A, 0, 2, 2);
+    if (!A->ok) return sema_error();
+    IrNode *lab = arg_labels(A, 1, logits);
+    if (!A->ok) return sema_error();
+    return sema_tensor(sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL));
+}
+
+/* ---- the table */
+
+#define CAST(n) {n, "x", b_cast, 1, 1, {"x"}}
+#define UNARY(n) {n, "x", b_unary, 1, 1, {"x"}}
+static const SemaBuiltin builtins[] = {
+    {"dense", "x, out, bias=true", b_dense, 2, 3, {"x", "out", "bias"}},
+    {"conv2d", "x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true", b_conv2d, 3, 8,
+     {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
+    {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
+    {"avgpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
+    {"flatten", "x", b_flatten, 1, 1, {"x"}},
+    {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},
+    UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("gelu"),
+    UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("softmax"),
+    {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
+    {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
+    CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
+    {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},
+    {"mean", "x", b_reduce, 1, 1, {"x"}},
+    {"sum", "x", b_reduce, 1, 1, {"x"}},
+    {"cross_entropy", "logits, label", b_cross_entropy, 2, 2, {"logits", "label"}},
+    {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
+    {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
+    {"accuracy", "logits, label", b_accuracy, 2, 2, {"logits", "label"}},
+};
+
+const SemaBuiltin *sema_find_builtin(const char *name) {
+    for (size_t i = 0; i < sizeof builtins / sizeof *builtins; i++)
+        if (strcmp(builtins[i].name, name) == 0) return &builtins[i];
+    return NULL;
+}
+
+/* ---- the train section */
+
+static const SemaBuiltin train_calls[] = {
+    {"sgd", "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false", NULL, 1, 5,
+     {"lr", "momentum", "dampening", "weight_decay", "nesterov"}},
+    {"adamw", "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01", NULL, 1, 4,
+     {"lr", "betas", "eps", "weight_decay"}},
+    {"constant", "", NULL, 0, 0, {""}},
+    {"step", "every, gamma=0.1", NULL, 1, 2, {"every", "gamma"}},
+    {"cosine", "min_lr=0", NULL, 0, 1, {"min_lr"}},
+};
+
+/* Bind a recipe call such as sgd(0.1, momentum=0.9); NULL (after an error) if it is none of
+ * `allowed` (a space-separated list of names). */
+static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const char *allowed, Value *args) {
+    const SemaBuiltin *b = NULL;
+    if (e->kind == AST_CALL)
+        for (size_t i = 0; i < sizeof train_calls / sizeof *train_calls; i++)
+            if (strcmp(train_calls[i].name, e->name) == 0 && strstr(allowed, e->name)) b = &train_calls[i];
+    if (!b) {
+        diag_error(e->loc, "expected one of: %s", allowed);
+        return NULL;
+    }
+    if (!sema_bind_args(S, S->global, e, b->params, b->n_params, args)) return NULL;
+    for (int i = 0; i < b->n_required; i++)
+        if (args[i].k == V_NONE) {
+            diag_error(e->loc, "'%s' needs the argument '%s'", b->name, b->params[i]);
+            diag_hint("%s(%s)", b->name, b->signature);
+            return NULL;
+        }
+    return b;
+}
+
+static void train_optimizer(Sema *S, const AstExpr *e) {
+    Value a[SEMA_MAX_ARGS];
+    const SemaBuiltin *b = recipe_call(S, e, "sgd(...) adamw(...)", a);
+    if (!b) return;
+    Args A_ = {S, e, b, a, 1}, *A = &A_;
+    IrTrain *t = &S->g->train;
+    t->lr = arg_num(A, 0, 0.01, 0, 1e6);
+    if (b->name[0] == 's') {
+        t->optim = OPTIM_SGD;
+        t->momentum = arg_num(A, 1, 0, 0, 1);
+        t->dampening = arg_num(A, 2, 0, 0, 1);
+        t->weight_decay = arg_num(A, 3, 0, 0, 1e6);
+        t->nesterov = arg_bool(A, 4, 0);
+        if (A->ok && t->nesterov && (t->momentum == 0 || t->dampening != 0))
+            diag_error(e->loc, "nesterov momentum needs momentum > 0 and dampening = 0 (as in PyTorch)");
+        return;
+    }
+    t->optim = OPTIM_ADAMW;
+    Value betas = a[1];
+    if (betas.k == V_LIST && betas.n == 2 && betas.items[0].k != V_LIST) {
+        t->beta1 = sema_num(betas.items[0]);
+        t->beta2 = sema_num(betas.items[1]);
+    } else if (betas.k != V_NONE) {
+        diag_error(arg_loc(e, "betas", 1), "betas must be a list of two numbers, e.g. [0.9, 0.999]");
+    }
+    if (!(t->beta1 >= 0 && t->beta1 < 1 && t->beta2 >= 0 && t->beta2 < 1))
+        diag_error(arg_loc(e, "betas", 1), "betas must lie in [0, 1)");
+    t->eps = arg_num(A, 2, 1e-8, 0, 1);
+    t->weight_decay = arg_num(A, 3, 0.01, 0, 1e6);
+}
+
+static void train_schedule(Sema *S, const AstExpr *e) {
+    Value a[SEMA_MAX_ARGS];
+    const SemaBuiltin *b = recipe_call(S, e, "constant() step(...) cosine(...)", a);
+    if (!b) return;
+    Args A_ = {S, e, b, a, 1}, *A = &A_;
+    IrTrain *t = &S->g->train;
+    if (strcmp(b->name, "constant") == 0) t->sched = SCHED_CONSTANT;
+    else if (strcmp(b->name, "step") == 0) {
+        t->sched = SCHED_STEP;
+        t->step_epochs = arg_num(A, 0, 1, 1e-9, 1e9);
+        t->gamma = arg_num(A, 1, 0.1, 0, 1e6);
+    } else {
+        t->sched = SCHED_COSINE;
+        t->min_lr = arg_num(A, 0, 0, 0, 1e6);
+    }
+}
+
+/* A setting that must be a number in [min, max]; returns def after an error. */
+static double train_num(Sema *S, const AstStmt *s, double min, double max, int integer) {
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_ERR) return min;
+    if ((v.k != V_INT && (integer || v.k != V_FLOAT)) || !(sema_num(v) >= min && sema_num(v) <= max)) {
+        diag_error(s->value->loc, "'%s' must be %s in [%g, %g], found %s", s->name,
+                   integer ? "an integer" : "a number", min, max, sema_value_desc(S, v));
+        return min;
+    }
+    return sema_num(v);
+}
+
+static void train_freeze(Sema *S, const AstStmt *s) {
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_STR) v = (Value){.k = V_LIST, .items = &v, .n = 1};
+    if (v.k != V_LIST) {
+        if (v.k != V_ERR) diag_error(s->value->loc, "freeze takes a list of parameter names, e.g. [\"conv1\"]");
+        return;
+    }
+    for (int i = 0; i < v.n; i++) {
+        if (v.items[i].k != V_STR) {
+            diag_error(s->value->loc, "freeze takes strings, found %s", sema_value_desc(S, v.items[i]));
+            continue;
+        }
+        const char *pre = v.items[i].s;
+        size_t n = strlen(pre);
+        int hits = 0;
+        for (int p = 0; p < S->g->n_params; p++) {
+            const char *name = S->g->params[p].name;
+            if (strncmp(name, pre, n) == 0 && (name[n] == 0 || name[n] == '.')) {
+                S->g->params[p].trainable = 0;
+                hits++;
+            }
+        }
+        if (!hits) diag_error(s->value->loc, "freeze: no parameter is named '%s' or starts with '%s.'", pre, pre);
+    }
+}
+
+static IrLossKind loss_kind(const AstExpr *e) {
+    while (e->kind == AST_LABELED) e = e->lhs;
+    if (e->kind == AST_CALL && strcmp(e->name, "mse") == 0) return LOSS_MSE;
+    if (e->kind == AST_CALL && strcmp(e->name, "bce_with_logits") == 0) return LOSS_BCE_LOGITS;
+    return LOSS_CROSS_ENTROPY;
+}
+
+static void train_loss(Sema *S, const AstStmt *s) {
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_ERR) return;
+    if (v.k != V_TENSOR || v.t->shape.rank != 0 || v.t->dtype != DT_F32) {
+        diag_error(s->value->loc, "the loss must be a scalar f32 tensor, found %s", sema_value_desc(S, v));
+        diag_hint("use a loss such as cross_entropy(logits, label), or mean(...)");
+        return;
+    }
+    S->g->loss = v.t;
+    S->g->train.loss_kind = loss_kind(s->value);
+}
+
+static void train_metrics(Sema *S, const AstStmt *s) {
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_LIST && v.n == 1) v = v.items[0];
+    if (v.k == V_ERR) return;
+    if (v.k != V_TENSOR || v.t->op != OP_ACCURACY) {
+        diag_error(s->value->loc, "metrics must be accuracy(logits, label)");
+        return;
+    }
+    S->g->correct = v.t;
+}
+
+static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
+    IrTrain *t = &S->g->train;
+    if (strcmp(s->name, "loss") == 0) train_loss(S, s);
+    else if (strcmp(s->name, "metrics") == 0) train_metrics(S, s);
+    else if (strcmp(s->name, "optimizer") == 0) train_optimizer(S, s->value), *have_optim = 1;
+    else if (strcmp(s->name, "schedule") == 0) train_schedule(S, s->value);
+    else if (strcmp(s->name, "warmup") == 0) t->warmup_epochs = train_num(S, s, 0, 1e6, 0);
+    else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1);
+    else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
+    else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
+    else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
+    else {
+        diag_error(s->name_loc, "unknown train setting '%s'", s->name);
+        diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
+                  "log_every, freeze");
+    }
+}
+
+void sema_train(Sema *S, const AstStmt *train) {
+    int have_optim = 0;
+    for (int i = 0; i < train->n_body; i++) {
+        const AstStmt *s = train->body[i];
+        if (s->kind != STMT_ASSIGN) {
+            diag_error(s->loc, "the train section holds settings of the form `name = value`");
+            continue;
+        }
+        train_setting(S, s, &have_optim);
+    }
+    if (!S->g->loss && !diag_error_count()) {
+        diag_error(train->loc, "the train section has no loss");
+        diag_hint("add e.g. `loss = cross_entropy(logits, label)`");
+    }
+    if (!have_optim && !diag_error_count()) {
+        diag_error(train->loc, "the train section has no optimizer");
+        diag_hint("add e.g. `optimizer = sgd(0.01, momentum = 0.9)`");
+    }
+}

@@ -1,0 +1,144 @@
+/* util.c - arenas, heap helpers and file reading shared by every compiler stage. */
+#include "util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ice_at(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "netc: internal compiler error at %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nnetc: this is a bug in netc; please report it with the .net file\n");
+    exit(70);
+}
+
+static void out_of_memory(size_t size) {
+    fprintf(stderr, "netc: out of memory allocating %zu bytes\n", size);
+    exit(71);
+}
+
+void *xmalloc(size_t size) {
+    void *p = malloc(size ? size : 1);
+    if (!p) out_of_memory(size);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) out_of_memory(n * size);
+    return p;
+}
+
+void *xrealloc(void *p, size_t size) {
+    void *q = realloc(p, size ? size : 1);
+    if (!q) out_of_memory(size);
+    return q;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+struct ArenaChunk {
+    ArenaChunk *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+};
+
+enum { ARENA_CHUNK = 1 << 16 };
+
+void *arena_alloc(Arena *a, size_t size) {
+    size = (size + 15) & ~(size_t)15;
+    ArenaChunk *c = a->head;
+    if (!c || c->cap - c->used < size) {
+        size_t cap = size > ARENA_CHUNK ? size : ARENA_CHUNK;
+        c = xmalloc(sizeof(ArenaChunk) + cap);
+        c->next = a->head;
+        c->used = 0;
+        c->cap = cap;
+        a->head = c;
+    }
+    void *p = c->data + c->used;
+    c->used += size;
+    return memset(p, 0, size);
+}
+
+char *arena_strndup(Arena *a, const char *s, size_t n) {
+    char *p = arena_alloc(a, n + 1);
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+char *arena_strdup(Arena *a, const char *s) { return arena_strndup(a, s, strlen(s)); }
+
+char *arena_printf(Arena *a, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = arena_alloc(a, (size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(p, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return p;
+}
+
+void arena_free(Arena *a) {
+    for (ArenaChunk *c = a->head, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    a->head = NULL;
+}
+
+void vec_push(Vec *v, void *item) {
+    if (v->len == v->cap) {
+        v->cap = v->cap ? 2 * v->cap : 8;
+        v->items = xrealloc(v->items, (size_t)v->cap * sizeof *v->items);
+    }
+    v->items[v->len++] = item;
+}
+
+void vec_free(Vec *v) {
+    free(v->items);
+    *v = (Vec){0};
+}
+
+char *read_file(const char *path, size_t max_bytes, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (len + 1 >= cap) {
+            if (cap > max_bytes) {
+                free(buf);
+                fclose(f);
+                errno = EFBIG;
+                return NULL;
+            }
+            cap *= 2;
+            buf = xrealloc(buf, cap);
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err || len > max_bytes) {
+        free(buf);
+        errno = err ? EIO : EFBIG;
+        return NULL;
+    }
+    buf[len] = 0;
+    if (len_out) *len_out = len;
+    return buf;
+}

@@ -1,0 +1,174 @@
+/* netrt.h - libnetrt, the runtime every generated trainer links.
+ *
+ * The generated program describes its model in one constant RtModel (inputs, parameters,
+ * buffer sizes, training recipe and three step functions) and hands it to rt_main(), which owns
+ * everything else: the command line, data loading with a prefetch thread, parameter init,
+ * safetensors load/save, the training loop, evaluation, logging.
+ *
+ * The step functions are generated; they call the library kernels declared at the end of this
+ * header (BLAS-backed matrix products, convolutions, pooling, softmax, losses) and run their
+ * own generated loops for element-wise work.
+ */
+#ifndef NETRT_H
+#define NETRT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { RT_MAX_RANK = 6, RT_MAX_INPUTS = 16 };
+
+/* Element types; same order as the compiler's IrDtype. */
+typedef enum { RT_F32, RT_F16, RT_BF16, RT_I32, RT_I64, RT_U8 } RtDtype;
+
+typedef struct RtInput {
+    const char *name;           /* "image" */
+    RtDtype dtype;              /* the dtype the step reads; files are converted by value */
+    int rank;                   /* per-sample rank (the batch axis is not counted) */
+    int64_t shape[RT_MAX_RANK]; /* per-sample shape */
+} RtInput;
+
+typedef enum { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_UNIFORM, RT_INIT_NORMAL } RtInit;
+
+typedef struct RtParam {
+    const char *name;           /* "fc1.weight": the safetensors / PyTorch state_dict name */
+    int rank;
+    int64_t shape[RT_MAX_RANK]; /* logical (PyTorch) shape */
+    int64_t offset;             /* element offset in RtCtx.params */
+    int64_t grad_offset;        /* element offset in RtCtx.grads; -1 when frozen */
+    RtInit init;
+    float init_a;               /* uniform: bound a of U(-a, a); normal: std */
+} RtParam;
+
+typedef enum { RT_OPTIM_SGD, RT_OPTIM_ADAMW } RtOptimKind;
+typedef enum { RT_SCHED_CONSTANT, RT_SCHED_STEP, RT_SCHED_COSINE } RtSchedKind;
+
+typedef struct RtSchedule {
+    RtSchedKind kind;
+    double base_lr;
+    double warmup_epochs; /* linear ramp from 0 to base_lr over this many epochs */
+    double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
+    double gamma;
+    double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */
+} RtSchedule;
+
+/* Everything one call of a step function reads and writes. */
+typedef struct RtCtx {
+    void *const *inputs;       /* one batch buffer per model input, in the input's dtype */
+    float *params;             /* flat parameter buffer (RtModel.n_param_floats) */
+    float *grads;              /* flat gradient buffer (RtModel.n_grad_floats) */
+    float *optstate;           /* optimizer state: RtModel.n_state_slots * n_grad_floats */
+    unsigned char *arena;      /* activations and temporaries (RtModel.arena_bytes) */
+    float *scratch;            /* per-thread scratch for library kernels */
+    int64_t scratch_per_thread; /* floats per thread in `scratch` */
+    float lr;                  /* learning rate for this step (schedule applied) */
+    int64_t step;              /* optimizer steps taken before this one, +1 (1 on the first) */
+    uint64_t seed;             /* per-step seed for dropout masks */
+    int64_t n_valid;           /* rows of the batch that hold real samples (eval tail) */
+    float loss;                /* out: mean loss over the valid rows */
+    float correct;             /* out: correct predictions among the valid rows */
+} RtCtx;
+
+typedef struct RtModel {
+    const char *name;          /* model name from the .net file */
+    const char *source;        /* path of the .net file */
+    int64_t batch;
+    int n_inputs;
+    const RtInput *inputs;
+    int n_params;
+    const RtParam *params;
+    int64_t n_param_floats;    /* trainable parameters first, then frozen ones */
+    int64_t n_grad_floats;     /* = trainable parameter floats; grads[i] belongs to params[i] */
+    int n_state_slots;         /* optimizer state per trainable float: SGD+momentum 1, AdamW 2 */
+    int64_t arena_bytes;
+    int64_t scratch_per_thread; /* floats */
+    RtOptimKind optim;
+    RtSchedule schedule;
+    int64_t epochs;
+    int64_t eval_every;        /* epochs */
+    int64_t log_every;         /* steps */
+    int has_accuracy;
+    const char *loss_name;     /* "cross_entropy", "mse", "bce_logits" */
+    /* forward + backward: sets ctx->loss, ctx->correct and fills ctx->grads (overwrites) */
+    void (*forward_backward)(RtCtx *ctx);
+    /* one optimizer update of ctx->params from ctx->grads at ctx->lr, ctx->step */
+    void (*optimizer_step)(RtCtx *ctx);
+    /* forward in evaluation mode (dropout off): sets ctx->loss and ctx->correct */
+    void (*eval_step)(RtCtx *ctx);
+} RtModel;
+
+/* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */
+int rt_main(int argc, char **argv, const RtModel *model);
+
+/* ---- library kernels called by generated steps (all float32, row-major logical layouts) */
+
+/* C[M,N] = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_* (cblas semantics). */
+void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+             int64_t ldc);
+
+/* Geometry of one 2-D convolution: x [N,C,H,W], w [K,C/groups,R,S], y [N,K,P,Q]. */
+typedef struct RtConv {
+    int64_t N, C, H, W, K, R, S, P, Q;
+    int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+} RtConv;
+/* Floats of per-thread scratch the three convolution kernels need for this geometry: the
+ * im2col matrix of one sample and one group, plus a private weight-gradient accumulator.
+ * The compiler sizes RtModel.scratch_per_thread with this same function. */
+static inline int64_t rt_conv2d_scratch(const RtConv *c) {
+    int64_t cg = c->C / c->groups;
+    return cg * c->R * c->S * c->P * c->Q + c->K * cg * c->R * c->S;
+}
+void rt_conv2d_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch,
+                   int64_t scratch_per_thread);
+void rt_conv2d_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx,
+                        float *scratch, int64_t scratch_per_thread);
+void rt_conv2d_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw,
+                          float *scratch, int64_t scratch_per_thread);
+
+/* Geometry of a 2-D pooling: x [N,C,H,W] -> y [N,C,P,Q]. */
+typedef struct RtPool {
+    int64_t N, C, H, W, P, Q;
+    int kh, kw, stride_h, stride_w, pad_h, pad_w;
+} RtPool;
+void rt_maxpool2d_fwd(const RtPool *p, const float *x, float *y);
+void rt_maxpool2d_bwd(const RtPool *p, const float *x, const float *dy, float *dx);
+void rt_avgpool2d_fwd(const RtPool *p, const float *x, float *y);
+void rt_avgpool2d_bwd(const RtPool *p, const float *dy, float *dx);
+
+/* Softmax over the last axis of a [rows, cols] matrix. */
+void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y);
+void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy, float *dx);
+/* Per-row softmax cross-entropy: loss[r] = logsumexp(x[r]) - x[r][label[r]].
+ * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message. */
+void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                 int64_t n_valid, float *loss);
+void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                 const float *dloss, float *dlogits);
+/* Rows among the first n_valid whose argmax (first on ties) equals the label. */
+float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                  int64_t n_valid);
+
+/* Dropout mask bit for element i of mask `seed_id` at step seed `seed`: 1 = keep.
+ * A counter-based hash, so the forward and backward passes agree without storing the mask. */
+static inline int rt_dropout_keep(uint64_t seed, int seed_id, int64_t i, double p) {
+    uint64_t z = seed ^ ((uint64_t)seed_id * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= p;
+}
+
+/* f16/bf16 <-> f32 by value (round to nearest even). */
+float rt_f16_to_f32(uint16_t h);
+uint16_t rt_f32_to_f16(float f);
+float rt_bf16_to_f32(uint16_t h);
+uint16_t rt_f32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

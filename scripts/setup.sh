@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what netc needs (Debian packages) and build it into build/.
+#   scripts/setup.sh            install missing packages, configure and build
+# Environment: BUILD_DIR (default build), NETC_WERROR=ON for warnings as errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  gcc make cmake flex bison          # the compiler and its generated parser
+  zlib1g-dev libcjson-dev            # gzip'd IDX data, safetensors headers
+  libopenblas-openmp-dev             # matrix products and convolutions
+  libcmocka-dev                      # C unit tests
+  python3 python3-numpy python3-torch # test data and the PyTorch cross-checks
+  dataset-fashion-mnist              # the real data the examples and tests train on
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"

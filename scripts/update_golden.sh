@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Rewrite every golden file from the current netc (after a deliberate change; review the diff).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+netc=${NETC:-build/compiler/netc}
+for model in mlp lenet; do
+  for stage in ir grad memplan; do
+    tests/golden/run_golden.sh --update $stage "$netc" models/$model.net tests/golden/ir/$model.$stage
+  done
+done
+for f in tests/golden/errors/*.net; do
+  tests/golden/run_golden.sh --update err "$netc" "$f" "${f%.net}.err"
+done

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# netc's command line: -D overrides, bad flags, output names with spaces/quotes/semicolons
+# (netc never runs a shell), atomic output, --emit-dir and --dump.
+#   cli_test.sh NETC WORKDIR
+set -uo pipefail
+netc=$1 work=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$work"
+fails=0 passes=0
+check() { # check NAME EXPECTED_STATUS COMMAND... ; output in $out
+  local name=$1 want=$2; shift 2
+  out=$("$@" 2>&1); local rc=$?
+  if [ "$want" = nonzero ] && [ $rc -ne 0 ] && [ $rc -lt 70 ]; then passes=$((passes+1));
+  elif [ "$want" = "$rc" ]; then passes=$((passes+1));
+  else echo "FAIL $name: exit $rc, want $want"; echo "$out"; fails=$((fails+1)); fi
+}
+contains() { if grep -qF -- "$1" <<<"$out"; then passes=$((passes+1)); else echo "FAIL: output lacks '$1':"; echo "$out"; fails=$((fails+1)); fi; }
+
+check "-D overrides batch" 0 "$netc" "$root/models/mlp.net" -D batch=32 --dump=ir
+contains "batch=32"
+contains "f32[32, 1, 28, 28]"
+check "-D unknown constant" 1 "$netc" "$root/models/mlp.net" -D bacth=32 --check
+contains "bacth"
+check "-D bad value" 1 "$netc" "$root/models/mlp.net" -D batch=abc --check
+contains "batch=abc"
+check "-D without value" 2 "$netc" "$root/models/mlp.net" -D batch
+check "unknown option" 2 "$netc" "$root/models/mlp.net" --frobnicate
+contains "--frobnicate"
+check "unknown dump stage" 2 "$netc" "$root/models/mlp.net" --dump=bogus
+check "no input" 2 "$netc"
+check "missing file" 1 "$netc" "$work/nope.net"
+contains "nope.net"
+check "help" 0 "$netc" --help
+contains "--emit-dir"
+
+weird="$work/we ird;'\"\$(touch pwned)"
+mkdir -p "$weird"
+cp "$root/models/mlp.net" "$weird/m l;p'\$(x).net"
+check "names with spaces, quotes and ;" 0 "$netc" "$weird/m l;p'\$(x).net" -o "$weird/tr ain;er" --emit-dir "$weird/c src"
+[ -x "$weird/tr ain;er" ] && passes=$((passes+1)) || { echo "FAIL: trainer not written"; fails=$((fails+1)); }
+[ -f "$weird/c src/tr ain;er.c" ] && passes=$((passes+1)) || { echo "FAIL: --emit-dir source missing"; fails=$((fails+1)); }
+[ ! -e pwned ] && [ ! -e "$work/pwned" ] && passes=$((passes+1)) || { echo "FAIL: a shell ran"; fails=$((fails+1)); }
+check "trainer --help" 0 "$weird/tr ain;er" --help
+contains "image"
+ls "$weird" | grep -q '\.tmp\.' && { echo "FAIL: temporary output left behind"; fails=$((fails+1)); } || passes=$((passes+1))
+
+check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
+contains "fc1.weight"
+contains "101770"   # 784*128 + 128 + 128*10 + 10
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,102 @@
+"""Helpers shared by the Python tests: safetensors files, Fashion-MNIST, and the PyTorch
+reference modules equivalent to models/*.net (same parameter names and layouts).
+
+safetensors is read and written with numpy directly (the format is an 8-byte little-endian
+header length, a JSON header, then raw little-endian tensors), because Debian ships no
+safetensors package; tests/torch/ checks our reader against files netc writes.
+"""
+import gzip
+import json
+import os
+import struct
+
+import numpy as np
+
+FASHION = os.environ.get("NETC_FASHION_DIR", "/usr/share/datasets/fashion-mnist")
+
+_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32}
+
+
+def st_save(path, tensors, metadata=None):
+    header, offset, blobs = {}, 0, []
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        blobs.append(arr.tobytes())
+        offset += arr.nbytes
+    header["__metadata__"] = metadata or {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def st_load(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        arr = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=_DTYPES[info["dtype"]])
+        out[name] = arr.reshape(info["shape"]).copy()
+    return out
+
+
+def read_idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data[4 + 4 * ndim:], dtype=np.uint8).reshape(dims)
+
+
+def fashion(split="train"):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(f"{FASHION}/{prefix}-images-idx3-ubyte.gz")
+    labels = read_idx(f"{FASHION}/{prefix}-labels-idx1-ubyte.gz")
+    return images, labels
+
+
+def fashion_files(split="train"):
+    prefix = "train" if split == "train" else "t10k"
+    return (f"{FASHION}/{prefix}-images-idx3-ubyte.gz", f"{FASHION}/{prefix}-labels-idx1-ubyte.gz")
+
+
+def torch_model(name):
+    """The PyTorch module equivalent to models/NAME.net, with the same parameter names."""
+    import torch
+    from torch import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(784, 128)
+            self.fc2 = nn.Linear(128, 10)
+
+        def forward(self, image):
+            x = torch.flatten(image / 255, 1)
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    class LeNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+            self.conv2 = nn.Conv2d(6, 16, 5)
+            self.fc1 = nn.Linear(400, 120)
+            self.fc2 = nn.Linear(120, 84)
+            self.fc3 = nn.Linear(84, 10)
+
+        def forward(self, image):
+            x = image / 255
+            x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+            x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+            x = torch.relu(self.fc1(torch.flatten(x, 1)))
+            x = torch.relu(self.fc2(x))
+            return self.fc3(x)
+
+    return {"mlp": MLP, "lenet": LeNet}[name]()
