@@ -548,43 +548,49 @@ static void exec_const(Sema *S, Env *env, const AstStmt *s) {
     }
 }
 
-static void exec_input(Sema *S, const AstStmt *s) {
+/* Declare an input; NULL after an error (the name is then bound to V_ERR by the caller so
+ * its uses stay silent). */
+static IrNode *declare_input(Sema *S, const AstStmt *s) {
     IrDtype dt;
     if (!ir_dtype_from_name(s->dtype, &dt)) {
         diag_error(s->dtype_loc, "unknown dtype '%s'", s->dtype);
         diag_hint("dtypes are f32, f16, bf16, i32, i64, u8");
-        return;
+        return NULL;
     }
     IrShape shape = {.rank = s->n_dims};
     if (s->n_dims < 1 || s->n_dims > IR_MAX_RANK) {
         diag_error(s->loc, "input '%s' has rank %d; inputs have 1 to %d axes, the first the batch",
                    s->name, s->n_dims, IR_MAX_RANK);
-        return;
+        return NULL;
     }
     for (int i = 0; i < s->n_dims; i++) {
         Value v = sema_eval(S, S->global, s->dims[i]);
-        if (v.k == V_ERR) return;
+        if (v.k == V_ERR) return NULL;
         if (v.k != V_INT) {
             diag_error(s->dims[i]->loc, "a dimension must be an integer, found %s", sema_value_desc(S, v));
-            return;
+            return NULL;
         }
         shape.dim[i] = v.i;
     }
-    if (!sema_check_shape(S, &shape, s->loc)) return;
+    if (!sema_check_shape(S, &shape, s->dims[0]->loc)) return NULL;
     for (int i = 0; i < S->g->n_inputs; i++)
         if (strcmp(S->g->inputs[i].name, s->name) == 0) {
             diag_error(s->name_loc, "input '%s' is declared twice", s->name);
-            return;
+            return NULL;
         }
     if (S->g->n_inputs == 0) S->g->batch = shape.dim[0];
     else if (shape.dim[0] != S->g->batch) {
         diag_error(s->dims[0]->loc, "input '%s' has batch %lld but '%s' has %lld", s->name,
                    (long long)shape.dim[0], S->g->inputs[0].name, (long long)S->g->batch);
         diag_hint("the first axis of every input is the batch and must be the same");
-        return;
+        return NULL;
     }
-    IrNode *n = ir_add_input(S->g, s->name, shape, dt, s->loc);
-    env_set(S, S->global, s->name, sema_tensor(n));
+    return ir_add_input(S->g, s->name, shape, dt, s->loc);
+}
+
+static void exec_input(Sema *S, const AstStmt *s) {
+    IrNode *n = declare_input(S, s);
+    env_set(S, S->global, s->name, n ? sema_tensor(n) : sema_error());
 }
 
 static void exec_stmt(Sema *S, Env *env, const AstStmt *s) {

@@ -189,10 +189,11 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
     IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, out, in),
                            INIT_UNIFORM, bound, c->loc);
+    if (!w) return sema_error();
     IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   INIT_UNIFORM, bound, c->loc)
                       : NULL;
-    if (!w || (bias && !b)) return sema_error();
+    if (bias && !b) return sema_error();
     IrNode *x2 = reshape(S, x, ir_shape(2, rows, in), c->loc);
     IrNode *y = sema_node(S, OP_MATMUL, ir_shape(2, rows, out), DT_F32, c->loc, 2, x2, w->node, NULL);
     y->attr.trans_b = 1;
@@ -240,10 +241,11 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
     IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
                            ir_shape(4, out, C / groups, (int64_t)k[0], (int64_t)k[1]),
                            INIT_UNIFORM, bound, c->loc);
+    if (!w) return sema_error();
     IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   INIT_UNIFORM, bound, c->loc)
                       : NULL;
-    if (!w || (bias && !b)) return sema_error();
+    if (bias && !b) return sema_error();
     IrShape ys = ir_shape(4, x->shape.dim[0], out, P, Q);
     if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
     IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, w->node, NULL);
