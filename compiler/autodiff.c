@@ -1,0 +1,303 @@
+/* autodiff.c - reverse-mode differentiation of the forward graph.
+ *
+ * Requires:    the forward graph from sema: nodes[0..n) in schedule order, g->loss a scalar
+ *              f32 node, params with `trainable` set; no backward-only operator (*_GRAD,
+ *              *_BWD) anywhere in it.
+ * Guarantees:  g->n_fwd is the old g->n; nodes[n_fwd..n) are the backward pass, each with
+ *              phase PHASE_BWD and the loc of the forward node it differentiates; every
+ *              trainable parameter has IrParam.grad, a node of its shape (a zero tensor,
+ *              EXPAND of CONST 0, when the loss does not depend on it); frozen ones have NULL.
+ *              The adjoint of a value used several times is the sum (ADD) of its uses'
+ *              contributions. Integer values never get gradients.
+ * Invalidates: nothing already computed: it only appends nodes (ids of forward nodes are
+ *              renumbered to their positions, which the verifier requires anyway).
+ *
+ * The method: mark the nodes that need a gradient (reachable forward from a trainable
+ * parameter through float values, and backward from the loss), seed d loss = 1, then walk the
+ * forward schedule backwards and apply one rule per operator (differentiate() below), each
+ * adding its operand contributions into `adj`. A contribution whose shape is larger than its
+ * operand (numpy broadcasting) is summed back down to the operand's shape with SUM_TO.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct Ad {
+    IrGraph *g;
+    IrNode **adj;        /* adjoint of forward node i; NULL until a contribution arrives */
+    unsigned char *need; /* forward node i lies on a path from a trainable param to the loss */
+    SrcLoc loc;          /* loc of the forward node being differentiated */
+} Ad;
+
+static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
+
+/* ---- building backward nodes */
+
+static IrNode *emit(Ad *ad, IrOp op, IrShape shape, IrDtype dt, int n_in, IrNode *a, IrNode *b,
+                    IrNode *c) {
+    IrNode *n = ir_add(ad->g, op, shape, dt, ad->loc, n_in, a, b, c);
+    n->phase = PHASE_BWD;
+    return n;
+}
+
+static IrNode *constant(Ad *ad, double value, IrDtype dt) {
+    IrNode *n = ir_const(ad->g, value, dt, ad->loc);
+    n->phase = PHASE_BWD;
+    return n;
+}
+
+/* Element-wise binary op; the result has the broadcast shape and a's dtype. */
+static IrNode *ew2(Ad *ad, IrOp op, IrNode *a, IrNode *b) {
+    IrShape s;
+    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("autodiff: %s operands do not broadcast", ir_op_name(op));
+    return emit(ad, op, s, a->dtype, 2, a, b, NULL);
+}
+
+static IrNode *ew1(Ad *ad, IrOp op, IrNode *a) { return emit(ad, op, a->shape, a->dtype, 1, a, NULL, NULL); }
+
+/* Sum t over the axes that broadcasting added or stretched, down to `shape`. */
+static IrNode *unbroadcast(Ad *ad, IrNode *t, const IrShape *shape) {
+    if (ir_shape_eq(&t->shape, shape)) return t;
+    if (shape->rank == 0) return emit(ad, OP_SUM, *shape, t->dtype, 1, t, NULL, NULL);
+    return emit(ad, OP_SUM_TO, *shape, t->dtype, 1, t, NULL, NULL);
+}
+
+/* ---- adjoints */
+
+static int wants(const Ad *ad, const IrNode *x) { return x->id < ad->g->n_fwd && ad->need[x->id]; }
+
+/* Add contribution t to x's adjoint (t may still have the broadcast shape of x's user). */
+static void accumulate(Ad *ad, IrNode *x, IrNode *t) {
+    if (!wants(ad, x)) return;
+    t = unbroadcast(ad, t, &x->shape);
+    if (t->dtype != x->dtype) ICE("autodiff: %s gradient of %s has dtype %s", ir_op_name(x->op),
+                                  ir_dtype_name(x->dtype), ir_dtype_name(t->dtype));
+    IrNode **a = &ad->adj[x->id];
+    *a = *a ? emit(ad, OP_ADD, x->shape, x->dtype, 2, *a, t, NULL) : t;
+}
+
+/* ---- the rules, one case per forward operator */
+
+static void grad_arith(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *a = y->in[0], *b = y->n_in > 1 ? y->in[1] : NULL;
+    switch (y->op) {
+    case OP_ADD: accumulate(ad, a, dy); accumulate(ad, b, dy); break;
+    case OP_SUB:
+        accumulate(ad, a, dy);
+        if (wants(ad, b)) accumulate(ad, b, ew1(ad, OP_NEG, dy));
+        break;
+    case OP_MUL:
+        if (wants(ad, a)) accumulate(ad, a, ew2(ad, OP_MUL, dy, b));
+        if (wants(ad, b)) accumulate(ad, b, ew2(ad, OP_MUL, dy, a));
+        break;
+    case OP_DIV: /* d(a/b)/db = -a/b^2 = -y/b */
+        if (wants(ad, a)) accumulate(ad, a, ew2(ad, OP_DIV, dy, b));
+        if (wants(ad, b))
+            accumulate(ad, b, ew1(ad, OP_NEG, ew2(ad, OP_DIV, ew2(ad, OP_MUL, dy, y), b)));
+        break;
+    case OP_NEG: accumulate(ad, a, ew1(ad, OP_NEG, dy)); break;
+    default: ICE("grad_arith: %s", ir_op_name(y->op));
+    }
+}
+
+/* Unary element-wise functions, most of which reuse the forward input x or output y. */
+static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0], *dx;
+    switch (y->op) {
+    case OP_RELU: dx = ew2(ad, OP_RELU_GRAD, x, dy); break;
+    case OP_SIGMOID: dx = ew2(ad, OP_SIGMOID_GRAD, y, dy); break;
+    case OP_TANH: dx = ew2(ad, OP_TANH_GRAD, y, dy); break;
+    case OP_GELU: dx = ew2(ad, OP_GELU_GRAD, x, dy); break;
+    case OP_EXP: dx = ew2(ad, OP_MUL, dy, y); break;
+    case OP_LOG: dx = ew2(ad, OP_DIV, dy, x); break;
+    case OP_SQRT: /* d sqrt(x) = 1 / (2 sqrt(x)) */
+        dx = ew2(ad, OP_DIV, ew2(ad, OP_MUL, dy, constant(ad, 0.5, dy->dtype)), y);
+        break;
+    case OP_DROPOUT: /* the same mask as the forward node: same p and seed_id */
+        dx = ew1(ad, OP_DROPOUT_GRAD, dy);
+        dx->attr.p = y->attr.p;
+        dx->attr.seed_id = y->attr.seed_id;
+        break;
+    default: ICE("grad_unary: %s", ir_op_name(y->op));
+    }
+    accumulate(ad, x, dx);
+}
+
+/* Operators whose gradient changes shape or dtype rather than computing a derivative. */
+static void grad_shape(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0];
+    if (!wants(ad, x)) return;
+    switch (y->op) {
+    case OP_CAST: /* only float operands are wanted, so the cast back is float to float */
+        accumulate(ad, x, emit(ad, OP_CAST, x->shape, x->dtype, 1, dy, NULL, NULL));
+        break;
+    case OP_EXPAND: accumulate(ad, x, unbroadcast(ad, dy, &x->shape)); break;
+    case OP_RESHAPE: accumulate(ad, x, emit(ad, OP_RESHAPE, x->shape, x->dtype, 1, dy, NULL, NULL)); break;
+    case OP_SUM_TO:
+    case OP_SUM: accumulate(ad, x, emit(ad, OP_EXPAND, x->shape, x->dtype, 1, dy, NULL, NULL)); break;
+    case OP_MEAN: {
+        /* With batch_masked only the first n_valid rows count, but the backward pass runs only
+         * in training steps, where n_valid == batch: the mean is over all numel elements. */
+        IrNode *s = ew2(ad, OP_MUL, dy, constant(ad, 1.0 / (double)ir_numel(&x->shape), dy->dtype));
+        accumulate(ad, x, emit(ad, OP_EXPAND, x->shape, x->dtype, 1, s, NULL, NULL));
+        break;
+    }
+    default: ICE("grad_shape: %s", ir_op_name(y->op));
+    }
+}
+
+/* BCE_LOGITS(x, t) = max(x,0) - x*t + log(1 + exp(-|x|)): d/dx = sigmoid(x) - t, d/dt = -x. */
+static void grad_bce(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0], *t = y->in[1];
+    if (wants(ad, x)) {
+        IrShape s;
+        if (!ir_broadcast(&x->shape, &t->shape, &s) || !ir_broadcast(&s, &dy->shape, &s))
+            ICE("grad_bce: operands do not broadcast");
+        accumulate(ad, x, emit(ad, OP_BCE_LOGITS_GRAD, s, x->dtype, 3, x, t, dy));
+    }
+    if (wants(ad, t)) accumulate(ad, t, ew1(ad, OP_NEG, ew2(ad, OP_MUL, x, dy)));
+}
+
+/* C = op(A) op(B), op = transpose when the flag is set; per batch for rank 3. Each gradient is
+ * one MATMUL with trans flags, never an explicit transpose:
+ *   ta tb   dA            dB
+ *   0  0    dC·Bᵀ         Aᵀ·dC
+ *   0  1    dC·B          dCᵀ·A
+ *   1  0    B·dCᵀ         A·dC
+ *   1  1    Bᵀ·dCᵀ        dCᵀ·Aᵀ                                                           */
+static IrNode *matmul(Ad *ad, IrNode *a, IrNode *b, int ta, int tb, const IrShape *shape) {
+    IrNode *n = emit(ad, OP_MATMUL, *shape, a->dtype, 2, a, b, NULL);
+    n->attr.trans_a = ta;
+    n->attr.trans_b = tb;
+    return n;
+}
+
+static void grad_matmul(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *a = y->in[0], *b = y->in[1];
+    int ta = y->attr.trans_a, tb = y->attr.trans_b;
+    if (wants(ad, a))
+        accumulate(ad, a, ta ? matmul(ad, b, dy, tb, 1, &a->shape) : matmul(ad, dy, b, 0, !tb, &a->shape));
+    if (wants(ad, b))
+        accumulate(ad, b, tb ? matmul(ad, dy, a, 1, ta, &b->shape) : matmul(ad, a, dy, !ta, 0, &b->shape));
+}
+
+/* Library kernels whose gradient is another library kernel with the same attributes. */
+static IrNode *lib(Ad *ad, IrOp op, const IrNode *fwd, const IrShape *shape, int n_in, IrNode *a,
+                   IrNode *b, IrNode *c) {
+    IrNode *n = emit(ad, op, *shape, fwd->dtype, n_in, a, b, c);
+    n->attr = fwd->attr;
+    return n;
+}
+
+static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0], *w = y->n_in > 1 ? y->in[1] : NULL;
+    switch (y->op) {
+    case OP_CONV2D:
+        if (wants(ad, x)) accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
+        if (wants(ad, w)) accumulate(ad, w, lib(ad, OP_CONV2D_BWD_FILTER, y, &w->shape, 2, x, dy, NULL));
+        break;
+    case OP_MAXPOOL2D: accumulate(ad, x, lib(ad, OP_MAXPOOL2D_BWD, y, &x->shape, 2, x, dy, NULL)); break;
+    case OP_AVGPOOL2D: accumulate(ad, x, lib(ad, OP_AVGPOOL2D_BWD, y, &x->shape, 1, dy, NULL, NULL)); break;
+    case OP_SOFTMAX: accumulate(ad, x, lib(ad, OP_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
+    case OP_XENT: /* the labels (operand 1) are integers: no gradient */
+        accumulate(ad, x, lib(ad, OP_XENT_BWD, y, &x->shape, 3, x, w, dy));
+        break;
+    default: ICE("grad_lib: %s", ir_op_name(y->op));
+    }
+}
+
+/* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
+static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
+    switch (y->op) {
+    case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_ACCURACY: break;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
+    case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_EXP: case OP_LOG:
+    case OP_SQRT: case OP_DROPOUT: grad_unary(ad, y, dy); break;
+    case OP_CAST: case OP_EXPAND: case OP_RESHAPE: case OP_SUM_TO: case OP_SUM: case OP_MEAN:
+        grad_shape(ad, y, dy);
+        break;
+    case OP_BCE_LOGITS: grad_bce(ad, y, dy); break;
+    case OP_MATMUL: grad_matmul(ad, y, dy); break;
+    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT:
+        grad_lib(ad, y, dy);
+        break;
+    case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
+    case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
+    case OP_XENT_BWD: case OP__COUNT:
+        ICE("autodiff: backward-only operator %s in the forward graph (%%%d)", ir_op_name(y->op), y->id);
+    }
+}
+
+/* ---- which nodes need a gradient */
+
+/* Operand i of y carries a gradient back (only ACCURACY is a dead end among float edges). */
+static int differentiable_edge(const IrNode *y) { return y->op != OP_ACCURACY && is_float(y->dtype); }
+
+static void mark_needed(Ad *ad) {
+    IrGraph *g = ad->g;
+    int n = g->n_fwd;
+    unsigned char *from_param = arena_alloc(g->arena, (size_t)n + 1);
+    unsigned char *to_loss = arena_alloc(g->arena, (size_t)n + 1);
+    for (int i = 0; i < g->n_params; i++)
+        from_param[g->params[i].node->id] = (unsigned char)(g->params[i].trainable != 0);
+    for (int i = 0; i < n; i++) {
+        IrNode *y = g->nodes[i];
+        for (int k = 0; k < y->n_in && !from_param[i]; k++)
+            from_param[i] = from_param[y->in[k]->id];
+        from_param[i] &= is_float(y->dtype);
+    }
+    to_loss[g->loss->id] = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        IrNode *y = g->nodes[i];
+        if (!to_loss[i] || !differentiable_edge(y)) continue;
+        for (int k = 0; k < y->n_in; k++) to_loss[y->in[k]->id] = is_float(y->in[k]->dtype);
+    }
+    for (int i = 0; i < n; i++) ad->need[i] = from_param[i] && to_loss[i];
+}
+
+/* ---- parameters' gradients */
+
+static void set_param_grads(Ad *ad) {
+    IrGraph *g = ad->g;
+    for (int i = 0; i < g->n_params; i++) {
+        IrParam *p = &g->params[i];
+        p->grad = NULL;
+        if (!p->trainable) continue;
+        p->grad = ad->adj[p->node->id];
+        if (p->grad) continue;
+        /* the loss does not depend on p: a zero gradient keeps the optimizer (weight decay) uniform */
+        ad->loc = p->node->loc;
+        p->grad = emit(ad, OP_EXPAND, p->node->shape, p->node->dtype, 1,
+                       constant(ad, 0.0, p->node->dtype), NULL, NULL);
+    }
+}
+
+int ad_differentiate(IrGraph *g) {
+    if (!g->loss) ICE("autodiff: the graph has no loss");
+    ir_renumber(g);
+    g->n_fwd = g->n;
+    Ad ad = {.g = g};
+    ad.adj = arena_alloc(g->arena, ((size_t)g->n_fwd + 1) * sizeof *ad.adj);
+    ad.need = arena_alloc(g->arena, (size_t)g->n_fwd + 1);
+    mark_needed(&ad);
+    if (ad.need[g->loss->id]) {
+        ad.loc = g->loss->loc;
+        ad.adj[g->loss->id] = constant(&ad, 1.0, g->loss->dtype);
+    }
+    for (int i = g->n_fwd - 1; i >= 0; i--) {
+        IrNode *y = g->nodes[i];
+        if (!ad.need[i]) continue;
+        if (!ad.adj[i]) ICE("autodiff: %%%d = %s needs a gradient but none arrived", i, ir_op_name(y->op));
+        if (!ir_shape_eq(&ad.adj[i]->shape, &y->shape))
+            ICE("autodiff: the gradient of %%%d = %s has the wrong shape", i, ir_op_name(y->op));
+        ad.loc = y->loc;
+        differentiate(&ad, y, ad.adj[i]);
+    }
+    set_param_grads(&ad);
+#ifndef NDEBUG
+    if (!ir_verify(g, "autodiff")) ICE("autodiff produced an invalid graph");
+#endif
+    return 0;
+}

@@ -1,0 +1,372 @@
+/* rt_kernels.c - the library kernels generated steps call: matrix products, convolutions,
+ * pooling, softmax, cross-entropy, accuracy and half-precision conversions. float32 throughout,
+ * logical NCHW layouts.
+ *
+ * Convolutions are im2col + SGEMM per sample and group, parallel over the batch with OpenMP.
+ * Each thread works in its own slice of the caller's scratch (rt_conv2d_scratch floats): the
+ * column matrix of one sample-group [C/g*R*S, P*Q], then a private weight-gradient accumulator
+ * [K, C/g*R*S] that bwd_filter sums across threads at the end. Inside the parallel region the
+ * OpenMP build of OpenBLAS runs single-threaded, so the threads do not oversubscribe the cores.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_internal.h"
+
+void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+             int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A,
+                (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* ---- convolution */
+
+/* col[(c*R + r)*S + s][p*Q + q] = x[c][p*sh - ph + r*dh][q*sw - pw + s*dw], 0 outside. */
+static void im2col(const RtConv *c, const float *x, float *col) {
+    int64_t cg = c->C / c->groups;
+    for (int64_t ch = 0; ch < cg; ch++)
+        for (int64_t r = 0; r < c->R; r++)
+            for (int64_t s = 0; s < c->S; s++) {
+                float *row = col + ((ch * c->R + r) * c->S + s) * c->P * c->Q;
+                for (int64_t p = 0; p < c->P; p++) {
+                    int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
+                    float *out = row + p * c->Q;
+                    if (h < 0 || h >= c->H) {
+                        memset(out, 0, (size_t)c->Q * sizeof *out);
+                        continue;
+                    }
+                    const float *in = x + (ch * c->H + h) * c->W;
+                    for (int64_t q = 0; q < c->Q; q++) {
+                        int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
+                        out[q] = w >= 0 && w < c->W ? in[w] : 0.0f;
+                    }
+                }
+            }
+}
+
+/* The adjoint of im2col: dx += scatter(col). */
+static void col2im(const RtConv *c, const float *col, float *dx) {
+    int64_t cg = c->C / c->groups;
+    for (int64_t ch = 0; ch < cg; ch++)
+        for (int64_t r = 0; r < c->R; r++)
+            for (int64_t s = 0; s < c->S; s++) {
+                const float *row = col + ((ch * c->R + r) * c->S + s) * c->P * c->Q;
+                for (int64_t p = 0; p < c->P; p++) {
+                    int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
+                    if (h < 0 || h >= c->H) continue;
+                    float *out = dx + (ch * c->H + h) * c->W;
+                    for (int64_t q = 0; q < c->Q; q++) {
+                        int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
+                        if (w >= 0 && w < c->W) out[w] += row[p * c->Q + q];
+                    }
+                }
+            }
+}
+
+/* Sizes shared by the three kernels. */
+typedef struct {
+    int64_t cg, kg, crs, pq, x_group, y_group, w_group;
+} ConvDims;
+
+static ConvDims conv_dims(const RtConv *c) {
+    ConvDims d;
+    d.cg = c->C / c->groups;
+    d.kg = c->K / c->groups;
+    d.crs = d.cg * c->R * c->S;
+    d.pq = c->P * c->Q;
+    d.x_group = d.cg * c->H * c->W;
+    d.y_group = d.kg * d.pq;
+    d.w_group = d.kg * d.crs;
+    return d;
+}
+
+void rt_conv2d_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch,
+                   int64_t scratch_per_thread) {
+    ConvDims d = conv_dims(c);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < c->N; n++) {
+        float *col = scratch + omp_get_thread_num() * scratch_per_thread;
+        for (int g = 0; g < c->groups; g++) {
+            im2col(c, x + (n * c->groups + g) * d.x_group, col);
+            rt_gemm(0, 0, d.kg, d.pq, d.crs, 1.0f, w + g * d.w_group, d.crs, col, d.pq, 0.0f,
+                    y + (n * c->groups + g) * d.y_group, d.pq);
+        }
+    }
+}
+
+void rt_conv2d_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx,
+                        float *scratch, int64_t scratch_per_thread) {
+    ConvDims d = conv_dims(c);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < c->N; n++) {
+        float *col = scratch + omp_get_thread_num() * scratch_per_thread;
+        memset(dx + n * c->C * c->H * c->W, 0, (size_t)(c->C * c->H * c->W) * sizeof *dx);
+        for (int g = 0; g < c->groups; g++) {
+            /* col [crs, pq] = w_g^T [crs, kg] @ dy_g [kg, pq] */
+            rt_gemm(1, 0, d.crs, d.pq, d.kg, 1.0f, w + g * d.w_group, d.crs,
+                    dy + (n * c->groups + g) * d.y_group, d.pq, 0.0f, col, d.pq);
+            col2im(c, col, dx + (n * c->groups + g) * d.x_group);
+        }
+    }
+}
+
+void rt_conv2d_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw,
+                          float *scratch, int64_t scratch_per_thread) {
+    ConvDims d = conv_dims(c);
+    int64_t wsize = c->K * d.crs, col_size = d.crs * d.pq;
+    int threads = 1;
+    #pragma omp parallel
+    {
+        #pragma omp single
+        threads = omp_get_num_threads();
+        float *col = scratch + omp_get_thread_num() * scratch_per_thread, *acc = col + col_size;
+        memset(acc, 0, (size_t)wsize * sizeof *acc);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < c->N; n++)
+            for (int g = 0; g < c->groups; g++) {
+                im2col(c, x + (n * c->groups + g) * d.x_group, col);
+                /* acc_g [kg, crs] += dy_g [kg, pq] @ col^T [pq, crs] */
+                rt_gemm(0, 1, d.kg, d.crs, d.pq, 1.0f, dy + (n * c->groups + g) * d.y_group, d.pq,
+                        col, d.pq, 1.0f, acc + g * d.w_group, d.crs);
+            }
+    }
+    /* sum the per-thread accumulators in a fixed order, so results do not depend on timing */
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < wsize; i++) {
+        float s = 0;
+        for (int t = 0; t < threads; t++) s += scratch[t * scratch_per_thread + col_size + i];
+        dw[i] = s;
+    }
+}
+
+/* ---- pooling */
+
+void rt_maxpool2d_fwd(const RtPool *p, const float *x, float *y) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->N * p->C; nc++) {
+        const float *in = x + nc * p->H * p->W;
+        float *out = y + nc * p->P * p->Q;
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                float m = -INFINITY;
+                for (int r = 0; r < p->kh; r++) {
+                    int64_t h = i * p->stride_h - p->pad_h + r;
+                    if (h < 0 || h >= p->H) continue;
+                    for (int s = 0; s < p->kw; s++) {
+                        int64_t w = j * p->stride_w - p->pad_w + s;
+                        if (w >= 0 && w < p->W && in[h * p->W + w] > m) m = in[h * p->W + w];
+                    }
+                }
+                out[i * p->Q + j] = m;
+            }
+    }
+}
+
+void rt_maxpool2d_bwd(const RtPool *p, const float *x, const float *dy, float *dx) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->N * p->C; nc++) {
+        const float *in = x + nc * p->H * p->W, *g = dy + nc * p->P * p->Q;
+        float *out = dx + nc * p->H * p->W;
+        memset(out, 0, (size_t)(p->H * p->W) * sizeof *out);
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                float m = -INFINITY;
+                int64_t at = -1; /* the first maximum in the window, as the forward pass */
+                for (int r = 0; r < p->kh; r++) {
+                    int64_t h = i * p->stride_h - p->pad_h + r;
+                    if (h < 0 || h >= p->H) continue;
+                    for (int s = 0; s < p->kw; s++) {
+                        int64_t w = j * p->stride_w - p->pad_w + s;
+                        if (w >= 0 && w < p->W && (at < 0 || in[h * p->W + w] > m)) {
+                            m = in[h * p->W + w];
+                            at = h * p->W + w;
+                        }
+                    }
+                }
+                if (at >= 0) out[at] += g[i * p->Q + j];
+            }
+    }
+}
+
+void rt_avgpool2d_fwd(const RtPool *p, const float *x, float *y) {
+    float scale = 1.0f / (float)(p->kh * p->kw); /* padding counts, as PyTorch's default */
+    #pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->N * p->C; nc++) {
+        const float *in = x + nc * p->H * p->W;
+        float *out = y + nc * p->P * p->Q;
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                float s = 0;
+                for (int r = 0; r < p->kh; r++) {
+                    int64_t h = i * p->stride_h - p->pad_h + r;
+                    if (h < 0 || h >= p->H) continue;
+                    for (int t = 0; t < p->kw; t++) {
+                        int64_t w = j * p->stride_w - p->pad_w + t;
+                        if (w >= 0 && w < p->W) s += in[h * p->W + w];
+                    }
+                }
+                out[i * p->Q + j] = s * scale;
+            }
+    }
+}
+
+void rt_avgpool2d_bwd(const RtPool *p, const float *dy, float *dx) {
+    float scale = 1.0f / (float)(p->kh * p->kw);
+    #pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->N * p->C; nc++) {
+        const float *g = dy + nc * p->P * p->Q;
+        float *out = dx + nc * p->H * p->W;
+        memset(out, 0, (size_t)(p->H * p->W) * sizeof *out);
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++)
+                for (int r = 0; r < p->kh; r++) {
+                    int64_t h = i * p->stride_h - p->pad_h + r;
+                    if (h < 0 || h >= p->H) continue;
+                    for (int t = 0; t < p->kw; t++) {
+                        int64_t w = j * p->stride_w - p->pad_w + t;
+                        if (w >= 0 && w < p->W) out[h * p->W + w] += g[i * p->Q + j] * scale;
+                    }
+                }
+    }
+}
+
+/* ---- softmax, cross-entropy, accuracy */
+
+void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y) {
+    #pragma omp parallel for schedule(static) if (rows * cols > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *in = x + r * cols;
+        float *out = y + r * cols, m = -INFINITY;
+        for (int64_t j = 0; j < cols; j++) m = fmaxf(m, in[j]);
+        double s = 0;
+        for (int64_t j = 0; j < cols; j++) s += out[j] = expf(in[j] - m);
+        float inv = (float)(1.0 / s);
+        for (int64_t j = 0; j < cols; j++) out[j] *= inv;
+    }
+}
+
+void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy, float *dx) {
+    #pragma omp parallel for schedule(static) if (rows * cols > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * cols, *gr = dy + r * cols;
+        double dot = 0;
+        for (int64_t j = 0; j < cols; j++) dot += (double)yr[j] * gr[j];
+        for (int64_t j = 0; j < cols; j++) dx[r * cols + j] = yr[j] * (gr[j] - (float)dot);
+    }
+}
+
+static void check_label(int64_t label, int64_t cols, int64_t row) {
+    if (label >= 0 && label < cols) return;
+    fprintf(stderr, "error: label %lld in row %lld of the batch is outside [0, %lld)\n"
+                    "  hint: the model's logits have %lld classes; check the label file\n",
+            (long long)label, (long long)row, (long long)cols, (long long)cols);
+    exit(1);
+}
+
+/* log(sum(exp(x))) of one row, stable. */
+static double logsumexp(const float *x, int64_t cols) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < cols; j++) m = fmaxf(m, x[j]);
+    double s = 0;
+    for (int64_t j = 0; j < cols; j++) s += exp((double)x[j] - m);
+    return m + log(s);
+}
+
+void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                 int64_t n_valid, float *loss) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (r >= n_valid) {
+            loss[r] = 0;
+            continue;
+        }
+        check_label(label[r], cols, r);
+        const float *x = logits + r * cols;
+        loss[r] = (float)(logsumexp(x, cols) - x[label[r]]);
+    }
+}
+
+void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                 const float *dloss, float *dlogits) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * cols;
+        float *d = dlogits + r * cols;
+        check_label(label[r], cols, r);
+        double lse = logsumexp(x, cols);
+        for (int64_t j = 0; j < cols; j++)
+            d[j] = dloss[r] * ((float)exp((double)x[j] - lse) - (j == label[r] ? 1.0f : 0.0f));
+    }
+}
+
+float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                  int64_t n_valid) {
+    int64_t correct = 0;
+    for (int64_t r = 0; r < rows && r < n_valid; r++) {
+        const float *x = logits + r * cols;
+        int64_t best = 0;
+        for (int64_t j = 1; j < cols; j++)
+            if (x[j] > x[best]) best = j;
+        correct += best == label[r];
+    }
+    return (float)correct;
+}
+
+/* ---- half precision (IEEE binary16 and bfloat16), round to nearest even */
+
+float rt_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000 | (man << 13); /* inf, nan */
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t rt_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    int32_t e = (int32_t)exp - 112;
+    if (e >= 0x1f) return (uint16_t)(sign | 0x7c00); /* overflow to inf */
+    if (e <= 0) {                                    /* subnormal or zero */
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = man >> shift, rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent */
+    return (uint16_t)half;
+}
+
+float rt_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t rt_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
