@@ -1,0 +1,251 @@
+/* rt_array.c - data files as arrays: NumPy .npy (memory-mapped) and IDX (the MNIST family;
+ * plain or gzipped, decompressed through zlib).
+ *
+ * .npy: magic "\x93NUMPY", version 1.x (2-byte header length) or 2.x/3.x (4-byte), then a
+ * Python dict literal with 'descr', 'fortran_order' and 'shape'. Only C order, little-endian
+ * (or byte-sized) element types are accepted.
+ * IDX: two zero bytes, a type code (0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64),
+ * the number of dimensions, then each dimension as a big-endian u32; elements big-endian.
+ * Every size is checked against the file's length before anything is read.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "rt_internal.h"
+
+int rt_fail(RtError *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const int type_size[] = {
+    [RT_FILE_U8] = 1, [RT_FILE_I8] = 1,  [RT_FILE_I16] = 2, [RT_FILE_I32] = 4,
+    [RT_FILE_I64] = 8, [RT_FILE_F16] = 2, [RT_FILE_F32] = 4, [RT_FILE_F64] = 8,
+};
+
+const char *rt_file_type_name(RtFileType t) {
+    static const char *const names[] = {"u8", "i8", "i16", "i32", "i64", "f16", "f32", "f64"};
+    return names[t];
+}
+
+static uint64_t load_be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t load_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+double rt_array_elem(const RtArray *a, int64_t i) {
+    int n = type_size[a->type];
+    const unsigned char *p = a->data + i * n;
+    uint64_t bits = a->big_endian ? load_be(p, n) : load_le(p, n);
+    switch (a->type) {
+    case RT_FILE_U8: return (double)(uint8_t)bits;
+    case RT_FILE_I8: return (double)(int8_t)bits;
+    case RT_FILE_I16: return (double)(int16_t)bits;
+    case RT_FILE_I32: return (double)(int32_t)bits;
+    case RT_FILE_I64: return (double)(int64_t)bits;
+    case RT_FILE_F16: return rt_f16_to_f32((uint16_t)bits);
+    case RT_FILE_F32: {
+        uint32_t b = (uint32_t)bits;
+        float f;
+        memcpy(&f, &b, sizeof f);
+        return f;
+    }
+    case RT_FILE_F64: {
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        return d;
+    }
+    }
+    return 0;
+}
+
+/* Check the shape and set sample_elems; `avail` is the number of element bytes present. */
+static int finish_shape(RtArray *a, size_t avail, RtError *err) {
+    if (a->rank < 1) return rt_fail(err, "%s: a data file needs at least one axis (the samples)", a->path);
+    int64_t total = 1;
+    for (int i = 0; i < a->rank; i++) {
+        if (a->shape[i] < 0 || (a->shape[i] && total > INT64_MAX / 16 / a->shape[i]))
+            return rt_fail(err, "%s: the shape in the header is too large", a->path);
+        total *= a->shape[i];
+    }
+    a->sample_elems = 1;
+    for (int i = 1; i < a->rank; i++) a->sample_elems *= a->shape[i];
+    if ((uint64_t)total * (uint64_t)type_size[a->type] > avail)
+        return rt_fail(err, "%s: truncated: the header promises %lld elements (%lld bytes) but the file holds %zu bytes of data",
+                       a->path, (long long)total, (long long)(total * type_size[a->type]), avail);
+    return 0;
+}
+
+/* ---- .npy */
+
+static int npy_descr(const char *h, RtArray *a, RtError *err) {
+    static const struct {
+        const char *descr;
+        RtFileType type;
+    } types[] = {{"|u1", RT_FILE_U8}, {"|i1", RT_FILE_I8}, {"<i2", RT_FILE_I16}, {"<i4", RT_FILE_I32},
+                 {"<i8", RT_FILE_I64}, {"<f2", RT_FILE_F16}, {"<f4", RT_FILE_F32}, {"<f8", RT_FILE_F64},
+                 {"<u1", RT_FILE_U8}, {"<i1", RT_FILE_I8}};
+    const char *d = strstr(h, "'descr'");
+    if (!d || !(d = strchr(d + 7, '\''))) return rt_fail(err, "%s: .npy header has no 'descr'", a->path);
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (strncmp(d + 1, types[i].descr, 3) == 0 && d[4] == '\'') {
+            a->type = types[i].type;
+            return 0;
+        }
+    const char *end = strchr(d + 1, '\'');
+    return rt_fail(err, "%s: unsupported element type '%.*s' (supported: u1 i1 i2 i4 i8 f2 f4 f8, little-endian)",
+                   a->path, end ? (int)(end - d - 1) : 8, d + 1);
+}
+
+static int npy_shape(const char *h, RtArray *a, RtError *err) {
+    const char *s = strstr(h, "'shape'");
+    if (!s || !(s = strchr(s, '('))) return rt_fail(err, "%s: .npy header has no 'shape'", a->path);
+    a->rank = 0;
+    for (s++; *s && *s != ')';) {
+        while (*s == ' ' || *s == ',') s++;
+        if (*s == ')') break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || v < 0 || a->rank == RT_MAX_RANK + 1)
+            return rt_fail(err, "%s: cannot read the shape in the .npy header", a->path);
+        a->shape[a->rank++] = v;
+        s = end;
+        while (*s == 'L' || *s == ' ') s++;
+    }
+    if (*s != ')') return rt_fail(err, "%s: cannot read the shape in the .npy header", a->path);
+    return 0;
+}
+
+static int npy_load(RtArray *a, const unsigned char *p, size_t len, RtError *err) {
+    if (len < 10) return rt_fail(err, "%s: truncated .npy file", a->path);
+    int v4 = p[6] >= 2;
+    size_t hlen = v4 ? (size_t)load_le(p + 8, 4) : (size_t)load_le(p + 8, 2);
+    size_t start = (v4 ? 12 : 10);
+    if (hlen > len - start || (v4 && len < 12)) return rt_fail(err, "%s: truncated .npy header", a->path);
+    char *h = strndup((const char *)p + start, hlen);
+    int rc = npy_descr(h, a, err);
+    if (!rc && strstr(h, "'fortran_order': True"))
+        rc = rt_fail(err, "%s: Fortran-ordered arrays are not supported; save with np.ascontiguousarray", a->path);
+    if (!rc) rc = npy_shape(h, a, err);
+    free(h);
+    if (rc) return rc;
+    a->data = p + start + hlen;
+    return finish_shape(a, len - start - hlen, err);
+}
+
+/* ---- IDX */
+
+static int idx_load(RtArray *a, const unsigned char *p, size_t len, RtError *err) {
+    static const struct {
+        int code;
+        RtFileType type;
+    } codes[] = {{0x08, RT_FILE_U8}, {0x09, RT_FILE_I8}, {0x0B, RT_FILE_I16},
+                 {0x0C, RT_FILE_I32}, {0x0D, RT_FILE_F32}, {0x0E, RT_FILE_F64}};
+    if (len < 4 || p[0] || p[1]) return rt_fail(err, "%s: not an IDX file (bad magic number)", a->path);
+    int found = 0;
+    for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+        if (codes[i].code == p[2]) a->type = codes[i].type, found = 1;
+    if (!found) return rt_fail(err, "%s: unknown IDX element type 0x%02x", a->path, p[2]);
+    a->rank = p[3];
+    if (a->rank < 1 || a->rank > RT_MAX_RANK + 1)
+        return rt_fail(err, "%s: IDX file with %d dimensions (1 to %d supported)", a->path, a->rank, RT_MAX_RANK + 1);
+    if (len < 4 + 4 * (size_t)a->rank) return rt_fail(err, "%s: truncated IDX header", a->path);
+    for (int i = 0; i < a->rank; i++) a->shape[i] = (int64_t)load_be(p + 4 + 4 * i, 4);
+    a->big_endian = 1;
+    a->data = p + 4 + 4 * a->rank;
+    return finish_shape(a, len - 4 - 4 * (size_t)a->rank, err);
+}
+
+/* Read a whole gzip stream (or a plain file, which gzread passes through) into memory. */
+static int gz_read_all(RtArray *a, unsigned char **out, size_t *len, RtError *err) {
+    gzFile f = gzopen(a->path, "rb");
+    if (!f) return rt_fail(err, "%s: cannot open: %s", a->path, strerror(errno));
+    size_t cap = 1 << 20, n = 0;
+    unsigned char *buf = malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= ((size_t)1 << 40)) break;
+            unsigned char *b = realloc(buf, cap *= 2);
+            if (!b) break;
+            buf = b;
+        }
+        int got = gzread(f, buf + n, (unsigned)(cap - n > (1u << 30) ? (1u << 30) : cap - n));
+        if (got < 0) {
+            int code;
+            const char *msg = gzerror(f, &code);
+            rt_fail(err, "%s: corrupt compressed data: %s", a->path, msg);
+            gzclose(f);
+            free(buf);
+            return -1;
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    int rc = gzclose(f);
+    if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        free(buf);
+        return rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+int rt_array_load(const char *path, RtArray *a, RtError *err) {
+    memset(a, 0, sizeof *a);
+    a->path = strdup(path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return rt_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    unsigned char magic[6] = {0};
+    ssize_t got = fstat(fd, &st) == 0 ? pread(fd, magic, sizeof magic, 0) : -1;
+    if (got < 0 || S_ISDIR(st.st_mode)) {
+        close(fd);
+        return rt_fail(err, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "is a directory");
+    }
+    if (got == 6 && memcmp(magic, "\x93NUMPY", 6) == 0) {
+        void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+        close(fd);
+        if (m == MAP_FAILED) return rt_fail(err, "%s: cannot map: %s", path, strerror(errno));
+        a->mapping = m;
+        a->mapping_len = (size_t)st.st_size;
+        return npy_load(a, m, (size_t)st.st_size, err);
+    }
+    close(fd);
+    if (ends_with(path, ".npy")) return rt_fail(err, "%s: not a .npy file (bad magic number)", path);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (gz_read_all(a, &buf, &len, err)) return -1;
+    a->heap = buf;
+    return idx_load(a, buf, len, err);
+}
+
+void rt_array_free(RtArray *a) {
+    if (a->mapping) munmap(a->mapping, a->mapping_len);
+    free(a->heap);
+    free(a->path);
+    memset(a, 0, sizeof *a);
+}

@@ -1,0 +1,192 @@
+/* rt_data.c - binding data files to the model's inputs, assembling batches, and the prefetch
+ * thread that assembles batch k+1 while the step trains on batch k.
+ *
+ * A file feeds an input when its per-sample shape equals the input's once every size-1 axis is
+ * dropped from both (an IDX [N,28,28] feeds [1,28,28]). Elements are converted by value to the
+ * input's dtype while a batch is gathered. The prefetcher has two slots; the producer fills the
+ * slot of batch k once the consumer has moved on from batch k-2, so the order of batches, and so
+ * every result, is independent of timing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_internal.h"
+
+static int dtype_size(RtDtype dt) {
+    static const int size[] = {[RT_F32] = 4, [RT_F16] = 2, [RT_BF16] = 2, [RT_I32] = 4, [RT_I64] = 8, [RT_U8] = 1};
+    return size[dt];
+}
+
+static int64_t input_sample_elems(const RtInput *in) {
+    int64_t n = 1;
+    for (int i = 0; i < in->rank; i++) n *= in->shape[i];
+    return n;
+}
+
+size_t rt_batch_bytes(const RtModel *m, int input) {
+    return (size_t)(m->batch * input_sample_elems(&m->inputs[input])) * (size_t)dtype_size(m->inputs[input].dtype);
+}
+
+static void shape_text(const int64_t *dims, int rank, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+/* Equal after dropping size-1 axes. */
+static int shapes_fit(const int64_t *a, int ra, const int64_t *b, int rb) {
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < ra && a[i] == 1) i++;
+        while (j < rb && b[j] == 1) j++;
+        if (i == ra || j == rb) return i == ra && j == rb;
+        if (a[i++] != b[j++]) return 0;
+    }
+}
+
+static int check_input(const RtInput *in, const RtArray *a, RtError *err) {
+    if (shapes_fit(a->shape + 1, a->rank - 1, in->shape, in->rank)) return 0;
+    char got[256], want[256];
+    shape_text(a->shape + 1, a->rank - 1, got, sizeof got);
+    shape_text(in->shape, in->rank, want, sizeof want);
+    return rt_fail(err, "input '%s': file '%s' has per-sample shape %s but the model expects %s",
+                   in->name, a->path, got, want);
+}
+
+int rt_dataset_open(const RtModel *m, const char *const *files, RtDataset *ds, RtError *err) {
+    memset(ds, 0, sizeof *ds);
+    ds->n = m->n_inputs;
+    for (int i = 0; i < m->n_inputs; i++) {
+        RtError e;
+        if (rt_array_load(files[i], &ds->arrays[i], &e)) {
+            rt_dataset_close(ds);
+            return rt_fail(err, "input '%s': %s", m->inputs[i].name, e.msg);
+        }
+        if (check_input(&m->inputs[i], &ds->arrays[i], err)) {
+            rt_dataset_close(ds);
+            return -1;
+        }
+        int64_t n = ds->arrays[i].shape[0];
+        if (i > 0 && n != ds->n_samples) {
+            rt_fail(err, "input '%s' (%s) has %lld samples but input '%s' (%s) has %lld",
+                    m->inputs[i].name, files[i], (long long)n, m->inputs[0].name, files[0],
+                    (long long)ds->n_samples);
+            rt_dataset_close(ds);
+            return -1;
+        }
+        ds->n_samples = n;
+    }
+    if (ds->n_samples == 0) {
+        rt_dataset_close(ds);
+        return rt_fail(err, "the data set in '%s' has no samples", files[0]);
+    }
+    return 0;
+}
+
+void rt_dataset_close(RtDataset *ds) {
+    for (int i = 0; i < ds->n; i++) rt_array_free(&ds->arrays[i]);
+    ds->n = 0;
+}
+
+/* Convert `count` elements starting at flat element `from` of `a` into `out` (dtype dt). */
+static void convert(const RtArray *a, int64_t from, int64_t count, RtDtype dt, void *out) {
+    if (a->type == RT_FILE_U8 && dt == RT_F32) { /* the common image case, fast */
+        const unsigned char *src = a->data + from;
+        float *dst = out;
+        for (int64_t i = 0; i < count; i++) dst[i] = src[i];
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        double v = rt_array_elem(a, from + i);
+        switch (dt) {
+        case RT_F32: ((float *)out)[i] = (float)v; break;
+        case RT_F16: ((uint16_t *)out)[i] = rt_f32_to_f16((float)v); break;
+        case RT_BF16: ((uint16_t *)out)[i] = rt_f32_to_bf16((float)v); break;
+        case RT_I32: ((int32_t *)out)[i] = (int32_t)v; break;
+        case RT_I64: ((int64_t *)out)[i] = (int64_t)v; break;
+        case RT_U8: ((uint8_t *)out)[i] = (uint8_t)v; break;
+        }
+    }
+}
+
+void rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
+               void *const *bufs) {
+    for (int k = 0; k < m->n_inputs; k++) {
+        const RtArray *a = &ds->arrays[k];
+        int64_t per = a->sample_elems;
+        size_t row = (size_t)per * (size_t)dtype_size(m->inputs[k].dtype);
+        unsigned char *dst = bufs[k];
+        for (int64_t r = 0; r < count; r++) convert(a, idx[r] * per, per, m->inputs[k].dtype, dst + r * row);
+        if (count < m->batch) memset(dst + count * row, 0, (size_t)(m->batch - count) * row);
+    }
+}
+
+/* ---- prefetching */
+
+static void *prefetch_main(void *arg) {
+    RtPrefetch *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        int64_t k = p->next_fill;
+        /* slot k%2 held batch k-2; it is free once the consumer has taken batch k-1 */
+        while (!p->stop && k < p->n_batches && p->next_take < k) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop || k >= p->n_batches) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&p->mu);
+        rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2]);
+        pthread_mutex_lock(&p->mu);
+        p->ready[k % 2] = k;
+        p->next_fill = k + 1;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
+                       int64_t n_batches) {
+    memset(p, 0, sizeof *p);
+    p->model = m;
+    p->ds = ds;
+    p->order = order;
+    p->n_batches = n_batches;
+    p->ready[0] = p->ready[1] = -1;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < m->n_inputs; i++) {
+            p->slots[s][i] = aligned_alloc(64, (rt_batch_bytes(m, i) + 63) / 64 * 64);
+            if (!p->slots[s][i]) {
+                fprintf(stderr, "error: out of memory for the batch buffers\n");
+                exit(1);
+            }
+        }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->thread, NULL, prefetch_main, p) != 0) {
+        fprintf(stderr, "error: cannot start the data loader thread\n");
+        exit(1);
+    }
+}
+
+void *const *rt_prefetch_next(RtPrefetch *p) {
+    pthread_mutex_lock(&p->mu);
+    int64_t k = p->next_take;
+    while (p->ready[k % 2] != k) pthread_cond_wait(&p->cv, &p->mu);
+    p->next_take = k + 1; /* releases the other slot (batch k-1) to the producer */
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return p->slots[k % 2];
+}
+
+void rt_prefetch_stop(RtPrefetch *p) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->thread, NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < p->model->n_inputs; i++) free(p->slots[s][i]);
+}

@@ -1,0 +1,99 @@
+/* rt_internal.h - declarations shared by libnetrt's modules; not part of the public API.
+ *
+ * Functions that can fail because of a user's file return 0 on success and -1 on failure with a
+ * complete message (naming the file, and the input or tensor) in an RtError, so the command-line
+ * driver decides how to exit and the unit tests can check the words.
+ */
+#ifndef NETRT_INTERNAL_H
+#define NETRT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "netrt.h"
+
+typedef struct RtError {
+    char msg[1024];
+} RtError;
+
+int rt_fail(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- arrays loaded from .npy or IDX files (rt_array.c) */
+
+typedef enum { RT_FILE_U8, RT_FILE_I8, RT_FILE_I16, RT_FILE_I32, RT_FILE_I64, RT_FILE_F16,
+               RT_FILE_F32, RT_FILE_F64 } RtFileType;
+
+typedef struct RtArray {
+    char *path;
+    RtFileType type;
+    int big_endian;              /* IDX stores elements big-endian */
+    int rank;                    /* including the sample axis */
+    int64_t shape[RT_MAX_RANK + 1];
+    const unsigned char *data;   /* first element */
+    int64_t sample_elems;        /* elements per sample */
+    void *mapping;               /* mmap'd file (npy) or NULL */
+    size_t mapping_len;
+    void *heap;                  /* decompressed or read file (IDX) or NULL */
+} RtArray;
+
+int rt_array_load(const char *path, RtArray *a, RtError *err);
+void rt_array_free(RtArray *a);
+/* Element i (flat, across samples) as a double. */
+double rt_array_elem(const RtArray *a, int64_t i);
+const char *rt_file_type_name(RtFileType t);
+
+/* ---- a set of files bound to the model's inputs, and batches (rt_data.c) */
+
+typedef struct RtDataset {
+    int n;                         /* = model->n_inputs */
+    RtArray arrays[RT_MAX_INPUTS]; /* in model input order */
+    int64_t n_samples;
+} RtDataset;
+
+/* files[i] is the file for model input i. Checks per-sample shapes (size-1 axes ignored),
+ * sample counts, and that there is at least one sample. */
+int rt_dataset_open(const RtModel *m, const char *const *files, RtDataset *ds, RtError *err);
+void rt_dataset_close(RtDataset *ds);
+/* Bytes of one batch of input i in the model's dtype. */
+size_t rt_batch_bytes(const RtModel *m, int input);
+/* Fill bufs[i] (one batch per input) with samples idx[0..count), converted by value; rows
+ * count..batch-1 are zero. */
+void rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
+               void *const *bufs);
+
+/* Prepares batch k+1 on a thread while the caller trains on batch k. */
+typedef struct RtPrefetch {
+    const RtModel *model;
+    const RtDataset *ds;
+    const int64_t *order; /* sample indices, batch after batch */
+    int64_t n_batches;
+    void *slots[2][RT_MAX_INPUTS];
+    int64_t ready[2];      /* batch number held by each slot, -1 = none */
+    int64_t next_fill, next_take;
+    int stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} RtPrefetch;
+
+void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
+                       int64_t n_batches);
+/* The next batch's buffers; valid until the following call. */
+void *const *rt_prefetch_next(RtPrefetch *p);
+void rt_prefetch_stop(RtPrefetch *p);
+
+/* ---- safetensors (rt_safetensors.c) */
+
+/* Write every parameter under its name (F32, PyTorch shape) atomically: FILE.tmp.PID, fsync,
+ * rename. On failure the old FILE is untouched. */
+int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err);
+/* Read every parameter of the model from a safetensors file; all names must match exactly. */
+int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
+
+/* ---- randomness and schedules (rt_main.c) */
+
+uint64_t rt_mix(uint64_t x);                   /* splitmix64 finaliser */
+double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
+void rt_init_params(const RtModel *m, float *params, uint64_t seed);
+
+#endif
