@@ -11,7 +11,6 @@ loop. Peak memory is each process's maximum resident set size.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -55,16 +54,19 @@ def run_netc(netc, model, threads, work):
                     "-D", "batch=64"], check=True)
     log = os.path.join(work, f"{model}.jsonl")
     images, labels = fashion_files("train")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run([exe, "--data", f"image={images}", "--data", f"label={labels}", "--epochs", "1",
-                    "--threads", str(threads), "--log", log, "--log-every", "100", "--quiet"],
-                   check=True)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.Popen([exe, "--data", f"image={images}", "--data", f"label={labels}",
+                             "--epochs", "1", "--threads", str(threads), "--log", log,
+                             "--log-every", "100", "--quiet"])
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not all children's
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{exe} failed with status {proc.returncode}")
+    peak = usage.ru_maxrss
     rows = [json.loads(l) for l in open(log)]
     rates = [r["samples_per_s"] for r in rows if "samples_per_s" in r and not r.get("eval")]
     # the first interval includes start-up; the steady state is what a long run sees
     rate = statistics.median(rates[1:] if len(rates) > 2 else rates)
-    return rate, peak if peak > before else None
+    return rate, peak
 
 
 def run_torch(model, threads):
@@ -91,7 +93,7 @@ def main():
             theirs = [run_torch(model, args.threads) for _ in range(args.repeat)]
             n_rate = statistics.median(r for r, _ in ours)
             t_rate = statistics.median(r for r, _ in theirs)
-            n_mem = max((m or 0) for _, m in ours) / 1024
+            n_mem = max(m for _, m in ours) / 1024
             t_mem = max(m for _, m in theirs) / 1024
             print(f"{model:8s} {n_rate:15.0f} {t_rate:16.0f} {n_rate / t_rate:11.2f}x "
                   f"{n_mem:14.1f} {t_mem:15.1f} {n_mem / t_mem:12.2f}x")

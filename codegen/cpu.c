@@ -1,13 +1,19 @@
 /* cpu.c - the CPU backend: one readable C file per model, for OpenBLAS + OpenMP + libnetrt.
  *
- * Requires: a planned graph (mp_plan has run).
- * The output defines the model description (inputs, parameters, recipe), three step functions
- * (forward_backward, eval_step, optimizer_step) and main(), which hands everything to rt_main().
- * Every IR node becomes one commented statement or loop; element-wise nodes become loops whose
- * broadcasting index arithmetic is folded into constants; library nodes call libnetrt kernels
- * with their geometry in a static const struct.
+ * Requires: a planned graph (mp_plan has run); library operators in row-major layout.
+ * The output defines three step functions (forward_backward, eval_step, optimizer_step), the
+ * model description (inputs, parameters, recipe, buffer sizes) and main(), which hands it all to
+ * rt_main(). Every IR node becomes one commented statement or loop:
+ *   - element-wise nodes are one loop over the output's physical elements; each operand's
+ *     index is the broadcast map folded into constants, `(i / S % D) * T` per axis, with
+ *     trivial terms dropped and contiguous axes merged (so same-shape operands read `x[i]`);
+ *   - reductions loop over the output and, inside, over the reduced index space, in double;
+ *   - library nodes call a libnetrt kernel, with their geometry in a `static const` struct.
+ * Each node's pointer is a local `v<id>`, declared where the node is defined and only when the
+ * step reads or writes it, so the file compiles warning-free with -Wall -Wextra -Werror.
  */
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen.h"
@@ -17,211 +23,373 @@ enum { PAR_MIN = 32768 }; /* elements below which a loop runs on one thread */
 typedef struct Cg {
     const IrGraph *g;
     FILE *out;
-    int eval; /* emitting eval_step: dropout is the identity */
+    int eval;               /* emitting eval_step: dropout is the identity */
+    unsigned char *read;    /* read[id]: the function being emitted reads node id */
+    unsigned char *decl;    /* decl[id]: v<id> is declared in the function being emitted */
 } Cg;
 
-static IrNode *root(const IrNode *n) {
+static const IrNode *root(const IrNode *n) {
     while (n->storage == ST_ALIAS) n = n->in[0];
-    return (IrNode *)n;
+    return n;
 }
 
-static const char *ctype(IrDtype dt) { return ir_dtype_ctype(dt); }
+static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
+static int is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
 
-/* A float literal that reads back exactly ("0.5f", "255.0f"); rotating static buffers, so a
- * few may appear in one printf. */
-static const char *fl(double v) {
-    static char bufs[8][40];
-    static int next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof bufs[0], "%.9g", v);
-    if (!strpbrk(b, ".eni")) strcat(b, ".0"); /* e: exponent; n/i: nan, inf */
-    strcat(b, "f");
-    return b;
+/* ---- literals */
+
+/* A float literal that reads back exactly, in as few digits as that takes: 0.01f, 1.0f. */
+static void fmt_float(char *buf, size_t size, double v) {
+    float f = (float)v;
+    if (f != f) { snprintf(buf, size, "NAN"); return; }
+    if (f > 3.4e38f || f < -3.4e38f) { snprintf(buf, size, "%sINFINITY", f < 0 ? "-" : ""); return; }
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, size, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    if (!strpbrk(buf, ".e")) strncat(buf, ".0", size - strlen(buf) - 1);
+    strncat(buf, "f", size - strlen(buf) - 1);
 }
 
-static void lit(FILE *o, double v) { fputs(fl(v), o); }
+static void lit(FILE *o, double v) {
+    char buf[48];
+    fmt_float(buf, sizeof buf, v);
+    fputs(buf, o);
+}
+
+/* A double in as few digits as reproduce it exactly. */
+static void dbl(FILE *o, double v) {
+    char buf[48];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    fputs(buf, o);
+}
+
+/* A C string literal (names and paths come from the user). */
+static void cstr(FILE *o, const char *s) {
+    fputc('"', o);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(o, "\\%c", ch);
+        else if (ch < 32 || ch >= 127) fprintf(o, "\\%03o", ch);
+        else fputc(ch, o);
+    }
+    fputc('"', o);
+}
+
+/* Text for a // comment: no line breaks. */
+static void comment_text(FILE *o, const char *s) {
+    for (; s && *s; s++) fputc((unsigned char)*s < 32 ? '?' : *s, o);
+}
+
+static const char *base_name(const char *path) {
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    return slash ? slash + 1 : path;
+}
+
+/* ---- index arithmetic */
+
+typedef struct Axis {
+    int64_t dim;    /* extent of this loop axis */
+    int64_t stride; /* elements the operand moves per step along it; 0 = broadcast */
+} Axis;
+
+/* Logical axes of n in physical order, outermost first. */
+static void phys_order(const IrNode *n, int perm[IR_MAX_RANK]) {
+    static const int nhwc[4] = {0, 2, 3, 1};
+    for (int a = 0; a < n->shape.rank; a++)
+        perm[a] = n->layout == LAYOUT_NHWC && n->shape.rank == 4 ? nhwc[a] : a;
+}
+
+/* Element stride of each logical axis of n's storage. */
+static void elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
+    int perm[IR_MAX_RANK];
+    phys_order(n, perm);
+    int64_t s = 1;
+    for (int k = n->shape.rank - 1; k >= 0; k--) {
+        st[perm[k]] = s;
+        s *= n->shape.dim[perm[k]];
+    }
+}
+
+/* Print the index `sum over axes of (var / S % D) * T` for axes given innermost first, where S
+ * is the product of the inner axes' extents. Axes of extent 1 vanish, neighbours that are
+ * contiguous in the operand merge, and `/ 1`, `% D` on the outermost axis and `* 1` are left
+ * out: a same-shape operand reads `var`, a bias [C] over [N, C] reads `var % C`. */
+static void index_expr(FILE *o, const char *var, const Axis *in, int n) {
+    Axis ax[IR_MAX_RANK * 2];
+    int m = 0;
+    int64_t total = 1;
+    for (int k = 0; k < n; k++) {
+        total *= in[k].dim;
+        if (in[k].dim == 1) continue;
+        Axis *last = m ? &ax[m - 1] : NULL;
+        if (last && ((last->stride == 0 && in[k].stride == 0) ||
+                     (last->stride != 0 && in[k].stride == last->stride * last->dim)))
+            last->dim *= in[k].dim;
+        else ax[m++] = in[k];
+    }
+    int64_t S = 1;
+    int terms = 0;
+    for (int k = 0; k < m; k++) {
+        if (ax[k].stride != 0) {
+            int outer = S * ax[k].dim == total;
+            fprintf(o, "%s", terms++ ? " + " : "");
+            int paren = ax[k].stride != 1 && (S != 1 || !outer);
+            fprintf(o, "%s%s", paren ? "(" : "", var);
+            if (S != 1) fprintf(o, " / %" PRId64, S);
+            if (!outer) fprintf(o, " %% %" PRId64, ax[k].dim);
+            if (paren) fprintf(o, ")");
+            if (ax[k].stride != 1) fprintf(o, " * %" PRId64, ax[k].stride);
+        }
+        S *= ax[k].dim;
+    }
+    if (!terms) fprintf(o, "0");
+}
+
+/* The axes of `out`'s physical loop (innermost first) with x's strides: x broadcast to out. */
+static int broadcast_axes(const IrNode *x, const IrNode *out, Axis ax[IR_MAX_RANK]) {
+    int perm[IR_MAX_RANK];
+    int64_t st[IR_MAX_RANK];
+    phys_order(out, perm);
+    elem_strides(x, st);
+    int r = out->shape.rank, n = 0;
+    for (int k = r - 1; k >= 0; k--) {
+        int a = perm[k], xa = a - (r - x->shape.rank);
+        int stretched = xa < 0 || x->shape.dim[xa] == 1;
+        ax[n++] = (Axis){out->shape.dim[a], stretched ? 0 : st[xa]};
+    }
+    return n;
+}
+
+/* ---- pointers and declarations */
 
 /* The C expression for a node's storage, typed as a pointer to its element type. */
 static void ptr(Cg *c, const IrNode *n) {
     const IrNode *r = root(n);
+    const char *t = ir_dtype_ctype(n->dtype);
     FILE *o = c->out;
     switch (r->storage) {
-    case ST_ARENA: fprintf(o, "((%s *)(ctx->arena + %" PRId64 "))", ctype(n->dtype), r->offset); break;
-    case ST_PARAM: fprintf(o, "(ctx->params + %" PRId64 ")", r->offset); break;
-    case ST_GRAD: fprintf(o, "(ctx->grads + %" PRId64 ")", r->offset); break;
-    case ST_INPUT: fprintf(o, "((%s *)ctx->inputs[%d])", ctype(n->dtype), r->index); break;
-    default: ICE("cpu: node %%%d has no storage", n->id);
+    case ST_ARENA: fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset); break;
+    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset); break;
+    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset); break;
+    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d]", t, r->index); break;
+    default: ICE("cpu: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
 
-/* Declare `v<id>` for a node that has storage; a view is its operand under a new name. */
-static void decl(Cg *c, const IrNode *n) {
-    fprintf(c->out, "    %s *v%d = ", ctype(n->dtype), n->id);
-    if (n->storage == ST_ALIAS) fprintf(c->out, "v%d", n->in[0]->id);
-    else ptr(c, n);
+static void declare(Cg *c, const IrNode *n) {
+    if (c->decl[n->id]) return;
+    c->decl[n->id] = 1;
+    if (n->storage == ST_INLINE) { /* a constant that a kernel reads through a pointer */
+        fprintf(c->out, "    const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
+        lit(c->out, n->attr.scalar);
+        fprintf(c->out, "};\n");
+        return;
+    }
+    fprintf(c->out, "    %s%s *v%d = ", root(n)->storage == ST_INPUT ? "const " : "",
+            ir_dtype_ctype(n->dtype), n->id);
+    ptr(c, n);
     fprintf(c->out, ";\n");
 }
 
+/* `// %12 = relu(%11) f32[64, 128]   lenet.net:9` */
 static void comment(Cg *c, const IrNode *n) {
     char shape[160];
-    const char *file = n->loc.file ? strrchr(n->loc.file, '/') : NULL;
-    file = file ? file + 1 : n->loc.file;
-    fprintf(c->out, "    // %%%d = %s", n->id, ir_op_name(n->op));
-    for (int i = 0; i < n->n_in; i++) fprintf(c->out, "%s%%%d", i ? ", " : "(", n->in[i]->id);
-    fprintf(c->out, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype),
+    FILE *o = c->out;
+    fprintf(o, "    // %%%d = %s", n->id, ir_op_name(n->op));
+    if (n->name) fprintf(o, " "), comment_text(o, n->name);
+    for (int i = 0; i < n->n_in; i++) fprintf(o, "%s%%%d", i ? ", " : "(", n->in[i]->id);
+    fprintf(o, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype),
             ir_shape_str(&n->shape, shape, sizeof shape));
-    if (file) fprintf(c->out, "   %s:%d", file, n->loc.line);
-    fprintf(c->out, "\n");
+    if (n->layout == LAYOUT_NHWC) fprintf(o, " nhwc");
+    if (n->loc.file) fprintf(o, "   "), comment_text(o, base_name(n->loc.file)), fprintf(o, ":%d", n->loc.line);
+    fprintf(o, "\n");
 }
 
 /* ---- element-wise */
 
-/* Element of operand `x` read at output flat index `i` of a node with shape `out`. */
-static void elem(Cg *c, const IrNode *x, const IrShape *out) {
+/* Element `idx` (an index expression already printed by `print_index`) of x as a float. */
+static void load_open(FILE *o, const IrNode *x) {
+    if (x->dtype == DT_F16) fprintf(o, "rt_f16_to_f32(");
+    else if (x->dtype == DT_BF16) fprintf(o, "rt_bf16_to_f32(");
+    else if (x->dtype != DT_F32) fprintf(o, "(float)");
+}
+
+static void load_close(FILE *o, const IrNode *x) {
+    if (is_half(x->dtype)) fprintf(o, ")");
+}
+
+/* Operand x of element-wise node n at output index i, as a float (raw: in x's own type). */
+static void elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
     FILE *o = c->out;
-    const char *cast = x->dtype == DT_F32 ? "" : "(float)";
-    if (x->storage == ST_INLINE) return lit(o, x->attr.scalar);
-    if (x->dtype == DT_F16 || x->dtype == DT_BF16)
-        fprintf(o, "rt_%s_to_f32(", x->dtype == DT_F16 ? "f16" : "bf16"), cast = "";
-    else fprintf(o, "%s", cast);
-    int64_t n = ir_numel(&x->shape);
-    if (ir_shape_eq(&x->shape, out) || n == ir_numel(out)) {
-        fprintf(o, "v%d[i]", x->id);
-    } else if (n == 1) {
-        fprintf(o, "v%d[0]", x->id);
-    } else {
-        /* broadcast: sum over output axes of ((i / out_stride) % out_dim) * in_stride */
-        fprintf(o, "v%d[", x->id);
-        int64_t out_stride = 1, in_stride = 1, first = 1;
-        for (int a = out->rank - 1; a >= 0; a--) {
-            int ia = a - (out->rank - x->shape.rank);
-            int64_t d = out->dim[a], xd = ia >= 0 ? x->shape.dim[ia] : 1;
-            if (xd != 1) {
-                fprintf(o, "%s", first ? "" : " + ");
-                if (out_stride == 1) fprintf(o, "(i %% %" PRId64 ")", d);
-                else if (out_stride * d == ir_numel(out)) fprintf(o, "(i / %" PRId64 ")", out_stride);
-                else fprintf(o, "(i / %" PRId64 " %% %" PRId64 ")", out_stride, d);
-                if (in_stride != 1) fprintf(o, " * %" PRId64, in_stride);
-                first = 0;
-                in_stride *= xd;
-            }
-            out_stride *= d;
-        }
-        fprintf(o, "]");
+    if (x->storage == ST_INLINE) {
+        lit(o, x->attr.scalar);
+        return;
     }
-    if (x->dtype == DT_F16 || x->dtype == DT_BF16) fprintf(o, ")");
+    Axis ax[IR_MAX_RANK];
+    int k = broadcast_axes(x, n, ax);
+    if (!raw) load_open(o, x);
+    fprintf(o, "v%d[", x->id);
+    index_expr(o, "i", ax, k);
+    fprintf(o, "]");
+    if (!raw) load_close(o, x);
+}
+
+static void elem(Cg *c, const IrNode *x, const IrNode *n) { elem_as(c, x, n, 0); }
+
+/* f(a), f(a, b), f(a, b, c) over the node's operands. */
+static void call(Cg *c, const char *f, const IrNode *n) {
+    fprintf(c->out, "%s(", f);
+    for (int k = 0; k < n->n_in; k++) {
+        if (k) fprintf(c->out, ", ");
+        elem(c, n->in[k], n);
+    }
+    fprintf(c->out, ")");
+}
+
+static void infix(Cg *c, const IrNode *n, const char *op) {
+    elem(c, n->in[0], n);
+    fprintf(c->out, " %s ", op);
+    elem(c, n->in[1], n);
+}
+
+static void dropout(Cg *c, const IrNode *n) {
+    FILE *o = c->out;
+    if (c->eval) {
+        elem(c, n->in[0], n);
+        return;
+    }
+    fprintf(o, "rt_dropout_keep(ctx->seed, %d, i, ", n->attr.seed_id);
+    dbl(o, n->attr.p);
+    fprintf(o, ") ? ");
+    elem(c, n->in[0], n);
+    fprintf(o, " * ");
+    lit(o, 1.0 / (1.0 - n->attr.p));
+    fprintf(o, " : 0.0f");
 }
 
 /* The float expression of one element-wise node at index i. */
 static void ew_expr(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
-    const IrShape *s = &n->shape;
-#define A elem(c, n->in[0], s)
-#define B elem(c, n->in[1], s)
     switch (n->op) {
-    case OP_ADD: A, fprintf(o, " + "), B; break;
-    case OP_SUB: A, fprintf(o, " - "), B; break;
-    case OP_MUL: A, fprintf(o, " * "), B; break;
-    case OP_DIV: A, fprintf(o, " / "), B; break;
-    case OP_NEG: fprintf(o, "-"), A; break;
-    case OP_RELU: fprintf(o, "fmaxf("), A, fprintf(o, ", 0.0f)"); break;
-    case OP_SIGMOID: fprintf(o, "1.0f / (1.0f + expf(-"), A, fprintf(o, "))"); break;
-    case OP_TANH: fprintf(o, "tanhf("), A, fprintf(o, ")"); break;
-    case OP_GELU: fprintf(o, "gelu("), A, fprintf(o, ")"); break;
-    case OP_EXP: fprintf(o, "expf("), A, fprintf(o, ")"); break;
-    case OP_LOG: fprintf(o, "logf("), A, fprintf(o, ")"); break;
-    case OP_SQRT: fprintf(o, "sqrtf("), A, fprintf(o, ")"); break;
+    case OP_ADD: infix(c, n, "+"); break;
+    case OP_SUB: infix(c, n, "-"); break;
+    case OP_MUL: infix(c, n, "*"); break;
+    case OP_DIV: infix(c, n, "/"); break;
+    case OP_NEG: /* -(x): a negative literal after '-' would read as '--' */
+        fprintf(c->out, "-("), elem(c, n->in[0], n), fprintf(c->out, ")");
+        break;
+    case OP_RELU: call(c, "relu", n); break;
+    case OP_SIGMOID: call(c, "sigmoid", n); break;
+    case OP_TANH: call(c, "tanhf", n); break;
+    case OP_GELU: call(c, "gelu", n); break;
+    case OP_EXP: call(c, "expf", n); break;
+    case OP_LOG: call(c, "logf", n); break;
+    case OP_SQRT: call(c, "sqrtf", n); break;
     case OP_CAST:
-    case OP_EXPAND: A; break;
+    case OP_EXPAND: elem(c, n->in[0], n); break;
     case OP_DROPOUT:
-    case OP_DROPOUT_GRAD:
-        if (c->eval) { A; break; }
-        fprintf(o, "(rt_dropout_keep(ctx->seed, %d, i, %.17g) ? ", n->attr.seed_id, n->attr.p);
-        A, fprintf(o, " * "), lit(o, 1.0 / (1.0 - n->attr.p)), fprintf(o, " : 0.0f)");
-        break;
-    case OP_BCE_LOGITS: fprintf(o, "bce_logits("), A, fprintf(o, ", "), B, fprintf(o, ")"); break;
-    case OP_RELU_GRAD: fprintf(o, "("), A, fprintf(o, " > 0.0f ? "), B, fprintf(o, " : 0.0f)"); break;
-    case OP_SIGMOID_GRAD: fprintf(o, "sigmoid_grad("), A, fprintf(o, ", "), B, fprintf(o, ")"); break;
-    case OP_TANH_GRAD: fprintf(o, "tanh_grad("), A, fprintf(o, ", "), B, fprintf(o, ")"); break;
-    case OP_GELU_GRAD: fprintf(o, "gelu_grad("), A, fprintf(o, ", "), B, fprintf(o, ")"); break;
-    case OP_BCE_LOGITS_GRAD:
-        fprintf(o, "bce_logits_grad("), A, fprintf(o, ", "), B, fprintf(o, ", ");
-        elem(c, n->in[2], s), fprintf(o, ")");
-        break;
+    case OP_DROPOUT_GRAD: dropout(c, n); break;
+    case OP_BCE_LOGITS: call(c, "bce_logits", n); break;
+    case OP_RELU_GRAD: call(c, "relu_grad", n); break;
+    case OP_SIGMOID_GRAD: call(c, "sigmoid_grad", n); break;
+    case OP_TANH_GRAD: call(c, "tanh_grad", n); break;
+    case OP_GELU_GRAD: call(c, "gelu_grad", n); break;
+    case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
     default: ICE("cpu: %s is not element-wise", ir_op_name(n->op));
     }
-#undef A
-#undef B
 }
 
-static void loop_head(Cg *c, int64_t n) {
-    if (n >= PAR_MIN) fprintf(c->out, "    #pragma omp parallel for simd\n");
-    fprintf(c->out, "    for (int64_t i = 0; i < %" PRId64 "; i++)\n", n);
+static void loop_head(Cg *c, int64_t n, const char *indent) {
+    if (n >= PAR_MIN) fprintf(c->out, "%s#pragma omp parallel for simd\n", indent);
+    fprintf(c->out, "%sfor (int64_t i = 0; i < %" PRId64 "; i++)", indent, n);
 }
 
 static void emit_ew(Cg *c, const IrNode *n) {
     FILE *o = c->out;
-    loop_head(c, ir_numel(&n->shape));
-    fprintf(o, "        v%d[i] = ", n->id);
-    switch (n->dtype) {
-    case DT_F32: ew_expr(c, n); break;
-    case DT_F16: fprintf(o, "rt_f32_to_f16("), ew_expr(c, n), fprintf(o, ")"); break;
-    case DT_BF16: fprintf(o, "rt_f32_to_bf16("), ew_expr(c, n), fprintf(o, ")"); break;
-    default: /* casts to integer types, by value */
-        if (n->in[0]->dtype == DT_F32 || n->in[0]->dtype == DT_F16 || n->in[0]->dtype == DT_BF16)
-            fprintf(o, "(%s)", ctype(n->dtype)), ew_expr(c, n);
-        else fprintf(o, "(%s)v%d[i]", ctype(n->dtype), n->in[0]->id);
+    if (ir_numel(&n->shape) == 1 && n->op != OP_DROPOUT && n->op != OP_DROPOUT_GRAD) {
+        fprintf(o, "    v%d[0] = ", n->id); /* every operand index folds to 0 */
+    } else {
+        loop_head(c, ir_numel(&n->shape), "    ");
+        fprintf(o, "\n        v%d[i] = ", n->id);
+    }
+    if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
+        fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
+        ew_expr(c, n);
+        fprintf(o, ")");
+    } else if (!is_float(n->dtype)) { /* a cast to an integer type, by value (truncating) */
+        if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("cpu: integer %s", ir_op_name(n->op));
+        fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
+        elem_as(c, n->in[0], n, !is_half(n->in[0]->dtype));
+    } else {
+        ew_expr(c, n);
     }
     fprintf(o, ";\n");
 }
 
 /* ---- reductions */
 
+/* x summed down to the node's shape: for each output element, a loop over the reduced index
+ * space of the axes that broadcasting stretched. */
 static void emit_sum_to(Cg *c, const IrNode *n) {
-    /* out[o] = sum over the input elements that broadcast onto o; the loop runs over the
-     * input in order and maps each index to its output index. */
     const IrNode *x = n->in[0];
     FILE *o = c->out;
-    int64_t on = ir_numel(&n->shape);
-    fprintf(o, "    {\n        double acc[%" PRId64 "];\n", on);
-    fprintf(o, "        memset(acc, 0, sizeof acc);\n");
-    fprintf(o, "        for (int64_t i = 0; i < %" PRId64 "; i++)\n", ir_numel(&x->shape));
-    fprintf(o, "            acc[");
-    /* output index of input index i: the broadcast map in reverse */
-    int64_t in_stride = 1, out_stride = 1, first = 1;
-    const IrShape *xs = &x->shape, *os = &n->shape;
-    for (int a = xs->rank - 1; a >= 0; a--) {
-        int oa = a - (xs->rank - os->rank);
-        int64_t d = xs->dim[a], od = oa >= 0 ? os->dim[oa] : 1;
-        if (od != 1) {
-            fprintf(o, "%s(i / %" PRId64 " %% %" PRId64 ")", first ? "" : " + ", in_stride, d);
-            if (out_stride != 1) fprintf(o, " * %" PRId64, out_stride);
-            first = 0;
-            out_stride *= od;
-        }
-        in_stride *= d;
+    int xr = x->shape.rank, lead = xr - n->shape.rank;
+    int perm[IR_MAX_RANK];
+    int64_t st[IR_MAX_RANK];
+    Axis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    int nk = 0, nr = 0;
+    int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
+    elem_strides(x, st);
+    phys_order(n, perm);
+    for (int k = n->shape.rank - 1; k >= 0; k--) /* output loop, innermost first */
+        kept[nk++] = (Axis){n->shape.dim[perm[k]], n->shape.dim[perm[k]] == 1 ? 0 : st[perm[k] + lead]};
+    phys_order(x, perm);
+    for (int k = xr - 1; k >= 0; k--) { /* reduced axes in x's physical order */
+        int a = perm[k];
+        if (a < lead || n->shape.dim[a - lead] == 1) red[nr++] = (Axis){x->shape.dim[a], st[a]};
     }
-    if (first) fprintf(o, "0");
-    fprintf(o, "] += v%d[i];\n", x->id);
-    fprintf(o, "        for (int64_t o = 0; o < %" PRId64 "; o++) v%d[o] = (float)acc[o];\n    }\n", on, n->id);
+    fprintf(o, "    ");
+    if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) fprintf(o, "#pragma omp parallel for\n    ");
+    fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n", out_n);
+    fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
+    index_expr(o, "o", kept, nk);
+    fprintf(o, ";\n        double acc = 0;\n");
+    fprintf(o, "        for (int64_t j = 0; j < %" PRId64 "; j++)\n            acc += ", red_n);
+    load_open(o, x);
+    fprintf(o, "x[");
+    index_expr(o, "j", red, nr);
+    fprintf(o, "]");
+    load_close(o, x);
+    fprintf(o, ";\n        v%d[o] = (float)acc;\n    }\n", n->id);
 }
 
+/* SUM and MEAN of all elements; a batch-masked MEAN counts only the first n_valid rows. */
 static void emit_reduce(Cg *c, const IrNode *n) {
     FILE *o = c->out;
     const IrNode *x = n->in[0];
     int64_t total = ir_numel(&x->shape);
-    if (n->op == OP_SUM_TO) return emit_sum_to(c, n);
-    if (n->op == OP_MEAN && n->attr.batch_masked) {
-        int64_t row = total / x->shape.dim[0];
-        fprintf(o, "    {\n        double acc = 0;\n");
-        fprintf(o, "        for (int64_t i = 0; i < ctx->n_valid * %" PRId64 "; i++) acc += v%d[i];\n", row, x->id);
-        fprintf(o, "        v%d[0] = (float)(acc / (double)(ctx->n_valid * %" PRId64 "));\n    }\n", n->id, row);
+    if (n->op == OP_SUM_TO) {
+        emit_sum_to(c, n);
         return;
     }
-    fprintf(o, "    {\n        double acc = 0;\n");
-    fprintf(o, "        for (int64_t i = 0; i < %" PRId64 "; i++) acc += v%d[i];\n", total, x->id);
-    fprintf(o, "        v%d[0] = (float)(acc%s);\n    }\n", n->id,
-            n->op == OP_MEAN ? arena_printf(c->g->arena, " / %" PRId64 ".0", total) : "");
+    if (n->dtype != DT_F32) ICE("cpu: %s to %s", ir_op_name(n->op), ir_dtype_name(n->dtype));
+    int masked = n->op == OP_MEAN && n->attr.batch_masked && x->shape.rank > 0;
+    fprintf(o, "    {\n");
+    if (masked)
+        fprintf(o, "        const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only\n",
+                total / x->shape.dim[0]);
+    else fprintf(o, "        const int64_t count = %" PRId64 ";\n", total);
+    fprintf(o, "        double acc = 0;\n");
+    if (total >= PAR_MIN) fprintf(o, "        #pragma omp parallel for reduction(+ : acc)\n");
+    fprintf(o, "        for (int64_t i = 0; i < count; i++)\n            acc += ");
+    load_open(o, x);
+    fprintf(o, "v%d[i]", x->id);
+    load_close(o, x);
+    fprintf(o, ";\n        v%d[0] = (float)(acc%s);\n    }\n", n->id,
+            n->op == OP_MEAN ? " / (double)count" : "");
 }
 
 /* ---- library kernels */
@@ -229,19 +397,19 @@ static void emit_reduce(Cg *c, const IrNode *n) {
 static void emit_matmul(Cg *c, const IrNode *n) {
     const IrNode *a = n->in[0], *b = n->in[1];
     int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
-    int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1];
-    int64_t K = a->shape.dim[r - 1 - ta];
+    int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1], K = a->shape.dim[r - 1 - ta];
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1];
-    int64_t batch = r == 3 ? n->shape.dim[0] : 1;
     FILE *o = c->out;
-    if (batch > 1) fprintf(o, "    for (int64_t b = 0; b < %" PRId64 "; b++)\n    ", batch);
-    fprintf(o, "    rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d", ta, tb, M, N, K, a->id);
-    if (batch > 1) fprintf(o, " + b * %" PRId64, M * K);
-    fprintf(o, ", %" PRId64 ", v%d", lda, b->id);
-    if (batch > 1) fprintf(o, " + b * %" PRId64, K * N);
-    fprintf(o, ", %" PRId64 ", 0.0f, v%d", ldb, n->id);
-    if (batch > 1) fprintf(o, " + b * %" PRId64, M * N);
-    fprintf(o, ", %" PRId64 ");\n", N);
+    if (r == 3) {
+        fprintf(o, "    for (int64_t b = 0; b < %" PRId64 "; b++)\n    ", n->shape.dim[0]);
+        fprintf(o, "    rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d + b * %" PRId64
+                   ", %" PRId64 ", v%d + b * %" PRId64 ", %" PRId64 ", 0.0f, v%d + b * %" PRId64 ", %" PRId64 ");\n",
+                ta, tb, M, N, K, a->id, M * K, lda, b->id, K * N, ldb, n->id, M * N, N);
+        return;
+    }
+    fprintf(o, "    rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d, %" PRId64 ", v%d, %" PRId64
+               ", 0.0f, v%d, %" PRId64 ");\n",
+            ta, tb, M, N, K, a->id, lda, b->id, ldb, n->id, N);
 }
 
 static void emit_conv(Cg *c, const IrNode *n) {
@@ -251,8 +419,10 @@ static void emit_conv(Cg *c, const IrNode *n) {
                      : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
     const IrAttrs *a = &n->attr;
     FILE *o = c->out;
-    fprintf(o, "    static const RtConv conv%d = {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-               ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, %d, %d, %d, %d, %d, %d};\n",
+    fprintf(o, "    static const RtConv conv%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
+               ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
+               ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
+               ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
             n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3],
             y->dim[2], y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0],
             a->dil[1], a->groups);
@@ -263,121 +433,155 @@ static void emit_conv(Cg *c, const IrNode *n) {
 
 static void emit_pool(Cg *c, const IrNode *n) {
     int bwd = n->op == OP_MAXPOOL2D_BWD || n->op == OP_AVGPOOL2D_BWD;
+    int max = n->op == OP_MAXPOOL2D || n->op == OP_MAXPOOL2D_BWD;
     const IrShape *x = bwd ? &n->shape : &n->in[0]->shape;
     const IrShape *y = bwd ? &n->in[n->n_in - 1]->shape : &n->shape;
     const IrAttrs *a = &n->attr;
     FILE *o = c->out;
-    fprintf(o, "    static const RtPool pool%d = {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-               ", %" PRId64 ", %" PRId64 ", %d, %d, %d, %d, %d, %d};\n",
+    fprintf(o, "    static const RtPool pool%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
+               ", .W = %" PRId64 ", .P = %" PRId64 ", .Q = %" PRId64 ",\n        .kh = %d, .kw = %d"
+               ", .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d};\n",
             n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], y->dim[2], y->dim[3], a->kernel[0],
             a->kernel[1], a->stride[0], a->stride[1], a->pad[0], a->pad[1]);
+    fprintf(o, "    rt_%spool2d_%s(&pool%d", max ? "max" : "avg", bwd ? "bwd" : "fwd", n->id);
+    for (int k = 0; k < n->n_in; k++) fprintf(o, ", v%d", n->in[k]->id);
+    fprintf(o, ", v%d);\n", n->id);
+}
+
+/* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
+static void emit_rows(Cg *c, const IrNode *n) {
+    const IrShape *s = &n->in[0]->shape;
+    int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
+    int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
+    FILE *o = c->out;
     switch (n->op) {
-    case OP_MAXPOOL2D: fprintf(o, "    rt_maxpool2d_fwd(&pool%d, v%d, v%d);\n", n->id, n->in[0]->id, n->id); break;
-    case OP_AVGPOOL2D: fprintf(o, "    rt_avgpool2d_fwd(&pool%d, v%d, v%d);\n", n->id, n->in[0]->id, n->id); break;
-    case OP_MAXPOOL2D_BWD:
-        fprintf(o, "    rt_maxpool2d_bwd(&pool%d, v%d, v%d, v%d);\n", n->id, n->in[0]->id, n->in[1]->id, n->id);
+    case OP_SOFTMAX:
+        fprintf(o, "    rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);\n", rows, cols, a, n->id);
         break;
-    default: fprintf(o, "    rt_avgpool2d_bwd(&pool%d, v%d, v%d);\n", n->id, n->in[0]->id, n->id);
+    case OP_SOFTMAX_BWD:
+        fprintf(o, "    rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);\n", rows, cols, a, b, n->id);
+        break;
+    case OP_XENT:
+        fprintf(o, "    rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);\n", rows, cols,
+                a, b, n->id);
+        break;
+    case OP_XENT_BWD:
+        fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", rows, cols, a, b,
+                n->in[2]->id, n->id);
+        break;
+    default: /* OP_ACCURACY */
+        fprintf(o, "    v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);\n", n->id,
+                rows, cols, a, b);
     }
 }
 
 static void emit_lib(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
-    const IrShape *s = &n->in[0]->shape;
-    int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
+    /* the kernels take logical row-major float tensors (labels: int64) */
+    for (int k = 0; k <= n->n_in; k++) {
+        const IrNode *x = k < n->n_in ? n->in[k] : n;
+        if (x->layout != LAYOUT_ROW_MAJOR) ICE("cpu: %s on a channels-last tensor", ir_op_name(n->op));
+        if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("cpu: %s on %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
+    }
     switch (n->op) {
-    case OP_MATMUL: emit_matmul(c, n); return;
+    case OP_MATMUL: emit_matmul(c, n); break;
     case OP_CONV2D:
     case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: emit_conv(c, n); return;
+    case OP_CONV2D_BWD_FILTER: emit_conv(c, n); break;
     case OP_MAXPOOL2D:
     case OP_MAXPOOL2D_BWD:
     case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: emit_pool(c, n); return;
+    case OP_AVGPOOL2D_BWD: emit_pool(c, n); break;
     case OP_SOFTMAX:
-        fprintf(o, "    rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);\n", rows, cols, n->in[0]->id, n->id);
-        return;
     case OP_SOFTMAX_BWD:
-        fprintf(o, "    rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);\n", rows, cols,
-                n->in[0]->id, n->in[1]->id, n->id);
-        return;
     case OP_XENT:
-        fprintf(o, "    rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);\n", rows, cols,
-                n->in[0]->id, n->in[1]->id, n->id);
-        return;
     case OP_XENT_BWD:
-        fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", rows, cols,
-                n->in[0]->id, n->in[1]->id, n->in[2]->id, n->id);
-        return;
-    case OP_ACCURACY:
-        fprintf(o, "    v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);\n", n->id,
-                rows, cols, n->in[0]->id, n->in[1]->id);
-        return;
+    case OP_ACCURACY: emit_rows(c, n); break;
     default: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }
 
-/* True if a node among [0, end) of the schedule, or a step output, reads `n`. */
-static int read_before(const IrGraph *g, const IrNode *n, int end) {
-    for (int i = n->id + 1; i < end; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++)
-            if (g->nodes[i]->in[k] == n) return 1;
-    for (int i = 0; i < g->n_params && end == g->n; i++)
-        if (g->params[i].grad == n) return 1;
-    return n == g->loss || n == g->correct;
-}
-
 static void emit_node(Cg *c, const IrNode *n) {
-    if (n->storage == ST_INLINE) return;
-    comment(c, n);
-    if (n->storage == ST_INPUT || n->storage == ST_PARAM || n->storage == ST_ALIAS) {
-        decl(c, n);
-        if (!read_before(c->g, n, c->eval ? c->g->n_fwd : c->g->n))
-            fprintf(c->out, "    (void)v%d; // read only by the %s pass\n", n->id,
-                    c->eval ? "backward" : "evaluation");
+    IrOpKind kind = ir_op_kind(n->op);
+    if (n->storage == ST_INLINE) return; /* written into its users as a literal */
+    if (kind == OPK_SOURCE || kind == OPK_VIEW) {
+        if (!c->read[n->id]) return;
+        if (kind == OPK_VIEW && n->layout != root(n)->layout) ICE("cpu: reshape across layouts");
+        comment(c, n);
+        declare(c, n);
         return;
     }
-    decl(c, n);
-    switch (ir_op_kind(n->op)) {
+    comment(c, n);
+    if (kind != OPK_EW) /* kernels and reductions read constants through pointers */
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]->storage == ST_INLINE) declare(c, n->in[k]);
+    declare(c, n);
+    switch (kind) {
     case OPK_EW: emit_ew(c, n); break;
     case OPK_REDUCE: emit_reduce(c, n); break;
-    case OPK_LIB: emit_lib(c, n); break;
-    default: ICE("cpu: cannot emit %s", ir_op_name(n->op));
+    default: emit_lib(c, n); break;
     }
 }
 
 /* ---- the step functions */
 
+/* Mark what the nodes [0, end) and the end of the function read. */
+static void mark_reads(Cg *c, int end, int with_grads) {
+    const IrGraph *g = c->g;
+    memset(c->read, 0, (size_t)g->n + 1);
+    memset(c->decl, 0, (size_t)g->n + 1);
+    for (int i = 0; i < end; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) c->read[g->nodes[i]->in[k]->id] = 1;
+    c->read[g->loss->id] = 1;
+    if (g->correct) c->read[g->correct->id] = 1;
+    for (int i = 0; with_grads && i < g->n_params; i++)
+        if (g->params[i].grad) c->read[g->params[i].grad->id] = 1;
+}
+
 static void emit_outputs(Cg *c) {
     const IrGraph *g = c->g;
-    fprintf(c->out, "    ctx->loss = v%d[0];\n", g->loss->id);
+    fprintf(c->out, "\n    ctx->loss = v%d[0];\n", g->loss->id);
     if (g->correct) fprintf(c->out, "    ctx->correct = v%d[0];\n", g->correct->id);
     else fprintf(c->out, "    ctx->correct = 0;\n");
+}
+
+/* Gradients that could not be computed in place in ctx->grads are copied there last. */
+static void emit_grad_copies(Cg *c) {
+    const IrGraph *g = c->g;
+    FILE *o = c->out;
+    int header = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        if (!p->trainable || (p->grad && p->grad->storage == ST_GRAD)) continue;
+        int64_t n = ir_numel(&p->node->shape);
+        if (!header++) fprintf(o, "\n    // ---- gradients not computed in place\n");
+        fprintf(o, "    // d ");
+        comment_text(o, p->name);
+        fprintf(o, "\n");
+        if (!p->grad) {
+            fprintf(o, "    memset(ctx->grads + %" PRId64 ", 0, %" PRId64 " * sizeof(float));\n", p->grad_offset, n);
+        } else if (p->grad->storage == ST_INLINE) {
+            fprintf(o, "    for (int64_t i = 0; i < %" PRId64 "; i++) ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
+            lit(o, p->grad->attr.scalar);
+            fprintf(o, ";\n");
+        } else {
+            fprintf(o, "    memcpy(ctx->grads + %" PRId64 ", v%d, %" PRId64 " * sizeof(float));\n", p->grad_offset,
+                    p->grad->id, n);
+        }
+    }
 }
 
 static void emit_forward_backward(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    fprintf(o, "// Forward pass, loss and metrics, then the backward pass into ctx->grads.\n");
+    mark_reads(c, g->n, 1);
+    fprintf(o, "// One training step's computation: the forward pass, loss and metrics, then the\n"
+               "// backward pass, which leaves every trainable parameter's gradient in ctx->grads.\n");
     fprintf(o, "static void forward_backward(RtCtx *ctx) {\n");
     for (int i = 0; i < g->n; i++) {
         if (i == g->n_fwd) fprintf(o, "\n    // ---- backward\n");
         emit_node(c, g->nodes[i]);
     }
-    for (int i = 0; i < g->n_params; i++) {
-        const IrParam *p = &g->params[i];
-        if (!p->grad || p->grad->storage == ST_GRAD) continue;
-        int64_t n = ir_numel(&p->node->shape);
-        fprintf(o, "    // gradient of %s\n", p->name);
-        if (p->grad->storage == ST_INLINE) {
-            fprintf(o, "    for (int64_t i = 0; i < %" PRId64 "; i++) ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-            lit(o, p->grad->attr.scalar);
-            fprintf(o, ";\n");
-        } else {
-            fprintf(o, "    memcpy(ctx->grads + %" PRId64 ", v%d, %" PRId64 " * sizeof(float));\n",
-                    p->grad_offset, p->grad->id, n);
-        }
-    }
+    emit_grad_copies(c);
     emit_outputs(c);
     fprintf(o, "}\n\n");
 }
@@ -385,8 +589,10 @@ static void emit_forward_backward(Cg *c) {
 static void emit_eval(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
+    mark_reads(c, g->n_fwd, 0);
     c->eval = 1;
-    fprintf(o, "// Forward pass in evaluation mode (dropout off): loss and metrics only.\n");
+    fprintf(o, "// The forward pass in evaluation mode (dropout off), with the same buffers as the\n"
+               "// training step: loss and metrics only.\n");
     fprintf(o, "static void eval_step(RtCtx *ctx) {\n");
     for (int i = 0; i < g->n_fwd; i++) emit_node(c, g->nodes[i]);
     emit_outputs(c);
@@ -394,49 +600,72 @@ static void emit_eval(Cg *c) {
     c->eval = 0;
 }
 
-static void emit_optimizer(Cg *c) {
-    const IrGraph *g = c->g;
-    const IrTrain *t = &g->train;
+/* ---- optimizer */
+
+static void emit_sgd(Cg *c, const IrTrain *t) {
     FILE *o = c->out;
-    int64_t n = g->n_grad_floats;
-    fprintf(o, "// One fused update of every trainable parameter: params[i] from grads[i].\n");
-    fprintf(o, "static void optimizer_step(RtCtx *ctx) {\n");
-    fprintf(o, "    float *p = ctx->params, *g = ctx->grads;\n    const float lr = ctx->lr;\n");
-    if (t->optim == OPTIM_SGD) {
-        fprintf(o, "    // torch.optim.SGD: lr=schedule, momentum=%g, dampening=%g, weight_decay=%g, nesterov=%d\n",
-                t->momentum, t->dampening, t->weight_decay, t->nesterov);
-        if (t->momentum != 0) fprintf(o, "    float *buf = ctx->optstate;\n    const int first = ctx->step == 1;\n");
-        if (t->momentum == 0) fprintf(o, "    (void)ctx;\n");
-        loop_head(c, n);
-        fprintf(o, "    {\n        float d = g[i]");
-        if (t->weight_decay != 0) fprintf(o, " + %s * p[i]", fl(t->weight_decay));
-        fprintf(o, ";\n");
-        if (t->momentum != 0) {
-            fprintf(o, "        buf[i] = first ? d : %s * buf[i] + %s * d;\n", fl(t->momentum), fl(1 - t->dampening));
-            if (t->nesterov) fprintf(o, "        d = d + %s * buf[i];\n", fl(t->momentum));
-            else fprintf(o, "        d = buf[i];\n");
-        }
-        fprintf(o, "        p[i] -= lr * d;\n    }\n");
-    } else {
-        fprintf(o, "    // torch.optim.AdamW: betas=(%g, %g), eps=%g, weight_decay=%g\n", t->beta1, t->beta2,
-                t->eps, t->weight_decay);
-        fprintf(o, "    float *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n", n);
-        fprintf(o, "    const double bc1 = 1.0 - pow(%.17g, (double)ctx->step);\n", t->beta1);
-        fprintf(o, "    const double bc2 = 1.0 - pow(%.17g, (double)ctx->step);\n", t->beta2);
-        fprintf(o, "    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
-        fprintf(o, "    const float decay = 1.0f - lr * %s;\n", fl(t->weight_decay));
-        loop_head(c, n);
-        fprintf(o, "    {\n        p[i] *= decay;\n");
-        fprintf(o, "        m[i] = %s * m[i] + %s * g[i];\n", fl(t->beta1), fl(1 - t->beta1));
-        fprintf(o, "        v[i] = %s * v[i] + %s * g[i] * g[i];\n", fl(t->beta2), fl(1 - t->beta2));
-        fprintf(o, "        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + %s);\n    }\n", fl(t->eps));
+    fprintf(o, "    // torch.optim.SGD(lr, momentum=%g, dampening=%g, weight_decay=%g, nesterov=%s)\n",
+            t->momentum, t->dampening, t->weight_decay, t->nesterov ? "True" : "False");
+    fprintf(o, "    float *p = ctx->params;\n    const float *g = ctx->grads;\n    const float lr = ctx->lr;\n");
+    if (t->momentum != 0) {
+        fprintf(o, "    float *buf = ctx->optstate; // momentum buffer\n");
+        fprintf(o, "    const int first = ctx->step == 1; // torch starts the buffer at the first gradient\n");
     }
-    fprintf(o, "}\n\n");
+    loop_head(c, c->g->n_grad_floats, "    ");
+    fprintf(o, " {\n        float d = g[i]");
+    if (t->weight_decay != 0) fprintf(o, " + "), lit(o, t->weight_decay), fprintf(o, " * p[i]");
+    fprintf(o, ";\n");
+    if (t->momentum != 0) {
+        fprintf(o, "        buf[i] = first ? d : buf[i] * "), lit(o, t->momentum);
+        if (t->dampening != 0) fprintf(o, " + "), lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
+        else fprintf(o, " + d;\n");
+        if (t->nesterov) fprintf(o, "        d = d + "), lit(o, t->momentum), fprintf(o, " * buf[i];\n");
+        else fprintf(o, "        d = buf[i];\n");
+    }
+    fprintf(o, "        p[i] -= lr * d;\n    }\n");
+}
+
+static void emit_adamw(Cg *c, const IrTrain *t) {
+    FILE *o = c->out;
+    fprintf(o, "    // torch.optim.AdamW(lr, betas=(%g, %g), eps=%g, weight_decay=%g, amsgrad=False)\n",
+            t->beta1, t->beta2, t->eps, t->weight_decay);
+    fprintf(o, "    float *p = ctx->params, *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n",
+            c->g->n_grad_floats);
+    fprintf(o, "    const float *g = ctx->grads;\n");
+    fprintf(o, "    const double bc1 = 1.0 - pow("), dbl(o, t->beta1), fprintf(o, ", (double)ctx->step);\n");
+    fprintf(o, "    const double bc2 = 1.0 - pow("), dbl(o, t->beta2), fprintf(o, ", (double)ctx->step);\n");
+    fprintf(o, "    const float step_size = (float)(ctx->lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
+    if (t->weight_decay != 0) {
+        fprintf(o, "    const float decay = (float)(1.0 - (double)ctx->lr * "), dbl(o, t->weight_decay);
+        fprintf(o, ");\n");
+    }
+    loop_head(c, c->g->n_grad_floats, "    ");
+    fprintf(o, " {\n");
+    if (t->weight_decay != 0) fprintf(o, "        p[i] *= decay;\n");
+    fprintf(o, "        m[i] += "), lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
+    fprintf(o, "        v[i] = v[i] * "), lit(o, t->beta2), fprintf(o, " + "), lit(o, 1 - t->beta2);
+    fprintf(o, " * g[i] * g[i];\n");
+    fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), lit(o, t->eps);
+    fprintf(o, "));\n    }\n");
+}
+
+static int state_slots(const IrTrain *t) {
+    return t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
+}
+
+static void emit_optimizer(Cg *c) {
+    const IrTrain *t = &c->g->train;
+    fprintf(c->out, "// One fused update of every trainable parameter, params[i] from grads[i], with\n"
+                    "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.\n");
+    fprintf(c->out, "static void optimizer_step(RtCtx *ctx) {\n");
+    if (t->optim == OPTIM_SGD) emit_sgd(c, t);
+    else emit_adamw(c, t);
+    fprintf(c->out, "}\n\n");
 }
 
 /* ---- the model description */
 
-static const char *const init_names[] = {
+static const char *const init_enums[] = {
     [INIT_ZEROS] = "RT_INIT_ZEROS", [INIT_ONES] = "RT_INIT_ONES",
     [INIT_UNIFORM] = "RT_INIT_UNIFORM", [INIT_NORMAL] = "RT_INIT_NORMAL",
 };
@@ -452,6 +681,10 @@ static const char *const loss_names[] = {
 };
 
 static void dims(FILE *o, const IrShape *s, int from) {
+    if (from >= s->rank) { /* a scalar: {} is not C11 */
+        fprintf(o, "{0}");
+        return;
+    }
     fprintf(o, "{");
     for (int i = from; i < s->rank; i++) fprintf(o, "%s%" PRId64, i > from ? ", " : "", s->dim[i]);
     fprintf(o, "}");
@@ -460,43 +693,53 @@ static void dims(FILE *o, const IrShape *s, int from) {
 static void emit_description(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    fprintf(o, "static const RtInput inputs[] = {\n");
+    if (g->n_inputs) fprintf(o, "// per-sample shapes: the batch axis is not counted\nstatic const RtInput inputs[] = {\n");
     for (int i = 0; i < g->n_inputs; i++) {
         const IrNode *n = g->inputs[i].node;
-        fprintf(o, "    {\"%s\", %s, %d, ", n->name, dtype_enums[n->dtype], n->shape.rank - 1);
+        fprintf(o, "    {"), cstr(o, n->name);
+        fprintf(o, ", %s, %d, ", dtype_enums[n->dtype], n->shape.rank - 1);
         dims(o, &n->shape, 1);
         fprintf(o, "},\n");
     }
-    fprintf(o, "};\n\nstatic const RtParam params[] = {\n");
-    fprintf(o, "    // name, rank, shape, offset, grad_offset, init, init_a\n");
+    if (g->n_inputs) fprintf(o, "};\n\n");
+    if (g->n_params) fprintf(o, "static const RtParam params[] = {\n    // name, rank, shape, offset, grad_offset, init, init_a\n");
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
-        fprintf(o, "    {\"%s\", %d, ", p->name, p->node->shape.rank);
+        fprintf(o, "    {"), cstr(o, p->name);
+        fprintf(o, ", %d, ", p->node->shape.rank);
         dims(o, &p->node->shape, 0);
-        fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, %s},\n", p->offset, p->grad_offset,
-                init_names[p->init], fl(p->init_a));
+        fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, init_enums[p->init]);
+        lit(o, p->init_a);
+        fprintf(o, "},\n");
     }
-    fprintf(o, "};\n\n");
+    if (g->n_params) fprintf(o, "};\n\n");
+}
+
+static void emit_schedule(FILE *o, const IrTrain *t) {
+    fprintf(o, "    .schedule = {.kind = %s, .base_lr = ", sched_enums[t->sched]), dbl(o, t->lr);
+    fprintf(o, ", .warmup_epochs = "), dbl(o, t->warmup_epochs);
+    fprintf(o, ", .step_epochs = "), dbl(o, t->step_epochs);
+    fprintf(o, ",\n                 .gamma = "), dbl(o, t->gamma);
+    fprintf(o, ", .min_lr = "), dbl(o, t->min_lr);
+    fprintf(o, "},\n");
 }
 
 static void emit_model(Cg *c) {
     const IrGraph *g = c->g;
     const IrTrain *t = &g->train;
     FILE *o = c->out;
-    int slots = t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
-    fprintf(o, "static const RtModel model = {\n");
-    fprintf(o, "    .name = \"%s\",\n    .source = \"%s\",\n", g->model_name, g->source_path);
-    fprintf(o, "    .batch = %" PRId64 ",\n", g->batch);
-    fprintf(o, "    .n_inputs = %d,\n    .inputs = inputs,\n", g->n_inputs);
+    fprintf(o, "static const RtModel model = {\n    .name = "), cstr(o, g->model_name);
+    fprintf(o, ",\n    .source = "), cstr(o, g->source_path);
+    fprintf(o, ",\n    .batch = %" PRId64 ",\n", g->batch);
+    fprintf(o, "    .n_inputs = %d,\n    .inputs = %s,\n", g->n_inputs, g->n_inputs ? "inputs" : "NULL");
     fprintf(o, "    .n_params = %d,\n    .params = %s,\n", g->n_params, g->n_params ? "params" : "NULL");
     fprintf(o, "    .n_param_floats = %" PRId64 ",\n    .n_grad_floats = %" PRId64 ",\n", g->n_param_floats,
             g->n_grad_floats);
-    fprintf(o, "    .n_state_slots = %d,\n", slots);
+    fprintf(o, "    .n_state_slots = %d,\n", state_slots(t));
     fprintf(o, "    .arena_bytes = %" PRId64 ",\n", g->arena_bytes > 64 ? g->arena_bytes : 64);
     fprintf(o, "    .scratch_per_thread = %" PRId64 ",\n", g->scratch_per_thread);
     fprintf(o, "    .optim = %s,\n", t->optim == OPTIM_SGD ? "RT_OPTIM_SGD" : "RT_OPTIM_ADAMW");
-    fprintf(o, "    .schedule = {%s, %.17g, %.17g, %.17g, %.17g, %.17g},\n", sched_enums[t->sched], t->lr,
-            t->warmup_epochs, t->step_epochs, t->gamma, t->min_lr);
+    emit_schedule(o, t);
     fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n",
             t->epochs, t->eval_every, t->log_every);
     fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, loss_names[t->loss_kind]);
@@ -504,55 +747,93 @@ static void emit_model(Cg *c) {
     fprintf(o, "    .eval_step = eval_step,\n};\n\n");
 }
 
+/* ---- prologue: header comment and the scalar helpers this model uses */
+
+static const struct {
+    IrOp op;
+    const char *code;
+} helpers[] = {
+    {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
+    {OP_RELU_GRAD, "static inline float relu_grad(float x, float dy) { return x <= 0.0f ? 0.0f : dy; }\n"},
+    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow\n"
+                 "static inline float sigmoid(float x) {\n"
+                 "    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));\n"
+                 "    float e = expf(x);\n    return e / (1.0f + e);\n}\n"},
+    {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
+    {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
+    {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU()\n"
+              "static inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.707106781f)); }\n"},
+    {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
+                   "static inline float gelu_grad(float x, float dy) {\n"
+                   "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
+                   "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
+                   "    return dy * (cdf + x * pdf);\n}\n"},
+    {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
+                    "static inline float bce_logits(float x, float t) {\n"
+                    "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n"},
+    {OP_BCE_LOGITS_GRAD, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
+                         "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
+                         "    return dy * (s - t);\n}\n"},
+};
+
+static void emit_helpers(Cg *c) {
+    const IrGraph *g = c->g;
+    int any = 0;
+    for (size_t h = 0; h < sizeof helpers / sizeof *helpers; h++)
+        for (int i = 0; i < g->n; i++)
+            if (g->nodes[i]->op == helpers[h].op) {
+                if (!any++) fprintf(c->out, "// ---- element-wise functions\n");
+                fputs(helpers[h].code, c->out);
+                break;
+            }
+    if (any) fprintf(c->out, "\n");
+}
+
 static void emit_prologue(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    fprintf(o,
-            "// %s.c - a trainer for model '%s', generated by netc from %s. Do not edit.\n"
-            "//\n"
-            "// The training step is forward_backward() followed by optimizer_step(); eval_step()\n"
-            "// is the forward pass with dropout off. Every tensor lives at a fixed place chosen\n"
-            "// at compile time: parameters and gradients in flat buffers (ctx->params,\n"
-            "// ctx->grads; trainable parameters first), the batch in ctx->inputs, everything\n"
-            "// else at an offset in ctx->arena (%" PRId64 " bytes, %" PRId64 " without reuse).\n"
-            "// libnetrt's rt_main() owns the command line, data, logging and weight files.\n"
-            "//\n"
-            "// Build: cc -O2 -fopenmp %s.c -I<netc>/runtime libnetrt.a -lopenblas -lcjson -lz -lpthread -lm\n\n",
-            g->model_name, g->model_name, g->source_path, g->arena_bytes, g->unplanned_bytes,
-            g->model_name);
+    fprintf(o, "// "), comment_text(o, g->model_name);
+    fprintf(o, ".c - the trainer for model '"), comment_text(o, g->model_name);
+    fprintf(o, "', generated by netc from "), comment_text(o, g->source_path);
+    fprintf(o, ".\n// Do not edit: change the .net file and run netc again.\n//\n");
+    fprintf(o, "// Every tensor of the training step has a home fixed at compile time:\n"
+               "//   ctx->params    every parameter, one flat float array (%" PRId64 " floats, trainable first)\n"
+               "//   ctx->grads     their gradients; grads[i] belongs to params[i] (%" PRId64 " floats)\n"
+               "//   ctx->optstate  optimizer state, %d slot(s) of %" PRId64 " floats\n"
+               "//   ctx->inputs    the batch (%" PRId64 " samples), one buffer per model input\n"
+               "//   ctx->arena     every other value, at an offset from the memory plan: %" PRId64 " bytes\n"
+               "//                  (%" PRId64 " without reuse of dead values' bytes)\n",
+            g->n_param_floats, g->n_grad_floats, state_slots(&g->train), g->n_grad_floats, g->batch,
+            g->arena_bytes, g->unplanned_bytes);
+    fprintf(o, "// A training step is forward_backward() then optimizer_step(); eval_step() is the forward\n"
+               "// pass alone. libnetrt's rt_main() owns the rest: command line, data loading, parameter\n"
+               "// initialisation, the training loop, logging and weight files.\n//\n");
+    fprintf(o, "// Build: cc -std=gnu11 -O2 -fopenmp "), comment_text(o, g->model_name);
+    fprintf(o, ".c -I<netc>/runtime <build>/runtime/libnetrt.a\n"
+               "//            -lopenblas -lcjson -lz -lpthread -lm\n\n");
     fprintf(o, "#include <math.h>\n#include <stdint.h>\n#include <string.h>\n\n#include \"netrt.h\"\n\n");
-    fprintf(o, "// ---- element-wise helpers\n");
-    fprintf(o, "static inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }\n");
-    fprintf(o, "static inline float gelu_grad(float x, float dy) {\n"
-               "    float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));\n"
-               "    float pdf = expf(-0.5f * x * x) * 0.3989422804014327f;\n"
-               "    return dy * (cdf + x * pdf);\n}\n");
-    fprintf(o, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n");
-    fprintf(o, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n");
-    fprintf(o, "static inline float bce_logits(float x, float t) {\n"
-               "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n");
-    fprintf(o, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
-               "    return dy * (1.0f / (1.0f + expf(-x)) - t);\n}\n");
-    fprintf(o, "// keep -Wunused-function quiet for helpers this model does not use\n");
-    fprintf(o, "static void (*const netc_helpers[])(void) __attribute__((unused)) = {\n"
-               "    (void (*)(void))gelu, (void (*)(void))gelu_grad, (void (*)(void))sigmoid_grad,\n"
-               "    (void (*)(void))tanh_grad, (void (*)(void))bce_logits, (void (*)(void))bce_logits_grad};\n\n");
+    emit_helpers(c);
 }
 
 static int emit(const IrGraph *g, FILE *out) {
+    if (!g->loss) ICE("cpu: the graph has no loss");
     Cg c = {.g = g, .out = out};
+    c.read = xcalloc((size_t)g->n + 1, 1);
+    c.decl = xcalloc((size_t)g->n + 1, 1);
     emit_prologue(&c);
-    fprintf(out, "// ---- forward and backward\n");
-    emit_forward_backward(&c);
-    fprintf(out, "// ---- evaluation\n");
-    emit_eval(&c);
-    fprintf(out, "// ---- optimizer\n");
-    emit_optimizer(&c);
-    fprintf(out, "// ---- model description\n");
+    fprintf(out, "// ---- model description\n\n");
     emit_description(&c);
+    fprintf(out, "// ---- forward and backward\n\n");
+    emit_forward_backward(&c);
+    fprintf(out, "// ---- evaluation\n\n");
+    emit_eval(&c);
+    fprintf(out, "// ---- optimizer\n\n");
+    emit_optimizer(&c);
+    fprintf(out, "// ---- entry point\n\n");
     emit_model(&c);
-    fprintf(out, "// ---- entry point\n");
     fprintf(out, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
+    free(c.read);
+    free(c.decl);
     return ferror(out) ? 1 : 0;
 }
 
