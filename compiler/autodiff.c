@@ -50,11 +50,14 @@ static IrNode *constant(Ad *ad, double value, IrDtype dt) {
 /* Element-wise binary op; the result has the broadcast shape and a's dtype. */
 static IrNode *ew2(Ad *ad, IrOp op, IrNode *a, IrNode *b) {
     IrShape s;
-    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("autodiff: %s operands do not broadcast", ir_op_name(op));
+    if (!ir_broadcast(&a->shape, &b->shape, &s))
+        ICE("autodiff: %s operands do not broadcast", ir_op_name(op));
     return emit(ad, op, s, a->dtype, 2, a, b, NULL);
 }
 
-static IrNode *ew1(Ad *ad, IrOp op, IrNode *a) { return emit(ad, op, a->shape, a->dtype, 1, a, NULL, NULL); }
+static IrNode *ew1(Ad *ad, IrOp op, IrNode *a) {
+    return emit(ad, op, a->shape, a->dtype, 1, a, NULL, NULL);
+}
 
 /* Sum t over the axes that broadcasting added or stretched, down to `shape`. */
 static IrNode *unbroadcast(Ad *ad, IrNode *t, const IrShape *shape) {
@@ -133,7 +136,9 @@ static void grad_shape(Ad *ad, IrNode *y, IrNode *dy) {
         accumulate(ad, x, emit(ad, OP_CAST, x->shape, x->dtype, 1, dy, NULL, NULL));
         break;
     case OP_EXPAND: accumulate(ad, x, unbroadcast(ad, dy, &x->shape)); break;
-    case OP_RESHAPE: accumulate(ad, x, emit(ad, OP_RESHAPE, x->shape, x->dtype, 1, dy, NULL, NULL)); break;
+    case OP_RESHAPE:
+        accumulate(ad, x, emit(ad, OP_RESHAPE, x->shape, x->dtype, 1, dy, NULL, NULL));
+        break;
     case OP_SUM_TO:
     case OP_SUM: accumulate(ad, x, emit(ad, OP_EXPAND, x->shape, x->dtype, 1, dy, NULL, NULL)); break;
     case OP_MEAN: {
@@ -165,7 +170,8 @@ static void grad_bce(Ad *ad, IrNode *y, IrNode *dy) {
  *   0  0    dC·Bᵀ         Aᵀ·dC
  *   0  1    dC·B          dCᵀ·A
  *   1  0    B·dCᵀ         A·dC
- *   1  1    Bᵀ·dCᵀ        dCᵀ·Aᵀ                                                           */
+ *   1  1    Bᵀ·dCᵀ        dCᵀ·Aᵀ
+ */
 static IrNode *matmul(Ad *ad, IrNode *a, IrNode *b, int ta, int tb, const IrShape *shape) {
     IrNode *n = emit(ad, OP_MATMUL, *shape, a->dtype, 2, a, b, NULL);
     n->attr.trans_a = ta;
@@ -177,9 +183,11 @@ static void grad_matmul(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *a = y->in[0], *b = y->in[1];
     int ta = y->attr.trans_a, tb = y->attr.trans_b;
     if (wants(ad, a))
-        accumulate(ad, a, ta ? matmul(ad, b, dy, tb, 1, &a->shape) : matmul(ad, dy, b, 0, !tb, &a->shape));
+        accumulate(ad, a, ta ? matmul(ad, b, dy, tb, 1, &a->shape)
+                             : matmul(ad, dy, b, 0, !tb, &a->shape));
     if (wants(ad, b))
-        accumulate(ad, b, tb ? matmul(ad, dy, a, 1, ta, &b->shape) : matmul(ad, a, dy, !ta, 0, &b->shape));
+        accumulate(ad, b, tb ? matmul(ad, dy, a, 1, ta, &b->shape)
+                             : matmul(ad, a, dy, !ta, 0, &b->shape));
 }
 
 /* Library kernels whose gradient is another library kernel with the same attributes. */
@@ -194,11 +202,17 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *w = y->n_in > 1 ? y->in[1] : NULL;
     switch (y->op) {
     case OP_CONV2D:
-        if (wants(ad, x)) accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
-        if (wants(ad, w)) accumulate(ad, w, lib(ad, OP_CONV2D_BWD_FILTER, y, &w->shape, 2, x, dy, NULL));
+        if (wants(ad, x))
+            accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
+        if (wants(ad, w))
+            accumulate(ad, w, lib(ad, OP_CONV2D_BWD_FILTER, y, &w->shape, 2, x, dy, NULL));
         break;
-    case OP_MAXPOOL2D: accumulate(ad, x, lib(ad, OP_MAXPOOL2D_BWD, y, &x->shape, 2, x, dy, NULL)); break;
-    case OP_AVGPOOL2D: accumulate(ad, x, lib(ad, OP_AVGPOOL2D_BWD, y, &x->shape, 1, dy, NULL, NULL)); break;
+    case OP_MAXPOOL2D:
+        accumulate(ad, x, lib(ad, OP_MAXPOOL2D_BWD, y, &x->shape, 2, x, dy, NULL));
+        break;
+    case OP_AVGPOOL2D:
+        accumulate(ad, x, lib(ad, OP_AVGPOOL2D_BWD, y, &x->shape, 1, dy, NULL, NULL));
+        break;
     case OP_SOFTMAX: accumulate(ad, x, lib(ad, OP_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
     case OP_XENT: /* the labels (operand 1) are integers: no gradient */
         accumulate(ad, x, lib(ad, OP_XENT_BWD, y, &x->shape, 3, x, w, dy));
@@ -226,7 +240,8 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
     case OP_XENT_BWD: case OP__COUNT:
-        ICE("autodiff: backward-only operator %s in the forward graph (%%%d)", ir_op_name(y->op), y->id);
+        ICE("autodiff: backward-only operator %s in the forward graph (%%%d)", ir_op_name(y->op),
+            y->id);
     }
 }
 
@@ -267,7 +282,8 @@ static void set_param_grads(Ad *ad) {
         if (!p->trainable) continue;
         p->grad = ad->adj[p->node->id];
         if (p->grad) continue;
-        /* the loss does not depend on p: a zero gradient keeps the optimizer (weight decay) uniform */
+        /* the loss does not depend on p: a zero gradient keeps the optimizer (weight decay)
+         * uniform over all trainable parameters */
         ad->loc = p->node->loc;
         p->grad = emit(ad, OP_EXPAND, p->node->shape, p->node->dtype, 1,
                        constant(ad, 0.0, p->node->dtype), NULL, NULL);
@@ -289,7 +305,8 @@ int ad_differentiate(IrGraph *g) {
     for (int i = g->n_fwd - 1; i >= 0; i--) {
         IrNode *y = g->nodes[i];
         if (!ad.need[i]) continue;
-        if (!ad.adj[i]) ICE("autodiff: %%%d = %s needs a gradient but none arrived", i, ir_op_name(y->op));
+        if (!ad.adj[i])
+            ICE("autodiff: %%%d = %s needs a gradient but none arrived", i, ir_op_name(y->op));
         if (!ir_shape_eq(&ad.adj[i]->shape, &y->shape))
             ICE("autodiff: the gradient of %%%d = %s has the wrong shape", i, ir_op_name(y->op));
         ad.loc = y->loc;
