@@ -1,0 +1,229 @@
+/* test_files.c - libnetrt's data loaders (.npy, IDX plain and gzipped), dataset binding with
+ * the size-1 axis rule, batch gathering with conversion by value, the prefetcher, safetensors
+ * round trips and refusals, and the learning-rate schedules. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "rt_internal.h"
+
+static char dir[256];
+
+static const char *path_of(const char *name) {
+    static char buf[8][512];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+/* A version-1 .npy file with the given descr and shape text, e.g. "<f4", "(3, 2)". */
+static void write_npy(const char *path, const char *descr, const char *shape, const void *data, size_t n) {
+    char header[128];
+    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    int total = 10 + len + 1, pad = (64 - total % 64) % 64;
+    unsigned char *buf = calloc(1, (size_t)(total + pad) + n);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)((len + 1 + pad) & 0xff);
+    buf[9] = (unsigned char)((len + 1 + pad) >> 8);
+    memcpy(buf + 10, header, (size_t)len);
+    memset(buf + 10 + len, ' ', (size_t)pad);
+    buf[total + pad - 1] = '\n';
+    memcpy(buf + total + pad, data, n);
+    write_bytes(path, buf, (size_t)(total + pad) + n);
+    free(buf);
+}
+
+static size_t idx_image(unsigned char *buf, int n, int h, int w) {
+    unsigned char head[16] = {0, 0, 0x08, 3, 0, 0, 0, (unsigned char)n, 0, 0, 0, (unsigned char)h, 0, 0, 0, (unsigned char)w};
+    memcpy(buf, head, 16);
+    for (int i = 0; i < n * h * w; i++) buf[16 + i] = (unsigned char)(i % 251);
+    return 16 + (size_t)(n * h * w);
+}
+
+static void test_npy_types(void **state) {
+    (void)state;
+    float f[6] = {1.5f, -2, 3, 4, 5, 6};
+    int64_t l[3] = {7, -8, 9};
+    uint16_t h[2] = {0x3c00, 0xc000}; /* 1.0, -2.0 */
+    RtArray a;
+    RtError err;
+    write_npy(path_of("f.npy"), "<f4", "(3, 2)", f, sizeof f);
+    assert_int_equal(rt_array_load(path_of("f.npy"), &a, &err), 0);
+    assert_int_equal(a.rank, 2);
+    assert_int_equal(a.shape[0], 3);
+    assert_int_equal(a.sample_elems, 2);
+    assert_true(rt_array_elem(&a, 1) == -2.0);
+    rt_array_free(&a);
+    write_npy(path_of("l.npy"), "<i8", "(3,)", l, sizeof l);
+    assert_int_equal(rt_array_load(path_of("l.npy"), &a, &err), 0);
+    assert_true(rt_array_elem(&a, 1) == -8.0);
+    rt_array_free(&a);
+    write_npy(path_of("h.npy"), "<f2", "(2,)", h, sizeof h);
+    assert_int_equal(rt_array_load(path_of("h.npy"), &a, &err), 0);
+    assert_true(rt_array_elem(&a, 0) == 1.0 && rt_array_elem(&a, 1) == -2.0);
+    rt_array_free(&a);
+    write_npy(path_of("short.npy"), "<f4", "(30, 2)", f, sizeof f); /* header promises more */
+    assert_int_equal(rt_array_load(path_of("short.npy"), &a, &err), -1);
+    assert_non_null(strstr(err.msg, "truncated"));
+    rt_array_free(&a);
+    write_npy(path_of("c.npy"), "<c8", "(3,)", f, sizeof f);
+    assert_int_equal(rt_array_load(path_of("c.npy"), &a, &err), -1);
+    assert_non_null(strstr(err.msg, "<c8"));
+    rt_array_free(&a);
+}
+
+static void test_idx_plain_and_gzip(void **state) {
+    (void)state;
+    unsigned char buf[16 + 4 * 3 * 2];
+    size_t n = idx_image(buf, 4, 3, 2);
+    write_bytes(path_of("x.idx"), buf, n);
+    gzFile gz = gzopen(path_of("x.idx.gz"), "wb");
+    gzwrite(gz, buf, (unsigned)n);
+    gzclose(gz);
+    for (int z = 0; z < 2; z++) {
+        RtArray a;
+        RtError err;
+        assert_int_equal(rt_array_load(path_of(z ? "x.idx.gz" : "x.idx"), &a, &err), 0);
+        assert_int_equal(a.rank, 3);
+        assert_int_equal(a.shape[0], 4);
+        assert_int_equal(a.sample_elems, 6);
+        assert_true(rt_array_elem(&a, 7) == 7.0);
+        rt_array_free(&a);
+    }
+    buf[0] = 1; /* bad magic */
+    write_bytes(path_of("bad.idx"), buf, n);
+    RtArray a;
+    RtError err;
+    assert_int_equal(rt_array_load(path_of("bad.idx"), &a, &err), -1);
+    assert_non_null(strstr(err.msg, "bad.idx"));
+    rt_array_free(&a);
+}
+
+static const RtInput inputs[] = {{"image", RT_F32, 3, {1, 3, 2}}, {"label", RT_I64, 0, {0}}};
+static const RtModel model = {.name = "t", .batch = 2, .n_inputs = 2, .inputs = inputs};
+
+static void test_dataset_binding_and_gather(void **state) {
+    (void)state;
+    unsigned char buf[16 + 4 * 3 * 2];
+    write_bytes(path_of("img.idx"), buf, idx_image(buf, 4, 3, 2)); /* [4,3,2] feeds [1,3,2] */
+    uint8_t labels[4] = {3, 1, 4, 1};
+    write_npy(path_of("lab.npy"), "|u1", "(4,)", labels, sizeof labels);
+    const char *files[] = {path_of("img.idx"), path_of("lab.npy")};
+    RtDataset ds;
+    RtError err;
+    assert_int_equal(rt_dataset_open(&model, files, &ds, &err), 0);
+    assert_int_equal(ds.n_samples, 4);
+    float img[2 * 6];
+    int64_t lab[2];
+    void *bufs[2] = {img, lab};
+    int64_t idx[2] = {2, 0};
+    rt_gather(&model, &ds, idx, 1, bufs); /* one real row, one zero row */
+    assert_true(img[0] == 12.0f && img[6] == 0.0f);
+    assert_true(lab[0] == 4 && lab[1] == 0);
+    int64_t order[4] = {3, 2, 1, 0};
+    RtPrefetch pf;
+    rt_prefetch_start(&pf, &model, &ds, order, 2);
+    for (int b = 0; b < 2; b++) {
+        void *const *got = rt_prefetch_next(&pf);
+        assert_true(((int64_t *)got[1])[0] == labels[order[2 * b]]);
+        assert_true(((float *)got[0])[6] == (float)(order[2 * b + 1] * 6));
+    }
+    rt_prefetch_stop(&pf);
+    rt_dataset_close(&ds);
+
+    uint8_t wrong[4 * 7] = {0}; /* per-sample [7] does not fit [1, 3, 2] */
+    write_npy(path_of("wrong.npy"), "|u1", "(4, 7)", wrong, sizeof wrong);
+    const char *bad[] = {path_of("wrong.npy"), path_of("lab.npy")};
+    assert_int_equal(rt_dataset_open(&model, bad, &ds, &err), -1);
+    assert_non_null(strstr(err.msg, "'image'"));
+    assert_non_null(strstr(err.msg, "[7]"));
+    assert_non_null(strstr(err.msg, "[1, 3, 2]"));
+    write_npy(path_of("lab3.npy"), "|u1", "(3,)", labels, 3);
+    const char *counts[] = {path_of("img.idx"), path_of("lab3.npy")};
+    assert_int_equal(rt_dataset_open(&model, counts, &ds, &err), -1);
+    assert_non_null(strstr(err.msg, "3 samples"));
+}
+
+static const RtParam params[] = {
+    {"a.weight", 2, {2, 3}, 0, 0, RT_INIT_UNIFORM, 1.0f},
+    {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0.0f},
+};
+static const RtModel pmodel = {.name = "p", .n_params = 2, .params = params, .n_param_floats = 8};
+
+static void test_safetensors(void **state) {
+    (void)state;
+    float p[8], q[8];
+    rt_init_params(&pmodel, p, 7);
+    for (int i = 0; i < 6; i++) assert_true(fabsf(p[i]) <= 1.0f);
+    assert_true(p[6] == 0 && p[7] == 0);
+    RtError err;
+    assert_int_equal(rt_st_save(path_of("w.safetensors"), &pmodel, p, &err), 0);
+    memset(q, 0, sizeof q);
+    assert_int_equal(rt_st_load(path_of("w.safetensors"), &pmodel, q, &err), 0);
+    assert_memory_equal(p, q, sizeof p);
+    /* a save into a missing directory fails and names the file */
+    assert_int_equal(rt_st_save(path_of("nope/w.safetensors"), &pmodel, p, &err), -1);
+    assert_non_null(strstr(err.msg, "nope/w.safetensors"));
+    /* a model with another parameter set refuses the file, naming the tensor */
+    static const RtParam other[] = {{"a.weight", 2, {3, 2}, 0, 0, RT_INIT_ZEROS, 0}, {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0}};
+    RtModel m2 = pmodel;
+    m2.params = other;
+    assert_int_equal(rt_st_load(path_of("w.safetensors"), &m2, q, &err), -1);
+    assert_non_null(strstr(err.msg, "a.weight"));
+    assert_non_null(strstr(err.msg, "[2, 3]"));
+    /* truncation is detected */
+    FILE *f = fopen(path_of("w.safetensors"), "rb");
+    unsigned char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    write_bytes(path_of("t.safetensors"), buf, n - 5);
+    assert_int_equal(rt_st_load(path_of("t.safetensors"), &pmodel, q, &err), -1);
+}
+
+static void test_schedules(void **state) {
+    (void)state;
+    RtSchedule s = {.kind = RT_SCHED_STEP, .base_lr = 0.1, .step_epochs = 2, .gamma = 0.5};
+    assert_true(fabs(rt_lr_at(&s, 0, 10, 100) - 0.1) < 1e-12);
+    assert_true(fabs(rt_lr_at(&s, 25, 10, 100) - 0.05) < 1e-12); /* epoch 2.5 */
+    s = (RtSchedule){.kind = RT_SCHED_COSINE, .base_lr = 1, .min_lr = 0.1};
+    assert_true(fabs(rt_lr_at(&s, 50, 10, 100) - 0.55) < 1e-12); /* half way */
+    assert_true(fabs(rt_lr_at(&s, 100, 10, 100) - 0.1) < 1e-12);
+    s = (RtSchedule){.kind = RT_SCHED_CONSTANT, .base_lr = 1, .warmup_epochs = 1};
+    assert_true(fabs(rt_lr_at(&s, 0, 10, 100) - 0.1) < 1e-12); /* first step is not 0 */
+    assert_true(fabs(rt_lr_at(&s, 9, 10, 100) - 1.0) < 1e-12);
+    assert_true(fabs(rt_lr_at(&s, 50, 10, 100) - 1.0) < 1e-12);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "%s/netrt-test-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_npy_types),
+        cmocka_unit_test(test_idx_plain_and_gzip),
+        cmocka_unit_test(test_dataset_binding_and_gather),
+        cmocka_unit_test(test_safetensors),
+        cmocka_unit_test(test_schedules),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

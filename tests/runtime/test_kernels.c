@@ -1,0 +1,295 @@
+/* test_kernels.c - libnetrt's kernels against plain reference loops, and their backward passes
+ * against central finite differences of their forward passes.
+ *
+ * Tolerances: the kernels and the references both compute in float32 but sum in different
+ * orders (SGEMM blocking), so they agree to a few ulps of the largest partial sums; 1e-4
+ * relative to the magnitude of the result is far below any indexing mistake (which is O(1)).
+ * Finite differences use double accumulation of float32 outputs with h = 1e-2 on inputs of size
+ * ~1, so their error is ~1e-5 (rounding / h) + ~1e-4 (h^2 truncation): 2e-3 relative.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "netrt.h"
+
+static uint64_t rng = 12345;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) / (double)(1 << 24)) * 2 - 1;
+}
+static float *randv(int64_t n) {
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = frand();
+    return v;
+}
+
+static void assert_close(const float *got, const double *want, int64_t n, double tol, const char *what) {
+    double scale = 1e-6;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > tol * scale) {
+            print_error("%s[%lld]: got %g want %g (tolerance %g)\n", what, (long long)i, got[i], want[i], tol * scale);
+            fail();
+        }
+}
+
+/* ---- convolution */
+
+static void conv_ref(const RtConv *c, const float *x, const float *w, double *y) {
+    int64_t cg = c->C / c->groups, kg = c->K / c->groups;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t k = 0; k < c->K; k++)
+            for (int64_t p = 0; p < c->P; p++)
+                for (int64_t q = 0; q < c->Q; q++) {
+                    double s = 0;
+                    int64_t g = k / kg;
+                    for (int64_t ch = 0; ch < cg; ch++)
+                        for (int64_t r = 0; r < c->R; r++)
+                            for (int64_t t = 0; t < c->S; t++) {
+                                int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
+                                int64_t v = q * c->stride_w - c->pad_w + t * c->dil_w;
+                                if (h < 0 || h >= c->H || v < 0 || v >= c->W) continue;
+                                s += (double)x[((n * c->C + g * cg + ch) * c->H + h) * c->W + v] *
+                                     w[((k * cg + ch) * c->R + r) * c->S + t];
+                            }
+                    y[((n * c->K + k) * c->P + p) * c->Q + q] = s;
+                }
+}
+
+static RtConv geometry(int64_t N, int64_t C, int64_t H, int64_t K, int k, int stride, int pad, int dil, int groups) {
+    RtConv c = {.N = N, .C = C, .H = H, .W = H + 1, .K = K, .R = k, .S = k, .stride_h = stride,
+                .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = dil, .dil_w = dil, .groups = groups};
+    c.P = (c.H + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    c.Q = (c.W + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    return c;
+}
+
+static const RtConv *conv_cases(int *n) {
+    static RtConv cases[5];
+    cases[0] = geometry(2, 3, 7, 4, 3, 1, 1, 1, 1);
+    cases[1] = geometry(3, 4, 9, 6, 3, 2, 1, 1, 2);  /* stride 2, groups 2 */
+    cases[2] = geometry(2, 2, 8, 3, 3, 1, 2, 2, 1);  /* dilation 2 */
+    cases[3] = geometry(1, 1, 28, 6, 5, 1, 2, 1, 1); /* LeNet's conv1 */
+    cases[4] = geometry(2, 4, 6, 4, 1, 1, 0, 1, 4);  /* depthwise 1x1 */
+    *n = 5;
+    return cases;
+}
+
+static float *scratch_for(const RtConv *c, int64_t *per_thread) {
+    *per_thread = rt_conv2d_scratch(c);
+    return calloc((size_t)(*per_thread * 64), sizeof(float)); /* up to 64 threads */
+}
+
+static void test_conv_forward(void **state) {
+    (void)state;
+    int n;
+    const RtConv *cases = conv_cases(&n);
+    for (int i = 0; i < n; i++) {
+        const RtConv *c = &cases[i];
+        int64_t nx = c->N * c->C * c->H * c->W, nw = c->K * (c->C / c->groups) * c->R * c->S,
+                ny = c->N * c->K * c->P * c->Q, per;
+        float *x = randv(nx), *w = randv(nw), *y = malloc((size_t)ny * 4), *s = scratch_for(c, &per);
+        double *ref = malloc((size_t)ny * 8);
+        rt_conv2d_fwd(c, x, w, y, s, per);
+        conv_ref(c, x, w, ref);
+        assert_close(y, ref, ny, 1e-4, "conv2d_fwd");
+        free(x), free(w), free(y), free(s), free(ref);
+    }
+}
+
+/* <dy, conv(x, w)> is linear in x and w, so its gradients are exactly bwd_data and bwd_filter;
+ * compare them with central differences of the forward kernel. */
+static double dot_conv(const RtConv *c, const float *x, const float *w, const float *dy, float *y, float *s, int64_t per) {
+    rt_conv2d_fwd(c, x, w, y, s, per);
+    double d = 0;
+    for (int64_t i = 0; i < c->N * c->K * c->P * c->Q; i++) d += (double)y[i] * dy[i];
+    return d;
+}
+
+static void test_conv_backward(void **state) {
+    (void)state;
+    int n;
+    const RtConv *cases = conv_cases(&n);
+    for (int i = 0; i < n; i++) {
+        const RtConv *c = &cases[i];
+        int64_t nx = c->N * c->C * c->H * c->W, nw = c->K * (c->C / c->groups) * c->R * c->S,
+                ny = c->N * c->K * c->P * c->Q, per;
+        float *x = randv(nx), *w = randv(nw), *dy = randv(ny), *y = malloc((size_t)ny * 4);
+        float *dx = malloc((size_t)nx * 4), *dw = malloc((size_t)nw * 4), *s = scratch_for(c, &per);
+        rt_conv2d_bwd_data(c, dy, w, dx, s, per);
+        rt_conv2d_bwd_filter(c, x, dy, dw, s, per);
+        double *num_dx = malloc((size_t)nx * 8), *num_dw = malloc((size_t)nw * 8);
+        const float h = 1e-2f;
+        for (int64_t k = 0; k < nx; k++) {
+            float x0 = x[k];
+            x[k] = x0 + h;
+            double up = dot_conv(c, x, w, dy, y, s, per);
+            x[k] = x0 - h;
+            num_dx[k] = (up - dot_conv(c, x, w, dy, y, s, per)) / (2 * h);
+            x[k] = x0;
+        }
+        for (int64_t k = 0; k < nw; k++) {
+            float w0 = w[k];
+            w[k] = w0 + h;
+            double up = dot_conv(c, x, w, dy, y, s, per);
+            w[k] = w0 - h;
+            num_dw[k] = (up - dot_conv(c, x, w, dy, y, s, per)) / (2 * h);
+            w[k] = w0;
+        }
+        assert_close(dx, num_dx, nx, 2e-3, "conv2d_bwd_data");
+        assert_close(dw, num_dw, nw, 2e-3, "conv2d_bwd_filter");
+        free(x), free(w), free(dy), free(y), free(dx), free(dw), free(s), free(num_dx), free(num_dw);
+    }
+}
+
+/* ---- pooling */
+
+static void test_pooling(void **state) {
+    (void)state;
+    RtPool p = {.N = 2, .C = 3, .H = 7, .W = 6, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    p.P = (p.H + 2 * p.pad_h - p.kh) / p.stride_h + 1;
+    p.Q = (p.W + 2 * p.pad_w - p.kw) / p.stride_w + 1;
+    int64_t nx = p.N * p.C * p.H * p.W, ny = p.N * p.C * p.P * p.Q;
+    float *x = malloc((size_t)nx * 4), *y = malloc((size_t)ny * 4), *dy = randv(ny), *dx = malloc((size_t)nx * 4);
+    double *ref = malloc((size_t)ny * 8), *num = malloc((size_t)nx * 8);
+    /* distinct values 0.01 apart in a scrambled order, so a 1e-3 step never changes which entry
+     * of a window is the maximum (max pooling is differentiable there) */
+    for (int64_t i = 0; i < nx; i++) x[i] = (float)((i * 37) % nx) * 0.01f - 1.0f;
+    for (int avg = 0; avg < 2; avg++) {
+        for (int64_t nc = 0; nc < p.N * p.C; nc++)
+            for (int64_t i = 0; i < p.P; i++)
+                for (int64_t j = 0; j < p.Q; j++) {
+                    double m = avg ? 0 : -INFINITY;
+                    for (int r = 0; r < p.kh; r++)
+                        for (int s = 0; s < p.kw; s++) {
+                            int64_t h = i * p.stride_h - p.pad_h + r, w = j * p.stride_w - p.pad_w + s;
+                            if (h < 0 || h >= p.H || w < 0 || w >= p.W) continue;
+                            double v = x[(nc * p.H + h) * p.W + w];
+                            m = avg ? m + v / (p.kh * p.kw) : fmax(m, v);
+                        }
+                    ref[(nc * p.P + i) * p.Q + j] = m;
+                }
+        (avg ? rt_avgpool2d_fwd : rt_maxpool2d_fwd)(&p, x, y);
+        assert_close(y, ref, ny, 1e-6, avg ? "avgpool2d_fwd" : "maxpool2d_fwd");
+        if (avg) rt_avgpool2d_bwd(&p, dy, dx);
+        else rt_maxpool2d_bwd(&p, x, dy, dx);
+        for (int64_t k = 0; k < nx; k++) { /* central differences of <dy, pool(x)> */
+            float x0 = x[k];
+            double d[2];
+            for (int side = 0; side < 2; side++) {
+                x[k] = x0 + (side ? -1e-3f : 1e-3f);
+                (avg ? rt_avgpool2d_fwd : rt_maxpool2d_fwd)(&p, x, y);
+                d[side] = 0;
+                for (int64_t i = 0; i < ny; i++) d[side] += (double)y[i] * dy[i];
+            }
+            x[k] = x0;
+            num[k] = (d[0] - d[1]) / 2e-3;
+        }
+        /* both poolings are linear where no maximum changes, so the differences are exact up
+         * to float rounding */
+        assert_close(dx, num, nx, 2e-3, avg ? "avgpool2d_bwd" : "maxpool2d_bwd");
+    }
+    free(x), free(y), free(dy), free(dx), free(ref), free(num);
+}
+
+/* ---- softmax and cross-entropy */
+
+static void test_softmax_and_xent(void **state) {
+    (void)state;
+    enum { R = 4, C = 7 };
+    float *x = randv(R * C), y[R * C], dy[R * C], dx[R * C], loss[R], d2[R * C];
+    int64_t label[R] = {0, 6, 3, 2};
+    for (int i = 0; i < R * C; i++) x[i] *= 5, dy[i] = frand();
+    rt_softmax_fwd(R, C, x, y);
+    double ref[R * C], num[R * C];
+    for (int r = 0; r < R; r++) {
+        double s = 0;
+        for (int j = 0; j < C; j++) s += exp(x[r * C + j]);
+        for (int j = 0; j < C; j++) ref[r * C + j] = exp(x[r * C + j]) / s;
+    }
+    assert_close(y, ref, R * C, 1e-6, "softmax_fwd");
+    rt_softmax_bwd(R, C, y, dy, dx);
+    float dloss[R] = {0.5f, -1.0f, 2.0f, 0.25f};
+    rt_xent_bwd(R, C, x, label, dloss, d2);
+    double nxent[R * C];
+    for (int k = 0; k < R * C; k++) {
+        float x0 = x[k], yy[R * C];
+        double up = 0, dn = 0;
+        x[k] = x0 + 1e-2f;
+        rt_softmax_fwd(R, C, x, yy);
+        for (int i = 0; i < R * C; i++) up += (double)yy[i] * dy[i];
+        rt_xent_fwd(R, C, x, label, R, loss);
+        double lu = 0;
+        for (int i = 0; i < R; i++) lu += (double)loss[i] * dloss[i];
+        x[k] = x0 - 1e-2f;
+        rt_softmax_fwd(R, C, x, yy);
+        for (int i = 0; i < R * C; i++) dn += (double)yy[i] * dy[i];
+        rt_xent_fwd(R, C, x, label, R, loss);
+        double ld = 0;
+        for (int i = 0; i < R; i++) ld += (double)loss[i] * dloss[i];
+        x[k] = x0;
+        num[k] = (up - dn) / 2e-2;
+        nxent[k] = (lu - ld) / 2e-2;
+    }
+    assert_close(dx, num, R * C, 2e-3, "softmax_bwd");
+    assert_close(d2, nxent, R * C, 2e-3, "xent_bwd");
+    rt_xent_fwd(R, C, x, label, 2, loss); /* rows past n_valid count zero */
+    assert_true(loss[2] == 0 && loss[3] == 0 && loss[0] > 0);
+    free(x);
+}
+
+static void test_accuracy(void **state) {
+    (void)state;
+    float logits[3 * 3] = {1, 2, 3, 5, 1, 1, 0, 0, 0};
+    int64_t label[3] = {2, 1, 0};
+    assert_true(rt_accuracy(3, 3, logits, label, 3) == 2.0f); /* ties: the first maximum */
+    assert_true(rt_accuracy(3, 3, logits, label, 1) == 1.0f);
+}
+
+static void test_gemm(void **state) {
+    (void)state;
+    enum { M = 5, N = 4, K = 3 };
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *a = randv(M * K), *b = randv(K * N), c[M * N];
+            double ref[M * N];
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int k = 0; k < K; k++) s += (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+                    ref[i * N + j] = s;
+                }
+            rt_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
+            assert_close(c, ref, M * N, 1e-5, "gemm");
+            free(a), free(b);
+        }
+}
+
+static void test_half(void **state) {
+    (void)state;
+    float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
+    for (size_t i = 0; i < sizeof values / sizeof *values; i++) { /* exactly representable: round trip */
+        assert_true(rt_f16_to_f32(rt_f32_to_f16(values[i])) == values[i]);
+        assert_true(fabsf(rt_bf16_to_f32(rt_f32_to_bf16(values[i])) - values[i]) <= fabsf(values[i]) / 128);
+    }
+    assert_true(isinf(rt_f16_to_f32(rt_f32_to_f16(1e6f))));
+    assert_true(rt_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* a tie rounds to even */
+    assert_true(rt_f32_to_bf16(1.0f) == 0x3f80);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),          cmocka_unit_test(test_conv_forward),
+        cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_accuracy),
+        cmocka_unit_test(test_half),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
