@@ -33,6 +33,12 @@ static const IrNode *root(const IrNode *n) {
     return n;
 }
 
+/* The value of an inline node: a constant, or a view of one. */
+static double const_value(const IrNode *n) {
+    while (n->op != OP_CONST) n = n->in[0];
+    return n->attr.scalar;
+}
+
 static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
 static int is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
 
@@ -185,7 +191,7 @@ static void declare(Cg *c, const IrNode *n) {
     c->decl[n->id] = 1;
     if (n->storage == ST_INLINE) { /* a constant that a kernel reads through a pointer */
         fprintf(c->out, "    const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
-        lit(c->out, n->attr.scalar);
+        lit(c->out, const_value(n));
         fprintf(c->out, "};\n");
         return;
     }
@@ -226,7 +232,7 @@ static void load_close(FILE *o, const IrNode *x) {
 static void elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
     FILE *o = c->out;
     if (x->storage == ST_INLINE) {
-        lit(o, x->attr.scalar);
+        lit(o, const_value(x));
         return;
     }
     Axis ax[IR_MAX_RANK];
@@ -524,17 +530,33 @@ static void emit_node(Cg *c, const IrNode *n) {
 
 /* ---- the step functions */
 
-/* Mark what the nodes [0, end) and the end of the function read. */
+/* The memory plan put p's gradient (or the node its view chain reads) at its place in ctx->grads. */
+static int in_place(const IrParam *p) {
+    const IrNode *r = root(p->grad);
+    return r->storage == ST_GRAD && r->offset == p->grad_offset;
+}
+
+/* A trainable parameter's gradient is copied from its node's pointer at the end of the step. */
+static int needs_copy(const IrParam *p) {
+    return p->trainable && p->grad && p->grad->storage != ST_INLINE && !in_place(p);
+}
+
+/* Mark the values whose pointer the function uses: operands of the computing nodes in
+ * [0, end), the loss and accuracy, and gradients copied at the end. A view is declared with
+ * its root's storage, so it does not use its operand's pointer. */
 static void mark_reads(Cg *c, int end, int with_grads) {
     const IrGraph *g = c->g;
     memset(c->read, 0, (size_t)g->n + 1);
     memset(c->decl, 0, (size_t)g->n + 1);
-    for (int i = 0; i < end; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) c->read[g->nodes[i]->in[k]->id] = 1;
+    for (int i = 0; i < end; i++) {
+        const IrNode *n = g->nodes[i];
+        if (ir_op_kind(n->op) == OPK_VIEW) continue;
+        for (int k = 0; k < n->n_in; k++) c->read[n->in[k]->id] = 1;
+    }
     c->read[g->loss->id] = 1;
     if (g->correct) c->read[g->correct->id] = 1;
     for (int i = 0; with_grads && i < g->n_params; i++)
-        if (g->params[i].grad) c->read[g->params[i].grad->id] = 1;
+        if (needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
 }
 
 static void emit_outputs(Cg *c) {
@@ -551,7 +573,7 @@ static void emit_grad_copies(Cg *c) {
     int header = 0;
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
-        if (!p->trainable || (p->grad && p->grad->storage == ST_GRAD)) continue;
+        if (!p->trainable || (p->grad && in_place(p))) continue;
         int64_t n = ir_numel(&p->node->shape);
         if (!header++) fprintf(o, "\n    // ---- gradients not computed in place\n");
         fprintf(o, "    // d ");
@@ -561,7 +583,7 @@ static void emit_grad_copies(Cg *c) {
             fprintf(o, "    memset(ctx->grads + %" PRId64 ", 0, %" PRId64 " * sizeof(float));\n", p->grad_offset, n);
         } else if (p->grad->storage == ST_INLINE) {
             fprintf(o, "    for (int64_t i = 0; i < %" PRId64 "; i++) ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-            lit(o, p->grad->attr.scalar);
+            lit(o, const_value(p->grad));
             fprintf(o, ";\n");
         } else {
             fprintf(o, "    memcpy(ctx->grads + %" PRId64 ", v%d, %" PRId64 " * sizeof(float));\n", p->grad_offset,

@@ -4,10 +4,12 @@
  * Guarantees: every node has a storage class and offset:
  *   - parameters in one flat f32 buffer, trainable ones first in declaration order, so that
  *     grads[i] belongs to params[i] and the optimizer is one loop over [0, n_grad_floats);
- *   - a trainable parameter's gradient node is written straight into the gradient buffer when it
- *     can be (not a view, a source, or the gradient of another parameter); otherwise the backend
- *     copies it there at the end of the backward pass;
- *   - inputs in the runtime's batch buffers, scalar constants inline, views alias their operand;
+ *   - a trainable parameter's gradient node (or the node a view chain over it reads) is written
+ *     straight into the gradient buffer when it can be (computed by its own backward kernel,
+ *     not already the gradient of another parameter); otherwise the backend copies it there
+ *     at the end of the backward pass;
+ *   - inputs in the runtime's batch buffers, scalar constants (and views of them) inline, other
+ *     views alias their operand;
  *   - everything else at a 64-byte aligned offset in one arena, from liveness over the schedule
  *     (greedy best fit, largest first), so values whose lifetimes do not overlap share bytes.
  *   The evaluation step runs a prefix of the schedule with the same offsets; a prefix of a
@@ -30,6 +32,7 @@ static IrNode *root_of(IrNode *n) {
 
 static void place_params(IrGraph *g) {
     int64_t off = 0;
+    g->n_grad_floats = 0;
     for (int pass = 1; pass >= 0; pass--) /* trainable first, then frozen */
         for (int i = 0; i < g->n_params; i++) {
             IrParam *p = &g->params[i];
@@ -44,23 +47,26 @@ static void place_params(IrGraph *g) {
     g->n_param_floats = off;
 }
 
-/* A gradient node may live in the gradient buffer if it is computed by its own kernel. */
-static int grad_in_place(IrGraph *g, IrParam *p) {
+/* The node whose storage would hold p's gradient: the gradient node itself, or the node a
+ * chain of views over it reads (a bias gradient is often SUM_TO [C,1,1] reshaped to [C]).
+ * It may live in the gradient buffer if its own kernel computes it in the backward pass and
+ * no other parameter's gradient has claimed it; otherwise NULL, and the backend copies the
+ * gradient into place at the end of the backward pass. */
+static IrNode *grad_home(IrParam *p) {
     IrNode *n = p->grad;
-    if (!n || n->storage != ST_NONE) return 0;
-    IrOpKind k = ir_op_kind(n->op);
-    if (k == OPK_SOURCE || k == OPK_VIEW || n->phase != PHASE_BWD) return 0;
-    for (int i = 0; i < g->n_params; i++)
-        if (&g->params[i] != p && g->params[i].grad == n) return 0;
-    return 1;
+    while (n && ir_op_kind(n->op) == OPK_VIEW) n = n->in[0];
+    if (!n || n->storage != ST_NONE || n->phase != PHASE_BWD) return NULL;
+    if (ir_op_kind(n->op) == OPK_SOURCE || n->dtype != DT_F32) return NULL;
+    return n;
 }
 
 static void classify(IrGraph *g) {
     for (int i = 0; i < g->n_params; i++) {
         IrParam *p = &g->params[i];
-        if (p->trainable && grad_in_place(g, p)) {
-            p->grad->storage = ST_GRAD;
-            p->grad->offset = p->grad_offset;
+        IrNode *home = p->trainable ? grad_home(p) : NULL;
+        if (home) {
+            home->storage = ST_GRAD;
+            home->offset = p->grad_offset;
         }
     }
     for (int i = 0; i < g->n; i++) {
@@ -69,9 +75,15 @@ static void classify(IrGraph *g) {
         switch (n->op) {
         case OP_INPUT: n->storage = ST_INPUT; break;
         case OP_CONST: n->storage = ST_INLINE; break;
-        default: n->storage = ir_op_kind(n->op) == OPK_VIEW ? ST_ALIAS : ST_ARENA;
+        default:
+            if (ir_op_kind(n->op) != OPK_VIEW) n->storage = ST_ARENA;
+            else n->storage = n->in[0]->storage == ST_INLINE ? ST_INLINE : ST_ALIAS; /* a view of a constant is one */
         }
     }
+}
+
+static void keep_to_end(IrGraph *g, IrNode *n) {
+    for (; n; n = n->storage == ST_ALIAS ? n->in[0] : NULL) n->last_use = g->n;
 }
 
 /* first_use = defining position; last_use = last position reading it (through views). */
@@ -79,17 +91,17 @@ static void liveness(IrGraph *g) {
     for (int i = 0; i < g->n; i++) g->nodes[i]->first_use = g->nodes[i]->last_use = i;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
-        for (int k = 0; k < n->n_in; k++) {
-            IrNode *r = root_of(n->in[k]);
-            if (r->last_use < i) r->last_use = i;
-        }
+        for (int k = 0; k < n->n_in; k++) /* a read through views keeps each of them alive */
+            for (IrNode *r = n->in[k];; r = r->in[0]) {
+                if (r->last_use < i) r->last_use = i;
+                if (r->storage != ST_ALIAS) break;
+            }
     }
     /* the step reads the loss and accuracy at its end; the copies into the gradient buffer
      * also run at the end */
-    if (g->loss) root_of(g->loss)->last_use = g->n;
-    if (g->correct) root_of(g->correct)->last_use = g->n;
-    for (int i = 0; i < g->n_params; i++)
-        if (g->params[i].grad) root_of(g->params[i].grad)->last_use = g->n;
+    keep_to_end(g, g->loss);
+    keep_to_end(g, g->correct);
+    for (int i = 0; i < g->n_params; i++) keep_to_end(g, g->params[i].grad);
 }
 
 static int64_t bytes_of(const IrNode *n) {
@@ -108,37 +120,43 @@ static int overlaps(const IrNode *a, const IrNode *b) {
     return a->first_use <= b->last_use && b->first_use <= a->last_use;
 }
 
-/* Lowest offset where `n` fits beside every placed buffer whose lifetime overlaps its own. */
-static int64_t best_offset(IrNode *n, IrNode **placed, int n_placed) {
+static int by_offset(const void *a, const void *b) {
+    const IrNode *x = *(IrNode *const *)a, *y = *(IrNode *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Lowest offset where `n` fits beside every placed buffer whose lifetime overlaps its own:
+ * sweep the conflicting buffers in address order and take the first gap that is big enough. */
+static int64_t best_offset(IrNode *n, IrNode **placed, int n_placed, IrNode **conflicts) {
+    int m = 0;
+    for (int i = 0; i < n_placed; i++)
+        if (overlaps(n, placed[i])) conflicts[m++] = placed[i];
+    qsort(conflicts, (size_t)m, sizeof *conflicts, by_offset);
     int64_t size = bytes_of(n), off = 0;
-    for (int moved = 1; moved;) {
-        moved = 0;
-        for (int i = 0; i < n_placed; i++) {
-            IrNode *p = placed[i];
-            if (!overlaps(n, p)) continue;
-            if (off < p->offset + bytes_of(p) && p->offset < off + size) {
-                off = p->offset + bytes_of(p);
-                moved = 1;
-            }
-        }
+    for (int i = 0; i < m; i++) {
+        if (conflicts[i]->offset >= off + size) break; /* the gap before it fits */
+        int64_t end = conflicts[i]->offset + bytes_of(conflicts[i]);
+        if (end > off) off = end;
     }
     return off;
 }
 
 static void place_arena(IrGraph *g) {
     IrNode **todo = xmalloc((size_t)(g->n + 1) * sizeof *todo);
+    IrNode **conflicts = xmalloc((size_t)(g->n + 1) * sizeof *conflicts);
     int n = 0;
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i]->storage == ST_ARENA) todo[n++] = g->nodes[i];
     qsort(todo, (size_t)n, sizeof *todo, by_size_desc);
     g->arena_bytes = g->unplanned_bytes = 0;
     for (int i = 0; i < n; i++) {
-        todo[i]->offset = best_offset(todo[i], todo, i);
+        todo[i]->offset = best_offset(todo[i], todo, i, conflicts);
         int64_t end = todo[i]->offset + bytes_of(todo[i]);
         if (end > g->arena_bytes) g->arena_bytes = end;
         g->unplanned_bytes += bytes_of(todo[i]);
     }
     free(todo);
+    free(conflicts);
 }
 
 static void size_scratch(IrGraph *g) {
@@ -178,23 +196,32 @@ static const char *storage_name(IrStorage s) {
     return names[s];
 }
 
+/* One line per planned value (constants are written into the code and have none):
+ *   %7     conv2d    f32[64, 6, 28, 28]   arena   0   1204224   [7, 31]
+ * offset is bytes into the arena, elements into the parameter or gradient buffer, the input
+ * number, or for a view the value whose storage it shares. */
 void mp_print(const IrGraph *g, FILE *out) {
-    char shape[160];
+    char shape[160], where[32];
     fprintf(out, "memory plan for model %s\n", g->model_name ? g->model_name : "?");
-    fprintf(out, "%-6s %-18s %-22s %-7s %12s %12s  %s\n", "value", "op", "shape", "storage",
+    fprintf(out, "%-7s %-18s %-4s %-22s %-7s %12s %12s  %s\n", "value", "op", "type", "shape", "storage",
             "offset", "bytes", "lifetime");
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->storage == ST_INLINE) continue;
-        fprintf(out, "%%%-5d %-18s %-22s %-7s %12lld %12lld  [%d, %d]\n", n->id, ir_op_name(n->op),
-                ir_shape_str(&n->shape, shape, sizeof shape), storage_name(n->storage),
-                (long long)(n->storage == ST_ALIAS ? root_of((IrNode *)n)->id : n->offset),
+        if (n->storage == ST_ALIAS) snprintf(where, sizeof where, "%%%d", root_of((IrNode *)n)->id);
+        else if (n->storage == ST_INPUT) snprintf(where, sizeof where, "#%d", n->index);
+        else snprintf(where, sizeof where, "%lld", (long long)n->offset);
+        fprintf(out, "%%%-6d %-18s %-4s %-22s %-7s %12s %12lld  [%d, %d]\n", n->id, ir_op_name(n->op),
+                ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape),
+                storage_name(n->storage), where,
                 (long long)(ir_numel(&n->shape) * ir_dtype_size(n->dtype)), n->first_use, n->last_use);
     }
     double saved = g->unplanned_bytes ? 100.0 * (1.0 - (double)g->arena_bytes / (double)g->unplanned_bytes) : 0;
     fprintf(out, "arena: %lld bytes (without reuse: %lld bytes, saving %.1f%%)\n",
             (long long)g->arena_bytes, (long long)g->unplanned_bytes, saved);
-    fprintf(out, "parameters: %lld floats (%lld trainable), gradients: %lld floats\n",
-            (long long)g->n_param_floats, (long long)g->n_grad_floats, (long long)g->n_grad_floats);
+    fprintf(out, "parameters: %lld floats (%lld bytes), %lld trainable\n", (long long)g->n_param_floats,
+            (long long)g->n_param_floats * 4, (long long)g->n_grad_floats);
+    fprintf(out, "gradients: %lld floats (%lld bytes)\n", (long long)g->n_grad_floats,
+            (long long)g->n_grad_floats * 4);
     fprintf(out, "kernel scratch: %lld floats per thread\n", (long long)g->scratch_per_thread);
 }
