@@ -27,13 +27,26 @@ void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float al
 
 /* ---- convolution */
 
-/* col[(c*R + r)*S + s][p*Q + q] = x[c][p*sh - ph + r*dh][q*sw - pw + s*dw], 0 outside. */
+/* The output columns q whose input column q*stride - pad + s*dil lies inside [0, W): [*lo, *hi). */
+static void valid_cols(const RtConv *c, int64_t s, int64_t *lo, int64_t *hi) {
+    int64_t off = s * c->dil_w - c->pad_w; /* w = q*stride + off */
+    *lo = off >= 0 ? 0 : (-off + c->stride_w - 1) / c->stride_w;
+    *hi = c->W - off <= 0 ? 0 : (c->W - off + c->stride_w - 1) / c->stride_w;
+    if (*hi > c->Q) *hi = c->Q;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* col[(c*R + r)*S + s][p*Q + q] = x[c][p*sh - ph + r*dh][q*sw - pw + s*dw], 0 outside. The
+ * in-bounds columns of each row are found once, so the inner loop has no bounds checks (and is
+ * a memcpy at stride 1). */
 static void im2col(const RtConv *c, const float *x, float *col) {
     int64_t cg = c->C / c->groups;
     for (int64_t ch = 0; ch < cg; ch++)
         for (int64_t r = 0; r < c->R; r++)
             for (int64_t s = 0; s < c->S; s++) {
                 float *row = col + ((ch * c->R + r) * c->S + s) * c->P * c->Q;
+                int64_t lo, hi, off = s * c->dil_w - c->pad_w;
+                valid_cols(c, s, &lo, &hi);
                 for (int64_t p = 0; p < c->P; p++) {
                     int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
                     float *out = row + p * c->Q;
@@ -41,11 +54,12 @@ static void im2col(const RtConv *c, const float *x, float *col) {
                         memset(out, 0, (size_t)c->Q * sizeof *out);
                         continue;
                     }
-                    const float *in = x + (ch * c->H + h) * c->W;
-                    for (int64_t q = 0; q < c->Q; q++) {
-                        int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
-                        out[q] = w >= 0 && w < c->W ? in[w] : 0.0f;
-                    }
+                    const float *in = x + (ch * c->H + h) * c->W + off;
+                    if (lo > 0) memset(out, 0, (size_t)lo * sizeof *out);
+                    if (c->stride_w == 1) memcpy(out + lo, in + lo, (size_t)(hi - lo) * sizeof *out);
+                    else
+                        for (int64_t q = lo; q < hi; q++) out[q] = in[q * c->stride_w];
+                    if (hi < c->Q) memset(out + hi, 0, (size_t)(c->Q - hi) * sizeof *out);
                 }
             }
 }
@@ -57,14 +71,14 @@ static void col2im(const RtConv *c, const float *col, float *dx) {
         for (int64_t r = 0; r < c->R; r++)
             for (int64_t s = 0; s < c->S; s++) {
                 const float *row = col + ((ch * c->R + r) * c->S + s) * c->P * c->Q;
+                int64_t lo, hi, off = s * c->dil_w - c->pad_w;
+                valid_cols(c, s, &lo, &hi);
                 for (int64_t p = 0; p < c->P; p++) {
                     int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
                     if (h < 0 || h >= c->H) continue;
-                    float *out = dx + (ch * c->H + h) * c->W;
-                    for (int64_t q = 0; q < c->Q; q++) {
-                        int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
-                        if (w >= 0 && w < c->W) out[w] += row[p * c->Q + q];
-                    }
+                    float *out = dx + (ch * c->H + h) * c->W + off;
+                    const float *in = row + p * c->Q;
+                    for (int64_t q = lo; q < hi; q++) out[q * c->stride_w] += in[q];
                 }
             }
 }
@@ -147,6 +161,33 @@ void rt_conv2d_bwd_filter(const RtConv *c, const float *x, const float *dy, floa
 
 /* ---- pooling */
 
+/* Offset in one [H, W] plane of the first maximum of window (i, j); -1 if the window lies
+ * wholly in the padding. Without padding every window is inside the plane (P and Q come from
+ * the floor formula), so the bounds checks drop out. */
+static int64_t window_argmax(const RtPool *p, const float *in, int64_t i, int64_t j) {
+    int64_t h0 = i * p->stride_h - p->pad_h, w0 = j * p->stride_w - p->pad_w, at = -1;
+    float m = -INFINITY;
+    if (p->pad_h == 0 && p->pad_w == 0) {
+        at = h0 * p->W + w0;
+        m = in[at];
+        for (int r = 0; r < p->kh; r++)
+            for (int s = 0; s < p->kw; s++) {
+                int64_t k = (h0 + r) * p->W + w0 + s;
+                if (in[k] > m) m = in[k], at = k;
+            }
+        return at;
+    }
+    for (int r = 0; r < p->kh; r++) {
+        int64_t h = h0 + r;
+        if (h < 0 || h >= p->H) continue;
+        for (int s = 0; s < p->kw; s++) {
+            int64_t w = w0 + s;
+            if (w >= 0 && w < p->W && (at < 0 || in[h * p->W + w] > m)) m = in[h * p->W + w], at = h * p->W + w;
+        }
+    }
+    return at;
+}
+
 void rt_maxpool2d_fwd(const RtPool *p, const float *x, float *y) {
     #pragma omp parallel for schedule(static)
     for (int64_t nc = 0; nc < p->N * p->C; nc++) {
@@ -154,16 +195,8 @@ void rt_maxpool2d_fwd(const RtPool *p, const float *x, float *y) {
         float *out = y + nc * p->P * p->Q;
         for (int64_t i = 0; i < p->P; i++)
             for (int64_t j = 0; j < p->Q; j++) {
-                float m = -INFINITY;
-                for (int r = 0; r < p->kh; r++) {
-                    int64_t h = i * p->stride_h - p->pad_h + r;
-                    if (h < 0 || h >= p->H) continue;
-                    for (int s = 0; s < p->kw; s++) {
-                        int64_t w = j * p->stride_w - p->pad_w + s;
-                        if (w >= 0 && w < p->W && in[h * p->W + w] > m) m = in[h * p->W + w];
-                    }
-                }
-                out[i * p->Q + j] = m;
+                int64_t at = window_argmax(p, in, i, j);
+                out[i * p->Q + j] = at < 0 ? -INFINITY : in[at];
             }
     }
 }
@@ -175,20 +208,8 @@ void rt_maxpool2d_bwd(const RtPool *p, const float *x, const float *dy, float *d
         float *out = dx + nc * p->H * p->W;
         memset(out, 0, (size_t)(p->H * p->W) * sizeof *out);
         for (int64_t i = 0; i < p->P; i++)
-            for (int64_t j = 0; j < p->Q; j++) {
-                float m = -INFINITY;
-                int64_t at = -1; /* the first maximum in the window, as the forward pass */
-                for (int r = 0; r < p->kh; r++) {
-                    int64_t h = i * p->stride_h - p->pad_h + r;
-                    if (h < 0 || h >= p->H) continue;
-                    for (int s = 0; s < p->kw; s++) {
-                        int64_t w = j * p->stride_w - p->pad_w + s;
-                        if (w >= 0 && w < p->W && (at < 0 || in[h * p->W + w] > m)) {
-                            m = in[h * p->W + w];
-                            at = h * p->W + w;
-                        }
-                    }
-                }
+            for (int64_t j = 0; j < p->Q; j++) { /* the first maximum, as the forward pass */
+                int64_t at = window_argmax(p, in, i, j);
                 if (at >= 0) out[at] += g[i * p->Q + j];
             }
     }
