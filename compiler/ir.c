@@ -140,13 +140,17 @@ IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc) {
     return n;
 }
 
+/* Room for one more element in an arena array of n elements that grows 16 at a time. */
+static void *grow16(Arena *a, void *items, int n, size_t size) {
+    if (n % 16) return items;
+    void *more = arena_alloc(a, (size_t)(n + 16) * size);
+    if (n) memcpy(more, items, (size_t)n * size);
+    return more;
+}
+
 IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, double init_a,
                       SrcLoc loc) {
-    if (g->n_params % 16 == 0) {
-        IrParam *p = arena_alloc(g->arena, (size_t)(g->n_params + 16) * sizeof *p);
-        if (g->n_params) memcpy(p, g->params, (size_t)g->n_params * sizeof *p);
-        g->params = p;
-    }
+    g->params = grow16(g->arena, g->params, g->n_params, sizeof *g->params);
     IrNode *n = ir_add(g, OP_PARAM, shape, DT_F32, loc, 0);
     n->name = name;
     n->index = g->n_params;
@@ -157,11 +161,7 @@ IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, 
 }
 
 IrNode *ir_add_input(IrGraph *g, const char *name, IrShape shape, IrDtype dt, SrcLoc loc) {
-    if (g->n_inputs % 16 == 0) {
-        IrInput *in = arena_alloc(g->arena, (size_t)(g->n_inputs + 16) * sizeof *in);
-        if (g->n_inputs) memcpy(in, g->inputs, (size_t)g->n_inputs * sizeof *in);
-        g->inputs = in;
-    }
+    g->inputs = grow16(g->arena, g->inputs, g->n_inputs, sizeof *g->inputs);
     IrNode *n = ir_add(g, OP_INPUT, shape, dt, loc, 0);
     n->name = name;
     n->index = g->n_inputs;
