@@ -2,7 +2,7 @@
 same batch (64), same thread count, in one run; print samples/s, peak memory and the ratios.
 
 usage: /usr/bin/python3 bench/cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
-                                              [--models mlp,lenet] [--repeat 3]
+                                              [--models mlp,lenet] [--repeat 5]
 
 samples/s is the training loop only (data already in memory), median over --repeat runs:
 netc's is total samples / total time of its logged intervals, PyTorch's is timed around its
@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--models", default="mlp,lenet")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     print(f"CPU training, one epoch of Fashion-MNIST, batch 64, {args.threads} threads, "
           f"median of {args.repeat} runs")
@@ -89,8 +89,10 @@ def main():
           f"{'netc peak MiB':>14s} {'torch peak MiB':>15s} {'memory ratio':>13s}")
     with tempfile.TemporaryDirectory() as work:
         for model in args.models.split(","):
-            ours = [run_netc(args.netc, model, args.threads, work) for _ in range(args.repeat)]
-            theirs = [run_torch(model, args.threads) for _ in range(args.repeat)]
+            ours, theirs = [], []
+            for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits both
+                ours.append(run_netc(args.netc, model, args.threads, work))
+                theirs.append(run_torch(model, args.threads))
             n_rate = statistics.median(r for r, _ in ours)
             t_rate = statistics.median(r for r, _ in theirs)
             n_mem = max(m for _, m in ours) / 1024

@@ -51,15 +51,17 @@ static void im2col(const RtConv *c, const float *x, float *col) {
                     int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
                     float *out = row + p * c->Q;
                     if (h < 0 || h >= c->H) {
-                        memset(out, 0, (size_t)c->Q * sizeof *out);
+                        for (int64_t q = 0; q < c->Q; q++) out[q] = 0.0f;
                         continue;
                     }
                     const float *in = x + (ch * c->H + h) * c->W + off;
-                    if (lo > 0) memset(out, 0, (size_t)lo * sizeof *out);
-                    if (c->stride_w == 1) memcpy(out + lo, in + lo, (size_t)(hi - lo) * sizeof *out);
+                    /* rows are short (tens of floats): plain loops beat memcpy/memset calls */
+                    for (int64_t q = 0; q < lo; q++) out[q] = 0.0f;
+                    if (c->stride_w == 1)
+                        for (int64_t q = lo; q < hi; q++) out[q] = in[q];
                     else
                         for (int64_t q = lo; q < hi; q++) out[q] = in[q * c->stride_w];
-                    if (hi < c->Q) memset(out + hi, 0, (size_t)(c->Q - hi) * sizeof *out);
+                    for (int64_t q = hi; q < c->Q; q++) out[q] = 0.0f;
                 }
             }
 }
@@ -167,6 +169,11 @@ void rt_conv2d_bwd_filter(const RtConv *c, const float *x, const float *dy, floa
 static int64_t window_argmax(const RtPool *p, const float *in, int64_t i, int64_t j) {
     int64_t h0 = i * p->stride_h - p->pad_h, w0 = j * p->stride_w - p->pad_w, at = -1;
     float m = -INFINITY;
+    if (p->kh == 2 && p->kw == 2 && p->pad_h == 0 && p->pad_w == 0) { /* the common 2x2 window */
+        int64_t a = h0 * p->W + w0, b = a + 1, c = a + p->W, d = c + 1;
+        int64_t ab = in[b] > in[a] ? b : a, cd = in[d] > in[c] ? d : c;
+        return in[cd] > in[ab] ? cd : ab;
+    }
     if (p->pad_h == 0 && p->pad_w == 0) {
         at = h0 * p->W + w0;
         m = in[at];
