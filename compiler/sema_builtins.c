@@ -630,8 +630,8 @@ static double train_num(Sema *S, const AstStmt *s, double min, double max, int i
 }
 
 static void train_freeze(Sema *S, const AstStmt *s) {
-    Value v = sema_eval(S, S->global, s->value);
-    if (v.k == V_STR) v = (Value){.k = V_LIST, .items = &v, .n = 1};
+    Value one = sema_eval(S, S->global, s->value), v = one;
+    if (one.k == V_STR) v = (Value){.k = V_LIST, .items = &one, .n = 1}; /* not &v: v changes */
     if (v.k != V_LIST) {
         if (v.k != V_ERR) diag_error(s->value->loc, "freeze takes a list of parameter names, e.g. [\"conv1\"]");
         return;
