@@ -199,8 +199,8 @@ static int gz_read_all(RtArray *a, unsigned char **out, size_t *len, RtError *er
         if (got == 0) break;
         n += (size_t)got;
     }
-    int rc = gzclose(f);
-    if (rc != Z_OK && rc != Z_BUF_ERROR) {
+    int rc = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
+    if (rc != Z_OK) {
         free(buf);
         return rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
     }

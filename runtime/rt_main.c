@@ -381,7 +381,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     rt_gather(m, ds, idx, count, bufs);
     free(idx);
     RtCtx *c = &t->ctx;
-    c->inputs = bufs, c->n_valid = m->batch, c->seed = rt_mix(t->o.seed), c->step = 1;
+    c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 1;
     m->forward_backward(c);
     double loss = c->loss;
     float *ana = alloc_or_die((size_t)m->n_grad_floats * sizeof *ana + 4, "gradients");

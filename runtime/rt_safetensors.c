@@ -168,7 +168,10 @@ static int parse_and_load(const char *path, const RtModel *m, const unsigned cha
     const cJSON *t;
     cJSON_ArrayForEach(t, root) {
         if (strcmp(t->string, "__metadata__") == 0) continue;
-        if ((rc = load_tensor(path, m, t, buf + 8 + hlen, len - 8 - (size_t)hlen, params, err))) break;
+        for (const cJSON *u = root->child; u != t && !rc; u = u->next)
+            if (strcmp(u->string, t->string) == 0)
+                rc = rt_fail(err, "%s: tensor '%s' appears twice in the header", path, t->string);
+        if (rc || (rc = load_tensor(path, m, t, buf + 8 + hlen, len - 8 - (size_t)hlen, params, err))) break;
         found++;
     }
     for (int i = 0; !rc && i < m->n_params; i++)

@@ -4,6 +4,7 @@ file.
 
 usage: bad_files.py NETC WORKDIR
 """
+import json
 import os
 import shutil
 import struct
@@ -88,6 +89,9 @@ def main():
     with open(f"{work}/corrupt.idx.gz", "wb") as f:
         f.write(blob[:20] + bytes(b ^ 0x5A for b in blob[20:60]) + blob[60:])
     expect_fail("corrupt gzip IDX", train(x=f"{work}/corrupt.idx.gz"), "corrupt.idx.gz")
+    with open(f"{work}/cut.idx.gz", "wb") as f:  # loses only the gzip trailer (CRC and length)
+        f.write(blob[:-4])
+    expect_fail("gzip IDX without its trailer", train(x=f"{work}/cut.idx.gz"), "cut.idx.gz")
     head_only = idx(f"{work}/short.idx", imgs)
     with open(head_only, "r+b") as f:
         f.truncate(100)
@@ -114,6 +118,11 @@ def main():
     wrong = dict(w, **{"fc1.weight": np.zeros((128, 783), np.float32)})
     st_save(f"{work}/shape.safetensors", wrong)
     expect_fail("--init wrong shape", train("--init", f"{work}/shape.safetensors"), "fc1.weight", "783")
+    header = json.dumps({"fc1.bias": {"dtype": "F32", "shape": [128], "data_offsets": [0, 512]}})
+    dup = header[:-1] + ', "fc1.bias": ' + json.dumps({"dtype": "F32", "shape": [128], "data_offsets": [0, 512]}) + "}"
+    with open(f"{work}/dup.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(dup)) + dup.encode() + bytes(512))
+    expect_fail("--init tensor named twice", train("--init", f"{work}/dup.safetensors"), "fc1.bias", "twice")
     blob = open(saved, "rb").read()
     with open(f"{work}/trunc.safetensors", "wb") as f:
         f.write(blob[: len(blob) - 1000])
