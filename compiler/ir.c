@@ -140,10 +140,11 @@ IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc) {
     return n;
 }
 
-/* Room for one more element in an arena array of n elements that grows 16 at a time. */
+/* Room for one more element in an arena array of n elements: capacity 16, then doubling
+ * (the arena never frees the old copy, so growing by a constant would cost O(n^2) memory). */
 static void *grow16(Arena *a, void *items, int n, size_t size) {
-    if (n % 16) return items;
-    void *more = arena_alloc(a, (size_t)(n + 16) * size);
+    if (n && (n < 16 || (n & (n - 1)))) return items;
+    void *more = arena_alloc(a, (size_t)(n ? 2 * n : 16) * size);
     if (n) memcpy(more, items, (size_t)n * size);
     return more;
 }

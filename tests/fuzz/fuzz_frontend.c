@@ -232,6 +232,19 @@ static size_t random_mutant(char *buf, size_t cap) {
 
 /* ---- the driver */
 
+static const char *last_path; /* FUZZ_LAST=FILE: each input is written there before it runs */
+
+static void run_one(const char *buf, size_t n) {
+    if (last_path) {
+        FILE *f = fopen(last_path, "wb");
+        if (f) {
+            fwrite(buf, 1, n, f);
+            fclose(f);
+        }
+    }
+    LLVMFuzzerTestOneInput((const uint8_t *)buf, n);
+}
+
 static char *load(const char *path) {
     size_t len = 0;
     char *text = read_file(path, FUZZ_MAX_INPUT - 1, &len);
@@ -260,6 +273,7 @@ int main(int argc, char **argv) {
         else files[n_files++] = argv[i];
     }
     if (iters < 0 && n_files == 0) return usage();
+    last_path = getenv("FUZZ_LAST");
     /* the compiler's messages are noise here; FUZZ_VERBOSE=1 keeps them for debugging */
     if (!getenv("FUZZ_VERBOSE") && !freopen("/dev/null", "w", stderr)) return 1;
     char **texts = xcalloc((size_t)n_files + 1, sizeof *texts);
@@ -277,12 +291,9 @@ int main(int argc, char **argv) {
         if (n_seeds == 0) seeds[n_seeds++] = builtin_seed;
         static char buf[FUZZ_MAX_INPUT];
         for (long i = 0; i < iters; i++) {
-            size_t n = random_bytes(buf, 8192);
-            LLVMFuzzerTestOneInput((const uint8_t *)buf, n);
-            n = random_soup(buf, 8192);
-            LLVMFuzzerTestOneInput((const uint8_t *)buf, n);
-            n = random_mutant(buf, sizeof buf);
-            LLVMFuzzerTestOneInput((const uint8_t *)buf, n);
+            run_one(buf, random_bytes(buf, 8192));
+            run_one(buf, random_soup(buf, 8192));
+            run_one(buf, random_mutant(buf, sizeof buf));
         }
         printf("fuzz_frontend: %ld rounds (random bytes, token soups, mutants of %d seeds): "
                "%ld parsed cleanly, %ld passed sema\n", iters, n_seeds, n_parsed_clean, n_sema_ok);
