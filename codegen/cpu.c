@@ -177,11 +177,17 @@ static void ptr(Cg *c, const IrNode *n) {
     const IrNode *r = root(n);
     const char *t = ir_dtype_ctype(n->dtype);
     FILE *o = c->out;
+    int64_t elems = 0; /* a row view starts inside its root */
+    for (const IrNode *v = n; v != r; v = v->in[0])
+        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
     switch (r->storage) {
-    case ST_ARENA: fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset); break;
-    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset); break;
-    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset); break;
-    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d]", t, r->index); break;
+    case ST_ARENA:
+        fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
+        if (elems) fprintf(o, " + %" PRId64, elems);
+        break;
+    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
+    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
+    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
     default: ICE("cpu: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
@@ -277,6 +283,50 @@ static void dropout(Cg *c, const IrNode *n) {
     fprintf(o, " : 0.0f");
 }
 
+/* The channel (axis 1) of element i of n, as an index expression. */
+static void chan(Cg *c, const IrNode *n) {
+    IrNode per_c = {.shape = {.rank = n->shape.rank - 1}};
+    per_c.shape.dim[0] = n->shape.dim[1];
+    for (int a = 1; a < per_c.shape.rank; a++) per_c.shape.dim[a] = 1;
+    Axis ax[IR_MAX_RANK];
+    int k = broadcast_axes(&per_c, n, ax);
+    index_expr(c->out, "i", ax, k);
+}
+
+/* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
+static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
+    fprintf(c->out, "v%d[", x->id);
+    if (row) fprintf(c->out, "%" PRId64 " + ", n->shape.dim[1]);
+    chan(c, n);
+    fprintf(c->out, "]");
+}
+
+/* x normalised: (x - mean[c]) * invstd[c] */
+static void xhat(Cg *c, const IrNode *n) {
+    const IrNode *x = n->in[0], *stats = n->in[1];
+    fprintf(c->out, "(");
+    elem(c, x, n);
+    fprintf(c->out, " - "), chan_elem(c, n, stats, 0), fprintf(c->out, ") * "), chan_elem(c, n, stats, 1);
+}
+
+static void bn_apply(Cg *c, const IrNode *n) {
+    xhat(c, n);
+    fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
+    fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
+}
+
+/* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
+static void bn_bwd_data(Cg *c, const IrNode *n) {
+    const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
+    FILE *o = c->out;
+    chan_elem(c, n, w, 0), fprintf(o, " * "), chan_elem(c, n, stats, 1), fprintf(o, " * (");
+    elem(c, dy, n);
+    fprintf(o, " - ("), chan_elem(c, n, sums, 0), fprintf(o, " + ");
+    xhat(c, n);
+    fprintf(o, " * "), chan_elem(c, n, sums, 1);
+    fprintf(o, ") * "), lit(o, (double)n->shape.dim[1] / (double)ir_numel(&n->shape)), fprintf(o, ")");
+}
+
 /* The float expression of one element-wise node at index i. */
 static void ew_expr(Cg *c, const IrNode *n) {
     switch (n->op) {
@@ -304,6 +354,8 @@ static void ew_expr(Cg *c, const IrNode *n) {
     case OP_TANH_GRAD: call(c, "tanh_grad", n); break;
     case OP_GELU_GRAD: call(c, "gelu_grad", n); break;
     case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
+    case OP_BN_APPLY: bn_apply(c, n); break;
+    case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
     default: ICE("cpu: %s is not element-wise", ir_op_name(n->op));
     }
 }
@@ -468,17 +520,35 @@ static void emit_rows(Cg *c, const IrNode *n) {
         fprintf(o, "    rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);\n", rows, cols, a, b, n->id);
         break;
     case OP_XENT:
-        fprintf(o, "    rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);\n", rows, cols,
-                a, b, n->id);
+        fprintf(o, "    rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
+        lit(o, n->attr.smoothing), fprintf(o, ", ctx->n_valid, v%d);\n", n->id);
         break;
     case OP_XENT_BWD:
-        fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", rows, cols, a, b,
-                n->in[2]->id, n->id);
+        fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
+        lit(o, n->attr.smoothing), fprintf(o, ", v%d, v%d);\n", n->in[2]->id, n->id);
         break;
     default: /* OP_ACCURACY */
         fprintf(o, "    v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);\n", n->id,
                 rows, cols, a, b);
     }
+}
+
+/* Batch-norm statistics and the backward sums: per channel, over N and the spatial axes. */
+static void emit_bn(Cg *c, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    int64_t N = x->shape.dim[0], C = x->shape.dim[1], HW = ir_numel(&x->shape) / (N * C);
+    FILE *o = c->out;
+    if (n->op == OP_BN_BWD_SUMS) {
+        fprintf(o, "    rt_bn_bwd_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", N, C, HW,
+                x->id, n->in[1]->id, n->in[2]->id, n->id);
+        return;
+    }
+    const IrParam *rm = &c->g->params[n->attr.stat_param];
+    fprintf(o, "    rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
+    dbl(o, n->attr.eps), fprintf(o, ", "), dbl(o, n->attr.momentum);
+    fprintf(o, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval);
+    comment_text(o, rm->name);
+    fprintf(o, "\n");
 }
 
 static void emit_lib(Cg *c, const IrNode *n) {
@@ -502,6 +572,8 @@ static void emit_lib(Cg *c, const IrNode *n) {
     case OP_XENT:
     case OP_XENT_BWD:
     case OP_ACCURACY: emit_rows(c, n); break;
+    case OP_BN_STATS:
+    case OP_BN_BWD_SUMS: emit_bn(c, n); break;
     default: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }
@@ -724,7 +796,9 @@ static void emit_description(Cg *c) {
         fprintf(o, "},\n");
     }
     if (g->n_inputs) fprintf(o, "};\n\n");
-    if (g->n_params) fprintf(o, "static const RtParam params[] = {\n    // name, rank, shape, offset, grad_offset, init, init_a\n");
+    if (g->n_params)
+        fprintf(o, "static const RtParam params[] = {\n"
+                   "    // name, rank, shape, offset, grad_offset, init, init_a, file dtype, buffer\n");
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
         fprintf(o, "    {"), cstr(o, p->name);
@@ -732,6 +806,7 @@ static void emit_description(Cg *c) {
         dims(o, &p->node->shape, 0);
         fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, init_enums[p->init]);
         lit(o, p->init_a);
+        fprintf(o, ", %s, %d", dtype_enums[p->file_dtype], p->buffer);
         fprintf(o, "},\n");
     }
     if (g->n_params) fprintf(o, "};\n\n");

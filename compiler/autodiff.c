@@ -221,10 +221,34 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* Batch norm in training mode: the gradient with respect to x includes the path through the
+ * batch statistics, so BN_STATS itself is never differentiated. One reduction gives the
+ * per-channel sums of dy and dy * xhat: they are the bias and weight gradients, and dx needs
+ * them too. */
+static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0], *stats = y->in[1], *w = y->in[2], *b = y->in[3];
+    IrNode *sums = emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy);
+    if (wants(ad, x)) {
+        IrNode *dx = emit(ad, OP_BN_BWD_DATA, x->shape, DT_F32, 3, x, stats, w);
+        dx->in[3] = sums;
+        dx->in[4] = dy;
+        dx->n_in = 5;
+        accumulate(ad, x, dx);
+    }
+    for (int r = 0; r < 2; r++) {
+        IrNode *p = r ? w : b;
+        if (!wants(ad, p)) continue;
+        IrNode *row = emit(ad, OP_ROW, p->shape, DT_F32, 1, sums, NULL, NULL);
+        row->attr.row = r ? 1 : 0;
+        accumulate(ad, p, row);
+    }
+}
+
 /* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
-    case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_ACCURACY: break;
+    case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_ACCURACY: case OP_BN_STATS: break;
+    case OP_BN_APPLY: grad_bn(ad, y, dy); break;
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
     case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_EXP: case OP_LOG:
     case OP_SQRT: case OP_DROPOUT: grad_unary(ad, y, dy); break;
@@ -239,7 +263,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
-    case OP_XENT_BWD: case OP__COUNT:
+    case OP_XENT_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP__COUNT:
         ICE("autodiff: backward-only operator %s in the forward graph (%%%d)", ir_op_name(y->op),
             y->id);
     }
@@ -247,8 +271,12 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
 
 /* ---- which nodes need a gradient */
 
-/* Operand i of y carries a gradient back (only ACCURACY is a dead end among float edges). */
-static int differentiable_edge(const IrNode *y) { return y->op != OP_ACCURACY && is_float(y->dtype); }
+/* Operand k of y carries a gradient back. Dead ends among float edges: ACCURACY, BN_STATS,
+ * and the statistics operand of BN_APPLY (its rule differentiates through them itself). */
+static int differentiable_edge(const IrNode *y, int k) {
+    if (y->op == OP_ACCURACY || y->op == OP_BN_STATS) return 0;
+    return is_float(y->dtype) && !(y->op == OP_BN_APPLY && k == 1);
+}
 
 static void mark_needed(Ad *ad) {
     IrGraph *g = ad->g;
@@ -266,8 +294,9 @@ static void mark_needed(Ad *ad) {
     to_loss[g->loss->id] = 1;
     for (int i = n - 1; i >= 0; i--) {
         IrNode *y = g->nodes[i];
-        if (!to_loss[i] || !differentiable_edge(y)) continue;
-        for (int k = 0; k < y->n_in; k++) to_loss[y->in[k]->id] = is_float(y->in[k]->dtype);
+        if (!to_loss[i]) continue;
+        for (int k = 0; k < y->n_in; k++)
+            if (differentiable_edge(y, k)) to_loss[y->in[k]->id] = is_float(y->in[k]->dtype);
     }
     for (int i = 0; i < n; i++) ad->need[i] = from_param[i] && to_loss[i];
 }

@@ -191,13 +191,34 @@ static int verify_fail(const char *stage, const IrNode *n, const char *what) {
     return 0;
 }
 
+/* Batch-norm operands: x [N, C, ...] (the output's shape), stats/sums [2, C], weight/bias [C]. */
+static int bn_operands_ok(const IrNode *n) {
+    const IrShape *x = &n->in[0]->shape;
+    if (x->rank < 2 || !ir_shape_eq(x, &n->shape)) return 0;
+    int64_t C = x->dim[1];
+    for (int i = 1; i < n->n_in; i++) {
+        const IrShape *s = &n->in[i]->shape;
+        int per_channel = s->rank == 1 && s->dim[0] == C;
+        int two_rows = s->rank == 2 && s->dim[0] == 2 && s->dim[1] == C;
+        int is_dy = n->op == OP_BN_BWD_DATA && i == 4;
+        if (is_dy ? !ir_shape_eq(s, x) : !(per_channel || two_rows)) return 0;
+    }
+    return 1;
+}
+
 /* The output shape each operator must have, given its operands; 0 if any shape is wrong. */
 static int expected_shape(const IrNode *n, IrShape *want) {
     const IrNode *a = n->in[0], *b = n->n_in > 1 ? n->in[1] : NULL;
     switch (ir_op_kind(n->op)) {
     case OPK_SOURCE: *want = n->shape; return 1;
-    case OPK_VIEW: *want = n->shape; return ir_numel(&a->shape) == ir_numel(&n->shape);
+    case OPK_VIEW:
+        *want = n->shape;
+        if (n->op == OP_ROW)
+            return a->shape.rank >= 1 && n->attr.row >= 0 && n->attr.row < a->shape.dim[0] &&
+                   ir_numel(&a->shape) == a->shape.dim[0] * ir_numel(&n->shape);
+        return ir_numel(&a->shape) == ir_numel(&n->shape);
     case OPK_EW:
+        if (n->op == OP_BN_APPLY || n->op == OP_BN_BWD_DATA) return *want = n->shape, bn_operands_ok(n);
         if (n->op == OP_EXPAND) {
             IrShape s;
             *want = n->shape;
@@ -245,6 +266,11 @@ static int expected_shape(const IrNode *n, IrShape *want) {
                b->dtype == DT_I64;
     case OP_XENT_BWD: *want = a->shape; return a->shape.rank == 2;
     case OP_ACCURACY: *want = ir_scalar_shape(); return a->shape.rank == 2 && b->dtype == DT_I64;
+    case OP_BN_STATS:
+    case OP_BN_BWD_SUMS:
+        if (a->shape.rank < 2) return 0;
+        *want = ir_shape(2, (int64_t)2, a->shape.dim[1]);
+        return n->op == OP_BN_STATS || ir_shape_eq(&n->in[2]->shape, &a->shape);
     default: return 1;
     }
 }
@@ -315,6 +341,12 @@ static void print_attrs(const IrNode *n, FILE *out) {
     case OP_MEAN:
         if (a->batch_masked) fprintf(out, " batch_masked");
         break;
+    case OP_BN_STATS: fprintf(out, " eps=%g momentum=%g running=%d", a->eps, a->momentum, a->stat_param); break;
+    case OP_ROW: fprintf(out, " row=%d", a->row); break;
+    case OP_XENT:
+    case OP_XENT_BWD:
+        if (a->smoothing != 0) fprintf(out, " smoothing=%g", a->smoothing);
+        break;
     default: break;
     }
 }
@@ -350,7 +382,7 @@ void ir_print(const IrGraph *g, FILE *out) {
     if (g->correct) fprintf(out, "correct = %%%d\n", g->correct->id);
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
-        fprintf(out, "param %s = %%%d%s", p->name, p->node->id, p->trainable ? "" : " frozen");
+        fprintf(out, "param %s = %%%d%s", p->name, p->node->id, p->buffer ? " buffer" : p->trainable ? "" : " frozen");
         if (p->grad) fprintf(out, "  grad %%%d", p->grad->id);
         fprintf(out, "\n");
     }

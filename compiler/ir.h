@@ -52,7 +52,7 @@ typedef enum {
     LAYOUT_NHWC,      /* rank-4 [N,C,H,W] stored channels-last */
 } IrLayout;
 
-enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 3 };
+enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 5 };
 
 /* Every tensor is at most 2^40 elements; larger shapes are a compile error (also keeps every
  * size computation far from int64 overflow). */
@@ -72,6 +72,11 @@ typedef struct IrAttrs {
     double p;                                 /* dropout probability */
     int seed_id;                              /* dropout: which mask (shared by forward and grad) */
     int batch_masked;                         /* mean: only the first n_valid rows count */
+    double eps, momentum;                     /* batch norm (PyTorch's momentum convention) */
+    int stat_param;                           /* bn_stats: index of running_mean; running_var
+                                               * and num_batches_tracked follow it */
+    int row;                                  /* row: which row of operand 0 */
+    double smoothing;                         /* xent: label smoothing */
 } IrAttrs;
 
 typedef enum {
@@ -113,6 +118,8 @@ typedef struct IrParam {
     IrNode *node;     /* the OP_PARAM node */
     IrNode *grad;     /* gradient node (set by autodiff); NULL when frozen or unused */
     int trainable;
+    int buffer;       /* running statistics: saved and loaded like a parameter, never trained */
+    IrDtype file_dtype; /* dtype in weight files (num_batches_tracked is i64); stored as f32 */
     IrInit init;
     double init_a;    /* uniform: bound (U(-a, a)); normal: standard deviation */
     int64_t offset;   /* element offset in the flat parameter buffer (memory plan) */

@@ -293,6 +293,66 @@ static Value b_pool(Sema *S, const AstExpr *c, const char *label, Value *args) {
     return sema_tensor(y);
 }
 
+/* A running statistic: a parameter the optimizer never touches (PyTorch's "buffer"). */
+static IrParam *new_buffer(Sema *S, const char *name, IrShape shape, IrInit init, IrDtype file_dt,
+                           SrcLoc loc) {
+    IrParam *p = new_param(S, name, shape, init, 0, loc);
+    if (p) p->trainable = 0, p->buffer = 1, p->file_dtype = file_dt;
+    return p;
+}
+
+/* torch.nn.BatchNorm2d: y = (x - mean) / sqrt(var + eps) * weight + bias per channel, with the
+ * batch's statistics in training (updating running_mean/var with `momentum`) and the running
+ * statistics in evaluation. Two IR nodes: BN_STATS (per-channel mean and 1/std) and BN_APPLY
+ * (element-wise, so the fusion pass can merge it with a following add and ReLU). */
+static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 4, 4);
+    double eps = arg_num(A, 1, 1e-5, 1e-12, 1), momentum = arg_num(A, 2, 0.1, 0, 1);
+    if (!A->ok) return sema_error();
+    int64_t C = x->shape.dim[1];
+    const char *name = sema_layer_name(S, label, "batchnorm2d");
+    IrShape per_c = ir_shape(1, C);
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), per_c, INIT_ONES, 0, c->loc);
+    IrParam *b = w ? new_param(S, arena_printf(S->arena, "%s.bias", name), per_c, INIT_ZEROS, 0, c->loc) : NULL;
+    IrParam *rm = b ? new_buffer(S, arena_printf(S->arena, "%s.running_mean", name), per_c, INIT_ZEROS, DT_F32, c->loc) : NULL;
+    IrParam *rv = rm ? new_buffer(S, arena_printf(S->arena, "%s.running_var", name), per_c, INIT_ONES, DT_F32, c->loc) : NULL;
+    IrParam *nb = rv ? new_buffer(S, arena_printf(S->arena, "%s.num_batches_tracked", name), ir_scalar_shape(),
+                                  INIT_ZEROS, DT_I64, c->loc) : NULL;
+    if (!nb) return sema_error();
+    IrNode *stats = sema_node(S, OP_BN_STATS, ir_shape(2, (int64_t)2, C), DT_F32, c->loc, 1, x, NULL, NULL);
+    stats->attr.eps = eps;
+    stats->attr.momentum = momentum;
+    stats->attr.stat_param = rm->node->index;
+    IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
+    y->in[3] = b->node;
+    y->n_in = 4;
+    y->attr.eps = eps;
+    return sema_tensor(y);
+}
+
+/* torch.nn.AdaptiveAvgPool2d for output sizes that divide the input: an average pool. */
+static Value b_adaptive_avgpool2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_tensor(A, 0, 4, 4);
+    int out[2];
+    arg_pair(A, 1, 1, 1, out);
+    if (!A->ok) return sema_error();
+    int64_t H = x->shape.dim[2], W = x->shape.dim[3];
+    if (H % out[0] || W % out[1]) {
+        diag_error(c->loc, "adaptive_avgpool2d to %dx%d needs the input's height and width (%s) to "
+                   "be multiples of it", out[0], out[1], sema_shape_str(S, &x->shape));
+        diag_hint("an output of 1 (global average pooling) works for any input");
+        return sema_error();
+    }
+    IrNode *y = sema_node(S, OP_AVGPOOL2D, ir_shape(4, x->shape.dim[0], x->shape.dim[1], (int64_t)out[0],
+                          (int64_t)out[1]), DT_F32, c->loc, 1, x, NULL, NULL);
+    y->attr.kernel[0] = y->attr.stride[0] = (int)(H / out[0]);
+    y->attr.kernel[1] = y->attr.stride[1] = (int)(W / out[1]);
+    return sema_tensor(y);
+}
+
 static Value b_flatten(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
@@ -457,8 +517,11 @@ static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value
     if (!A->ok) return sema_error();
     IrNode *lab = arg_labels(A, 1, logits);
     if (!A->ok) return sema_error();
+    double smoothing = arg_num(A, 2, 0, 0, 1);
+    if (!A->ok) return sema_error();
     IrNode *l = sema_node(S, OP_XENT, ir_shape(1, logits->shape.dim[0]), DT_F32, c->loc, 2,
                           logits, lab, NULL);
+    l->attr.smoothing = smoothing;
     return sema_tensor(batch_mean(S, l, c->loc));
 }
 
@@ -514,6 +577,8 @@ static const SemaBuiltin builtins[] = {
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
     {"avgpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
+    {"batchnorm2d", "x, eps=1e-5, momentum=0.1", b_batchnorm2d, 1, 3, {"x", "eps", "momentum"}},
+    {"adaptive_avgpool2d", "x, out=1", b_adaptive_avgpool2d, 1, 2, {"x", "out"}},
     {"flatten", "x", b_flatten, 1, 1, {"x"}},
     {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},
     UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("gelu"),
@@ -524,7 +589,7 @@ static const SemaBuiltin builtins[] = {
     {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},
     {"mean", "x", b_reduce, 1, 1, {"x"}},
     {"sum", "x", b_reduce, 1, 1, {"x"}},
-    {"cross_entropy", "logits, label", b_cross_entropy, 2, 2, {"logits", "label"}},
+    {"cross_entropy", "logits, label, smoothing=0", b_cross_entropy, 2, 3, {"logits", "label", "smoothing"}},
     {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
     {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
     {"accuracy", "logits, label", b_accuracy, 2, 2, {"logits", "label"}},

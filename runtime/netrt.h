@@ -41,6 +41,8 @@ typedef struct RtParam {
     int64_t grad_offset;        /* element offset in RtCtx.grads; -1 when frozen */
     RtInit init;
     float init_a;               /* uniform: bound a of U(-a, a); normal: std */
+    RtDtype file_dtype;         /* dtype in weight files: RT_F32, or RT_I64 for counters */
+    int buffer;                 /* a running statistic (PyTorch buffer): saved, never trained */
 } RtParam;
 
 typedef enum { RT_OPTIM_SGD, RT_OPTIM_ADAMW } RtOptimKind;
@@ -142,12 +144,24 @@ void rt_avgpool2d_bwd(const RtPool *p, const float *dy, float *dx);
 /* Softmax over the last axis of a [rows, cols] matrix. */
 void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y);
 void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy, float *dx);
-/* Per-row softmax cross-entropy: loss[r] = logsumexp(x[r]) - x[r][label[r]].
+/* Per-row softmax cross-entropy with label smoothing s (PyTorch's label_smoothing):
+ * loss[r] = logsumexp(x[r]) - (1 - s) x[r][label[r]] - s mean_j x[r][j].
  * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message. */
 void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 int64_t n_valid, float *loss);
+                 float smoothing, int64_t n_valid, float *loss);
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 const float *dloss, float *dlogits);
+                 float smoothing, const float *dloss, float *dlogits);
+
+/* Batch-norm statistics of x [N, C, HW] (row-major): stats[0][c] = mean, stats[1][c] =
+ * 1/sqrt(var + eps). Training: of this batch (biased variance), then running_mean/var (at
+ * `running`, followed by running_var and num_batches_tracked) move by `momentum` toward the
+ * batch's mean and unbiased variance, as torch.nn.BatchNorm2d. Evaluation: from the running
+ * statistics, which stay unchanged. */
+void rt_bn_stats(int64_t N, int64_t C, int64_t HW, const float *x, float *stats, double eps,
+                 double momentum, float *running, int training);
+/* sums[0][c] = sum of dy, sums[1][c] = sum of dy * (x - mean) * invstd over N and HW. */
+void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
+                    const float *dy, float *sums);
 /* Rows among the first n_valid whose argmax (first on ties) equals the label. */
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);

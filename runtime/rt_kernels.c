@@ -307,7 +307,7 @@ static double logsumexp(const float *x, int64_t cols) {
 }
 
 void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 int64_t n_valid, float *loss) {
+                 float smoothing, int64_t n_valid, float *loss) {
     for (int64_t r = 0; r < rows; r++) {
         if (r >= n_valid) {
             loss[r] = 0;
@@ -315,19 +315,28 @@ void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t 
         }
         check_label(label[r], cols, r);
         const float *x = logits + r * cols;
-        loss[r] = (float)(logsumexp(x, cols) - x[label[r]]);
+        double mean = 0;
+        if (smoothing != 0) {
+            for (int64_t j = 0; j < cols; j++) mean += x[j];
+            mean /= (double)cols;
+        }
+        double lse = logsumexp(x, cols);
+        loss[r] = (float)(lse - (1.0 - smoothing) * x[label[r]] - smoothing * mean);
     }
 }
 
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 const float *dloss, float *dlogits) {
+                 float smoothing, const float *dloss, float *dlogits) {
+    double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * cols;
         float *d = dlogits + r * cols;
         check_label(label[r], cols, r);
         double lse = logsumexp(x, cols);
-        for (int64_t j = 0; j < cols; j++)
-            d[j] = dloss[r] * ((float)exp((double)x[j] - lse) - (j == label[r] ? 1.0f : 0.0f));
+        for (int64_t j = 0; j < cols; j++) {
+            double target = off + (j == label[r] ? 1.0 - smoothing : 0.0);
+            d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
+        }
     }
 }
 
@@ -397,4 +406,58 @@ uint16_t rt_f32_to_bf16(float f) {
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
+}
+
+/* ---- batch normalisation */
+
+void rt_bn_stats(int64_t N, int64_t C, int64_t HW, const float *x, float *stats, double eps,
+                 double momentum, float *running, int training) {
+    float *rmean = running, *rvar = running + C, *count = running + 2 * C;
+    if (!training) {
+        for (int64_t c = 0; c < C; c++) {
+            stats[c] = rmean[c];
+            stats[C + c] = (float)(1.0 / sqrt((double)rvar[c] + eps));
+        }
+        return;
+    }
+    int64_t M = N * HW;
+#pragma omp parallel for if (M * C >= 32768)
+    for (int64_t c = 0; c < C; c++) {
+        /* two passes in double: the mean, then the squared deviations (no cancellation) */
+        double sum = 0, sq = 0;
+        for (int64_t n = 0; n < N; n++) {
+            const float *p = x + (n * C + c) * HW;
+            for (int64_t k = 0; k < HW; k++) sum += p[k];
+        }
+        double mean = sum / (double)M;
+        for (int64_t n = 0; n < N; n++) {
+            const float *p = x + (n * C + c) * HW;
+            for (int64_t k = 0; k < HW; k++) sq += ((double)p[k] - mean) * ((double)p[k] - mean);
+        }
+        double var = sq / (double)M;
+        stats[c] = (float)mean;
+        stats[C + c] = (float)(1.0 / sqrt(var + eps));
+        double unbiased = M > 1 ? sq / (double)(M - 1) : var;
+        rmean[c] = (float)((1 - momentum) * rmean[c] + momentum * mean);
+        rvar[c] = (float)((1 - momentum) * rvar[c] + momentum * unbiased);
+    }
+    count[0] += 1;
+}
+
+void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
+                    const float *dy, float *sums) {
+#pragma omp parallel for if (N * C * HW >= 32768)
+    for (int64_t c = 0; c < C; c++) {
+        double s0 = 0, s1 = 0;
+        float mean = stats[c], invstd = stats[C + c];
+        for (int64_t n = 0; n < N; n++) {
+            const float *px = x + (n * C + c) * HW, *pd = dy + (n * C + c) * HW;
+            for (int64_t k = 0; k < HW; k++) {
+                s0 += pd[k];
+                s1 += (double)pd[k] * ((px[k] - mean) * invstd);
+            }
+        }
+        sums[c] = (float)s0;
+        sums[C + c] = (float)s1;
+    }
 }

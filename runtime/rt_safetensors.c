@@ -30,12 +30,12 @@ static char *build_header(const RtModel *m) {
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
         cJSON *t = cJSON_AddObjectToObject(root, p->name);
-        cJSON_AddStringToObject(t, "dtype", "F32");
+        cJSON_AddStringToObject(t, "dtype", p->file_dtype == RT_I64 ? "I64" : "F32");
         cJSON *shape = cJSON_AddArrayToObject(t, "shape");
         for (int d = 0; d < p->rank; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
         cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += param_numel(p) * 4;
+        off += param_numel(p) * (p->file_dtype == RT_I64 ? 8 : 4);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
@@ -60,8 +60,17 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
     int bad = write_all(f, len8, 8) || write_all(f, header, hlen) ||
               write_all(f, "        ", padded - hlen);
     free(header);
-    for (int i = 0; i < m->n_params && !bad; i++) /* the host is little-endian, as the format */
-        bad = write_all(f, params + m->params[i].offset, (size_t)param_numel(&m->params[i]) * 4);
+    for (int i = 0; i < m->n_params && !bad; i++) { /* the host is little-endian, as the format */
+        const RtParam *p = &m->params[i];
+        if (p->file_dtype != RT_I64) {
+            bad = write_all(f, params + p->offset, (size_t)param_numel(p) * 4);
+            continue;
+        }
+        for (int64_t k = 0; k < param_numel(p) && !bad; k++) { /* a counter such as num_batches_tracked */
+            int64_t v = (int64_t)params[p->offset + k];
+            bad = write_all(f, &v, 8);
+        }
+    }
     bad = bad || fflush(f) != 0 || fsync(fileno(f)) != 0;
     int saved_errno = errno;
     if (fclose(f) != 0) bad = 1, saved_errno = errno;
@@ -79,7 +88,7 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
 static int elem_size(const char *dtype) {
     if (strcmp(dtype, "F32") == 0) return 4;
     if (strcmp(dtype, "F16") == 0 || strcmp(dtype, "BF16") == 0) return 2;
-    if (strcmp(dtype, "F64") == 0) return 8;
+    if (strcmp(dtype, "F64") == 0 || strcmp(dtype, "I64") == 0) return 8;
     return 0;
 }
 
@@ -93,6 +102,11 @@ static float load_elem(const unsigned char *p, const char *dtype) {
         double d;
         memcpy(&d, p, 8);
         return (float)d;
+    }
+    if (dtype[0] == 'I') {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return (float)v;
     }
     uint16_t h = (uint16_t)(p[0] | p[1] << 8);
     return dtype[0] == 'B' ? rt_bf16_to_f32(h) : rt_f16_to_f32(h);
@@ -127,7 +141,7 @@ static int load_tensor(const char *path, const RtModel *m, const cJSON *t, const
     if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
         return rt_fail(err, "%s: tensor '%s' has a malformed header entry", path, t->string);
     int es = elem_size(dt->valuestring);
-    if (!es) return rt_fail(err, "%s: tensor '%s' has dtype %s (F32, F16, BF16 or F64 expected)", path, t->string, dt->valuestring);
+    if (!es) return rt_fail(err, "%s: tensor '%s' has dtype %s (F32, F16, BF16, F64 or I64 expected)", path, t->string, dt->valuestring);
     int fits = cJSON_GetArraySize(shape) == p->rank;
     for (int d = 0; fits && d < p->rank; d++) {
         const cJSON *x = cJSON_GetArrayItem(shape, d);

@@ -58,7 +58,7 @@ def parse_dump(text):
         elif line.startswith("loss = %"):
             loss = int(line.split("%")[1])
         elif line.startswith("param "):
-            m = re.match(r"param (\S+) = %(\d+)( frozen)?(?:\s+grad %(\d+))?", line)
+            m = re.match(r"param (\S+) = %(\d+)( frozen| buffer)?(?:\s+grad %(\d+))?", line)
             params.append((m.group(1), int(m.group(2)), not m.group(3),
                            int(m.group(4)) if m.group(4) else None))
     for i, n in enumerate(nodes):
@@ -145,12 +145,35 @@ class Interp:
         if op == "avgpool2d": return F.avg_pool2d(x[0], **self.pool_args(n))
         if op == "avgpool2d_bwd":
             return vjp(lambda t: F.avg_pool2d(t, **self.pool_args(n)), torch.zeros(n.shape), x[0])
-        if op == "xent": return F.cross_entropy(x[0], x[1], reduction="none")
+        smoothing = a.get("smoothing", [0.0])[0]
+        if op == "xent": return F.cross_entropy(x[0], x[1], reduction="none", label_smoothing=smoothing)
         if op == "xent_bwd":
-            onehot = F.one_hot(x[1], x[0].shape[-1]).double()
-            return x[2][:, None] * (torch.softmax(x[0], -1) - onehot)
+            classes = x[0].shape[-1]
+            target = (1 - smoothing) * F.one_hot(x[1], classes).double() + smoothing / classes
+            return x[2][:, None] * (torch.softmax(x[0], -1) - target)
+        if op.startswith("bn_") or op == "row": return self.batchnorm(n, x)
         if op == "accuracy": return (x[0].argmax(-1) == x[1]).double().sum()
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
+
+    def batchnorm(self, n, x):
+        """Batch norm in training mode: the statistics are the batch's (biased variance)."""
+        if n.op == "row": return x[0][int(n.attr["row"][0])]
+        t = x[0]
+        axes = tuple(i for i in range(t.dim()) if i != 1)
+        per_c = lambda c: c.reshape((1, -1) + (1,) * (t.dim() - 2))  # noqa: E731
+        if n.op == "bn_stats":
+            mean = t.mean(dim=axes)
+            var = t.var(dim=axes, unbiased=False)
+            return torch.stack([mean, 1 / torch.sqrt(var + n.attr["eps"][0])])
+        stats = x[1]
+        xhat = (t - per_c(stats[0])) * per_c(stats[1])
+        if n.op == "bn_apply": return xhat * per_c(x[2]) + per_c(x[3])
+        if n.op == "bn_bwd_sums": return torch.stack([x[2].sum(dim=axes), (x[2] * xhat).sum(dim=axes)])
+        if n.op == "bn_bwd_data":
+            w, sums, dy = x[2], x[3], x[4]
+            m = t.numel() / t.shape[1]
+            return per_c(w * stats[1]) * (dy - (per_c(sums[0]) + xhat * per_c(sums[1])) / m)
+        raise SystemExit(f"ir_gradcheck: no reference for operator '{n.op}'")
 
     def run(self, upto):
         v = []

@@ -34,6 +34,18 @@ static void write_bytes(const char *path, const void *data, size_t n) {
 }
 
 /* A version-1 .npy file with the given descr and shape text, e.g. "<f4", "(3, 2)". */
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    rewind(f);
+    char *buf = calloc(1, *len + 1);
+    assert_int_equal(fread(buf, 1, *len, f), *len);
+    fclose(f);
+    return buf;
+}
+
 static void write_npy(const char *path, const char *descr, const char *shape, const void *data, size_t n) {
     char header[128];
     int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
@@ -162,19 +174,28 @@ static void test_dataset_binding_and_gather(void **state) {
 }
 
 static const RtParam params[] = {
-    {"a.weight", 2, {2, 3}, 0, 0, RT_INIT_UNIFORM, 1.0f},
-    {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0.0f},
+    {"a.weight", 2, {2, 3}, 0, 0, RT_INIT_UNIFORM, 1.0f, RT_F32, 0},
+    {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0.0f, RT_F32, 0},
+    {"a.count", 0, {0}, 8, -1, RT_INIT_ZEROS, 0.0f, RT_I64, 1}, /* a counter buffer, I64 in files */
 };
-static const RtModel pmodel = {.name = "p", .n_params = 2, .params = params, .n_param_floats = 8};
+static const RtModel pmodel = {.name = "p", .n_params = 3, .params = params, .n_param_floats = 9};
 
 static void test_safetensors(void **state) {
     (void)state;
-    float p[8], q[8];
+    float p[9], q[9];
     rt_init_params(&pmodel, p, 7);
     for (int i = 0; i < 6; i++) assert_true(fabsf(p[i]) <= 1.0f);
-    assert_true(p[6] == 0 && p[7] == 0);
+    assert_true(p[6] == 0 && p[7] == 0 && p[8] == 0);
+    p[8] = 1234;
     RtError err;
     assert_int_equal(rt_st_save(path_of("w.safetensors"), &pmodel, p, &err), 0);
+    size_t len;
+    char *file = slurp(path_of("w.safetensors"), &len);
+    assert_non_null(strstr(file + 8, "\"a.count\":{\"dtype\":\"I64\",\"shape\":[]"));
+    int64_t count;
+    memcpy(&count, file + len - 8, 8); /* the last tensor: the counter as a little-endian int64 */
+    assert_int_equal(count, 1234);
+    free(file);
     memset(q, 0, sizeof q);
     assert_int_equal(rt_st_load(path_of("w.safetensors"), &pmodel, q, &err), 0);
     assert_memory_equal(p, q, sizeof p);
@@ -182,7 +203,9 @@ static void test_safetensors(void **state) {
     assert_int_equal(rt_st_save(path_of("nope/w.safetensors"), &pmodel, p, &err), -1);
     assert_non_null(strstr(err.msg, "nope/w.safetensors"));
     /* a model with another parameter set refuses the file, naming the tensor */
-    static const RtParam other[] = {{"a.weight", 2, {3, 2}, 0, 0, RT_INIT_ZEROS, 0}, {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0}};
+    static const RtParam other[] = {{"a.weight", 2, {3, 2}, 0, 0, RT_INIT_ZEROS, 0, RT_F32, 0},
+                                    {"a.bias", 1, {2}, 6, 6, RT_INIT_ZEROS, 0, RT_F32, 0},
+                                    {"a.count", 0, {0}, 8, -1, RT_INIT_ZEROS, 0, RT_I64, 1}};
     RtModel m2 = pmodel;
     m2.params = other;
     assert_int_equal(rt_st_load(path_of("w.safetensors"), &m2, q, &err), -1);

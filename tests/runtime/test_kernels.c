@@ -217,7 +217,7 @@ static void test_softmax_and_xent(void **state) {
     assert_close(y, ref, R * C, 1e-6, "softmax_fwd");
     rt_softmax_bwd(R, C, y, dy, dx);
     float dloss[R] = {0.5f, -1.0f, 2.0f, 0.25f};
-    rt_xent_bwd(R, C, x, label, dloss, d2);
+    rt_xent_bwd(R, C, x, label, 0.1f, dloss, d2); /* with label smoothing 0.1 */
     double nxent[R * C];
     for (int k = 0; k < R * C; k++) {
         float x0 = x[k], yy[R * C];
@@ -225,13 +225,13 @@ static void test_softmax_and_xent(void **state) {
         x[k] = x0 + 1e-2f;
         rt_softmax_fwd(R, C, x, yy);
         for (int i = 0; i < R * C; i++) up += (double)yy[i] * dy[i];
-        rt_xent_fwd(R, C, x, label, R, loss);
+        rt_xent_fwd(R, C, x, label, 0.1f, R, loss);
         double lu = 0;
         for (int i = 0; i < R; i++) lu += (double)loss[i] * dloss[i];
         x[k] = x0 - 1e-2f;
         rt_softmax_fwd(R, C, x, yy);
         for (int i = 0; i < R * C; i++) dn += (double)yy[i] * dy[i];
-        rt_xent_fwd(R, C, x, label, R, loss);
+        rt_xent_fwd(R, C, x, label, 0.1f, R, loss);
         double ld = 0;
         for (int i = 0; i < R; i++) ld += (double)loss[i] * dloss[i];
         x[k] = x0;
@@ -240,9 +240,51 @@ static void test_softmax_and_xent(void **state) {
     }
     assert_close(dx, num, R * C, 2e-3, "softmax_bwd");
     assert_close(d2, nxent, R * C, 2e-3, "xent_bwd");
-    rt_xent_fwd(R, C, x, label, 2, loss); /* rows past n_valid count zero */
+    rt_xent_fwd(R, C, x, label, 0.1f, 2, loss); /* rows past n_valid count zero */
     assert_true(loss[2] == 0 && loss[3] == 0 && loss[0] > 0);
+    /* smoothed loss = -sum_j target_j log softmax_j, target = 0.9 onehot + 0.1 / C */
+    double want = 0;
+    for (int j = 0; j < C; j++) want -= (0.1 / C + (j == label[1] ? 0.9 : 0.0)) * log(ref[C + j]);
+    assert_true(fabs(loss[1] - want) < 1e-5 * fmax(1.0, fabs(want)));
     free(x);
+}
+
+/* ---- batch normalisation */
+
+static void test_batchnorm(void **state) {
+    (void)state;
+    enum { N = 3, C = 2, HW = 5 };
+    float *x = randv(N * C * HW), *dy = randv(N * C * HW), stats[2 * C], sums[2 * C];
+    float running[2 * C + 1] = {0.5f, -1.0f, 2.0f, 3.0f, 7.0f}; /* mean, var, count */
+    rt_bn_stats(N, C, HW, x, stats, 1e-5, 0.1, running, 1);
+    for (int c = 0; c < C; c++) {
+        double m = 0, v = 0, s0 = 0, s1 = 0, old_mean = c ? -1.0 : 0.5, old_var = c ? 3.0 : 2.0;
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < HW; k++) m += x[(n * C + c) * HW + k];
+        m /= N * HW;
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < HW; k++) v += pow(x[(n * C + c) * HW + k] - m, 2);
+        double inv = 1 / sqrt(v / (N * HW) + 1e-5);
+        assert_true(fabs(stats[c] - m) < 1e-6 && fabs(stats[C + c] - inv) < 1e-5 * inv);
+        /* running statistics: momentum 0.1 toward the batch mean and the unbiased variance */
+        assert_true(fabs(running[c] - (0.9 * old_mean + 0.1 * m)) < 1e-6);
+        assert_true(fabs(running[C + c] - (0.9 * old_var + 0.1 * v / (N * HW - 1))) < 1e-5);
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < HW; k++) {
+                int i = (n * C + c) * HW + k;
+                s0 += dy[i], s1 += dy[i] * (x[i] - m) * inv;
+            }
+        rt_bn_bwd_sums(N, C, HW, x, stats, dy, sums);
+        assert_true(fabs(sums[c] - s0) < 1e-5 && fabs(sums[C + c] - s1) < 1e-4);
+    }
+    assert_true(running[2 * C] == 8.0f); /* num_batches_tracked counts steps */
+    float eval_stats[2 * C], frozen[2 * C + 1];
+    memcpy(frozen, running, sizeof frozen);
+    rt_bn_stats(N, C, HW, x, eval_stats, 1e-5, 0.1, running, 0); /* evaluation: running values, unchanged */
+    assert_true(memcmp(frozen, running, sizeof frozen) == 0);
+    assert_true(eval_stats[0] == running[0] && fabs(eval_stats[C] - 1 / sqrt(running[C] + 1e-5)) < 1e-6);
+    free(x);
+    free(dy);
 }
 
 static void test_accuracy(void **state) {
@@ -289,6 +331,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),          cmocka_unit_test(test_conv_forward),
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_accuracy),
+        cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_half),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
