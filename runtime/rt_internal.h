@@ -96,4 +96,41 @@ uint64_t rt_mix(uint64_t x);                   /* splitmix64 finaliser */
 double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
 void rt_init_params(const RtModel *m, float *params, uint64_t seed);
 
+/* ---- checkpoints (rt_checkpoint.c) */
+
+enum { RT_CKPT_VERSION = 1 }; /* the format version a checkpoint records and a trainer reads */
+
+/* Where a run stands and the settings that decide what its remaining steps compute. After
+ * `step` optimizer steps the run is `batch` batches into epoch `epoch` (counted from 1), so
+ * step == (epoch - 1) * (samples / model batch) + batch. */
+typedef struct RtTrainState {
+    int64_t step, epoch, batch;
+    int eval_done;        /* the evaluation due at this position (if any) has run */
+    int64_t total_steps;  /* the run ends after this many steps */
+    int64_t epochs, steps; /* the target as given: --steps N when steps > 0, else --epochs N */
+    int64_t samples;      /* training samples */
+    uint64_t seed;
+    int shuffle;
+    int threads;          /* recorded so a resume can warn: bit-identity needs the same count */
+} RtTrainState;
+
+/* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state
+ * atomically and durably: FILE.tmp.PID, fsync, rename, fsync of the directory. On failure the
+ * old FILE is untouched. */
+int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
+                 const RtTrainState *s, RtError *err);
+/* Read a checkpoint this model wrote: checks the version, size, checksum, model fingerprint and
+ * position before it copies anything into params, optstate and *s. */
+int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optstate, RtTrainState *s,
+                 RtError *err);
+/* Read only the parameters of a checkpoint (for --init): any build of a model with the same
+ * parameter names and shapes. */
+int rt_ckpt_load_params(const char *path, const RtModel *m, float *params, RtError *err);
+/* 1 when the file is a safetensors file whose __metadata__ marks it as a netc checkpoint. */
+int rt_ckpt_is_checkpoint(const char *path);
+/* Fail early, before training, when checkpoints cannot be written to path. */
+int rt_ckpt_check_writable(const char *path, RtError *err);
+/* Async-signal-safe: remove the temporary file of a checkpoint being written, if any. */
+void rt_ckpt_abandon(void);
+
 #endif

@@ -1,14 +1,21 @@
 /* rt_main.c - the trainer's main(): command line, buffers, parameter initialisation, the
- * training loop with its learning-rate schedule, evaluation, logging and --gradcheck.
+ * training loop with its learning-rate schedule, evaluation, logging, checkpoints and resuming,
+ * signals, and --gradcheck.
  *
  * Everything is allocated once before the first step: the flat parameter, gradient and
  * optimizer-state buffers, the planned arena, the kernels' per-thread scratch, and the
  * prefetcher's two batch slots. The loop itself only calls the generated step functions.
+ *
+ * Every step is a pure function of (parameters, optimizer state, step, epoch, seed, data): the
+ * dropout seed is rt_mix(seed ^ rt_mix(step)), the sample order comes from (seed, epoch), the
+ * learning rate from (step, steps per epoch, total steps). So a checkpoint of the two buffers
+ * and that position is all a resumed run needs to compute the same bits as an uninterrupted one.
  */
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +24,16 @@
 
 #include "rt_internal.h"
 
+/* Exit statuses (docs/trainer.md): 1 a file was refused or a write failed, 2 bad command line. */
+enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4 };
+
 typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS];
-    int64_t epochs, steps, log_every;
+    int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval;
-    const char *init, *save, *log;
+    int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
+    const char *init, *save, *log, *checkpoint, *resume;
 } Options;
 
 typedef struct Trainer {
@@ -31,6 +42,9 @@ typedef struct Trainer {
     RtCtx ctx;
     FILE *log;
     int tty;
+    int64_t per_epoch, total; /* steps per epoch, and in the whole run */
+    RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
+    int ckpt_current;         /* the checkpoint file holds exactly this position */
 } Trainer;
 
 /* ---- small utilities */
@@ -60,6 +74,17 @@ static void *alloc_or_die(size_t bytes, const char *what) {
         exit(1);
     }
     return memset(p, 0, bytes);
+}
+
+/* A refused file or a failed write: exit 1. */
+static _Noreturn void die(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "error: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(1);
 }
 
 static _Noreturn void die_usage(const char *fmt, ...) {
@@ -104,12 +129,21 @@ static void usage(const RtModel *m) {
            "  --threads N            threads for the kernels (default: all cores)\n"
            "  --init FILE            initial parameters from a safetensors file\n"
            "  --save FILE            write the trained parameters as safetensors\n"
+           "  --checkpoint FILE      write parameters, optimizer state and position to FILE at the end,\n"
+           "                         on SIGINT/SIGTERM or --stop-at, and every --checkpoint-every N steps\n"
+           "  --checkpoint-every N   optimizer steps between checkpoints (needs --checkpoint)\n"
+           "  --resume FILE          continue the run a checkpoint recorded; gives the same bits as\n"
+           "                         a run that was never stopped\n"
+           "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
            "  --quiet                print nothing but errors\n"
-           "  --help                 this text\n",
+           "  --help                 this text\n"
+           "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
+           "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
+           "or --stop-at; the checkpoint, if any, holds the run)\n",
            (long long)m->epochs, (long long)m->log_every);
 }
 
@@ -151,13 +185,17 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(m), exit(0);
         else if (strcmp(a, "--data") == 0) bind(m, a, VALUE(), o->data);
         else if (strcmp(a, "--eval-data") == 0) bind(m, a, VALUE(), o->eval);
-        else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1);
-        else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1);
-        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0);
+        else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1), o->epochs_given = 1;
+        else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1), o->steps_given = 1;
+        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
         else if (strcmp(a, "--threads") == 0) o->threads = (int)number(a, VALUE(), 1);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
+        else if (strcmp(a, "--checkpoint") == 0) o->checkpoint = VALUE();
+        else if (strcmp(a, "--checkpoint-every") == 0) o->checkpoint_every = number(a, VALUE(), 1);
+        else if (strcmp(a, "--resume") == 0) o->resume = VALUE();
+        else if (strcmp(a, "--stop-at") == 0) o->stop_at = number(a, VALUE(), 1);
         else if (strcmp(a, "--log") == 0) o->log = VALUE();
         else if (strcmp(a, "--no-shuffle") == 0) o->shuffle = 0;
         else if (strcmp(a, "--quiet") == 0) o->quiet = 1;
@@ -167,6 +205,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
 #undef VALUE
     }
     if (o->threads > 1024) die_usage("--threads %d is more than 1024", o->threads);
+    if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
+    if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
+    if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
+    if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
     if (o->list_params) return;
     for (int i = 0; i < m->n_inputs; i++) {
         if (!o->data[i]) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
@@ -298,6 +340,116 @@ static void evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t
     log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
 }
 
+/* ---- signals
+ *
+ * The first SIGINT or SIGTERM asks the loop to stop after the current step (or evaluation) and
+ * write a checkpoint; a second one exits at once with status 128 + signal, removing a
+ * half-written checkpoint's temporary file. The handler does only async-signal-safe things:
+ * set a flag, write(), unlink(), _exit().
+ */
+
+static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t signal_quiet;
+
+static void on_signal(int sig) {
+    if (stop_signal) {
+        rt_ckpt_abandon();
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+    static const char msg[] = "\nstopping after this step; signal again to quit at once\n";
+    if (!signal_quiet) {
+        ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)ignored;
+    }
+}
+
+static void catch_stop_signals(int quiet) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; /* a checkpoint's write() and fsync() are not cut short by EINTR */
+    sigemptyset(&sa.sa_mask);
+    signal_quiet = quiet;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- checkpoints */
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* The first parameter (or the optimizer state) holding NaN or Inf, or NULL. A finite loss does
+ * not prove finite parameters (an overflowing gradient), and a checkpoint must never hold them. */
+static const char *nonfinite_state(const Trainer *t) {
+    const RtModel *m = t->m;
+    for (int i = 0; i < m->n_params; i++) {
+        const float *x = t->ctx.params + m->params[i].offset;
+        for (int64_t k = 0; k < param_numel(&m->params[i]); k++)
+            if (!isfinite(x[k])) return m->params[i].name;
+    }
+    for (int64_t k = 0; k < m->n_state_slots * m->n_grad_floats; k++)
+        if (!isfinite(t->ctx.optstate[k])) return "the optimizer state";
+    return NULL;
+}
+
+static int write_checkpoint(Trainer *t) {
+    if (!t->o.checkpoint || t->ckpt_current) return 0;
+    const char *bad = nonfinite_state(t);
+    if (bad) {
+        fprintf(stderr, "%serror: %s holds NaN or Inf after step %lld; stopping without writing a checkpoint "
+                        "(the last one, if any, is kept)\n  hint: lower the learning rate\n",
+                t->tty ? "\n" : "", bad, (long long)t->pos.step);
+        return EXIT_NONFINITE;
+    }
+    RtTrainState s = t->pos; /* the position, and the number of samples */
+    s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
+    s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads;
+    RtError err;
+    if (rt_ckpt_save(t->o.checkpoint, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) {
+        fprintf(stderr, "%serror: %s\n", t->tty ? "\n" : "", err.msg);
+        return 1;
+    }
+    t->ckpt_current = 1;
+    if (t->log) {
+        fprintf(t->log, "{\"checkpoint\": ");
+        json_string(t->log, t->o.checkpoint);
+        fprintf(t->log, ", \"step\": %lld, \"epoch\": %lld}\n", (long long)s.step, (long long)s.epoch);
+        fflush(t->log);
+    }
+    return 0;
+}
+
+/* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
+static int stopping(const Trainer *t) {
+    return stop_signal || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
+}
+
+/* After a stop: keep what can be kept and say how to go on. */
+static int stop_run(Trainer *t) {
+    const char *name = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "--stop-at";
+    long long step = (long long)t->pos.step, total = (long long)t->total;
+    if (!t->o.checkpoint) {
+        fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
+                t->tty ? "\n" : "", name, step, total);
+        return EXIT_STOPPED;
+    }
+    int rc = write_checkpoint(t);
+    if (rc) return rc;
+    fprintf(stderr, "%sstopped by %s after step %lld of %lld; checkpoint '%s' holds the run: continue it with "
+                    "--resume %s\n", t->tty ? "\n" : "", name, step, total, t->o.checkpoint, t->o.checkpoint);
+    return EXIT_STOPPED;
+}
+
 /* ---- training */
 
 static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
@@ -315,58 +467,85 @@ static int check_finite(Trainer *t, int64_t step) {
     fprintf(stderr, "%serror: the loss is %s at step %lld; stopping before any weights are saved\n"
                     "  hint: lower the learning rate, or check the data for NaN/Inf values\n",
             t->tty ? "\n" : "", isnan(t->ctx.loss) ? "NaN" : "infinite", (long long)step);
-    return 3;
+    return EXIT_NONFINITE;
 }
 
-static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds, void *const *eval_bufs) {
+/* Steps in epoch e: all of them but in the last epoch of a --steps run. */
+static int64_t epoch_steps(const Trainer *t, int64_t e) {
+    int64_t left = t->total - (e - 1) * t->per_epoch;
+    return left < t->per_epoch ? left : t->per_epoch;
+}
+
+/* One optimizer step on `batch`, at the position t->pos, which it then advances. */
+static int train_step(Trainer *t, void *const *batch) {
     const RtModel *m = t->m;
-    int64_t per_epoch = train_ds->n_samples / m->batch;
-    if (per_epoch == 0) {
-        fprintf(stderr, "error: %s has %lld samples, fewer than one batch of %lld\n", t->o.data[0],
-                (long long)train_ds->n_samples, (long long)m->batch);
-        return 1;
-    }
-    int64_t total = t->o.steps ? t->o.steps : t->o.epochs * per_epoch;
-    int64_t *order = alloc_or_die((size_t)train_ds->n_samples * sizeof *order, "the sample order");
-    int64_t step = 0;
-    for (int64_t epoch = 1; step < total; epoch++) {
-        for (int64_t i = 0; i < train_ds->n_samples; i++) order[i] = i;
-        if (t->o.shuffle) shuffle(order, train_ds->n_samples, t->o.seed, epoch);
-        int64_t n = per_epoch < total - step ? per_epoch : total - step, since = 0;
-        RtPrefetch pf;
-        rt_prefetch_start(&pf, m, train_ds, order, n);
-        double t0 = now(), t_log = t0, last = 0, loss_sum = 0;
-        for (int64_t b = 0; b < n; b++) {
-            t->ctx.inputs = rt_prefetch_next(&pf);
-            t->ctx.lr = (float)rt_lr_at(&m->schedule, step, per_epoch, total);
-            t->ctx.step = step + 1;
-            t->ctx.seed = rt_mix(t->o.seed ^ rt_mix((uint64_t)step));
-            t->ctx.n_valid = m->batch;
-            m->forward_backward(&t->ctx);
-            int rc = check_finite(t, step + 1);
-            if (rc) {
-                rt_prefetch_stop(&pf);
-                free(order);
-                return rc;
-            }
-            m->optimizer_step(&t->ctx);
-            loss_sum += t->ctx.loss;
-            step++, since++;
-            progress(t, epoch, b + 1, n, t0, &last);
-            if (since == t->o.log_every || b == n - 1) {
-                double tn = now();
-                log_interval(t, step, epoch, total, loss_sum / (double)since, t->ctx.lr,
-                             (double)(since * m->batch) / (tn - t_log));
-                t_log = tn, loss_sum = 0, since = 0;
-            }
-        }
-        rt_prefetch_stop(&pf);
-        if (eval_ds && (epoch % m->eval_every == 0 || step == total)) evaluate(t, eval_ds, eval_bufs, epoch);
-    }
-    free(order);
+    int64_t step = t->pos.step;
+    t->ctx.inputs = batch;
+    t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
+    t->ctx.step = step + 1;
+    t->ctx.seed = rt_mix(t->o.seed ^ rt_mix((uint64_t)step));
+    t->ctx.n_valid = m->batch;
+    m->forward_backward(&t->ctx);
+    int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
+    if (rc) return rc;
+    m->optimizer_step(&t->ctx);
+    t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
+    t->ckpt_current = 0;
     return 0;
 }
 
+/* Batches t->pos.batch .. n-1 of epoch t->pos.epoch, whose order is rebuilt from (seed, epoch)
+ * so a resumed epoch sees the same batches as an uninterrupted one. Stops early on a signal. */
+static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t n) {
+    const RtModel *m = t->m;
+    RtTrainState *p = &t->pos;
+    if (p->batch >= n) return 0;
+    for (int64_t i = 0; i < ds->n_samples; i++) order[i] = i;
+    if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
+    int64_t first = p->batch, since = 0;
+    RtPrefetch pf;
+    rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first);
+    double t0 = now(), t_log = t0, last = 0, loss_sum = 0;
+    int rc = 0;
+    while (p->batch < n && !stopping(t) && !(rc = train_step(t, rt_prefetch_next(&pf)))) {
+        loss_sum += t->ctx.loss, since++;
+        progress(t, p->epoch, p->batch - first, n - first, t0, &last);
+        if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
+            double tn = now();
+            log_interval(t, p->step, p->epoch, t->total, loss_sum / (double)since, t->ctx.lr,
+                         (double)(since * m->batch) / (tn - t_log));
+            t_log = tn, loss_sum = 0, since = 0;
+        }
+        if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
+    }
+    rt_prefetch_stop(&pf); /* joins the loader thread on every way out */
+    return rc;
+}
+
+/* Epochs from t->pos until t->total steps; then the final checkpoint. A resumed run starts
+ * inside its epoch and, when the checkpoint was taken between an epoch's last step and its
+ * evaluation, runs that evaluation first. */
+static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds, void *const *eval_bufs) {
+    const RtModel *m = t->m;
+    RtTrainState *p = &t->pos;
+    int64_t *order = alloc_or_die((size_t)train_ds->n_samples * sizeof *order, "the sample order");
+    int rc = 0;
+    catch_stop_signals(t->o.quiet);
+    for (;;) {
+        int64_t n = epoch_steps(t, p->epoch);
+        if ((rc = run_batches(t, train_ds, order, n)) || stopping(t)) break;
+        if (!p->eval_done) {
+            if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total))
+                evaluate(t, eval_ds, eval_bufs, p->epoch);
+            p->eval_done = 1, t->ckpt_current = 0;
+        }
+        if (stopping(t) || p->step >= t->total) break;
+        p->epoch++, p->batch = 0, p->eval_done = 0;
+    }
+    free(order);
+    if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);
+    return rc;
+}
 /* ---- gradient check */
 
 /* Tolerance: the loss is float32, so a finite difference carries rounding error of about
@@ -435,10 +614,68 @@ static void setup_context(Trainer *t) {
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
-    if (t->o.init && rt_st_load(t->o.init, m, c->params, &err)) {
-        fprintf(stderr, "error: --init %s\n", err.msg);
-        exit(1);
+    /* a checkpoint also serves as a weight file; its optimizer state is not wanted here */
+    int (*load)(const char *, const RtModel *, float *, RtError *) =
+        t->o.init && rt_ckpt_is_checkpoint(t->o.init) ? rt_ckpt_load_params : rt_st_load;
+    if (t->o.init && load(t->o.init, m, c->params, &err)) die("--init %s", err.msg);
+}
+
+/* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
+static void plan_run(Trainer *t, const RtDataset *ds) {
+    t->per_epoch = ds->n_samples / t->m->batch;
+    if (t->per_epoch == 0)
+        die("%s has %lld samples, fewer than one batch of %lld", t->o.data[0], (long long)ds->n_samples,
+            (long long)t->m->batch);
+    t->total = t->o.steps ? t->o.steps : t->o.epochs * t->per_epoch;
+    t->pos = (RtTrainState){.epoch = 1, .samples = ds->n_samples};
+}
+
+/* The resumed run's length: the recorded one unless --epochs or --steps is given. A different
+ * length is refused when the steps already taken would have had other learning rates (cosine
+ * spans the whole run) or when the run is already past it; otherwise the result equals an
+ * uninterrupted run of the new length. */
+static void resume_target(Trainer *t, const RtTrainState *s) {
+    long long recorded = (long long)s->total_steps;
+    if (!t->o.epochs_given && !t->o.steps_given) {
+        t->o.epochs = s->epochs, t->o.steps = s->steps, t->total = s->total_steps;
+        return;
     }
+    if (t->total == s->total_steps) return;
+    if (t->m->schedule.kind == RT_SCHED_COSINE)
+        die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its cosine schedule spans the whole "
+                  "run, so the steps already taken would have had other learning rates; leave out --epochs and "
+                  "--steps to finish the recorded run", t->o.steps_given ? "steps" : "epochs", t->o.resume,
+                  recorded, (long long)t->total);
+    if (t->total < s->step)
+        die_usage("checkpoint '%s' is at step %lld, past the %lld steps asked for", t->o.resume,
+                  (long long)s->step, (long long)t->total);
+    if (!t->o.quiet) printf("note: the run's length changes from %lld to %lld steps\n", recorded, (long long)t->total);
+}
+
+/* Continue the run a checkpoint recorded: parameters, optimizer state, position, seed and
+ * shuffling; its length as discussed at resume_target(). */
+static void resume(Trainer *t, const RtDataset *ds) {
+    const char *f = t->o.resume;
+    RtTrainState s;
+    RtError err;
+    if (rt_ckpt_load(f, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) die("%s", err.msg);
+    if (s.samples != ds->n_samples)
+        die("checkpoint '%s' was written for %lld training samples, but %s has %lld\n"
+            "  hint: resume with the same --data", f, (long long)s.samples, t->o.data[0], (long long)ds->n_samples);
+    if (t->o.seed_given && t->o.seed != s.seed)
+        die_usage("--seed %llu differs from the seed %llu that checkpoint '%s' records; leave --seed out",
+                  (unsigned long long)t->o.seed, (unsigned long long)s.seed, f);
+    if (!t->o.shuffle && s.shuffle)
+        die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
+    t->o.seed = s.seed, t->o.shuffle = s.shuffle;
+    resume_target(t, &s);
+    if (s.threads != t->o.threads && !t->o.quiet)
+        printf("note: checkpoint '%s' was written with --threads %d; with %d the results may differ in the last bits\n",
+               f, s.threads, t->o.threads);
+    t->pos = s;
+    if (!t->o.quiet)
+        printf("resuming from '%s' at step %lld of %lld (epoch %lld, batch %lld)\n", f, (long long)s.step,
+               (long long)t->total, (long long)s.epoch, (long long)s.batch);
 }
 
 static void **batch_buffers(const RtModel *m) {
@@ -456,15 +693,19 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
-    if (t.o.log && !(t.log = fopen(t.o.log, "w"))) {
-        fprintf(stderr, "error: cannot write the log '%s': %s\n", t.o.log, strerror(errno));
-        return 1;
-    }
     setup_context(&t);
+    RtError err;
+    if (!t.o.gradcheck) {
+        plan_run(&t, &train_ds);
+        if (t.o.resume) resume(&t, &train_ds);
+        if (t.o.checkpoint && rt_ckpt_check_writable(t.o.checkpoint, &err)) die("%s", err.msg);
+    }
+    /* a resumed run adds to the log of the run it continues */
+    if (t.o.log && !(t.log = fopen(t.o.log, t.o.resume ? "a" : "w")))
+        die("cannot write the log '%s': %s", t.o.log, strerror(errno));
     void **bufs = batch_buffers(m);
     int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
-    RtError err;
     if (!rc && !t.o.gradcheck && t.o.save && rt_st_save(t.o.save, m, t.ctx.params, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
