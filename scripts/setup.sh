@@ -10,7 +10,7 @@ packages=(
   zlib1g-dev libcjson-dev            # gzip'd IDX data, safetensors headers
   libopenblas-openmp-dev             # matrix products and convolutions
   libcmocka-dev                      # C unit tests
-  python3 python3-numpy python3-torch # test data and the PyTorch cross-checks
+  python3 python3-numpy python3-torch python3-torchvision # test data and the PyTorch cross-checks
   dataset-fashion-mnist              # the real data the examples and tests train on
 )
 missing=()

@@ -2,6 +2,13 @@
 """Check autodiff's gradients on the IR itself, independent of code generation and the runtime.
 
     ir_gradcheck.py NETC MODEL.net
+    ir_gradcheck.py --trainer NETC MODEL.net WORKDIR
+
+The second form checks the compiled trainer against this float64 reference instead of finite
+differences: the trainer starts from the same parameters (--init) on the same batch and takes
+one SGD step, and the gradient it applied, (p - p') / lr, must match the reference's gradient
+nodes. This needs no finite differences, so it also holds for models whose loss is too curved or
+kinked for the trainer's float32 --gradcheck (batch norm over a handful of values per channel).
 
 Runs `NETC MODEL.net --dump=grad`, evaluates the printed graph with a float64 reference
 interpreter (torch on the CPU), and compares every trainable parameter's gradient node with
@@ -186,22 +193,70 @@ class Interp:
         return v
 
 
+def trainer_check(netc, model, work, nodes, params, pvals, batch, values):
+    """The compiled trainer's gradient (from one SGD step) against the reference's."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    from netc_testlib import st_load, st_save
+    if any(n.op == "dropout" for n in nodes):
+        raise SystemExit("ir_gradcheck --trainer: dropout masks differ between the trainer and the reference")
+    lr = re.search(r"sgd\(([0-9.e-]+)\)", open(model).read())
+    if not lr:
+        raise SystemExit("ir_gradcheck --trainer: the model must use plain sgd(LR) (no momentum or decay)")
+    lr = float(lr.group(1))
+    name = os.path.splitext(os.path.basename(model))[0]
+    os.makedirs(work, exist_ok=True)
+    exe, init, out = (os.path.join(work, name + s) for s in ("-trainer", "-init.safetensors", "-out.safetensors"))
+    st_save(init, {k: v.float().numpy() for k, v in pvals.items()})
+    args = []
+    for k, a in batch.items():
+        np.save(os.path.join(work, f"{name}-{k}.npy"), a)
+        args += ["--data", f"{k}={os.path.join(work, f'{name}-{k}.npy')}"]
+    subprocess.run([netc, model, "-o", exe], check=True)
+    subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out],
+                   check=True)
+    got = st_load(out)
+    checked = failed = 0
+    for pname, nid, trainable, gid in params:
+        if not trainable:
+            continue
+        want = values[gid].reshape(-1).numpy()
+        p0 = pvals[pname].float().reshape(-1).numpy()
+        applied = (p0.astype(np.float64) - got[pname].reshape(-1)) / lr
+        # float32 rounding of p - lr * g is ~6e-8 * |p| / lr per element; the step itself runs
+        # in float32 (~1e-6 relative through these small models)
+        tol = 1e-3 * np.abs(want) + 1e-6 * np.abs(p0) / lr + 1e-5 * np.abs(want).max()
+        bad = np.abs(applied - want) > tol
+        checked += want.size
+        failed += int(bad.sum())
+        for i in np.flatnonzero(bad)[:5]:
+            print(f"  {pname}[{i}]: trainer {applied[i]:.9g}, reference {want[i]:.9g}")
+    print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked, {failed} failed")
+    sys.exit(1 if failed or not checked else 0)
+
+
 def main():
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: ir_gradcheck.py NETC MODEL.net")
-    netc, model = sys.argv[1:]
+    trainer = len(sys.argv) == 5 and sys.argv[1] == "--trainer"
+    if len(sys.argv) != 3 and not trainer:
+        raise SystemExit("usage: ir_gradcheck.py NETC MODEL.net | --trainer NETC MODEL.net WORKDIR")
+    netc, model = sys.argv[1 + trainer:3 + trainer]
     dump = subprocess.run([netc, model, "--dump=grad"], capture_output=True, text=True)
     if dump.returncode != 0:
         sys.stderr.write(dump.stdout + dump.stderr)
         raise SystemExit(f"ir_gradcheck: netc failed with status {dump.returncode}")
     nodes, params, loss, n_fwd = parse_dump(dump.stdout)
+    batch = make_data.make_batch(model)
     inputs = {k: torch.from_numpy(np.asarray(a)).long() if a.dtype.kind in "iu"
               else torch.from_numpy(a.astype(np.float64))
-              for k, a in make_data.make_batch(model).items()}
+              for k, a in batch.items()}
     g = torch.Generator().manual_seed(1)
     pvals = {name: torch.randn(nodes[nid].shape, generator=g) for name, nid, _, _ in params}
+    if trainer:  # the reference runs on the very float32 values the trainer starts from
+        pvals = {k: v.float().double() for k, v in pvals.items()}
+        inputs = {k: v if v.dtype == torch.long else v.float().double() for k, v in inputs.items()}
     it = Interp(nodes, inputs, pvals)
     values = it.run(len(nodes))
+    if trainer:
+        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values)
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:

@@ -20,8 +20,10 @@ _DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.in
 def st_save(path, tensors, metadata=None):
     header, offset, blobs = {}, 0, []
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+        # integer tensors (num_batches_tracked) stay I64, as PyTorch writes them
+        is_int = np.asarray(arr).dtype.kind in "iu"
+        arr = np.array(arr, dtype=np.int64 if is_int else np.float32, order="C")  # keeps 0-d shapes
+        header[name] = {"dtype": "I64" if is_int else "F32", "shape": list(arr.shape),
                         "data_offsets": [offset, offset + arr.nbytes]}
         blobs.append(arr.tobytes())
         offset += arr.nbytes
