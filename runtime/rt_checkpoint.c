@@ -1,8 +1,9 @@
 /* rt_checkpoint.c - checkpoints: everything a run needs to continue bit-identically.
  *
  * A checkpoint is a safetensors file (the container is described in rt_safetensors.c):
- *   - every parameter under its own name, F32, in PyTorch's shape, in model order, as rt_st_save
- *     writes them, so the file also serves as a weight file;
+ *   - every parameter under its own name, in PyTorch's shape, in model order, F32 (I64 for
+ *     counters such as num_batches_tracked), as rt_st_save writes them, so the file also serves
+ *     as a weight file;
  *   - "netc:optimizer_state", F32 [n_state_slots, n_grad_floats], when the optimizer has state
  *     (the ':' cannot occur in a parameter name, so it never collides with one);
  *   - "__metadata__": the format version, the model's name and fingerprint, the training
@@ -44,6 +45,8 @@ static int64_t optstate_floats(const RtModel *m) { return (int64_t)m->n_state_sl
 
 static const char *optim_name(RtOptimKind k) { return k == RT_OPTIM_ADAMW ? "adamw" : "sgd"; }
 
+static int is_i64(const RtParam *p) { return p->file_dtype == RT_I64; }
+
 /* ---- fingerprint: FNV-1a 64 of a text that names everything the saved buffers' meaning
  * depends on. Hyperparameters compiled into the step functions (momentum, betas) are not
  * visible to the runtime and so not part of it. */
@@ -73,7 +76,8 @@ static uint64_t fingerprint(const RtModel *m) {
                  s->step_epochs, s->gamma, s->min_lr);
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
-        h = fnv_text(h, "param %s %" PRId64 " %" PRId64, p->name, p->offset, p->grad_offset);
+        h = fnv_text(h, "param %s %" PRId64 " %" PRId64 " %d %d", p->name, p->offset, p->grad_offset,
+                     (int)p->file_dtype, p->buffer);
         h = fnv_shape(h, p->rank, p->shape);
     }
     for (int i = 0; i < m->n_inputs; i++) {
@@ -120,16 +124,45 @@ static uLong crc_metadata(uLong crc, const cJSON *meta) {
 
 /* ---- writing */
 
-static void add_tensor(cJSON *root, const char *name, int rank, const int64_t *shape, int64_t *off) {
+static void add_tensor(cJSON *root, const char *name, int i64, int rank, const int64_t *shape, int64_t *off) {
     cJSON *t = cJSON_AddObjectToObject(root, name);
-    cJSON_AddStringToObject(t, "dtype", "F32");
+    cJSON_AddStringToObject(t, "dtype", i64 ? "I64" : "F32");
     cJSON *sh = cJSON_AddArrayToObject(t, "shape");
     int64_t n = 1;
     for (int d = 0; d < rank; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shape[d])), n *= shape[d];
     cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
     cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*off));
-    *off += n * 4;
+    *off += n * (i64 ? 8 : 4);
     cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*off));
+}
+
+/* Where the tensor bytes go: into the checksum, or into the file. */
+typedef struct Sink {
+    uLong crc;
+    FILE *f; /* NULL: checksum only */
+    int bad;
+} Sink;
+
+static void sink(Sink *s, const void *p, size_t n) {
+    if (!s->f) s->crc = crc_bytes(s->crc, p, n);
+    else if (!s->bad && fwrite(p, 1, n, s->f) != n) s->bad = 1;
+}
+
+/* Every tensor's bytes, in file order. The host is little-endian, as the format. An I64
+ * counter is held as a float of integer value, so the conversion is exact both ways. */
+static void emit_tensors(Sink *s, const RtModel *m, const float *params, const float *optstate) {
+    for (int i = 0; i < m->n_params; i++) {
+        const RtParam *p = &m->params[i];
+        const float *x = params + p->offset;
+        int64_t n = numel(p), chunk[256];
+        if (!is_i64(p)) sink(s, x, (size_t)n * 4);
+        for (int64_t k = 0; is_i64(p) && k < n; k += 256) {
+            int64_t c = n - k < 256 ? n - k : 256;
+            for (int64_t j = 0; j < c; j++) chunk[j] = (int64_t)x[k + j];
+            sink(s, chunk, (size_t)c * 8);
+        }
+    }
+    if (m->n_state_slots > 0) sink(s, optstate, (size_t)optstate_floats(m) * 4);
 }
 
 static void meta_int(cJSON *meta, const char *key, int64_t v) {
@@ -165,21 +198,18 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
 static char *build_header(const RtModel *m, const float *params, const float *optstate, const RtTrainState *s) {
     cJSON *root = cJSON_CreateObject();
     int64_t off = 0;
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (int i = 0; i < m->n_params; i++) {
-        const RtParam *p = &m->params[i];
-        add_tensor(root, p->name, p->rank, p->shape, &off);
-        crc = crc_bytes(crc, params + p->offset, (size_t)numel(p) * 4);
-    }
+    for (int i = 0; i < m->n_params; i++)
+        add_tensor(root, m->params[i].name, is_i64(&m->params[i]), m->params[i].rank, m->params[i].shape, &off);
     if (m->n_state_slots > 0) {
         int64_t shape[2] = {m->n_state_slots, m->n_grad_floats};
-        add_tensor(root, OPTSTATE_NAME, 2, shape, &off);
-        crc = crc_bytes(crc, optstate, (size_t)optstate_floats(m) * 4);
+        add_tensor(root, OPTSTATE_NAME, 0, 2, shape, &off);
     }
+    Sink crc = {.crc = crc32(0L, Z_NULL, 0)};
+    emit_tensors(&crc, m, params, optstate);
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     add_metadata(meta, m, s);
     char buf[16];
-    snprintf(buf, sizeof buf, "%08lx", crc_metadata(crc, meta));
+    snprintf(buf, sizeof buf, "%08lx", crc_metadata(crc.crc, meta));
     cJSON_AddStringToObject(meta, "crc32", buf);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -194,17 +224,16 @@ void rt_ckpt_abandon(void) {
     if (tmp_live) unlink(tmp_path);
 }
 
-static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
-
 static int write_file(FILE *f, const RtModel *m, const char *header, const float *params, const float *optstate) {
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int bad = write_all(f, len8, 8) || write_all(f, header, hlen) || write_all(f, "        ", padded - hlen);
-    for (int i = 0; i < m->n_params && !bad; i++) /* the host is little-endian, as the format */
-        bad = write_all(f, params + m->params[i].offset, (size_t)numel(&m->params[i]) * 4);
-    if (!bad && m->n_state_slots > 0) bad = write_all(f, optstate, (size_t)optstate_floats(m) * 4);
-    return bad || fflush(f) != 0 || fsync(fileno(f)) != 0 ? -1 : 0;
+    Sink out = {.f = f};
+    sink(&out, len8, 8);
+    sink(&out, header, hlen);
+    sink(&out, "        ", padded - hlen);
+    emit_tensors(&out, m, params, optstate);
+    return out.bad || fflush(f) != 0 || fsync(fileno(f)) != 0 ? -1 : 0;
 }
 
 /* Make the rename durable. Only EIO is an error: some file systems do not sync directories. */
@@ -376,22 +405,23 @@ static int check_model(const Ckpt *c, const RtModel *m, RtError *err) {
     return 0;
 }
 
-/* The tensor `name` with dtype F32 and exactly this shape; its bytes in *bytes. */
-static int find_tensor(const Ckpt *c, const char *name, int rank, const int64_t *shape, const unsigned char **bytes,
-                       RtError *err) {
+/* The tensor `name` with dtype I64 (i64) or F32 and exactly this shape; its bytes in *bytes. */
+static int find_tensor(const Ckpt *c, const char *name, int i64, int rank, const int64_t *shape,
+                       const unsigned char **bytes, RtError *err) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(c->root, name);
     if (!t) return rt_fail(err, "checkpoint '%s' lacks tensor '%s'", c->path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-    int ok = cJSON_IsString(dt) && strcmp(dt->valuestring, "F32") == 0 && cJSON_IsArray(sh) &&
+    const char *want = i64 ? "I64" : "F32";
+    int ok = cJSON_IsString(dt) && strcmp(dt->valuestring, want) == 0 && cJSON_IsArray(sh) &&
              cJSON_GetArraySize(sh) == rank;
-    double n = 4;
+    double n = i64 ? 8 : 4;
     for (int d = 0; ok && d < rank; d++) {
         const cJSON *x = cJSON_GetArrayItem(sh, d);
         ok = cJSON_IsNumber(x) && x->valuedouble == (double)shape[d];
         n *= (double)shape[d];
     }
-    if (!ok) return rt_fail(err, "checkpoint '%s': tensor '%s' is not F32 of the model's shape", c->path, name);
+    if (!ok) return rt_fail(err, "checkpoint '%s': tensor '%s' is not %s of the model's shape", c->path, name, want);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (e - b != n) /* check_size() has put both inside the data */
         return rt_fail(err, "checkpoint '%s': tensor '%s' has data offsets [%.0f, %.0f] that do not match its shape",
@@ -416,10 +446,19 @@ static int check_no_extra(const Ckpt *c, const RtModel *m, RtError *err) {
 static int copy_params(const Ckpt *c, const RtModel *m, float *params, RtError *err) {
     const unsigned char **bytes = malloc(sizeof *bytes * (size_t)(m->n_params + 1));
     int rc = !bytes ? rt_fail(err, "out of memory reading checkpoint '%s'", c->path) : check_no_extra(c, m, err);
-    for (int i = 0; i < m->n_params && !rc; i++)
-        rc = find_tensor(c, m->params[i].name, m->params[i].rank, m->params[i].shape, &bytes[i], err);
-    for (int i = 0; i < m->n_params && !rc; i++)
-        memcpy(params + m->params[i].offset, bytes[i], (size_t)numel(&m->params[i]) * 4);
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const RtParam *p = &m->params[i];
+        rc = find_tensor(c, p->name, is_i64(p), p->rank, p->shape, &bytes[i], err);
+    }
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const RtParam *p = &m->params[i];
+        if (!is_i64(p)) memcpy(params + p->offset, bytes[i], (size_t)numel(p) * 4);
+        for (int64_t k = 0; is_i64(p) && k < numel(p); k++) {
+            int64_t v;
+            memcpy(&v, bytes[i] + 8 * k, 8);
+            params[p->offset + k] = (float)v;
+        }
+    }
     free(bytes);
     return rc;
 }
@@ -470,7 +509,7 @@ int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optst
     RtTrainState st = {0};
     int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) || check_model(&c, m, err) ||
              read_state(&c, m, &st, err) ||
-             (m->n_state_slots > 0 && find_tensor(&c, OPTSTATE_NAME, 2, shape, &opt, err)) ||
+             (m->n_state_slots > 0 && find_tensor(&c, OPTSTATE_NAME, 0, 2, shape, &opt, err)) ||
              copy_params(&c, m, params, err);
     if (!rc) {
         if (opt) memcpy(optstate, opt, (size_t)optstate_floats(m) * 4);

@@ -467,6 +467,7 @@ static int check_finite(Trainer *t, int64_t step) {
     fprintf(stderr, "%serror: the loss is %s at step %lld; stopping before any weights are saved\n"
                     "  hint: lower the learning rate, or check the data for NaN/Inf values\n",
             t->tty ? "\n" : "", isnan(t->ctx.loss) ? "NaN" : "infinite", (long long)step);
+    if (t->o.checkpoint) fprintf(stderr, "  note: checkpoint '%s' is left as it was\n", t->o.checkpoint);
     return EXIT_NONFINITE;
 }
 
