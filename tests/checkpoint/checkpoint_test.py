@@ -413,9 +413,30 @@ def case_bad_files(netc, work):
             ("samples.ckpt", 1, ["100 training samples", "96"], [], fewer)]:
         shutil.copy(good, os.path.join(work, name))
         bad(name, status=status, needles=needles, extra=extra, data=data)
+    random_damage(exe, common, work, blob)
     destinations(exe, common, work, good)
     nan_loss(netc, work)
     usage_errors(exe, common, good)
+
+
+def random_damage(exe, common, work, blob, trials=100):
+    """One flipped bit anywhere (half of them in the header): refused with status 1, never a
+    crash; only a flip in the spaces that pad the JSON header may go unnoticed (they mean nothing)."""
+    rng = random.Random(7)
+    header_end = 8 + struct.unpack("<Q", blob[:8])[0]
+    padding = range(8 + len(blob[8:header_end].rstrip(b" ")), header_end)
+    path, refused = os.path.join(work, "damaged.ckpt"), 0
+    for trial in range(trials):
+        pos = rng.randrange(header_end) if trial % 2 else rng.randrange(len(blob))
+        damaged = bytearray(blob)
+        damaged[pos] ^= 1 << rng.randrange(8)
+        with open(path, "wb") as f:
+            f.write(damaged)
+        r = subprocess.run([exe, *common, "--resume", path], capture_output=True, timeout=60)
+        refused += r.returncode == 1
+        check(r.returncode == 1 or (r.returncode == 0 and pos in padding),
+              f"bit flip at byte {pos}: exit {r.returncode}\n{r.stderr.decode(errors='replace')}")
+    print(f"random damage: {trials} single-bit flips, {refused} refused")
 
 
 def foreign_models(netc, work, exe, common, bad):
