@@ -26,6 +26,8 @@ typedef struct Cg {
     int eval;               /* emitting eval_step: dropout is the identity */
     unsigned char *read;    /* read[id]: the function being emitted reads node id */
     unsigned char *decl;    /* decl[id]: v<id> is declared in the function being emitted */
+    unsigned char *done;    /* done[group]: the fused group's loop is already emitted */
+    int group;              /* the fused group whose loop is being emitted, or 0 */
 } Cg;
 
 static const IrNode *root(const IrNode *n) {
@@ -241,6 +243,10 @@ static void elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
         lit(o, const_value(x));
         return;
     }
+    if (c->group && x->group == c->group) { /* computed earlier in this iteration */
+        fprintf(o, "t%d", x->id);
+        return;
+    }
     Axis ax[IR_MAX_RANK];
     int k = broadcast_axes(x, n, ax);
     if (!raw) load_open(o, x);
@@ -385,6 +391,35 @@ static void emit_ew(Cg *c, const IrNode *n) {
         ew_expr(c, n);
     }
     fprintf(o, ";\n");
+}
+
+/* A fused group: one loop; each member's value is a local t<id>, stored only when something
+ * outside the group reads it. */
+static void emit_group(Cg *c, const IrNode *head) {
+    const IrGraph *g = c->g;
+    FILE *o = c->out;
+    int grp = head->group;
+    c->done[grp] = 1;
+    fprintf(o, "    // fused group %d: one loop over %" PRId64 " elements\n", grp, ir_numel(&head->shape));
+    for (int i = head->id; i < g->n && (g->nodes[i]->group == grp || g->nodes[i]->op == OP_CONST); i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->group != grp) continue;
+        comment(c, n);
+        if (!n->internal) declare(c, n);
+    }
+    c->group = grp;
+    loop_head(c, ir_numel(&head->shape), "    ");
+    fprintf(o, " {\n");
+    for (int i = head->id; i < g->n && (g->nodes[i]->group == grp || g->nodes[i]->op == OP_CONST); i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->group != grp) continue;
+        fprintf(o, "        const float t%d = ", n->id);
+        ew_expr(c, n);
+        fprintf(o, ";\n");
+        if (!n->internal) fprintf(o, "        v%d[i] = t%d;\n", n->id, n->id);
+    }
+    fprintf(o, "    }\n");
+    c->group = 0;
 }
 
 /* ---- reductions */
@@ -588,6 +623,10 @@ static void emit_node(Cg *c, const IrNode *n) {
         declare(c, n);
         return;
     }
+    if (n->group) {
+        if (!c->done[n->group]) emit_group(c, n);
+        return;
+    }
     comment(c, n);
     if (kind != OPK_EW) /* kernels and reductions read constants through pointers */
         for (int k = 0; k < n->n_in; k++)
@@ -620,10 +659,12 @@ static void mark_reads(Cg *c, int end, int with_grads) {
     const IrGraph *g = c->g;
     memset(c->read, 0, (size_t)g->n + 1);
     memset(c->decl, 0, (size_t)g->n + 1);
+    memset(c->done, 0, (size_t)g->n_groups + 1);
     for (int i = 0; i < end; i++) {
         const IrNode *n = g->nodes[i];
         if (ir_op_kind(n->op) == OPK_VIEW) continue;
-        for (int k = 0; k < n->n_in; k++) c->read[n->in[k]->id] = 1;
+        for (int k = 0; k < n->n_in; k++) /* a fused group reads its own members from locals */
+            if (!n->in[k]->internal) c->read[n->in[k]->id] = 1;
     }
     c->read[g->loss->id] = 1;
     if (g->correct) c->read[g->correct->id] = 1;
@@ -851,7 +892,7 @@ static const struct {
     const char *code;
 } helpers[] = {
     {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
-    {OP_RELU_GRAD, "static inline float relu_grad(float x, float dy) { return x <= 0.0f ? 0.0f : dy; }\n"},
+    {OP_RELU_GRAD, "static inline float relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }\n"},
     {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow\n"
                  "static inline float sigmoid(float x) {\n"
                  "    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));\n"
@@ -917,6 +958,7 @@ static int emit(const IrGraph *g, FILE *out) {
     Cg c = {.g = g, .out = out};
     c.read = xcalloc((size_t)g->n + 1, 1);
     c.decl = xcalloc((size_t)g->n + 1, 1);
+    c.done = xcalloc((size_t)g->n_groups + 1, 1);
     emit_prologue(&c);
     fprintf(out, "// ---- model description\n\n");
     emit_description(&c);
@@ -931,6 +973,7 @@ static int emit(const IrGraph *g, FILE *out) {
     fprintf(out, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
     free(c.read);
     free(c.decl);
+    free(c.done);
     return ferror(out) ? 1 : 0;
 }
 

@@ -108,7 +108,9 @@ static void grad_arith(Ad *ad, IrNode *y, IrNode *dy) {
 static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *dx;
     switch (y->op) {
-    case OP_RELU: dx = ew2(ad, OP_RELU_GRAD, x, dy); break;
+    case OP_RELU: /* from the output: y > 0 exactly where x > 0, and x need not be kept */
+        dx = ew2(ad, OP_RELU_GRAD, y, dy);
+        break;
     case OP_SIGMOID: dx = ew2(ad, OP_SIGMOID_GRAD, y, dy); break;
     case OP_TANH: dx = ew2(ad, OP_TANH_GRAD, y, dy); break;
     case OP_GELU: dx = ew2(ad, OP_GELU_GRAD, x, dy); break;
@@ -201,11 +203,13 @@ static IrNode *lib(Ad *ad, IrOp op, const IrNode *fwd, const IrShape *shape, int
 static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *w = y->n_in > 1 ? y->in[1] : NULL;
     switch (y->op) {
-    case OP_CONV2D:
-        if (wants(ad, x))
-            accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
+    case OP_CONV2D: /* the filter gradient first, so that the data gradient (and any sum it
+                      * joins) sits next to the element-wise gradient of the layer before it,
+                      * where the fusion pass can merge them */
         if (wants(ad, w))
             accumulate(ad, w, lib(ad, OP_CONV2D_BWD_FILTER, y, &w->shape, 2, x, dy, NULL));
+        if (wants(ad, x))
+            accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
         break;
     case OP_MAXPOOL2D:
         accumulate(ad, x, lib(ad, OP_MAXPOOL2D_BWD, y, &x->shape, 2, x, dy, NULL));

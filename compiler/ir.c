@@ -363,6 +363,7 @@ static void print_node(const IrNode *n, FILE *out) {
     fprintf(out, " %s%s", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
     if (n->layout == LAYOUT_NHWC) fprintf(out, " nhwc");
     print_attrs(n, out);
+    if (n->group) fprintf(out, " group=%d%s", n->group, n->internal ? " internal" : "");
     if (n->loc.file) {
         const char *base = strrchr(n->loc.file, '/');
         fprintf(out, "   # %s:%d", base ? base + 1 : n->loc.file, n->loc.line);

@@ -87,6 +87,7 @@ typedef enum {
     ST_GRAD,   /* flat gradient buffer, element offset `offset` */
     ST_ALIAS,  /* the storage of operand 0 (views) */
     ST_INLINE, /* scalar constants: no storage, the value is written into the code */
+    ST_FUSED,  /* a value inside a fused group that nothing outside it reads: never stored */
 } IrStorage;
 
 typedef enum { PHASE_FWD, PHASE_BWD } IrPhase;
@@ -105,6 +106,8 @@ struct IrNode {
     SrcLoc loc;         /* the .net expression this came from */
     const char *name;   /* INPUT/PARAM: the input's or parameter's name; others may be NULL */
     int index;          /* INPUT: input number; PARAM: parameter number */
+    int group;          /* fused element-wise group (1-based; 0 = none), set by fuse_elementwise */
+    int internal;       /* read only inside its group: kept in a register, never stored */
     /* filled by the memory plan */
     IrStorage storage;
     int64_t offset;     /* bytes for ST_ARENA, elements for ST_PARAM/ST_GRAD */
@@ -169,6 +172,7 @@ typedef struct IrGraph {
     IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
     IrTrain train;
     int n_dropout;     /* seed ids handed out so far */
+    int n_groups;      /* fused element-wise groups */
     /* filled by the memory plan */
     int64_t arena_bytes;       /* size of the planned arena */
     int64_t unplanned_bytes;   /* sum of every arena buffer without reuse */

@@ -29,11 +29,11 @@ extern char **environ;
 
 enum { MAX_DEFINES = 256 };
 
-typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_MEMPLAN, DUMP_C } DumpStage;
+typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C } DumpStage;
 
 static const char *const dump_names[] = {
     [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad",
-    [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c",
+    [DUMP_FUSED] = "fused", [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c",
 };
 
 typedef struct Options {
@@ -46,6 +46,8 @@ typedef struct Options {
     const char *opt_level;
     DumpStage dump;
     int check_only; /* --check: stop after semantic analysis */
+    int no_fuse;    /* --no-fuse: every element-wise node its own loop */
+    int report;     /* --report: print the fusion report and stop */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -60,7 +62,9 @@ static void usage(FILE *out) {
             "  -o FILE              the trainer to write (default: FILE.net without .net)\n"
             "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
             "  --emit-dir DIR       keep the generated C source in DIR\n"
-            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, memplan, c\n"
+            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, fused, memplan, c\n"
+            "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
+            "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
             "  --check              check the model (parse and analyse) and stop\n"
             "  --backend NAME       code generator (default: cpu)\n"
             "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
@@ -95,7 +99,7 @@ static int parse_dump(Options *o, const char *stage) {
             o->dump = (DumpStage)i;
             return 0;
         }
-    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, memplan, c)", stage);
+    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, fused, memplan, c)", stage);
 }
 
 /* The value of an option written `--opt VALUE` or `--opt=VALUE`; NULL if this arg is not it. */
@@ -124,6 +128,10 @@ static int parse_args(int argc, char **argv, Options *o) {
             exit(0);
         } else if (strcmp(a, "--check") == 0) {
             o->check_only = 1;
+        } else if (strcmp(a, "--no-fuse") == 0) {
+            o->no_fuse = 1;
+        } else if (strcmp(a, "--report") == 0) {
+            o->report = 1;
         } else if ((v = opt_value(argc, argv, &i, "-o", &err))) {
             o->output = v;
         } else if (strncmp(a, "-D", 2) == 0) {
@@ -287,8 +295,12 @@ static int compile(const Options *o, Arena *arena) {
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
+    if (!o->no_fuse) fuse_elementwise(g);
+    verify(g, "fusion");
+    if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     mp_plan(g);
     verify(g, "memplan");
+    if (o->report) return fuse_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return be->emit(g, stdout);
     return emit_and_build(o, be, g);

@@ -73,6 +73,10 @@ static void classify(IrGraph *g) {
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         if (n->storage != ST_NONE) continue;
+        if (n->internal) {
+            n->storage = ST_FUSED;
+            continue;
+        }
         switch (n->op) {
         case OP_INPUT: n->storage = ST_INPUT; break;
         case OP_CONST: n->storage = ST_INLINE; break;
@@ -87,17 +91,34 @@ static void keep_to_end(IrGraph *g, IrNode *n) {
     for (; n; n = n->storage == ST_ALIAS ? n->in[0] : NULL) n->last_use = g->n;
 }
 
-/* first_use = defining position; last_use = last position reading it (through views). */
+/* first_use = defining position; last_use = last position reading it (through views).
+ * A fused group runs as one loop over all its positions, so its members are defined at the
+ * group's first position and everything they read is read until its last: no member's output
+ * can then share bytes with a value a later member still reads at another index. */
 static void liveness(IrGraph *g) {
-    for (int i = 0; i < g->n; i++) g->nodes[i]->first_use = g->nodes[i]->last_use = i;
+    int *first = xmalloc(((size_t)g->n_groups + 1) * sizeof *first);
+    int *last = xmalloc(((size_t)g->n_groups + 1) * sizeof *last);
+    for (int i = g->n - 1; i >= 0; i--) first[g->nodes[i]->group] = i;
+    for (int i = 0; i < g->n; i++) last[g->nodes[i]->group] = i;
+    int *lo = xmalloc(((size_t)g->n + 1) * sizeof *lo), *hi = xmalloc(((size_t)g->n + 1) * sizeof *hi);
+    for (int i = 0; i < g->n; i++) {
+        int grp = g->nodes[i]->group;
+        lo[i] = grp ? first[grp] : i;
+        hi[i] = grp ? last[grp] : i;
+    }
+    free(first);
+    free(last);
+    for (int i = 0; i < g->n; i++) g->nodes[i]->first_use = g->nodes[i]->last_use = lo[i];
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         for (int k = 0; k < n->n_in; k++) /* a read through views keeps each of them alive */
             for (IrNode *r = n->in[k];; r = r->in[0]) {
-                if (r->last_use < i) r->last_use = i;
+                if (r->last_use < hi[i]) r->last_use = hi[i];
                 if (r->storage != ST_ALIAS) break;
             }
     }
+    free(lo);
+    free(hi);
     /* the step reads the loss and accuracy at its end; the copies into the gradient buffer
      * also run at the end */
     keep_to_end(g, g->loss);
@@ -192,7 +213,7 @@ void mp_plan(IrGraph *g) {
 static const char *storage_name(IrStorage s) {
     static const char *const names[] = {
         [ST_NONE] = "none",   [ST_ARENA] = "arena", [ST_INPUT] = "input", [ST_PARAM] = "param",
-        [ST_GRAD] = "grad",   [ST_ALIAS] = "alias", [ST_INLINE] = "inline",
+        [ST_GRAD] = "grad",   [ST_ALIAS] = "alias", [ST_INLINE] = "inline", [ST_FUSED] = "fused",
     };
     return names[s];
 }
@@ -211,6 +232,7 @@ void mp_print(const IrGraph *g, FILE *out) {
         if (n->storage == ST_INLINE) continue;
         if (n->storage == ST_ALIAS) snprintf(where, sizeof where, "%%%d", root_of((IrNode *)n)->id);
         else if (n->storage == ST_INPUT) snprintf(where, sizeof where, "#%d", n->index);
+        else if (n->storage == ST_FUSED) snprintf(where, sizeof where, "g%d", n->group);
         else snprintf(where, sizeof where, "%lld", (long long)n->offset);
         fprintf(out, "%%%-6d %-18s %-4s %-22s %-7s %12s %12lld  [%d, %d]\n", n->id, ir_op_name(n->op),
                 ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape),

@@ -26,6 +26,18 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
  * are summed. Frozen parameters get none. Returns 0 on success. */
 int ad_differentiate(IrGraph *g);
 
+/* fuse.c: element-wise fusion. Marks each maximal run of consecutive element-wise nodes of one
+ * shape, layout and phase (forward or backward) as one group, which the backends emit as one
+ * loop (one kernel) at the group's first position: a member that only other members read is
+ * `internal` and never reaches memory. Covers activation chains, bias + activation after a
+ * matrix product or convolution, batch norm + residual add + ReLU, and their backward
+ * counterparts. Returns the number of groups. */
+int fuse_elementwise(IrGraph *g);
+/* --report: every fused group with the .net lines it came from, each value's layout, kernels
+ * per training step fused and unfused, memory traffic saved, and the memory plan's peak.
+ * Requires a planned graph. */
+void fuse_report(const IrGraph *g, FILE *out);
+
 /* memplan.c: assign storage to every node: parameters and gradients into the flat buffers
  * (trainable first), inputs to the runtime's batch buffers, views alias their operand,
  * everything else an offset in one arena from liveness over the schedule. Sets the graph's
