@@ -252,8 +252,9 @@ static int sync_dir(const char *path) {
 
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err) {
+    if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp_path)
+        return rt_fail(err, "cannot write checkpoint '%s': the path is too long", path);
     char *header = build_header(m, params, optstate, s);
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp.%ld", path, (long)getpid());
     atomic_signal_fence(memory_order_seq_cst); /* the path is complete before the handler may use it */
     tmp_live = 1;
     FILE *f = fopen(tmp_path, "wb");
@@ -275,8 +276,9 @@ int rt_ckpt_check_writable(const char *path, RtError *err) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return rt_fail(err, "cannot write checkpoint '%s': it is a directory", path);
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s.tmp.%ld", path, (long)getpid());
+    char probe[sizeof tmp_path];
+    if (snprintf(probe, sizeof probe, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof probe)
+        return rt_fail(err, "cannot write checkpoint '%s': the path is too long", path);
     FILE *f = fopen(probe, "wb");
     if (!f) return rt_fail(err, "cannot write checkpoint '%s': %s", path, strerror(errno));
     fclose(f);
