@@ -1,0 +1,106 @@
+"""ResNet-18 (CIFAR stem) training on the CPU: netc against PyTorch (torchvision's resnet18
+with a 3x3 stride-1 conv1 and no max-pool), same batch, same threads, same synthetic data,
+in one run; prints samples/s, peak memory and the ratios.
+
+usage: /usr/bin/python3 bench/resnet_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
+                                                     [--batch 32] [--steps 8] [--repeat 3]
+
+Each run trains for 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line
+per step; PyTorch: timed around its loop). Runs alternate netc / PyTorch so that noise on a
+shared machine hits both; the medians are compared. Peak memory is each process's maximum
+resident set size.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+WARMUP = 2
+
+TORCH_LOOP = r"""
+import sys, time, resource, json
+import numpy as np, torch, torchvision
+threads, batch, steps, data = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+x_all = torch.from_numpy(np.load(data + "/image.npy"))
+y_all = torch.from_numpy(np.load(data + "/label.npy"))
+net = torchvision.models.resnet18(num_classes=10)
+net.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+net.maxpool = torch.nn.Identity()
+net.train()
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+def step(s):
+    idx = slice(s * batch, (s + 1) * batch)
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(net(x_all[idx]), y_all[idx]).backward()
+    opt.step()
+for s in range(%d):
+    step(s)
+t0 = time.perf_counter()
+for s in range(steps):
+    step(s)
+dt = time.perf_counter() - t0
+print(json.dumps({"samples_per_s": steps * batch / dt,
+                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+""" % WARMUP
+
+
+def run_netc(exe, args, threads, steps, batch, work):
+    log = os.path.join(work, "netc.jsonl")
+    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
+                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        sys.exit(f"bench: netc trainer failed with status {status}")
+    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
+    seconds = sum(batch / r for r in rates)
+    return {"samples_per_s": steps * batch / seconds, "peak_kib": usage.ru_maxrss}
+
+
+def run_torch(threads, batch, steps, work):
+    out = subprocess.run([sys.executable, "-c", TORCH_LOOP, str(threads), str(batch), str(steps), work],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        n = a.batch * (a.steps + WARMUP)
+        rng = np.random.default_rng(0)
+        np.save(f"{work}/image.npy", rng.normal(size=(n, 3, 32, 32)).astype(np.float32))
+        np.save(f"{work}/label.npy", rng.integers(0, 10, n).astype(np.int64))
+        exe = os.path.join(work, "resnet18_cifar")
+        subprocess.run([a.netc, os.path.join(ROOT, "models", "resnet18_cifar.net"), "-o", exe,
+                        "-D", f"batch={a.batch}"], check=True)
+        args = ["--data", f"image={work}/image.npy", "--data", f"label={work}/label.npy"]
+        netc, torch = [], []
+        for _ in range(a.repeat):
+            netc.append(run_netc(exe, args, a.threads, a.steps, a.batch, work))
+            torch.append(run_torch(a.threads, a.batch, a.steps, work))
+    ns = statistics.median(r["samples_per_s"] for r in netc)
+    ts = statistics.median(r["samples_per_s"] for r in torch)
+    nm = max(r["peak_kib"] for r in netc) / 1024
+    tm = max(r["peak_kib"] for r in torch) / 1024
+    print(f"resnet18_cifar training, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "
+          f"median of {a.repeat}")
+    print(f"| model | netc samples/s | PyTorch samples/s | speed | netc peak RSS | PyTorch peak RSS | memory |")
+    print(f"|---|---|---|---|---|---|---|")
+    print(f"| resnet18_cifar | {ns:.1f} | {ts:.1f} | **{ns / ts:.2f}x** | {nm:.0f} MiB | {tm:.0f} MiB | {nm / tm:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
