@@ -308,7 +308,7 @@ def second_signal(exe, train, work):
         if p.returncode == 128 + signal.SIGTERM:
             break
     check(p.returncode == 128 + signal.SIGTERM, f"second signal: exit {p.returncode}\n{out}{err}")
-    check(took < 0.5, f"second signal: the run took {took:.2f} s to exit (an evaluation takes about 1 s)")
+    check(took < 1.0, f"second signal: the run took {took:.2f} s to exit (an evaluation takes over 1 s)")
     check(open(ck, "rb").read() == before, "second signal: the last checkpoint changed")
 
 
