@@ -210,7 +210,7 @@ static int build_trainer(const Options *o, const char *c_path, const char *out) 
     snprintf(tmp_out, sizeof tmp_out, "%s.tmp.%ld", out, (long)getpid());
     char *argv[] = {
         (char *)cc, "-std=gnu11", opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
-        lib_rt, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
+        lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
         "-o", tmp_out, NULL,
     };
     int rc = run_command(argv);

@@ -131,6 +131,14 @@ void rt_conv2d_bwd_data(const RtConv *c, const float *dy, const float *w, float 
 void rt_conv2d_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw,
                           float *scratch, int64_t scratch_per_thread);
 
+/* The same three convolutions on channels-last (NHWC) activations through oneDNN; weights stay
+ * [K, C/groups, R, S]. `plan` points at a caller-owned slot (NULL at first): the first call
+ * builds the primitive for this geometry there, later calls reuse it. */
+typedef struct RtConvPlan RtConvPlan;
+void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, const float *w, float *y);
+void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy, const float *w, float *dx);
+void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw);
+
 /* Geometry of a 2-D pooling: x [N,C,H,W] -> y [N,C,P,Q]. */
 typedef struct RtPool {
     int64_t N, C, H, W, P, Q;
@@ -140,6 +148,12 @@ void rt_maxpool2d_fwd(const RtPool *p, const float *x, float *y);
 void rt_maxpool2d_bwd(const RtPool *p, const float *x, const float *dy, float *dx);
 void rt_avgpool2d_fwd(const RtPool *p, const float *x, float *y);
 void rt_avgpool2d_bwd(const RtPool *p, const float *dy, float *dx);
+
+/* The same poolings on channels-last tensors: x [N,H,W,C] -> y [N,P,Q,C] in memory. */
+void rt_maxpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y);
+void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, float *dx);
+void rt_avgpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y);
+void rt_avgpool2d_nhwc_bwd(const RtPool *p, const float *dy, float *dx);
 
 /* Softmax over the last axis of a [rows, cols] matrix. */
 void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y);
@@ -162,6 +176,13 @@ void rt_bn_stats(int64_t N, int64_t C, int64_t HW, const float *x, float *stats,
 /* sums[0][c] = sum of dy, sums[1][c] = sum of dy * (x - mean) * invstd over N and HW. */
 void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
                     const float *dy, float *sums);
+/* rt_bn_stats and rt_bn_bwd_sums on channels-last x and dy: M rows of C channels (M = N * H * W).
+ * The sums run over fixed blocks of rows in a fixed order, so results do not depend on the
+ * number of threads. */
+void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double eps, double momentum,
+                      float *running, int training);
+void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,
+                         float *sums);
 /* Rows among the first n_valid whose argmax (first on ties) equals the label. */
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(
   gcc make cmake flex bison          # the compiler and its generated parser
   zlib1g-dev libcjson-dev            # gzip'd IDX data, safetensors headers
-  libopenblas-openmp-dev             # matrix products and convolutions
+  libopenblas-openmp-dev             # matrix products and row-major convolutions
+  libdnnl-dev                        # channels-last convolutions (oneDNN)
   libcmocka-dev                      # C unit tests
   python3 python3-numpy python3-torch python3-torchvision # test data and the PyTorch cross-checks
   dataset-fashion-mnist              # the real data the examples and tests train on

@@ -1,0 +1,180 @@
+/* rt_dnnl.c - channels-last (NHWC) convolutions through oneDNN.
+ *
+ * Activations are NHWC, weights stay in PyTorch's [K, C/groups, R, S] (oihw) layout, so weight
+ * files never change. Each generated convolution call owns one RtConvPlan (a static pointer in
+ * the generated code): the first call creates the oneDNN primitive for its geometry, lets
+ * oneDNN choose the weights' internal format, and prepares the reorder between that format and
+ * oihw; later calls only set pointers and execute. Every call waits for completion, so the
+ * caller sees plain synchronous kernels.
+ */
+#include <dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "netrt.h"
+
+enum { FWD, BWD_DATA, BWD_WEIGHTS };
+
+struct RtConvPlan {
+    dnnl_primitive_t conv;
+    dnnl_memory_t act_in, act_out;   /* the NHWC activation operands (user pointers) */
+    dnnl_memory_t wei_user, wei_lib; /* oihw weights (user) and oneDNN's format (same when equal) */
+    dnnl_primitive_t reorder;        /* oihw -> library format (forward, data) or back (weights) */
+};
+
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+
+static void check(dnnl_status_t s, const char *what) {
+    if (s == dnnl_success) return;
+    fprintf(stderr, "error: oneDNN failed in %s (status %d)\n", what, (int)s);
+    abort();
+}
+
+static void init_engine(void) {
+    if (engine) return;
+    check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine creation");
+    check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "stream creation");
+}
+
+static void act_md(dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h, int64_t w) {
+    dnnl_dims_t d = {n, c, h, w};
+    check(dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, dnnl_nhwc), "activation descriptor");
+}
+
+/* oihw, or goihw with groups; `any` lets the primitive choose. */
+static void wei_md(dnnl_memory_desc_t *md, const RtConv *c, int any) {
+    int64_t g = c->groups;
+    dnnl_format_tag_t tag = any ? dnnl_format_tag_any : g > 1 ? dnnl_goihw : dnnl_oihw;
+    if (g > 1) {
+        dnnl_dims_t d = {g, c->K / g, c->C / g, c->R, c->S};
+        check(dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, tag), "weights descriptor");
+    } else {
+        dnnl_dims_t d = {c->K, c->C, c->R, c->S};
+        check(dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, tag), "weights descriptor");
+    }
+}
+
+/* The forward descriptor of this geometry (also the hint the backward primitives need). */
+static void fwd_desc(const RtConv *c, dnnl_convolution_desc_t *d) {
+    dnnl_memory_desc_t src, wei, dst;
+    act_md(&src, c->N, c->C, c->H, c->W);
+    act_md(&dst, c->N, c->K, c->P, c->Q);
+    wei_md(&wei, c, 1);
+    dnnl_dims_t strides = {c->stride_h, c->stride_w}, dil = {c->dil_h - 1, c->dil_w - 1};
+    dnnl_dims_t pad_l = {c->pad_h, c->pad_w};
+    /* the padding past the last window, as oneDNN wants it: from the output size */
+    dnnl_dims_t pad_r = {(c->P - 1) * c->stride_h + (c->R - 1) * c->dil_h + 1 - c->H - c->pad_h,
+                         (c->Q - 1) * c->stride_w + (c->S - 1) * c->dil_w + 1 - c->W - c->pad_w};
+    check(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, dnnl_convolution_direct,
+                                                     &src, &wei, NULL, &dst, strides, dil, pad_l, pad_r),
+          "convolution descriptor");
+}
+
+static dnnl_primitive_desc_t fwd_pd(const RtConv *c) {
+    dnnl_convolution_desc_t d;
+    fwd_desc(c, &d);
+    dnnl_primitive_desc_t pd;
+    check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, NULL), "convolution primitive");
+    return pd;
+}
+
+static dnnl_memory_t user_mem(const dnnl_memory_desc_t *md) {
+    dnnl_memory_t m;
+    check(dnnl_memory_create(&m, md, engine, DNNL_MEMORY_NONE), "memory object");
+    return m;
+}
+
+static RtConvPlan *make_plan(const RtConv *c, int kind) {
+    init_engine();
+    RtConvPlan *p = calloc(1, sizeof *p);
+    if (!p) abort();
+    dnnl_primitive_desc_t hint = fwd_pd(c), pd = hint;
+    dnnl_memory_desc_t x, y, w_user;
+    act_md(&x, c->N, c->C, c->H, c->W);
+    act_md(&y, c->N, c->K, c->P, c->Q);
+    wei_md(&w_user, c, 0);
+    dnnl_convolution_desc_t d;
+    fwd_desc(c, &d);
+    dnnl_dims_t strides = {c->stride_h, c->stride_w}, dil = {c->dil_h - 1, c->dil_w - 1}, pad_l, pad_r;
+    memcpy(pad_l, d.padding[0], sizeof pad_l); /* d is overwritten by the backward descriptors */
+    memcpy(pad_r, d.padding[1], sizeof pad_r);
+    dnnl_memory_desc_t w_any;
+    wei_md(&w_any, c, 1);
+    if (kind == BWD_DATA) {
+        check(dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &x, &w_any, &y, strides,
+                                                               dil, pad_l, pad_r),
+              "backward-data descriptor");
+        check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, hint), "backward-data primitive");
+    } else if (kind == BWD_WEIGHTS) {
+        check(dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &x, &w_any, NULL, &y,
+                                                                  strides, dil, pad_l, pad_r),
+              "backward-weights descriptor");
+        check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, hint), "backward-weights primitive");
+    }
+    check(dnnl_primitive_create(&p->conv, pd), "primitive creation");
+    dnnl_query_t wq = kind == BWD_WEIGHTS ? dnnl_query_diff_weights_md : dnnl_query_weights_md;
+    const dnnl_memory_desc_t *w_lib = dnnl_primitive_desc_query_md(pd, wq, 0);
+    p->act_in = user_mem(kind == BWD_DATA ? &y : &x);
+    p->act_out = user_mem(kind == FWD ? &y : kind == BWD_DATA ? &x : &y);
+    p->wei_user = user_mem(&w_user);
+    if (dnnl_memory_desc_equal(w_lib, &w_user)) {
+        p->wei_lib = p->wei_user;
+    } else { /* a blocked format: reorder once per call, in the right direction */
+        check(dnnl_memory_create(&p->wei_lib, w_lib, engine, DNNL_MEMORY_ALLOCATE), "weights buffer");
+        const dnnl_memory_desc_t *from = kind == BWD_WEIGHTS ? w_lib : &w_user, *to = kind == BWD_WEIGHTS ? &w_user : w_lib;
+        dnnl_primitive_desc_t rpd;
+        check(dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, NULL), "weights reorder");
+        check(dnnl_primitive_create(&p->reorder, rpd), "weights reorder");
+        dnnl_primitive_desc_destroy(rpd);
+    }
+    if (pd != hint) dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_desc_destroy(hint);
+    return p;
+}
+
+static void run_reorder(RtConvPlan *p, int to_user) {
+    if (!p->reorder) return;
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, to_user ? p->wei_lib : p->wei_user},
+                               {DNNL_ARG_TO, to_user ? p->wei_user : p->wei_lib}};
+    check(dnnl_primitive_execute(p->reorder, stream, 2, args), "weights reorder");
+}
+
+void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, const float *w, float *y) {
+    if (!*plan) *plan = make_plan(c, FWD);
+    RtConvPlan *p = *plan;
+    dnnl_memory_set_data_handle(p->wei_user, (void *)w);
+    dnnl_memory_set_data_handle(p->act_in, (void *)x);
+    dnnl_memory_set_data_handle(p->act_out, y);
+    run_reorder(p, 0);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p->act_in}, {DNNL_ARG_WEIGHTS, p->wei_lib}, {DNNL_ARG_DST, p->act_out}};
+    check(dnnl_primitive_execute(p->conv, stream, 3, args), "convolution");
+    check(dnnl_stream_wait(stream), "convolution");
+}
+
+void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy, const float *w, float *dx) {
+    if (!*plan) *plan = make_plan(c, BWD_DATA);
+    RtConvPlan *p = *plan;
+    dnnl_memory_set_data_handle(p->wei_user, (void *)w);
+    dnnl_memory_set_data_handle(p->act_in, (void *)dy);
+    dnnl_memory_set_data_handle(p->act_out, dx);
+    run_reorder(p, 0);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_DIFF_DST, p->act_in}, {DNNL_ARG_WEIGHTS, p->wei_lib},
+                               {DNNL_ARG_DIFF_SRC, p->act_out}};
+    check(dnnl_primitive_execute(p->conv, stream, 3, args), "convolution backward data");
+    check(dnnl_stream_wait(stream), "convolution backward data");
+}
+
+void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw) {
+    if (!*plan) *plan = make_plan(c, BWD_WEIGHTS);
+    RtConvPlan *p = *plan;
+    dnnl_memory_set_data_handle(p->act_in, (void *)x);
+    dnnl_memory_set_data_handle(p->act_out, (void *)dy);
+    dnnl_memory_set_data_handle(p->wei_user, dw);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p->act_in}, {DNNL_ARG_DIFF_DST, p->act_out},
+                               {DNNL_ARG_DIFF_WEIGHTS, p->wei_lib}};
+    check(dnnl_primitive_execute(p->conv, stream, 3, args), "convolution backward weights");
+    run_reorder(p, 1);
+    check(dnnl_stream_wait(stream), "convolution backward weights");
+}

@@ -1,0 +1,195 @@
+/* rt_nhwc.c - pooling and batch-norm reductions on channels-last (NHWC) tensors.
+ *
+ * A channels-last tensor is M = N * H * W rows of C channels, so every kernel here runs its
+ * inner loop over the channels of one pixel (contiguous, vectorisable) and its outer loops over
+ * pixels. The results equal the row-major kernels' in rt_kernels.c: the same windows in the
+ * same order, the same first maximum, the same double-precision sums.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "netrt.h"
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "error: out of memory (%zu bytes) in a channels-last kernel\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- pooling: one output pixel at a time, all channels together */
+
+/* The window of output pixel (i, j), clipped to the plane: rows [h0, h1), columns [w0, w1). */
+static void window(const RtPool *p, int64_t i, int64_t j, int64_t *h0, int64_t *h1, int64_t *w0, int64_t *w1) {
+    int64_t h = i * p->stride_h - p->pad_h, w = j * p->stride_w - p->pad_w;
+    *h0 = h < 0 ? 0 : h;
+    *h1 = h + p->kh > p->H ? p->H : h + p->kh;
+    *w0 = w < 0 ? 0 : w;
+    *w1 = w + p->kw > p->W ? p->W : w + p->kw;
+}
+
+void rt_maxpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y) {
+    const int64_t C = p->C;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                float *out = y + ((n * p->P + i) * p->Q + j) * C;
+                int64_t h0, h1, w0, w1;
+                window(p, i, j, &h0, &h1, &w0, &w1);
+                for (int64_t c = 0; c < C; c++) out[c] = -INFINITY; /* a window wholly in padding */
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++) {
+                        const float *in = x + ((n * p->H + h) * p->W + w) * C;
+                        for (int64_t c = 0; c < C; c++) out[c] = in[c] > out[c] ? in[c] : out[c];
+                    }
+            }
+}
+
+void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, float *dx) {
+    const int64_t C = p->C, plane = p->H * p->W * C;
+    #pragma omp parallel
+    {
+        int64_t *at = xmalloc((size_t)C * sizeof *at); /* each channel's first maximum */
+        float *best = xmalloc((size_t)C * sizeof *best);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < p->N; n++) {
+            const float *xn = x + n * plane;
+            float *dxn = dx + n * plane;
+            memset(dxn, 0, (size_t)plane * sizeof *dxn);
+            for (int64_t i = 0; i < p->P; i++)
+                for (int64_t j = 0; j < p->Q; j++) {
+                    const float *g = dy + ((n * p->P + i) * p->Q + j) * C;
+                    int64_t h0, h1, w0, w1;
+                    window(p, i, j, &h0, &h1, &w0, &w1);
+                    for (int64_t c = 0; c < C; c++) at[c] = -1, best[c] = -INFINITY;
+                    for (int64_t h = h0; h < h1; h++)
+                        for (int64_t w = w0; w < w1; w++) {
+                            int64_t pix = (h * p->W + w) * C;
+                            for (int64_t c = 0; c < C; c++)
+                                if (at[c] < 0 || xn[pix + c] > best[c]) best[c] = xn[pix + c], at[c] = pix + c;
+                        }
+                    for (int64_t c = 0; c < C; c++)
+                        if (at[c] >= 0) dxn[at[c]] += g[c];
+                }
+        }
+        free(at);
+        free(best);
+    }
+}
+
+void rt_avgpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y) {
+    const int64_t C = p->C;
+    const float scale = 1.0f / (float)(p->kh * p->kw); /* padding counts, as PyTorch's default */
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                float *out = y + ((n * p->P + i) * p->Q + j) * C;
+                int64_t h0, h1, w0, w1;
+                window(p, i, j, &h0, &h1, &w0, &w1);
+                memset(out, 0, (size_t)C * sizeof *out);
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++) {
+                        const float *in = x + ((n * p->H + h) * p->W + w) * C;
+                        for (int64_t c = 0; c < C; c++) out[c] += in[c];
+                    }
+                for (int64_t c = 0; c < C; c++) out[c] *= scale;
+            }
+}
+
+void rt_avgpool2d_nhwc_bwd(const RtPool *p, const float *dy, float *dx) {
+    const int64_t C = p->C, plane = p->H * p->W * C;
+    const float scale = 1.0f / (float)(p->kh * p->kw);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < p->N; n++) {
+        float *dxn = dx + n * plane;
+        memset(dxn, 0, (size_t)plane * sizeof *dxn);
+        for (int64_t i = 0; i < p->P; i++)
+            for (int64_t j = 0; j < p->Q; j++) {
+                const float *g = dy + ((n * p->P + i) * p->Q + j) * C;
+                int64_t h0, h1, w0, w1;
+                window(p, i, j, &h0, &h1, &w0, &w1);
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++) {
+                        float *out = dxn + (h * p->W + w) * C;
+                        for (int64_t c = 0; c < C; c++) out[c] += g[c] * scale;
+                    }
+            }
+    }
+}
+
+/* ---- batch norm: per-channel sums over rows, in fixed blocks of rows */
+
+enum { BLOCK_ROWS = 256 };
+
+typedef enum { SUM_X, SUM_SQDEV, SUM_BWD } SumKind;
+
+/* Per-channel sums over the M rows of x (and dy): SUM_X: s0 = sum x; SUM_SQDEV: s0 =
+ * sum (x - mean)^2; SUM_BWD: s0 = sum dy, s1 = sum dy * (x - mean) * invstd. Each block of
+ * BLOCK_ROWS rows is summed on its own, then the blocks in order: the same result for any
+ * number of threads. */
+static void channel_sums(SumKind kind, int64_t M, int64_t C, const float *x, const float *dy,
+                         const double *mean, const float *stats, double *s0, double *s1) {
+    int64_t nb = (M + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    double *part = xmalloc((size_t)(nb * C * 2) * sizeof *part);
+    #pragma omp parallel for schedule(static) if (M * C >= 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        double *p0 = part + b * C * 2, *p1 = p0 + C;
+        for (int64_t c = 0; c < 2 * C; c++) p0[c] = 0;
+        int64_t end = (b + 1) * BLOCK_ROWS < M ? (b + 1) * BLOCK_ROWS : M;
+        for (int64_t r = b * BLOCK_ROWS; r < end; r++) {
+            const float *xr = x + r * C;
+            if (kind == SUM_X) {
+                for (int64_t c = 0; c < C; c++) p0[c] += xr[c];
+            } else if (kind == SUM_SQDEV) {
+                for (int64_t c = 0; c < C; c++) p0[c] += ((double)xr[c] - mean[c]) * ((double)xr[c] - mean[c]);
+            } else {
+                const float *dr = dy + r * C;
+                for (int64_t c = 0; c < C; c++) {
+                    p0[c] += dr[c];
+                    p1[c] += (double)dr[c] * ((xr[c] - stats[c]) * stats[C + c]);
+                }
+            }
+        }
+    }
+    for (int64_t c = 0; c < C; c++) s0[c] = 0, s1[c] = 0;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t c = 0; c < C; c++) s0[c] += part[b * C * 2 + c], s1[c] += part[b * C * 2 + C + c];
+    free(part);
+}
+
+void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double eps, double momentum,
+                      float *running, int training) {
+    float *rmean = running, *rvar = running + C;
+    if (!training) {
+        rt_bn_stats(1, C, 1, x, stats, eps, momentum, running, 0); /* x is not read: layout plays no part */
+        return;
+    }
+    double *mean = xmalloc((size_t)C * 3 * sizeof *mean), *sq = mean + C, *unused = sq + C;
+    channel_sums(SUM_X, M, C, x, NULL, NULL, NULL, mean, unused);
+    for (int64_t c = 0; c < C; c++) mean[c] /= (double)M;
+    /* two passes in double, as the row-major kernel: the mean, then the squared deviations */
+    channel_sums(SUM_SQDEV, M, C, x, NULL, mean, NULL, sq, unused);
+    for (int64_t c = 0; c < C; c++) {
+        double var = sq[c] / (double)M, unbiased = M > 1 ? sq[c] / (double)(M - 1) : var;
+        stats[c] = (float)mean[c];
+        stats[C + c] = (float)(1.0 / sqrt(var + eps));
+        rmean[c] = (float)((1 - momentum) * rmean[c] + momentum * mean[c]);
+        rvar[c] = (float)((1 - momentum) * rvar[c] + momentum * unbiased);
+    }
+    running[2 * C] += 1; /* num_batches_tracked */
+    free(mean);
+}
+
+void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,
+                         float *sums) {
+    double *s = xmalloc((size_t)C * 2 * sizeof *s);
+    channel_sums(SUM_BWD, M, C, x, dy, NULL, stats, s, s + C);
+    for (int64_t c = 0; c < 2 * C; c++) sums[c] = (float)s[c];
+    free(s);
+}
