@@ -19,7 +19,6 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -236,20 +235,6 @@ static int write_file(FILE *f, const RtModel *m, const char *header, const float
     return out.bad || fflush(f) != 0 || fsync(fileno(f)) != 0 ? -1 : 0;
 }
 
-/* Make the rename durable. Only EIO is an error: some file systems do not sync directories. */
-static int sync_dir(const char *path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else slash[slash == dir] = '\0'; /* "/x" -> "/" */
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return 0;
-    int rc = fsync(fd) != 0 && errno == EIO ? -1 : 0;
-    close(fd);
-    return rc;
-}
-
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err) {
     if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp_path)
@@ -265,7 +250,7 @@ int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const 
     if (!bad && rename(tmp_path, path) != 0) bad = 1, saved_errno = errno;
     if (bad) unlink(tmp_path);
     tmp_live = 0;
-    if (!bad && sync_dir(path) != 0) bad = 1, saved_errno = errno;
+    if (!bad && rt_sync_dir(path) != 0) bad = 1, saved_errno = errno;
     if (bad)
         return rt_fail(err, "cannot write checkpoint '%s': %s (the previous checkpoint, if any, is unchanged)",
                        path, strerror(saved_errno));

@@ -84,11 +84,14 @@ void rt_prefetch_stop(RtPrefetch *p);
 
 /* ---- safetensors (rt_safetensors.c) */
 
-/* Write every parameter under its name (F32, PyTorch shape) atomically: FILE.tmp.PID, fsync,
- * rename. On failure the old FILE is untouched. */
+/* Write every parameter under its name (F32, PyTorch shape) atomically and durably:
+ * FILE.tmp.PID, fsync, rename, fsync of the directory. On failure the old FILE is untouched. */
 int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err);
 /* Read every parameter of the model from a safetensors file; all names must match exactly. */
 int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
+/* fsync the directory holding path, so that a rename into it survives a crash. Returns -1 only
+ * on EIO (errno set): some file systems cannot sync a directory, which is not an error. */
+int rt_sync_dir(const char *path);
 
 /* ---- randomness and schedules (rt_main.c) */
 

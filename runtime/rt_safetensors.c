@@ -5,11 +5,17 @@
  *    "__metadata__": {"format": "pt"}}
  * padded with spaces to a multiple of 8, then the tensors' bytes. We write F32 in the model's
  * parameter order; we read F32, F16, BF16 and F64 (converted by value) in any order. The JSON
- * header is parsed with cJSON. Saving writes FILE.tmp.PID, flushes it to disk and renames it,
- * so FILE is either the old file or the complete new one.
+ * header is parsed with cJSON. Saving writes FILE.tmp.PID, flushes it to disk, renames it and
+ * flushes the directory, so FILE is either the old file or the complete new one, and after a
+ * successful save the new one survives a crash.
+ *
+ * Loading refuses a tensor that is not a parameter, "netc:optimizer_state" included: a file
+ * holding one is a checkpoint, which the trainer reads with rt_ckpt_load_params instead (it
+ * checks the checksum first), so one that reaches here has lost its checkpoint metadata.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -80,7 +86,24 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
         return rt_fail(err, "cannot save weights to '%s': %s (the old file, if any, is unchanged)",
                        path, strerror(saved_errno));
     }
+    if (rt_sync_dir(path) != 0)
+        return rt_fail(err, "cannot save weights to '%s': syncing its directory: %s", path, strerror(errno));
     return 0;
+}
+
+int rt_sync_dir(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) strcpy(dir, ".");
+    else slash[slash == dir] = '\0'; /* "/x" -> "/" */
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return 0;
+    int rc = fsync(fd) != 0 && errno == EIO ? -1 : 0;
+    int saved_errno = errno;
+    close(fd);
+    errno = saved_errno;
+    return rc;
 }
 
 /* ---- loading */
