@@ -1,6 +1,7 @@
 """ResNet-18 (CIFAR stem) training on the CPU: netc against PyTorch (torchvision's resnet18
 with a 3x3 stride-1 conv1 and no max-pool), same batch, same threads, same synthetic data,
-in one run; prints samples/s, peak memory and the ratios.
+in one run; prints samples/s, peak memory and the ratios. netc runs twice: with its default
+channels-last layout (oneDNN convolutions) and with --layout=row-major (im2col + OpenBLAS).
 
 usage: /usr/bin/python3 bench/resnet_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
                                                      [--batch 32] [--steps 8] [--repeat 3]
@@ -22,6 +23,7 @@ import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WARMUP = 2
+LAYOUTS = ("channels-last", "row-major")
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -83,23 +85,27 @@ def main():
         rng = np.random.default_rng(0)
         np.save(f"{work}/image.npy", rng.normal(size=(n, 3, 32, 32)).astype(np.float32))
         np.save(f"{work}/label.npy", rng.integers(0, 10, n).astype(np.int64))
-        exe = os.path.join(work, "resnet18_cifar")
-        subprocess.run([a.netc, os.path.join(ROOT, "models", "resnet18_cifar.net"), "-o", exe,
-                        "-D", f"batch={a.batch}"], check=True)
+        exes = {}
+        for layout in LAYOUTS:
+            exes[layout] = os.path.join(work, f"resnet18_cifar-{layout}")
+            subprocess.run([a.netc, os.path.join(ROOT, "models", "resnet18_cifar.net"), "-o", exes[layout],
+                            "-D", f"batch={a.batch}", f"--layout={layout}"], check=True)
         args = ["--data", f"image={work}/image.npy", "--data", f"label={work}/label.npy"]
-        netc, torch = [], []
+        netc, torch = {layout: [] for layout in LAYOUTS}, []
         for _ in range(a.repeat):
-            netc.append(run_netc(exe, args, a.threads, a.steps, a.batch, work))
+            for layout in LAYOUTS:
+                netc[layout].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work))
             torch.append(run_torch(a.threads, a.batch, a.steps, work))
-    ns = statistics.median(r["samples_per_s"] for r in netc)
     ts = statistics.median(r["samples_per_s"] for r in torch)
-    nm = max(r["peak_kib"] for r in netc) / 1024
     tm = max(r["peak_kib"] for r in torch) / 1024
     print(f"resnet18_cifar training, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "
           f"median of {a.repeat}")
-    print(f"| model | netc samples/s | PyTorch samples/s | speed | netc peak RSS | PyTorch peak RSS | memory |")
+    print(f"| netc layout | netc samples/s | PyTorch samples/s | speed | netc peak RSS | PyTorch peak RSS | memory |")
     print(f"|---|---|---|---|---|---|---|")
-    print(f"| resnet18_cifar | {ns:.1f} | {ts:.1f} | **{ns / ts:.2f}x** | {nm:.0f} MiB | {tm:.0f} MiB | {nm / tm:.2f}x |")
+    for layout in LAYOUTS:
+        ns = statistics.median(r["samples_per_s"] for r in netc[layout])
+        nm = max(r["peak_kib"] for r in netc[layout]) / 1024
+        print(f"| {layout} | {ns:.1f} | {ts:.1f} | **{ns / ts:.2f}x** | {nm:.0f} MiB | {tm:.0f} MiB | {nm / tm:.2f}x |")
 
 
 if __name__ == "__main__":

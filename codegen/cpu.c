@@ -1,6 +1,7 @@
-/* cpu.c - the CPU backend: one readable C file per model, for OpenBLAS + OpenMP + libnetrt.
+/* cpu.c - the CPU backend: one readable C file per model, for oneDNN/OpenBLAS + OpenMP + libnetrt.
  *
- * Requires: a planned graph (mp_plan has run); library operators in row-major layout.
+ * Requires: a planned graph (mp_plan has run); every operand in a layout its operator reads
+ * (layout_select): channels-last convolutions go to oneDNN, the others to im2col + OpenBLAS.
  * The output defines three step functions (forward_backward, eval_step, optimizer_step), the
  * model description (inputs, parameters, recipe, buffer sizes) and main(), which hands it all to
  * rt_main(). Every IR node becomes one commented statement or loop:
@@ -274,13 +275,24 @@ static void infix(Cg *c, const IrNode *n, const char *op) {
     elem(c, n->in[1], n);
 }
 
+/* The row-major (logical) position of element i of n, as an index expression. */
+static void logical_index(Cg *c, const IrNode *n) {
+    IrNode logical = *n;
+    logical.layout = LAYOUT_ROW_MAJOR;
+    Axis ax[IR_MAX_RANK];
+    int k = broadcast_axes(&logical, n, ax);
+    index_expr(c->out, "i", ax, k);
+}
+
 static void dropout(Cg *c, const IrNode *n) {
     FILE *o = c->out;
     if (c->eval) {
         elem(c, n->in[0], n);
         return;
     }
-    fprintf(o, "rt_dropout_keep(ctx->seed, %d, i, ", n->attr.seed_id);
+    fprintf(o, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
+    logical_index(c, n); /* the mask follows the logical element, whatever the layout */
+    fprintf(o, ", ");
     dbl(o, n->attr.p);
     fprintf(o, ") ? ");
     elem(c, n->in[0], n);
@@ -351,7 +363,8 @@ static void ew_expr(Cg *c, const IrNode *n) {
     case OP_LOG: call(c, "logf", n); break;
     case OP_SQRT: call(c, "sqrtf", n); break;
     case OP_CAST:
-    case OP_EXPAND: elem(c, n->in[0], n); break;
+    case OP_EXPAND:
+    case OP_LAYOUT: elem(c, n->in[0], n); break;
     case OP_DROPOUT:
     case OP_DROPOUT_GRAD: dropout(c, n); break;
     case OP_BCE_LOGITS: call(c, "bce_logits", n); break;
@@ -520,6 +533,12 @@ static void emit_conv(Cg *c, const IrNode *n) {
             y->dim[2], y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0],
             a->dil[1], a->groups);
     const char *fn = n->op == OP_CONV2D ? "fwd" : n->op == OP_CONV2D_BWD_DATA ? "bwd_data" : "bwd_filter";
+    if (ir_operand_layout(n, 0) == LAYOUT_NHWC) { /* oneDNN, channels-last activations */
+        fprintf(o, "    static RtConvPlan *plan%d; // built by the first call\n", n->id);
+        fprintf(o, "    rt_conv2d_nhwc_%s(&conv%d, &plan%d, v%d, v%d, v%d);\n", fn, n->id, n->id, n->in[0]->id,
+                n->in[1]->id, n->id);
+        return;
+    }
     fprintf(o, "    rt_conv2d_%s(&conv%d, v%d, v%d, v%d, ctx->scratch, ctx->scratch_per_thread);\n", fn,
             n->id, n->in[0]->id, n->in[1]->id, n->id);
 }
@@ -536,7 +555,8 @@ static void emit_pool(Cg *c, const IrNode *n) {
                ", .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d};\n",
             n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], y->dim[2], y->dim[3], a->kernel[0],
             a->kernel[1], a->stride[0], a->stride[1], a->pad[0], a->pad[1]);
-    fprintf(o, "    rt_%spool2d_%s(&pool%d", max ? "max" : "avg", bwd ? "bwd" : "fwd", n->id);
+    fprintf(o, "    rt_%spool2d_%s%s(&pool%d", max ? "max" : "avg", n->layout == LAYOUT_NHWC ? "nhwc_" : "",
+            bwd ? "bwd" : "fwd", n->id);
     for (int k = 0; k < n->n_in; k++) fprintf(o, ", v%d", n->in[k]->id);
     fprintf(o, ", v%d);\n", n->id);
 }
@@ -573,13 +593,19 @@ static void emit_bn(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     int64_t N = x->shape.dim[0], C = x->shape.dim[1], HW = ir_numel(&x->shape) / (N * C);
     FILE *o = c->out;
+    int nhwc = x->layout == LAYOUT_NHWC; /* then x (and dy) are N * HW rows of C channels */
     if (n->op == OP_BN_BWD_SUMS) {
-        fprintf(o, "    rt_bn_bwd_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", N, C, HW,
-                x->id, n->in[1]->id, n->in[2]->id, n->id);
+        if (nhwc)
+            fprintf(o, "    rt_bn_bwd_sums_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", N * HW, C, x->id,
+                    n->in[1]->id, n->in[2]->id, n->id);
+        else
+            fprintf(o, "    rt_bn_bwd_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);\n", N, C, HW,
+                    x->id, n->in[1]->id, n->in[2]->id, n->id);
         return;
     }
     const IrParam *rm = &c->g->params[n->attr.stat_param];
-    fprintf(o, "    rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
+    if (nhwc) fprintf(o, "    rt_bn_stats_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, ", N * HW, C, x->id, n->id);
+    else fprintf(o, "    rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
     dbl(o, n->attr.eps), fprintf(o, ", "), dbl(o, n->attr.momentum);
     fprintf(o, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval);
     comment_text(o, rm->name);
@@ -587,10 +613,11 @@ static void emit_bn(Cg *c, const IrNode *n) {
 }
 
 static void emit_lib(Cg *c, const IrNode *n) {
-    /* the kernels take logical row-major float tensors (labels: int64) */
+    /* the kernels take float tensors (labels: int64) in the layouts ir_operand_layout names */
     for (int k = 0; k <= n->n_in; k++) {
         const IrNode *x = k < n->n_in ? n->in[k] : n;
-        if (x->layout != LAYOUT_ROW_MAJOR) ICE("cpu: %s on a channels-last tensor", ir_op_name(n->op));
+        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
+        if (want >= 0 && !ir_stored_as(x, (IrLayout)want)) ICE("cpu: %s on a tensor in another layout", ir_op_name(n->op));
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("cpu: %s on %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
     }
     switch (n->op) {
@@ -618,7 +645,7 @@ static void emit_node(Cg *c, const IrNode *n) {
     if (n->storage == ST_INLINE) return; /* written into its users as a literal */
     if (kind == OPK_SOURCE || kind == OPK_VIEW) {
         if (!c->read[n->id]) return;
-        if (kind == OPK_VIEW && n->layout != root(n)->layout) ICE("cpu: reshape across layouts");
+        if (kind == OPK_VIEW && !ir_stored_as(root(n), n->layout)) ICE("cpu: reshape across layouts");
         comment(c, n);
         declare(c, n);
         return;

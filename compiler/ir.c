@@ -180,6 +180,37 @@ void ir_renumber(IrGraph *g) {
     for (int i = 0; i < g->n; i++) g->nodes[i]->id = i;
 }
 
+/* ---- physical layouts */
+
+int ir_stored_as(const IrNode *x, IrLayout layout) {
+    const IrShape *s = &x->shape;
+    if (x->layout == layout || s->rank != 4) return 1;
+    return s->dim[1] == 1 || s->dim[2] * s->dim[3] == 1;
+}
+
+int ir_operand_layout(const IrNode *n, int k) {
+    switch (ir_op_kind(n->op)) {
+    case OPK_EW:
+    case OPK_REDUCE: return -1;
+    case OPK_SOURCE: return LAYOUT_ROW_MAJOR;
+    case OPK_VIEW: return LAYOUT_ROW_MAJOR; /* views reinterpret row-major storage */
+    case OPK_LIB: break;
+    }
+    switch (n->op) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA: return k == 0 ? (int)n->layout : LAYOUT_ROW_MAJOR; /* weights: oihw */
+    case OP_CONV2D_BWD_FILTER: /* x and dy alike: channels-last if either is */
+        return n->in[0]->layout == LAYOUT_NHWC || n->in[1]->layout == LAYOUT_NHWC ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
+    case OP_MAXPOOL2D:
+    case OP_MAXPOOL2D_BWD:
+    case OP_AVGPOOL2D:
+    case OP_AVGPOOL2D_BWD: return n->layout;
+    case OP_BN_STATS: return -1;
+    case OP_BN_BWD_SUMS: return k == 0 ? -1 : k == 1 ? LAYOUT_ROW_MAJOR : (int)n->in[0]->layout;
+    default: return LAYOUT_ROW_MAJOR;
+    }
+}
+
 /* ---- verifier */
 
 static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
@@ -289,6 +320,15 @@ static int verify_node(const IrGraph *g, const IrNode *n, int pos, const char *s
     IrShape want;
     if (!expected_shape(n, &want) || !ir_shape_eq(&want, &n->shape))
         return verify_fail(stage, n, "shape does not follow from the operands");
+    if (n->layout == LAYOUT_NHWC && n->shape.rank != 4) return verify_fail(stage, n, "channels-last below rank 4");
+    int nhwc_op = ir_op_kind(n->op) == OPK_EW || n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA ||
+                  (n->op >= OP_MAXPOOL2D && n->op <= OP_AVGPOOL2D_BWD);
+    if (n->layout == LAYOUT_NHWC && !nhwc_op) return verify_fail(stage, n, "this operator has no channels-last form");
+    for (int i = 0; i < n->n_in; i++) {
+        int want = ir_operand_layout(n, i);
+        if (want >= 0 && !ir_stored_as(n->in[i], (IrLayout)want))
+            return verify_fail(stage, n, "an operand is stored in a layout the operator does not read");
+    }
     int ew_float = ir_op_kind(n->op) == OPK_EW && n->op != OP_CAST;
     if ((ew_float || ir_op_kind(n->op) == OPK_REDUCE) && !is_float(n->dtype))
         return verify_fail(stage, n, "arithmetic on a non-float dtype");
@@ -304,6 +344,11 @@ int ir_verify(const IrGraph *g, const char *stage) {
     }
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
+        if (p->grad && !ir_stored_as(p->grad, LAYOUT_ROW_MAJOR)) {
+            fprintf(stderr, "netc: IR verification failed after %s: gradient of '%s' is not row-major\n", stage,
+                    p->name);
+            return 0;
+        }
         if (p->grad && !ir_shape_eq(&p->grad->shape, &p->node->shape)) {
             fprintf(stderr, "netc: IR verification failed after %s: gradient of '%s' has the wrong shape\n",
                     stage, p->name);

@@ -191,6 +191,15 @@ const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
 int ir_dtype_size(IrDtype dt);
 int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
 
+/* ---- physical layouts */
+/* x's elements lie in memory as they would in `layout`: its own layout, or any layout when the
+ * order cannot differ (not rank 4, or one channel, or one pixel per channel: NHWC of
+ * [N, C, 1, 1] is row-major). */
+int ir_stored_as(const IrNode *x, IrLayout layout);
+/* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
+ * layout (element-wise operators and reductions index through strides). */
+int ir_operand_layout(const IrNode *n, int k);
+
 /* ---- shapes */
 int64_t ir_numel(const IrShape *s);
 int ir_shape_eq(const IrShape *a, const IrShape *b);

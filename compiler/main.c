@@ -29,10 +29,10 @@ extern char **environ;
 
 enum { MAX_DEFINES = 256 };
 
-typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C } DumpStage;
+typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C } DumpStage;
 
 static const char *const dump_names[] = {
-    [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad",
+    [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad", [DUMP_LAYOUT] = "layout",
     [DUMP_FUSED] = "fused", [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c",
 };
 
@@ -47,6 +47,7 @@ typedef struct Options {
     DumpStage dump;
     int check_only; /* --check: stop after semantic analysis */
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
+    int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
@@ -62,9 +63,10 @@ static void usage(FILE *out) {
             "  -o FILE              the trainer to write (default: FILE.net without .net)\n"
             "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
             "  --emit-dir DIR       keep the generated C source in DIR\n"
-            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, fused, memplan, c\n"
+            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, layout, fused, memplan, c\n"
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
+            "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
             "  --backend NAME       code generator (default: cpu)\n"
             "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
@@ -99,7 +101,7 @@ static int parse_dump(Options *o, const char *stage) {
             o->dump = (DumpStage)i;
             return 0;
         }
-    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, fused, memplan, c)", stage);
+    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, layout, fused, memplan, c)", stage);
 }
 
 /* The value of an option written `--opt VALUE` or `--opt=VALUE`; NULL if this arg is not it. */
@@ -143,6 +145,10 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->emit_dir = v;
         } else if ((v = opt_value(argc, argv, &i, "--dump", &err))) {
             if ((err = parse_dump(o, v))) return err;
+        } else if ((v = opt_value(argc, argv, &i, "--layout", &err))) {
+            if (strcmp(v, "channels-last") && strcmp(v, "row-major"))
+                return usage_error("--layout takes channels-last or row-major, found '%s'", v);
+            o->row_major = strcmp(v, "row-major") == 0;
         } else if ((v = opt_value(argc, argv, &i, "--backend", &err))) {
             o->backend = v;
         } else if ((v = opt_value(argc, argv, &i, "--cc", &err))) {
@@ -295,6 +301,9 @@ static int compile(const Options *o, Arena *arena) {
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
+    layout_select(g, !o->row_major);
+    verify(g, "layout");
+    if (o->dump == DUMP_LAYOUT) return ir_print(g, stdout), 0;
     if (!o->no_fuse) fuse_elementwise(g);
     verify(g, "fusion");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;

@@ -187,6 +187,7 @@ static void size_scratch(IrGraph *g) {
         IrNode *n = g->nodes[i];
         if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER)
             continue;
+        if (ir_operand_layout(n, 0) == LAYOUT_NHWC) continue; /* oneDNN brings its own scratch */
         const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
         const IrShape *w = n->op == OP_CONV2D ? &n->in[1]->shape
                          : n->op == OP_CONV2D_BWD_DATA ? &n->in[1]->shape : &n->shape;

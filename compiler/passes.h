@@ -26,6 +26,11 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
  * are summed. Frozen parameters get none. Returns 0 on success. */
 int ad_differentiate(IrGraph *g);
 
+/* layout.c: choose each value's physical layout: channels-last (NHWC) through convolution
+ * chains when `channels_last`, else row-major everywhere; insert OP_LAYOUT conversions where a
+ * reader needs the other layout. Returns the number of conversions. Run before fusion. */
+int layout_select(IrGraph *g, int channels_last);
+
 /* fuse.c: element-wise fusion. Marks each maximal run of consecutive element-wise nodes of one
  * shape, layout and phase (forward or backward) as one group, which the backends emit as one
  * loop (one kernel) at the group's first position: a member that only other members read is

@@ -1,0 +1,175 @@
+/* layout.c - physical layout selection: channels-last (NHWC) through convolution chains.
+ *
+ * Requires:    a differentiated graph in schedule order; no fusion or memory plan yet.
+ * Guarantees:  every operand is stored in a layout its operator reads (ir_operand_layout), so
+ *              ir_verify's layout checks hold; inputs, parameters, gradients, views and every
+ *              tensor below rank 4 stay row-major; shapes stay logical (NCHW), so the program
+ *              computes the same values and weight files are unchanged. A conversion (OP_LAYOUT,
+ *              element-wise) appears only where a value's producer and a reader that cannot
+ *              stride through it disagree, never between two channels-last operators.
+ * Invalidates: node ids (renumbered), n_fwd grows by the forward conversions.
+ *
+ * The choice, in three sweeps:
+ *   1. forward: convolutions (forward and data gradient) produce NHWC; an element-wise
+ *      operator or a pooling whose rank-4 operand is NHWC produces NHWC too, so the layout
+ *      flows through bias, batch norm, residual adds, activations, pooling and their
+ *      gradients;
+ *   2. backward: a row-major element-wise operator or pooling whose every reader wants NHWC
+ *      becomes NHWC (the element-wise loop reads its operands in any layout, so `image / 255`
+ *      before the first convolution does the transposition for free);
+ *   3. conversions where a reader still needs another layout: an input fed straight to a
+ *      convolution, a channels-last value flattened for a dense layer.
+ * Only f32 values with more than one channel and more than one pixel are affected: for the
+ * others both layouts are the same bytes.
+ */
+#include <string.h>
+
+#include "passes.h"
+
+static int sensitive(const IrNode *n) {
+    const IrShape *s = &n->shape;
+    return s->rank == 4 && n->dtype == DT_F32 && s->dim[1] > 1 && s->dim[2] * s->dim[3] > 1;
+}
+
+static int is_pool(IrOp op) { return op >= OP_MAXPOOL2D && op <= OP_AVGPOOL2D_BWD; }
+
+/* The layout decides how n is computed: a pooling reads or writes a full plane even when its
+ * other side is one pixel (global average pooling). */
+static int matters(const IrNode *n) {
+    return sensitive(n) || (is_pool(n->op) && sensitive(n->in[0]));
+}
+
+static int nhwc(const IrNode *n) { return n->layout == LAYOUT_NHWC && sensitive(n); }
+
+/* Readers of each node, from one scan. */
+typedef struct Users {
+    int *start; /* readers of node i: reader[start[i] .. start[i + 1]) */
+    IrNode **reader;
+} Users;
+
+static Users find_users(const IrGraph *g) {
+    Users u;
+    u.start = arena_alloc(g->arena, ((size_t)g->n + 2) * sizeof *u.start);
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) u.start[g->nodes[i]->in[k]->id + 2]++;
+    for (int i = 0; i < g->n; i++) u.start[i + 2] += u.start[i + 1];
+    u.reader = arena_alloc(g->arena, ((size_t)u.start[g->n + 1] + 1) * sizeof *u.reader);
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) u.reader[u.start[g->nodes[i]->in[k]->id + 1]++] = g->nodes[i];
+    return u;
+}
+
+/* Every reader of n would rather have it channels-last. */
+static int readers_want_nhwc(const Users *u, const IrNode *n) {
+    if (u->start[n->id] == u->start[n->id + 1]) return 0;
+    for (int r = u->start[n->id]; r < u->start[n->id + 1]; r++) {
+        const IrNode *user = u->reader[r];
+        for (int k = 0; k < user->n_in; k++) {
+            if (user->in[k] != n) continue;
+            int want = ir_operand_layout(user, k);
+            int ew_nhwc = ir_op_kind(user->op) == OPK_EW && nhwc(user) && ir_shape_eq(&user->shape, &n->shape);
+            if (want != LAYOUT_NHWC && !ew_nhwc) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Sweeps 1 and 2: set the layout of every node. */
+static void choose(IrGraph *g) {
+    unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
+    for (int i = 0; i < g->n_params; i++)
+        for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL) is_grad[n->id] = 1;
+    for (int i = 0; i < g->n; i++) {
+        IrNode *n = g->nodes[i];
+        n->layout = LAYOUT_ROW_MAJOR;
+        if (!matters(n) || is_grad[n->id]) continue;
+        if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
+            n->layout = LAYOUT_NHWC;
+        } else if (ir_op_kind(n->op) == OPK_EW) {
+            for (int k = 0; k < n->n_in; k++)
+                if (nhwc(n->in[k]) && ir_shape_eq(&n->in[k]->shape, &n->shape)) n->layout = LAYOUT_NHWC;
+        } else if (is_pool(n->op) && nhwc(n->in[0])) {
+            n->layout = LAYOUT_NHWC;
+        }
+    }
+    Users u = find_users(g);
+    for (int i = g->n - 1; i >= 0; i--) {
+        IrNode *n = g->nodes[i];
+        if (n->layout == LAYOUT_NHWC || !matters(n) || is_grad[n->id]) continue;
+        if (ir_op_kind(n->op) != OPK_EW && !is_pool(n->op)) continue;
+        if (!readers_want_nhwc(&u, n)) continue;
+        if (is_pool(n->op)) { /* only when that moves no conversion onto its own operands */
+            int ok = 1;
+            for (int k = 0; k < n->n_in; k++) ok &= ir_stored_as(n->in[k], LAYOUT_NHWC);
+            if (!ok) continue;
+        }
+        n->layout = LAYOUT_NHWC;
+    }
+}
+
+typedef struct NodeList {
+    IrNode **at;
+    int n, cap;
+} NodeList;
+
+static void push(IrGraph *g, NodeList *l, IrNode *n) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : g->n + 16;
+        IrNode **grown = arena_alloc(g->arena, (size_t)l->cap * sizeof *grown);
+        if (l->n) memcpy(grown, l->at, (size_t)l->n * sizeof *grown);
+        l->at = grown;
+    }
+    l->at[l->n++] = n;
+}
+
+/* Sweep 3: a conversion before the first reader that needs one; later readers share it. */
+static int convert(IrGraph *g) {
+    IrNode **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * 2 * sizeof *conv); /* [value][layout] */
+    NodeList list = {0};
+    int n_fwd = g->n_fwd, added = 0;
+    for (int i = 0; i < g->n; i++) {
+        IrNode *n = g->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            IrNode *x = n->in[k];
+            int want = ir_operand_layout(n, k);
+            if (want < 0 || ir_stored_as(x, (IrLayout)want)) continue;
+            IrNode **slot = &conv[x->id * 2 + want];
+            if (!*slot) {
+                IrNode *c = arena_alloc(g->arena, sizeof *c);
+                c->op = OP_LAYOUT;
+                c->n_in = 1;
+                c->in[0] = x;
+                c->shape = x->shape;
+                c->dtype = x->dtype;
+                c->layout = (IrLayout)want;
+                c->phase = n->phase;
+                c->loc = n->loc;
+                c->attr.groups = 1;
+                push(g, &list, c);
+                added++;
+                if (i < g->n_fwd) n_fwd++;
+                *slot = c;
+            }
+            n->in[k] = *slot;
+        }
+        push(g, &list, n);
+    }
+    if (added) {
+        g->nodes = list.at;
+        g->n = list.n;
+        g->cap = list.cap;
+        g->n_fwd = n_fwd;
+    }
+    ir_renumber(g);
+    return added;
+}
+
+int layout_select(IrGraph *g, int channels_last) {
+    ir_renumber(g);
+    if (!channels_last) {
+        for (int i = 0; i < g->n; i++) g->nodes[i]->layout = LAYOUT_ROW_MAJOR;
+        return 0;
+    }
+    choose(g);
+    return convert(g);
+}
