@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "passes.h"
 
 enum { PAR_MIN = 32768 }; /* elements below which a loop runs on one thread */
 
@@ -406,33 +407,45 @@ static void emit_ew(Cg *c, const IrNode *n) {
     fprintf(o, ";\n");
 }
 
-/* A fused group: one loop; each member's value is a local t<id>, stored only when something
- * outside the group reads it. */
-static void emit_group(Cg *c, const IrNode *head) {
-    const IrGraph *g = c->g;
-    FILE *o = c->out;
-    int grp = head->group;
-    c->done[grp] = 1;
-    fprintf(o, "    // fused group %d: one loop over %" PRId64 " elements\n", grp, ir_numel(&head->shape));
-    for (int i = head->id; i < g->n && (g->nodes[i]->group == grp || g->nodes[i]->op == OP_CONST); i++) {
-        const IrNode *n = g->nodes[i];
-        if (n->group != grp) continue;
+/* A fused group's members, in schedule order (constants between them are skipped). */
+#define FOR_MEMBERS(n, head)                                                                       \
+    for (int i_ = (head)->id; i_ < c->g->n &&                                                     \
+                              (c->g->nodes[i_]->group == (head)->group || c->g->nodes[i_]->op == OP_CONST); \
+         i_++)                                                                                     \
+        if (((n) = c->g->nodes[i_])->group == (head)->group)
+
+/* The comments and pointer declarations of a group's members, before its loop. */
+static void group_header(Cg *c, const IrNode *head) {
+    const IrNode *n;
+    c->done[head->group] = 1;
+    FOR_MEMBERS(n, head) {
         comment(c, n);
         if (!n->internal) declare(c, n);
     }
-    c->group = grp;
-    loop_head(c, ir_numel(&head->shape), "    ");
-    fprintf(o, " {\n");
-    for (int i = head->id; i < g->n && (g->nodes[i]->group == grp || g->nodes[i]->op == OP_CONST); i++) {
-        const IrNode *n = g->nodes[i];
-        if (n->group != grp) continue;
-        fprintf(o, "        const float t%d = ", n->id);
+}
+
+/* The body of a group's loop at index i: each member a local t<id>, stored only when
+ * something outside the group reads it. */
+static void group_body(Cg *c, const IrNode *head, const char *indent) {
+    const IrNode *n;
+    c->group = head->group;
+    FOR_MEMBERS(n, head) {
+        fprintf(c->out, "%sconst float t%d = ", indent, n->id);
         ew_expr(c, n);
-        fprintf(o, ";\n");
-        if (!n->internal) fprintf(o, "        v%d[i] = t%d;\n", n->id, n->id);
+        fprintf(c->out, ";\n");
+        if (!n->internal) fprintf(c->out, "%sv%d[i] = t%d;\n", indent, n->id, n->id);
     }
-    fprintf(o, "    }\n");
     c->group = 0;
+}
+
+/* A fused group: one loop over its elements. */
+static void emit_group(Cg *c, const IrNode *head) {
+    fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
+    group_header(c, head);
+    loop_head(c, ir_numel(&head->shape), "    ");
+    fprintf(c->out, " {\n");
+    group_body(c, head, "        ");
+    fprintf(c->out, "    }\n");
 }
 
 /* ---- reductions */
@@ -500,6 +513,33 @@ static void emit_reduce(Cg *c, const IrNode *n) {
 
 /* ---- library kernels */
 
+/* A rank-2 product with its epilogue group: each thread multiplies its own block of rows
+ * (OpenBLAS runs single-threaded inside a parallel region) and applies the group to that
+ * block while it is still in cache. */
+static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
+    const IrNode *a = n->in[0], *b = n->in[1], *head = NULL;
+    int ta = n->attr.trans_a, tb = n->attr.trans_b;
+    int64_t M = n->shape.dim[0], N = n->shape.dim[1], K = a->shape.dim[1 - ta];
+    int64_t lda = a->shape.dim[1], ldb = b->shape.dim[1];
+    FILE *o = c->out;
+    for (int i = n->id + 1; i < c->g->n && !head; i++)
+        if (c->g->nodes[i]->group == n->epilogue) head = c->g->nodes[i];
+    fprintf(o, "    // with its epilogue, fused group %d (%s), on each thread's block of rows\n", n->epilogue,
+            epilogue_kind(c->g, n));
+    group_header(c, head);
+    fprintf(o, "    #pragma omp parallel\n    {\n");
+    fprintf(o, "        const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();\n");
+    fprintf(o, "        const int64_t r0 = %" PRId64 " * th / nt, r1 = %" PRId64 " * (th + 1) / nt;\n", M, M);
+    fprintf(o, "        if (r1 > r0) {\n");
+    /* rows r0.. of op(A): rows of A, or columns of A when it is transposed */
+    fprintf(o, "            rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
+               ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");\n",
+            ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+    fprintf(o, "            for (int64_t i = r0 * %" PRId64 "; i < r1 * %" PRId64 "; i++) {\n", N, N);
+    group_body(c, head, "                ");
+    fprintf(o, "            }\n        }\n    }\n");
+}
+
 static void emit_matmul(Cg *c, const IrNode *n) {
     const IrNode *a = n->in[0], *b = n->in[1];
     int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
@@ -511,6 +551,10 @@ static void emit_matmul(Cg *c, const IrNode *n) {
         fprintf(o, "    rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d + b * %" PRId64
                    ", %" PRId64 ", v%d + b * %" PRId64 ", %" PRId64 ", 0.0f, v%d + b * %" PRId64 ", %" PRId64 ");\n",
                 ta, tb, M, N, K, a->id, M * K, lda, b->id, K * N, ldb, n->id, M * N, N);
+        return;
+    }
+    if (n->epilogue) {
+        emit_matmul_epilogue(c, n);
         return;
     }
     fprintf(o, "    rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d, %" PRId64 ", v%d, %" PRId64
@@ -976,7 +1020,7 @@ static void emit_prologue(Cg *c) {
     fprintf(o, "// Build: cc -std=gnu11 -O2 -fopenmp "), comment_text(o, g->model_name);
     fprintf(o, ".c -I<netc>/runtime <build>/runtime/libnetrt.a\n"
                "//            -lopenblas -lcjson -lz -lpthread -lm\n\n");
-    fprintf(o, "#include <math.h>\n#include <stdint.h>\n#include <string.h>\n\n#include \"netrt.h\"\n\n");
+    fprintf(o, "#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n#include <string.h>\n\n#include \"netrt.h\"\n\n");
     emit_helpers(c);
 }
 

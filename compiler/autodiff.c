@@ -184,12 +184,14 @@ static IrNode *matmul(Ad *ad, IrNode *a, IrNode *b, int ta, int tb, const IrShap
 static void grad_matmul(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *a = y->in[0], *b = y->in[1];
     int ta = y->attr.trans_a, tb = y->attr.trans_b;
-    if (wants(ad, a))
-        accumulate(ad, a, ta ? matmul(ad, b, dy, tb, 1, &a->shape)
-                             : matmul(ad, dy, b, 0, !tb, &a->shape));
+    /* b's gradient (a dense layer's weights) first, so that a's (the layer's input) comes
+     * last and the previous layer's activation gradient follows it: its epilogue */
     if (wants(ad, b))
         accumulate(ad, b, tb ? matmul(ad, dy, a, 1, ta, &b->shape)
                              : matmul(ad, a, dy, !ta, 0, &b->shape));
+    if (wants(ad, a))
+        accumulate(ad, a, ta ? matmul(ad, b, dy, tb, 1, &a->shape)
+                             : matmul(ad, dy, b, 0, !tb, &a->shape));
 }
 
 /* Library kernels whose gradient is another library kernel with the same attributes. */

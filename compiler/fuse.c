@@ -86,7 +86,7 @@ static const char *base_name(const char *path) {
 static int64_t bytes_of(const IrNode *n) { return ir_numel(&n->shape) * ir_dtype_size(n->dtype); }
 
 /* A kernel launch per step: every node that computes (not sources, views or inline constants),
- * counting a fused group once. */
+ * counting a fused group once and a matrix product's epilogue group not at all. */
 static void count_kernels(const IrGraph *g, int from, int to, int *fused, int *unfused) {
     *fused = *unfused = 0;
     int last_group = 0;
@@ -96,7 +96,7 @@ static void count_kernels(const IrGraph *g, int from, int to, int *fused, int *u
         if (kind == OPK_SOURCE || kind == OPK_VIEW || n->storage == ST_INLINE) continue;
         ++*unfused;
         if (!n->group || n->group != last_group) ++*fused;
-        last_group = n->group;
+        last_group = n->epilogue ? n->epilogue : n->group; /* an epilogue runs inside its product */
     }
 }
 
@@ -129,6 +129,9 @@ static void report_group(const IrGraph *g, int group, int64_t *saved, FILE *out)
         if (!seen && n_lines < 64) lines[n_lines++] = n->loc.line;
         if (n->internal) bytes += traffic_saved(g, n);
     }
+    for (int i = 0; i < first->id; i++)
+        if (g->nodes[i]->epilogue == group)
+            fprintf(out, "\n      epilogue of %%%d matmul (%s)", i, epilogue_kind(g, g->nodes[i]));
     fprintf(out, "\n      from %s line", base_name(first->loc.file));
     fprintf(out, "%s", n_lines > 1 ? "s" : "");
     for (int k = 0; k < n_lines; k++) fprintf(out, "%s %d", k ? "," : "", lines[k]);

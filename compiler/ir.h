@@ -108,6 +108,8 @@ struct IrNode {
     int index;          /* INPUT: input number; PARAM: parameter number */
     int group;          /* fused element-wise group (1-based; 0 = none), set by fuse_elementwise */
     int internal;       /* read only inside its group: kept in a register, never stored */
+    int epilogue;       /* MATMUL: the fused group applied to its output as it is produced
+                         * (0 = none), set by fuse_epilogues */
     /* filled by the memory plan */
     IrStorage storage;
     int64_t offset;     /* bytes for ST_ARENA, elements for ST_PARAM/ST_GRAD */

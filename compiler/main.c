@@ -306,6 +306,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_LAYOUT) return ir_print(g, stdout), 0;
     if (!o->no_fuse) fuse_elementwise(g);
     verify(g, "fusion");
+    if (!o->no_fuse) fuse_epilogues(g);
+    verify(g, "epilogues");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     mp_plan(g);
     verify(g, "memplan");

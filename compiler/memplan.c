@@ -100,9 +100,12 @@ static void liveness(IrGraph *g) {
     int *last = xmalloc(((size_t)g->n_groups + 1) * sizeof *last);
     for (int i = g->n - 1; i >= 0; i--) first[g->nodes[i]->group] = i;
     for (int i = 0; i < g->n; i++) last[g->nodes[i]->group] = i;
+    /* a matrix product and its epilogue group run interleaved, block by block: one span */
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->epilogue) first[g->nodes[i]->epilogue] = i;
     int *lo = xmalloc(((size_t)g->n + 1) * sizeof *lo), *hi = xmalloc(((size_t)g->n + 1) * sizeof *hi);
     for (int i = 0; i < g->n; i++) {
-        int grp = g->nodes[i]->group;
+        int grp = g->nodes[i]->group ? g->nodes[i]->group : g->nodes[i]->epilogue;
         lo[i] = grp ? first[grp] : i;
         hi[i] = grp ? last[grp] : i;
     }

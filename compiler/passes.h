@@ -38,6 +38,17 @@ int layout_select(IrGraph *g, int channels_last);
  * matrix product or convolution, batch norm + residual add + ReLU, and their backward
  * counterparts. Returns the number of groups. */
 int fuse_elementwise(IrGraph *g);
+/* epilogue.c: GEMM + bias + activation. A matrix product whose element-wise tail (bias,
+ * activation, or in the backward pass the activation's gradient) follows it directly gets
+ * that group as its `epilogue` (a lone element-wise node becomes a one-member group), which
+ * the backends apply to each block of the product's rows as soon as it is computed (CPU: per
+ * thread while the block is in cache; CUDA: the cuBLASLt epilogue of that form). Run after
+ * fuse_elementwise. Returns the number of epilogues. */
+int fuse_epilogues(IrGraph *g);
+/* The cuBLASLt name of group `group`'s form as an epilogue of `mm` ("RELU_BIAS", "BIAS",
+ * "GELU_BIAS", "DRELU", "DGELU", ...), or "custom" when it has none. */
+const char *epilogue_kind(const IrGraph *g, const IrNode *mm);
+
 /* --report: every fused group with the .net lines it came from, each value's layout, kernels
  * per training step fused and unfused, memory traffic saved, and the memory plan's peak.
  * Requires a planned graph. */

@@ -8,7 +8,7 @@
 # stores values NHWC, that it has at most MAX_CONVERSIONS layout conversions (the boundaries),
 # and that no conversion sits between two channels-last operators.
 set -eu
-netc=$1 work=$2 model=$3 steps=$4 max_conv=$5
+netc=$1 work=$2/layouts model=$3 steps=$4 max_conv=$5 # its own directory: fused_vs_unfused.sh lists *.npy
 shift 5
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -46,9 +46,9 @@ rng = np.random.default_rng(11)
 for name, dt, dims in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M):
     shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
     arr = rng.integers(0, 10, shape) if dt == "i64" else rng.normal(size=shape) * 50
-    np.save(f"{work}/{model}-L{name}.npy", arr.astype(np.int64 if dt == "i64" else np.float32))
+    np.save(f"{work}/{model}-{name}.npy", arr.astype(np.int64 if dt == "i64" else np.float32))
 PY
-args=$(ls "$work"/"$model"-L*.npy | sed "s|^$work/$model-L\(.*\)\.npy$|--data \1=&|")
+args=$(ls "$work"/"$model"-*.npy | sed "s|^$work/$model-\(.*\)\.npy$|--data \1=&|")
 for v in nhwc nchw; do
   # shellcheck disable=SC2086
   "$work/$model-$v" $args --steps "$steps" --no-shuffle --seed 3 --threads 2 --quiet \
