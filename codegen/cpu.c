@@ -30,6 +30,7 @@ typedef struct Cg {
     unsigned char *decl;    /* decl[id]: v<id> is declared in the function being emitted */
     unsigned char *done;    /* done[group]: the fused group's loop is already emitted */
     int group;              /* the fused group whose loop is being emitted, or 0 */
+    const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
 } Cg;
 
 static const IrNode *root(const IrNode *n) {
@@ -329,6 +330,11 @@ static void xhat(Cg *c, const IrNode *n) {
 }
 
 static void bn_apply(Cg *c, const IrNode *n) {
+    if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
+        elem(c, n->in[0], n);
+        fprintf(c->out, " + fold_b%d[", n->in[0]->id), chan(c, n), fprintf(c->out, "]");
+        return;
+    }
     xhat(c, n);
     fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
     fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
@@ -562,6 +568,51 @@ static void emit_matmul(Cg *c, const IrNode *n) {
             ta, tb, M, N, K, a->id, lda, b->id, ldb, n->id, N);
 }
 
+static void emit_bn(Cg *c, const IrNode *n);
+
+/* ---- convolution + batch norm folding (evaluation) */
+
+/* In eval_step, a convolution whose output only one batch norm reads (its statistics, from
+ * the running buffers, and one application) is folded: the statistics are taken first, the
+ * weights scaled per output channel by weight * invstd into fold_w<id>, and the batch norm
+ * becomes `y + fold_b<id>[c]`, fold_b = bias - mean * weight * invstd. */
+static void find_folds(Cg *c) {
+    const IrGraph *g = c->g;
+    int *readers = xcalloc((size_t)g->n + 1, sizeof *readers);
+    for (int i = 0; i < g->n_fwd; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) readers[g->nodes[i]->in[k]->id]++;
+    for (int i = 0; i < g->n_fwd; i++) {
+        const IrNode *a = g->nodes[i];
+        if (a->op != OP_BN_APPLY) continue;
+        const IrNode *conv = a->in[0], *stats = a->in[1];
+        if (conv->op == OP_CONV2D && stats->op == OP_BN_STATS && stats->in[0] == conv && readers[conv->id] == 2 &&
+            readers[stats->id] == 1 && conv->dtype == DT_F32)
+            c->fold[conv->id] = stats;
+    }
+    free(readers);
+}
+
+static const IrNode *fold_apply(const Cg *c, const IrNode *stats) {
+    for (int i = stats->id + 1; i < c->g->n_fwd; i++)
+        if (c->g->nodes[i]->op == OP_BN_APPLY && c->g->nodes[i]->in[1] == stats) return c->g->nodes[i];
+    ICE("cpu: folded batch norm %%%d has no application", stats->id);
+}
+
+static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
+    const IrNode *w = conv->in[1], *apply = fold_apply(c, stats);
+    int64_t K = w->shape.dim[0], per_k = ir_numel(&w->shape) / K;
+    FILE *o = c->out;
+    fprintf(o, "    // folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights\n",
+            apply->id);
+    declare(c, stats);
+    declare(c, apply->in[2]);
+    declare(c, apply->in[3]);
+    emit_bn(c, stats);
+    fprintf(o, "    static float fold_w%d[%" PRId64 "], fold_b%d[%" PRId64 "];\n", conv->id, K * per_k, conv->id, K);
+    fprintf(o, "    rt_bn_fold(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d, fold_w%d, fold_b%d);\n", K, per_k, w->id,
+            stats->id, apply->in[2]->id, apply->in[3]->id, conv->id, conv->id);
+}
+
 static void emit_conv(Cg *c, const IrNode *n) {
     const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
     const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
@@ -577,14 +628,20 @@ static void emit_conv(Cg *c, const IrNode *n) {
             y->dim[2], y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0],
             a->dil[1], a->groups);
     const char *fn = n->op == OP_CONV2D ? "fwd" : n->op == OP_CONV2D_BWD_DATA ? "bwd_data" : "bwd_filter";
+    char wname[32];
+    snprintf(wname, sizeof wname, "v%d", n->in[1]->id);
+    if (c->eval && c->fold[n->id]) {
+        emit_fold(c, n, c->fold[n->id]);
+        snprintf(wname, sizeof wname, "fold_w%d", n->id);
+    }
     if (ir_operand_layout(n, 0) == LAYOUT_NHWC) { /* oneDNN, channels-last activations */
         fprintf(o, "    static RtConvPlan *plan%d; // built by the first call\n", n->id);
-        fprintf(o, "    rt_conv2d_nhwc_%s(&conv%d, &plan%d, v%d, v%d, v%d);\n", fn, n->id, n->id, n->in[0]->id,
-                n->in[1]->id, n->id);
+        fprintf(o, "    rt_conv2d_nhwc_%s(&conv%d, &plan%d, v%d, %s, v%d);\n", fn, n->id, n->id, n->in[0]->id,
+                wname, n->id);
         return;
     }
-    fprintf(o, "    rt_conv2d_%s(&conv%d, v%d, v%d, v%d, ctx->scratch, ctx->scratch_per_thread);\n", fn,
-            n->id, n->in[0]->id, n->in[1]->id, n->id);
+    fprintf(o, "    rt_conv2d_%s(&conv%d, v%d, %s, v%d, ctx->scratch, ctx->scratch_per_thread);\n", fn,
+            n->id, n->in[0]->id, wname, n->id);
 }
 
 static void emit_pool(Cg *c, const IrNode *n) {
@@ -698,6 +755,7 @@ static void emit_node(Cg *c, const IrNode *n) {
         if (!c->done[n->group]) emit_group(c, n);
         return;
     }
+    if (c->eval && n->op == OP_BN_STATS && c->fold[n->in[0]->id] == n) return; /* taken with its convolution */
     comment(c, n);
     if (kind != OPK_EW) /* kernels and reductions read constants through pointers */
         for (int k = 0; k < n->n_in; k++)
@@ -797,6 +855,7 @@ static void emit_eval(Cg *c) {
     FILE *o = c->out;
     mark_reads(c, g->n_fwd, 0);
     c->eval = 1;
+    find_folds(c);
     fprintf(o, "// The forward pass in evaluation mode (dropout off), with the same buffers as the\n"
                "// training step: loss and metrics only.\n");
     fprintf(o, "static void eval_step(RtCtx *ctx) {\n");
@@ -1019,7 +1078,7 @@ static void emit_prologue(Cg *c) {
                "// initialisation, the training loop, logging and weight files.\n//\n");
     fprintf(o, "// Build: cc -std=gnu11 -O2 -fopenmp "), comment_text(o, g->model_name);
     fprintf(o, ".c -I<netc>/runtime <build>/runtime/libnetrt.a\n"
-               "//            -lopenblas -lcjson -lz -lpthread -lm\n\n");
+               "//            -ldnnl -lopenblas -lcjson -lz -lpthread -lm\n\n");
     fprintf(o, "#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n#include <string.h>\n\n#include \"netrt.h\"\n\n");
     emit_helpers(c);
 }
@@ -1030,6 +1089,7 @@ static int emit(const IrGraph *g, FILE *out) {
     c.read = xcalloc((size_t)g->n + 1, 1);
     c.decl = xcalloc((size_t)g->n + 1, 1);
     c.done = xcalloc((size_t)g->n_groups + 1, 1);
+    c.fold = xcalloc((size_t)g->n + 1, sizeof *c.fold);
     emit_prologue(&c);
     fprintf(out, "// ---- model description\n\n");
     emit_description(&c);
@@ -1045,6 +1105,7 @@ static int emit(const IrGraph *g, FILE *out) {
     free(c.read);
     free(c.decl);
     free(c.done);
+    free((void *)c.fold);
     return ferror(out) ? 1 : 0;
 }
 

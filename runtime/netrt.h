@@ -183,6 +183,11 @@ void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double
                       float *running, int training);
 void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,
                          float *sums);
+/* Convolution + batch norm folding for evaluation: w [K, per_k] scaled per output channel,
+ * w_out[k] = w[k] * weight[k] * invstd[k], and b_out[k] = bias[k] - mean[k] * weight[k] *
+ * invstd[k], with (mean, invstd) = stats [2, K] from rt_bn_stats. */
+void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, const float *weight,
+                const float *bias, float *w_out, float *b_out);
 /* Rows among the first n_valid whose argmax (first on ties) equals the label. */
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);

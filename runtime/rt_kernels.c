@@ -444,6 +444,15 @@ void rt_bn_stats(int64_t N, int64_t C, int64_t HW, const float *x, float *stats,
     count[0] += 1;
 }
 
+void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, const float *weight,
+                const float *bias, float *w_out, float *b_out) {
+    for (int64_t k = 0; k < K; k++) {
+        float scale = weight[k] * stats[K + k];
+        for (int64_t j = 0; j < per_k; j++) w_out[k * per_k + j] = w[k * per_k + j] * scale;
+        b_out[k] = bias[k] - stats[k] * scale;
+    }
+}
+
 void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
                     const float *dy, float *sums) {
 #pragma omp parallel for if (N * C * HW >= 32768)

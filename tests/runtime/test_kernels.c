@@ -287,6 +287,31 @@ static void test_batchnorm(void **state) {
     free(dy);
 }
 
+/* Folding a batch norm (evaluation statistics) into the convolution before it gives the same
+ * output as the convolution followed by the batch norm. Both sum the same products in float;
+ * the folded one rounds the scaled weights first: 1e-5 relative. */
+static void test_bn_fold(void **state) {
+    (void)state;
+    RtConv c = {.N = 2, .C = 3, .H = 6, .W = 5, .K = 4, .R = 3, .S = 3, .P = 6, .Q = 5, .stride_h = 1,
+                .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1};
+    int64_t nx = c.N * c.C * c.H * c.W, nw = c.K * c.C * c.R * c.S, ny = c.N * c.K * c.P * c.Q, per;
+    float *x = randv(nx), *w = randv(nw), *y = malloc((size_t)ny * 4), *yf = malloc((size_t)ny * 4);
+    float *s = scratch_for(&c, &per), *gamma = randv(c.K), *beta = randv(c.K), wf[4 * 27], bf[4];
+    float stats[8], running[9] = {0.1f, -0.2f, 0.3f, 0.4f, 0.5f, 1.5f, 2.0f, 0.7f, 3.0f};
+    rt_bn_stats(c.N, c.K, c.P * c.Q, y, stats, 1e-5, 0.1, running, 0);
+    rt_conv2d_fwd(&c, x, w, y, s, per);
+    rt_bn_fold(c.K, nw / c.K, w, stats, gamma, beta, wf, bf);
+    rt_conv2d_fwd(&c, x, wf, yf, s, per);
+    double *want = malloc((size_t)ny * 8);
+    for (int64_t i = 0; i < ny; i++) {
+        int64_t k = i / (c.P * c.Q) % c.K;
+        want[i] = (y[i] - stats[k]) * stats[c.K + k] * gamma[k] + beta[k];
+        yf[i] += bf[k];
+    }
+    assert_close(yf, want, ny, 1e-5, "conv2d with folded batch norm");
+    free(x), free(w), free(y), free(yf), free(s), free(gamma), free(beta), free(want);
+}
+
 static void test_accuracy(void **state) {
     (void)state;
     float logits[3 * 3] = {1, 2, 3, 5, 1, 1, 0, 0, 0};
@@ -331,7 +356,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),          cmocka_unit_test(test_conv_forward),
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_accuracy),
-        cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
