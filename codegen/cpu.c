@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "netrt.h" /* the kernels' constants the generated code must match */
 #include "passes.h"
 
 enum { PAR_MIN = 32768 }; /* elements below which a loop runs on one thread */
@@ -444,8 +445,65 @@ static void group_body(Cg *c, const IrNode *head, const char *indent) {
     c->group = 0;
 }
 
+/* A channels-last group with batch-norm sums accumulated in its loop (fuse_reductions): rows of
+ * C channels in blocks of RT_BN_BLOCK_ROWS, each block's partial sums in double, then the
+ * blocks in order: the same arithmetic in the same order as rt_bn_bwd_sums_nhwc. */
+static void emit_group_with_sums(Cg *c, const IrNode *head) {
+    const IrGraph *g = c->g;
+    FILE *o = c->out;
+    int64_t C = head->shape.dim[1], M = ir_numel(&head->shape) / C;
+    int64_t nb = (M + RT_BN_BLOCK_ROWS - 1) / RT_BN_BLOCK_ROWS;
+    fprintf(o, "    // fused group %d: one pass over %" PRId64 " rows of %" PRId64 " channels, accumulating the sums",
+            head->group, M, C);
+    for (int i = head->id; i < g->n; i++)
+        if (g->nodes[i]->fused_into == head->group) fprintf(o, " %%%d", i);
+    fprintf(o, "\n");
+    group_header(c, head);
+    for (int i = head->id; i < g->n; i++) {
+        const IrNode *s = g->nodes[i];
+        if (s->fused_into != head->group) continue;
+        comment(c, s);
+        declare(c, s);
+        fprintf(o, "    static double part%d[%" PRId64 "]; // per block of rows: sum(dy), sum(dy * xhat)\n", s->id,
+                nb * 2 * C);
+    }
+    fprintf(o, "    #pragma omp parallel for schedule(static)%s\n", M * C >= PAR_MIN ? "" : " if (0)");
+    fprintf(o, "    for (int64_t b = 0; b < %" PRId64 "; b++) {\n", nb);
+    for (int i = head->id; i < g->n; i++)
+        if (g->nodes[i]->fused_into == head->group)
+            fprintf(o, "        double *p%d = part%d + b * %" PRId64 ";\n        for (int64_t c = 0; c < %" PRId64
+                       "; c++) p%d[c] = 0;\n",
+                    i, i, 2 * C, 2 * C, i);
+    fprintf(o, "        const int64_t end = (b + 1) * %d < %" PRId64 " ? (b + 1) * %d : %" PRId64 ";\n", RT_BN_BLOCK_ROWS,
+            M, RT_BN_BLOCK_ROWS, M);
+    fprintf(o, "        for (int64_t r = b * %d; r < end; r++)\n", RT_BN_BLOCK_ROWS);
+    fprintf(o, "            for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
+    fprintf(o, "                const int64_t i = r * %" PRId64 " + c;\n", C);
+    group_body(c, head, "                ");
+    for (int i = head->id; i < g->n; i++) {
+        const IrNode *s = g->nodes[i];
+        if (s->fused_into != head->group) continue;
+        int x = s->in[0]->id, st = s->in[1]->id, dy = s->in[2]->id;
+        fprintf(o, "                p%d[c] += t%d;\n", i, dy);
+        fprintf(o, "                p%d[%" PRId64 " + c] += (double)t%d * ((v%d[i] - v%d[c]) * v%d[%" PRId64 " + c]);\n", i, C,
+                dy, x, st, st, C);
+    }
+    fprintf(o, "            }\n    }\n");
+    for (int i = head->id; i < g->n; i++) {
+        if (g->nodes[i]->fused_into != head->group) continue;
+        fprintf(o, "    for (int64_t c = 0; c < %" PRId64 "; c++) {\n        double s = 0;\n", 2 * C);
+        fprintf(o, "        for (int64_t b = 0; b < %" PRId64 "; b++) s += part%d[b * %" PRId64 " + c];\n", nb, i, 2 * C);
+        fprintf(o, "        v%d[c] = (float)s;\n    }\n", i);
+    }
+}
+
 /* A fused group: one loop over its elements. */
 static void emit_group(Cg *c, const IrNode *head) {
+    for (int i = head->id; i < c->g->n; i++)
+        if (c->g->nodes[i]->fused_into == head->group) {
+            emit_group_with_sums(c, head);
+            return;
+        }
     fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
     group_header(c, head);
     loop_head(c, ir_numel(&head->shape), "    ");
@@ -756,6 +814,7 @@ static void emit_node(Cg *c, const IrNode *n) {
         return;
     }
     if (c->eval && n->op == OP_BN_STATS && c->fold[n->in[0]->id] == n) return; /* taken with its convolution */
+    if (n->fused_into) return; /* accumulated in its group's loop */
     comment(c, n);
     if (kind != OPK_EW) /* kernels and reductions read constants through pointers */
         for (int k = 0; k < n->n_in; k++)

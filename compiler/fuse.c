@@ -95,6 +95,7 @@ static void count_kernels(const IrGraph *g, int from, int to, int *fused, int *u
         IrOpKind kind = ir_op_kind(n->op);
         if (kind == OPK_SOURCE || kind == OPK_VIEW || n->storage == ST_INLINE) continue;
         ++*unfused;
+        if (n->fused_into) continue; /* accumulated in its group's loop */
         if (!n->group || n->group != last_group) ++*fused;
         last_group = n->epilogue ? n->epilogue : n->group; /* an epilogue runs inside its product */
     }
@@ -129,6 +130,11 @@ static void report_group(const IrGraph *g, int group, int64_t *saved, FILE *out)
         if (!seen && n_lines < 64) lines[n_lines++] = n->loc.line;
         if (n->internal) bytes += traffic_saved(g, n);
     }
+    for (int i = first->id; i < g->n; i++)
+        if (g->nodes[i]->fused_into == group) {
+            fprintf(out, "\n      with %%%d bn_bwd_sums accumulated in the loop", i);
+            bytes += bytes_of(g->nodes[i]->in[2]); /* the separate kernel reads dy back; x is read either way */
+        }
     for (int i = 0; i < first->id; i++)
         if (g->nodes[i]->epilogue == group)
             fprintf(out, "\n      epilogue of %%%d matmul (%s)", i, epilogue_kind(g, g->nodes[i]));

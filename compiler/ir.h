@@ -110,6 +110,8 @@ struct IrNode {
     int internal;       /* read only inside its group: kept in a register, never stored */
     int epilogue;       /* MATMUL: the fused group applied to its output as it is produced
                          * (0 = none), set by fuse_epilogues */
+    int fused_into;     /* BN_BWD_SUMS: accumulated in the loop of this fused group, which
+                         * computes its dy (0 = its own kernel), set by fuse_reductions */
     /* filled by the memory plan */
     IrStorage storage;
     int64_t offset;     /* bytes for ST_ARENA, elements for ST_PARAM/ST_GRAD */

@@ -308,6 +308,8 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "fusion");
     if (!o->no_fuse) fuse_epilogues(g);
     verify(g, "epilogues");
+    if (!o->no_fuse) fuse_reductions(g);
+    verify(g, "reductions");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     mp_plan(g);
     verify(g, "memplan");

@@ -108,6 +108,7 @@ static void liveness(IrGraph *g) {
         int grp = g->nodes[i]->group ? g->nodes[i]->group : g->nodes[i]->epilogue;
         lo[i] = grp ? first[grp] : i;
         hi[i] = grp ? last[grp] : i;
+        if (g->nodes[i]->fused_into) lo[i] = first[g->nodes[i]->fused_into]; /* computed in that loop */
     }
     free(first);
     free(last);

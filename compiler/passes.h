@@ -49,6 +49,13 @@ int fuse_epilogues(IrGraph *g);
  * "GELU_BIAS", "DRELU", "DGELU", ...), or "custom" when it has none. */
 const char *epilogue_kind(const IrGraph *g, const IrNode *mm);
 
+/* fuse_reduce.c: batch norm's backward sums (BN_BWD_SUMS) join the fused group that computes
+ * their dy (the ReLU gradient, with the residual gradient add before it): the group's loop
+ * accumulates the per-channel sums while dy is in registers, instead of a second pass that
+ * reads dy and x back. Channels-last groups only; the sums are bit-identical to the separate
+ * kernel's. Run after fuse_elementwise. Returns the number of sums fused. */
+int fuse_reductions(IrGraph *g);
+
 /* --report: every fused group with the .net lines it came from, each value's layout, kernels
  * per training step fused and unfused, memory traffic saved, and the memory plan's peak.
  * Requires a planned graph. */

@@ -179,6 +179,7 @@ void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const floa
 /* rt_bn_stats and rt_bn_bwd_sums on channels-last x and dy: M rows of C channels (M = N * H * W).
  * The sums run over fixed blocks of rows in a fixed order, so results do not depend on the
  * number of threads. */
+enum { RT_BN_BLOCK_ROWS = 256 }; /* the fixed blocks of rows of the channels-last sums */
 void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double eps, double momentum,
                       float *running, int training);
 void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,

@@ -125,24 +125,22 @@ void rt_avgpool2d_nhwc_bwd(const RtPool *p, const float *dy, float *dx) {
 
 /* ---- batch norm: per-channel sums over rows, in fixed blocks of rows */
 
-enum { BLOCK_ROWS = 256 };
-
 typedef enum { SUM_X, SUM_SQDEV, SUM_BWD } SumKind;
 
 /* Per-channel sums over the M rows of x (and dy): SUM_X: s0 = sum x; SUM_SQDEV: s0 =
  * sum (x - mean)^2; SUM_BWD: s0 = sum dy, s1 = sum dy * (x - mean) * invstd. Each block of
- * BLOCK_ROWS rows is summed on its own, then the blocks in order: the same result for any
+ * RT_BN_BLOCK_ROWS rows is summed on its own, then the blocks in order: the same result for any
  * number of threads. */
 static void channel_sums(SumKind kind, int64_t M, int64_t C, const float *x, const float *dy,
                          const double *mean, const float *stats, double *s0, double *s1) {
-    int64_t nb = (M + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    int64_t nb = (M + RT_BN_BLOCK_ROWS - 1) / RT_BN_BLOCK_ROWS;
     double *part = xmalloc((size_t)(nb * C * 2) * sizeof *part);
     #pragma omp parallel for schedule(static) if (M * C >= 32768)
     for (int64_t b = 0; b < nb; b++) {
         double *p0 = part + b * C * 2, *p1 = p0 + C;
         for (int64_t c = 0; c < 2 * C; c++) p0[c] = 0;
-        int64_t end = (b + 1) * BLOCK_ROWS < M ? (b + 1) * BLOCK_ROWS : M;
-        for (int64_t r = b * BLOCK_ROWS; r < end; r++) {
+        int64_t end = (b + 1) * RT_BN_BLOCK_ROWS < M ? (b + 1) * RT_BN_BLOCK_ROWS : M;
+        for (int64_t r = b * RT_BN_BLOCK_ROWS; r < end; r++) {
             const float *xr = x + r * C;
             if (kind == SUM_X) {
                 for (int64_t c = 0; c < C; c++) p0[c] += xr[c];
