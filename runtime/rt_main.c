@@ -220,18 +220,25 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
 }
 
 static void list_params(const RtModel *m) {
-    int64_t total = 0, trainable = 0;
+    int64_t total = 0, trainable = 0, buffers = 0;
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
         char shape[128] = "[";
         for (int d = 0; d < p->rank; d++)
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
         strcat(shape, "]");
-        printf("%-32s %-20s %12lld%s\n", p->name, shape, (long long)param_numel(p), p->grad_offset < 0 ? "  frozen" : "");
+        printf("%-32s %-20s %12lld%s\n", p->name, shape, (long long)param_numel(p),
+               p->buffer ? "  buffer" : p->grad_offset < 0 ? "  frozen" : "");
+        if (p->buffer) {
+            buffers += param_numel(p);
+            continue;
+        }
         total += param_numel(p);
         if (p->grad_offset >= 0) trainable += param_numel(p);
     }
-    printf("total %lld parameters (%lld trainable)\n", (long long)total, (long long)trainable);
+    printf("total %lld parameters (%lld trainable)", (long long)total, (long long)trainable);
+    if (buffers) printf(", %lld buffer values (running statistics)", (long long)buffers);
+    printf("\n");
 }
 
 /* ---- parameters and schedule */

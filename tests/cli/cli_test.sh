@@ -27,6 +27,12 @@ check "-D without value" 2 "$netc" "$root/models/mlp.net" -D batch
 check "unknown option" 2 "$netc" "$root/models/mlp.net" --frobnicate
 contains "--frobnicate"
 check "unknown dump stage" 2 "$netc" "$root/models/mlp.net" --dump=bogus
+check "bad --layout" 2 "$netc" "$root/models/lenet.net" --layout=nchw
+contains "channels-last or row-major"
+check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
+contains "nhwc"
+check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout
+if grep -q nhwc <<<"$out"; then echo "FAIL: --layout=row-major left channels-last values"; fails=$((fails+1)); else passes=$((passes+1)); fi
 check "no input" 2 "$netc"
 check "missing file" 1 "$netc" "$work/nope.net"
 contains "nope.net"
@@ -47,6 +53,13 @@ ls "$weird" | grep -q '\.tmp\.' && { echo "FAIL: temporary output left behind"; 
 check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
 contains "fc1.weight"
 contains "101770"   # 784*128 + 128 + 128*10 + 10
+
+# running statistics are listed as buffers, apart from the parameters
+check "batch-norm model" 0 "$netc" "$root/tests/gradcheck/batchnorm2d.net" -o "$work/bn"
+check "--list-params with buffers" 0 "$work/bn" --list-params
+contains "running_mean"
+contains "  buffer"
+contains "buffer values (running statistics)"
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
