@@ -11,6 +11,7 @@ packages=(
   libopenblas-openmp-dev             # matrix products and row-major convolutions
   libdnnl-dev                        # channels-last convolutions (oneDNN)
   libcmocka-dev                      # C unit tests
+  clang valgrind                     # the libFuzzer run of the front end, memcheck over training
   python3 python3-numpy python3-torch python3-torchvision # test data and the PyTorch cross-checks
   dataset-fashion-mnist              # the real data the examples and tests train on
 )
