@@ -4,8 +4,8 @@ write, no use of uninitialised memory, no leak (docs/testing.md).
 
     valgrind_train.py NETC WORKDIR MODEL.net [-D NAME=VALUE]...
 
-Compiles MODEL.net with the -D overrides (keep the batch small: memcheck runs the trainer some
-30 times slower), writes synthetic .npy data from the inputs the trainer's --help lists (float
+Compiles MODEL.net with the -D overrides (keep the model small: memcheck runs the trainer tens
+of times slower), writes synthetic .npy data from the inputs the trainer's --help lists (float
 inputs N(0, 1), integer inputs 0 or 1, which is a class label of every model), and runs under
 `valgrind --leak-check=full --error-exitcode=99`:
   1. four steps stopped after the third (--stop-at, exit status 4), with evaluation data, a log
