@@ -131,10 +131,14 @@ static Value int_arith(int op, int64_t a, int64_t b, SrcLoc loc) {
         if ((a % b != 0) && ((a < 0) != (b < 0))) r--; /* floor, as Python */
         if (op == BIN_MOD) r = a - r * b;
         break;
-    case BIN_POW:
+    case BIN_POW: /* by squaring: 1 ** 9223372036854775807 takes 63 steps, not 2^63 */
         if (b < 0) return sema_float(pow((double)a, (double)b));
         r = 1;
-        for (int64_t i = 0; i < b && ok; i++) ok = checked_mul(r, a, &r);
+        for (int64_t e = b, base = a; e && ok; e >>= 1) {
+            if (e & 1) ok = checked_mul(r, base, &r);
+            /* a square that overflows while a bit remains means the result overflows too */
+            if (ok && e > 1) ok = checked_mul(base, base, &base);
+        }
         break;
     }
     if (!ok) {
