@@ -127,9 +127,10 @@ static Value int_arith(int op, int64_t a, int64_t b, SrcLoc loc) {
             ok = 0;
             break;
         }
-        r = a / b;
-        if ((a % b != 0) && ((a < 0) != (b < 0))) r--; /* floor, as Python */
-        if (op == BIN_MOD) r = a - r * b;
+        /* floor, as Python; the remainder from %, since a - (a // b) * b can overflow midway */
+        int64_t q = a / b, m = a % b;
+        if (m != 0 && (m < 0) != (b < 0)) q--, m += b;
+        r = op == BIN_MOD ? m : q;
         break;
     case BIN_POW: /* by squaring: 1 ** 9223372036854775807 takes 63 steps, not 2^63 */
         if (b < 0) return sema_float(pow((double)a, (double)b));
