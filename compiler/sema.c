@@ -479,6 +479,7 @@ static Value call_block(Sema *S, Env *env, const AstExpr *call, const AstStmt *b
     S->in_block = saved_in_block;
     S->depth--;
     S->prefix = saved_prefix;
+    if (r.k == V_NONE && S->too_big) return sema_error(); /* cut short, already reported */
     if (r.k == V_NONE) {
         diag_error(call->loc, "block '%s' ended without returning a value", blk->name);
         diag_note(blk->loc, "'%s' is defined here; end it with `return ...`", blk->name);

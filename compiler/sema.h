@@ -13,6 +13,7 @@ enum {
     SEMA_MAX_DEPTH = 64,            /* nested block calls */
     SEMA_MAX_ITERATIONS = 1000000,  /* loop iterations over the whole compilation */
     SEMA_MAX_NODES = 2000000,       /* IR operations */
+    SEMA_MAX_PARAMS = 10000,        /* parameter tensors (each new one is looked up linearly) */
     SEMA_MAX_ARGS = 12,             /* parameters of any built-in */
 };
 

@@ -157,6 +157,11 @@ static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
 static IrParam *new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a,
                           SrcLoc loc) {
     if (!sema_check_shape(S, &shape, loc)) return NULL;
+    if (S->g->n_params >= SEMA_MAX_PARAMS) { /* too_big stops the evaluation */
+        if (!S->too_big) diag_error(loc, "the model has too many parameters (more than %d tensors)", SEMA_MAX_PARAMS);
+        S->too_big = 1;
+        return NULL;
+    }
     if (ir_find_param(S->g, name)) {
         diag_error(loc, "parameter '%s' is defined twice", name);
         diag_hint("give the layers different labels, e.g. `fc2: dense(...)`");
