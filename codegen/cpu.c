@@ -32,6 +32,7 @@ typedef struct Cg {
     unsigned char *done;    /* done[group]: the fused group's loop is already emitted */
     int group;              /* the fused group whose loop is being emitted, or 0 */
     const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
+    int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
 } Cg;
 
 static const IrNode *root(const IrNode *n) {
@@ -129,8 +130,13 @@ static void elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
 /* Print the index `sum over axes of (var / S % D) * T` for axes given innermost first, where S
  * is the product of the inner axes' extents. Axes of extent 1 vanish, neighbours that are
  * contiguous in the operand merge, and `/ 1`, `% D` on the outermost axis and `* 1` are left
- * out: a same-shape operand reads `var`, a bias [C] over [N, C] reads `var % C`. */
-static void index_expr(FILE *o, const char *var, const Axis *in, int n) {
+ * out: a same-shape operand reads `var`, a bias [C] over [N, C] reads `var % C`.
+ *
+ * With `inner` > 0 the loop is two-level, `i = r * inner + c` with c < inner the output's
+ * innermost extent, and the terms are written in r and c so that no `%` or `/` is left on the
+ * inner loop: the bias reads `c`, a per-channel operand of a channels-last value too, and the
+ * inner loop vectorises. */
+static void index_expr(FILE *o, const char *var, const Axis *in, int n, int64_t inner) {
     Axis ax[IR_MAX_RANK * 2];
     int m = 0;
     int64_t total = 1;
@@ -149,11 +155,21 @@ static void index_expr(FILE *o, const char *var, const Axis *in, int n) {
         if (ax[k].stride != 0) {
             int outer = S * ax[k].dim == total;
             fprintf(o, "%s", terms++ ? " + " : "");
-            int paren = ax[k].stride != 1 && (S != 1 || !outer);
-            fprintf(o, "%s%s", paren ? "(" : "", var);
-            if (S != 1) fprintf(o, " / %" PRId64, S);
-            if (!outer) fprintf(o, " %% %" PRId64, ax[k].dim);
-            if (paren) fprintf(o, ")");
+            if (inner && S == 1 && !outer) { /* the inner axis, maybe with some outer ones merged */
+                int paren = ax[k].stride != 1 || ax[k].dim != inner;
+                fprintf(o, "%s", paren ? "(" : "");
+                if (ax[k].dim == inner) fprintf(o, "c");
+                else fprintf(o, "r %% %" PRId64 " * %" PRId64 " + c", ax[k].dim / inner, inner);
+                fprintf(o, "%s", paren ? ")" : "");
+            } else {
+                const char *v = inner && S != 1 ? "r" : var; /* an outer axis: r / (S / inner) */
+                int64_t div = inner && S != 1 ? S / inner : S;
+                int paren = ax[k].stride != 1 && (div != 1 || !outer);
+                fprintf(o, "%s%s", paren ? "(" : "", v);
+                if (div != 1) fprintf(o, " / %" PRId64, div);
+                if (!outer) fprintf(o, " %% %" PRId64, ax[k].dim);
+                if (paren) fprintf(o, ")");
+            }
             if (ax[k].stride != 1) fprintf(o, " * %" PRId64, ax[k].stride);
         }
         S *= ax[k].dim;
@@ -255,7 +271,7 @@ static void elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
     int k = broadcast_axes(x, n, ax);
     if (!raw) load_open(o, x);
     fprintf(o, "v%d[", x->id);
-    index_expr(o, "i", ax, k);
+    index_expr(o, "i", ax, k, c->inner);
     fprintf(o, "]");
     if (!raw) load_close(o, x);
 }
@@ -284,7 +300,7 @@ static void logical_index(Cg *c, const IrNode *n) {
     logical.layout = LAYOUT_ROW_MAJOR;
     Axis ax[IR_MAX_RANK];
     int k = broadcast_axes(&logical, n, ax);
-    index_expr(c->out, "i", ax, k);
+    index_expr(c->out, "i", ax, k, c->inner);
 }
 
 static void dropout(Cg *c, const IrNode *n) {
@@ -311,7 +327,7 @@ static void chan(Cg *c, const IrNode *n) {
     for (int a = 1; a < per_c.shape.rank; a++) per_c.shape.dim[a] = 1;
     Axis ax[IR_MAX_RANK];
     int k = broadcast_axes(&per_c, n, ax);
-    index_expr(c->out, "i", ax, k);
+    index_expr(c->out, "i", ax, k, c->inner);
 }
 
 /* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
@@ -392,13 +408,50 @@ static void loop_head(Cg *c, int64_t n, const char *indent) {
     fprintf(c->out, "%sfor (int64_t i = 0; i < %" PRId64 "; i++)", indent, n);
 }
 
+/* The extent of n's innermost physical axis longer than 1 when an element-wise loop over n
+ * should be two-level (rows of it), else 0: a long enough axis whose operands would otherwise
+ * index it with `%` (a bias, a per-channel batch-norm value). */
+static int64_t inner_extent(const IrNode *n) {
+    int perm[IR_MAX_RANK];
+    phys_order(n, perm);
+    for (int k = n->shape.rank - 1; k >= 0; k--) {
+        int64_t d = n->shape.dim[perm[k]];
+        if (d > 1) return d >= 16 && d < ir_numel(&n->shape) ? d : 0;
+    }
+    return 0;
+}
+
+/* Open an element-wise loop over n's elements, flat or two-level (sets c->inner); the body
+ * sees `i`. loop_close ends it. */
+static void loop_open(Cg *c, const IrNode *n) {
+    int64_t total = ir_numel(&n->shape);
+    c->inner = inner_extent(n);
+    if (!c->inner) {
+        loop_head(c, total, "    ");
+        fprintf(c->out, " {\n");
+        return;
+    }
+    FILE *o = c->out;
+    if (total >= PAR_MIN) fprintf(o, "    #pragma omp parallel for\n");
+    fprintf(o, "    for (int64_t r = 0; r < %" PRId64 "; r++) {\n", total / c->inner);
+    fprintf(o, "        #pragma omp simd\n");
+    fprintf(o, "        for (int64_t c = 0; c < %" PRId64 "; c++) {\n", c->inner);
+    fprintf(o, "        const int64_t i = r * %" PRId64 " + c;\n", c->inner);
+}
+
+static void loop_close(Cg *c) {
+    fprintf(c->out, c->inner ? "    }}\n" : "    }\n");
+    c->inner = 0;
+}
+
 static void emit_ew(Cg *c, const IrNode *n) {
     FILE *o = c->out;
-    if (ir_numel(&n->shape) == 1 && n->op != OP_DROPOUT && n->op != OP_DROPOUT_GRAD) {
+    int scalar = ir_numel(&n->shape) == 1 && n->op != OP_DROPOUT && n->op != OP_DROPOUT_GRAD;
+    if (scalar) {
         fprintf(o, "    v%d[0] = ", n->id); /* every operand index folds to 0 */
     } else {
-        loop_head(c, ir_numel(&n->shape), "    ");
-        fprintf(o, "\n        v%d[i] = ", n->id);
+        loop_open(c, n);
+        fprintf(o, "        v%d[i] = ", n->id);
     }
     if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
         fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
@@ -412,6 +465,7 @@ static void emit_ew(Cg *c, const IrNode *n) {
         ew_expr(c, n);
     }
     fprintf(o, ";\n");
+    if (!scalar) loop_close(c);
 }
 
 /* A fused group's members, in schedule order (constants between them are skipped). */
@@ -479,7 +533,9 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     fprintf(o, "        for (int64_t r = b * %d; r < end; r++)\n", RT_BN_BLOCK_ROWS);
     fprintf(o, "            for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
     fprintf(o, "                const int64_t i = r * %" PRId64 " + c;\n", C);
+    c->inner = C;
     group_body(c, head, "                ");
+    c->inner = 0;
     for (int i = head->id; i < g->n; i++) {
         const IrNode *s = g->nodes[i];
         if (s->fused_into != head->group) continue;
@@ -506,10 +562,9 @@ static void emit_group(Cg *c, const IrNode *head) {
         }
     fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
     group_header(c, head);
-    loop_head(c, ir_numel(&head->shape), "    ");
-    fprintf(c->out, " {\n");
+    loop_open(c, head);
     group_body(c, head, "        ");
-    fprintf(c->out, "    }\n");
+    loop_close(c);
 }
 
 /* ---- reductions */
@@ -538,12 +593,12 @@ static void emit_sum_to(Cg *c, const IrNode *n) {
     if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) fprintf(o, "#pragma omp parallel for\n    ");
     fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n", out_n);
     fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
-    index_expr(o, "o", kept, nk);
+    index_expr(o, "o", kept, nk, 0);
     fprintf(o, ";\n        double acc = 0;\n");
     fprintf(o, "        for (int64_t j = 0; j < %" PRId64 "; j++)\n            acc += ", red_n);
     load_open(o, x);
     fprintf(o, "x[");
-    index_expr(o, "j", red, nr);
+    index_expr(o, "j", red, nr, 0);
     fprintf(o, "]");
     load_close(o, x);
     fprintf(o, ";\n        v%d[o] = (float)acc;\n    }\n", n->id);
@@ -599,9 +654,14 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     fprintf(o, "            rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
                ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");\n",
             ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
-    fprintf(o, "            for (int64_t i = r0 * %" PRId64 "; i < r1 * %" PRId64 "; i++) {\n", N, N);
-    group_body(c, head, "                ");
-    fprintf(o, "            }\n        }\n    }\n");
+    fprintf(o, "            for (int64_t r = r0; r < r1; r++)\n");
+    fprintf(o, "                #pragma omp simd\n");
+    fprintf(o, "                for (int64_t c = 0; c < %" PRId64 "; c++) {\n", N);
+    fprintf(o, "                    const int64_t i = r * %" PRId64 " + c;\n", N);
+    c->inner = N;
+    group_body(c, head, "                    ");
+    c->inner = 0;
+    fprintf(o, "                }\n        }\n    }\n");
 }
 
 static void emit_matmul(Cg *c, const IrNode *n) {

@@ -7,7 +7,7 @@ shift 5
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 "$emit" "$work/$name.c" "$@"
-"$cc" -std=c11 -O2 -Wall -Wextra -Werror -I "$rt" -DGENERATED="\"$work/$name.c\"" \
+"$cc" -std=c11 -O2 -fopenmp -Wall -Wextra -Werror -I "$rt" -DGENERATED="\"$work/$name.c\"" \
   "$here/driver.c" -o "$work/$name" -lm
 "$work/$name" > "$work/$name.txt"
 /usr/bin/python3 "$here/check_optim.py" "$work/$name.txt" "$@"
