@@ -188,6 +188,12 @@ int ir_stored_as(const IrNode *x, IrLayout layout) {
     return s->dim[1] == 1 || s->dim[2] * s->dim[3] == 1;
 }
 
+int ir_conv_nhwc_ok(const IrNode *n) {
+    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
+    int strided = n->attr.stride[0] > 1 || n->attr.stride[1] > 1;
+    return !(w->dim[2] == 1 && w->dim[3] == 1 && strided && w->dim[1] % 8 != 0);
+}
+
 int ir_operand_layout(const IrNode *n, int k) {
     switch (ir_op_kind(n->op)) {
     case OPK_EW:
@@ -199,8 +205,9 @@ int ir_operand_layout(const IrNode *n, int k) {
     switch (n->op) {
     case OP_CONV2D:
     case OP_CONV2D_BWD_DATA: return k == 0 ? (int)n->layout : LAYOUT_ROW_MAJOR; /* weights: oihw */
-    case OP_CONV2D_BWD_FILTER: /* x and dy alike: channels-last if either is */
-        return n->in[0]->layout == LAYOUT_NHWC || n->in[1]->layout == LAYOUT_NHWC ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
+    case OP_CONV2D_BWD_FILTER: /* x and dy alike: channels-last if either is and it may */
+        return ir_conv_nhwc_ok(n) && (n->in[0]->layout == LAYOUT_NHWC || n->in[1]->layout == LAYOUT_NHWC)
+                   ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
     case OP_MAXPOOL2D:
     case OP_MAXPOOL2D_BWD:
     case OP_AVGPOOL2D:

@@ -203,6 +203,10 @@ int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
  * layout (element-wise operators and reductions index through strides). */
 int ir_operand_layout(const IrNode *n, int k);
+/* Convolution node n (forward, data or filter gradient) may run channels-last: not a strided
+ * 1x1 convolution whose input channels per group are not a multiple of 8, for which oneDNN
+ * 2.6's AVX2 channels-last weight-gradient kernel writes out of bounds (oneDNN issue 6035). */
+int ir_conv_nhwc_ok(const IrNode *n);
 
 /* ---- shapes */
 int64_t ir_numel(const IrShape *s);

@@ -20,7 +20,8 @@
  *   3. conversions where a reader still needs another layout: an input fed straight to a
  *      convolution, a channels-last value flattened for a dense layer.
  * Only f32 values with more than one channel and more than one pixel are affected: for the
- * others both layouts are the same bytes.
+ * others both layouts are the same bytes. A convolution oneDNN cannot run channels-last
+ * (ir_conv_nhwc_ok) stays row-major, with conversions around it.
  */
 #include <string.h>
 
@@ -84,7 +85,7 @@ static void choose(IrGraph *g) {
         n->layout = LAYOUT_ROW_MAJOR;
         if (!matters(n) || is_grad[n->id]) continue;
         if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
-            n->layout = LAYOUT_NHWC;
+            if (ir_conv_nhwc_ok(n)) n->layout = LAYOUT_NHWC;
         } else if (ir_op_kind(n->op) == OPK_EW) {
             for (int k = 0; k < n->n_in; k++)
                 if (nhwc(n->in[k]) && ir_shape_eq(&n->in[k]->shape, &n->shape)) n->layout = LAYOUT_NHWC;

@@ -178,3 +178,14 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
     run_reorder(p, 1);
     check(dnnl_stream_wait(stream), "convolution backward weights");
 }
+
+void rt_conv_plan_free(RtConvPlan *p) {
+    if (!p) return;
+    dnnl_primitive_destroy(p->conv);
+    if (p->reorder) dnnl_primitive_destroy(p->reorder);
+    if (p->wei_lib != p->wei_user) dnnl_memory_destroy(p->wei_lib);
+    dnnl_memory_destroy(p->wei_user);
+    dnnl_memory_destroy(p->act_in);
+    dnnl_memory_destroy(p->act_out);
+    free(p);
+}

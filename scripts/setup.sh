@@ -27,5 +27,5 @@ if ((${#missing[@]})); then
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" >/dev/null
+cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" -DNETC_SANITIZE="${NETC_SANITIZE:-OFF}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -92,6 +92,7 @@ static void test_conv(void **state) {
             rt_conv2d_nhwc_bwd_filter(c, &pw, xh, dyh, dwh);
         }
         assert_non_null(pf);
+        rt_conv_plan_free(pf), rt_conv_plan_free(pd), rt_conv_plan_free(pw);
         float *y2 = to_nchw(yh, c->N, c->K, c->P, c->Q), *dx2 = to_nchw(dxh, c->N, c->C, c->H, c->W);
         assert_close(y2, y, ny, 1e-4, "conv2d_nhwc_fwd");
         assert_close(dx2, dx, nx, 1e-4, "conv2d_nhwc_bwd_data");
