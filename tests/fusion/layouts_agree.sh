@@ -8,7 +8,7 @@
 # stores values NHWC, that it has at most MAX_CONVERSIONS layout conversions (the boundaries),
 # and that no conversion sits between two channels-last operators.
 set -eu
-netc=$1 work=$2/layouts model=$3 steps=$4 max_conv=$5 # its own directory: fused_vs_unfused.sh lists *.npy
+netc=$1 work=$2/layouts model=$3 steps=$4 max_conv=$5
 shift 5
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -37,38 +37,9 @@ PY
 
 "$netc" "$src" "$@" -o "$work/$model-nhwc"
 "$netc" "$src" "$@" --layout=row-major -o "$work/$model-nchw"
-/usr/bin/python3 - "$work/$model-nhwc" "$work" "$model" <<'PY'
-import re, subprocess, sys
-import numpy as np
-exe, work, model = sys.argv[1:]
-text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
-rng = np.random.default_rng(11)
-for name, dt, dims in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M):
-    shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
-    arr = rng.integers(0, 10, shape) if dt == "i64" else rng.normal(size=shape) * 50
-    np.save(f"{work}/{model}-{name}.npy", arr.astype(np.int64 if dt == "i64" else np.float32))
-PY
-args=$(ls "$work"/"$model"-*.npy | sed "s|^$work/$model-\(.*\)\.npy$|--data \1=&|")
-for v in nhwc nchw; do
-  # shellcheck disable=SC2086
-  "$work/$model-$v" $args --steps "$steps" --no-shuffle --seed 3 --threads 2 --quiet \
-    --save "$work/$model-$v.safetensors"
-done
-PYTHONPATH="$root/tests/tools" /usr/bin/python3 - "$work/$model-nhwc.safetensors" "$work/$model-nchw.safetensors" <<'PY'
-import sys
-import numpy as np
-from netc_testlib import st_load
-a, b = st_load(sys.argv[1]), st_load(sys.argv[2])
-assert a.keys() == b.keys()
-worst = 0.0
-for k in a:
-    x, y = np.asarray(a[k], np.float64), np.asarray(b[k], np.float64)
-    err = np.abs(x - y).max() / max(1.0, np.abs(y).max()) if x.size else 0.0
-    worst = max(worst, err)
-    # The two trainers differ only in summation order (oneDNN's convolution blocking against
-    # im2col + SGEMM, blocked batch-norm sums): float32 rounding, ~1e-6 relative per step,
-    # grown by a few SGD steps through batch norm over small batches. 1e-3 is far below what a
-    # wrong index or a transposed tensor gives (O(1)).
-    assert err <= 1e-3, f"{k}: relative difference {err:.3g}"
-print(f"layouts_agree: parameters agree, worst relative difference {worst:.3g}")
-PY
+# The two trainers differ only in summation order (oneDNN's convolution blocking against
+# im2col + SGEMM, blocked batch-norm sums): float32 rounding, ~1e-6 relative per step, grown by
+# a few SGD steps through batch norm over small batches. 1e-3 is far below what a wrong index
+# or a transposed tensor gives (O(1)).
+result=$(/usr/bin/python3 "$here/train_pair.py" "$work/$model-data" "$steps" 1e-3 "$work/$model-nhwc" "$work/$model-nchw")
+echo "layouts_agree: $model: parameters after $steps steps agree: $result"

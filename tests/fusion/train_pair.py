@@ -1,0 +1,58 @@
+"""Train two compiled variants of one model on the same synthetic data and compare their saved
+parameters (used by fused_vs_unfused.sh and layouts_agree.sh).
+
+    train_pair.py WORKDIR STEPS TOLERANCE TRAINER_A TRAINER_B
+
+Writes 64 samples shaped like the model's inputs (read from TRAINER_A --help; floats N(0, 50^2),
+integer inputs 0..9) to WORKDIR, trains both trainers for STEPS steps from the same initial
+weights (--seed 3, no shuffling), and requires every saved tensor to agree: bit for bit when
+TOLERANCE is 0, else within TOLERANCE relative to max(1, the tensor's largest magnitude). Prints
+"identical" or the worst relative difference.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from netc_testlib import st_load  # noqa: E402
+
+
+def write_data(exe, work):
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    rng = np.random.default_rng(7)
+    args = []
+    for name, dt, dims in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M):
+        shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
+        arr = rng.integers(0, 10, shape) if dt == "i64" else rng.normal(size=shape) * 50
+        path = os.path.join(work, f"data-{name}.npy")
+        np.save(path, arr.astype(np.int64 if dt == "i64" else np.float32))
+        args += ["--data", f"{name}={path}"]
+    return args
+
+
+def main():
+    work, steps, tol, exe_a, exe_b = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
+    os.makedirs(work, exist_ok=True)
+    data = write_data(exe_a, work)
+    saved = []
+    for exe in (exe_a, exe_b):
+        out = exe + ".safetensors"
+        subprocess.run([exe, *data, "--steps", steps, "--no-shuffle", "--seed", "3", "--threads", "2", "--quiet",
+                        "--save", out], check=True)
+        saved.append(out)
+    a, b = st_load(saved[0]), st_load(saved[1])
+    assert a.keys() == b.keys(), "the two trainers saved different tensors"
+    worst = 0.0
+    for k in a:
+        x, y = np.asarray(a[k], np.float64), np.asarray(b[k], np.float64)
+        err = np.abs(x - y).max() / max(1.0, np.abs(y).max()) if x.size else 0.0
+        worst = max(worst, err)
+        assert err <= tol, f"{k}: relative difference {err:.3g} (tolerance {tol:g})"
+    print("identical" if worst == 0 else f"worst relative difference {worst:.3g}")
+
+
+if __name__ == "__main__":
+    main()
