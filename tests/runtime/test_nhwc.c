@@ -19,16 +19,7 @@
 
 #include "netrt.h"
 
-static uint64_t rng = 777;
-static float frand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) / (double)(1 << 24)) * 2 - 1;
-}
-static float *randv(int64_t n) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = frand();
-    return v;
-}
+#include "test_random.h"
 
 /* [N,C,H,W] <-> [N,H,W,C] */
 static float *to_nhwc(const float *x, int64_t N, int64_t C, int64_t H, int64_t W) {
