@@ -182,10 +182,12 @@ void ir_renumber(IrGraph *g) {
 
 /* ---- physical layouts */
 
+int ir_layout_matters(const IrShape *s) {
+    return s->rank == 4 && s->dim[1] > 1 && s->dim[2] * s->dim[3] > 1;
+}
+
 int ir_stored_as(const IrNode *x, IrLayout layout) {
-    const IrShape *s = &x->shape;
-    if (x->layout == layout || s->rank != 4) return 1;
-    return s->dim[1] == 1 || s->dim[2] * s->dim[3] == 1;
+    return x->layout == layout || !ir_layout_matters(&x->shape);
 }
 
 int ir_conv_nhwc_ok(const IrNode *n) {

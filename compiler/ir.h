@@ -196,9 +196,11 @@ int ir_dtype_size(IrDtype dt);
 int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
 
 /* ---- physical layouts */
+/* Row-major and channels-last order the elements of shape s differently: rank 4 with more
+ * than one channel and more than one pixel (NHWC of [N, C, 1, 1] is row-major). */
+int ir_layout_matters(const IrShape *s);
 /* x's elements lie in memory as they would in `layout`: its own layout, or any layout when the
- * order cannot differ (not rank 4, or one channel, or one pixel per channel: NHWC of
- * [N, C, 1, 1] is row-major). */
+ * order cannot differ. */
 int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
  * layout (element-wise operators and reductions index through strides). */

@@ -27,10 +27,7 @@
 
 #include "passes.h"
 
-static int sensitive(const IrNode *n) {
-    const IrShape *s = &n->shape;
-    return s->rank == 4 && n->dtype == DT_F32 && s->dim[1] > 1 && s->dim[2] * s->dim[3] > 1;
-}
+static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
 
 static int is_pool(IrOp op) { return op >= OP_MAXPOOL2D && op <= OP_AVGPOOL2D_BWD; }
 

@@ -10,7 +10,6 @@
 #include <dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "netrt.h"
 
@@ -56,28 +55,21 @@ static void wei_md(dnnl_memory_desc_t *md, const RtConv *c, int any) {
     }
 }
 
-/* The forward descriptor of this geometry (also the hint the backward primitives need). */
-static void fwd_desc(const RtConv *c, dnnl_convolution_desc_t *d) {
-    dnnl_memory_desc_t src, wei, dst;
-    act_md(&src, c->N, c->C, c->H, c->W);
-    act_md(&dst, c->N, c->K, c->P, c->Q);
-    wei_md(&wei, c, 1);
-    dnnl_dims_t strides = {c->stride_h, c->stride_w}, dil = {c->dil_h - 1, c->dil_w - 1};
-    dnnl_dims_t pad_l = {c->pad_h, c->pad_w};
-    /* the padding past the last window, as oneDNN wants it: from the output size */
-    dnnl_dims_t pad_r = {(c->P - 1) * c->stride_h + (c->R - 1) * c->dil_h + 1 - c->H - c->pad_h,
-                         (c->Q - 1) * c->stride_w + (c->S - 1) * c->dil_w + 1 - c->W - c->pad_w};
-    check(dnnl_dilated_convolution_forward_desc_init(d, dnnl_forward_training, dnnl_convolution_direct,
-                                                     &src, &wei, NULL, &dst, strides, dil, pad_l, pad_r),
-          "convolution descriptor");
-}
+/* Strides, dilations (oneDNN counts them from 0) and the padding before and after, as the
+ * descriptors of all three directions want them. */
+typedef struct Geometry {
+    dnnl_dims_t strides, dil, pad_l, pad_r;
+} Geometry;
 
-static dnnl_primitive_desc_t fwd_pd(const RtConv *c) {
-    dnnl_convolution_desc_t d;
-    fwd_desc(c, &d);
-    dnnl_primitive_desc_t pd;
-    check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, NULL), "convolution primitive");
-    return pd;
+static Geometry geometry(const RtConv *c) {
+    return (Geometry){
+        .strides = {c->stride_h, c->stride_w},
+        .dil = {c->dil_h - 1, c->dil_w - 1},
+        .pad_l = {c->pad_h, c->pad_w},
+        /* the padding past the last window, from the output size */
+        .pad_r = {(c->P - 1) * c->stride_h + (c->R - 1) * c->dil_h + 1 - c->H - c->pad_h,
+                  (c->Q - 1) * c->stride_w + (c->S - 1) * c->dil_w + 1 - c->W - c->pad_w},
+    };
 }
 
 static dnnl_memory_t user_mem(const dnnl_memory_desc_t *md) {
@@ -90,26 +82,28 @@ static RtConvPlan *make_plan(const RtConv *c, int kind) {
     init_engine();
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
-    dnnl_primitive_desc_t hint = fwd_pd(c), pd = hint;
-    dnnl_memory_desc_t x, y, w_user;
+    dnnl_memory_desc_t x, y, w_user, w_any;
     act_md(&x, c->N, c->C, c->H, c->W);
     act_md(&y, c->N, c->K, c->P, c->Q);
     wei_md(&w_user, c, 0);
-    dnnl_convolution_desc_t d;
-    fwd_desc(c, &d);
-    dnnl_dims_t strides = {c->stride_h, c->stride_w}, dil = {c->dil_h - 1, c->dil_w - 1}, pad_l, pad_r;
-    memcpy(pad_l, d.padding[0], sizeof pad_l); /* d is overwritten by the backward descriptors */
-    memcpy(pad_r, d.padding[1], sizeof pad_r);
-    dnnl_memory_desc_t w_any;
     wei_md(&w_any, c, 1);
+    Geometry g = geometry(c);
+    /* the forward primitive, which the backward ones take as their hint */
+    dnnl_convolution_desc_t d;
+    check(dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training, dnnl_convolution_direct, &x, &w_any,
+                                                     NULL, &y, g.strides, g.dil, g.pad_l, g.pad_r),
+          "convolution descriptor");
+    dnnl_primitive_desc_t hint, pd;
+    check(dnnl_primitive_desc_create(&hint, &d, NULL, engine, NULL), "convolution primitive");
+    pd = hint;
     if (kind == BWD_DATA) {
-        check(dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &x, &w_any, &y, strides,
-                                                               dil, pad_l, pad_r),
+        check(dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &x, &w_any, &y, g.strides,
+                                                               g.dil, g.pad_l, g.pad_r),
               "backward-data descriptor");
         check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, hint), "backward-data primitive");
     } else if (kind == BWD_WEIGHTS) {
         check(dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &x, &w_any, NULL, &y,
-                                                                  strides, dil, pad_l, pad_r),
+                                                                  g.strides, g.dil, g.pad_l, g.pad_r),
               "backward-weights descriptor");
         check(dnnl_primitive_desc_create(&pd, &d, NULL, engine, hint), "backward-weights primitive");
     }
