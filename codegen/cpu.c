@@ -475,6 +475,11 @@ static void emit_ew(Cg *c, const IrNode *n) {
          i_++)                                                                                     \
         if (((n) = c->g->nodes[i_])->group == (head)->group)
 
+/* The batch-norm sums accumulated in a group's loop (fuse_reductions), in schedule order. */
+#define FOR_SUMS(s, head)                                    \
+    for (int j_ = (head)->id; j_ < c->g->n; j_++)            \
+        if (((s) = c->g->nodes[j_])->fused_into == (head)->group)
+
 /* The comments and pointer declarations of a group's members, before its loop. */
 static void group_header(Cg *c, const IrNode *head) {
     const IrNode *n;
@@ -503,19 +508,16 @@ static void group_body(Cg *c, const IrNode *head, const char *indent) {
  * C channels in blocks of RT_BN_BLOCK_ROWS, each block's partial sums in double, then the
  * blocks in order: the same arithmetic in the same order as rt_bn_bwd_sums_nhwc. */
 static void emit_group_with_sums(Cg *c, const IrNode *head) {
-    const IrGraph *g = c->g;
     FILE *o = c->out;
+    const IrNode *s;
     int64_t C = head->shape.dim[1], M = ir_numel(&head->shape) / C;
     int64_t nb = (M + RT_BN_BLOCK_ROWS - 1) / RT_BN_BLOCK_ROWS;
     fprintf(o, "    // fused group %d: one pass over %" PRId64 " rows of %" PRId64 " channels, accumulating the sums",
             head->group, M, C);
-    for (int i = head->id; i < g->n; i++)
-        if (g->nodes[i]->fused_into == head->group) fprintf(o, " %%%d", i);
+    FOR_SUMS(s, head) fprintf(o, " %%%d", s->id);
     fprintf(o, "\n");
     group_header(c, head);
-    for (int i = head->id; i < g->n; i++) {
-        const IrNode *s = g->nodes[i];
-        if (s->fused_into != head->group) continue;
+    FOR_SUMS(s, head) {
         comment(c, s);
         declare(c, s);
         fprintf(o, "    static double part%d[%" PRId64 "]; // per block of rows: sum(dy), sum(dy * xhat)\n", s->id,
@@ -523,11 +525,10 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     }
     fprintf(o, "    #pragma omp parallel for schedule(static)%s\n", M * C >= PAR_MIN ? "" : " if (0)");
     fprintf(o, "    for (int64_t b = 0; b < %" PRId64 "; b++) {\n", nb);
-    for (int i = head->id; i < g->n; i++)
-        if (g->nodes[i]->fused_into == head->group)
-            fprintf(o, "        double *p%d = part%d + b * %" PRId64 ";\n        for (int64_t c = 0; c < %" PRId64
-                       "; c++) p%d[c] = 0;\n",
-                    i, i, 2 * C, 2 * C, i);
+    FOR_SUMS(s, head)
+        fprintf(o, "        double *p%d = part%d + b * %" PRId64 ";\n        for (int64_t c = 0; c < %" PRId64
+                   "; c++) p%d[c] = 0;\n",
+                s->id, s->id, 2 * C, 2 * C, s->id);
     fprintf(o, "        const int64_t end = (b + 1) * %d < %" PRId64 " ? (b + 1) * %d : %" PRId64 ";\n", RT_BN_BLOCK_ROWS,
             M, RT_BN_BLOCK_ROWS, M);
     fprintf(o, "        for (int64_t r = b * %d; r < end; r++)\n", RT_BN_BLOCK_ROWS);
@@ -536,30 +537,28 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     c->inner = C;
     group_body(c, head, "                ");
     c->inner = 0;
-    for (int i = head->id; i < g->n; i++) {
-        const IrNode *s = g->nodes[i];
-        if (s->fused_into != head->group) continue;
+    FOR_SUMS(s, head) {
         int x = s->in[0]->id, st = s->in[1]->id, dy = s->in[2]->id;
-        fprintf(o, "                p%d[c] += t%d;\n", i, dy);
-        fprintf(o, "                p%d[%" PRId64 " + c] += (double)t%d * ((v%d[i] - v%d[c]) * v%d[%" PRId64 " + c]);\n", i, C,
-                dy, x, st, st, C);
+        fprintf(o, "                p%d[c] += t%d;\n", s->id, dy);
+        fprintf(o, "                p%d[%" PRId64 " + c] += (double)t%d * ((v%d[i] - v%d[c]) * v%d[%" PRId64 " + c]);\n",
+                s->id, C, dy, x, st, st, C);
     }
     fprintf(o, "            }\n    }\n");
-    for (int i = head->id; i < g->n; i++) {
-        if (g->nodes[i]->fused_into != head->group) continue;
+    FOR_SUMS(s, head) {
         fprintf(o, "    for (int64_t c = 0; c < %" PRId64 "; c++) {\n        double s = 0;\n", 2 * C);
-        fprintf(o, "        for (int64_t b = 0; b < %" PRId64 "; b++) s += part%d[b * %" PRId64 " + c];\n", nb, i, 2 * C);
-        fprintf(o, "        v%d[c] = (float)s;\n    }\n", i);
+        fprintf(o, "        for (int64_t b = 0; b < %" PRId64 "; b++) s += part%d[b * %" PRId64 " + c];\n", nb, s->id,
+                2 * C);
+        fprintf(o, "        v%d[c] = (float)s;\n    }\n", s->id);
     }
 }
 
 /* A fused group: one loop over its elements. */
 static void emit_group(Cg *c, const IrNode *head) {
-    for (int i = head->id; i < c->g->n; i++)
-        if (c->g->nodes[i]->fused_into == head->group) {
-            emit_group_with_sums(c, head);
-            return;
-        }
+    const IrNode *s;
+    FOR_SUMS(s, head) {
+        emit_group_with_sums(c, head);
+        return;
+    }
     fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
     group_header(c, head);
     loop_open(c, head);

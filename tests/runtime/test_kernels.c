@@ -19,7 +19,7 @@
 
 #include "netrt.h"
 
-#include "test_random.h"
+#include "test_util.h"
 
 static void assert_close(const float *got, const double *want, int64_t n, double tol, const char *what) {
     double scale = 1e-6;
@@ -52,14 +52,6 @@ static void conv_ref(const RtConv *c, const float *x, const float *w, double *y)
                             }
                     y[((n * c->K + k) * c->P + p) * c->Q + q] = s;
                 }
-}
-
-static RtConv geometry(int64_t N, int64_t C, int64_t H, int64_t K, int k, int stride, int pad, int dil, int groups) {
-    RtConv c = {.N = N, .C = C, .H = H, .W = H + 1, .K = K, .R = k, .S = k, .stride_h = stride,
-                .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = dil, .dil_w = dil, .groups = groups};
-    c.P = (c.H + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-    c.Q = (c.W + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-    return c;
 }
 
 static const RtConv *conv_cases(int *n) {

@@ -19,7 +19,7 @@
 
 #include "netrt.h"
 
-#include "test_random.h"
+#include "test_util.h"
 
 /* [N,C,H,W] <-> [N,H,W,C] */
 static float *to_nhwc(const float *x, int64_t N, int64_t C, int64_t H, int64_t W) {
@@ -45,14 +45,6 @@ static void assert_close(const float *got, const float *want, int64_t n, double 
             print_error("%s[%lld]: got %g want %g (tolerance %g)\n", what, (long long)i, got[i], want[i], tol * scale);
             fail();
         }
-}
-
-static RtConv geometry(int64_t N, int64_t C, int64_t H, int64_t K, int k, int stride, int pad, int dil, int groups) {
-    RtConv c = {.N = N, .C = C, .H = H, .W = H + 1, .K = K, .R = k, .S = k, .stride_h = stride,
-                .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = dil, .dil_w = dil, .groups = groups};
-    c.P = (c.H + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-    c.Q = (c.W + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-    return c;
 }
 
 static void test_conv(void **state) {
