@@ -17,391 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cexpr.h"
 #include "codegen.h"
 #include "netrt.h" /* the kernels' constants the generated code must match */
 #include "passes.h"
 
 enum { PAR_MIN = 32768 }; /* elements below which a loop runs on one thread */
 
-typedef struct Cg {
-    const IrGraph *g;
-    FILE *out;
-    int eval;               /* emitting eval_step: dropout is the identity */
-    unsigned char *read;    /* read[id]: the function being emitted reads node id */
-    unsigned char *decl;    /* decl[id]: v<id> is declared in the function being emitted */
-    unsigned char *done;    /* done[group]: the fused group's loop is already emitted */
-    int group;              /* the fused group whose loop is being emitted, or 0 */
-    const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
-    int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
-} Cg;
-
-static const IrNode *root(const IrNode *n) {
-    while (n->storage == ST_ALIAS) n = n->in[0];
-    return n;
-}
-
-/* The value of an inline node: a constant, or a view of one. */
-static double const_value(const IrNode *n) {
-    while (n->op != OP_CONST) n = n->in[0];
-    return n->attr.scalar;
-}
-
-static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
-static int is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
-
-/* ---- literals */
-
-/* A float literal that reads back exactly, in as few digits as that takes: 0.01f, 1.0f. */
-static void fmt_float(char *buf, size_t size, double v) {
-    float f = (float)v;
-    if (f != f) { snprintf(buf, size, "NAN"); return; }
-    if (f > 3.4e38f || f < -3.4e38f) { snprintf(buf, size, "%sINFINITY", f < 0 ? "-" : ""); return; }
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, size, "%.*g", p, (double)f);
-        if (strtof(buf, NULL) == f) break;
-    }
-    if (!strpbrk(buf, ".e")) strncat(buf, ".0", size - strlen(buf) - 1);
-    strncat(buf, "f", size - strlen(buf) - 1);
-}
-
-static void lit(FILE *o, double v) {
-    char buf[48];
-    fmt_float(buf, sizeof buf, v);
-    fputs(buf, o);
-}
-
-/* A double in as few digits as reproduce it exactly. */
-static void dbl(FILE *o, double v) {
-    char buf[48];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    fputs(buf, o);
-}
-
-/* A C string literal (names and paths come from the user). */
-static void cstr(FILE *o, const char *s) {
-    fputc('"', o);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(o, "\\%c", ch);
-        else if (ch < 32 || ch >= 127) fprintf(o, "\\%03o", ch);
-        else fputc(ch, o);
-    }
-    fputc('"', o);
-}
-
-/* Text for a // comment: no line breaks. */
-static void comment_text(FILE *o, const char *s) {
-    for (; s && *s; s++) fputc((unsigned char)*s < 32 ? '?' : *s, o);
-}
-
-static const char *base_name(const char *path) {
-    const char *slash = path ? strrchr(path, '/') : NULL;
-    return slash ? slash + 1 : path;
-}
-
-/* ---- index arithmetic */
-
-typedef struct Axis {
-    int64_t dim;    /* extent of this loop axis */
-    int64_t stride; /* elements the operand moves per step along it; 0 = broadcast */
-} Axis;
-
-/* Logical axes of n in physical order, outermost first. */
-static void phys_order(const IrNode *n, int perm[IR_MAX_RANK]) {
-    static const int nhwc[4] = {0, 2, 3, 1};
-    for (int a = 0; a < n->shape.rank; a++)
-        perm[a] = n->layout == LAYOUT_NHWC && n->shape.rank == 4 ? nhwc[a] : a;
-}
-
-/* Element stride of each logical axis of n's storage. */
-static void elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
-    int perm[IR_MAX_RANK];
-    phys_order(n, perm);
-    int64_t s = 1;
-    for (int k = n->shape.rank - 1; k >= 0; k--) {
-        st[perm[k]] = s;
-        s *= n->shape.dim[perm[k]];
-    }
-}
-
-/* Print the index `sum over axes of (var / S % D) * T` for axes given innermost first, where S
- * is the product of the inner axes' extents. Axes of extent 1 vanish, neighbours that are
- * contiguous in the operand merge, and `/ 1`, `% D` on the outermost axis and `* 1` are left
- * out: a same-shape operand reads `var`, a bias [C] over [N, C] reads `var % C`.
- *
- * With `inner` > 0 the loop is two-level, `i = r * inner + c` with c < inner the output's
- * innermost extent, and the terms are written in r and c so that no `%` or `/` is left on the
- * inner loop: the bias reads `c`, a per-channel operand of a channels-last value too, and the
- * inner loop vectorises. */
-static void index_expr(FILE *o, const char *var, const Axis *in, int n, int64_t inner) {
-    Axis ax[IR_MAX_RANK * 2];
-    int m = 0;
-    int64_t total = 1;
-    for (int k = 0; k < n; k++) {
-        total *= in[k].dim;
-        if (in[k].dim == 1) continue;
-        Axis *last = m ? &ax[m - 1] : NULL;
-        if (last && ((last->stride == 0 && in[k].stride == 0) ||
-                     (last->stride != 0 && in[k].stride == last->stride * last->dim)))
-            last->dim *= in[k].dim;
-        else ax[m++] = in[k];
-    }
-    int64_t S = 1;
-    int terms = 0;
-    for (int k = 0; k < m; k++) {
-        if (ax[k].stride != 0) {
-            int outer = S * ax[k].dim == total;
-            fprintf(o, "%s", terms++ ? " + " : "");
-            if (inner && S == 1 && !outer) { /* the inner axis, maybe with some outer ones merged */
-                int paren = ax[k].stride != 1 || ax[k].dim != inner;
-                fprintf(o, "%s", paren ? "(" : "");
-                if (ax[k].dim == inner) fprintf(o, "c");
-                else fprintf(o, "r %% %" PRId64 " * %" PRId64 " + c", ax[k].dim / inner, inner);
-                fprintf(o, "%s", paren ? ")" : "");
-            } else {
-                const char *v = inner && S != 1 ? "r" : var; /* an outer axis: r / (S / inner) */
-                int64_t div = inner && S != 1 ? S / inner : S;
-                int paren = ax[k].stride != 1 && (div != 1 || !outer);
-                fprintf(o, "%s%s", paren ? "(" : "", v);
-                if (div != 1) fprintf(o, " / %" PRId64, div);
-                if (!outer) fprintf(o, " %% %" PRId64, ax[k].dim);
-                if (paren) fprintf(o, ")");
-            }
-            if (ax[k].stride != 1) fprintf(o, " * %" PRId64, ax[k].stride);
-        }
-        S *= ax[k].dim;
-    }
-    if (!terms) fprintf(o, "0");
-}
-
-/* The axes of `out`'s physical loop (innermost first) with x's strides: x broadcast to out. */
-static int broadcast_axes(const IrNode *x, const IrNode *out, Axis ax[IR_MAX_RANK]) {
-    int perm[IR_MAX_RANK];
-    int64_t st[IR_MAX_RANK];
-    phys_order(out, perm);
-    elem_strides(x, st);
-    int r = out->shape.rank, n = 0;
-    for (int k = r - 1; k >= 0; k--) {
-        int a = perm[k], xa = a - (r - x->shape.rank);
-        int stretched = xa < 0 || x->shape.dim[xa] == 1;
-        ax[n++] = (Axis){out->shape.dim[a], stretched ? 0 : st[xa]};
-    }
-    return n;
-}
-
-/* ---- pointers and declarations */
-
-/* The C expression for a node's storage, typed as a pointer to its element type. */
-static void ptr(Cg *c, const IrNode *n) {
-    const IrNode *r = root(n);
-    const char *t = ir_dtype_ctype(n->dtype);
-    FILE *o = c->out;
-    int64_t elems = 0; /* a row view starts inside its root */
-    for (const IrNode *v = n; v != r; v = v->in[0])
-        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
-    switch (r->storage) {
-    case ST_ARENA:
-        fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
-        if (elems) fprintf(o, " + %" PRId64, elems);
-        break;
-    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
-    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
-    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
-    default: ICE("cpu: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
-    }
-}
-
-static void declare(Cg *c, const IrNode *n) {
-    if (c->decl[n->id]) return;
-    c->decl[n->id] = 1;
-    if (n->storage == ST_INLINE) { /* a constant that a kernel reads through a pointer */
-        fprintf(c->out, "    const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
-        lit(c->out, const_value(n));
-        fprintf(c->out, "};\n");
-        return;
-    }
-    fprintf(c->out, "    %s%s *v%d = ", root(n)->storage == ST_INPUT ? "const " : "",
-            ir_dtype_ctype(n->dtype), n->id);
-    ptr(c, n);
-    fprintf(c->out, ";\n");
-}
-
-/* `// %12 = relu(%11) f32[64, 128]   lenet.net:9` */
-static void comment(Cg *c, const IrNode *n) {
-    char shape[160];
-    FILE *o = c->out;
-    fprintf(o, "    // %%%d = %s", n->id, ir_op_name(n->op));
-    if (n->name) fprintf(o, " "), comment_text(o, n->name);
-    for (int i = 0; i < n->n_in; i++) fprintf(o, "%s%%%d", i ? ", " : "(", n->in[i]->id);
-    fprintf(o, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype),
-            ir_shape_str(&n->shape, shape, sizeof shape));
-    if (n->layout == LAYOUT_NHWC) fprintf(o, " nhwc");
-    if (n->loc.file) fprintf(o, "   "), comment_text(o, base_name(n->loc.file)), fprintf(o, ":%d", n->loc.line);
-    fprintf(o, "\n");
-}
-
-/* ---- element-wise */
-
-/* Element `idx` (an index expression already printed by `print_index`) of x as a float. */
-static void load_open(FILE *o, const IrNode *x) {
-    if (x->dtype == DT_F16) fprintf(o, "rt_f16_to_f32(");
-    else if (x->dtype == DT_BF16) fprintf(o, "rt_bf16_to_f32(");
-    else if (x->dtype != DT_F32) fprintf(o, "(float)");
-}
-
-static void load_close(FILE *o, const IrNode *x) {
-    if (is_half(x->dtype)) fprintf(o, ")");
-}
-
-/* Operand x of element-wise node n at output index i, as a float (raw: in x's own type). */
-static void elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
-    FILE *o = c->out;
-    if (x->storage == ST_INLINE) {
-        lit(o, const_value(x));
-        return;
-    }
-    if (c->group && x->group == c->group) { /* computed earlier in this iteration */
-        fprintf(o, "t%d", x->id);
-        return;
-    }
-    Axis ax[IR_MAX_RANK];
-    int k = broadcast_axes(x, n, ax);
-    if (!raw) load_open(o, x);
-    fprintf(o, "v%d[", x->id);
-    index_expr(o, "i", ax, k, c->inner);
-    fprintf(o, "]");
-    if (!raw) load_close(o, x);
-}
-
-static void elem(Cg *c, const IrNode *x, const IrNode *n) { elem_as(c, x, n, 0); }
-
-/* f(a), f(a, b), f(a, b, c) over the node's operands. */
-static void call(Cg *c, const char *f, const IrNode *n) {
-    fprintf(c->out, "%s(", f);
-    for (int k = 0; k < n->n_in; k++) {
-        if (k) fprintf(c->out, ", ");
-        elem(c, n->in[k], n);
-    }
-    fprintf(c->out, ")");
-}
-
-static void infix(Cg *c, const IrNode *n, const char *op) {
-    elem(c, n->in[0], n);
-    fprintf(c->out, " %s ", op);
-    elem(c, n->in[1], n);
-}
-
-/* The row-major (logical) position of element i of n, as an index expression. */
-static void logical_index(Cg *c, const IrNode *n) {
-    IrNode logical = *n;
-    logical.layout = LAYOUT_ROW_MAJOR;
-    Axis ax[IR_MAX_RANK];
-    int k = broadcast_axes(&logical, n, ax);
-    index_expr(c->out, "i", ax, k, c->inner);
-}
-
-static void dropout(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
-    if (c->eval) {
-        elem(c, n->in[0], n);
-        return;
-    }
-    fprintf(o, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
-    logical_index(c, n); /* the mask follows the logical element, whatever the layout */
-    fprintf(o, ", ");
-    dbl(o, n->attr.p);
-    fprintf(o, ") ? ");
-    elem(c, n->in[0], n);
-    fprintf(o, " * ");
-    lit(o, 1.0 / (1.0 - n->attr.p));
-    fprintf(o, " : 0.0f");
-}
-
-/* The channel (axis 1) of element i of n, as an index expression. */
-static void chan(Cg *c, const IrNode *n) {
-    IrNode per_c = {.shape = {.rank = n->shape.rank - 1}};
-    per_c.shape.dim[0] = n->shape.dim[1];
-    for (int a = 1; a < per_c.shape.rank; a++) per_c.shape.dim[a] = 1;
-    Axis ax[IR_MAX_RANK];
-    int k = broadcast_axes(&per_c, n, ax);
-    index_expr(c->out, "i", ax, k, c->inner);
-}
-
-/* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
-static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
-    fprintf(c->out, "v%d[", x->id);
-    if (row) fprintf(c->out, "%" PRId64 " + ", n->shape.dim[1]);
-    chan(c, n);
-    fprintf(c->out, "]");
-}
-
-/* x normalised: (x - mean[c]) * invstd[c] */
-static void xhat(Cg *c, const IrNode *n) {
-    const IrNode *x = n->in[0], *stats = n->in[1];
-    fprintf(c->out, "(");
-    elem(c, x, n);
-    fprintf(c->out, " - "), chan_elem(c, n, stats, 0), fprintf(c->out, ") * "), chan_elem(c, n, stats, 1);
-}
-
-static void bn_apply(Cg *c, const IrNode *n) {
-    if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
-        elem(c, n->in[0], n);
-        fprintf(c->out, " + fold_b%d[", n->in[0]->id), chan(c, n), fprintf(c->out, "]");
-        return;
-    }
-    xhat(c, n);
-    fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
-    fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
-}
-
-/* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
-static void bn_bwd_data(Cg *c, const IrNode *n) {
-    const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
-    FILE *o = c->out;
-    chan_elem(c, n, w, 0), fprintf(o, " * "), chan_elem(c, n, stats, 1), fprintf(o, " * (");
-    elem(c, dy, n);
-    fprintf(o, " - ("), chan_elem(c, n, sums, 0), fprintf(o, " + ");
-    xhat(c, n);
-    fprintf(o, " * "), chan_elem(c, n, sums, 1);
-    fprintf(o, ") * "), lit(o, (double)n->shape.dim[1] / (double)ir_numel(&n->shape)), fprintf(o, ")");
-}
-
-/* The float expression of one element-wise node at index i. */
-static void ew_expr(Cg *c, const IrNode *n) {
-    switch (n->op) {
-    case OP_ADD: infix(c, n, "+"); break;
-    case OP_SUB: infix(c, n, "-"); break;
-    case OP_MUL: infix(c, n, "*"); break;
-    case OP_DIV: infix(c, n, "/"); break;
-    case OP_NEG: /* -(x): a negative literal after '-' would read as '--' */
-        fprintf(c->out, "-("), elem(c, n->in[0], n), fprintf(c->out, ")");
-        break;
-    case OP_RELU: call(c, "relu", n); break;
-    case OP_SIGMOID: call(c, "sigmoid", n); break;
-    case OP_TANH: call(c, "tanhf", n); break;
-    case OP_GELU: call(c, "gelu", n); break;
-    case OP_EXP: call(c, "expf", n); break;
-    case OP_LOG: call(c, "logf", n); break;
-    case OP_SQRT: call(c, "sqrtf", n); break;
-    case OP_CAST:
-    case OP_EXPAND:
-    case OP_LAYOUT: elem(c, n->in[0], n); break;
-    case OP_DROPOUT:
-    case OP_DROPOUT_GRAD: dropout(c, n); break;
-    case OP_BCE_LOGITS: call(c, "bce_logits", n); break;
-    case OP_RELU_GRAD: call(c, "relu_grad", n); break;
-    case OP_SIGMOID_GRAD: call(c, "sigmoid_grad", n); break;
-    case OP_TANH_GRAD: call(c, "tanh_grad", n); break;
-    case OP_GELU_GRAD: call(c, "gelu_grad", n); break;
-    case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
-    case OP_BN_APPLY: bn_apply(c, n); break;
-    case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
-    default: ICE("cpu: %s is not element-wise", ir_op_name(n->op));
-    }
-}
 
 static void loop_head(Cg *c, int64_t n, const char *indent) {
     if (n >= PAR_MIN) fprintf(c->out, "%s#pragma omp parallel for simd\n", indent);
@@ -413,7 +35,7 @@ static void loop_head(Cg *c, int64_t n, const char *indent) {
  * index it with `%` (a bias, a per-channel batch-norm value). */
 static int64_t inner_extent(const IrNode *n) {
     int perm[IR_MAX_RANK];
-    phys_order(n, perm);
+    cg_phys_order(n, perm);
     for (int k = n->shape.rank - 1; k >= 0; k--) {
         int64_t d = n->shape.dim[perm[k]];
         if (d > 1) return d >= 16 && d < ir_numel(&n->shape) ? d : 0;
@@ -455,53 +77,17 @@ static void emit_ew(Cg *c, const IrNode *n) {
     }
     if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
         fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
-        ew_expr(c, n);
+        cg_ew_expr(c, n);
         fprintf(o, ")");
-    } else if (!is_float(n->dtype)) { /* a cast to an integer type, by value (truncating) */
+    } else if (!cg_is_float(n->dtype)) { /* a cast to an integer type, by value (truncating) */
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("cpu: integer %s", ir_op_name(n->op));
         fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
-        elem_as(c, n->in[0], n, !is_half(n->in[0]->dtype));
+        cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
     } else {
-        ew_expr(c, n);
+        cg_ew_expr(c, n);
     }
     fprintf(o, ";\n");
     if (!scalar) loop_close(c);
-}
-
-/* A fused group's members, in schedule order (constants between them are skipped). */
-#define FOR_MEMBERS(n, head)                                                                       \
-    for (int i_ = (head)->id; i_ < c->g->n &&                                                     \
-                              (c->g->nodes[i_]->group == (head)->group || c->g->nodes[i_]->op == OP_CONST); \
-         i_++)                                                                                     \
-        if (((n) = c->g->nodes[i_])->group == (head)->group)
-
-/* The batch-norm sums accumulated in a group's loop (fuse_reductions), in schedule order. */
-#define FOR_SUMS(s, head)                                    \
-    for (int j_ = (head)->id; j_ < c->g->n; j_++)            \
-        if (((s) = c->g->nodes[j_])->fused_into == (head)->group)
-
-/* The comments and pointer declarations of a group's members, before its loop. */
-static void group_header(Cg *c, const IrNode *head) {
-    const IrNode *n;
-    c->done[head->group] = 1;
-    FOR_MEMBERS(n, head) {
-        comment(c, n);
-        if (!n->internal) declare(c, n);
-    }
-}
-
-/* The body of a group's loop at index i: each member a local t<id>, stored only when
- * something outside the group reads it. */
-static void group_body(Cg *c, const IrNode *head, const char *indent) {
-    const IrNode *n;
-    c->group = head->group;
-    FOR_MEMBERS(n, head) {
-        fprintf(c->out, "%sconst float t%d = ", indent, n->id);
-        ew_expr(c, n);
-        fprintf(c->out, ";\n");
-        if (!n->internal) fprintf(c->out, "%sv%d[i] = t%d;\n", indent, n->id, n->id);
-    }
-    c->group = 0;
 }
 
 /* A channels-last group with batch-norm sums accumulated in its loop (fuse_reductions): rows of
@@ -516,10 +102,10 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
             head->group, M, C);
     FOR_SUMS(s, head) fprintf(o, " %%%d", s->id);
     fprintf(o, "\n");
-    group_header(c, head);
+    cg_group_header(c, head);
     FOR_SUMS(s, head) {
-        comment(c, s);
-        declare(c, s);
+        cg_comment(c, s);
+        cg_declare(c, s);
         fprintf(o, "    static double part%d[%" PRId64 "]; // per block of rows: sum(dy), sum(dy * xhat)\n", s->id,
                 nb * 2 * C);
     }
@@ -535,7 +121,7 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     fprintf(o, "            for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
     fprintf(o, "                const int64_t i = r * %" PRId64 " + c;\n", C);
     c->inner = C;
-    group_body(c, head, "                ");
+    cg_group_body(c, head, "                ");
     c->inner = 0;
     FOR_SUMS(s, head) {
         int x = s->in[0]->id, st = s->in[1]->id, dy = s->in[2]->id;
@@ -560,9 +146,9 @@ static void emit_group(Cg *c, const IrNode *head) {
         return;
     }
     fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
-    group_header(c, head);
+    cg_group_header(c, head);
     loop_open(c, head);
-    group_body(c, head, "        ");
+    cg_group_body(c, head, "        ");
     loop_close(c);
 }
 
@@ -576,30 +162,30 @@ static void emit_sum_to(Cg *c, const IrNode *n) {
     int xr = x->shape.rank, lead = xr - n->shape.rank;
     int perm[IR_MAX_RANK];
     int64_t st[IR_MAX_RANK];
-    Axis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
     int nk = 0, nr = 0;
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
-    elem_strides(x, st);
-    phys_order(n, perm);
+    cg_elem_strides(x, st);
+    cg_phys_order(n, perm);
     for (int k = n->shape.rank - 1; k >= 0; k--) /* output loop, innermost first */
-        kept[nk++] = (Axis){n->shape.dim[perm[k]], n->shape.dim[perm[k]] == 1 ? 0 : st[perm[k] + lead]};
-    phys_order(x, perm);
+        kept[nk++] = (CgAxis){n->shape.dim[perm[k]], n->shape.dim[perm[k]] == 1 ? 0 : st[perm[k] + lead]};
+    cg_phys_order(x, perm);
     for (int k = xr - 1; k >= 0; k--) { /* reduced axes in x's physical order */
         int a = perm[k];
-        if (a < lead || n->shape.dim[a - lead] == 1) red[nr++] = (Axis){x->shape.dim[a], st[a]};
+        if (a < lead || n->shape.dim[a - lead] == 1) red[nr++] = (CgAxis){x->shape.dim[a], st[a]};
     }
     fprintf(o, "    ");
     if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) fprintf(o, "#pragma omp parallel for\n    ");
     fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n", out_n);
     fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
-    index_expr(o, "o", kept, nk, 0);
+    cg_index_expr(o, "o", kept, nk, 0);
     fprintf(o, ";\n        double acc = 0;\n");
     fprintf(o, "        for (int64_t j = 0; j < %" PRId64 "; j++)\n            acc += ", red_n);
-    load_open(o, x);
+    cg_load_open(o, x);
     fprintf(o, "x[");
-    index_expr(o, "j", red, nr, 0);
+    cg_index_expr(o, "j", red, nr, 0);
     fprintf(o, "]");
-    load_close(o, x);
+    cg_load_close(o, x);
     fprintf(o, ";\n        v%d[o] = (float)acc;\n    }\n", n->id);
 }
 
@@ -622,9 +208,9 @@ static void emit_reduce(Cg *c, const IrNode *n) {
     fprintf(o, "        double acc = 0;\n");
     if (total >= PAR_MIN) fprintf(o, "        #pragma omp parallel for reduction(+ : acc)\n");
     fprintf(o, "        for (int64_t i = 0; i < count; i++)\n            acc += ");
-    load_open(o, x);
+    cg_load_open(o, x);
     fprintf(o, "v%d[i]", x->id);
-    load_close(o, x);
+    cg_load_close(o, x);
     fprintf(o, ";\n        v%d[0] = (float)(acc%s);\n    }\n", n->id,
             n->op == OP_MEAN ? " / (double)count" : "");
 }
@@ -644,7 +230,7 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
         if (c->g->nodes[i]->group == n->epilogue) head = c->g->nodes[i];
     fprintf(o, "    // with its epilogue, fused group %d (%s), on each thread's block of rows\n", n->epilogue,
             epilogue_kind(c->g, n));
-    group_header(c, head);
+    cg_group_header(c, head);
     fprintf(o, "    #pragma omp parallel\n    {\n");
     fprintf(o, "        const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();\n");
     fprintf(o, "        const int64_t r0 = %" PRId64 " * th / nt, r1 = %" PRId64 " * (th + 1) / nt;\n", M, M);
@@ -658,7 +244,7 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     fprintf(o, "                for (int64_t c = 0; c < %" PRId64 "; c++) {\n", N);
     fprintf(o, "                    const int64_t i = r * %" PRId64 " + c;\n", N);
     c->inner = N;
-    group_body(c, head, "                    ");
+    cg_group_body(c, head, "                    ");
     c->inner = 0;
     fprintf(o, "                }\n        }\n    }\n");
 }
@@ -721,9 +307,9 @@ static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
     FILE *o = c->out;
     fprintf(o, "    // folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights\n",
             apply->id);
-    declare(c, stats);
-    declare(c, apply->in[2]);
-    declare(c, apply->in[3]);
+    cg_declare(c, stats);
+    cg_declare(c, apply->in[2]);
+    cg_declare(c, apply->in[3]);
     emit_bn(c, stats);
     fprintf(o, "    static float fold_w%d[%" PRId64 "], fold_b%d[%" PRId64 "];\n", conv->id, K * per_k, conv->id, K);
     fprintf(o, "    rt_bn_fold(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d, fold_w%d, fold_b%d);\n", K, per_k, w->id,
@@ -794,11 +380,11 @@ static void emit_rows(Cg *c, const IrNode *n) {
         break;
     case OP_XENT:
         fprintf(o, "    rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
-        lit(o, n->attr.smoothing), fprintf(o, ", ctx->n_valid, v%d);\n", n->id);
+        cg_lit(o, n->attr.smoothing), fprintf(o, ", ctx->n_valid, v%d);\n", n->id);
         break;
     case OP_XENT_BWD:
         fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
-        lit(o, n->attr.smoothing), fprintf(o, ", v%d, v%d);\n", n->in[2]->id, n->id);
+        cg_lit(o, n->attr.smoothing), fprintf(o, ", v%d, v%d);\n", n->in[2]->id, n->id);
         break;
     default: /* OP_ACCURACY */
         fprintf(o, "    v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);\n", n->id,
@@ -824,9 +410,9 @@ static void emit_bn(Cg *c, const IrNode *n) {
     const IrParam *rm = &c->g->params[n->attr.stat_param];
     if (nhwc) fprintf(o, "    rt_bn_stats_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, ", N * HW, C, x->id, n->id);
     else fprintf(o, "    rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
-    dbl(o, n->attr.eps), fprintf(o, ", "), dbl(o, n->attr.momentum);
+    cg_dbl(o, n->attr.eps), fprintf(o, ", "), cg_dbl(o, n->attr.momentum);
     fprintf(o, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval);
-    comment_text(o, rm->name);
+    cg_comment_text(o, rm->name);
     fprintf(o, "\n");
 }
 
@@ -863,9 +449,9 @@ static void emit_node(Cg *c, const IrNode *n) {
     if (n->storage == ST_INLINE) return; /* written into its users as a literal */
     if (kind == OPK_SOURCE || kind == OPK_VIEW) {
         if (!c->read[n->id]) return;
-        if (kind == OPK_VIEW && !ir_stored_as(root(n), n->layout)) ICE("cpu: reshape across layouts");
-        comment(c, n);
-        declare(c, n);
+        if (kind == OPK_VIEW && !ir_stored_as(cg_root(n), n->layout)) ICE("cpu: reshape across layouts");
+        cg_comment(c, n);
+        cg_declare(c, n);
         return;
     }
     if (n->group) {
@@ -874,11 +460,11 @@ static void emit_node(Cg *c, const IrNode *n) {
     }
     if (c->eval && n->op == OP_BN_STATS && c->fold[n->in[0]->id] == n) return; /* taken with its convolution */
     if (n->fused_into) return; /* accumulated in its group's loop */
-    comment(c, n);
+    cg_comment(c, n);
     if (kind != OPK_EW) /* kernels and reductions read constants through pointers */
         for (int k = 0; k < n->n_in; k++)
-            if (n->in[k]->storage == ST_INLINE) declare(c, n->in[k]);
-    declare(c, n);
+            if (n->in[k]->storage == ST_INLINE) cg_declare(c, n->in[k]);
+    cg_declare(c, n);
     switch (kind) {
     case OPK_EW: emit_ew(c, n); break;
     case OPK_REDUCE: emit_reduce(c, n); break;
@@ -887,37 +473,6 @@ static void emit_node(Cg *c, const IrNode *n) {
 }
 
 /* ---- the step functions */
-
-/* The memory plan put p's gradient (or the node its view chain reads) at its place in ctx->grads. */
-static int in_place(const IrParam *p) {
-    const IrNode *r = root(p->grad);
-    return r->storage == ST_GRAD && r->offset == p->grad_offset;
-}
-
-/* A trainable parameter's gradient is copied from its node's pointer at the end of the step. */
-static int needs_copy(const IrParam *p) {
-    return p->trainable && p->grad && p->grad->storage != ST_INLINE && !in_place(p);
-}
-
-/* Mark the values whose pointer the function uses: operands of the computing nodes in
- * [0, end), the loss and accuracy, and gradients copied at the end. A view is declared with
- * its root's storage, so it does not use its operand's pointer. */
-static void mark_reads(Cg *c, int end, int with_grads) {
-    const IrGraph *g = c->g;
-    memset(c->read, 0, (size_t)g->n + 1);
-    memset(c->decl, 0, (size_t)g->n + 1);
-    memset(c->done, 0, (size_t)g->n_groups + 1);
-    for (int i = 0; i < end; i++) {
-        const IrNode *n = g->nodes[i];
-        if (ir_op_kind(n->op) == OPK_VIEW) continue;
-        for (int k = 0; k < n->n_in; k++) /* a fused group reads its own members from locals */
-            if (!n->in[k]->internal) c->read[n->in[k]->id] = 1;
-    }
-    c->read[g->loss->id] = 1;
-    if (g->correct) c->read[g->correct->id] = 1;
-    for (int i = 0; with_grads && i < g->n_params; i++)
-        if (needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
-}
 
 static void emit_outputs(Cg *c) {
     const IrGraph *g = c->g;
@@ -933,17 +488,17 @@ static void emit_grad_copies(Cg *c) {
     int header = 0;
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
-        if (!p->trainable || (p->grad && in_place(p))) continue;
+        if (!p->trainable || (p->grad && cg_in_place(p))) continue;
         int64_t n = ir_numel(&p->node->shape);
         if (!header++) fprintf(o, "\n    // ---- gradients not computed in place\n");
         fprintf(o, "    // d ");
-        comment_text(o, p->name);
+        cg_comment_text(o, p->name);
         fprintf(o, "\n");
         if (!p->grad) {
             fprintf(o, "    memset(ctx->grads + %" PRId64 ", 0, %" PRId64 " * sizeof(float));\n", p->grad_offset, n);
         } else if (p->grad->storage == ST_INLINE) {
             fprintf(o, "    for (int64_t i = 0; i < %" PRId64 "; i++) ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-            lit(o, const_value(p->grad));
+            cg_lit(o, cg_const_value(p->grad));
             fprintf(o, ";\n");
         } else {
             fprintf(o, "    memcpy(ctx->grads + %" PRId64 ", v%d, %" PRId64 " * sizeof(float));\n", p->grad_offset,
@@ -955,7 +510,7 @@ static void emit_grad_copies(Cg *c) {
 static void emit_forward_backward(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    mark_reads(c, g->n, 1);
+    cg_mark_reads(c, g->n, 1);
     fprintf(o, "// One training step's computation: the forward pass, loss and metrics, then the\n"
                "// backward pass, which leaves every trainable parameter's gradient in ctx->grads.\n");
     fprintf(o, "static void forward_backward(RtCtx *ctx) {\n");
@@ -971,7 +526,7 @@ static void emit_forward_backward(Cg *c) {
 static void emit_eval(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    mark_reads(c, g->n_fwd, 0);
+    cg_mark_reads(c, g->n_fwd, 0);
     c->eval = 1;
     find_folds(c);
     fprintf(o, "// The forward pass in evaluation mode (dropout off), with the same buffers as the\n"
@@ -996,13 +551,13 @@ static void emit_sgd(Cg *c, const IrTrain *t) {
     }
     loop_head(c, c->g->n_grad_floats, "    ");
     fprintf(o, " {\n        float d = g[i]");
-    if (t->weight_decay != 0) fprintf(o, " + "), lit(o, t->weight_decay), fprintf(o, " * p[i]");
+    if (t->weight_decay != 0) fprintf(o, " + "), cg_lit(o, t->weight_decay), fprintf(o, " * p[i]");
     fprintf(o, ";\n");
     if (t->momentum != 0) {
-        fprintf(o, "        buf[i] = first ? d : buf[i] * "), lit(o, t->momentum);
-        if (t->dampening != 0) fprintf(o, " + "), lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
+        fprintf(o, "        buf[i] = first ? d : buf[i] * "), cg_lit(o, t->momentum);
+        if (t->dampening != 0) fprintf(o, " + "), cg_lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
         else fprintf(o, " + d;\n");
-        if (t->nesterov) fprintf(o, "        d = d + "), lit(o, t->momentum), fprintf(o, " * buf[i];\n");
+        if (t->nesterov) fprintf(o, "        d = d + "), cg_lit(o, t->momentum), fprintf(o, " * buf[i];\n");
         else fprintf(o, "        d = buf[i];\n");
     }
     fprintf(o, "        p[i] -= lr * d;\n    }\n");
@@ -1015,25 +570,21 @@ static void emit_adamw(Cg *c, const IrTrain *t) {
     fprintf(o, "    float *p = ctx->params, *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n",
             c->g->n_grad_floats);
     fprintf(o, "    const float *g = ctx->grads;\n");
-    fprintf(o, "    const double bc1 = 1.0 - pow("), dbl(o, t->beta1), fprintf(o, ", (double)ctx->step);\n");
-    fprintf(o, "    const double bc2 = 1.0 - pow("), dbl(o, t->beta2), fprintf(o, ", (double)ctx->step);\n");
+    fprintf(o, "    const double bc1 = 1.0 - pow("), cg_dbl(o, t->beta1), fprintf(o, ", (double)ctx->step);\n");
+    fprintf(o, "    const double bc2 = 1.0 - pow("), cg_dbl(o, t->beta2), fprintf(o, ", (double)ctx->step);\n");
     fprintf(o, "    const float step_size = (float)(ctx->lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
     if (t->weight_decay != 0) {
-        fprintf(o, "    const float decay = (float)(1.0 - (double)ctx->lr * "), dbl(o, t->weight_decay);
+        fprintf(o, "    const float decay = (float)(1.0 - (double)ctx->lr * "), cg_dbl(o, t->weight_decay);
         fprintf(o, ");\n");
     }
     loop_head(c, c->g->n_grad_floats, "    ");
     fprintf(o, " {\n");
     if (t->weight_decay != 0) fprintf(o, "        p[i] *= decay;\n");
-    fprintf(o, "        m[i] += "), lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
-    fprintf(o, "        v[i] = v[i] * "), lit(o, t->beta2), fprintf(o, " + "), lit(o, 1 - t->beta2);
+    fprintf(o, "        m[i] += "), cg_lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
+    fprintf(o, "        v[i] = v[i] * "), cg_lit(o, t->beta2), fprintf(o, " + "), cg_lit(o, 1 - t->beta2);
     fprintf(o, " * g[i] * g[i];\n");
-    fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), lit(o, t->eps);
+    fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), cg_lit(o, t->eps);
     fprintf(o, "));\n    }\n");
-}
-
-static int state_slots(const IrTrain *t) {
-    return t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
 }
 
 static void emit_optimizer(Cg *c) {
@@ -1046,141 +597,35 @@ static void emit_optimizer(Cg *c) {
     fprintf(c->out, "}\n\n");
 }
 
-/* ---- the model description */
-
-static const char *const init_enums[] = {
-    [INIT_ZEROS] = "RT_INIT_ZEROS", [INIT_ONES] = "RT_INIT_ONES",
-    [INIT_UNIFORM] = "RT_INIT_UNIFORM", [INIT_NORMAL] = "RT_INIT_NORMAL",
-};
-static const char *const dtype_enums[] = {
-    [DT_F32] = "RT_F32", [DT_F16] = "RT_F16", [DT_BF16] = "RT_BF16",
-    [DT_I32] = "RT_I32", [DT_I64] = "RT_I64", [DT_U8] = "RT_U8",
-};
-static const char *const sched_enums[] = {
-    [SCHED_CONSTANT] = "RT_SCHED_CONSTANT", [SCHED_STEP] = "RT_SCHED_STEP", [SCHED_COSINE] = "RT_SCHED_COSINE",
-};
-static const char *const loss_names[] = {
-    [LOSS_CROSS_ENTROPY] = "cross_entropy", [LOSS_MSE] = "mse", [LOSS_BCE_LOGITS] = "bce_logits",
-};
-
-static void dims(FILE *o, const IrShape *s, int from) {
-    if (from >= s->rank) { /* a scalar: {} is not C11 */
-        fprintf(o, "{0}");
-        return;
-    }
-    fprintf(o, "{");
-    for (int i = from; i < s->rank; i++) fprintf(o, "%s%" PRId64, i > from ? ", " : "", s->dim[i]);
-    fprintf(o, "}");
-}
-
-static void emit_description(Cg *c) {
-    const IrGraph *g = c->g;
-    FILE *o = c->out;
-    if (g->n_inputs) fprintf(o, "// per-sample shapes: the batch axis is not counted\nstatic const RtInput inputs[] = {\n");
-    for (int i = 0; i < g->n_inputs; i++) {
-        const IrNode *n = g->inputs[i].node;
-        fprintf(o, "    {"), cstr(o, n->name);
-        fprintf(o, ", %s, %d, ", dtype_enums[n->dtype], n->shape.rank - 1);
-        dims(o, &n->shape, 1);
-        fprintf(o, "},\n");
-    }
-    if (g->n_inputs) fprintf(o, "};\n\n");
-    if (g->n_params)
-        fprintf(o, "static const RtParam params[] = {\n"
-                   "    // name, rank, shape, offset, grad_offset, init, init_a, file dtype, buffer\n");
-    for (int i = 0; i < g->n_params; i++) {
-        const IrParam *p = &g->params[i];
-        fprintf(o, "    {"), cstr(o, p->name);
-        fprintf(o, ", %d, ", p->node->shape.rank);
-        dims(o, &p->node->shape, 0);
-        fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, init_enums[p->init]);
-        lit(o, p->init_a);
-        fprintf(o, ", %s, %d", dtype_enums[p->file_dtype], p->buffer);
-        fprintf(o, "},\n");
-    }
-    if (g->n_params) fprintf(o, "};\n\n");
-}
-
-static void emit_schedule(FILE *o, const IrTrain *t) {
-    fprintf(o, "    .schedule = {.kind = %s, .base_lr = ", sched_enums[t->sched]), dbl(o, t->lr);
-    fprintf(o, ", .warmup_epochs = "), dbl(o, t->warmup_epochs);
-    fprintf(o, ", .step_epochs = "), dbl(o, t->step_epochs);
-    fprintf(o, ",\n                 .gamma = "), dbl(o, t->gamma);
-    fprintf(o, ", .min_lr = "), dbl(o, t->min_lr);
-    fprintf(o, "},\n");
-}
-
 static void emit_model(Cg *c) {
     const IrGraph *g = c->g;
     const IrTrain *t = &g->train;
     FILE *o = c->out;
-    fprintf(o, "static const RtModel model = {\n    .name = "), cstr(o, g->model_name);
-    fprintf(o, ",\n    .source = "), cstr(o, g->source_path);
+    fprintf(o, "static const RtModel model = {\n    .name = "), cg_cstr(o, g->model_name);
+    fprintf(o, ",\n    .source = "), cg_cstr(o, g->source_path);
     fprintf(o, ",\n    .batch = %" PRId64 ",\n", g->batch);
     fprintf(o, "    .n_inputs = %d,\n    .inputs = %s,\n", g->n_inputs, g->n_inputs ? "inputs" : "NULL");
     fprintf(o, "    .n_params = %d,\n    .params = %s,\n", g->n_params, g->n_params ? "params" : "NULL");
     fprintf(o, "    .n_param_floats = %" PRId64 ",\n    .n_grad_floats = %" PRId64 ",\n", g->n_param_floats,
             g->n_grad_floats);
-    fprintf(o, "    .n_state_slots = %d,\n", state_slots(t));
+    fprintf(o, "    .n_state_slots = %d,\n", cg_state_slots(t));
     fprintf(o, "    .arena_bytes = %" PRId64 ",\n", g->arena_bytes > 64 ? g->arena_bytes : 64);
     fprintf(o, "    .scratch_per_thread = %" PRId64 ",\n", g->scratch_per_thread);
     fprintf(o, "    .optim = %s,\n", t->optim == OPTIM_SGD ? "RT_OPTIM_SGD" : "RT_OPTIM_ADAMW");
-    emit_schedule(o, t);
+    cg_emit_schedule(o, t);
     fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n",
             t->epochs, t->eval_every, t->log_every);
-    fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, loss_names[t->loss_kind]);
+    fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, cg_loss_names[t->loss_kind]);
     fprintf(o, "    .forward_backward = forward_backward,\n    .optimizer_step = optimizer_step,\n");
     fprintf(o, "    .eval_step = eval_step,\n};\n\n");
-}
-
-/* ---- prologue: header comment and the scalar helpers this model uses */
-
-static const struct {
-    IrOp op;
-    const char *code;
-} helpers[] = {
-    {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
-    {OP_RELU_GRAD, "static inline float relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }\n"},
-    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow\n"
-                 "static inline float sigmoid(float x) {\n"
-                 "    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));\n"
-                 "    float e = expf(x);\n    return e / (1.0f + e);\n}\n"},
-    {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
-    {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
-    {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU()\n"
-              "static inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.707106781f)); }\n"},
-    {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
-                   "static inline float gelu_grad(float x, float dy) {\n"
-                   "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
-                   "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
-                   "    return dy * (cdf + x * pdf);\n}\n"},
-    {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
-                    "static inline float bce_logits(float x, float t) {\n"
-                    "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n"},
-    {OP_BCE_LOGITS_GRAD, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
-                         "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
-                         "    return dy * (s - t);\n}\n"},
-};
-
-static void emit_helpers(Cg *c) {
-    const IrGraph *g = c->g;
-    int any = 0;
-    for (size_t h = 0; h < sizeof helpers / sizeof *helpers; h++)
-        for (int i = 0; i < g->n; i++)
-            if (g->nodes[i]->op == helpers[h].op) {
-                if (!any++) fprintf(c->out, "// ---- element-wise functions\n");
-                fputs(helpers[h].code, c->out);
-                break;
-            }
-    if (any) fprintf(c->out, "\n");
 }
 
 static void emit_prologue(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    fprintf(o, "// "), comment_text(o, g->model_name);
-    fprintf(o, ".c - the trainer for model '"), comment_text(o, g->model_name);
-    fprintf(o, "', generated by netc from "), comment_text(o, g->source_path);
+    fprintf(o, "// "), cg_comment_text(o, g->model_name);
+    fprintf(o, ".c - the trainer for model '"), cg_comment_text(o, g->model_name);
+    fprintf(o, "', generated by netc from "), cg_comment_text(o, g->source_path);
     fprintf(o, ".\n// Do not edit: change the .net file and run netc again.\n//\n");
     fprintf(o, "// Every tensor of the training step has a home fixed at compile time:\n"
                "//   ctx->params    every parameter, one flat float array (%" PRId64 " floats, trainable first)\n"
@@ -1189,16 +634,16 @@ static void emit_prologue(Cg *c) {
                "//   ctx->inputs    the batch (%" PRId64 " samples), one buffer per model input\n"
                "//   ctx->arena     every other value, at an offset from the memory plan: %" PRId64 " bytes\n"
                "//                  (%" PRId64 " without reuse of dead values' bytes)\n",
-            g->n_param_floats, g->n_grad_floats, state_slots(&g->train), g->n_grad_floats, g->batch,
+            g->n_param_floats, g->n_grad_floats, cg_state_slots(&g->train), g->n_grad_floats, g->batch,
             g->arena_bytes, g->unplanned_bytes);
     fprintf(o, "// A training step is forward_backward() then optimizer_step(); eval_step() is the forward\n"
                "// pass alone. libnetrt's rt_main() owns the rest: command line, data loading, parameter\n"
                "// initialisation, the training loop, logging and weight files.\n//\n");
-    fprintf(o, "// Build: cc -std=gnu11 -O2 -fopenmp "), comment_text(o, g->model_name);
+    fprintf(o, "// Build: cc -std=gnu11 -O2 -fopenmp "), cg_comment_text(o, g->model_name);
     fprintf(o, ".c -I<netc>/runtime <build>/runtime/libnetrt.a\n"
                "//            -ldnnl -lopenblas -lcjson -lz -lpthread -lm\n\n");
     fprintf(o, "#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n#include <string.h>\n\n#include \"netrt.h\"\n\n");
-    emit_helpers(c);
+    cg_emit_helpers(c);
 }
 
 static int emit(const IrGraph *g, FILE *out) {
@@ -1210,7 +655,7 @@ static int emit(const IrGraph *g, FILE *out) {
     c.fold = xcalloc((size_t)g->n + 1, sizeof *c.fold);
     emit_prologue(&c);
     fprintf(out, "// ---- model description\n\n");
-    emit_description(&c);
+    cg_emit_description(&c);
     fprintf(out, "// ---- forward and backward\n\n");
     emit_forward_backward(&c);
     fprintf(out, "// ---- evaluation\n\n");

@@ -1,0 +1,547 @@
+/* cexpr.c - expressions and declarations both backends emit (see cexpr.h). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cexpr.h"
+#include "passes.h"
+
+const IrNode *cg_root(const IrNode *n) {
+    while (n->storage == ST_ALIAS) n = n->in[0];
+    return n;
+}
+
+/* The value of an inline node: a constant, or a view of one. */
+double cg_const_value(const IrNode *n) {
+    while (n->op != OP_CONST) n = n->in[0];
+    return n->attr.scalar;
+}
+
+int cg_is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
+int cg_is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
+
+/* ---- literals */
+
+/* A float literal that reads back exactly, in as few digits as that takes: 0.01f, 1.0f. */
+static void fmt_float(char *buf, size_t size, double v) {
+    float f = (float)v;
+    if (f != f) { snprintf(buf, size, "NAN"); return; }
+    if (f > 3.4e38f || f < -3.4e38f) { snprintf(buf, size, "%sINFINITY", f < 0 ? "-" : ""); return; }
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, size, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    if (!strpbrk(buf, ".e")) strncat(buf, ".0", size - strlen(buf) - 1);
+    strncat(buf, "f", size - strlen(buf) - 1);
+}
+
+void cg_lit(FILE *o, double v) {
+    char buf[48];
+    fmt_float(buf, sizeof buf, v);
+    fputs(buf, o);
+}
+
+/* A double in as few digits as reproduce it exactly. */
+void cg_dbl(FILE *o, double v) {
+    char buf[48];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    fputs(buf, o);
+}
+
+/* A C string literal (names and paths come from the user). */
+void cg_cstr(FILE *o, const char *s) {
+    fputc('"', o);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(o, "\\%c", ch);
+        else if (ch < 32 || ch >= 127) fprintf(o, "\\%03o", ch);
+        else fputc(ch, o);
+    }
+    fputc('"', o);
+}
+
+/* Text for a // comment: no line breaks. */
+void cg_comment_text(FILE *o, const char *s) {
+    for (; s && *s; s++) fputc((unsigned char)*s < 32 ? '?' : *s, o);
+}
+
+const char *cg_base_name(const char *path) {
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    return slash ? slash + 1 : path;
+}
+
+/* ---- index arithmetic */
+
+
+/* Logical axes of n in physical order, outermost first. */
+void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]) {
+    static const int nhwc[4] = {0, 2, 3, 1};
+    for (int a = 0; a < n->shape.rank; a++)
+        perm[a] = n->layout == LAYOUT_NHWC && n->shape.rank == 4 ? nhwc[a] : a;
+}
+
+/* Element stride of each logical axis of n's storage. */
+void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
+    int perm[IR_MAX_RANK];
+    cg_phys_order(n, perm);
+    int64_t s = 1;
+    for (int k = n->shape.rank - 1; k >= 0; k--) {
+        st[perm[k]] = s;
+        s *= n->shape.dim[perm[k]];
+    }
+}
+
+/* Print the index `sum over axes of (var / S % D) * T` for axes given innermost first, where S
+ * is the product of the inner axes' extents. Axes of extent 1 vanish, neighbours that are
+ * contiguous in the operand merge, and `/ 1`, `% D` on the outermost axis and `* 1` are left
+ * out: a same-shape operand reads `var`, a bias [C] over [N, C] reads `var % C`.
+ *
+ * With `inner` > 0 the loop is two-level, `i = r * inner + c` with c < inner the output's
+ * innermost extent, and the terms are written in r and c so that no `%` or `/` is left on the
+ * inner loop: the bias reads `c`, a per-channel operand of a channels-last value too, and the
+ * inner loop vectorises. */
+void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner) {
+    CgAxis ax[IR_MAX_RANK * 2];
+    int m = 0;
+    int64_t total = 1;
+    for (int k = 0; k < n; k++) {
+        total *= in[k].dim;
+        if (in[k].dim == 1) continue;
+        CgAxis *last = m ? &ax[m - 1] : NULL;
+        if (last && ((last->stride == 0 && in[k].stride == 0) ||
+                     (last->stride != 0 && in[k].stride == last->stride * last->dim)))
+            last->dim *= in[k].dim;
+        else ax[m++] = in[k];
+    }
+    int64_t S = 1;
+    int terms = 0;
+    for (int k = 0; k < m; k++) {
+        if (ax[k].stride != 0) {
+            int outer = S * ax[k].dim == total;
+            fprintf(o, "%s", terms++ ? " + " : "");
+            if (inner && S == 1 && !outer) { /* the inner axis, maybe with some outer ones merged */
+                int paren = ax[k].stride != 1 || ax[k].dim != inner;
+                fprintf(o, "%s", paren ? "(" : "");
+                if (ax[k].dim == inner) fprintf(o, "c");
+                else fprintf(o, "r %% %" PRId64 " * %" PRId64 " + c", ax[k].dim / inner, inner);
+                fprintf(o, "%s", paren ? ")" : "");
+            } else {
+                const char *v = inner && S != 1 ? "r" : var; /* an outer axis: r / (S / inner) */
+                int64_t div = inner && S != 1 ? S / inner : S;
+                int paren = ax[k].stride != 1 && (div != 1 || !outer);
+                fprintf(o, "%s%s", paren ? "(" : "", v);
+                if (div != 1) fprintf(o, " / %" PRId64, div);
+                if (!outer) fprintf(o, " %% %" PRId64, ax[k].dim);
+                if (paren) fprintf(o, ")");
+            }
+            if (ax[k].stride != 1) fprintf(o, " * %" PRId64, ax[k].stride);
+        }
+        S *= ax[k].dim;
+    }
+    if (!terms) fprintf(o, "0");
+}
+
+/* The axes of `out`'s physical loop (innermost first) with x's strides: x broadcast to out. */
+int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]) {
+    int perm[IR_MAX_RANK];
+    int64_t st[IR_MAX_RANK];
+    cg_phys_order(out, perm);
+    cg_elem_strides(x, st);
+    int r = out->shape.rank, n = 0;
+    for (int k = r - 1; k >= 0; k--) {
+        int a = perm[k], xa = a - (r - x->shape.rank);
+        int stretched = xa < 0 || x->shape.dim[xa] == 1;
+        ax[n++] = (CgAxis){out->shape.dim[a], stretched ? 0 : st[xa]};
+    }
+    return n;
+}
+
+/* ---- pointers and declarations */
+
+/* The C expression for a node's storage, typed as a pointer to its element type. */
+void cg_ptr(Cg *c, const IrNode *n) {
+    const IrNode *r = cg_root(n);
+    const char *t = ir_dtype_ctype(n->dtype);
+    FILE *o = c->out;
+    int64_t elems = 0; /* a row view starts inside its root */
+    for (const IrNode *v = n; v != r; v = v->in[0])
+        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
+    switch (r->storage) {
+    case ST_ARENA:
+        fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
+        if (elems) fprintf(o, " + %" PRId64, elems);
+        break;
+    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
+    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
+    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
+    default: ICE("cpu: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
+    }
+}
+
+void cg_declare(Cg *c, const IrNode *n) {
+    if (c->decl[n->id]) return;
+    c->decl[n->id] = 1;
+    if (n->storage == ST_INLINE) { /* a constant that a kernel reads through a pointer */
+        fprintf(c->out, "    const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
+        cg_lit(c->out, cg_const_value(n));
+        fprintf(c->out, "};\n");
+        return;
+    }
+    fprintf(c->out, "    %s%s *v%d = ", cg_root(n)->storage == ST_INPUT ? "const " : "",
+            ir_dtype_ctype(n->dtype), n->id);
+    cg_ptr(c, n);
+    fprintf(c->out, ";\n");
+}
+
+/* `// %12 = relu(%11) f32[64, 128]   lenet.net:9` */
+void cg_comment(Cg *c, const IrNode *n) {
+    char shape[160];
+    FILE *o = c->out;
+    fprintf(o, "    // %%%d = %s", n->id, ir_op_name(n->op));
+    if (n->name) fprintf(o, " "), cg_comment_text(o, n->name);
+    for (int i = 0; i < n->n_in; i++) fprintf(o, "%s%%%d", i ? ", " : "(", n->in[i]->id);
+    fprintf(o, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype),
+            ir_shape_str(&n->shape, shape, sizeof shape));
+    if (n->layout == LAYOUT_NHWC) fprintf(o, " nhwc");
+    if (n->loc.file) fprintf(o, "   "), cg_comment_text(o, cg_base_name(n->loc.file)), fprintf(o, ":%d", n->loc.line);
+    fprintf(o, "\n");
+}
+
+/* ---- element-wise */
+
+/* Element `idx` (an index expression already printed by `print_index`) of x as a float. */
+void cg_load_open(FILE *o, const IrNode *x) {
+    if (x->dtype == DT_F16) fprintf(o, "rt_f16_to_f32(");
+    else if (x->dtype == DT_BF16) fprintf(o, "rt_bf16_to_f32(");
+    else if (x->dtype != DT_F32) fprintf(o, "(float)");
+}
+
+void cg_load_close(FILE *o, const IrNode *x) {
+    if (cg_is_half(x->dtype)) fprintf(o, ")");
+}
+
+/* Operand x of element-wise node n at output index i, as a float (raw: in x's own type). */
+void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
+    FILE *o = c->out;
+    if (x->storage == ST_INLINE) {
+        cg_lit(o, cg_const_value(x));
+        return;
+    }
+    if (c->group && x->group == c->group) { /* computed earlier in this iteration */
+        fprintf(o, "t%d", x->id);
+        return;
+    }
+    CgAxis ax[IR_MAX_RANK];
+    int k = cg_broadcast_axes(x, n, ax);
+    if (!raw) cg_load_open(o, x);
+    fprintf(o, "v%d[", x->id);
+    cg_index_expr(o, "i", ax, k, c->inner);
+    fprintf(o, "]");
+    if (!raw) cg_load_close(o, x);
+}
+
+void cg_elem(Cg *c, const IrNode *x, const IrNode *n) { cg_elem_as(c, x, n, 0); }
+
+/* f(a), f(a, b), f(a, b, c) over the node's operands. */
+static void call(Cg *c, const char *f, const IrNode *n) {
+    fprintf(c->out, "%s(", f);
+    for (int k = 0; k < n->n_in; k++) {
+        if (k) fprintf(c->out, ", ");
+        cg_elem(c, n->in[k], n);
+    }
+    fprintf(c->out, ")");
+}
+
+static void infix(Cg *c, const IrNode *n, const char *op) {
+    cg_elem(c, n->in[0], n);
+    fprintf(c->out, " %s ", op);
+    cg_elem(c, n->in[1], n);
+}
+
+/* The row-major (logical) position of element i of n, as an index expression. */
+static void logical_index(Cg *c, const IrNode *n) {
+    IrNode logical = *n;
+    logical.layout = LAYOUT_ROW_MAJOR;
+    CgAxis ax[IR_MAX_RANK];
+    int k = cg_broadcast_axes(&logical, n, ax);
+    cg_index_expr(c->out, "i", ax, k, c->inner);
+}
+
+static void dropout(Cg *c, const IrNode *n) {
+    FILE *o = c->out;
+    if (c->eval) {
+        cg_elem(c, n->in[0], n);
+        return;
+    }
+    fprintf(o, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
+    logical_index(c, n); /* the mask follows the logical element, whatever the layout */
+    fprintf(o, ", ");
+    cg_dbl(o, n->attr.p);
+    fprintf(o, ") ? ");
+    cg_elem(c, n->in[0], n);
+    fprintf(o, " * ");
+    cg_lit(o, 1.0 / (1.0 - n->attr.p));
+    fprintf(o, " : 0.0f");
+}
+
+/* The channel (axis 1) of element i of n, as an index expression. */
+static void chan(Cg *c, const IrNode *n) {
+    IrNode per_c = {.shape = {.rank = n->shape.rank - 1}};
+    per_c.shape.dim[0] = n->shape.dim[1];
+    for (int a = 1; a < per_c.shape.rank; a++) per_c.shape.dim[a] = 1;
+    CgAxis ax[IR_MAX_RANK];
+    int k = cg_broadcast_axes(&per_c, n, ax);
+    cg_index_expr(c->out, "i", ax, k, c->inner);
+}
+
+/* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
+static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
+    fprintf(c->out, "v%d[", x->id);
+    if (row) fprintf(c->out, "%" PRId64 " + ", n->shape.dim[1]);
+    chan(c, n);
+    fprintf(c->out, "]");
+}
+
+/* x normalised: (x - mean[c]) * invstd[c] */
+static void xhat(Cg *c, const IrNode *n) {
+    const IrNode *x = n->in[0], *stats = n->in[1];
+    fprintf(c->out, "(");
+    cg_elem(c, x, n);
+    fprintf(c->out, " - "), chan_elem(c, n, stats, 0), fprintf(c->out, ") * "), chan_elem(c, n, stats, 1);
+}
+
+static void bn_apply(Cg *c, const IrNode *n) {
+    if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
+        cg_elem(c, n->in[0], n);
+        fprintf(c->out, " + fold_b%d[", n->in[0]->id), chan(c, n), fprintf(c->out, "]");
+        return;
+    }
+    xhat(c, n);
+    fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
+    fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
+}
+
+/* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
+static void bn_bwd_data(Cg *c, const IrNode *n) {
+    const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
+    FILE *o = c->out;
+    chan_elem(c, n, w, 0), fprintf(o, " * "), chan_elem(c, n, stats, 1), fprintf(o, " * (");
+    cg_elem(c, dy, n);
+    fprintf(o, " - ("), chan_elem(c, n, sums, 0), fprintf(o, " + ");
+    xhat(c, n);
+    fprintf(o, " * "), chan_elem(c, n, sums, 1);
+    fprintf(o, ") * "), cg_lit(o, (double)n->shape.dim[1] / (double)ir_numel(&n->shape)), fprintf(o, ")");
+}
+
+/* The float expression of one element-wise node at index i. */
+void cg_ew_expr(Cg *c, const IrNode *n) {
+    switch (n->op) {
+    case OP_ADD: infix(c, n, "+"); break;
+    case OP_SUB: infix(c, n, "-"); break;
+    case OP_MUL: infix(c, n, "*"); break;
+    case OP_DIV: infix(c, n, "/"); break;
+    case OP_NEG: /* -(x): a negative literal after '-' would read as '--' */
+        fprintf(c->out, "-("), cg_elem(c, n->in[0], n), fprintf(c->out, ")");
+        break;
+    case OP_RELU: call(c, "relu", n); break;
+    case OP_SIGMOID: call(c, "sigmoid", n); break;
+    case OP_TANH: call(c, "tanhf", n); break;
+    case OP_GELU: call(c, "gelu", n); break;
+    case OP_EXP: call(c, "expf", n); break;
+    case OP_LOG: call(c, "logf", n); break;
+    case OP_SQRT: call(c, "sqrtf", n); break;
+    case OP_CAST:
+    case OP_EXPAND:
+    case OP_LAYOUT: cg_elem(c, n->in[0], n); break;
+    case OP_DROPOUT:
+    case OP_DROPOUT_GRAD: dropout(c, n); break;
+    case OP_BCE_LOGITS: call(c, "bce_logits", n); break;
+    case OP_RELU_GRAD: call(c, "relu_grad", n); break;
+    case OP_SIGMOID_GRAD: call(c, "sigmoid_grad", n); break;
+    case OP_TANH_GRAD: call(c, "tanh_grad", n); break;
+    case OP_GELU_GRAD: call(c, "gelu_grad", n); break;
+    case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
+    case OP_BN_APPLY: bn_apply(c, n); break;
+    case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
+    default: ICE("cpu: %s is not element-wise", ir_op_name(n->op));
+    }
+}
+
+/* The comments and pointer declarations of a group's members, before its loop. */
+void cg_group_header(Cg *c, const IrNode *head) {
+    const IrNode *n;
+    c->done[head->group] = 1;
+    FOR_MEMBERS(n, head) {
+        cg_comment(c, n);
+        if (!n->internal) cg_declare(c, n);
+    }
+}
+
+/* The body of a group's loop at index i: each member a local t<id>, stored only when
+ * something outside the group reads it. */
+void cg_group_body(Cg *c, const IrNode *head, const char *indent) {
+    const IrNode *n;
+    c->group = head->group;
+    FOR_MEMBERS(n, head) {
+        fprintf(c->out, "%sconst float t%d = ", indent, n->id);
+        cg_ew_expr(c, n);
+        fprintf(c->out, ";\n");
+        if (!n->internal) fprintf(c->out, "%sv%d[i] = t%d;\n", indent, n->id, n->id);
+    }
+    c->group = 0;
+}
+
+/* The memory plan put p's gradient (or the node its view chain reads) at its place in ctx->grads. */
+int cg_in_place(const IrParam *p) {
+    const IrNode *r = cg_root(p->grad);
+    return r->storage == ST_GRAD && r->offset == p->grad_offset;
+}
+
+/* A trainable parameter's gradient is copied from its node's pointer at the end of the step. */
+int cg_needs_copy(const IrParam *p) {
+    return p->trainable && p->grad && p->grad->storage != ST_INLINE && !cg_in_place(p);
+}
+
+/* Mark the values whose pointer the function uses: operands of the computing nodes in
+ * [0, end), the loss and accuracy, and gradients copied at the end. A view is declared with
+ * its root's storage, so it does not use its operand's pointer. */
+void cg_mark_reads(Cg *c, int end, int with_grads) {
+    const IrGraph *g = c->g;
+    memset(c->read, 0, (size_t)g->n + 1);
+    memset(c->decl, 0, (size_t)g->n + 1);
+    memset(c->done, 0, (size_t)g->n_groups + 1);
+    for (int i = 0; i < end; i++) {
+        const IrNode *n = g->nodes[i];
+        if (ir_op_kind(n->op) == OPK_VIEW) continue;
+        for (int k = 0; k < n->n_in; k++) /* a fused group reads its own members from locals */
+            if (!n->in[k]->internal) c->read[n->in[k]->id] = 1;
+    }
+    c->read[g->loss->id] = 1;
+    if (g->correct) c->read[g->correct->id] = 1;
+    for (int i = 0; with_grads && i < g->n_params; i++)
+        if (cg_needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
+}
+
+int cg_state_slots(const IrTrain *t) {
+    return t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
+}
+
+/* ---- the model description */
+
+const char *const cg_init_enums[] = {
+    [INIT_ZEROS] = "RT_INIT_ZEROS", [INIT_ONES] = "RT_INIT_ONES",
+    [INIT_UNIFORM] = "RT_INIT_UNIFORM", [INIT_NORMAL] = "RT_INIT_NORMAL",
+};
+const char *const cg_dtype_enums[] = {
+    [DT_F32] = "RT_F32", [DT_F16] = "RT_F16", [DT_BF16] = "RT_BF16",
+    [DT_I32] = "RT_I32", [DT_I64] = "RT_I64", [DT_U8] = "RT_U8",
+};
+const char *const cg_sched_enums[] = {
+    [SCHED_CONSTANT] = "RT_SCHED_CONSTANT", [SCHED_STEP] = "RT_SCHED_STEP", [SCHED_COSINE] = "RT_SCHED_COSINE",
+};
+const char *const cg_loss_names[] = {
+    [LOSS_CROSS_ENTROPY] = "cross_entropy", [LOSS_MSE] = "mse", [LOSS_BCE_LOGITS] = "bce_logits",
+};
+
+void cg_dims(FILE *o, const IrShape *s, int from) {
+    if (from >= s->rank) { /* a scalar: {} is not C11 */
+        fprintf(o, "{0}");
+        return;
+    }
+    fprintf(o, "{");
+    for (int i = from; i < s->rank; i++) fprintf(o, "%s%" PRId64, i > from ? ", " : "", s->dim[i]);
+    fprintf(o, "}");
+}
+
+void cg_emit_description(Cg *c) {
+    const IrGraph *g = c->g;
+    FILE *o = c->out;
+    if (g->n_inputs) fprintf(o, "// per-sample shapes: the batch axis is not counted\nstatic const RtInput inputs[] = {\n");
+    for (int i = 0; i < g->n_inputs; i++) {
+        const IrNode *n = g->inputs[i].node;
+        fprintf(o, "    {"), cg_cstr(o, n->name);
+        fprintf(o, ", %s, %d, ", cg_dtype_enums[n->dtype], n->shape.rank - 1);
+        cg_dims(o, &n->shape, 1);
+        fprintf(o, "},\n");
+    }
+    if (g->n_inputs) fprintf(o, "};\n\n");
+    if (g->n_params)
+        fprintf(o, "static const RtParam params[] = {\n"
+                   "    // name, rank, shape, offset, grad_offset, init, init_a, file dtype, buffer\n");
+    for (int i = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        fprintf(o, "    {"), cg_cstr(o, p->name);
+        fprintf(o, ", %d, ", p->node->shape.rank);
+        cg_dims(o, &p->node->shape, 0);
+        fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, cg_init_enums[p->init]);
+        cg_lit(o, p->init_a);
+        fprintf(o, ", %s, %d", cg_dtype_enums[p->file_dtype], p->buffer);
+        fprintf(o, "},\n");
+    }
+    if (g->n_params) fprintf(o, "};\n\n");
+}
+
+void cg_emit_schedule(FILE *o, const IrTrain *t) {
+    fprintf(o, "    .schedule = {.kind = %s, .base_lr = ", cg_sched_enums[t->sched]), cg_dbl(o, t->lr);
+    fprintf(o, ", .warmup_epochs = "), cg_dbl(o, t->warmup_epochs);
+    fprintf(o, ", .step_epochs = "), cg_dbl(o, t->step_epochs);
+    fprintf(o, ",\n                 .gamma = "), cg_dbl(o, t->gamma);
+    fprintf(o, ", .min_lr = "), cg_dbl(o, t->min_lr);
+    fprintf(o, "},\n");
+}
+
+/* ---- prologue: header comment and the scalar helpers this model uses */
+
+static const struct {
+    IrOp op;
+    const char *code;
+} helpers[] = {
+    {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
+    {OP_RELU_GRAD, "static inline float relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }\n"},
+    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow\n"
+                 "static inline float sigmoid(float x) {\n"
+                 "    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));\n"
+                 "    float e = expf(x);\n    return e / (1.0f + e);\n}\n"},
+    {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
+    {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
+    {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU()\n"
+              "static inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.707106781f)); }\n"},
+    {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
+                   "static inline float gelu_grad(float x, float dy) {\n"
+                   "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
+                   "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
+                   "    return dy * (cdf + x * pdf);\n}\n"},
+    {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
+                    "static inline float bce_logits(float x, float t) {\n"
+                    "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n"},
+    {OP_BCE_LOGITS_GRAD, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
+                         "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
+                         "    return dy * (s - t);\n}\n"},
+};
+
+/* A helper's code with its declarations qualified for the backend (c->fn_qual). */
+static void put_helper(Cg *c, const char *code) {
+    static const char plain[] = "static inline ";
+    const char *q = c->fn_qual ? c->fn_qual : plain;
+    for (const char *at; (at = strstr(code, plain)); code = at + sizeof plain - 1) {
+        fwrite(code, 1, (size_t)(at - code), c->out);
+        fputs(q, c->out);
+    }
+    fputs(code, c->out);
+}
+
+void cg_emit_helpers(Cg *c) {
+    const IrGraph *g = c->g;
+    int any = 0;
+    for (size_t h = 0; h < sizeof helpers / sizeof *helpers; h++)
+        for (int i = 0; i < g->n; i++)
+            if (g->nodes[i]->op == helpers[h].op) {
+                if (!any++) fprintf(c->out, "// ---- element-wise functions\n");
+                put_helper(c, helpers[h].code);
+                break;
+            }
+    if (any) fprintf(c->out, "\n");
+}

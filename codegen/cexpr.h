@@ -1,0 +1,86 @@
+/* cexpr.h - what the C and CUDA backends share: literals, the index arithmetic of broadcast
+ * and channels-last operands, pointers into the trainer's buffers, the float expression of every
+ * element-wise operator, fused groups' bodies, and the model description rt_main reads.
+ *
+ * Both backends emit the same C expressions: a CPU loop and a CUDA kernel differ only in the
+ * loop around them (an OpenMP loop, a grid-stride loop), so an element-wise operator has one
+ * definition for both. The pointer expressions name `ctx->arena`, `ctx->params`,
+ * `ctx->grads` and `ctx->inputs[k]`; the CPU step functions get `ctx` as their argument, a CUDA
+ * kernel builds one from the arena's base address.
+ */
+#ifndef NETC_CEXPR_H
+#define NETC_CEXPR_H
+
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef struct Cg {
+    const IrGraph *g;
+    FILE *out;
+    int eval;               /* emitting eval_step: dropout is the identity */
+    unsigned char *read;    /* read[id]: the function being emitted reads node id */
+    unsigned char *decl;    /* decl[id]: v<id> is declared in the function being emitted */
+    unsigned char *done;    /* done[group]: the fused group's loop is already emitted */
+    int group;              /* the fused group whose loop is being emitted, or 0 */
+    const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
+    const char *fn_qual;    /* how the scalar helpers are declared: "static inline " (C) or with __device__ */
+    int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
+} Cg;
+
+typedef struct CgAxis {
+    int64_t dim;    /* extent of this loop axis */
+    int64_t stride; /* elements the operand moves per step along it; 0 = broadcast */
+} CgAxis;
+
+/* A fused group's members, in schedule order (constants between them are skipped). */
+#define FOR_MEMBERS(n, head)                                                                       \
+    for (int i_ = (head)->id; i_ < c->g->n &&                                                     \
+                              (c->g->nodes[i_]->group == (head)->group || c->g->nodes[i_]->op == OP_CONST); \
+         i_++)                                                                                     \
+        if (((n) = c->g->nodes[i_])->group == (head)->group)
+
+/* The batch-norm sums accumulated in a group's loop (fuse_reductions), in schedule order. */
+#define FOR_SUMS(s, head)                                    \
+    for (int j_ = (head)->id; j_ < c->g->n; j_++)            \
+        if (((s) = c->g->nodes[j_])->fused_into == (head)->group)
+
+/* Look-up tables from IR enums to the runtime's names. */
+extern const char *const cg_init_enums[];
+extern const char *const cg_dtype_enums[];
+extern const char *const cg_sched_enums[];
+extern const char *const cg_loss_names[];
+
+const IrNode *cg_root(const IrNode *n);
+double cg_const_value(const IrNode *n);
+int cg_is_float(IrDtype dt);
+int cg_is_half(IrDtype dt);
+void cg_lit(FILE *o, double v);
+void cg_dbl(FILE *o, double v);
+void cg_cstr(FILE *o, const char *s);
+void cg_comment_text(FILE *o, const char *s);
+const char *cg_base_name(const char *path);
+void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]);
+void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]);
+void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner);
+int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]);
+void cg_ptr(Cg *c, const IrNode *n);
+void cg_declare(Cg *c, const IrNode *n);
+void cg_comment(Cg *c, const IrNode *n);
+void cg_load_open(FILE *o, const IrNode *x);
+void cg_load_close(FILE *o, const IrNode *x);
+void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw);
+void cg_elem(Cg *c, const IrNode *x, const IrNode *n);
+void cg_ew_expr(Cg *c, const IrNode *n);
+void cg_group_header(Cg *c, const IrNode *head);
+void cg_group_body(Cg *c, const IrNode *head, const char *indent);
+int cg_in_place(const IrParam *p);
+int cg_needs_copy(const IrParam *p);
+void cg_mark_reads(Cg *c, int end, int with_grads);
+int cg_state_slots(const IrTrain *t);
+void cg_dims(FILE *o, const IrShape *s, int from);
+void cg_emit_description(Cg *c);
+void cg_emit_schedule(FILE *o, const IrTrain *t);
+void cg_emit_helpers(Cg *c);
+
+#endif
