@@ -1,0 +1,601 @@
+/* rt_cuda.c - the device behind rt_cuda_device: one GPU, one stream, one arena, two staging
+ * slots and the graph-frozen step (DESIGN.md, "The training step on a GPU").
+ *
+ * open() finds the GPU and the kernel image for its architecture, loads the kernels, creates the
+ * stream and the cuBLASLt and cuDNN handles, allocates the arena (every buffer is at a constant
+ * offset from its base), lets the generated plan() build the library plans, allocates the one
+ * shared workspace, warms up, and captures four CUDA Graphs: a training and an evaluation step
+ * for each of the two pinned staging slots. Each graph is
+ *
+ *     copy slot s -> arena batch  ->  record slot_free[s]  ->  the step's kernels and library calls
+ *
+ * so a step is one cudaGraphLaunch, and the host may refill slot s as soon as the event says
+ * its copy is done - it never waits for a step itself. Slots alternate, so the host fills one
+ * while the device still copies out of the other. The loss and accuracy sums stay in the
+ * device's RtDevState; the host reads them (the only full wait) at log intervals.
+ *
+ * The runtime API is linked statically, so a trainer starts on a machine without a driver and
+ * open() can say what is missing instead of the dynamic loader failing first.
+ */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_cuda_internal.h"
+
+enum { RT_CUDA_SLOTS = 2 }; /* staging slots: the host fills one while the device reads the other */
+
+struct RtCuda {
+    const RtModel *model;       /* batch size and inputs */
+    const RtCudaModel *dm;      /* the generated device step */
+    int use_graph;              /* 0: --no-graph, enqueue each step's work directly */
+    int capturing;              /* inside a stream capture: failed checks suggest --no-graph */
+    cudaLibrary_t library;      /* the loaded kernel image */
+    cudaKernel_t *kernels;      /* dm->n_kernels, indexed like dm->kernel_names */
+    cudaStream_t stream;        /* everything runs on this one non-blocking stream */
+    cublasLtHandle_t blaslt;
+    cudnnHandle_t dnn;
+    unsigned char *base;        /* the arena: dm->device_bytes */
+    size_t workspace_reserved;  /* the largest reservation made while planning */
+    int workspace_ready;        /* planning is over: the workspace is allocated */
+    void *workspace;            /* workspace_reserved bytes shared by every library plan */
+    unsigned char *slot[RT_CUDA_SLOTS];      /* pinned staging: RtBatchHeader, then the inputs */
+    cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to the arena is done */
+    int next_slot;
+    size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
+    RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
+    cudaGraphExec_t train_graph[RT_CUDA_SLOTS];
+    cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
+};
+
+/* A trainer drives one device. */
+static RtCuda g_cu;
+
+/* ---- checks */
+
+static const char *capture_hint(void) {
+    return g_cu.capturing ? "\nhint: this call is not allowed while the step is captured as a CUDA graph;"
+                            " run the trainer with --no-graph"
+                          : "";
+}
+
+_Noreturn void rt_cuda_die(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("error: cuda: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+void rt_cuda_check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess)
+        rt_cuda_die("%s: %s%s", what, cudaGetErrorString(e), capture_hint());
+}
+
+void rt_cuda_check_blas(cublasStatus_t s, const char *what) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        rt_cuda_die("%s: cuBLASLt: %s (%s)%s", what, cublasLtGetStatusString(s), cublasLtGetStatusName(s),
+                    capture_hint());
+}
+
+void rt_cuda_check_dnn(cudnnStatus_t s, const char *what) {
+    if (s != CUDNN_STATUS_SUCCESS)
+        rt_cuda_die("%s: cuDNN: %s%s", what, cudnnGetErrorString(s), capture_hint());
+}
+
+/* `why` of a failed open(); it never exits, the caller decides. */
+static int fail(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *why, size_t size, const char *fmt, ...) {
+    va_list ap;
+    if (why && size) {
+        va_start(ap, fmt);
+        vsnprintf(why, size, fmt, ap);
+        va_end(ap);
+    }
+    return 1;
+}
+
+/* ---- accessors for the generated code and the plan files */
+
+cudaStream_t rt_cuda_stream(const RtCuda *cu) { return cu->stream; }
+unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
+cublasLtHandle_t rt_cuda_blaslt(RtCuda *cu) { return cu->blaslt; }
+cudnnHandle_t rt_cuda_dnn(RtCuda *cu) { return cu->dnn; }
+RtCudaMath rt_cuda_math(const RtCuda *cu) { return cu->dm->math; }
+
+void rt_cuda_reserve_workspace(RtCuda *cu, size_t bytes) {
+    if (cu->workspace_ready && bytes > cu->workspace_reserved)
+        rt_cuda_die("internal error: %zu bytes of workspace asked for after planning (%zu allocated)", bytes,
+                    cu->workspace_reserved);
+    if (bytes > cu->workspace_reserved)
+        cu->workspace_reserved = bytes;
+}
+
+void *rt_cuda_workspace(const RtCuda *cu, size_t *bytes) {
+    if (bytes)
+        *bytes = cu->workspace_reserved;
+    return cu->workspace;
+}
+
+void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
+    if (k < 0 || k >= cu->dm->n_kernels)
+        rt_cuda_die("internal error: kernel %d of %d launched", k, cu->dm->n_kernels);
+    void *args[] = {&cu->base};
+    dim3 g = {grid, 1, 1}, b = {block, 1, 1};
+    cudaError_t e = cudaLaunchKernel((const void *)cu->kernels[k], g, b, args, 0, cu->stream);
+    if (e != cudaSuccess) {
+        char what[256];
+        snprintf(what, sizeof what, "launching %s (%u blocks of %u threads)", cu->dm->kernel_names[k], grid, block);
+        rt_cuda_check(e, what);
+    }
+}
+
+/* ---- finding the device */
+
+/* The CUDA version as "13.0" from the runtime's or driver's 13000. */
+static void version_text(int v, char *buf, size_t size) { snprintf(buf, size, "%d.%d", v / 1000, v % 1000 / 10); }
+
+static int driver_installed(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h)
+        dlclose(h);
+    return h != NULL;
+}
+
+/* Why cudaGetDeviceCount found no usable GPU, in the user's terms. */
+static int explain_no_device(cudaError_t e, char *why, size_t size) {
+    const char *err = cudaGetErrorString(e);
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    char runtime[16], driver[16];
+    int driver_version = 0;
+    cudaDriverGetVersion(&driver_version);
+    version_text(CUDART_VERSION, runtime, sizeof runtime);
+    version_text(driver_version, driver, sizeof driver);
+    if (e == cudaErrorStubLibrary)
+        return fail(why, size, "the libcuda.so.1 found is the CUDA toolkit's stub, not a driver "
+                               "(remove .../lib64/stubs from LD_LIBRARY_PATH): %s", err);
+    if (!driver_installed())
+        return fail(why, size, "no NVIDIA driver is installed (libcuda.so.1 not found): %s", err);
+    switch (e) {
+    case cudaErrorNoDevice:
+        if (visible)
+            return fail(why, size, "no CUDA device is visible (check CUDA_VISIBLE_DEVICES, now \"%s\"): %s", visible,
+                        err);
+        return fail(why, size, "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi): %s", err);
+    case cudaErrorInsufficientDriver:
+        return fail(why, size, "the NVIDIA driver is too old for this trainer (CUDA %s runtime; the driver "
+                               "supports CUDA %s): %s", runtime, driver, err);
+    case cudaErrorSystemDriverMismatch:
+        return fail(why, size, "the NVIDIA driver's library and kernel module are different versions "
+                               "(reboot, or reinstall the driver): %s", err);
+    case cudaErrorInitializationError:
+    case cudaErrorSystemNotReady:
+        return fail(why, size, "the NVIDIA driver failed to initialise (check nvidia-smi): %s", err);
+    case cudaErrorDevicesUnavailable:
+        return fail(why, size, "every visible GPU is busy or in exclusive-process mode: %s", err);
+    default:
+        return fail(why, size, "the CUDA runtime found no usable GPU (CUDA %s runtime, driver for CUDA %s): %s",
+                    runtime, driver, err);
+    }
+}
+
+static int find_device(struct cudaDeviceProp *prop, char *why, size_t size) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return explain_no_device(e == cudaSuccess ? cudaErrorNoDevice : e, why, size);
+    }
+    e = cudaSetDevice(0);
+    if (e == cudaSuccess)
+        e = cudaGetDeviceProperties(prop, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(why, size, "the first visible GPU cannot be opened: %s", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* ---- choosing and loading the kernel image */
+
+/* A cubin for sm_XZ runs on compute capability X.Y when Z <= Y; PTX for sm_N is compiled by the
+ * driver for any device at or above N. Prefer the newest cubin, then the newest PTX. */
+static const RtCudaImage *pick_image(const RtCudaModel *dm, int major, int minor) {
+    const RtCudaImage *best = NULL;
+    for (int i = 0; i < dm->n_images; i++) {
+        const RtCudaImage *im = &dm->images[i];
+        if (!im->ptx && im->sm / 10 == major && im->sm % 10 <= minor && (!best || im->sm > best->sm))
+            best = im;
+    }
+    for (int i = 0; i < dm->n_images && !best; i++) {
+        const RtCudaImage *im = &dm->images[i];
+        if (im->ptx && im->sm <= 10 * major + minor && (!best || im->sm > best->sm))
+            best = im;
+    }
+    return best;
+}
+
+/* "sm_80, sm_90" for the images of one kind; returns how many there are. */
+static int list_images(const RtCudaModel *dm, int ptx, char *buf, size_t size) {
+    int n = 0;
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < dm->n_images; i++) {
+        if (dm->images[i].ptx != ptx || len >= size)
+            continue;
+        len += snprintf(buf + len, size - len, "%ssm_%d", n ? ", " : "", dm->images[i].sm);
+        n++;
+    }
+    return n;
+}
+
+static int explain_no_image(const RtCudaModel *dm, const struct cudaDeviceProp *prop, char *why, size_t size) {
+    char cubins[256], ptxs[256], carried[600];
+    int n_cubin = list_images(dm, 0, cubins, sizeof cubins), n_ptx = list_images(dm, 1, ptxs, sizeof ptxs);
+    if (n_cubin && n_ptx)
+        snprintf(carried, sizeof carried, "kernels for %s (cubin) and %s (PTX)", cubins, ptxs);
+    else if (n_cubin || n_ptx)
+        snprintf(carried, sizeof carried, "kernels for %s (%s)", n_cubin ? cubins : ptxs, n_cubin ? "cubin" : "PTX");
+    else
+        snprintf(carried, sizeof carried, "no kernels");
+    return fail(why, size, "the GPU (%s) is sm_%d%d, but this trainer carries %s; rebuild it with netc --arch sm_%d%d",
+                prop->name, prop->major, prop->minor, carried, prop->major, prop->minor);
+}
+
+static int load_kernels(RtCuda *cu, const RtCudaImage *im, char *why, size_t size) {
+    const RtCudaModel *dm = cu->dm;
+    cudaError_t e = cudaLibraryLoadData(&cu->library, im->data, NULL, NULL, 0, NULL, NULL, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cu->library = NULL;
+        if (e == cudaErrorUnsupportedPtxVersion)
+            return fail(why, size, "the NVIDIA driver is too old to compile this trainer's sm_%d PTX (update the "
+                                   "driver, or rebuild with netc --arch for this GPU): %s", im->sm, cudaGetErrorString(e));
+        return fail(why, size, "the sm_%d %s kernel image does not load: %s", im->sm, im->ptx ? "PTX" : "cubin",
+                    cudaGetErrorString(e));
+    }
+    cu->kernels = calloc(dm->n_kernels > 0 ? dm->n_kernels : 1, sizeof *cu->kernels);
+    if (!cu->kernels)
+        return fail(why, size, "out of host memory");
+    for (int k = 0; k < dm->n_kernels; k++) {
+        e = cudaLibraryGetKernel(&cu->kernels[k], cu->library, dm->kernel_names[k]);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return fail(why, size, "the sm_%d kernel image has no kernel %s (the trainer is damaged, or its "
+                                   "images come from different builds): %s", im->sm, dm->kernel_names[k],
+                        cudaGetErrorString(e));
+        }
+    }
+    return 0;
+}
+
+/* ---- the arena, the library handles and the staging slots */
+
+static size_t dtype_bytes(RtDtype t) {
+    switch (t) {
+    case RT_F32: return 4;
+    case RT_F16: return 2;
+    case RT_BF16: return 2;
+    case RT_I32: return 4;
+    case RT_I64: return 8;
+    case RT_U8: return 1;
+    }
+    rt_cuda_die("internal error: input dtype %d", (int)t);
+}
+
+/* One batch of each input, and a check that the staged batch holds them where the generated
+ * code says. */
+static int size_inputs(RtCuda *cu, char *why, size_t size) {
+    const RtModel *m = cu->model;
+    const RtCudaModel *dm = cu->dm;
+    if (m->n_inputs < 0 || m->n_inputs > RT_MAX_INPUTS)
+        return fail(why, size, "internal error: %d inputs (at most %d)", m->n_inputs, RT_MAX_INPUTS);
+    if (dm->batch_bytes < (int64_t)sizeof(RtBatchHeader) || dm->off_batch < 0 ||
+        dm->off_batch + dm->batch_bytes > dm->device_bytes)
+        return fail(why, size, "internal error: the staged batch (%lld bytes at %lld) is not inside the %lld-byte arena",
+                    (long long)dm->batch_bytes, (long long)dm->off_batch, (long long)dm->device_bytes);
+    for (int i = 0; i < m->n_inputs; i++) {
+        const RtInput *in = &m->inputs[i];
+        int64_t n = m->batch;
+        for (int d = 0; d < in->rank; d++)
+            n *= in->shape[d];
+        cu->input_bytes[i] = (size_t)n * dtype_bytes(in->dtype);
+        if (dm->off_input[i] < (int64_t)sizeof(RtBatchHeader) ||
+            dm->off_input[i] + (int64_t)cu->input_bytes[i] > dm->batch_bytes)
+            return fail(why, size, "internal error: input %s (%zu bytes at %lld) is not inside the %lld-byte staged batch",
+                        in->name, cu->input_bytes[i], (long long)dm->off_input[i], (long long)dm->batch_bytes);
+    }
+    return 0;
+}
+
+static void create_handles(RtCuda *cu) {
+    rt_cuda_check(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    rt_cuda_check_blas(cublasLtCreate(&cu->blaslt), "cublasLtCreate");
+    rt_cuda_check_dnn(cudnnCreate(&cu->dnn), "cudnnCreate");
+    rt_cuda_check_dnn(cudnnSetStream(cu->dnn, cu->stream), "cudnnSetStream");
+}
+
+/* The one device allocation; running out of memory is the user's to fix, so it is a `why`. */
+static int alloc_arena(RtCuda *cu, const char *gpu, char *why, size_t size) {
+    size_t bytes = (size_t)cu->dm->device_bytes, free_bytes = 0, total = 0;
+    cudaError_t e = cudaMalloc((void **)&cu->base, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        cu->base = NULL;
+        cudaMemGetInfo(&free_bytes, &total);
+        return fail(why, size, "the model needs %.1f MiB of GPU memory, but the GPU (%s) has %.1f MiB free; "
+                               "lower the batch size", bytes / 1048576.0, gpu, free_bytes / 1048576.0);
+    }
+    rt_cuda_check(e, "cudaMalloc (the device arena)");
+    rt_cuda_check(cudaMemset(cu->base, 0, bytes), "cudaMemset (the device arena)");
+    return 0;
+}
+
+static void alloc_staging(RtCuda *cu) {
+    size_t bytes = (size_t)cu->dm->batch_bytes;
+    cu->workspace_ready = 1;
+    if (cu->workspace_reserved)
+        rt_cuda_check(cudaMalloc(&cu->workspace, cu->workspace_reserved), "cudaMalloc (the library workspace)");
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        rt_cuda_check(cudaHostAlloc((void **)&cu->slot[s], bytes, cudaHostAllocDefault), "cudaHostAlloc (a staging slot)");
+        memset(cu->slot[s], 0, bytes);
+        rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+    rt_cuda_check(cudaHostAlloc((void **)&cu->host_state, sizeof *cu->host_state, cudaHostAllocDefault),
+                  "cudaHostAlloc (the device state)");
+    memset(cu->host_state, 0, sizeof *cu->host_state);
+}
+
+/* ---- the step, enqueued directly or captured */
+
+/* Slot s's batch to the arena, then the step. In a capture the event record becomes a graph node
+ * (cudaEventRecordExternal), so every launch of the graph records it again. */
+static void enqueue_step(RtCuda *cu, int s, void (*step)(RtCuda *), int in_graph) {
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_batch, cu->slot[s], (size_t)cu->dm->batch_bytes,
+                                  cudaMemcpyHostToDevice, cu->stream),
+                  "cudaMemcpyAsync (staging slot to the device)");
+    rt_cuda_check(cudaEventRecordWithFlags(cu->slot_free[s], cu->stream,
+                                           in_graph ? cudaEventRecordExternal : cudaEventRecordDefault),
+                  "cudaEventRecordWithFlags (staging slot free)");
+    step(cu);
+}
+
+/* Libraries may allocate or load lazily on their first call, which a capture forbids: run each
+ * step once on the zeroed arena first. Parameters and state are uploaded and started later, but
+ * the arena is zeroed again so nothing of this run is left behind. */
+static void warm_up(RtCuda *cu) {
+    cu->dm->train(cu);
+    cu->dm->eval(cu);
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "the warm-up step");
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, (size_t)cu->dm->device_bytes, cu->stream), "cudaMemsetAsync (the arena)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
+}
+
+/* Global capture mode: any call that would synchronise with the device, from any thread, fails
+ * the capture instead of silently leaving the graph incomplete. */
+static int capture(RtCuda *cu, int s, void (*step)(RtCuda *), const char *name, cudaGraphExec_t *exec, char *why,
+                   size_t size) {
+    cudaGraph_t graph = NULL;
+    cu->capturing = 1;
+    rt_cuda_check(cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    enqueue_step(cu, s, step, 1);
+    cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);
+    cu->capturing = 0;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (graph)
+            cudaGraphDestroy(graph);
+        return fail(why, size, "the %s step cannot be captured as a CUDA graph (a call in it synchronised with the "
+                               "device): %s; run the trainer with --no-graph", name, cudaGetErrorString(e));
+    }
+    e = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    rt_cuda_check(e, "cudaGraphInstantiate");
+    return 0;
+}
+
+static int capture_graphs(RtCuda *cu, char *why, size_t size) {
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        if (capture(cu, s, cu->dm->train, "training", &cu->train_graph[s], why, size) ||
+            capture(cu, s, cu->dm->eval, "evaluation", &cu->eval_graph[s], why, size))
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- the hooks */
+
+/* Release whatever exists, in reverse order of creation; also the way out of a failed open(). */
+static void teardown(RtCuda *cu) {
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        if (cu->train_graph[s])
+            cudaGraphExecDestroy(cu->train_graph[s]);
+        if (cu->eval_graph[s])
+            cudaGraphExecDestroy(cu->eval_graph[s]);
+        if (cu->slot_free[s])
+            cudaEventDestroy(cu->slot_free[s]);
+        if (cu->slot[s])
+            cudaFreeHost(cu->slot[s]);
+    }
+    if (cu->host_state)
+        cudaFreeHost(cu->host_state);
+    rt_cuda_gemm_plans_free();
+    rt_cuda_conv_plans_free();
+    if (cu->workspace)
+        cudaFree(cu->workspace);
+    if (cu->base)
+        cudaFree(cu->base);
+    if (cu->dnn)
+        cudnnDestroy(cu->dnn);
+    if (cu->blaslt)
+        cublasLtDestroy(cu->blaslt);
+    if (cu->stream)
+        cudaStreamDestroy(cu->stream);
+    free(cu->kernels);
+    if (cu->library)
+        cudaLibraryUnload(cu->library);
+    memset(cu, 0, sizeof *cu);
+}
+
+/* Everything after the device is found and its image chosen; non-zero with `why` on failure. */
+static int set_up(RtCuda *cu, const RtCudaImage *im, const char *gpu, char *why, size_t size) {
+    if (load_kernels(cu, im, why, size))
+        return 1;
+    create_handles(cu);
+    if (alloc_arena(cu, gpu, why, size))
+        return 1;
+    if (cu->dm->plan)
+        cu->dm->plan(cu);
+    alloc_staging(cu);
+    warm_up(cu);
+    return cu->use_graph ? capture_graphs(cu, why, size) : 0;
+}
+
+static int cuda_open(const RtModel *m, int use_graph, char *why, size_t size) {
+    RtCuda *cu = &g_cu;
+    struct cudaDeviceProp prop;
+    if (cu->dm)
+        return fail(why, size, "internal error: the CUDA device is already open");
+    cu->model = m;
+    cu->dm = m->device_model;
+    cu->use_graph = use_graph;
+    if (!cu->dm || !cu->dm->train || !cu->dm->eval) {
+        memset(cu, 0, sizeof *cu);
+        return fail(why, size, "internal error: the trainer has no CUDA step");
+    }
+    if (size_inputs(cu, why, size) || find_device(&prop, why, size)) {
+        memset(cu, 0, sizeof *cu);
+        return 1;
+    }
+    const RtCudaImage *im = pick_image(cu->dm, prop.major, prop.minor);
+    if (!im) {
+        memset(cu, 0, sizeof *cu);
+        return explain_no_image(m->device_model, &prop, why, size);
+    }
+    if (set_up(cu, im, prop.name, why, size)) {
+        teardown(cu);
+        return 1;
+    }
+    return 0;
+}
+
+static void cuda_upload(const float *params, const float *optstate) {
+    RtCuda *cu = &g_cu;
+    const RtModel *m = cu->model;
+    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float),
+                                  cudaMemcpyHostToDevice, cu->stream),
+                  "cudaMemcpyAsync (parameters to the device)");
+    if (state_floats && optstate)
+        rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_optstate, optstate, state_floats * sizeof(float),
+                                      cudaMemcpyHostToDevice, cu->stream),
+                      "cudaMemcpyAsync (optimizer state to the device)");
+    /* the host buffers are pageable and the caller's to reuse once this returns */
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the upload)");
+}
+
+static void cuda_download(float *params, float *optstate) {
+    RtCuda *cu = &g_cu;
+    const RtModel *m = cu->model;
+    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    rt_cuda_check(cudaMemcpyAsync(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float),
+                                  cudaMemcpyDeviceToHost, cu->stream),
+                  "cudaMemcpyAsync (parameters from the device)");
+    if (state_floats && optstate)
+        rt_cuda_check(cudaMemcpyAsync(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float),
+                                      cudaMemcpyDeviceToHost, cu->stream),
+                      "cudaMemcpyAsync (optimizer state from the device)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the download)");
+}
+
+/* A fresh RtDevState: the run's constants, every sum zero. Before the first step, so it waits. */
+static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed) {
+    RtCuda *cu = &g_cu;
+    memset(cu->host_state, 0, sizeof *cu->host_state);
+    cu->host_state->step = step;
+    cu->host_state->per_epoch = per_epoch;
+    cu->host_state->total = total;
+    cu->host_state->seed = seed;
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_state, cu->host_state, sizeof *cu->host_state,
+                                  cudaMemcpyHostToDevice, cu->stream),
+                  "cudaMemcpyAsync (the run's state to the device)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after writing the run's state)");
+}
+
+/* Fill the next staging slot (once the device has copied out of it) and enqueue the step. */
+static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
+    RtCuda *cu = &g_cu;
+    int s = cu->next_slot;
+    cu->next_slot = (s + 1) % RT_CUDA_SLOTS;
+    rt_cuda_check(cudaEventSynchronize(cu->slot_free[s]), "cudaEventSynchronize (waiting for a staging slot)");
+    ((RtBatchHeader *)cu->slot[s])->n_valid = n_valid;
+    for (int i = 0; i < cu->model->n_inputs; i++)
+        memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
+    if (cu->use_graph)
+        rt_cuda_check(cudaGraphLaunch(eval ? cu->eval_graph[s] : cu->train_graph[s], cu->stream),
+                      eval ? "cudaGraphLaunch (evaluation step)" : "cudaGraphLaunch (training step)");
+    else
+        enqueue_step(cu, s, eval ? cu->dm->eval : cu->dm->train, 0);
+}
+
+static void cuda_train_step(void *const *batch) { stage_and_run(batch, g_cu.model->batch, 0); }
+static void cuda_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, 1); }
+
+/* The device state as of the end of the queued work: the one place the host waits for steps. */
+static const RtDevState *read_state(RtCuda *cu) {
+    rt_cuda_check(cudaMemcpyAsync(cu->host_state, cu->base + cu->dm->off_state, sizeof *cu->host_state,
+                                  cudaMemcpyDeviceToHost, cu->stream),
+                  "cudaMemcpyAsync (the device state to the host)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (the queued steps)");
+    return cu->host_state;
+}
+
+/* Reset one field of the device's RtDevState, in stream order after the read. */
+#define ZERO_STATE_FIELD(cu, field)                                                                      \
+    rt_cuda_check(cudaMemsetAsync((cu)->base + (cu)->dm->off_state + offsetof(RtDevState, field), 0,     \
+                                  sizeof(((RtDevState *)0)->field), (cu)->stream),                       \
+                  "cudaMemsetAsync (resetting RtDevState." #field ")")
+
+static void cuda_read_train(RtDeviceSums *sums) {
+    RtCuda *cu = &g_cu;
+    const RtDevState *st = read_state(cu);
+    sums->loss = st->loss_sum;
+    sums->steps = st->loss_steps;
+    sums->nonfinite_step = st->nonfinite_step;
+    ZERO_STATE_FIELD(cu, loss_sum);
+    ZERO_STATE_FIELD(cu, loss_steps);
+}
+
+static void cuda_read_eval(double *loss_sum, double *correct) {
+    RtCuda *cu = &g_cu;
+    const RtDevState *st = read_state(cu);
+    *loss_sum = st->eval_loss;
+    *correct = st->eval_correct;
+    ZERO_STATE_FIELD(cu, eval_loss);
+    ZERO_STATE_FIELD(cu, eval_correct);
+}
+
+static void cuda_close(void) {
+    RtCuda *cu = &g_cu;
+    if (cu->stream)
+        rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (closing the device)");
+    teardown(cu);
+}
+
+const RtDevice rt_cuda_device = {
+    .name = "cuda",
+    .open = cuda_open,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .start = cuda_start,
+    .train_step = cuda_train_step,
+    .eval_step = cuda_eval_step,
+    .read_train = cuda_read_train,
+    .read_eval = cuda_read_eval,
+    .close = cuda_close,
+};
