@@ -74,6 +74,40 @@ typedef struct RtCtx {
     float correct;             /* out: correct predictions among the valid rows */
 } RtCtx;
 
+/* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
+ * rt_main then keeps the command line, data, logging and weight files, and the step functions
+ * of RtModel are not called. Nothing here waits for the device unless it says so. */
+typedef struct RtModel RtModel;
+
+typedef struct RtDeviceSums {
+    double loss;             /* training loss summed over `steps` steps */
+    int64_t steps;
+    int64_t nonfinite_step;  /* the first step (1-based) whose loss was NaN or Inf, 0 if none */
+} RtDeviceSums;
+
+typedef struct RtDevice {
+    const char *name; /* "cuda" */
+    /* At start-up, before any data is read: find a usable device, load the kernels, allocate
+     * and plan. Returns 0, or non-zero with the reason (no device, no driver, an architecture
+     * the trainer has no kernels for) in `why`. */
+    int (*open)(const RtModel *m, int use_graph, char *why, size_t size);
+    /* Host parameters and optimizer state to the device, and back (waits). */
+    void (*upload)(const float *params, const float *optstate);
+    void (*download)(float *params, float *optstate);
+    /* The run's constants: steps taken so far, steps per epoch and in the run, the seed. */
+    void (*start)(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed);
+    /* Enqueue one training step (forward, backward, optimizer) on `batch`, host buffers as
+     * rt_gather fills them; returns once the batch is staged, without waiting for the step. */
+    void (*train_step)(void *const *batch);
+    /* Enqueue one evaluation batch with `n_valid` real rows; its loss and accuracy add up on
+     * the device. */
+    void (*eval_step)(void *const *batch, int64_t n_valid);
+    /* Wait for the queued work and take the sums since the last read. */
+    void (*read_train)(RtDeviceSums *s);
+    void (*read_eval)(double *loss_sum, double *correct);
+    void (*close)(void);
+} RtDevice;
+
 typedef struct RtModel {
     const char *name;          /* model name from the .net file */
     const char *source;        /* path of the .net file */
@@ -100,6 +134,9 @@ typedef struct RtModel {
     void (*optimizer_step)(RtCtx *ctx);
     /* forward in evaluation mode (dropout off): sets ctx->loss and ctx->correct */
     void (*eval_step)(RtCtx *ctx);
+    /* NULL for a CPU trainer; else the step runs on this device (see RtDevice) */
+    const RtDevice *device;
+    const void *device_model; /* the backend's own description of the device step */
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */

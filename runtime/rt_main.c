@@ -25,13 +25,13 @@
 #include "rt_internal.h"
 
 /* Exit statuses (docs/trainer.md): 1 a file was refused or a write failed, 2 bad command line. */
-enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4 };
+enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
 
 typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS];
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
-    int shuffle, threads, quiet, list_params, gradcheck, n_eval;
+    int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume;
 } Options;
@@ -45,6 +45,9 @@ typedef struct Trainer {
     int64_t per_epoch, total; /* steps per epoch, and in the whole run */
     RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
     int ckpt_current;         /* the checkpoint file holds exactly this position */
+    const RtDevice *dev;      /* the step runs there (m->device), or NULL */
+    double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
+    int64_t dev_steps;
 } Trainer;
 
 /* ---- small utilities */
@@ -139,12 +142,17 @@ static void usage(const RtModel *m) {
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
-           "  --quiet                print nothing but errors\n"
-           "  --help                 this text\n"
+           "  --quiet                print nothing but errors\n",
+           (long long)m->epochs, (long long)m->log_every);
+    if (m->device)
+        printf("  --no-graph             launch the step's kernels one by one instead of replaying the\n"
+               "                         captured %s graph (same results; for comparison and debugging)\n",
+               m->device->name);
+    printf("  --help                 this text\n"
            "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
-           "or --stop-at; the checkpoint, if any, holds the run)\n",
-           (long long)m->epochs, (long long)m->log_every);
+           "or --stop-at; the checkpoint, if any, holds the run)%s\n",
+           m->device ? ", 5 no usable device" : "");
 }
 
 static int find_input(const RtModel *m, const char *name, size_t len) {
@@ -201,6 +209,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--quiet") == 0) o->quiet = 1;
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
+        else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
@@ -209,6 +218,8 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
     if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
+    if (o->gradcheck && m->device)
+        die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
     if (o->list_params) return;
     for (int i = 0; i < m->n_inputs; i++) {
         if (!o->data[i]) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
@@ -337,12 +348,17 @@ static void evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t
         int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
         for (int64_t r = 0; r < count; r++) idx[r] = start + r;
         rt_gather(m, ds, idx, count, bufs);
+        if (t->dev) { /* the sums add up on the device */
+            t->dev->eval_step(bufs, count);
+            continue;
+        }
         t->ctx.inputs = bufs;
         t->ctx.n_valid = count; /* the padded rows count neither in the loss nor the accuracy */
         m->eval_step(&t->ctx);
         loss += (double)t->ctx.loss * (double)count;
         correct += t->ctx.correct;
     }
+    if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
     log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
 }
@@ -409,8 +425,15 @@ static const char *nonfinite_state(const Trainer *t) {
     return NULL;
 }
 
+static int device_sums(Trainer *t);
+
 static int write_checkpoint(Trainer *t) {
     if (!t->o.checkpoint || t->ckpt_current) return 0;
+    if (t->dev) { /* the device holds the run: check its losses, then fetch its state */
+        int rc = device_sums(t);
+        if (rc) return rc;
+        t->dev->download(t->ctx.params, t->ctx.optstate);
+    }
     const char *bad = nonfinite_state(t);
     if (bad) {
         fprintf(stderr, "%serror: %s holds NaN or Inf after step %lld; stopping without writing a checkpoint "
@@ -469,13 +492,27 @@ static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
     }
 }
 
-static int check_finite(Trainer *t, int64_t step) {
-    if (isfinite(t->ctx.loss)) return 0;
+static int nonfinite_loss(Trainer *t, int64_t step, const char *what) {
     fprintf(stderr, "%serror: the loss is %s at step %lld; stopping before any weights are saved\n"
                     "  hint: lower the learning rate, or check the data for NaN/Inf values\n",
-            t->tty ? "\n" : "", isnan(t->ctx.loss) ? "NaN" : "infinite", (long long)step);
+            t->tty ? "\n" : "", what, (long long)step);
     if (t->o.checkpoint) fprintf(stderr, "  note: checkpoint '%s' is left as it was\n", t->o.checkpoint);
     return EXIT_NONFINITE;
+}
+
+static int check_finite(Trainer *t, int64_t step) {
+    if (isfinite(t->ctx.loss)) return 0;
+    return nonfinite_loss(t, step, isnan(t->ctx.loss) ? "NaN" : "infinite");
+}
+
+/* Device trainers: wait for the queued steps and add their loss sums to t->dev_loss. The
+ * device checks every step's loss itself and, from the first non-finite one on, leaves the
+ * parameters alone, so the run stops here with the last good parameters, as on the CPU. */
+static int device_sums(Trainer *t) {
+    RtDeviceSums s;
+    t->dev->read_train(&s);
+    t->dev_loss += s.loss, t->dev_steps += s.steps;
+    return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
 
 /* Steps in epoch e: all of them but in the last epoch of a --steps run. */
@@ -493,6 +530,12 @@ static int train_step(Trainer *t, void *const *batch) {
     t->ctx.step = step + 1;
     t->ctx.seed = rt_mix(t->o.seed ^ rt_mix((uint64_t)step));
     t->ctx.n_valid = m->batch;
+    if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
+        t->dev->train_step(batch);
+        t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
+        t->ckpt_current = 0;
+        return 0;
+    }
     m->forward_backward(&t->ctx);
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
@@ -519,6 +562,10 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
         loss_sum += t->ctx.loss, since++;
         progress(t, p->epoch, p->batch - first, n - first, t0, &last);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
+            if (t->dev) { /* the only wait for the device inside an epoch */
+                if ((rc = device_sums(t))) break;
+                loss_sum = t->dev_loss, t->dev_loss = 0, t->dev_steps = 0;
+            }
             double tn = now();
             log_interval(t, p->step, p->epoch, t->total, loss_sum / (double)since, t->ctx.lr,
                          (double)(since * m->batch) / (tn - t_log));
@@ -701,12 +748,21 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
     free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
     rt_dataset_close(train_ds);
     if (t->o.n_eval) rt_dataset_close(eval_ds);
+    if (t->dev) t->dev->close();
 }
 
 int rt_main(int argc, char **argv, const RtModel *m) {
     Trainer t = {.m = m, .tty = isatty(STDOUT_FILENO)};
     parse_options(argc, argv, m, &t.o);
     if (t.o.list_params) return list_params(m), 0;
+    if (m->device) { /* before any data is read: a machine without the device stops here */
+        char why[1024] = "";
+        if (m->device->open(m, !t.o.no_graph, why, sizeof why)) {
+            fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
+            return EXIT_NO_DEVICE;
+        }
+        t.dev = m->device;
+    }
     omp_set_num_threads(t.o.threads);
     openblas_set_num_threads(t.o.threads);
     RtDataset train_ds, eval_ds;
@@ -722,9 +778,15 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     /* a resumed run adds to the log of the run it continues */
     if (t.o.log && !(t.log = fopen(t.o.log, t.o.resume ? "a" : "w")))
         die("cannot write the log '%s': %s", t.o.log, strerror(errno));
+    if (t.dev) {
+        t.dev->upload(t.ctx.params, t.ctx.optstate);
+        t.dev->start(t.pos.step, t.per_epoch, t.total, t.o.seed);
+    }
     void **bufs = batch_buffers(m);
     int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
+    if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
+    if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
     if (!rc && !t.o.gradcheck && t.o.save && rt_st_save(t.o.save, m, t.ctx.params, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;

@@ -1,0 +1,109 @@
+/* netrt_cuda.h - libnetrt_cuda, what a trainer built with `netc --backend cuda` links besides
+ * libnetrt: the device, its kernels, cuDNN and cuBLASLt plans, and the graph-frozen step.
+ *
+ * The generated host program describes its device step in one constant RtCudaModel: the kernel
+ * images netc compiled with NVRTC, the names of the kernels, where every buffer lives in the one
+ * device arena, and three functions - plan (build every library plan), train and eval (enqueue
+ * one step's work on the stream). RtModel.device = &rt_cuda_device then makes rt_main run the
+ * step on the GPU: rt_cuda_device's hooks open the device before any data is read, capture the
+ * training and evaluation steps as CUDA Graphs (unless --no-graph), stage each batch through
+ * pinned memory, and read the loss and accuracy sums only at log intervals.
+ *
+ * Every kernel the generated code launches takes one argument, the device arena's base address;
+ * every buffer is at a constant offset from it (the memory plan's), so the launches, the plans
+ * and the graph never change after start-up.
+ */
+#ifndef NETRT_CUDA_H
+#define NETRT_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "netrt.h"
+#include "rt_devstate.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One compiled form of the model's kernels: a cubin for one architecture, or PTX that the
+ * driver compiles for any architecture at or above `sm`. */
+typedef struct RtCudaImage {
+    int sm;                    /* 80 = sm_80, 90 = sm_90 */
+    int ptx;                   /* 1: PTX text (NUL-terminated), 0: cubin */
+    const unsigned char *data;
+    size_t size;
+} RtCudaImage;
+
+/* Arithmetic of matrix products and convolutions on float32 data. */
+typedef enum {
+    RT_MATH_FP32, /* full float32: no TF32 tensor cores (what the CPU comparison needs) */
+    RT_MATH_TF32, /* float32 storage, TF32 tensor-core products */
+} RtCudaMath;
+
+typedef struct RtCuda RtCuda;
+
+typedef struct RtCudaModel {
+    const RtCudaImage *images;
+    int n_images;
+    const char *const *kernel_names; /* extern "C" names in the images, indexed by the generated enum */
+    int n_kernels;
+    int64_t device_bytes;            /* the one device allocation */
+    int64_t off_params, off_grads, off_optstate, off_state;
+    int64_t off_batch;               /* the staged batch: RtBatchHeader, then the inputs */
+    int64_t batch_bytes;             /* header + inputs: what one pinned staging slot holds */
+    int64_t off_input[RT_MAX_INPUTS]; /* each input's offset inside the staged batch */
+    RtCudaMath math;
+    /* Build every cuDNN/cuBLASLt plan with rt_cuda_gemm_plan / rt_cuda_conv_plan; called once,
+     * after the kernels are loaded and the arena is allocated, before any capture. */
+    void (*plan)(RtCuda *cu);
+    /* Enqueue on rt_cuda_stream(cu), without waiting for anything: forward, backward, metric
+     * sums, optimizer (train), or the forward in evaluation mode and its sums (eval). The
+     * staged batch is already at off_batch. */
+    void (*train)(RtCuda *cu);
+    void (*eval)(RtCuda *cu);
+} RtCudaModel;
+
+/* The hooks rt_main drives (RtModel.device). The RtModel's `device_model` points at the
+ * RtCudaModel. */
+extern const RtDevice rt_cuda_device;
+
+/* ---- for the generated step functions */
+
+cudaStream_t rt_cuda_stream(const RtCuda *cu);
+unsigned char *rt_cuda_base(const RtCuda *cu); /* the device arena */
+
+/* Launch kernel `k` (index into kernel_names) with `grid` blocks of `block` threads and the
+ * arena base as its one argument, on the stream. */
+void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block);
+
+/* A row-major matrix product on the device, cblas semantics:
+ *   C[M,N] = op(A) @ op(B), op = transpose when trans_*, leading dimensions lda, ldb, ldc,
+ * `batch` of them at element strides sa, sb, sc (batch 1: strides ignored), then the epilogue:
+ *   RT_EPI_NONE       C = A B
+ *   RT_EPI_BIAS       C = A B + bias[N] (broadcast over rows)
+ *   RT_EPI_RELU_BIAS  C = relu(A B + bias)
+ * (cuBLASLt's GELU epilogue is the tanh approximation, not the erf form the models use, so
+ * GELU groups stay generated kernels.)
+ * Built once (algorithm chosen, workspace reserved) and run as often as wanted. */
+typedef enum { RT_EPI_NONE, RT_EPI_BIAS, RT_EPI_RELU_BIAS } RtEpilogue;
+typedef struct RtGemmPlan RtGemmPlan;
+RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                              int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
+                              int64_t sc, RtEpilogue epi);
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias);
+
+/* A convolution on the device through cuDNN: `which` 0 = forward y = conv(x, w), 1 = data
+ * gradient dx from (dy, w), 2 = filter gradient dw from (x, dy); activations NHWC when `nhwc`
+ * (else NCHW), weights [K, C/groups, R, S] either way. The algorithm is chosen at planning. */
+typedef struct RtCudaConvPlan RtCudaConvPlan;
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc);
+/* in0, in1: (x, w), (dy, w) or (x, dy) by `which`; out: y, dx or dw (overwritten). */
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const float *in1, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,40 @@
+/* rt_devstate.h - what the training step keeps on the device, shared by the trainer's host code
+ * (C, libnetrt_cuda) and its kernels (CUDA C compiled by NVRTC, which sees this file as a
+ * header netc hands it). Plain C types only, so both compilers lay it out the same way.
+ *
+ * The device arena holds one RtDevState and, for each staged batch, one RtBatchHeader followed
+ * by the model's inputs. The host writes the run's constants (step, per_epoch, total, seed) once
+ * before the first step; from then on only kernels write it, and the host reads the sums
+ * asynchronously at log intervals and after evaluation.
+ */
+#ifndef RT_DEVSTATE_H
+#define RT_DEVSTATE_H
+
+typedef struct RtDevState {
+    /* the run, set by the host before the first step (and again on resume) */
+    long long step;          /* optimizer steps taken; advanced by the last kernel of each step */
+    long long per_epoch;     /* steps per epoch, for the learning-rate schedule */
+    long long total;         /* steps in the whole run */
+    unsigned long long seed; /* the run's --seed */
+    /* this step's, written by its first kernel */
+    unsigned long long step_seed; /* rt_mix(seed ^ rt_mix(step)), the dropout masks' seed */
+    float lr;                     /* the schedule at `step` */
+    float loss;                   /* this step's mean loss */
+    float correct;                /* this step's correct predictions */
+    float pad0;
+    /* sums the host reads and resets */
+    double loss_sum;          /* training loss summed over the steps since the last read */
+    long long loss_steps;     /* steps in loss_sum */
+    long long nonfinite_step; /* the first step (1-based) whose loss was NaN or Inf, 0 if none;
+                                 from that step on the optimizer leaves the parameters alone */
+    double eval_loss;         /* evaluation: loss * valid rows, summed over batches */
+    double eval_correct;      /* evaluation: correct predictions, summed */
+} RtDevState;
+
+/* The head of a staged batch: the inputs follow at offsets the generated code fixes. */
+typedef struct RtBatchHeader {
+    long long n_valid; /* rows that hold real samples (all of them in training) */
+    long long pad[31]; /* the inputs start 256 bytes in */
+} RtBatchHeader;
+
+#endif
