@@ -1,0 +1,236 @@
+/* rt_cuda_conv.c - 2-D convolutions and their two gradients through cuDNN's legacy API.
+ *
+ * One plan is one direction of one convolution: forward y = conv(x, w), the data gradient dx
+ * from (dy, w), or the filter gradient dw from (x, dy). Activations x [N,C,H,W] and y [N,K,P,Q]
+ * are NHWC or NCHW in memory as the layout pass decided; the filter [K, C/groups, R, S] is
+ * always NCHW-ordered (PyTorch's layout, so weight files never change). The operation is
+ * cross-correlation, as in PyTorch, accumulated in float.
+ *
+ * The algorithm is chosen once, at planning, from cuDNN's heuristics (cudnnGet*Algorithm_v7,
+ * which rank without running anything), and only algorithms cuDNN reports deterministic are
+ * taken: a graph replay and a run without graphs must give the same bits, and the filter
+ * gradient's atomic-add algorithms would not.
+ *
+ * Arithmetic (cudnnMathType_t, set on the convolution descriptor):
+ *   RT_MATH_FP32: CUDNN_FMA_MATH, which restricts cuDNN to kernels built on FMA instructions -
+ *     no tensor cores, so no TF32. CUDNN_DEFAULT_MATH would not do: for float data on Ampere
+ *     and later it permits TF32 tensor-core kernels. Heuristic results marked TENSOR_OP (or
+ *     ALLOW_CONVERSION, FP16 down-conversion) are refused; the descriptor stays FMA whatever
+ *     math type a result reports, and an algorithm whose workspace query fails with the
+ *     descriptors as they will run is passed over.
+ *   RT_MATH_TF32: CUDNN_TENSOR_OP_MATH, which permits tensor-core kernels, TF32 for float data,
+ *     but no down-conversion to FP16 (that is ALLOW_CONVERSION, refused here too). cuDNN
+ *     decides whether a kernel uses tensor cores from the algorithm and the descriptor's math
+ *     type together, so the descriptor takes the math type of the result chosen.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "rt_cuda_internal.h"
+
+enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER }; /* the `which` of rt_cuda_conv_plan */
+
+struct RtCudaConvPlan {
+    int which;
+    cudnnTensorDescriptor_t x, y; /* x and y (or dx and dy): NHWC or NCHW */
+    cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S] */
+    cudnnConvolutionDescriptor_t conv;
+    union {
+        cudnnConvolutionFwdAlgo_t fwd;
+        cudnnConvolutionBwdDataAlgo_t bwd_data;
+        cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    } algo;
+    RtCudaConvPlan *next; /* every plan, for rt_cuda_conv_plans_free */
+};
+
+static RtCudaConvPlan *plans;
+
+/* One heuristic result, whatever the direction. */
+typedef struct {
+    int algo; /* the direction's cudnnConvolution*Algo_t */
+    cudnnStatus_t status;
+    cudnnDeterminism_t determinism;
+    cudnnMathType_t math;
+} Candidate;
+
+/* The geometry in words, for messages. */
+static const char *describe(const RtConv *c, int which, int nhwc) {
+    static char buf[512];
+    static const char *const dir[] = {"forward", "data gradient", "filter gradient"};
+    snprintf(buf, sizeof buf,
+             "%s convolution x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] y [%lld,%lld,%lld,%lld] (%s), "
+             "stride %dx%d, pad %dx%d, dilation %dx%d, groups %d",
+             which >= 0 && which < 3 ? dir[which] : "unknown", (long long)c->N, (long long)c->C, (long long)c->H,
+             (long long)c->W, (long long)c->K, (long long)(c->groups > 0 ? c->C / c->groups : c->C),
+             (long long)c->R, (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->P,
+             (long long)c->Q, nhwc ? "NHWC" : "NCHW", c->stride_h, c->stride_w, c->pad_h, c->pad_w, c->dil_h,
+             c->dil_w, c->groups);
+    return buf;
+}
+
+/* Stop on a geometry no correct caller passes, or one cuDNN's int dimensions cannot hold. */
+static void check_geometry(const RtConv *c, int which, int nhwc) {
+    const int64_t dims[] = {c->N, c->C, c->H, c->W, c->K, c->R, c->S, c->P, c->Q};
+    int ok = which >= CONV_FWD && which <= CONV_BWD_FILTER && c->groups >= 1 && c->C % c->groups == 0 &&
+             c->K % c->groups == 0 && c->stride_h >= 1 && c->stride_w >= 1 && c->dil_h >= 1 && c->dil_w >= 1 &&
+             c->pad_h >= 0 && c->pad_w >= 0;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) ok = ok && dims[i] >= 1 && dims[i] <= INT_MAX;
+    if (!ok) rt_cuda_die("internal error: bad %s", describe(c, which, nhwc));
+}
+
+static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math) {
+    cudnnTensorFormat_t act = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
+    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->x, act, CUDNN_DATA_FLOAT, (int)c->N, (int)c->C, (int)c->H,
+                                                 (int)c->W),
+                      "cudnnSetTensor4dDescriptor(x)");
+    rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
+    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->y, act, CUDNN_DATA_FLOAT, (int)c->N, (int)c->K, (int)c->P,
+                                                 (int)c->Q),
+                      "cudnnSetTensor4dDescriptor(y)");
+    rt_cuda_check_dnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
+    rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)c->K,
+                                                 (int)(c->C / c->groups), (int)c->R, (int)c->S),
+                      "cudnnSetFilter4dDescriptor");
+    rt_cuda_check_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
+    rt_cuda_check_dnn(cudnnSetConvolution2dDescriptor(p->conv, c->pad_h, c->pad_w, c->stride_h, c->stride_w, c->dil_h,
+                                                      c->dil_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                      "cudnnSetConvolution2dDescriptor");
+    rt_cuda_check_dnn(cudnnSetConvolutionGroupCount(p->conv, c->groups), "cudnnSetConvolutionGroupCount");
+    rt_cuda_check_dnn(cudnnSetConvolutionMathType(p->conv, math), "cudnnSetConvolutionMathType");
+}
+
+/* cuDNN's heuristic ranking for the plan's direction, best first, into a malloc'd array. */
+static Candidate *rank_algorithms(cudnnHandle_t h, const RtCudaConvPlan *p, int *n) {
+    int max = 0, got = 0;
+    Candidate *out = NULL;
+#define RANK(MAXCOUNT, PERF_T, GET, ...)                                                             \
+    do {                                                                                            \
+        rt_cuda_check_dnn(MAXCOUNT(h, &max), #MAXCOUNT);                                            \
+        PERF_T *r = calloc(max > 0 ? (size_t)max : 1, sizeof *r);                                   \
+        out = calloc(max > 0 ? (size_t)max : 1, sizeof *out);                                       \
+        if (!r || !out) rt_cuda_die("out of host memory while choosing a convolution algorithm");   \
+        rt_cuda_check_dnn(GET(h, __VA_ARGS__, max, &got, r), #GET);                                 \
+        for (int i = 0; i < got; i++)                                                               \
+            out[i] = (Candidate){(int)r[i].algo, r[i].status, r[i].determinism, r[i].mathType};     \
+        free(r);                                                                                    \
+    } while (0)
+    switch (p->which) {
+    case CONV_FWD:
+        RANK(cudnnGetConvolutionForwardAlgorithmMaxCount, cudnnConvolutionFwdAlgoPerf_t,
+             cudnnGetConvolutionForwardAlgorithm_v7, p->x, p->w, p->conv, p->y);
+        break;
+    case CONV_BWD_DATA:
+        RANK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount, cudnnConvolutionBwdDataAlgoPerf_t,
+             cudnnGetConvolutionBackwardDataAlgorithm_v7, p->w, p->y, p->conv, p->x);
+        break;
+    default:
+        RANK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount, cudnnConvolutionBwdFilterAlgoPerf_t,
+             cudnnGetConvolutionBackwardFilterAlgorithm_v7, p->x, p->y, p->conv, p->w);
+        break;
+    }
+#undef RANK
+    *n = got;
+    return out;
+}
+
+/* Store `algo` in the plan and ask cuDNN for its workspace; a status other than success means
+ * the algorithm cannot run with these descriptors. */
+static cudnnStatus_t try_algorithm(cudnnHandle_t h, RtCudaConvPlan *p, int algo, size_t *bytes) {
+    switch (p->which) {
+    case CONV_FWD:
+        p->algo.fwd = (cudnnConvolutionFwdAlgo_t)algo;
+        return cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->algo.fwd, bytes);
+    case CONV_BWD_DATA:
+        p->algo.bwd_data = (cudnnConvolutionBwdDataAlgo_t)algo;
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, p->algo.bwd_data, bytes);
+    default:
+        p->algo.bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)algo;
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, p->algo.bwd_filter,
+                                                              bytes);
+    }
+}
+
+/* Whether a heuristic result may be used at all under `math` (see the top of the file). */
+static int acceptable(const Candidate *k, RtCudaMath math) {
+    if (k->status != CUDNN_STATUS_SUCCESS || k->determinism != CUDNN_DETERMINISTIC) return 0;
+    if (k->math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return 0;
+    return math == RT_MATH_TF32 || k->math == CUDNN_FMA_MATH || k->math == CUDNN_DEFAULT_MATH;
+}
+
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc) {
+    check_geometry(c, which, nhwc);
+    RtCudaMath math = rt_cuda_math(cu);
+    cudnnMathType_t asked = math == RT_MATH_TF32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    RtCudaConvPlan *p = calloc(1, sizeof *p);
+    if (!p) rt_cuda_die("out of host memory for a convolution plan");
+    p->which = which;
+    make_descriptors(p, c, nhwc, asked);
+
+    int n_out, k_out, p_out, q_out;
+    rt_cuda_check_dnn(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n_out, &k_out, &p_out, &q_out),
+                      "cudnnGetConvolution2dForwardOutputDim");
+    if (n_out != c->N || k_out != c->K || p_out != c->P || q_out != c->Q)
+        rt_cuda_die("internal error: cuDNN computes y [%d,%d,%d,%d] for the %s", n_out, k_out, p_out, q_out,
+                    describe(c, which, nhwc));
+
+    cudnnHandle_t h = rt_cuda_dnn(cu);
+    int n = 0;
+    Candidate *ranked = rank_algorithms(h, p, &n);
+    size_t bytes = 0;
+    int chosen = -1;
+    for (int i = 0; i < n && chosen < 0; i++) {
+        if (!acceptable(&ranked[i], math)) continue;
+        if (math == RT_MATH_TF32)
+            rt_cuda_check_dnn(cudnnSetConvolutionMathType(p->conv, ranked[i].math), "cudnnSetConvolutionMathType");
+        if (try_algorithm(h, p, ranked[i].algo, &bytes) == CUDNN_STATUS_SUCCESS) chosen = i;
+    }
+    free(ranked);
+    if (chosen < 0)
+        rt_cuda_die("cuDNN offers no deterministic %s algorithm for the %s (%d ranked)\n"
+                    "  hint: compile with the other netc --layout (row-major or channels-last): cuDNN's "
+                    "algorithms differ by layout",
+                    math == RT_MATH_TF32 ? "TF32" : "FP32", describe(c, which, nhwc), n);
+    rt_cuda_reserve_workspace(cu, bytes);
+
+    p->next = plans;
+    plans = p;
+    return p;
+}
+
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const float *in1, float *out) {
+    static const float one = 1.0f, zero = 0.0f;
+    cudnnHandle_t h = rt_cuda_dnn(cu);
+    size_t ws_bytes = 0;
+    void *ws = rt_cuda_workspace(cu, &ws_bytes);
+    switch (p->which) {
+    case CONV_FWD: /* y = conv(x = in0, w = in1) */
+        rt_cuda_check_dnn(cudnnConvolutionForward(h, &one, p->x, in0, p->w, in1, p->conv, p->algo.fwd, ws, ws_bytes,
+                                                  &zero, p->y, out),
+                          "cudnnConvolutionForward");
+        break;
+    case CONV_BWD_DATA: /* dx from (dy = in0, w = in1) */
+        rt_cuda_check_dnn(cudnnConvolutionBackwardData(h, &one, p->w, in1, p->y, in0, p->conv, p->algo.bwd_data, ws,
+                                                       ws_bytes, &zero, p->x, out),
+                          "cudnnConvolutionBackwardData");
+        break;
+    default: /* dw from (x = in0, dy = in1) */
+        rt_cuda_check_dnn(cudnnConvolutionBackwardFilter(h, &one, p->x, in0, p->y, in1, p->conv, p->algo.bwd_filter,
+                                                         ws, ws_bytes, &zero, p->w, out),
+                          "cudnnConvolutionBackwardFilter");
+        break;
+    }
+}
+
+void rt_cuda_conv_plans_free(void) {
+    while (plans) {
+        RtCudaConvPlan *p = plans;
+        plans = p->next;
+        cudnnDestroyTensorDescriptor(p->x);
+        cudnnDestroyTensorDescriptor(p->y);
+        cudnnDestroyFilterDescriptor(p->w);
+        cudnnDestroyConvolutionDescriptor(p->conv);
+        free(p);
+    }
+}

@@ -1,0 +1,211 @@
+/* rt_cuda_gemm.c - row-major matrix products through cuBLASLt, planned once, run many times.
+ *
+ * The maths. cuBLASLt is column-major, and a row-major matrix X[r,c] with leading dimension ld
+ * is, byte for byte, the column-major matrix X^T (c rows, r columns, same ld). So instead of
+ *     C = op(A) op(B)                  (row-major, C is M x N)
+ * we ask cuBLASLt for its transpose, which has the same memory:
+ *     C^T = op(B)^T op(A)^T            (column-major, C^T is N x M)
+ * i.e. the cuBLASLt problem is m = N, n = M, k = K with its "A" operand our B and its "B"
+ * operand our A. Our B's memory, seen column-major, is B^T when B is stored [K,N] (no trans_b),
+ * which is already op(B)^T, so cuBLASLt's transa is N; when B is stored [N,K] (trans_b) the
+ * memory reads as op(B) and cuBLASLt must transpose it. The same holds for A and transb.
+ *
+ * The bias. CUBLASLT_EPILOGUE_BIAS adds a vector whose length is the number of rows of the
+ * column-major D (cuBLASLt's m), the same value in every column: D[i,j] += bias[i]. Our D is
+ * C^T, whose rows are C's columns, so this is C[j,i] += bias[i], i < N: exactly the row-major
+ * bias[N] broadcast over the M rows of C, with no further transposition. The bias batch
+ * stride stays 0, so every product of a batch adds the same bias.
+ *
+ * Alignment. The heuristic cannot see the operand pointers; unless told otherwise it assumes
+ * 256-byte aligned matrices and may pick kernels that need 16-byte aligned (vector) loads. The
+ * parameters are one packed float buffer and views may start anywhere, so a plan asks for two
+ * algorithms: one for operands (and batch strides, and the bias) that are 16-byte aligned, and
+ * one that only assumes float alignment. rt_cuda_gemm picks by the actual pointers - host-side
+ * arithmetic, so capture-safe, and the same pointers give the same choice in a graph and
+ * without one. Planning fails only when neither exists; a run whose operands are misaligned
+ * for the only one found stops with a message rather than handing cuBLASLt a bad algorithm.
+ *
+ * Arithmetic. RT_MATH_FP32 uses CUBLAS_COMPUTE_32F: the "default" float compute type, which
+ * guarantees internal storage at least as precise as float, so it never rounds inputs to TF32
+ * (that takes CUBLAS_COMPUTE_32F_FAST_TF32) and never uses the BF16x9 emulation (that takes the
+ * _EMULATED_16BFX9 compute type). _PEDANTIC would add nothing we need and excludes kernels.
+ * RT_MATH_TF32 uses CUBLAS_COMPUTE_32F_FAST_TF32. cuBLAS gives bitwise-identical results run
+ * to run for one algorithm on one GPU model when the workspace is the caller's, which it is.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "rt_cuda_internal.h"
+
+/* The most workspace one product may ask for; the heuristic only offers algorithms within it. */
+enum { GEMM_MAX_WORKSPACE = 32 << 20 };
+
+enum { ALGO_ANY, ALGO_ALIGNED16 }; /* index into RtGemmPlan.algo */
+
+struct RtGemmPlan {
+    cublasLtMatmulDesc_t desc;     /* compute type, transposes, epilogue (and, per run, the bias) */
+    cublasLtMatrixLayout_t lt_a;   /* cuBLASLt's A: our B's memory */
+    cublasLtMatrixLayout_t lt_b;   /* cuBLASLt's B: our A's memory */
+    cublasLtMatrixLayout_t lt_d;   /* C^T, also used for C (beta = 0: never read) */
+    cublasLtMatmulAlgo_t algo[2];  /* [ALGO_ANY] float-aligned operands, [ALGO_ALIGNED16] 16-byte */
+    int has[2];                    /* the heuristic found algo[i] */
+    int64_t sa, sb, sc;            /* batch strides in elements (0 for one product): alignment test */
+    RtEpilogue epi;
+    char shape[160];               /* the product in words, for messages */
+    RtGemmPlan *next;              /* every plan, for rt_cuda_gemm_plans_free */
+};
+
+static RtGemmPlan *plans;
+
+static void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v, size_t n,
+                     const char *what) {
+    rt_cuda_check_blas(cublasLtMatmulDescSetAttribute(d, attr, v, n), what);
+}
+
+/* A column-major rows x cols float matrix with leading dimension ld, `batch` of them `stride`
+ * elements apart. */
+static cublasLtMatrixLayout_t layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+    cublasLtMatrixLayout_t l;
+    rt_cuda_check_blas(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+        int32_t count = (int32_t)batch;
+        rt_cuda_check_blas(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                            sizeof count),
+                           "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+        rt_cuda_check_blas(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                            sizeof stride),
+                           "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+    }
+    return l;
+}
+
+/* Ask the heuristic for the best algorithm when every operand is `align`-byte aligned. The
+ * heuristic reads the bias pointer's value (never its memory) to learn the bias alignment,
+ * so it gets a stand-in with exactly that alignment; rt_cuda_gemm sets the real one. Returns
+ * the status; *ws is the algorithm's workspace. */
+static cublasStatus_t heuristic(RtCuda *cu, RtGemmPlan *p, uint32_t align, cublasLtMatmulAlgo_t *algo, size_t *ws) {
+    if (p->epi != RT_EPI_NONE) {
+        const void *stand_in = (const void *)(uintptr_t)align;
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof stand_in,
+                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    }
+    cublasLtMatmulPreference_t pref;
+    rt_cuda_check_blas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    uint64_t max_ws = GEMM_MAX_WORKSPACE;
+    rt_cuda_check_blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                            sizeof max_ws),
+                       "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    static const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (size_t i = 0; i < sizeof aligns / sizeof aligns[0]; i++)
+        rt_cuda_check_blas(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align),
+                           "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+    cublasLtMatmulHeuristicResult_t r = {0};
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(rt_cuda_blaslt(cu), p->desc, p->lt_a, p->lt_b, p->lt_d,
+                                                      p->lt_d, pref, 1, &r, &found);
+    rt_cuda_check_blas(cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
+    if (s == CUBLAS_STATUS_SUCCESS && (found < 1 || r.state != CUBLAS_STATUS_SUCCESS))
+        s = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        *algo = r.algo;
+        *ws = r.workspaceSize;
+    }
+    return s;
+}
+
+RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                              int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
+                              int64_t sc, RtEpilogue epi) {
+    RtGemmPlan *p = calloc(1, sizeof *p);
+    if (!p) rt_cuda_die("out of host memory for a matrix product plan");
+    snprintf(p->shape, sizeof p->shape, "C[%lld,%lld] = A%s B%s (K %lld, ld %lld %lld %lld, batch %lld, %s)",
+             (long long)M, (long long)N, trans_a ? "^T" : "", trans_b ? "^T" : "", (long long)K, (long long)lda,
+             (long long)ldb, (long long)ldc, (long long)batch,
+             epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : "relu(+ bias)");
+    /* Arguments no correct caller passes: an internal error, not the user's. */
+    if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
+        ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
+        rt_cuda_die("internal error: bad matrix product %s (epilogue %d)", p->shape, (int)epi);
+    p->sa = batch > 1 ? sa : 0;
+    p->sb = batch > 1 ? sb : 0;
+    p->sc = batch > 1 ? sc : 0;
+    p->epi = epi;
+
+    cublasComputeType_t compute =
+        rt_cuda_math(cu) == RT_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    rt_cuda_check_blas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    /* cuBLASLt's A is our B: its memory is op(B)^T as stored unless trans_b (see the top). */
+    cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof op_lt_a, "cublasLtMatmulDescSetAttribute(TRANSA)");
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof op_lt_b, "cublasLtMatmulDescSetAttribute(TRANSB)");
+    cublasLtEpilogue_t e = epi == RT_EPI_BIAS        ? CUBLASLT_EPILOGUE_BIAS
+                           : epi == RT_EPI_RELU_BIAS ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                     : CUBLASLT_EPILOGUE_DEFAULT;
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e, "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+    /* The bias has the output's type (float) by default: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE unset. */
+
+    /* Each layout is the stored row-major matrix read column-major: stored rows become columns. */
+    p->lt_a = layout(trans_b ? K : N, trans_b ? N : K, ldb, batch, sb);
+    p->lt_b = layout(trans_a ? M : K, trans_a ? K : M, lda, batch, sa);
+    p->lt_d = layout(N, M, ldc, batch, sc);
+
+    /* Both alignments, the 16-byte one for speed; either alone is enough to plan (the TF32
+     * tensor-core kernels, for one, may all want 16-byte operands). */
+    size_t ws[2] = {0, 0};
+    cublasStatus_t s[2];
+    s[ALGO_ANY] = heuristic(cu, p, sizeof(float), &p->algo[ALGO_ANY], &ws[ALGO_ANY]);
+    s[ALGO_ALIGNED16] = heuristic(cu, p, 16, &p->algo[ALGO_ALIGNED16], &ws[ALGO_ALIGNED16]);
+    for (int i = 0; i < 2; i++) p->has[i] = s[i] == CUBLAS_STATUS_SUCCESS;
+    if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16])
+        rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s within %d MiB of workspace: %s\n"
+                    "  hint: this is a netc bug (or a cuBLASLt limit); please report the product above",
+                    p->shape, GEMM_MAX_WORKSPACE >> 20, cublasLtGetStatusString(s[ALGO_ANY]));
+    rt_cuda_reserve_workspace(cu, ws[ALGO_ANY] > ws[ALGO_ALIGNED16] ? ws[ALGO_ANY] : ws[ALGO_ALIGNED16]);
+
+    p->next = plans;
+    plans = p;
+    return p;
+}
+
+/* Whether a matrix at `ptr`, and every one `stride` floats after it, is 16-byte aligned. */
+static int aligned16(const void *ptr, int64_t stride) {
+    return (uintptr_t)ptr % 16 == 0 && (uint64_t)stride * sizeof(float) % 16 == 0;
+}
+
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias) {
+    if ((p->epi != RT_EPI_NONE) != (bias != NULL))
+        rt_cuda_die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi,
+                    bias ? "with" : "without");
+    /* Setting an attribute only writes host memory: safe while the stream is being captured. */
+    if (bias)
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
+                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    int aligned = aligned16(A, p->sa) && aligned16(B, p->sb) && aligned16(C, p->sc) && (!bias || aligned16(bias, 0));
+    int which = aligned && p->has[ALGO_ALIGNED16] ? ALGO_ALIGNED16 : ALGO_ANY;
+    if (!p->has[which])
+        rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s on operands that are not 16-byte "
+                    "aligned (A %p, B %p, C %p, bias %p)",
+                    p->shape, (const void *)A, (const void *)B, (void *)C, (const void *)bias);
+    size_t ws_bytes = 0;
+    void *ws = rt_cuda_workspace(cu, &ws_bytes);
+    static const float one = 1.0f, zero = 0.0f;
+    rt_cuda_check_blas(cublasLtMatmul(rt_cuda_blaslt(cu), p->desc, &one, B, p->lt_a, A, p->lt_b, &zero, C, p->lt_d,
+                                      C, p->lt_d, &p->algo[which], ws, ws_bytes, rt_cuda_stream(cu)),
+                       "cublasLtMatmul");
+}
+
+void rt_cuda_gemm_plans_free(void) {
+    while (plans) {
+        RtGemmPlan *p = plans;
+        plans = p->next;
+        cublasLtMatrixLayoutDestroy(p->lt_a);
+        cublasLtMatrixLayoutDestroy(p->lt_b);
+        cublasLtMatrixLayoutDestroy(p->lt_d);
+        cublasLtMatmulDescDestroy(p->desc);
+        free(p);
+    }
+}
