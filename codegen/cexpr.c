@@ -545,3 +545,41 @@ void cg_emit_helpers(Cg *c) {
             }
     if (any) fprintf(c->out, "\n");
 }
+
+/* `v<id>[i] = <the node's value at i>;` (v<id>[0] when `scalar`), converted to its dtype: a
+ * half type by rounding, an integer by value (truncating). */
+void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
+    FILE *o = c->out;
+    fprintf(o, "%sv%d[%s] = ", indent, n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
+    if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
+        fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
+        cg_ew_expr(c, n);
+        fprintf(o, ")");
+    } else if (!cg_is_float(n->dtype)) {
+        if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));
+        fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
+        cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
+    } else {
+        cg_ew_expr(c, n);
+    }
+    fprintf(o, ";\n");
+}
+
+/* The loops of x summed down to n's shape (SUM_TO): `kept`, n's axes innermost first with x's
+ * strides, and `red`, the axes broadcasting stretched, in x's physical order, innermost first. */
+void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis red[IR_MAX_RANK], int *nr) {
+    const IrNode *x = n->in[0];
+    int xr = x->shape.rank, lead = xr - n->shape.rank;
+    int perm[IR_MAX_RANK];
+    int64_t st[IR_MAX_RANK];
+    *nk = *nr = 0;
+    cg_elem_strides(x, st);
+    cg_phys_order(n, perm);
+    for (int k = n->shape.rank - 1; k >= 0; k--)
+        kept[(*nk)++] = (CgAxis){n->shape.dim[perm[k]], n->shape.dim[perm[k]] == 1 ? 0 : st[perm[k] + lead]};
+    cg_phys_order(x, perm);
+    for (int k = xr - 1; k >= 0; k--) {
+        int a = perm[k];
+        if (a < lead || n->shape.dim[a - lead] == 1) red[(*nr)++] = (CgAxis){x->shape.dim[a], st[a]};
+    }
+}

@@ -82,5 +82,7 @@ void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 void cg_emit_schedule(FILE *o, const IrTrain *t);
 void cg_emit_helpers(Cg *c);
+void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);
+void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis red[IR_MAX_RANK], int *nr);
 
 #endif

@@ -67,28 +67,12 @@ static void loop_close(Cg *c) {
 }
 
 static void emit_ew(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
     int scalar = ir_numel(&n->shape) == 1 && n->op != OP_DROPOUT && n->op != OP_DROPOUT_GRAD;
-    if (scalar) {
-        fprintf(o, "    v%d[0] = ", n->id); /* every operand index folds to 0 */
-    } else {
-        loop_open(c, n);
-        fprintf(o, "        v%d[i] = ", n->id);
-    }
-    if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
-        fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
-        cg_ew_expr(c, n);
-        fprintf(o, ")");
-    } else if (!cg_is_float(n->dtype)) { /* a cast to an integer type, by value (truncating) */
-        if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("cpu: integer %s", ir_op_name(n->op));
-        fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
-        cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
-    } else {
-        cg_ew_expr(c, n);
-    }
-    fprintf(o, ";\n");
+    if (!scalar) loop_open(c, n);
+    cg_ew_store(c, n, scalar, scalar ? "    " : "        ");
     if (!scalar) loop_close(c);
 }
+
 
 /* A channels-last group with batch-norm sums accumulated in its loop (fuse_reductions): rows of
  * C channels in blocks of RT_BN_BLOCK_ROWS, each block's partial sums in double, then the
@@ -159,21 +143,10 @@ static void emit_group(Cg *c, const IrNode *head) {
 static void emit_sum_to(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     FILE *o = c->out;
-    int xr = x->shape.rank, lead = xr - n->shape.rank;
-    int perm[IR_MAX_RANK];
-    int64_t st[IR_MAX_RANK];
     CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
-    int nk = 0, nr = 0;
+    int nk, nr;
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
-    cg_elem_strides(x, st);
-    cg_phys_order(n, perm);
-    for (int k = n->shape.rank - 1; k >= 0; k--) /* output loop, innermost first */
-        kept[nk++] = (CgAxis){n->shape.dim[perm[k]], n->shape.dim[perm[k]] == 1 ? 0 : st[perm[k] + lead]};
-    cg_phys_order(x, perm);
-    for (int k = xr - 1; k >= 0; k--) { /* reduced axes in x's physical order */
-        int a = perm[k];
-        if (a < lead || n->shape.dim[a - lead] == 1) red[nr++] = (CgAxis){x->shape.dim[a], st[a]};
-    }
+    cg_sum_to_axes(n, kept, &nk, red, &nr);
     fprintf(o, "    ");
     if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) fprintf(o, "#pragma omp parallel for\n    ");
     fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n", out_n);
@@ -676,4 +649,5 @@ const CgBackend cg_cpu = {
     .name = "cpu",
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
     .emit = emit,
+    .fuse_reductions = 1,
 };

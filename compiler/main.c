@@ -27,13 +27,13 @@ extern char **environ;
 #define NETC_VERSION "0.1.0"
 #endif
 
-enum { MAX_DEFINES = 256 };
+enum { MAX_DEFINES = 256, MAX_ARCHS = 8 };
 
-typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C } DumpStage;
+typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C, DUMP_CU } DumpStage;
 
 static const char *const dump_names[] = {
     [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad", [DUMP_LAYOUT] = "layout",
-    [DUMP_FUSED] = "fused", [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c",
+    [DUMP_FUSED] = "fused", [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c", [DUMP_CU] = "cu",
 };
 
 typedef struct Options {
@@ -49,6 +49,9 @@ typedef struct Options {
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
+    int sms[MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
+    int n_sms;
+    int tf32;       /* --precision tf32: TF32 tensor-core products and convolutions */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -63,12 +66,16 @@ static void usage(FILE *out) {
             "  -o FILE              the trainer to write (default: FILE.net without .net)\n"
             "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
             "  --emit-dir DIR       keep the generated C source in DIR\n"
-            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, layout, fused, memplan, c\n"
+            "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, layout, fused, memplan, c,\n"
+            "                       cu (the CUDA kernels of --backend cuda)\n"
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
-            "  --backend NAME       code generator (default: cpu)\n"
+            "  --backend NAME       code generator: cpu (default) or cuda\n"
+            "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90\n"
+            "                       (default: sm_90); PTX of the lowest is embedded too\n"
+            "  --precision P        cuda: fp32 (default; no TF32) or tf32 for products and convolutions\n"
             "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR or the build tree)\n"
@@ -101,7 +108,7 @@ static int parse_dump(Options *o, const char *stage) {
             o->dump = (DumpStage)i;
             return 0;
         }
-    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, layout, fused, memplan, c)", stage);
+    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, layout, fused, memplan, c, cu)", stage);
 }
 
 /* The value of an option written `--opt VALUE` or `--opt=VALUE`; NULL if this arg is not it. */
@@ -117,8 +124,25 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
     return argv[++*i];
 }
 
+/* --arch sm_80,sm_90 */
+static int parse_archs(Options *o, const char *list) {
+    o->n_sms = 0;
+    for (const char *p = list;;) {
+        int sm, len = 0;
+        if (sscanf(p, "sm_%2d%n", &sm, &len) != 1 || (p[len] && p[len] != ',') || sm < 75)
+            return usage_error("--arch takes a comma-separated list like sm_80,sm_90 (sm_75 or newer), found '%s'", list);
+        if (o->n_sms == MAX_ARCHS) return usage_error("--arch: at most 8 architectures, found '%s'", list);
+        for (int i = 0; i < o->n_sms; i++)
+            if (o->sms[i] == sm) return usage_error("--arch names an architecture twice: '%s'", list);
+        o->sms[o->n_sms++] = sm;
+        p += len;
+        if (!*p) return 0;
+        p++;
+    }
+}
+
 static int parse_args(int argc, char **argv, Options *o) {
-    *o = (Options){.backend = "cpu", .opt_level = "2"};
+    *o = (Options){.backend = "cpu", .opt_level = "2", .sms = {90}, .n_sms = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int err = 0;
@@ -151,6 +175,12 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->row_major = strcmp(v, "row-major") == 0;
         } else if ((v = opt_value(argc, argv, &i, "--backend", &err))) {
             o->backend = v;
+        } else if ((v = opt_value(argc, argv, &i, "--arch", &err))) {
+            if ((err = parse_archs(o, v))) return err;
+        } else if ((v = opt_value(argc, argv, &i, "--precision", &err))) {
+            if (strcmp(v, "fp32") && strcmp(v, "tf32"))
+                return usage_error("--precision takes fp32 or tf32, found '%s' (bf16 and fp16 are not implemented yet)", v);
+            o->tf32 = strcmp(v, "tf32") == 0;
         } else if ((v = opt_value(argc, argv, &i, "--cc", &err))) {
             o->cc = v;
         } else if ((v = opt_value(argc, argv, &i, "--runtime-dir", &err))) {
@@ -174,7 +204,7 @@ static int parse_args(int argc, char **argv, Options *o) {
 }
 
 static const CgBackend *find_backend(const char *name) {
-    static const CgBackend *const backends[] = {&cg_cpu};
+    static const CgBackend *const backends[] = {&cg_cpu, &cg_cuda};
     for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
         if (strcmp(backends[i]->name, name) == 0) return backends[i];
     return NULL;
@@ -204,21 +234,11 @@ static int run_command(char *const argv[]) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Compile the generated C at c_path into the trainer `out`, atomically. */
-static int build_trainer(const Options *o, const char *c_path, const char *out) {
-    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
-    char inc_rt[4096], inc_blas[4096], lib_rt[4096], opt[8], tmp_out[4096];
-    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
-    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
-    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
-    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+/* Link argv (NULL-terminated, at most 64 entries) into `out` through OUT.tmp.PID and rename. */
+static int link_atomically(char **argv, int tmp_at, const char *out, const char *c_path) {
+    char tmp_out[4096];
     snprintf(tmp_out, sizeof tmp_out, "%s.tmp.%ld", out, (long)getpid());
-    char *argv[] = {
-        (char *)cc, "-std=gnu11", opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
-        lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
-        "-o", tmp_out, NULL,
-    };
+    argv[tmp_at] = tmp_out;
     int rc = run_command(argv);
     if (rc != 0) {
         unlink(tmp_out);
@@ -231,6 +251,50 @@ static int build_trainer(const Options *o, const char *c_path, const char *out) 
         return 1;
     }
     return 0;
+}
+
+#ifdef NETC_HAVE_CUDA
+/* A CUDA trainer: the host C and the kernel images, warnings as errors, linked with
+ * libnetrt_cuda, libnetrt, the static CUDA runtime, cuBLASLt and cuDNN. */
+static int build_cuda_trainer(const Options *o, const char *c_path, const char *images_path, const char *out) {
+    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
+    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
+    char inc_rt[4096], inc_rt_cuda[4096], inc_blas[4096], lib_rt[4096], lib_rt_cuda[4096], opt[8], rpath[4096];
+    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
+    snprintf(inc_rt_cuda, sizeof inc_rt_cuda, "-I%s/cuda", rt ? rt : NETC_RT_INCLUDE_DIR);
+    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
+    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
+    snprintf(lib_rt_cuda, sizeof lib_rt_cuda, "%s/cuda/libnetrt_cuda.a", rt ? rt : NETC_RT_LIB_DIR);
+    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+    snprintf(rpath, sizeof rpath, "-Wl,-rpath,%s", NETC_CUDA_LIBRARY_DIR);
+    char *argv[] = {
+        (char *)cc, "-std=gnu11", opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
+        "-I" NETC_CUDA_INCLUDE_DIR, inc_blas, o->tf32 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
+        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY,
+        NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY, NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz",
+        "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
+    };
+    int n = (int)(sizeof argv / sizeof *argv);
+    return link_atomically(argv, n - 2, out, c_path);
+}
+#endif
+
+/* Compile the generated C at c_path into the trainer `out`, atomically. */
+static int build_trainer(const Options *o, const char *c_path, const char *out) {
+    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
+    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
+    char inc_rt[4096], inc_blas[4096], lib_rt[4096], opt[8];
+    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
+    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
+    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
+    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+    char *argv[] = {
+        (char *)cc, "-std=gnu11", opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
+        lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
+        "-o", NULL, NULL,
+    };
+    int n = (int)(sizeof argv / sizeof *argv);
+    return link_atomically(argv, n - 2, out, c_path);
 }
 
 /* Where the generated C goes: --emit-dir/NAME.c, or a private temporary directory. */
@@ -267,15 +331,48 @@ static int write_c(const CgBackend *be, const IrGraph *g, const char *path) {
     return 0;
 }
 
+/* PATH.c -> PATH with another ending: model.c -> model.cu, model_images.c */
+static void sibling(char *dst, size_t size, const char *c_path, const char *ending) {
+    snprintf(dst, size, "%.*s%s", (int)(strlen(c_path) - 2), c_path, ending);
+}
+
+/* The kernels of a device backend: NAME.cu, compiled by NVRTC into NAME_images.c. */
+static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g, const char *c_path, char *images,
+                        size_t size) {
+    char cu[4096];
+    sibling(cu, sizeof cu, c_path, ".cu");
+    sibling(images, size, c_path, "_images.c");
+    FILE *f = fopen(cu, "w");
+    if (!f) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", cu, strerror(errno));
+        return 1;
+    }
+    int rc = be->emit_kernels(g, f);
+    if (fclose(f) != 0 || rc != 0) {
+        fprintf(stderr, "netc: error: writing %s failed\n", cu);
+        return 1;
+    }
+    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
+    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, images);
+    if (!o->emit_dir) unlink(cu);
+    return rc;
+}
+
 static int emit_and_build(const Options *o, const CgBackend *be, const IrGraph *g) {
     char *out = o->output ? strdup(o->output) : default_output(o->input);
     const char *slash = strrchr(out, '/');
-    char c_path[4096], tmpdir[4096] = "";
+    char c_path[4096], images[4096] = "", tmpdir[4096] = "";
     int rc = c_source_path(o, slash ? slash + 1 : out, c_path, sizeof c_path, tmpdir);
     if (!rc) rc = write_c(be, g, c_path);
+    if (!rc && be->emit_kernels) rc = emit_kernels(o, be, g, c_path, images, sizeof images);
+#ifdef NETC_HAVE_CUDA
+    if (!rc) rc = be->emit_kernels ? build_cuda_trainer(o, c_path, images, out) : build_trainer(o, c_path, out);
+#else
     if (!rc) rc = build_trainer(o, c_path, out);
+#endif
     if (*tmpdir) {
         unlink(c_path);
+        if (*images) unlink(images);
         rmdir(tmpdir);
     }
     free(out);
@@ -290,7 +387,7 @@ static int verify(const IrGraph *g, const char *stage) {
 /* The pipeline: parse, analyse, differentiate, plan, emit, build. */
 static int compile(const Options *o, Arena *arena) {
     const CgBackend *be = find_backend(o->backend);
-    if (!be) return usage_error("unknown backend '%s' (available: cpu)", o->backend);
+    if (!be) return usage_error("unknown backend '%s' (available: cpu, cuda)", o->backend);
     AstProgram *prog = parse_file(arena, o->input);
     if (!prog || diag_error_count()) return 1;
     if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
@@ -308,7 +405,7 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "fusion");
     if (!o->no_fuse) fuse_epilogues(g);
     verify(g, "epilogues");
-    if (!o->no_fuse) fuse_reductions(g);
+    if (!o->no_fuse && be->fuse_reductions) fuse_reductions(g);
     verify(g, "reductions");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     mp_plan(g);
@@ -316,6 +413,10 @@ static int compile(const Options *o, Arena *arena) {
     if (o->report) return fuse_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return be->emit(g, stdout);
+    if (o->dump == DUMP_CU) {
+        if (!be->emit_kernels) return usage_error("--dump=cu needs a backend with kernels (--backend cuda)%s", "");
+        return be->emit_kernels(g, stdout);
+    }
     return emit_and_build(o, be, g);
 }
 

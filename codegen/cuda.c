@@ -1,0 +1,778 @@
+/* cuda.c - the CUDA backend: a host C program plus one CUDA C file of kernels per model.
+ *
+ * Requires: a planned graph (mp_plan has run) whose batch-norm sums were not fused into
+ * element-wise loops (the backend's fuse_reductions flag is off); every operand in a layout
+ * its operator reads.
+ *
+ * The device memory is one allocation carved at compile time (see Map): the step state
+ * (rt_devstate.h), the staged batch, parameters, gradients, optimizer state, the memory plan's
+ * arena, and the partial sums of the batch-norm kernels. Every kernel takes the allocation's
+ * base address as its only argument and finds each tensor at a constant offset from it, so the
+ * launches never change and the whole step can be captured once as a CUDA Graph.
+ *
+ * Each IR node becomes:
+ *   - element-wise nodes and fused groups: one kernel, a grid-stride loop whose body is the
+ *     same C expression the CPU backend writes (cexpr.c);
+ *   - SUM_TO: one block per output element and a fixed-order block reduction; SUM and MEAN:
+ *     one block;
+ *   - matrix products and convolutions: a cuBLASLt or cuDNN call on a plan built at start-up;
+ *   - pooling, softmax, losses, accuracy and batch norm: a kernel calling the device function
+ *     of netrt_kernels.cuh with the node's geometry as constants.
+ * Around them, generated kernels keep the step's bookkeeping on the device: the learning rate
+ * and dropout seed at the start of a step, the loss and accuracy sums and the non-finite check
+ * after the backward pass, the optimizer (one kernel over the flat parameter buffer), and the
+ * step counter. Identical kernels (an evaluation node that computes what its training twin
+ * does) are written once.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cexpr.h"
+#include "codegen.h"
+#include "netrt.h"
+#include "passes.h"
+#include "rt_devstate.h"
+
+enum {
+    BLOCK = 256,          /* threads per block of every generated kernel */
+    MAX_GRID = 1 << 20,   /* blocks of a grid-stride kernel; more elements loop */
+    BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
+    ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
+};
+
+/* Where everything lives in the device allocation, in bytes from its base. */
+typedef struct Map {
+    int64_t state, batch, params, grads, optstate, arena, part, total;
+    int64_t batch_bytes;
+    int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
+} Map;
+
+typedef struct Kernel {
+    char name[32];
+    char *body; /* the text between the braces, to find twins */
+} Kernel;
+
+typedef struct Cu {
+    Cg c;              /* c.out: the kernel body being written */
+    const IrGraph *g;
+    Map map;
+    FILE *cu;          /* the kernels file */
+    FILE *step;        /* the host function being written (train or eval) */
+    FILE *plan;        /* the host plan() function */
+    unsigned char *planned; /* planned[id]: node id's library plan exists */
+    Kernel *kernels;
+    int n_kernels, cap;
+    char *buf;         /* the kernel body being written */
+    size_t buf_size;
+} Cu;
+
+static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int64_t bn_blocks(int64_t rows) { return (rows + BN_ROWS - 1) / BN_ROWS; }
+
+/* Rows (N * H * W) and channels of a batch-norm operand. */
+static void bn_dims(const IrNode *x, int64_t *M, int64_t *C, int64_t *HW) {
+    *C = x->shape.dim[1];
+    *HW = ir_numel(&x->shape) / (x->shape.dim[0] * *C);
+    *M = x->shape.dim[0] * *HW;
+}
+
+static Map plan_memory(const IrGraph *g) {
+    Map m = {0};
+    int64_t at = align_up((int64_t)sizeof(RtDevState));
+    m.batch = at;
+    int64_t in = align_up((int64_t)sizeof(RtBatchHeader));
+    for (int i = 0; i < g->n_inputs; i++) {
+        const IrNode *n = g->inputs[i].node;
+        m.input[i] = in;
+        in = align_up(in + ir_numel(&n->shape) * ir_dtype_size(n->dtype));
+    }
+    m.batch_bytes = in;
+    at += in;
+    m.params = at, at = align_up(at + g->n_param_floats * 4);
+    m.grads = at, at = align_up(at + g->n_grad_floats * 4);
+    m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
+    m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
+    int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm */
+    for (int i = 0; i < g->n; i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
+        int64_t M, C, HW;
+        bn_dims(n->in[0], &M, &C, &HW);
+        if (bn_blocks(M) * 2 * C * 8 > part) part = bn_blocks(M) * 2 * C * 8;
+    }
+    m.part = at, at = align_up(at + part);
+    m.total = at;
+    return m;
+}
+
+/* Bytes from the base to node n's first element (views included). */
+static int64_t dev_offset(const Cu *u, const IrNode *n) {
+    const IrNode *r = cg_root(n);
+    int64_t elems = 0;
+    for (const IrNode *v = n; v != r; v = v->in[0])
+        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
+    int64_t bytes = elems * ir_dtype_size(n->dtype);
+    switch (r->storage) {
+    case ST_ARENA: return u->map.arena + r->offset + bytes;
+    case ST_PARAM: return u->map.params + r->offset * 4 + bytes;
+    case ST_GRAD: return u->map.grads + r->offset * 4 + bytes;
+    case ST_INPUT: return u->map.batch + u->map.input[r->index] + bytes;
+    default: ICE("cuda: %%%d = %s has no device storage", n->id, ir_op_name(n->op));
+    }
+}
+
+/* The host expression for a node's device pointer: (const float *)(base + 4096). */
+static void host_ptr(Cu *u, const IrNode *n, int writable) {
+    fprintf(u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
+            dev_offset(u, n));
+}
+
+/* ---- kernels */
+
+static void kernel_open(Cu *u) {
+    u->c.out = open_memstream(&u->buf, &u->buf_size);
+    if (!u->c.out) ICE("cuda: out of memory");
+    memset(u->c.decl, 0, (size_t)u->g->n + 1);
+}
+
+/* Finish the kernel being written: write it to the .cu file unless an identical one exists,
+ * and launch it from the host step with `grid` blocks of `block` threads. */
+static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+    fclose(u->c.out);
+    u->c.out = NULL;
+    int k = 0;
+    while (k < u->n_kernels && strcmp(u->kernels[k].body, u->buf) != 0) k++;
+    if (k == u->n_kernels) {
+        if (u->n_kernels == u->cap) {
+            u->cap = u->cap ? 2 * u->cap : 64;
+            u->kernels = realloc(u->kernels, (size_t)u->cap * sizeof *u->kernels);
+            if (!u->kernels) ICE("cuda: out of memory");
+        }
+        Kernel *kn = &u->kernels[u->n_kernels++];
+        snprintf(kn->name, sizeof kn->name, "%s", name);
+        kn->body = u->buf;
+        fprintf(u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {\n    NETC_CTX(base);\n%s}\n\n",
+                BLOCK, name, u->buf);
+    } else {
+        free(u->buf);
+    }
+    u->buf = NULL;
+    fprintf(u->step, "    rt_cuda_launch(cu, K_%s, %u, %u); // %s\n", u->kernels[k].name, grid, block, what);
+}
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + BLOCK - 1) / BLOCK;
+    return (unsigned)(b < 1 ? 1 : b > MAX_GRID ? MAX_GRID : b);
+}
+
+static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 1 ? 1 : rows > MAX_GRID ? MAX_GRID : rows); }
+
+/* Declare, in the kernel being written, every operand of n that lives in memory. */
+static void declare_operands(Cu *u, const IrNode *n) {
+    for (int k = 0; k < n->n_in; k++) {
+        const IrNode *x = n->in[k];
+        if (u->c.group && x->group == u->c.group) continue;         /* a local of the group's loop */
+        if (x->storage == ST_INLINE && ir_op_kind(n->op) == OPK_EW) continue; /* written as a literal */
+        cg_declare(&u->c, x);
+    }
+}
+
+static void emit_group(Cu *u, const IrNode *head) {
+    Cg *c = &u->c;
+    const IrNode *n;
+    int64_t total = ir_numel(&head->shape);
+    char name[32], what[64];
+    kernel_open(u);
+    cg_group_header(c, head);
+    c->group = head->group; /* operands computed inside the group are locals, not pointers */
+    FOR_MEMBERS(n, head) declare_operands(u, n);
+    c->group = 0;
+    fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
+    cg_group_body(c, head, "        ");
+    fprintf(c->out, "    }\n");
+    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", head->id);
+    snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
+    kernel_close(u, name, grid_for(total), BLOCK, what);
+}
+
+static void emit_ew(Cu *u, const IrNode *n) {
+    Cg *c = &u->c;
+    int64_t total = ir_numel(&n->shape);
+    char name[32];
+    kernel_open(u);
+    cg_comment(c, n);
+    declare_operands(u, n);
+    cg_declare(c, n);
+    fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
+    cg_ew_store(c, n, 0, "        ");
+    fprintf(c->out, "    }\n");
+    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
+}
+
+/* SUM_TO: one block per output element, the reduced elements strided over its threads and
+ * summed in double by a fixed tree (rt_block_sum), so every run gives the same bits. */
+static void emit_sum_to(Cu *u, const IrNode *n) {
+    Cg *c = &u->c;
+    FILE *o;
+    const IrNode *x = n->in[0];
+    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    int nk, nr;
+    int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
+    char name[32];
+    cg_sum_to_axes(n, kept, &nk, red, &nr);
+    kernel_open(u);
+    o = c->out;
+    cg_comment(c, n);
+    cg_declare(c, x);
+    cg_declare(c, n);
+    fprintf(o, "    for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {\n", out_n);
+    fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
+    cg_index_expr(o, "o", kept, nk, 0);
+    fprintf(o, ";\n        double acc = 0;\n");
+    fprintf(o, "        for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)\n            acc += ", red_n);
+    cg_load_open(o, x);
+    fprintf(o, "x[");
+    cg_index_expr(o, "j", red, nr, 0);
+    fprintf(o, "]");
+    cg_load_close(o, x);
+    fprintf(o, ";\n        acc = rt_block_sum(acc);\n");
+    fprintf(o, "        if (threadIdx.x == 0) v%d[o] = (float)acc;\n    }\n", n->id);
+    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_close(u, name, rows_grid(out_n), BLOCK, "sum_to");
+}
+
+static void emit_reduce(Cu *u, const IrNode *n) {
+    Cg *c = &u->c;
+    const IrNode *x = n->in[0];
+    int64_t total = ir_numel(&x->shape);
+    char name[32];
+    if (n->op == OP_SUM_TO) {
+        emit_sum_to(u, n);
+        return;
+    }
+    if (n->dtype != DT_F32 || x->dtype != DT_F32) ICE("cuda: %s of %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
+    int masked = n->op == OP_MEAN && n->attr.batch_masked && x->shape.rank > 0;
+    kernel_open(u);
+    cg_comment(c, n);
+    cg_declare(c, x);
+    cg_declare(c, n);
+    if (masked)
+        fprintf(c->out, "    const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only\n",
+                total / x->shape.dim[0]);
+    else fprintf(c->out, "    const int64_t count = %" PRId64 ";\n", total);
+    fprintf(c->out, "    rt_k_mean(count, v%d, %s, v%d);\n", x->id, n->op == OP_MEAN ? "1.0 / (double)count" : "1.0",
+            n->id);
+    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));
+}
+
+/* ---- library operators */
+
+/* A kernel that calls one device function of netrt_kernels.cuh on the node's pointers. The
+ * call's text is in `call`; the pointers v<id> of n and its operands are declared first. */
+static int mentions(const char *call, int id) {
+    char v[16];
+    int len = snprintf(v, sizeof v, "v%d", id);
+    for (const char *p = call; (p = strstr(p, v)); p += len)
+        if ((p == call || p[-1] == ' ' || p[-1] == '(') && (p[len] < '0' || p[len] > '9')) return 1;
+    return 0;
+}
+
+static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suffix, unsigned grid,
+                       unsigned block) {
+    Cg *c = &u->c;
+    char name[32];
+    kernel_open(u);
+    cg_comment(c, n);
+    for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
+        const IrNode *x = k < n->n_in ? n->in[k] : n;
+        if (mentions(call, x->id)) cg_declare(c, x);
+    }
+    fprintf(c->out, "    %s\n", call);
+    snprintf(name, sizeof name, "%s%d%s", c->eval ? "e" : "k", n->id, suffix);
+    kernel_close(u, name, grid, block, ir_op_name(n->op));
+}
+
+static void emit_matmul(Cu *u, const IrNode *n) {
+    const IrNode *a = n->in[0], *b = n->in[1];
+    int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
+    int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1], K = a->shape.dim[r - 1 - ta];
+    int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1], batch = r == 3 ? n->shape.dim[0] : 1;
+    if (!u->planned[n->id]) {
+        u->planned[n->id] = 1;
+        fprintf(u->plan, "    gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                         ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                         ", RT_EPI_NONE);\n",
+                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N);
+    }
+    fprintf(u->step, "    rt_cuda_gemm(cu, gemm%d, ", n->id);
+    host_ptr(u, a, 0), fprintf(u->step, ", "), host_ptr(u, b, 0), fprintf(u->step, ", "), host_ptr(u, n, 1);
+    fprintf(u->step, ", NULL);\n");
+}
+
+static void emit_conv(Cu *u, const IrNode *n) {
+    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
+    const IrShape *y = n->op == OP_CONV2D ? &n->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    const IrAttrs *a = &n->attr;
+    int which = n->op == OP_CONV2D ? 0 : n->op == OP_CONV2D_BWD_DATA ? 1 : 2;
+    if (!u->planned[n->id]) {
+        u->planned[n->id] = 1;
+        fprintf(u->plan, "    static const RtConv geom%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
+                         ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
+                         ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
+                         ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
+                n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3], y->dim[2],
+                y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d);\n", n->id, n->id, which,
+                ir_operand_layout(n, 0) == LAYOUT_NHWC);
+    }
+    fprintf(u->step, "    rt_cuda_conv(cu, conv%d, ", n->id);
+    host_ptr(u, n->in[0], 0), fprintf(u->step, ", "), host_ptr(u, n->in[1], 0), fprintf(u->step, ", ");
+    host_ptr(u, n, 1), fprintf(u->step, ");\n");
+}
+
+static void emit_pool(Cu *u, const IrNode *n) {
+    int bwd = n->op == OP_MAXPOOL2D_BWD || n->op == OP_AVGPOOL2D_BWD;
+    int max = n->op == OP_MAXPOOL2D || n->op == OP_MAXPOOL2D_BWD;
+    const IrShape *x = bwd ? &n->shape : &n->in[0]->shape;
+    const IrShape *y = bwd ? &n->in[n->n_in - 1]->shape : &n->shape;
+    const IrAttrs *a = &n->attr;
+    char call[512];
+    int at = snprintf(call, sizeof call,
+                      "rt_k_%spool_%s(RtKPool{%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                      ", %" PRId64 ", %d, %d, %d, %d, %d, %d}, %d",
+                      max ? "max" : "avg", bwd ? "bwd" : "fwd", x->dim[0], x->dim[1], x->dim[2], x->dim[3], y->dim[2],
+                      y->dim[3], a->kernel[0], a->kernel[1], a->stride[0], a->stride[1], a->pad[0], a->pad[1],
+                      n->layout == LAYOUT_NHWC);
+    for (int k = 0; k < n->n_in; k++) at += snprintf(call + at, sizeof call - (size_t)at, ", v%d", n->in[k]->id);
+    snprintf(call + at, sizeof call - (size_t)at, ", v%d);", n->id);
+    lib_kernel(u, n, call, "", grid_for(ir_numel(&n->shape)), BLOCK); /* outputs, or inputs gathered */
+}
+
+/* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
+static void emit_rows(Cu *u, const IrNode *n) {
+    const IrShape *s = &n->in[0]->shape;
+    int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
+    int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
+    char call[512], lit[48];
+    FILE *f = fmemopen(lit, sizeof lit, "w");
+    cg_lit(f, n->attr.smoothing);
+    fclose(f);
+    switch (n->op) {
+    case OP_SOFTMAX:
+        snprintf(call, sizeof call, "rt_k_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", rows, cols, a, n->id);
+        break;
+    case OP_SOFTMAX_BWD:
+        snprintf(call, sizeof call, "rt_k_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", rows, cols, a, b, n->id);
+        break;
+    case OP_XENT:
+        snprintf(call, sizeof call, "rt_k_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, ctx->n_valid, v%d);", rows,
+                 cols, a, b, lit, n->id);
+        break;
+    case OP_XENT_BWD:
+        snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows, cols, a,
+                 b, lit, n->in[2]->id, n->id);
+        break;
+    default: /* OP_ACCURACY: one block counts */
+        snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);", rows, cols,
+                 a, b, n->id);
+        lib_kernel(u, n, call, "", 1, BLOCK);
+        return;
+    }
+    lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+}
+
+/* Batch-norm statistics and backward sums: per fixed block of rows, then over the blocks in
+ * order (two kernels), into the shared partial-sum region. */
+static void emit_bn(Cu *u, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    int64_t M, C, HW;
+    bn_dims(x, &M, &C, &HW);
+    int64_t nb = bn_blocks(M);
+    int nhwc = x->layout == LAYOUT_NHWC;
+    char call[512];
+    const char *part = "(double *)(base + NETC_OFF_PART)";
+    if (n->op == OP_BN_BWD_SUMS) {
+        snprintf(call, sizeof call, "rt_k_bn_bwd_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s);", M,
+                 C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);
+        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+        snprintf(call, sizeof call, "rt_k_bn_bwd_final(%" PRId64 ", %" PRId64 ", %s, v%d);", C, nb, part, n->id);
+        lib_kernel(u, n, call, "_sum", grid_for(2 * C), BLOCK);
+        return;
+    }
+    const IrParam *rm = &u->g->params[n->attr.stat_param];
+    char eps[48], mom[48];
+    snprintf(eps, sizeof eps, "%.17g", n->attr.eps);
+    snprintf(mom, sizeof mom, "%.17g", n->attr.momentum);
+    if (!u->c.eval) {
+        snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW,
+                 nhwc, x->id, part);
+        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+    }
+    snprintf(call, sizeof call,
+             "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, ctx->params + %" PRId64
+             ", %d);",
+             M, C, nb, part, n->id, eps, mom, rm->offset, !u->c.eval);
+    lib_kernel(u, n, call, "_stats", grid_for(C), BLOCK);
+}
+
+static void emit_lib(Cu *u, const IrNode *n) {
+    for (int k = 0; k <= n->n_in; k++) {
+        const IrNode *x = k < n->n_in ? n->in[k] : n;
+        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
+        if (want >= 0 && !ir_stored_as(x, (IrLayout)want)) ICE("cuda: %s on a tensor in another layout", ir_op_name(n->op));
+        if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("cuda: %s on %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
+    }
+    switch (n->op) {
+    case OP_MATMUL: emit_matmul(u, n); break;
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER: emit_conv(u, n); break;
+    case OP_MAXPOOL2D:
+    case OP_MAXPOOL2D_BWD:
+    case OP_AVGPOOL2D:
+    case OP_AVGPOOL2D_BWD: emit_pool(u, n); break;
+    case OP_SOFTMAX:
+    case OP_SOFTMAX_BWD:
+    case OP_XENT:
+    case OP_XENT_BWD:
+    case OP_ACCURACY: emit_rows(u, n); break;
+    case OP_BN_STATS:
+    case OP_BN_BWD_SUMS: emit_bn(u, n); break;
+    default: ICE("cuda: no kernel for %s", ir_op_name(n->op));
+    }
+}
+
+static void emit_node(Cu *u, const IrNode *n) {
+    IrOpKind kind = ir_op_kind(n->op);
+    if (n->storage == ST_INLINE || kind == OPK_SOURCE || kind == OPK_VIEW) return; /* no work */
+    if (n->fused_into) ICE("cuda: batch-norm sums fused into a loop");
+    if (n->group) {
+        if (!u->c.done[n->group]) emit_group(u, n);
+        return;
+    }
+    switch (kind) {
+    case OPK_EW: emit_ew(u, n); break;
+    case OPK_REDUCE: emit_reduce(u, n); break;
+    default: emit_lib(u, n); break;
+    }
+}
+
+/* ---- the step's bookkeeping on the device */
+
+/* A kernel whose body is `text`, launched on one thread (or a grid for `n` elements). */
+static void small_kernel(Cu *u, const char *name, const char *text, int64_t n, const char *what) {
+    kernel_open(u);
+    fputs(text, u->c.out);
+    kernel_close(u, name, n ? grid_for(n) : 1, n ? BLOCK : 1, what);
+}
+
+/* The learning rate at st->step, as rt_lr_at computes it on the host. */
+static void emit_step_begin(Cu *u) {
+    const IrTrain *t = &u->g->train;
+    kernel_open(u);
+    FILE *o = u->c.out;
+    fprintf(o, "    RtDevState *st = ctx->state;\n");
+    fprintf(o, "    st->step_seed = rt_step_seed(st->seed, st->step);\n");
+    if (t->sched != SCHED_CONSTANT) fprintf(o, "    const double e = (double)st->step / (double)st->per_epoch;\n");
+    fprintf(o, "    double lr = "), cg_dbl(o, t->lr);
+    fprintf(o, ";\n");
+    if (t->sched == SCHED_STEP) {
+        fprintf(o, "    lr *= pow("), cg_dbl(o, t->gamma), fprintf(o, ", floor(e / "), cg_dbl(o, t->step_epochs);
+        fprintf(o, "));\n");
+    } else if (t->sched == SCHED_COSINE) {
+        fprintf(o, "    const double total = (double)st->total / (double)st->per_epoch;\n");
+        fprintf(o, "    lr = "), cg_dbl(o, t->min_lr), fprintf(o, " + ("), cg_dbl(o, t->lr), fprintf(o, " - ");
+        cg_dbl(o, t->min_lr), fprintf(o, ") * (1 + cos(3.141592653589793 * fmin(e / total, 1.0))) / 2;\n");
+    }
+    if (t->warmup_epochs > 0) {
+        fprintf(o, "    const double warm = "), cg_dbl(o, t->warmup_epochs), fprintf(o, " * (double)st->per_epoch;\n");
+        fprintf(o, "    if ((double)st->step < warm) lr *= ((double)st->step + 1) / warm;\n");
+    }
+    fprintf(o, "    st->lr = (float)lr;\n");
+    kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
+}
+
+/* Loss and accuracy into the sums; a non-finite loss stops every later update. */
+static void emit_step_end(Cu *u, int eval) {
+    const IrGraph *g = u->g;
+    char text[1024];
+    char correct[64] = "0.0f";
+    if (g->correct) snprintf(correct, sizeof correct, "*(const float *)(base + %" PRId64 ")", dev_offset(u, g->correct));
+    if (eval)
+        snprintf(text, sizeof text,
+                 "    RtDevState *st = ctx->state;\n"
+                 "    st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;\n"
+                 "    st->eval_correct += (double)%s;\n",
+                 dev_offset(u, g->loss), correct);
+    else
+        snprintf(text, sizeof text,
+                 "    RtDevState *st = ctx->state;\n"
+                 "    const float loss = *(const float *)(base + %" PRId64 ");\n"
+                 "    st->loss = loss;\n    st->correct = %s;\n"
+                 "    if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;\n"
+                 "    st->loss_sum += (double)loss;\n    st->loss_steps += 1;\n",
+                 dev_offset(u, g->loss), correct);
+    small_kernel(u, eval ? "eval_end" : "step_end", text, 0, eval ? "evaluation sums" : "loss sums, non-finite check");
+}
+
+/* Gradients the memory plan could not place in the gradient buffer are copied there. */
+static void emit_grad_copies(Cu *u) {
+    const IrGraph *g = u->g;
+    for (int i = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        if (!p->trainable || (p->grad && cg_in_place(p))) continue;
+        int64_t n = ir_numel(&p->node->shape);
+        char name[32], what[160];
+        kernel_open(u);
+        FILE *o = u->c.out;
+        fprintf(o, "    // d "), cg_comment_text(o, p->name), fprintf(o, "\n");
+        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(&u->c, p->grad);
+        fprintf(o, "    NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
+        if (!p->grad) fprintf(o, "0.0f");
+        else if (p->grad->storage == ST_INLINE) cg_lit(o, cg_const_value(p->grad));
+        else fprintf(o, "v%d[i]", p->grad->id);
+        fprintf(o, ";\n");
+        snprintf(name, sizeof name, "grad%d", i);
+        snprintf(what, sizeof what, "gradient of %.120s", p->name);
+        kernel_close(u, name, grid_for(n), BLOCK, what);
+    }
+}
+
+/* One update of the flat parameter buffer with PyTorch's formulas, skipped once a loss was
+ * not finite. */
+static void emit_optimizer(Cu *u) {
+    const IrTrain *t = &u->g->train;
+    int64_t n = u->g->n_grad_floats;
+    if (n == 0) return;
+    kernel_open(u);
+    FILE *o = u->c.out;
+    fprintf(o, "    const RtDevState *st = ctx->state;\n    if (st->nonfinite_step) return;\n");
+    fprintf(o, "    float *p = ctx->params;\n    const float *g = ctx->grads;\n    const float lr = st->lr;\n");
+    if (t->optim == OPTIM_SGD) {
+        fprintf(o, "    // torch.optim.SGD(lr, momentum=%g, dampening=%g, weight_decay=%g, nesterov=%s)\n", t->momentum,
+                t->dampening, t->weight_decay, t->nesterov ? "True" : "False");
+        if (t->momentum != 0)
+            fprintf(o, "    float *buf = ctx->optstate;\n    const int first = st->step == 0;\n");
+        fprintf(o, "    NETC_FOR(i, %" PRId64 ") {\n        float d = g[i]", n);
+        if (t->weight_decay != 0) fprintf(o, " + "), cg_lit(o, t->weight_decay), fprintf(o, " * p[i]");
+        fprintf(o, ";\n");
+        if (t->momentum != 0) {
+            fprintf(o, "        buf[i] = first ? d : buf[i] * "), cg_lit(o, t->momentum);
+            if (t->dampening != 0) fprintf(o, " + "), cg_lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
+            else fprintf(o, " + d;\n");
+            if (t->nesterov) fprintf(o, "        d = d + "), cg_lit(o, t->momentum), fprintf(o, " * buf[i];\n");
+            else fprintf(o, "        d = buf[i];\n");
+        }
+        fprintf(o, "        p[i] -= lr * d;\n    }\n");
+    } else {
+        fprintf(o, "    // torch.optim.AdamW(lr, betas=(%g, %g), eps=%g, weight_decay=%g, amsgrad=False)\n", t->beta1,
+                t->beta2, t->eps, t->weight_decay);
+        fprintf(o, "    float *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n", n);
+        fprintf(o, "    const double bc1 = 1.0 - pow("), cg_dbl(o, t->beta1), fprintf(o, ", (double)(st->step + 1));\n");
+        fprintf(o, "    const double bc2 = 1.0 - pow("), cg_dbl(o, t->beta2), fprintf(o, ", (double)(st->step + 1));\n");
+        fprintf(o, "    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
+        if (t->weight_decay != 0) {
+            fprintf(o, "    const float decay = (float)(1.0 - (double)lr * "), cg_dbl(o, t->weight_decay);
+            fprintf(o, ");\n");
+        }
+        fprintf(o, "    NETC_FOR(i, %" PRId64 ") {\n", n);
+        if (t->weight_decay != 0) fprintf(o, "        p[i] *= decay;\n");
+        fprintf(o, "        m[i] += "), cg_lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
+        fprintf(o, "        v[i] = v[i] * "), cg_lit(o, t->beta2), fprintf(o, " + "), cg_lit(o, 1 - t->beta2);
+        fprintf(o, " * g[i] * g[i];\n");
+        fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), cg_lit(o, t->eps);
+        fprintf(o, "));\n    }\n");
+    }
+    kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
+}
+
+/* ---- the two step functions */
+
+static FILE *open_step(char **buf, size_t *size) {
+    FILE *f = open_memstream(buf, size);
+    if (!f) ICE("cuda: out of memory");
+    return f;
+}
+
+static void walk(Cu *u, int eval) {
+    const IrGraph *g = u->g;
+    u->c.eval = eval;
+    memset(u->c.done, 0, (size_t)g->n_groups + 1);
+    int end = eval ? g->n_fwd : g->n;
+    if (!eval) emit_step_begin(u);
+    for (int i = 0; i < end; i++) {
+        if (i == g->n_fwd) fprintf(u->step, "    // ---- backward\n");
+        emit_node(u, g->nodes[i]);
+    }
+    if (!eval) emit_grad_copies(u);
+    emit_step_end(u, eval);
+    if (!eval) {
+        emit_optimizer(u);
+        small_kernel(u, "step_advance", "    ctx->state->step += 1;\n", 0, "the step counter");
+    }
+    u->c.eval = 0;
+}
+
+/* ---- the .cu file */
+
+static void emit_cu_prologue(Cu *u, FILE *o) {
+    const IrGraph *g = u->g;
+    fprintf(o, "// "), cg_comment_text(o, g->model_name);
+    fprintf(o, ".cu - the GPU kernels of model '"), cg_comment_text(o, g->model_name);
+    fprintf(o, "', generated by netc.\n// Do not edit: change the .net file and run netc again. netc compiles this file\n"
+               "// with NVRTC and embeds the result in the trainer.\n//\n");
+    fprintf(o, "// Every kernel takes the base of the trainer's one device allocation; NETC_CTX finds\n"
+               "// the regions in it (offsets from the memory plan), so the launches never change.\n\n");
+    fprintf(o, "#include \"rt_devstate.h\"\n#include \"netrt_kernels.cuh\"\n\n");
+    fprintf(o, "#define NETC_OFF_STATE %" PRId64 "LL\n#define NETC_OFF_BATCH %" PRId64 "LL\n", u->map.state, u->map.batch);
+    fprintf(o, "#define NETC_OFF_PARAMS %" PRId64 "LL\n#define NETC_OFF_GRADS %" PRId64 "LL\n", u->map.params,
+            u->map.grads);
+    fprintf(o, "#define NETC_OFF_OPTSTATE %" PRId64 "LL\n#define NETC_OFF_ARENA %" PRId64 "LL\n", u->map.optstate,
+            u->map.arena);
+    fprintf(o, "#define NETC_OFF_PART %" PRId64 "LL\n\n", u->map.part);
+    fprintf(o, "// The names the shared C expressions use: ctx->arena, ctx->params, ctx->inputs[k], ...\n");
+    fprintf(o, "struct NetCtx {\n    unsigned char *arena;\n    float *params, *grads, *optstate;\n"
+               "    const void *inputs[%d];\n    RtDevState *state;\n    uint64_t seed;   // this step's dropout seed\n"
+               "    int64_t n_valid; // rows of the batch that are real samples\n};\n\n",
+            g->n_inputs > 0 ? g->n_inputs : 1);
+    fprintf(o, "static __device__ __forceinline__ NetCtx netc_ctx(unsigned char *base) {\n    NetCtx c;\n"
+               "    c.arena = base + NETC_OFF_ARENA;\n    c.params = (float *)(base + NETC_OFF_PARAMS);\n"
+               "    c.grads = (float *)(base + NETC_OFF_GRADS);\n    c.optstate = (float *)(base + NETC_OFF_OPTSTATE);\n");
+    for (int i = 0; i < g->n_inputs; i++)
+        fprintf(o, "    c.inputs[%d] = base + NETC_OFF_BATCH + %" PRId64 ";\n", i, u->map.input[i]);
+    if (!g->n_inputs) fprintf(o, "    c.inputs[0] = 0;\n");
+    fprintf(o, "    c.state = (RtDevState *)(base + NETC_OFF_STATE);\n    c.seed = c.state->step_seed;\n"
+               "    c.n_valid = ((const RtBatchHeader *)(base + NETC_OFF_BATCH))->n_valid;\n    return c;\n}\n\n");
+    fprintf(o, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx\n");
+    fprintf(o, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
+               "i += (int64_t)gridDim.x * blockDim.x)\n\n");
+    Cg c = {.g = g, .out = o, .fn_qual = "static __device__ __forceinline__ "};
+    cg_emit_helpers(&c);
+    fprintf(o, "// ---- kernels, in the order the step launches them\n\n");
+}
+
+/* ---- the host program */
+
+static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const char *eval) {
+    const IrGraph *g = u->g;
+    const IrTrain *t = &g->train;
+    fprintf(o, "// "), cg_comment_text(o, g->model_name);
+    fprintf(o, ".c - the GPU trainer for model '"), cg_comment_text(o, g->model_name);
+    fprintf(o, "', generated by netc from "), cg_comment_text(o, g->source_path);
+    fprintf(o, ".\n// Do not edit: change the .net file and run netc again.\n//\n");
+    fprintf(o, "// The training step runs on the GPU. train() and eval() enqueue one step's kernels and\n"
+               "// library calls on the stream; libnetrt_cuda captures each once as a CUDA Graph and\n"
+               "// replays it every step (or launches them one by one with --no-graph). The kernels are\n"
+               "// in the .cu file beside this one, compiled by netc with NVRTC; their images are linked in.\n//\n");
+    fprintf(o, "// Device memory, one allocation of %" PRId64 " bytes:\n", u->map.total);
+    fprintf(o, "//   %12" PRId64 "  step state (RtDevState)\n//   %12" PRId64 "  the staged batch (%" PRId64
+               " bytes)\n//   %12" PRId64 "  parameters (%" PRId64 " floats)\n//   %12" PRId64
+               "  gradients (%" PRId64 " floats)\n//   %12" PRId64 "  optimizer state\n//   %12" PRId64
+               "  activations and temporaries, from the memory plan (%" PRId64 " bytes)\n//   %12" PRId64
+               "  batch-norm partial sums\n\n",
+            u->map.state, u->map.batch, u->map.batch_bytes, u->map.params, g->n_param_floats, u->map.grads,
+            g->n_grad_floats, u->map.optstate, u->map.arena, g->arena_bytes, u->map.part);
+    fprintf(o, "#include <stddef.h>\n#include <stdint.h>\n\n#include \"netrt.h\"\n#include \"netrt_cuda.h\"\n\n");
+    fprintf(o, "// The arithmetic of matrix products and convolutions: netc --precision tf32 defines this\n"
+               "// as RT_MATH_TF32.\n#ifndef NETC_MATH\n#define NETC_MATH RT_MATH_FP32\n#endif\n\n");
+    fprintf(o, "// ---- model description\n\n");
+    Cg c = {.g = g, .out = o};
+    cg_emit_description(&c);
+    fprintf(o, "// ---- kernels\n\nextern const RtCudaImage netc_images[];\nextern const int netc_n_images;\n\n");
+    fprintf(o, "enum {\n");
+    for (int k = 0; k < u->n_kernels; k++) fprintf(o, "    K_%s,\n", u->kernels[k].name);
+    fprintf(o, "    N_KERNELS\n};\n\nstatic const char *const kernel_names[N_KERNELS] = {\n");
+    for (int k = 0; k < u->n_kernels; k++) fprintf(o, "    \"%s\",\n", u->kernels[k].name);
+    fprintf(o, "};\n\n// ---- library plans, built once at start-up\n\n");
+    for (int i = 0; i < g->n; i++) {
+        if (!u->planned[g->nodes[i]->id]) continue;
+        const IrNode *n = g->nodes[i];
+        if (n->op == OP_MATMUL) fprintf(o, "static RtGemmPlan *gemm%d;\n", n->id);
+        else fprintf(o, "static RtCudaConvPlan *conv%d;\n", n->id);
+    }
+    fprintf(o, "\nstatic void plan(RtCuda *cu) {\n    (void)cu;\n%s}\n\n", plan);
+    fprintf(o, "// ---- the training step: forward, backward, sums, optimizer\n\n");
+    fprintf(o, "static void train(RtCuda *cu) {\n    unsigned char *const base = rt_cuda_base(cu);\n    (void)base;\n%s}\n\n",
+            train);
+    fprintf(o, "// ---- evaluation: the forward pass with running statistics, dropout off\n\n");
+    fprintf(o, "static void eval(RtCuda *cu) {\n    unsigned char *const base = rt_cuda_base(cu);\n    (void)base;\n%s}\n\n",
+            eval);
+    fprintf(o, "// ---- entry point\n\nstatic const RtCudaModel cuda_model = {\n");
+    fprintf(o, "    .kernel_names = kernel_names,\n    .n_kernels = N_KERNELS,\n");
+    fprintf(o, "    .device_bytes = %" PRId64 ",\n    .off_params = %" PRId64 ",\n    .off_grads = %" PRId64
+               ",\n    .off_optstate = %" PRId64 ",\n    .off_state = %" PRId64 ",\n    .off_batch = %" PRId64
+               ",\n    .batch_bytes = %" PRId64 ",\n    .off_input = {",
+            u->map.total, u->map.params, u->map.grads, u->map.optstate, u->map.state, u->map.batch,
+            u->map.batch_bytes);
+    for (int i = 0; i < g->n_inputs; i++) fprintf(o, "%s%" PRId64, i ? ", " : "", u->map.input[i]);
+    fprintf(o, "%s},\n    .math = NETC_MATH,\n    .plan = plan,\n    .train = train,\n    .eval = eval,\n};\n\n",
+            g->n_inputs ? "" : "0");
+    fprintf(o, "static const RtModel model = {\n    .name = "), cg_cstr(o, g->model_name);
+    fprintf(o, ",\n    .source = "), cg_cstr(o, g->source_path);
+    fprintf(o, ",\n    .batch = %" PRId64 ",\n", g->batch);
+    fprintf(o, "    .n_inputs = %d,\n    .inputs = %s,\n", g->n_inputs, g->n_inputs ? "inputs" : "NULL");
+    fprintf(o, "    .n_params = %d,\n    .params = %s,\n", g->n_params, g->n_params ? "params" : "NULL");
+    fprintf(o, "    .n_param_floats = %" PRId64 ",\n    .n_grad_floats = %" PRId64 ",\n", g->n_param_floats,
+            g->n_grad_floats);
+    fprintf(o, "    .n_state_slots = %d,\n    .arena_bytes = 64,\n", cg_state_slots(t));
+    fprintf(o, "    .optim = %s,\n", t->optim == OPTIM_SGD ? "RT_OPTIM_SGD" : "RT_OPTIM_ADAMW");
+    cg_emit_schedule(o, t);
+    fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n", t->epochs,
+            t->eval_every, t->log_every);
+    fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, cg_loss_names[t->loss_kind]);
+    fprintf(o, "    .device = &rt_cuda_device,\n    .device_model = &cuda_model,\n};\n\n");
+    fprintf(o, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
+}
+
+/* Walk the graph once and write the kernels (cu) and the host program (host); either may be
+ * NULL. The images' table, netc_images, is written by the driver after NVRTC has run. */
+static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
+    if (!g->loss) ICE("cuda: the graph has no loss");
+    Cu u = {.g = g};
+    u.c = (Cg){.g = g};
+    u.c.read = xcalloc((size_t)g->n + 1, 1);
+    u.c.decl = xcalloc((size_t)g->n + 1, 1);
+    u.c.done = xcalloc((size_t)g->n_groups + 1, 1);
+    u.c.fold = xcalloc((size_t)g->n + 1, sizeof *u.c.fold); /* no folding on the GPU: cuDNN runs the convolution */
+    u.planned = xcalloc((size_t)g->n + 1, 1);
+    u.map = plan_memory(g);
+    char *kbuf = NULL, *pbuf = NULL, *tbuf = NULL, *ebuf = NULL;
+    size_t ksize, psize, tsize, esize;
+    u.cu = open_step(&kbuf, &ksize);
+    u.plan = open_step(&pbuf, &psize);
+    u.step = open_step(&tbuf, &tsize);
+    walk(&u, 0);
+    fclose(u.step);
+    u.step = open_step(&ebuf, &esize);
+    walk(&u, 1);
+    fclose(u.step);
+    fclose(u.plan);
+    fclose(u.cu);
+    if (cu_out) {
+        emit_cu_prologue(&u, cu_out);
+        fputs(kbuf, cu_out);
+    }
+    if (host_out) emit_host(&u, host_out, pbuf, tbuf, ebuf);
+    for (int k = 0; k < u.n_kernels; k++) free(u.kernels[k].body);
+    free(u.kernels), free(kbuf), free(pbuf), free(tbuf), free(ebuf);
+    free(u.c.read), free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned);
+    int bad = (cu_out && ferror(cu_out)) || (host_out && ferror(host_out));
+    return bad ? 1 : 0;
+}
+
+static int emit_host_only(const IrGraph *g, FILE *out) { return emit_both(g, NULL, out); }
+static int emit_kernels_only(const IrGraph *g, FILE *out) { return emit_both(g, out, NULL); }
+
+const CgBackend cg_cuda = {
+    .name = "cuda",
+    .description = "host C with CUDA C kernels (NVRTC), cuDNN and cuBLASLt; the step is one CUDA Graph",
+    .emit = emit_host_only,
+    .emit_kernels = emit_kernels_only,
+    .fuse_reductions = 0,
+};
