@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what netc needs (Debian packages) and build it into build/.
 #   scripts/setup.sh            install missing packages, configure and build
-# Environment: BUILD_DIR (default build), NETC_WERROR=ON for warnings as errors.
+# Environment: BUILD_DIR (default build), NETC_WERROR=ON for warnings as errors, NETC_CUDA=ON to
+# require the CUDA backend (the CUDA toolkit and cuDNN, e.g. under /usr/local/cuda; AUTO, the
+# default, builds it when they are found).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,5 +29,6 @@ if ((${#missing[@]})); then
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" -DNETC_SANITIZE="${NETC_SANITIZE:-OFF}" >/dev/null
+cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" -DNETC_SANITIZE="${NETC_SANITIZE:-OFF}" \
+      -DNETC_CUDA="${NETC_CUDA:-AUTO}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"

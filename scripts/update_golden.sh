@@ -8,6 +8,9 @@ for model in mlp lenet; do
     tests/golden/run_golden.sh --update $stage "$netc" models/$model.net tests/golden/ir/$model.$stage
   done
 done
+for stage in cuda-c cuda-cu; do
+  tests/golden/run_golden.sh --update $stage "$netc" models/mlp.net tests/golden/ir/mlp.$stage
+done
 for f in tests/golden/errors/*.net; do
   tests/golden/run_golden.sh --update err "$netc" "$f" "${f%.net}.err"
 done

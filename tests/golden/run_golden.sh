@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Golden tests: run netc on a .net file and diff what it prints with the expected file.
 #   run_golden.sh [--update] STAGE NETC FILE.net EXPECTED
-# STAGE is ir, grad or memplan (netc --dump=STAGE, stdout, must succeed) or err (netc --check,
-# stderr, must fail with exit status 1). netc runs in the .net file's directory on its base
+# STAGE is ir, grad or memplan (netc --dump=STAGE, stdout, must succeed), cuda-c or cuda-cu
+# (netc --backend cuda --dump=c|cu: the generated host program and kernels), or err (netc
+# --check, stderr, must fail with exit status 1). netc runs in the .net file's directory on its base
 # name, so messages carry no machine-specific paths. --update rewrites EXPECTED instead.
 set -uo pipefail
 update=0
@@ -18,7 +19,11 @@ if [ "$stage" = err ]; then
   rc=$?
   if [ $rc -ne 1 ]; then echo "expected exit status 1, got $rc"; cat "$actual"; exit 1; fi
 else
-  "$netc" "$(basename "$file")" --dump="$stage" >"$actual"
+  case "$stage" in
+    cuda-*) args=(--backend cuda --dump="${stage#cuda-}") ;;
+    *) args=(--dump="$stage") ;;
+  esac
+  "$netc" "$(basename "$file")" "${args[@]}" >"$actual"
   rc=$?
   if [ $rc -ne 0 ]; then echo "netc failed with exit status $rc"; exit 1; fi
 fi
