@@ -61,6 +61,7 @@ typedef struct Cu {
     FILE *step;        /* the host function being written (train or eval) */
     FILE *plan;        /* the host plan() function */
     unsigned char *planned; /* planned[id]: node id's library plan exists */
+    int *readers;      /* readers[id]: nodes of the training step that read node id */
     Kernel *kernels;
     int n_kernels, cap;
     char *buf;         /* the kernel body being written */
@@ -296,8 +297,39 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
     kernel_close(u, name, grid, block, ir_op_name(n->op));
 }
 
+/* A product whose epilogue group is exactly `mm + bias` or `relu(mm + bias)`, with only the
+ * group's last value read elsewhere and the product read by nothing else: cuBLASLt computes
+ * the group in its epilogue (BIAS, RELU_BIAS) and writes the last value directly. Returns that
+ * value and sets *bias and *epi, or NULL. */
+static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **bias, const char **epi) {
+    const IrGraph *g = u->g;
+    if (!mm->epilogue || mm->shape.rank != 2 || u->readers[mm->id] != 1) return NULL;
+    const char *kind = epilogue_kind(g, mm);
+    if (strcmp(kind, "BIAS") != 0 && strcmp(kind, "RELU_BIAS") != 0) return NULL;
+    const IrNode *add = NULL, *last = NULL;
+    for (int i = mm->id + 1; i < g->n; i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->op == OP_CONST) continue;
+        if (n->group != mm->epilogue) break;
+        if (n->op == OP_ADD) add = n;
+        if (last && !last->internal) return NULL; /* a value before the last one is stored: keep the kernel */
+        last = n;
+    }
+    if (!add || (add->in[0] != mm && add->in[1] != mm) || last->internal) return NULL;
+    *bias = add->in[0] == mm ? add->in[1] : add->in[0];
+    if (ir_numel(&(*bias)->shape) != mm->shape.dim[1] || cg_root(*bias)->storage != ST_PARAM) return NULL;
+    *epi = strcmp(kind, "BIAS") == 0 ? "RT_EPI_BIAS" : "RT_EPI_RELU_BIAS";
+    return last;
+}
+
 static void emit_matmul(Cu *u, const IrNode *n) {
-    const IrNode *a = n->in[0], *b = n->in[1];
+    const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *out = n;
+    const char *epi = "RT_EPI_NONE";
+    const IrNode *last = lt_epilogue(u, n, &bias, &epi);
+    if (last) { /* the group is the product's epilogue: no kernel of its own */
+        u->c.done[n->epilogue] = 1;
+        out = last;
+    }
     int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
     int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1], K = a->shape.dim[r - 1 - ta];
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1], batch = r == 3 ? n->shape.dim[0] : 1;
@@ -305,12 +337,18 @@ static void emit_matmul(Cu *u, const IrNode *n) {
         u->planned[n->id] = 1;
         fprintf(u->plan, "    gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
                          ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", RT_EPI_NONE);\n",
-                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N);
+                         ", %s);\n",
+                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi);
     }
+    if (last)
+        fprintf(u->step, "    // with its epilogue, fused group %d (%s): cuBLASLt writes %%%d\n", n->epilogue,
+                epilogue_kind(u->g, n), last->id);
     fprintf(u->step, "    rt_cuda_gemm(cu, gemm%d, ", n->id);
-    host_ptr(u, a, 0), fprintf(u->step, ", "), host_ptr(u, b, 0), fprintf(u->step, ", "), host_ptr(u, n, 1);
-    fprintf(u->step, ", NULL);\n");
+    host_ptr(u, a, 0), fprintf(u->step, ", "), host_ptr(u, b, 0), fprintf(u->step, ", "), host_ptr(u, out, 1);
+    fprintf(u->step, ", ");
+    if (bias) host_ptr(u, bias, 0);
+    else fprintf(u->step, "NULL");
+    fprintf(u->step, ");\n");
 }
 
 static void emit_conv(Cu *u, const IrNode *n) {
@@ -652,7 +690,7 @@ static void emit_cu_prologue(Cu *u, FILE *o) {
     fprintf(o, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx\n");
     fprintf(o, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
                "i += (int64_t)gridDim.x * blockDim.x)\n\n");
-    Cg c = {.g = g, .out = o, .fn_qual = "static __device__ __forceinline__ "};
+    Cg c = {.g = g, .out = o, .fn_qual = "__device__ __forceinline__ "}; /* not static: unused ones stay silent */
     cg_emit_helpers(&c);
     fprintf(o, "// ---- kernels, in the order the step launches them\n\n");
 }
@@ -741,6 +779,9 @@ static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
     u.c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u.c.fold = xcalloc((size_t)g->n + 1, sizeof *u.c.fold); /* no folding on the GPU: cuDNN runs the convolution */
     u.planned = xcalloc((size_t)g->n + 1, 1);
+    u.readers = xcalloc((size_t)g->n + 1, sizeof *u.readers);
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) u.readers[g->nodes[i]->in[k]->id]++;
     u.map = plan_memory(g);
     char *kbuf = NULL, *pbuf = NULL, *tbuf = NULL, *ebuf = NULL;
     size_t ksize, psize, tsize, esize;
@@ -761,7 +802,7 @@ static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
     if (host_out) emit_host(&u, host_out, pbuf, tbuf, ebuf);
     for (int k = 0; k < u.n_kernels; k++) free(u.kernels[k].body);
     free(u.kernels), free(kbuf), free(pbuf), free(tbuf), free(ebuf);
-    free(u.c.read), free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned);
+    free(u.c.read), free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned), free(u.readers);
     int bad = (cu_out && ferror(cu_out)) || (host_out && ferror(host_out));
     return bad ? 1 : 0;
 }
