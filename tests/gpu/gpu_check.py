@@ -1,0 +1,608 @@
+"""The per-model work of tests/gpu/run.sh: train a model's CPU trainer and its CUDA trainer
+(`netc --backend cuda`) from the same initial weights on the same data and compare what they
+save; check that graph replay and `--no-graph` give the same bits; check that the GPU's loss
+falls like the CPU's on learnable data.
+
+    gpu_check.py prepare  --model M [--work DIR]     CPU side only: data, init weights, CPU run
+    gpu_check.py check    --model M [--work DIR]     prepare (if not done) + GPU runs + comparisons
+    gpu_check.py converge --model M [--work DIR]     learnable synthetic data, CPU and GPU loss curves
+    gpu_check.py fashion  [--work DIR]               LeNet on Fashion-MNIST, if the files are here
+    gpu_check.py compare  A.safetensors B.safetensors [--init I] [--tol T]
+
+Every check prints one line `RESULT<TAB>check<TAB>model<TAB>status<TAB>detail` (status PASS,
+FAIL, SKIPPED or FAILED-TO-RUN) for run.sh's table, and the command exits 1 when a check
+failed. Without a GPU the GPU checks FAIL; they never pass silently. `--self-test` (for a machine without a GPU)
+stands a CPU trainer built with `--layout=row-major` in for the GPU trainer, so that everything
+but the CUDA build itself can be exercised anywhere: it proves the script, not the backend.
+
+`prepare` needs no GPU: run it on a CPU machine and carry --work along when the GPU machine
+cannot link CPU trainers (OpenBLAS, oneDNN) or to save device time; `check` reuses a prepared
+directory whose configuration (model, -D values, steps, netc binary) matches.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+try:
+    import numpy as np
+except ImportError:
+    sys.exit("gpu_check: numpy is missing (pip install numpy, or run with a python3 that has it)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "fusion"))
+from netc_testlib import fashion_files, st_load, st_save  # noqa: E402
+from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+
+SEED = 3
+
+# Per model: the -D values (small, so that the CPU side is quick too); `steps` of the CPU/GPU
+# parameter comparison and its tolerance `tol`; `converge`, the steps of the convergence check
+# (0: none) and any -D values it adds (`converge_defs`); `pixels`, whether the model reads 0..255
+# pixel values.
+#
+# The comparison starts both trainers from the same weights on the same batches. Both compute
+# in strict float32 (the GPU trainer is built with --precision fp32: no TF32), so they differ
+# only in summation order and algorithms: cuDNN's and cuBLASLt's against oneDNN's blocking and
+# OpenBLAS's kernels, parallel reductions (batch-norm sums, bias gradients, the loss) split
+# differently; ~1e-7 relative per operation (more where cuDNN picks Winograd or FFT
+# convolutions, whose rounding is ~1e-5). Three measures, three tolerances:
+#
+#   loss at step 1      relative; the forward pass from identical weights on the same batch:
+#                       1e-4, as tests/torch (LOSS_TOL) against PyTorch.
+#   running statistics  max |gpu - cpu| / max |cpu| per batch-norm running mean and variance: they
+#                       depend on the forward passes only. `stat_tol`.
+#   parameters          per tensor ||gpu - cpu|| / ||cpu - init||: how far apart the two runs
+#                       ended, relative to how far training moved that tensor. `tol`.
+#
+# Parameters do not stay close for long in networks with batch norm: a bias gradient is a sum
+# over the batch and the pixels of terms that nearly cancel (the next batch norm removes each
+# channel's mean), so its rounding is amplified ~1000x; a pre-activation within rounding of
+# zero lands on the other side of a ReLU, and a near-tie in a max-pool routes a gradient to
+# another pixel. Measured on the CPU between two trainers that differ in exactly this way
+# (channels-last oneDNN against row-major im2col + OpenBLAS: `gpu_check.py check --self-test`):
+#
+#   lenet           20 steps   parameters 2.7e-6 (1.5e-7 as max-abs relative)   no statistics
+#   resnet18_cifar   2 steps   parameters 2.3e-3 (1.5e-2 after 3, 9e-2 after 5)  statistics 2.2e-7
+#   resnet50         1 step    parameters 2.6e-2 (0.7 after 2: chaotic)          statistics 8.7e-5
+#
+# (mlp has no convolution, so both CPU layouts give it the same bits; lenet's dense layers are
+# its measure.) Hence few steps for the ResNets, and tolerances ~10x the measured values, since
+# the GPU's algorithms may round more than the CPU's. A real bug (a wrong index, a missing
+# gradient term, a batch staged twice, a transposed tensor) is off by O(1) of the update, and in
+# the loss and statistics by far more than 1e-4. mlp and lenet run 20 steps with momentum, so
+# they check the optimizer state across steps tightly; the bit-identity checks (graph replay,
+# --no-graph, a second run) run GRAPH_STEPS steps of every model on the GPU alone.
+MODELS = {
+    "mlp": dict(defs=["batch=32"], steps=20, tol=1e-3, stat_tol=1e-4, converge=60, pixels=True),
+    "lenet": dict(defs=["batch=32"], steps=20, tol=1e-3, stat_tol=1e-4, converge=80, pixels=True,
+                  converge_defs=["lr=0.03"]),  # at its lr of 0.01 LeNet needs several hundred steps
+    "resnet18_cifar": dict(defs=["batch=16", "width=16"], steps=2, tol=3e-2, stat_tol=1e-4, converge=40,
+                           pixels=False),
+    "resnet50": dict(defs=["batch=8", "image_size=32"], steps=1, tol=0.2, stat_tol=1e-3, converge=0,
+                     pixels=False),
+}
+# A model not in the table: its defaults (a batch of 8 when it declares one), 1 step, and the
+# loosest tolerances above; give it its own entry once it has been measured.
+DEFAULT = dict(defs=[], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False)
+GRAPH_STEPS = 8   # steps of the bit-identity checks: the graph replayed over several batches
+LOSS_TOL = 1e-4
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def say(*args):
+    print(*args, flush=True)
+
+
+def result(check, model, status, detail):
+    say(f"RESULT\t{check}\t{model}\t{status}\t{detail}")
+    return status != "FAIL"
+
+
+def run(cmd, what, **kw):
+    """Run cmd; on failure raise CheckFailed naming `what`, the command and its last output."""
+    t0 = time.time()
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        tail = (p.stdout + p.stderr).strip().splitlines()[-8:] or ["(no output)"]
+        raise CheckFailed(f"{what} failed (exit {p.returncode}): {tail[-1].strip()}\n"
+                          f"    command: {' '.join(map(str, cmd))}\n    " + "\n    ".join(tail))
+    return p, time.time() - t0
+
+
+def model_config(model, src):
+    cfg = dict(MODELS.get(model, DEFAULT))
+    if model not in MODELS and re.search(r"^const\b.*\bbatch\s*=", open(src).read(), re.M):
+        cfg["defs"] = ["batch=8"]
+    return cfg
+
+
+def has_gpu():
+    """True when nvidia-smi lists a GPU (or, without nvidia-smi, the driver shows one)."""
+    if shutil.which("nvidia-smi"):
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        return p.returncode == 0 and "GPU" in p.stdout
+    gpus = "/proc/driver/nvidia/gpus"
+    return os.path.isdir(gpus) and bool(os.listdir(gpus))
+
+
+# ---- weights
+
+def list_params(exe):
+    """[(name, shape, kind)] from `TRAINER --list-params`; kind is '', 'buffer' or 'frozen'."""
+    out, _ = run([exe, "--list-params"], "--list-params")
+    params = []
+    for line in out.stdout.splitlines():
+        m = re.match(r"^(\S+)\s+\[([^\]]*)\]\s+\d+\s*(\w*)\s*$", line)
+        if m:
+            shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
+            params.append((m.group(1), shape, m.group(3)))
+    if not params:
+        raise CheckFailed(f"{exe} --list-params printed no parameters")
+    return params
+
+
+def write_init(exe, path, seed=SEED):
+    """PyTorch's default initialisation, drawn with numpy: weights of rank >= 2 and their
+    biases uniform in +-1/sqrt(fan_in); batch-norm scale 1, shift 0, running mean 0, variance 1,
+    num_batches_tracked 0. (The trainers cannot save before a step: --steps needs >= 1.)"""
+    rng = np.random.default_rng(seed)
+    params = list_params(exe)
+    shapes = {name: shape for name, shape, _ in params}
+    tensors = {}
+    for name, shape, _ in params:
+        stem, _, leaf = name.rpartition(".")
+        weight = shapes.get(f"{stem}.weight", ())
+        fan_in = int(np.prod(weight[1:])) if len(weight) >= 2 else 0
+        if leaf == "num_batches_tracked":
+            arr = np.zeros(shape, np.int64)
+        elif leaf == "running_var" or (leaf == "weight" and len(shape) == 1):
+            arr = np.ones(shape, np.float32)
+        elif leaf == "weight" and len(shape) == 4:
+            # torchvision's ResNets: kaiming_normal_(mode="fan_out", nonlinearity="relu")
+            fan_out = shape[0] * int(np.prod(shape[2:]))
+            arr = rng.normal(0, np.sqrt(2 / fan_out), shape).astype(np.float32)
+        elif fan_in and leaf in ("weight", "bias"):
+            bound = 1 / np.sqrt(fan_in)
+            arr = rng.uniform(-bound, bound, shape).astype(np.float32)
+        else:
+            arr = np.zeros(shape, np.float32)
+        tensors[name] = arr
+    st_save(path, tensors)
+
+
+class Comparison:
+    """Two weight files compared tensor by tensor (see MODELS for the measures)."""
+
+    def __init__(self):
+        self.problems = []          # one line per tensor out of tolerance
+        self.worst = (0.0, "")      # parameters: the largest update error, and its tensor
+        self.worst_stat = (0.0, "")  # running statistics: the largest relative difference
+        self.worst_abs = (0.0, "")  # every float tensor: max |a - b| / max(|b|, |init|, 1e-3)
+        self.differ = []            # tensors whose bits differ
+
+    @property
+    def ok(self):
+        return not self.problems
+
+
+def compare(a_path, b_path, init_path=None, tol=0.0, stat_tol=0.0):
+    """Compare weight file A with the reference B. tol 0: every tensor must have the same bits.
+    Otherwise integer tensors (num_batches_tracked) must be equal, running statistics within
+    stat_tol of their largest magnitude, and every other tensor T within tol in
+    ||A - B|| / ||B - INIT||; a tensor that training did not move must equal INIT's bits."""
+    a, b = st_load(a_path), st_load(b_path)
+    init = st_load(init_path) if init_path else {}
+    c = Comparison()
+    if a.keys() != b.keys():
+        c.problems.append(f"different tensors: {sorted(set(a) ^ set(b))[:5]}")
+        return c
+    for name in b:
+        x, y = a[name], b[name]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            c.problems.append(f"{name}: {x.dtype}{list(x.shape)} against {y.dtype}{list(y.shape)}")
+            continue
+        if x.tobytes() != y.tobytes():
+            c.differ.append(name)
+        if tol == 0 or x.dtype.kind in "iu" or not x.size:
+            if x.tobytes() != y.tobytes():
+                n = int(np.count_nonzero(x != y))
+                c.problems.append(f"{name}: {n} of {x.size} elements differ (must be identical)")
+            continue
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        if not np.all(np.isfinite(x64)):
+            c.problems.append(f"{name}: not finite")
+            continue
+        i64 = init[name].astype(np.float64) if name in init else np.zeros_like(y64)
+        abs_err = np.abs(x64 - y64).max() / max(np.abs(y64).max(), np.abs(i64).max(), 1e-3)
+        c.worst_abs = max(c.worst_abs, (float(abs_err), name))
+        if "running_" in name:
+            err = np.abs(x64 - y64).max() / max(np.abs(y64).max(), 1e-30)
+            c.worst_stat = max(c.worst_stat, (float(err), name))
+            if err > stat_tol:
+                c.problems.append(f"{name}: running statistic off by {err:.3g} relative (tolerance {stat_tol:g})")
+            continue
+        moved = np.linalg.norm(y64 - i64)
+        if moved == 0:
+            if x.tobytes() != y.tobytes():
+                c.problems.append(f"{name}: did not move in the reference but differs")
+            continue
+        err = float(np.linalg.norm(x64 - y64) / moved)
+        c.worst = max(c.worst, (err, name))
+        if err > tol:
+            c.problems.append(f"{name}: ||a - b|| / ||b - init|| = {err:.3g} (tolerance {tol:g})")
+    return c
+
+
+def first_loss(log):
+    rows = [json.loads(line) for line in open(log)]
+    losses = [r["loss"] for r in rows if "step" in r and not r.get("eval")]
+    if not losses or losses[0] is None:
+        raise CheckFailed(f"{log}: no finite loss logged")
+    return losses[0]
+
+
+# ---- trainers and runs
+
+def netc_path(args):
+    netc = os.path.abspath(args.netc)
+    if not os.access(netc, os.X_OK):
+        raise CheckFailed(f"no netc at {netc}: build it (cmake -S . -B build && cmake --build build) "
+                          "or pass --netc")
+    return netc
+
+
+def merge_defs(*lists):
+    """NAME=VALUE lists, a later value of a NAME replacing an earlier one (netc refuses twice)."""
+    merged = {}
+    for d in (d for lst in lists for d in lst):
+        merged[d.split("=", 1)[0]] = d
+    return list(merged.values())
+
+
+def build(args, model, cfg, out, extra, what, defs=()):
+    src = os.path.join(ROOT, "models", f"{model}.net")
+    cmd = [netc_path(args), src, "-o", out, *extra]
+    for d in merge_defs(cfg["defs"], defs, args.define or []):
+        cmd += ["-D", d]
+    _, seconds = run(cmd, what)
+    say(f"  built {what}: {os.path.relpath(out, ROOT)} ({seconds:.1f} s)")
+
+
+def gpu_build_flags(args):
+    if args.self_test:
+        return ["--layout=row-major"]
+    return ["--backend", "cuda", "--precision", "fp32"] + (["--arch", args.arch] if args.arch else [])
+
+
+def train(exe, data, steps, init, save, extra=(), log=None):
+    cmd = [exe, *data, "--steps", steps, "--no-shuffle", "--seed", SEED, "--quiet",
+           "--init", init, "--save", save, *extra]
+    if log:
+        cmd += ["--log", log]
+    _, seconds = run(cmd, f"training {os.path.basename(exe)}")
+    say(f"  trained {os.path.basename(exe)} {' '.join(map(str, extra))} -> "
+        f"{os.path.basename(save)} ({seconds:.1f} s)")
+
+
+def model_dir(args, model):
+    return os.path.join(os.path.abspath(args.work), model)
+
+
+def config_stamp(args, model, cfg):
+    """What a prepared CPU run depends on (contents, not times or paths: a prepared directory
+    is meant to be carried to another machine)."""
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+    return {"model": model, "defs": merge_defs(cfg["defs"], args.define or []), "steps": cfg["steps"],
+            "netc_sha256": digest(netc_path(args)),
+            "model_sha256": digest(os.path.join(ROOT, "models", f"{model}.net"))}
+
+
+def prepare(args, model, cfg):
+    """The CPU side: trainer, data, init weights, and the CPU run's result. Reused when a
+    directory prepared with the same configuration is already there."""
+    work = model_dir(args, model)
+    stamp_path = os.path.join(work, "prepared.json")
+    stamp = config_stamp(args, model, cfg)
+    files = {"cpu": os.path.join(work, "cpu"), "init": os.path.join(work, "init.safetensors"),
+             "result": os.path.join(work, "cpu.safetensors"), "log": os.path.join(work, "cpu.jsonl")}
+    if os.path.exists(stamp_path) and json.load(open(stamp_path)) == stamp and \
+            all(os.path.exists(files[f]) for f in ("init", "result", "log")):
+        say(f"  reusing the prepared CPU run in {os.path.relpath(work, ROOT)}")
+    else:
+        if os.path.exists(stamp_path):
+            os.remove(stamp_path)
+        os.makedirs(work, exist_ok=True)
+        try:
+            build(args, model, cfg, files["cpu"], [], "CPU trainer")
+        except CheckFailed as e:
+            raise CheckFailed(f"{e}\n  (the CPU backend links OpenBLAS, oneDNN, cJSON and zlib: where they "
+                              f"are missing, run `gpu_check.py prepare` on a CPU machine and carry "
+                              f"{args.work} along)")
+        write_data(files["cpu"], work)
+        write_init(files["cpu"], files["init"])
+        train(files["cpu"], data_args(work), cfg["steps"], files["init"], files["result"],
+              ["--log-every", "1"], log=files["log"])
+        json.dump(stamp, open(stamp_path, "w"), indent=1)
+    return work, files
+
+
+def data_args(work):
+    args = []
+    for name in sorted(os.listdir(work)):
+        m = re.fullmatch(r"data-(\w+)\.npy", name)
+        if m:
+            args += ["--data", f"{m.group(1)}={os.path.join(work, name)}"]
+    return args
+
+
+def cmd_prepare(args):
+    model = args.model
+    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    try:
+        prepare(args, model, cfg)
+        return result("prepare", model, "PASS", f"CPU run of {cfg['steps']} steps in {args.work}/{model}")
+    except CheckFailed as e:
+        say(str(e))
+        return result("prepare", model, "FAIL", str(e).splitlines()[0])
+
+
+def cmd_check(args):
+    model = args.model
+    label = "self-test: CPU row-major stands in for the GPU" if args.self_test else "GPU fp32"
+    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    if args.tol is not None:
+        cfg["tol"] = args.tol
+    say(f"== {model} ({' '.join('-D ' + d for d in merge_defs(cfg['defs'], args.define or []))}), "
+        f"{cfg['steps']} step(s) against the CPU, {GRAPH_STEPS} for the bit checks, {label}")
+    checks = ("cpu-vs-gpu", "gpu-deterministic", "graph-vs-no-graph")
+    try:
+        if not args.self_test and not has_gpu():
+            raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none): the GPU checks cannot run")
+        work, files = prepare(args, model, cfg)
+        gpu = os.path.join(work, "gpu-selftest" if args.self_test else "gpu")
+        build(args, model, cfg, gpu, gpu_build_flags(args),
+              "stand-in trainer (CPU, row-major)" if args.self_test else "GPU trainer")
+        data = data_args(work)
+        saved = {"cpu-steps": os.path.join(work, "gpu.safetensors")}
+        train(gpu, data, cfg["steps"], files["init"], saved["cpu-steps"], ["--log-every", "1"],
+              log=os.path.join(work, "gpu.jsonl"))
+        for name, extra in (("graph", []), ("graph-again", []),
+                            ("no-graph", [] if args.self_test else ["--no-graph"])):
+            saved[name] = os.path.join(work, f"gpu-{name}.safetensors")
+            train(gpu, data, GRAPH_STEPS, files["init"], saved[name], extra)
+        loss_cpu, loss_gpu = first_loss(files["log"]), first_loss(os.path.join(work, "gpu.jsonl"))
+    except CheckFailed as e:
+        say(str(e))
+        for check in checks:
+            result(check, model, "FAIL", str(e).splitlines()[0])
+        return False
+
+    ok = True
+    c = compare(saved["cpu-steps"], files["result"], files["init"], cfg["tol"], cfg["stat_tol"])
+    loss_err = abs(loss_gpu - loss_cpu) / max(abs(loss_cpu), 1e-30)
+    if loss_err > LOSS_TOL:
+        c.problems.insert(0, f"loss at step 1: GPU {loss_gpu:.8g}, CPU {loss_cpu:.8g} "
+                             f"(relative {loss_err:.2g} > {LOSS_TOL:g})")
+    for m in c.problems[:10]:
+        say("  " + m)
+    stats = f", statistics {c.worst_stat[0]:.1e} (tol {cfg['stat_tol']:g})" if c.worst_stat[1] else ""
+    ok &= result(checks[0], model, "PASS" if c.ok else "FAIL",
+                 f"{cfg['steps']} step{'s' if cfg['steps'] != 1 else ''}: loss@1 {loss_err:.1e} "
+                 f"(tol {LOSS_TOL:g}), parameters "
+                 f"{c.worst[0]:.1e} {c.worst[1]} (tol {cfg['tol']:g}){stats}; max-abs {c.worst_abs[0]:.1e}")
+    for check, other in zip(checks[1:], ("graph-again", "no-graph")):
+        c = compare(saved[other], saved["graph"])
+        for m in c.problems[:10]:
+            say("  " + m)
+        detail = f"{GRAPH_STEPS} steps: bit-identical" if c.ok else \
+            f"{len(c.differ)} tensors differ, first {c.differ[0] if c.differ else '?'}"
+        if args.self_test:
+            detail += " (self-test: both plain CPU runs)"
+        ok &= result(check, model, "PASS" if c.ok else "FAIL", detail)
+    return ok
+
+
+# ---- convergence on learnable data
+
+def smooth_templates(rng, shape):
+    """10 random patterns of `shape`, constant over 4x4 blocks of the last two axes, so that
+    convolutions and pooling see them as clearly as a dense layer does."""
+    if len(shape) < 2:
+        return rng.normal(size=(10,) + shape)
+    h, w = shape[-2], shape[-1]
+    coarse = rng.normal(size=(10,) + shape[:-2] + (-(-h // 4), -(-w // 4)))
+    return coarse.repeat(4, axis=-2).repeat(4, axis=-1)[..., :h, :w]
+
+
+def write_learnable(exe, work, samples, pixels, seed):
+    """Inputs a model can learn: 10 classes, each a fixed smooth random template; a sample is
+    its class's template plus half as much noise per element. Pixel models (inputs divided
+    by 255 in the .net) get values 128 +- 80 in 0..255, the others unit scale. Returns the
+    --data arguments."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    rng = np.random.default_rng(seed)
+    templates_rng = np.random.default_rng(11)  # the same classes in training and evaluation data
+    inputs = re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M)
+    labels = rng.integers(0, 10, samples)
+    args = []
+    for name, dt, dims in inputs:
+        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        if dt == "i64":
+            arr = labels.astype(np.int64)
+        else:
+            templates = smooth_templates(templates_rng, shape)
+            arr = templates[labels] + 0.5 * rng.normal(size=(samples,) + shape)
+            arr = np.clip(128 + 80 * arr, 0, 255) if pixels else arr
+            arr = arr.astype(np.float32)
+        path = os.path.join(work, f"{name}.npy")
+        np.save(path, arr)
+        args += [f"{name}={path}"]
+    return args
+
+
+def read_log(path):
+    rows = [json.loads(line) for line in open(path)]
+    losses = [r["loss"] for r in rows if "step" in r and not r.get("eval")]
+    evals = [r for r in rows if r.get("eval")]
+    return losses, evals[-1] if evals else None
+
+
+def cmd_converge(args):
+    """Train the CPU and the GPU trainer from the same init on learnable synthetic data for a
+    few epochs. Passes when the GPU's training loss (the mean of the last three logged values)
+    falls under half its first logged value and ends within 50% (+0.05) of the CPU's, and its
+    evaluation accuracy is at most 0.05 below the CPU's. Two fp32 runs drift apart by rounding
+    (and a ResNet's chaotically, see MODELS) but learn the same thing; a wrong gradient or
+    update does not learn, or learns far slower."""
+    model = args.model
+    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    steps = args.steps or cfg["converge"]
+    if not steps:
+        return result("converge", model, "SKIPPED", "not configured for this model (slow on the CPU side; "
+                      "gpu_check.py converge --steps N runs it)")
+    try:
+        if not args.self_test and not has_gpu():
+            raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
+        work = os.path.join(model_dir(args, model), "converge")
+        os.makedirs(work, exist_ok=True)
+        cpu, gpu = os.path.join(work, "cpu"), os.path.join(work, "gpu")
+        more = cfg.get("converge_defs", [])
+        build(args, model, cfg, cpu, [], "CPU trainer", more)
+        build(args, model, cfg, gpu, gpu_build_flags(args), "GPU trainer", more)
+        os.makedirs(os.path.join(work, "train"), exist_ok=True)
+        os.makedirs(os.path.join(work, "eval"), exist_ok=True)
+        batch = int(next(d.split("=")[1] for d in merge_defs(cfg["defs"], more, args.define or []) + ["batch=8"]
+                         if d.startswith("batch=")))
+        train_data = write_learnable(cpu, os.path.join(work, "train"), batch * 16, cfg["pixels"], 1)
+        eval_data = write_learnable(cpu, os.path.join(work, "eval"), batch * 8, cfg["pixels"], 2)
+        data = [a for d in train_data for a in ("--data", d)] + \
+               [a for d in eval_data for a in ("--eval-data", d)]
+        init = os.path.join(work, "init.safetensors")
+        write_init(cpu, init)
+        curves = {}
+        for name, exe in (("cpu", cpu), ("gpu", gpu)):
+            log = os.path.join(work, f"{name}.jsonl")
+            train(exe, data, steps, init, os.path.join(work, f"{name}.safetensors"),
+                  ["--log-every", "4"], log=log)
+            curves[name] = read_log(log)
+    except CheckFailed as e:
+        say(str(e))
+        return result("converge", model, "FAIL", str(e).splitlines()[0])
+    (cl, ce), (gl, ge) = curves["cpu"], curves["gpu"]
+    say(f"  loss every 4 steps, cpu: {' '.join(f'{x:.3f}' for x in cl)}")
+    say(f"  loss every 4 steps, gpu: {' '.join(f'{x:.3f}' if x is not None else 'nan' for x in gl)}")
+    problems = []
+    if not gl or any(x is None for x in gl) or len(gl) < 3:
+        problems.append("the GPU loss is missing or not finite")
+        gl = [float("nan")] * 3
+    tail = lambda curve: sum(curve[-3:]) / 3  # noqa: E731  (steps 4 apart: less noisy than one)
+    if not tail(gl) < 0.5 * gl[0]:
+        problems.append(f"GPU loss fell only from {gl[0]:.3f} to {tail(gl):.3f}")
+    if not abs(tail(gl) - tail(cl)) <= 0.5 * tail(cl) + 0.05:
+        problems.append(f"GPU loss ends at {tail(gl):.3f}, the CPU's at {tail(cl):.3f}")
+    acc = lambda e: e.get("accuracy") if e else None  # noqa: E731
+    if acc(ce) is not None and (acc(ge) is None or acc(ge) < acc(ce) - 0.05):
+        problems.append(f"eval accuracy GPU {acc(ge)} vs CPU {acc(ce)}")
+    detail = (f"{steps} steps: loss {gl[0]:.3f} -> {tail(gl):.3f} (CPU {cl[0]:.3f} -> {tail(cl):.3f}), "
+              f"eval accuracy {acc(ge)} (CPU {acc(ce)})") if not problems else "; ".join(problems)
+    return result("converge", model, "FAIL" if problems else "PASS", detail)
+
+
+def cmd_fashion(args):
+    """LeNet, one epoch of Fashion-MNIST in file order on the GPU (fp32): test accuracy at least
+    0.80 and within 0.02 of the CPU trainer's from the same init (measured on the CPU: 0.83,
+    and 0.82 for a row-major trainer: rounding differences over 937 steps move the final
+    accuracy by ~0.01; five shuffled epochs reach 0.87, tests/e2e). A broken trainer stays far
+    below 0.8 (chance is 0.1). The GPU machine has no network, so without the files this is
+    FAILED-TO-RUN."""
+    model = "lenet"
+    files = fashion_files("train") + fashion_files("test")
+    if not all(os.path.exists(f) for f in files):
+        return result("fashion-mnist", model, "FAILED-TO-RUN",
+                      f"no Fashion-MNIST at {os.path.dirname(files[0])} and no network to fetch it "
+                      "(set NETC_FASHION_DIR to a carried copy)")
+    cfg = dict(MODELS["lenet"], defs=["batch=64"])
+    try:
+        if not args.self_test and not has_gpu():
+            raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
+        work = os.path.join(os.path.abspath(args.work), "fashion")
+        os.makedirs(work, exist_ok=True)
+        cpu, gpu = os.path.join(work, "cpu"), os.path.join(work, "gpu")
+        build(args, model, cfg, cpu, [], "CPU trainer")
+        build(args, model, cfg, gpu, gpu_build_flags(args), "GPU trainer")
+        init = os.path.join(work, "init.safetensors")
+        write_init(cpu, init)
+        data = ["--data", f"image={files[0]}", "--data", f"label={files[1]}",
+                "--eval-data", f"image={files[2]}", "--eval-data", f"label={files[3]}"]
+        accs = {}
+        for name, exe in (("cpu", cpu), ("gpu", gpu)):
+            log = os.path.join(work, f"{name}.jsonl")
+            train(exe, data, 60000 // 64, init, os.path.join(work, f"{name}.safetensors"), log=log)
+            accs[name] = (read_log(log)[1] or {}).get("accuracy")
+    except CheckFailed as e:
+        say(str(e))
+        return result("fashion-mnist", model, "FAIL", str(e).splitlines()[0])
+    good = accs["gpu"] is not None and accs["gpu"] >= 0.80 and abs(accs["gpu"] - accs["cpu"]) <= 0.02
+    return result("fashion-mnist", model, "PASS" if good else "FAIL",
+                  f"1 epoch: test accuracy GPU {accs['gpu']} CPU {accs['cpu']} (need >= 0.80, within 0.02)")
+
+
+def cmd_compare(args):
+    c = compare(args.a, args.b, args.init, args.tol, args.stat_tol)
+    for m in c.problems:
+        say(m)
+    say(f"{'agree' if c.ok else 'DIFFER'}: parameters {c.worst[0]:.3g} ({c.worst[1]}), statistics "
+        f"{c.worst_stat[0]:.3g} ({c.worst_stat[1]}), max-abs {c.worst_abs[0]:.3g} ({c.worst_abs[1]}); "
+        f"{len(c.differ)} tensors differ in their bits")
+    return c.ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
+    common.add_argument("--work", default=os.path.join(ROOT, "build", "gpu-check"),
+                        help="work directory (default build/gpu-check)")
+    common.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE",
+                        help="another -D for both trainers (changes the prepared configuration)")
+    common.add_argument("--arch", help="--arch for the GPU build, e.g. sm_90")
+    common.add_argument("--self-test", action="store_true",
+                        help="no GPU: a CPU row-major trainer stands in for the GPU trainer")
+    for name in ("prepare", "check", "converge"):
+        p = sub.add_parser(name, parents=[common])
+        p.add_argument("--model", required=True, help="a model in models/ (mlp, lenet, ...)")
+        if name == "check":
+            p.add_argument("--tol", type=float, help="override the model's tolerance")
+        if name == "converge":
+            p.add_argument("--steps", type=int, help="override the model's convergence steps")
+    sub.add_parser("fashion", parents=[common])
+    p = sub.add_parser("compare")
+    p.add_argument("a")
+    p.add_argument("b", help="the reference")
+    p.add_argument("--init", help="the initial weights, to report how far parameters moved")
+    p.add_argument("--tol", type=float, default=0.0,
+                   help="parameters: ||a - b|| / ||b - init|| per tensor; 0: every tensor bit-identical")
+    p.add_argument("--stat-tol", type=float, default=0.0, help="running statistics, relative to their max")
+    args = ap.parse_args()
+    if getattr(args, "model", None) and not os.path.exists(os.path.join(ROOT, "models", f"{args.model}.net")):
+        ap.error(f"no models/{args.model}.net")
+    ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge,
+          "fashion": cmd_fashion, "compare": cmd_compare}[args.cmd](args)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
