@@ -271,7 +271,7 @@ def torch_run(model, cfg, mode, precision, repeat, timeout):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
     ap.add_argument("--models", default="lenet,resnet50")
     ap.add_argument("--compile-modes", default="reduce-overhead",
@@ -290,6 +290,9 @@ def main():
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip().splitlines()[0]
     modes = ["eager"] + [m for m in a.compile_modes.split(",") if m]
+    unknown = [m for m in a.models.split(",") if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}: this benchmark has {sorted(MODELS)}")
     failed = False
     for model in a.models.split(","):
         cfg = MODELS[model]

@@ -2,7 +2,7 @@
 # tests/gpu/run.sh - every GPU check and the GPU benchmark, in one command, on a machine with an
 # NVIDIA GPU; prints a summary table and exits 1 if any check failed (README.md beside this).
 #
-#   tests/gpu/run.sh [--models mlp,lenet,...] [--no-bench] [--work DIR] [--self-test]
+#   tests/gpu/run.sh [--models mlp,lenet,...] [--no-bench] [--bench-args "ARGS"] [--work DIR] [--self-test]
 #
 # For each model in models/: the CPU and the CUDA trainer from the same .net, -D values,
 # initial weights and data must end with the same parameters within float rounding, and the
@@ -15,11 +15,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-models="" bench=1 work=build/gpu-check selftest=()
+models="" bench=1 bench_args="" work=build/gpu-check selftest=()
 while (($#)); do
   case $1 in
     --models) models=${2//,/ }; shift 2 ;;
     --no-bench) bench=0; shift ;;
+    --bench-args) bench_args=$2; shift 2 ;;  # e.g. "--compile-modes= --repeat 1" for a quicker run
     --work) work=$2; shift 2 ;;
     --self-test) selftest=(--self-test); bench=0; shift ;;
     -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
@@ -64,7 +65,8 @@ printf 'bf16\tall\tNOT-CHECKED\tbf16 convergence is not checked: the CUDA backen
 
 if ((bench)); then
   echo "== bench/gpu_vs_torch.py"
-  if "$PY" bench/gpu_vs_torch.py --work "$work/bench" 2>&1 | tee "$work/bench.log"; then
+  # shellcheck disable=SC2086  # bench_args is a list of words
+  if "$PY" bench/gpu_vs_torch.py --work "$work/bench" $bench_args 2>&1 | tee "$work/bench.log"; then
     printf 'benchmark\tlenet,resnet50\tPASS\tran; table above (%s)\n' "$work/bench.log" >>"$results"
   else
     printf 'benchmark\tlenet,resnet50\tFAIL\tbench/gpu_vs_torch.py failed (%s)\n' "$work/bench.log" >>"$results"
