@@ -3,8 +3,11 @@
  * One plan is one direction of one convolution: forward y = conv(x, w), the data gradient dx
  * from (dy, w), or the filter gradient dw from (x, dy). Activations x [N,C,H,W] and y [N,K,P,Q]
  * are NHWC or NCHW in memory as the layout pass decided; the filter [K, C/groups, R, S] is
- * always NCHW-ordered (PyTorch's layout, so weight files never change). The operation is
- * cross-correlation, as in PyTorch, accumulated in float.
+ * stored NCHW-ordered (PyTorch's layout, so weight files never change). cuDNN's channels-last
+ * kernels want the filter channels-last too (KRSC, as PyTorch's channels-last convolutions pass
+ * it), so an NHWC plan keeps a KRSC copy: cudnnTransformTensor writes it from the weights
+ * before a forward or data-gradient convolution, and a filter gradient is computed into it and
+ * transformed back. The operation is cross-correlation, as in PyTorch, accumulated in float.
  *
  * The algorithm is chosen once, at planning, from cuDNN's heuristics (cudnnGet*Algorithm_v7,
  * which rank without running anything), and only algorithms cuDNN reports deterministic are
@@ -36,6 +39,8 @@ struct RtCudaConvPlan {
     cudnnTensorDescriptor_t x, y; /* x and y (or dx and dy): NHWC or NCHW */
     cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S] */
     cudnnConvolutionDescriptor_t conv;
+    float *krsc;                        /* NHWC plans: the filter (or its gradient) channels-last */
+    cudnnTensorDescriptor_t w_kcrs, w_krsc; /* the filter as a tensor in both orders, for the transforms */
     union {
         cudnnConvolutionFwdAlgo_t fwd;
         cudnnConvolutionBwdDataAlgo_t bwd_data;
@@ -90,9 +95,21 @@ static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnn
                                                  (int)c->Q),
                       "cudnnSetTensor4dDescriptor(y)");
     rt_cuda_check_dnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
-    rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)c->K,
-                                                 (int)(c->C / c->groups), (int)c->R, (int)c->S),
+    rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, act, (int)c->K, (int)(c->C / c->groups),
+                                                 (int)c->R, (int)c->S),
                       "cudnnSetFilter4dDescriptor");
+    if (nhwc) { /* the KRSC copy and the two views of the filter the transforms convert between */
+        cudnnTensorDescriptor_t *d[2] = {&p->w_kcrs, &p->w_krsc};
+        for (int i = 0; i < 2; i++) {
+            rt_cuda_check_dnn(cudnnCreateTensorDescriptor(d[i]), "cudnnCreateTensorDescriptor");
+            rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(*d[i], i ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                                         CUDNN_DATA_FLOAT, (int)c->K, (int)(c->C / c->groups),
+                                                         (int)c->R, (int)c->S),
+                              "cudnnSetTensor4dDescriptor(filter)");
+        }
+        size_t bytes = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * sizeof(float);
+        rt_cuda_check(cudaMalloc((void **)&p->krsc, bytes), "cudaMalloc (a channels-last filter)");
+    }
     rt_cuda_check_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
     rt_cuda_check_dnn(cudnnSetConvolution2dDescriptor(p->conv, c->pad_h, c->pad_w, c->stride_h, c->stride_w, c->dil_h,
                                                       c->dil_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -204,6 +221,14 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const f
     cudnnHandle_t h = rt_cuda_dnn(cu);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
+    float *dw = out;
+    if (p->krsc && p->which != CONV_BWD_FILTER) { /* the weights, channels-last */
+        rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_kcrs, in1, &zero, p->w_krsc, p->krsc),
+                          "cudnnTransformTensor (filter to KRSC)");
+        in1 = p->krsc;
+    } else if (p->krsc) {
+        out = p->krsc;
+    }
     switch (p->which) {
     case CONV_FWD: /* y = conv(x = in0, w = in1) */
         rt_cuda_check_dnn(cudnnConvolutionForward(h, &one, p->x, in0, p->w, in1, p->conv, p->algo.fwd, ws, ws_bytes,
@@ -219,6 +244,9 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const f
         rt_cuda_check_dnn(cudnnConvolutionBackwardFilter(h, &one, p->x, in0, p->y, in1, p->conv, p->algo.bwd_filter,
                                                          ws, ws_bytes, &zero, p->w, out),
                           "cudnnConvolutionBackwardFilter");
+        if (p->krsc) /* back to PyTorch's order */
+            rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_krsc, p->krsc, &zero, p->w_kcrs, dw),
+                              "cudnnTransformTensor (filter gradient to KCRS)");
         break;
     }
 }
@@ -231,6 +259,11 @@ void rt_cuda_conv_plans_free(void) {
         cudnnDestroyTensorDescriptor(p->y);
         cudnnDestroyFilterDescriptor(p->w);
         cudnnDestroyConvolutionDescriptor(p->conv);
+        if (p->krsc) {
+            cudnnDestroyTensorDescriptor(p->w_kcrs);
+            cudnnDestroyTensorDescriptor(p->w_krsc);
+            cudaFree(p->krsc);
+        }
         free(p);
     }
 }
