@@ -583,3 +583,30 @@ void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis r
         if (a < lead || n->shape.dim[a - lead] == 1) red[(*nr)++] = (CgAxis){x->shape.dim[a], st[a]};
     }
 }
+
+/* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h). */
+void cg_conv_geometry(FILE *o, const IrNode *n, const char *name) {
+    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
+    const IrShape *y = n->op == OP_CONV2D ? &n->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    const IrAttrs *a = &n->attr;
+    fprintf(o, "    static const RtConv %s%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
+               ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
+               ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
+               ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
+            name, n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3], y->dim[2],
+            y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+}
+
+/* The library kernels of both backends take float tensors (labels: int64) in the layouts
+ * ir_operand_layout names; anything else is a compiler bug. */
+void cg_check_lib_operands(const IrNode *n, const char *backend) {
+    for (int k = 0; k <= n->n_in; k++) {
+        const IrNode *x = k < n->n_in ? n->in[k] : n;
+        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
+        if (want >= 0 && !ir_stored_as(x, (IrLayout)want))
+            ICE("%s: %s on a tensor in another layout", backend, ir_op_name(n->op));
+        if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));
+    }
+}

@@ -290,19 +290,8 @@ static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
 }
 
 static void emit_conv(Cg *c, const IrNode *n) {
-    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
-    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
-    const IrShape *y = n->op == OP_CONV2D ? &n->shape
-                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
-    const IrAttrs *a = &n->attr;
     FILE *o = c->out;
-    fprintf(o, "    static const RtConv conv%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
-               ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
-               ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
-               ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
-            n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3],
-            y->dim[2], y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0],
-            a->dil[1], a->groups);
+    cg_conv_geometry(o, n, "conv");
     const char *fn = n->op == OP_CONV2D ? "fwd" : n->op == OP_CONV2D_BWD_DATA ? "bwd_data" : "bwd_filter";
     char wname[32];
     snprintf(wname, sizeof wname, "v%d", n->in[1]->id);
@@ -390,13 +379,7 @@ static void emit_bn(Cg *c, const IrNode *n) {
 }
 
 static void emit_lib(Cg *c, const IrNode *n) {
-    /* the kernels take float tensors (labels: int64) in the layouts ir_operand_layout names */
-    for (int k = 0; k <= n->n_in; k++) {
-        const IrNode *x = k < n->n_in ? n->in[k] : n;
-        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
-        if (want >= 0 && !ir_stored_as(x, (IrLayout)want)) ICE("cpu: %s on a tensor in another layout", ir_op_name(n->op));
-        if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("cpu: %s on %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
-    }
+    cg_check_lib_operands(n, "cpu");
     switch (n->op) {
     case OP_MATMUL: emit_matmul(c, n); break;
     case OP_CONV2D:

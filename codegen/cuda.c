@@ -352,20 +352,10 @@ static void emit_matmul(Cu *u, const IrNode *n) {
 }
 
 static void emit_conv(Cu *u, const IrNode *n) {
-    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
-    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
-    const IrShape *y = n->op == OP_CONV2D ? &n->shape
-                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
-    const IrAttrs *a = &n->attr;
     int which = n->op == OP_CONV2D ? 0 : n->op == OP_CONV2D_BWD_DATA ? 1 : 2;
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        fprintf(u->plan, "    static const RtConv geom%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
-                         ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
-                         ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
-                         ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
-                n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3], y->dim[2],
-                y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+        cg_conv_geometry(u->plan, n, "geom");
         fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d);\n", n->id, n->id, which,
                 ir_operand_layout(n, 0) == LAYOUT_NHWC);
     }
@@ -460,12 +450,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {
-    for (int k = 0; k <= n->n_in; k++) {
-        const IrNode *x = k < n->n_in ? n->in[k] : n;
-        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
-        if (want >= 0 && !ir_stored_as(x, (IrLayout)want)) ICE("cuda: %s on a tensor in another layout", ir_op_name(n->op));
-        if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("cuda: %s on %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
-    }
+    cg_check_lib_operands(n, "cuda");
     switch (n->op) {
     case OP_MATMUL: emit_matmul(u, n); break;
     case OP_CONV2D:
