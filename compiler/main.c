@@ -255,7 +255,8 @@ static int link_atomically(char **argv, int tmp_at, const char *out, const char 
 
 #ifdef NETC_HAVE_CUDA
 /* A CUDA trainer: the host C and the kernel images, warnings as errors, linked with
- * libnetrt_cuda, libnetrt, the static CUDA runtime, cuBLASLt and cuDNN. */
+ * libnetrt_cuda, libnetrt, the static CUDA runtime, cuBLASLt and cuDNN - not OpenBLAS or
+ * oneDNN, which only the CPU kernels use, so the GPU machine needs neither. */
 static int build_cuda_trainer(const Options *o, const char *c_path, const char *images_path, const char *out) {
     const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
     const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
@@ -270,8 +271,7 @@ static int build_cuda_trainer(const Options *o, const char *c_path, const char *
     char *argv[] = {
         (char *)cc, "-std=gnu11", opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
         "-I" NETC_CUDA_INCLUDE_DIR, inc_blas, o->tf32 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
-        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY,
-        NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY, NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz",
+        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY, NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz",
         "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
     };
     int n = (int)(sizeof argv / sizeof *argv);

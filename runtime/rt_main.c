@@ -11,7 +11,6 @@
  * learning rate from (step, steps per epoch, total steps). So a checkpoint of the two buffers
  * and that position is all a resumed run needs to compute the same bits as an uninterrupted one.
  */
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -23,6 +22,10 @@
 #include <unistd.h>
 
 #include "rt_internal.h"
+
+/* OpenBLAS's thread count, when the trainer links OpenBLAS: a CPU trainer does; a GPU trainer
+ * does not, and this weak reference then stays NULL. */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
 
 /* Exit statuses (docs/trainer.md): 1 a file was refused or a write failed, 2 bad command line. */
 enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
@@ -764,7 +767,7 @@ int rt_main(int argc, char **argv, const RtModel *m) {
         t.dev = m->device;
     }
     omp_set_num_threads(t.o.threads);
-    openblas_set_num_threads(t.o.threads);
+    if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
