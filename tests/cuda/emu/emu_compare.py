@@ -1,0 +1,227 @@
+"""The emulated CUDA trainer against the CPU trainer of the same model (emu_vs_cpu.sh).
+
+    emu_compare.py WORKDIR STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
+
+Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
+samples in file order, extended to every input dtype) from the same initial weights (--init,
+written here from --list-params), logging every 2 steps and evaluating on the first 21 samples
+(so the last evaluation batch is padded whenever the batch does not divide 21). Required:
+  - every saved tensor within TOLERANCE, relative to max(1, the tensor's largest magnitude), and
+    so every tensor of the final checkpoints, the optimizer state included (both also write one
+    every 3 steps);
+  - the same log records; each logged loss within TOLERANCE relative to max(1, |loss|), each
+    accuracy within one evaluation sample (a near-tie of two logits may break either way);
+  - the emulated run with blocks and threads in reverse order (NETC_EMU_REVERSE) ends with the
+    same bits: no kernel's result depends on the order of its blocks;
+  - the emulated run stopped with --stop-at half way (exit status 4, a checkpoint) and resumed
+    ends with the same bits as the uninterrupted emulated run, and logs the same losses;
+  - with a NaN in one sample of the third batch, both stop with exit status 3 and name the same
+    step (3, or later where the model drops the NaN from the loss, as a max-pooling may, and
+    only the parameters it reached through the gradients carry it on): the device's on-device
+    non-finite check, read back at the next log interval.
+Prints the worst differences.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
+from netc_testlib import st_load, st_save  # noqa: E402
+
+EVAL_SAMPLES = 21
+
+
+def write_data(exe, work):
+    """64 samples shaped like the model's inputs (read from EXE --help), as .npy files: u8
+    inputs 0..255, other integer inputs (labels) 0..9, floating-point inputs N(0, 50^2) as f32
+    (the trainer converts them by value to f16 or bf16). Returns the --data arguments."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    rng = np.random.default_rng(7)
+    args = []
+    for name, dt, dims in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M):
+        shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
+        if dt == "u8":
+            arr = rng.integers(0, 256, shape).astype(np.uint8)
+        elif dt in ("i32", "i64"):
+            arr = rng.integers(0, 10, shape).astype(np.int64)
+        else:
+            arr = (rng.normal(size=shape) * 50).astype(np.float32)
+        path = os.path.join(work, f"data-{name}.npy")
+        np.save(path, arr)
+        args += ["--data", f"{name}={path}"]
+    return args
+
+
+def write_eval_data(train_args, work):
+    """The first EVAL_SAMPLES samples of each training file, as --eval-data."""
+    args = []
+    for spec in train_args[1::2]:
+        name, path = spec.split("=", 1)
+        out = os.path.join(work, f"eval-{name}.npy")
+        np.save(out, np.load(path)[:EVAL_SAMPLES])
+        args += ["--eval-data", f"{name}={out}"]
+    return args
+
+
+def write_init(exe, path):
+    """Seeded weights for every parameter --list-params names: U(-1/sqrt(fan_in), ..) for
+    weights, near 1 for a batch norm's scale, small running statistics, and 0 batches tracked."""
+    text = subprocess.run([exe, "--list-params"], capture_output=True, text=True, check=True).stdout
+    rng = np.random.default_rng(11)
+    tensors = {}
+    for name, dims in re.findall(r"^(\S+) +\[([^\]]*)\]", text, re.M):
+        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        if name.endswith("num_batches_tracked"):
+            tensors[name] = np.zeros(shape, np.int64)
+        elif name.endswith("running_var"):
+            tensors[name] = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith("running_mean") or len(shape) == 1 and name.endswith("bias"):
+            tensors[name] = rng.uniform(-0.1, 0.1, shape)
+        elif len(shape) == 1:  # a batch norm's weight
+            tensors[name] = rng.uniform(0.8, 1.2, shape)
+        else:
+            bound = 1 / np.sqrt(np.prod(shape[1:]))
+            tensors[name] = rng.uniform(-bound, bound, shape)
+    st_save(path, tensors)
+
+
+def poisoned_data(exe, train_args, work):
+    """The training data with NaN in the first sample of the third batch (--no-shuffle)."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    batch = int(re.search(r"batch (\d+)\)", text).group(1))
+    args = []
+    for opt, spec in zip(train_args[::2], train_args[1::2]):
+        name, path = spec.split("=", 1)
+        arr = np.load(path)
+        if arr.dtype.kind == "f":
+            arr = arr.copy()
+            arr[2 * batch].flat[0] = np.nan
+            path = os.path.join(work, f"nan-{name}.npy")
+            np.save(path, arr)
+        args += [opt, f"{name}={path}"]
+    return args
+
+
+def nonfinite_step(exe, args):
+    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    m = re.search(r"loss is .* at step (\d+)", r.stderr)
+    assert r.returncode == 3 and m, f"{exe} on NaN data: exit status {r.returncode}, {r.stderr!r}"
+    return int(m.group(1))
+
+
+def train(exe, common, tag, work, *extra, expect=0, env=None):
+    log, out = os.path.join(work, f"{tag}.jsonl"), os.path.join(work, f"{tag}.safetensors")
+    r = subprocess.run([exe, *common, "--log", log, "--save", out, *extra], stderr=subprocess.PIPE, text=True,
+                       env=env)
+    assert r.returncode == expect, f"{tag}: exit status {r.returncode}, expected {expect}:\n{r.stderr}"
+    return log, out
+
+
+def records(log):
+    """The log's step and evaluation records, without timings and checkpoint notes."""
+    out = []
+    with open(log) as f:
+        for line in f:
+            r = json.loads(line)
+            if "checkpoint" in r:
+                continue
+            r.pop("samples_per_s", None)
+            out.append(r)
+    return out
+
+
+def rel(x, y):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(np.abs(x - y).max() / max(1.0, float(np.abs(y).max()))) if x.size else 0.0
+
+
+def compare_params(a_path, b_path, tol, what):
+    a, b = st_load(a_path), st_load(b_path)
+    assert a.keys() == b.keys(), f"{what}: different tensors saved"
+    worst, where = 0.0, ""
+    for k in a:
+        err = rel(a[k], b[k])
+        assert err <= tol, f"{what}: {k}: relative difference {err:.3g} (tolerance {tol:g})"
+        if err > worst:
+            worst, where = err, k
+    return worst, where
+
+
+def compare_logs(emu, cpu, tol):
+    a, b = records(emu), records(cpu)
+    assert [sorted(r) for r in a] == [sorted(r) for r in b], f"the logs differ in their records:\n{a}\n{b}"
+    worst_loss = worst_acc = 0.0
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if k not in ("loss", "accuracy", "lr")} == \
+               {k: v for k, v in y.items() if k not in ("loss", "accuracy", "lr")}, f"records differ: {x} {y}"
+        assert x.get("lr") == y.get("lr"), f"learning rates differ: {x} {y}"
+        assert (x["loss"] is None) == (y["loss"] is None), f"one loss is not finite: {x} {y}"
+        if x["loss"] is not None:
+            err = abs(x["loss"] - y["loss"]) / max(1.0, abs(y["loss"]))
+            assert err <= tol, f"logged losses differ by {err:.3g} (tolerance {tol:g}): {x} {y}"
+            worst_loss = max(worst_loss, err)
+        if "accuracy" in x:
+            d = abs(x["accuracy"] - y["accuracy"])
+            assert d <= 1.0 / EVAL_SAMPLES + 1e-9, f"accuracies differ by more than one sample: {x} {y}"
+            worst_acc = max(worst_acc, d)
+    return len(a), worst_loss, worst_acc
+
+
+def main():
+    work, steps, tol, cpu, emu = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+    os.makedirs(work, exist_ok=True)
+    data = write_data(cpu, work)
+    init = os.path.join(work, "init.safetensors")
+    write_init(cpu, init)
+    common = [*data, *write_eval_data(data, work), "--steps", str(steps), "--threads", "2", "--quiet",
+              "--log-every", "2"]
+    fresh = ["--init", init, "--no-shuffle", "--seed", "3"]
+
+    # checkpoints every 3 steps (a device trainer reads its sums back for each) and at the end,
+    # where the optimizer state, laid out as the CPU's, is compared too
+    every = ["--checkpoint-every", "3", "--checkpoint"]
+    cpu_log, cpu_out = train(cpu, common + fresh, "cpu", work, *every, os.path.join(work, "cpu.ckpt"))
+    emu_log, emu_out = train(emu, common + fresh, "emu", work, *every, os.path.join(work, "emu.ckpt"))
+    worst, where = compare_params(emu_out, cpu_out, tol, "emulated vs CPU")
+    worst_ckpt, where_ckpt = compare_params(os.path.join(work, "emu.ckpt"), os.path.join(work, "cpu.ckpt"), tol,
+                                            "emulated vs CPU checkpoints")
+    n, worst_loss, worst_acc = compare_logs(emu_log, cpu_log, tol)
+
+    # blocks and threads in the opposite order: the same bits, or some kernel races
+    _, reversed_out = train(emu, common + fresh, "emu-reversed", work, env=dict(os.environ, NETC_EMU_REVERSE="1"))
+    a, b = st_load(reversed_out), st_load(emu_out)
+    for k in b:
+        assert np.array_equal(a[k], b[k]), f"blocks and threads in reverse order: {k} differs (a race in a kernel)"
+
+    # stopped half way (an even step: a log boundary) and resumed: the same bits and losses
+    stop = max(2, steps // 2 // 2 * 2)
+    ckpt = os.path.join(work, "emu-stopped.ckpt")
+    train(emu, common + fresh, "emu-resumed", work, "--checkpoint", ckpt, "--stop-at", str(stop), expect=4)
+    _, resumed = train(emu, common, "emu-resumed", work, "--resume", ckpt, "--checkpoint", ckpt)
+    a, b = st_load(resumed), st_load(emu_out)
+    for k in b:
+        assert np.array_equal(a[k], b[k]), f"resumed at step {stop}: {k} differs from the uninterrupted run"
+    assert records(os.path.join(work, "emu-resumed.jsonl")) == records(emu_log), \
+        f"resumed at step {stop}: the log differs from the uninterrupted run's"
+
+    # a NaN in the data: both stop at the same step, with the non-finite exit status
+    nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
+           *fresh]
+    at = nonfinite_step(cpu, nan), nonfinite_step(emu, nan)
+    assert at[0] == at[1] and at[0] >= 3, \
+        f"NaN in the third batch: the CPU trainer stops at step {at[0]}, the emulated one at {at[1]}"
+
+    print(f"emulated vs CPU after {steps} steps: parameters {worst:.3g} ({where or 'identical'}), "
+          f"final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), "
+          f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
+          f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
+          f"NaN found by both at step {at[0]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# emu_vs_cpu.sh NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
+#
+# The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
+# or a path ending in .net) is compiled twice: as a CPU trainer, and with --backend cuda, whose
+# host C (NAME.c) and kernels (NAME.cu) are then built into an emulated trainer: gcc for NAME.c,
+# g++ with cuda_emu.h for NAME.cu, and rt_cuda_emu.c in place of libnetrt_cuda (see those
+# files). emu_compare.py trains both the same way and compares parameters, checkpoints, logged
+# losses and evaluations within TOL; then requires the same bits from the emulated run with its
+# blocks in reverse order and stopped and resumed, and the same step from both on a NaN.
+#
+# This checks what netc generates for the device (offsets, kernels, index maps, the on-device
+# step bookkeeping, optimizer, schedule and sums) and rt_main's device path. It does not run
+# any CUDA, cuBLASLt or cuDNN call: those need a GPU (tests/gpu/).
+#
+# Needs, from tests/cuda/CMakeLists.txt: NETC_EMU_CUDA_INCLUDE (cuda_runtime.h's directory, for
+# netrt_cuda.h's types) and NETC_EMU_LINK (libnetrt.a and what it links).
+set -euo pipefail
+netc=$1 work=$2 model=$3 steps=$4 tol=$5
+shift 5
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+: "${NETC_EMU_CUDA_INCLUDE:?set it to the CUDA include directory (tests/cuda/CMakeLists.txt does)}"
+: "${NETC_EMU_LINK:?set it to libnetrt.a and its libraries (tests/cuda/CMakeLists.txt does)}"
+case $model in
+*.net) src=$(cd "$(dirname "$model")" && pwd)/$(basename "$model") model=$(basename "$model" .net) ;;
+*) src=$root/models/$model.net ;;
+esac
+dir=$work/emu-$model
+rm -rf "$dir" && mkdir -p "$dir"
+
+"$netc" "$src" "$@" -o "$dir/$model-cpu"
+"$netc" "$src" "$@" --backend cuda --emit-dir "$dir/gen" -o "$dir/gen/$model"
+
+# The kernels by name: the .cu and a table of its kernel_names (from the host C), one object
+# whose only global symbols are the table, so no kernel name can meet a library's symbol.
+names=$(sed -n '/kernel_names\[N_KERNELS\] = {/,/^};/s/^ *"\([A-Za-z_][A-Za-z0-9_]*\)",$/\1/p' "$dir/gen/$model.c")
+[ -n "$names" ] || { echo "emu_vs_cpu: no kernel_names in $dir/gen/$model.c" >&2; exit 1; }
+{
+  echo "#include \"$model.cu\""
+  echo 'extern "C" {'
+  echo 'struct EmuKernel { const char *name; void (*fn)(unsigned char *); };'
+  echo 'extern const EmuKernel emu_kernels[] = {'
+  for k in $names; do echo "    {\"$k\", $k},"; done
+  echo '};'
+  echo "extern const int emu_n_kernels = $(echo "$names" | wc -l);"
+  echo '}'
+} >"$dir/kernels_emu.cpp"
+
+flags=(-O2 -g -fopenmp -ffp-contract=off -I"$root/runtime" -I"$root/runtime/cuda" -I"$NETC_EMU_CUDA_INCLUDE")
+g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -include "$here/cuda_emu.h" -I"$dir/gen" \
+  -c "$dir/kernels_emu.cpp" -o "$dir/kernels_emu.o"
+objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$dir/kernels_emu.o"
+gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$dir/gen/$model.c" -o "$dir/host.o"
+gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$dir/rt_cuda_emu.o"
+# shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
+g++ -fopenmp "$dir/host.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK -o "$dir/$model-emu"
+
+/usr/bin/python3 "$here/emu_compare.py" "$dir/run" "$steps" "$tol" "$dir/$model-cpu" "$dir/$model-emu"

@@ -1,0 +1,530 @@
+/* rt_cuda_emu.c - libnetrt_cuda's API (netrt_cuda.h) and rt_cuda_device on the CPU, for the
+ * emulation test (emu_vs_cpu.sh): a trainer built by netc --backend cuda, its host C and its
+ * kernels (compiled by g++ with cuda_emu.h) linked with this file instead of libnetrt_cuda.
+ *
+ * What it mirrors of runtime/cuda/rt_cuda.c, the real device: the one zeroed arena, the kernels
+ * looked up by name, plan() then a warm-up run of both steps on the zeroed arena (zeroed again
+ * after), two staging slots holding an RtBatchHeader and the inputs at RtCudaModel.off_input,
+ * copied to off_batch before each step, start() writing a fresh RtDevState, read_train and
+ * read_eval reading the sums and resetting exactly the fields the real one resets.
+ *
+ * What it does not test: every CUDA, cuBLASLt and cuDNN call. The stream and the CUDA Graphs
+ * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
+ * products are rt_gemm (OpenBLAS) plus the epilogue, convolutions the CPU's rt_conv2d_* (or
+ * rt_conv2d_nhwc_*, oneDNN); kernels run block after block, a block's threads as fibers
+ * (below), with the host's libm, and without FMA contraction. Real launch limits, memory
+ * coherence, truly concurrent threads and the GPU's arithmetic are out of its reach.
+ *
+ * Checks a GPU would not make: every matrix product's and convolution's operands must lie
+ * inside the arena, a guard zone after the arena must be untouched at close, a block reduction
+ * must run in a block of 256 threads and never in divergent code, and (NETC_EMU_REVERSE) the
+ * order of blocks and threads must not matter.
+ */
+#include <omp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "netrt_cuda.h"
+
+/* The kernels of the .cu, by name; emu_vs_cpu.sh generates this table beside it. */
+typedef struct EmuKernel {
+    const char *name;
+    void (*fn)(unsigned char *base);
+} EmuKernel;
+extern const EmuKernel emu_kernels[];
+extern const int emu_n_kernels;
+
+typedef struct {
+    unsigned x, y, z;
+} EmuDim3; /* cuda_emu.h's dim3 */
+__thread EmuDim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
+
+enum {
+    EMU_SLOTS = 2,               /* staging slots, as rt_cuda.c */
+    EMU_MAX_THREADS = 1024,      /* a block's threads, CUDA's limit */
+    EMU_STACK = 128 << 10,       /* one fiber's stack */
+    EMU_GUARD = 1 << 20,         /* bytes after the arena that nothing may write */
+    EMU_GUARD_BYTE = 0xA5,
+};
+
+_Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn static void die(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("error: cuda (emulated): ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+/* ---- fibers: a block's threads on one OS thread
+ *
+ * Each thread of a block is a fiber with its own stack. The scheduler switches to every ready
+ * fiber in turn; a fiber runs until it returns from the kernel or calls __syncthreads(), then
+ * switches back. When every fiber is at the barrier or done, the barrier opens and the round
+ * repeats. Blocks run one after another, in ascending order, or descending with NETC_EMU_REVERSE
+ * set (threads too): a kernel whose result depends on the order has a race on a GPU. Between
+ * two barriers a thread runs alone, so a race among one block's threads shows only as far as
+ * the order changes it. The switch saves the callee-saved registers on the fiber's stack;
+ * x86-64 System V only. */
+
+#if !defined(__x86_64__)
+#error "rt_cuda_emu.c: the fiber switch is written for x86-64"
+#endif
+
+/* Save the callee-saved registers and the stack pointer to *save, continue on stack `to`. */
+void emu_switch(void **save, void *to);
+__asm__(".text\n"
+        ".globl emu_switch\n"
+        ".type emu_switch, @function\n"
+        "emu_switch:\n"
+        "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+        "    ret\n"
+        ".size emu_switch, .-emu_switch\n");
+
+enum { FIBER_READY, FIBER_BARRIER, FIBER_DONE };
+
+typedef struct Block {
+    const char *name;        /* the kernel's, for messages */
+    void (*kernel)(unsigned char *);
+    unsigned char *base;
+    unsigned n;              /* threads in the block */
+    unsigned current;        /* the fiber running */
+    int reverse;             /* NETC_EMU_REVERSE set: blocks and threads in descending order */
+    void *sched_sp;          /* the scheduler's saved stack */
+    void *sp[EMU_MAX_THREADS];
+    unsigned char state[EMU_MAX_THREADS];
+    unsigned char *stacks;   /* EMU_MAX_THREADS * EMU_STACK, mapped once */
+} Block;
+
+static Block g_block;
+
+static void fiber_main(void) {
+    Block *b = &g_block;
+    b->kernel(b->base);
+    b->state[b->current] = FIBER_DONE;
+    emu_switch(&b->sp[b->current], b->sched_sp);
+    die("internal error: a finished fiber was resumed");
+}
+
+/* Every __syncthreads() of netrt_kernels.cuh is inside a block reduction, whose shared array
+ * has one slot per thread of a 256-thread block: a smaller block would read stale slots. */
+void emu_syncthreads(void) {
+    Block *b = &g_block;
+    if (emu_blockDim.x != 256)
+        die("%s: a block reduction (__syncthreads) in a block of %u threads; netrt_kernels.cuh's need 256", b->name,
+            emu_blockDim.x);
+    b->state[b->current] = FIBER_BARRIER;
+    emu_switch(&b->sp[b->current], b->sched_sp);
+}
+
+/* A fresh fiber: emu_switch pops six registers and returns into fiber_main with the stack
+ * aligned as after a call. */
+static void *fiber_stack(Block *b, unsigned t) {
+    uintptr_t top = (uintptr_t)(b->stacks + (size_t)(t + 1) * EMU_STACK) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 8 * sizeof(void *));
+    for (int i = 0; i < 6; i++) sp[i] = NULL;
+    sp[6] = (void *)fiber_main;
+    sp[7] = NULL; /* fiber_main's return address: it never returns */
+    return sp;
+}
+
+/* Run every thread of block emu_blockIdx to its end. A barrier that some threads reach while
+ * others have returned is __syncthreads() in divergent code, which CUDA leaves undefined (it
+ * may hang): an error here. */
+static void run_block(Block *b) {
+    for (unsigned t = 0; t < b->n; t++) {
+        b->sp[t] = fiber_stack(b, t);
+        b->state[t] = FIBER_READY;
+    }
+    for (;;) {
+        unsigned waiting = 0, done = 0;
+        for (unsigned i = 0; i < b->n; i++) {
+            unsigned t = b->reverse ? b->n - 1 - i : i;
+            if (b->state[t] == FIBER_READY) {
+                b->current = t;
+                emu_threadIdx = (EmuDim3){t, 0, 0};
+                emu_switch(&b->sched_sp, b->sp[t]);
+            }
+            waiting += b->state[t] == FIBER_BARRIER;
+            done += b->state[t] == FIBER_DONE;
+        }
+        if (!waiting) return;
+        if (done)
+            die("%s: block %u: %u threads wait at __syncthreads() while %u have returned (a barrier in divergent "
+                "code)", b->name, emu_blockIdx.x, waiting, done);
+        for (unsigned t = 0; t < b->n; t++)
+            if (b->state[t] == FIBER_BARRIER) b->state[t] = FIBER_READY;
+    }
+}
+
+static void launch(const char *name, void (*kernel)(unsigned char *), unsigned char *base, unsigned grid,
+                   unsigned block) {
+    Block *b = &g_block;
+    if (!b->stacks) {
+        b->stacks = mmap(NULL, (size_t)EMU_MAX_THREADS * EMU_STACK, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b->stacks == MAP_FAILED) die("cannot map the fibers' stacks");
+        for (size_t t = 0; t < EMU_MAX_THREADS; t++) /* a guard page under each: overflow faults */
+            if (mprotect(b->stacks + t * EMU_STACK, 4096, PROT_NONE) != 0) die("cannot protect a fiber's stack");
+        b->reverse = getenv("NETC_EMU_REVERSE") != NULL;
+    }
+    b->name = name, b->kernel = kernel, b->base = base, b->n = block;
+    emu_gridDim = (EmuDim3){grid, 1, 1};
+    emu_blockDim = (EmuDim3){block, 1, 1};
+    for (unsigned i = 0; i < grid; i++) {
+        emu_blockIdx = (EmuDim3){b->reverse ? grid - 1 - i : i, 0, 0};
+        run_block(b);
+    }
+}
+
+/* ---- the device */
+
+struct RtCuda {
+    const RtModel *model;
+    const RtCudaModel *dm;
+    void (**kernels)(unsigned char *); /* dm->n_kernels, indexed like dm->kernel_names */
+    unsigned char *base;               /* the arena, then EMU_GUARD guard bytes */
+    unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
+    int next_slot;
+    size_t input_bytes[RT_MAX_INPUTS];
+    float *conv_scratch;               /* the NCHW convolutions' per-thread scratch */
+    size_t conv_scratch_floats;
+};
+
+static RtCuda g_cu;
+
+cudaStream_t rt_cuda_stream(const RtCuda *cu) {
+    (void)cu;
+    return NULL;
+}
+unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
+
+void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
+    if (k < 0 || k >= cu->dm->n_kernels) die("internal error: kernel %d of %d launched", k, cu->dm->n_kernels);
+    if (grid < 1 || grid > 0x7fffffffu || block < 1 || block > EMU_MAX_THREADS)
+        die("launching %s: %u blocks of %u threads is not a valid launch", cu->dm->kernel_names[k], grid, block);
+    if (block > 256) /* every kernel is __launch_bounds__(256) */
+        die("launching %s with %u threads, above its __launch_bounds__(256)", cu->dm->kernel_names[k], block);
+    launch(cu->dm->kernel_names[k], cu->kernels[k], cu->base, grid, block);
+}
+
+/* Stop unless [p, p + floats) lies inside the arena: an operand the generated code misplaced. */
+static void check_inside(const RtCuda *cu, const void *p, int64_t floats, const char *what, const char *op) {
+    const unsigned char *lo = cu->base, *hi = cu->base + cu->dm->device_bytes, *q = p;
+    if (!p || q < lo || floats < 0 || q + floats * (int64_t)sizeof(float) > hi)
+        die("%s: %s (%lld floats at arena offset %lld) is not inside the %lld-byte arena", op, what,
+            (long long)floats, p ? (long long)(q - lo) : -1LL, (long long)cu->dm->device_bytes);
+}
+
+/* Stop if a result [out, out + n) overlaps an operand [in, in + m): cuBLASLt and cuDNN read
+ * their operands while they write, so the memory plan must never share a buffer between them. */
+static void check_apart(const float *out, int64_t n, const float *in, int64_t m, const char *what, const char *op) {
+    if (out < in + m && in < out + n) die("%s: the result overlaps %s", op, what);
+}
+
+/* ---- matrix products: rt_gemm, then the epilogue */
+
+struct RtGemmPlan {
+    int trans_a, trans_b;
+    int64_t M, N, K, lda, ldb, ldc, batch, sa, sb, sc;
+    RtEpilogue epi;
+    RtGemmPlan *next;
+};
+static RtGemmPlan *gemm_plans;
+
+RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                              int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc,
+                              RtEpilogue epi) {
+    (void)cu;
+    /* rt_cuda_gemm.c's check: arguments no correct caller passes */
+    if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
+        ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
+        die("internal error: bad matrix product C[%lld,%lld] K %lld ld %lld %lld %lld batch %lld epilogue %d",
+            (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc,
+            (long long)batch, (int)epi);
+    RtGemmPlan *p = calloc(1, sizeof *p);
+    if (!p) die("out of host memory");
+    *p = (RtGemmPlan){trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, batch > 1 ? sa : 0, batch > 1 ? sb : 0,
+                      batch > 1 ? sc : 0, epi, gemm_plans};
+    gemm_plans = p;
+    return p;
+}
+
+/* Floats from a row-major rows x cols matrix's first element to its last, + 1. */
+static int64_t extent(int64_t rows, int64_t cols, int64_t ld) { return (rows - 1) * ld + cols; }
+
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias) {
+    if ((p->epi != RT_EPI_NONE) != (bias != NULL))
+        die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi, bias ? "with" : "without");
+    const int64_t last = p->batch - 1;
+    const int64_t na = last * p->sa + extent(p->trans_a ? p->K : p->M, p->trans_a ? p->M : p->K, p->lda);
+    const int64_t nb = last * p->sb + extent(p->trans_b ? p->N : p->K, p->trans_b ? p->K : p->N, p->ldb);
+    const int64_t nc = last * p->sc + extent(p->M, p->N, p->ldc);
+    check_inside(cu, A, na, "A", "matrix product");
+    check_inside(cu, B, nb, "B", "matrix product");
+    check_inside(cu, C, nc, "C", "matrix product");
+    if (bias) check_inside(cu, bias, p->N, "the bias", "matrix product");
+    check_apart(C, nc, A, na, "A", "matrix product");
+    check_apart(C, nc, B, nb, "B", "matrix product");
+    if (bias) check_apart(C, nc, bias, p->N, "the bias", "matrix product");
+    for (int64_t b = 0; b < p->batch; b++) {
+        float *c = C + b * p->sc;
+        rt_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, 1.0f, A + b * p->sa, p->lda, B + b * p->sb, p->ldb, 0.0f,
+                c, p->ldc);
+        if (!bias) continue;
+        for (int64_t i = 0; i < p->M; i++)
+            for (int64_t j = 0; j < p->N; j++) {
+                float v = c[i * p->ldc + j] + bias[j];
+                c[i * p->ldc + j] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f : v;
+            }
+    }
+}
+
+/* ---- convolutions: the CPU's kernels, NCHW (im2col + OpenBLAS) or NHWC (oneDNN) */
+
+struct RtCudaConvPlan {
+    RtConv c;
+    int which, nhwc;
+    RtConvPlan *dnnl; /* the oneDNN primitive, built on first use */
+    RtCudaConvPlan *next;
+};
+static RtCudaConvPlan *conv_plans;
+
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc) {
+    (void)cu;
+    int ok = which >= 0 && which <= 2 && c->groups >= 1 && c->C % c->groups == 0 && c->K % c->groups == 0 &&
+             c->stride_h >= 1 && c->stride_w >= 1 && c->dil_h >= 1 && c->dil_w >= 1 && c->pad_h >= 0 &&
+             c->pad_w >= 0 && c->N >= 1 && c->C >= 1 && c->H >= 1 && c->W >= 1 && c->K >= 1 && c->R >= 1 &&
+             c->S >= 1 && c->P >= 1 && c->Q >= 1;
+    /* cuDNN's output size for the geometry must be the planned one */
+    ok = ok && c->P == (c->H + 2 * c->pad_h - c->dil_h * (c->R - 1) - 1) / c->stride_h + 1 &&
+         c->Q == (c->W + 2 * c->pad_w - c->dil_w * (c->S - 1) - 1) / c->stride_w + 1;
+    if (!ok) die("internal error: bad convolution (direction %d)", which);
+    RtCudaConvPlan *p = calloc(1, sizeof *p);
+    if (!p) die("out of host memory");
+    p->c = *c, p->which = which, p->nhwc = nhwc, p->next = conv_plans;
+    conv_plans = p;
+    return p;
+}
+
+static float *conv_scratch(RtCuda *cu, const RtConv *c) {
+    size_t need = (size_t)rt_conv2d_scratch(c) * (size_t)omp_get_max_threads();
+    if (need > cu->conv_scratch_floats) {
+        free(cu->conv_scratch);
+        cu->conv_scratch = malloc(need * sizeof(float));
+        if (!cu->conv_scratch) die("out of host memory for convolution scratch");
+        cu->conv_scratch_floats = need;
+    }
+    return cu->conv_scratch;
+}
+
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const float *in0, const float *in1, float *out) {
+    RtCudaConvPlan *p = (RtCudaConvPlan *)cp; /* the oneDNN slot is filled on first use */
+    const RtConv *c = &p->c;
+    int64_t x = c->N * c->C * c->H * c->W, w = c->K * (c->C / c->groups) * c->R * c->S, y = c->N * c->K * c->P * c->Q;
+    static const char *const names[] = {"forward convolution", "data-gradient convolution",
+                                        "filter-gradient convolution"};
+    const char *op = names[p->which];
+    const int64_t in0_n[] = {x, y, x}, in1_n[] = {w, w, y}, out_n[] = {y, x, w};
+    check_inside(cu, in0, in0_n[p->which], "the first operand", op);
+    check_inside(cu, in1, in1_n[p->which], "the second operand", op);
+    check_apart(out, out_n[p->which], in0, in0_n[p->which], "the first operand", op);
+    check_apart(out, out_n[p->which], in1, in1_n[p->which], "the second operand", op);
+    check_inside(cu, out, out_n[p->which], "the result", op);
+    int64_t per = rt_conv2d_scratch(c);
+    switch (p->which) {
+    case 0:
+        if (p->nhwc) rt_conv2d_nhwc_fwd(c, &p->dnnl, in0, in1, out);
+        else rt_conv2d_fwd(c, in0, in1, out, conv_scratch(cu, c), per);
+        break;
+    case 1:
+        if (p->nhwc) rt_conv2d_nhwc_bwd_data(c, &p->dnnl, in0, in1, out);
+        else rt_conv2d_bwd_data(c, in0, in1, out, conv_scratch(cu, c), per);
+        break;
+    default:
+        if (p->nhwc) rt_conv2d_nhwc_bwd_filter(c, &p->dnnl, in0, in1, out);
+        else rt_conv2d_bwd_filter(c, in0, in1, out, conv_scratch(cu, c), per);
+        break;
+    }
+}
+
+static void plans_free(void) {
+    while (gemm_plans) {
+        RtGemmPlan *p = gemm_plans;
+        gemm_plans = p->next;
+        free(p);
+    }
+    while (conv_plans) {
+        RtCudaConvPlan *p = conv_plans;
+        conv_plans = p->next;
+        if (p->dnnl) rt_conv_plan_free(p->dnnl);
+        free(p);
+    }
+}
+
+/* ---- the hooks, as rt_cuda.c's */
+
+static int fail(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *why, size_t size, const char *fmt, ...) {
+    va_list ap;
+    if (why && size) {
+        va_start(ap, fmt);
+        vsnprintf(why, size, fmt, ap);
+        va_end(ap);
+    }
+    return 1;
+}
+
+static size_t dtype_bytes(RtDtype t) {
+    static const size_t bytes[] = {[RT_F32] = 4, [RT_F16] = 2, [RT_BF16] = 2, [RT_I32] = 4, [RT_I64] = 8, [RT_U8] = 1};
+    return bytes[t];
+}
+
+/* rt_cuda.c's size_inputs: one batch of each input, inside the staged batch. */
+static int size_inputs(RtCuda *cu, char *why, size_t size) {
+    const RtModel *m = cu->model;
+    const RtCudaModel *dm = cu->dm;
+    if (m->n_inputs < 0 || m->n_inputs > RT_MAX_INPUTS)
+        return fail(why, size, "internal error: %d inputs", m->n_inputs);
+    if (dm->batch_bytes < (int64_t)sizeof(RtBatchHeader) || dm->off_batch < 0 ||
+        dm->off_batch + dm->batch_bytes > dm->device_bytes)
+        return fail(why, size, "internal error: the staged batch is not inside the arena");
+    for (int i = 0; i < m->n_inputs; i++) {
+        int64_t n = m->batch;
+        for (int d = 0; d < m->inputs[i].rank; d++) n *= m->inputs[i].shape[d];
+        cu->input_bytes[i] = (size_t)n * dtype_bytes(m->inputs[i].dtype);
+        if (dm->off_input[i] < (int64_t)sizeof(RtBatchHeader) ||
+            dm->off_input[i] + (int64_t)cu->input_bytes[i] > dm->batch_bytes)
+            return fail(why, size, "internal error: input %s is not inside the staged batch", m->inputs[i].name);
+    }
+    return 0;
+}
+
+static int find_kernels(RtCuda *cu, char *why, size_t size) {
+    const RtCudaModel *dm = cu->dm;
+    cu->kernels = calloc(dm->n_kernels > 0 ? (size_t)dm->n_kernels : 1, sizeof *cu->kernels);
+    if (!cu->kernels) return fail(why, size, "out of host memory");
+    for (int k = 0; k < dm->n_kernels; k++) {
+        for (int i = 0; i < emu_n_kernels && !cu->kernels[k]; i++)
+            if (strcmp(emu_kernels[i].name, dm->kernel_names[k]) == 0) cu->kernels[k] = emu_kernels[i].fn;
+        if (!cu->kernels[k]) return fail(why, size, "the kernels have no %s", dm->kernel_names[k]);
+    }
+    return 0;
+}
+
+static void zero_arena(RtCuda *cu) { memset(cu->base, 0, (size_t)cu->dm->device_bytes); }
+
+static int emu_open(const RtModel *m, int use_graph, char *why, size_t size) {
+    RtCuda *cu = &g_cu;
+    (void)use_graph; /* no graphs here: every step runs as it is enqueued */
+    if (cu->dm) return fail(why, size, "internal error: the CUDA device is already open");
+    cu->model = m, cu->dm = m->device_model;
+    if (!cu->dm || !cu->dm->train || !cu->dm->eval) return fail(why, size, "internal error: no CUDA step");
+    if (size_inputs(cu, why, size) || find_kernels(cu, why, size)) return 1;
+    size_t bytes = ((size_t)cu->dm->device_bytes + EMU_GUARD + 255) & ~(size_t)255;
+    cu->base = aligned_alloc(256, bytes); /* cudaMalloc's alignment */
+    if (!cu->base)
+        return fail(why, size, "out of host memory for the %lld-byte arena", (long long)cu->dm->device_bytes);
+    zero_arena(cu);
+    memset(cu->base + cu->dm->device_bytes, EMU_GUARD_BYTE, EMU_GUARD);
+    if (cu->dm->plan) cu->dm->plan(cu);
+    for (int s = 0; s < EMU_SLOTS; s++)
+        if (!(cu->slot[s] = calloc(1, (size_t)cu->dm->batch_bytes))) return fail(why, size, "out of host memory");
+    /* rt_cuda.c's warm-up: both steps once on the zeroed arena, then zeroed again */
+    cu->dm->train(cu);
+    cu->dm->eval(cu);
+    zero_arena(cu);
+    return 0;
+}
+
+static void emu_upload(const float *params, const float *optstate) {
+    RtCuda *cu = &g_cu;
+    const RtModel *m = cu->model;
+    memcpy(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float));
+    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    if (state_floats && optstate) memcpy(cu->base + cu->dm->off_optstate, optstate, state_floats * sizeof(float));
+}
+
+static void emu_download(float *params, float *optstate) {
+    RtCuda *cu = &g_cu;
+    const RtModel *m = cu->model;
+    memcpy(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float));
+    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    if (state_floats && optstate) memcpy(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float));
+}
+
+static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed) {
+    RtCuda *cu = &g_cu;
+    RtDevState st;
+    memset(&st, 0, sizeof st);
+    st.step = step, st.per_epoch = per_epoch, st.total = total, st.seed = seed;
+    memcpy(cu->base + cu->dm->off_state, &st, sizeof st);
+}
+
+static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
+    RtCuda *cu = &g_cu;
+    int s = cu->next_slot;
+    cu->next_slot = (s + 1) % EMU_SLOTS;
+    ((RtBatchHeader *)cu->slot[s])->n_valid = n_valid;
+    for (int i = 0; i < cu->model->n_inputs; i++)
+        memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
+    memcpy(cu->base + cu->dm->off_batch, cu->slot[s], (size_t)cu->dm->batch_bytes);
+    (eval ? cu->dm->eval : cu->dm->train)(cu);
+}
+
+static void emu_train_step(void *const *batch) { stage_and_run(batch, g_cu.model->batch, 0); }
+static void emu_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, 1); }
+
+static RtDevState *state(RtCuda *cu) { return (RtDevState *)(cu->base + cu->dm->off_state); }
+
+static void emu_read_train(RtDeviceSums *sums) {
+    RtDevState *st = state(&g_cu);
+    sums->loss = st->loss_sum;
+    sums->steps = st->loss_steps;
+    sums->nonfinite_step = st->nonfinite_step;
+    st->loss_sum = 0, st->loss_steps = 0;
+}
+
+static void emu_read_eval(double *loss_sum, double *correct) {
+    RtDevState *st = state(&g_cu);
+    *loss_sum = st->eval_loss;
+    *correct = st->eval_correct;
+    st->eval_loss = 0, st->eval_correct = 0;
+}
+
+static void emu_close(void) {
+    RtCuda *cu = &g_cu;
+    if (cu->base) {
+        for (size_t i = 0; i < EMU_GUARD; i++)
+            if (cu->base[cu->dm->device_bytes + i] != EMU_GUARD_BYTE)
+                die("something wrote %zu bytes past the end of the %lld-byte arena", i,
+                    (long long)cu->dm->device_bytes);
+    }
+    plans_free();
+    for (int s = 0; s < EMU_SLOTS; s++) free(cu->slot[s]);
+    free(cu->base), free(cu->kernels), free(cu->conv_scratch);
+    memset(cu, 0, sizeof *cu);
+}
+
+const RtDevice rt_cuda_device = {
+    .name = "cuda",
+    .open = emu_open,
+    .upload = emu_upload,
+    .download = emu_download,
+    .start = emu_start,
+    .train_step = emu_train_step,
+    .eval_step = emu_eval_step,
+    .read_train = emu_read_train,
+    .read_eval = emu_read_eval,
+    .close = emu_close,
+};
