@@ -264,7 +264,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
         fprintf(c->out, "    const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only\n",
                 total / x->shape.dim[0]);
     else fprintf(c->out, "    const int64_t count = %" PRId64 ";\n", total);
-    fprintf(c->out, "    rt_k_mean(count, v%d, %s, v%d);\n", x->id, n->op == OP_MEAN ? "1.0 / (double)count" : "1.0",
+    fprintf(c->out, "    rt_k_mean(count, v%d, %d, v%d);\n", x->id, n->op == OP_MEAN,
             n->id);
     snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
     kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));

@@ -353,7 +353,7 @@ static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g,
         return 1;
     }
     const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, images);
+    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, o->tf32, images);
     if (!o->emit_dir) unlink(cu);
     return rc;
 }

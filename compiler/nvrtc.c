@@ -47,8 +47,8 @@ static void write_bytes(FILE *o, const char *name, const unsigned char *data, si
 
 /* One NVRTC compilation for `arch` ("sm_90" for a cubin, "compute_90" for PTX). Returns the
  * image (malloc'ed) or NULL after printing NVRTC's log. */
-static unsigned char *compile_one(const char *src, const char *path, const char *arch, int ptx, const char *const *hdr,
-                                  const char *const *hdr_names, int n_hdr, size_t *size) {
+static unsigned char *compile_one(const char *src, const char *path, const char *arch, int ptx, int fmad,
+                                  const char *const *hdr, const char *const *hdr_names, int n_hdr, size_t *size) {
     nvrtcProgram prog;
     nvrtcResult r = nvrtcCreateProgram(&prog, src, path, n_hdr, hdr, hdr_names);
     if (r != NVRTC_SUCCESS) {
@@ -57,8 +57,11 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
     }
     char opt_arch[64];
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
-    const char *opts[] = {opt_arch, "-std=c++17", "-default-device"};
-    r = nvrtcCompileProgram(prog, 3, opts);
+    /* --fmad=false: a product is rounded before it is added, as in the CPU backend's C, so
+     * --precision fp32 trainers can match the CPU reference (netrt_kernels.cuh rounds the same
+     * way on purpose); tf32 trainers, built for speed, let NVRTC contract to FMAs. */
+    const char *opts[] = {opt_arch, "-std=c++17", "-default-device", fmad ? "--fmad=true" : "--fmad=false"};
+    r = nvrtcCompileProgram(prog, 4, opts);
     size_t log_size = 0;
     nvrtcGetProgramLogSize(prog, &log_size);
     if (r != NVRTC_SUCCESS || log_size > 1) {
@@ -80,7 +83,7 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
     return img;
 }
 
-int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, const char *images_path) {
+int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, const char *images_path) {
     static const char *const names[] = {"rt_devstate.h", "netrt_kernels.cuh"};
     char *hdr[2] = {NULL, NULL};
     char *src = read_all(cu_path, NULL);
@@ -114,7 +117,7 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
         snprintf(arch, sizeof arch, "%s_%d", ptx ? "compute" : "sm", sm);
         snprintf(name, sizeof name, "%s_%d", ptx ? "ptx" : "cubin", sm);
         size_t size = 0;
-        unsigned char *img = compile_one(src, cu_path, arch, ptx, (const char *const *)hdr, names, 2, &size);
+        unsigned char *img = compile_one(src, cu_path, arch, ptx, fmad, (const char *const *)hdr, names, 2, &size);
         if (!img) goto out;
         write_bytes(o, name, img, size);
         free(img);
@@ -133,8 +136,8 @@ out:
 
 #else
 
-int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, const char *images_path) {
-    (void)cu_path, (void)rt_dir, (void)sms, (void)n_sms, (void)images_path;
+int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, const char *images_path) {
+    (void)cu_path, (void)rt_dir, (void)sms, (void)n_sms, (void)fmad, (void)images_path;
     fprintf(stderr, "netc: error: this netc was built without the CUDA toolkit, so it cannot compile kernels\n"
                     "  hint: install the CUDA toolkit and cuDNN and rebuild netc (cmake -DNETC_CUDA=ON)\n");
     return 1;

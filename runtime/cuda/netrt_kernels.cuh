@@ -422,14 +422,15 @@ static __device__ __forceinline__ void rt_k_accuracy(int64_t rows, int64_t cols,
     if (threadIdx.x == 0) out[0] = (float)correct;
 }
 
-/* out[0] = (sum of x[0, count) in double) * scale: a SUM (scale 1) or MEAN (1 / count) of a
- * whole tensor. One block: thread t sums elements t, t + 256, ..., then the block's tree. */
-static __device__ __forceinline__ void rt_k_mean(int64_t count, const float *x, double scale, float *out) {
+/* out[0] = the sum of x[0, count) in double, divided by count when `mean` (as the CPU divides,
+ * not multiplied by a reciprocal): a SUM or MEAN of a whole tensor. One block: thread t sums
+ * elements t, t + 256, ..., then the block's tree. */
+static __device__ __forceinline__ void rt_k_mean(int64_t count, const float *x, int mean, float *out) {
     if (blockIdx.x != 0) return;
     double s = 0;
     for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += x[i];
     s = rt_block_sum(s);
-    if (threadIdx.x == 0) out[0] = (float)(s * scale);
+    if (threadIdx.x == 0) out[0] = (float)(mean ? s / (double)count : s);
 }
 
 // ---- batch norm: per-channel sums over M = N*H*W rows, in fixed blocks of 256 rows

@@ -66,7 +66,7 @@ static const char source[] =
     "    rt_k_accuracy(128, 10, F(0), L(4096 + 256), 100, F(1 << 20));\n"
     "}\n"
     "extern \"C\" __global__ void k_mean(unsigned char *base) {\n"
-    "    rt_k_mean(4096, F(0), 1.0 / 4096, F(1 << 20));\n"
+    "    rt_k_mean(4096, F(0), 1, F(1 << 20));\n"
     "}\n"
     "extern \"C\" __global__ void k_bn_train_nhwc(unsigned char *base) {\n"
     "    rt_k_bn_stats_part(8 * 32 * 32, 64, 32 * 32, 1, F(0), D(1 << 22));\n"
