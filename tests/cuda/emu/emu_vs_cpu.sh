@@ -51,9 +51,12 @@ flags=(-O2 -g -fopenmp -ffp-contract=off -I"$root/runtime" -I"$root/runtime/cuda
 g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -include "$here/cuda_emu.h" -I"$dir/gen" \
   -c "$dir/kernels_emu.cpp" -o "$dir/kernels_emu.o"
 objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$dir/kernels_emu.o"
-gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$dir/gen/$model.c" -o "$dir/host.o"
+# NETC_EMU_SANITIZE: the sanitizer flags of a NETC_SANITIZE build, whose libnetrt needs them at
+# link time; the generated host C gets them too, the emulation itself (fibers) does not.
+# shellcheck disable=SC2086 # a list of words
+gcc "${flags[@]}" ${NETC_EMU_SANITIZE:-} -std=gnu11 -Wall -Wextra -Werror -c "$dir/gen/$model.c" -o "$dir/host.o"
 gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$dir/rt_cuda_emu.o"
 # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
-g++ -fopenmp "$dir/host.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK -o "$dir/$model-emu"
+g++ -fopenmp ${NETC_EMU_SANITIZE:-} "$dir/host.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK -o "$dir/$model-emu"
 
 /usr/bin/python3 "$here/emu_compare.py" "$dir/run" "$steps" "$tol" "$dir/$model-cpu" "$dir/$model-emu"
