@@ -272,6 +272,9 @@ static void emit_reduce(Cu *u, const IrNode *n) {
 
 /* ---- library operators */
 
+/* The data type of a product or convolution: float32, or bf16 under --precision bf16. */
+static const char *rt_dtype(const IrNode *n) { return n->dtype == DT_BF16 ? "RT_BF16" : "RT_F32"; }
+
 /* A kernel that calls one device function of netrt_kernels.cuh on the node's pointers. The
  * call's text is in `call`; the pointers v<id> of n and its operands are declared first. */
 static int mentions(const char *call, int id) {
@@ -337,8 +340,8 @@ static void emit_matmul(Cu *u, const IrNode *n) {
         u->planned[n->id] = 1;
         fprintf(u->plan, "    gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
                          ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", %s);\n",
-                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi);
+                         ", %s, %s);\n",
+                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi, rt_dtype(n));
     }
     if (last)
         fprintf(u->step, "    // with its epilogue, fused group %d (%s): cuBLASLt writes %%%d\n", n->epilogue,
@@ -356,8 +359,8 @@ static void emit_conv(Cu *u, const IrNode *n) {
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
         cg_conv_geometry(u->plan, n, "geom");
-        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d);\n", n->id, n->id, which,
-                ir_operand_layout(n, 0) == LAYOUT_NHWC);
+        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which,
+                ir_operand_layout(n, 0) == LAYOUT_NHWC, rt_dtype(n));
     }
     fprintf(u->step, "    rt_cuda_conv(cu, conv%d, ", n->id);
     host_ptr(u, n->in[0], 0), fprintf(u->step, ", "), host_ptr(u, n->in[1], 0), fprintf(u->step, ", ");
@@ -450,7 +453,8 @@ static void emit_bn(Cu *u, const IrNode *n) {
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {
-    cg_check_lib_operands(n, "cuda");
+    int product = n->op == OP_MATMUL || n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA || n->op == OP_CONV2D_BWD_FILTER;
+    if (!(product && n->dtype == DT_BF16)) cg_check_lib_operands(n, "cuda"); /* bf16 products: autocast.c */
     switch (n->op) {
     case OP_MATMUL: emit_matmul(u, n); break;
     case OP_CONV2D:

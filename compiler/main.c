@@ -52,6 +52,7 @@ typedef struct Options {
     int sms[MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
     int n_sms;
     int tf32;       /* --precision tf32: TF32 tensor-core products and convolutions */
+    int bf16;       /* --precision bf16: products and convolutions in bf16, float32 master weights */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -75,7 +76,8 @@ static void usage(FILE *out) {
             "  --backend NAME       code generator: cpu (default) or cuda\n"
             "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90\n"
             "                       (default: sm_90); PTX of the lowest is embedded too\n"
-            "  --precision P        cuda: fp32 (default; no TF32) or tf32 for products and convolutions\n"
+            "  --precision P        cuda: fp32 (default; no TF32), tf32, or bf16 (products and convolutions\n"
+            "                       in bf16 with float32 master weights) for products and convolutions\n"
             "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR or the build tree)\n"
@@ -178,9 +180,10 @@ static int parse_args(int argc, char **argv, Options *o) {
         } else if ((v = opt_value(argc, argv, &i, "--arch", &err))) {
             if ((err = parse_archs(o, v))) return err;
         } else if ((v = opt_value(argc, argv, &i, "--precision", &err))) {
-            if (strcmp(v, "fp32") && strcmp(v, "tf32"))
-                return usage_error("--precision takes fp32 or tf32, found '%s' (bf16 and fp16 are not implemented yet)", v);
+            if (strcmp(v, "fp32") && strcmp(v, "tf32") && strcmp(v, "bf16"))
+                return usage_error("--precision takes fp32, tf32 or bf16, found '%s' (fp16 is not implemented yet)", v);
             o->tf32 = strcmp(v, "tf32") == 0;
+            o->bf16 = strcmp(v, "bf16") == 0;
         } else if ((v = opt_value(argc, argv, &i, "--cc", &err))) {
             o->cc = v;
         } else if ((v = opt_value(argc, argv, &i, "--runtime-dir", &err))) {
@@ -197,6 +200,8 @@ static int parse_args(int argc, char **argv, Options *o) {
         if (err) return err;
     }
     if (!o->input) return usage_error("no input file%s", "");
+    if ((o->tf32 || o->bf16) && strcmp(o->backend, "cuda") != 0)
+        return usage_error("--precision is an option of --backend cuda (the CPU backend computes in float32)%s", "");
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);
@@ -270,7 +275,7 @@ static int build_cuda_trainer(const Options *o, const char *c_path, const char *
     snprintf(rpath, sizeof rpath, "-Wl,-rpath,%s", NETC_CUDA_LIBRARY_DIR);
     char *argv[] = {
         (char *)cc, "-std=gnu11", opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
-        "-I" NETC_CUDA_INCLUDE_DIR, inc_blas, o->tf32 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
+        "-I" NETC_CUDA_INCLUDE_DIR, inc_blas, o->tf32 || o->bf16 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
         (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY, NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz",
         "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
     };
@@ -353,7 +358,7 @@ static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g,
         return 1;
     }
     const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, o->tf32, images);
+    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, o->tf32 || o->bf16, images);
     if (!o->emit_dir) unlink(cu);
     return rc;
 }
@@ -400,6 +405,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
     layout_select(g, !o->row_major);
     verify(g, "layout");
+    if (o->bf16) autocast_bf16(g);
+    verify(g, "autocast");
     if (o->dump == DUMP_LAYOUT) return ir_print(g, stdout), 0;
     if (!o->no_fuse) fuse_elementwise(g);
     verify(g, "fusion");

@@ -70,6 +70,11 @@ void mp_plan(IrGraph *g);
  * without reuse. */
 void mp_print(const IrGraph *g, FILE *out);
 
+/* autocast.c: matrix products and convolutions in bf16 - casts to bf16 before them and back to
+ * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
+ * bf16, CUDA backend). Returns the casts added. */
+int autocast_bf16(IrGraph *g);
+
 /* nvrtc.c: compile the CUDA C kernels at cu_path with NVRTC to a cubin for each architecture
  * in sms (80 = sm_80) and PTX for the lowest, and write them to images_path as the C table
  * netc_images (netrt_cuda.h); fmad lets NVRTC contract a * b + c to one FMA. rt_dir holds

@@ -40,7 +40,7 @@ typedef struct RtCudaImage {
 /* Arithmetic of matrix products and convolutions on float32 data. */
 typedef enum {
     RT_MATH_FP32, /* full float32: no TF32 tensor cores (what the CPU comparison needs) */
-    RT_MATH_TF32, /* float32 storage, TF32 tensor-core products */
+    RT_MATH_TF32, /* float32 storage, TF32 tensor-core products (bf16 products use tensor cores anyway) */
 } RtCudaMath;
 
 typedef struct RtCuda RtCuda;
@@ -79,7 +79,8 @@ unsigned char *rt_cuda_base(const RtCuda *cu); /* the device arena */
  * arena base as its one argument, on the stream. */
 void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block);
 
-/* A row-major matrix product on the device, cblas semantics:
+/* A row-major matrix product on the device, cblas semantics, on `dtype` data (RT_F32, or RT_BF16
+ * for A, B, C and the bias alike, accumulated in float32 - netc --precision bf16):
  *   C[M,N] = op(A) @ op(B), op = transpose when trans_*, leading dimensions lda, ldb, ldc,
  * `batch` of them at element strides sa, sb, sc (batch 1: strides ignored), then the epilogue:
  *   RT_EPI_NONE       C = A B
@@ -92,16 +93,17 @@ typedef enum { RT_EPI_NONE, RT_EPI_BIAS, RT_EPI_RELU_BIAS } RtEpilogue;
 typedef struct RtGemmPlan RtGemmPlan;
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                               int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
-                              int64_t sc, RtEpilogue epi);
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias);
+                              int64_t sc, RtEpilogue epi, RtDtype dtype);
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias);
 
 /* A convolution on the device through cuDNN: `which` 0 = forward y = conv(x, w), 1 = data
  * gradient dx from (dy, w), 2 = filter gradient dw from (x, dy); activations NHWC when `nhwc`
- * (else NCHW), weights [K, C/groups, R, S] either way. The algorithm is chosen at planning. */
+ * (else NCHW), weights [K, C/groups, R, S] either way; every tensor `dtype` (RT_F32, or RT_BF16
+ * accumulated in float32). The algorithm is chosen at planning. */
 typedef struct RtCudaConvPlan RtCudaConvPlan;
-RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc);
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc, RtDtype dtype);
 /* in0, in1: (x, w), (dy, w) or (x, dy) by `which`; out: y, dx or dw (overwritten). */
-void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const float *in1, float *out);
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const void *in0, const void *in1, void *out);
 
 #ifdef __cplusplus
 }
