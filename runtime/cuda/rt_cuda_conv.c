@@ -9,6 +9,12 @@
  * before a forward or data-gradient convolution, and a filter gradient is computed into it and
  * transformed back. The operation is cross-correlation, as in PyTorch, accumulated in float.
  *
+ * Data types. RT_F32: x, w, y (and the KRSC copy) CUDNN_DATA_FLOAT. RT_BF16 (netc --precision
+ * bf16): all of them CUDNN_DATA_BFLOAT16, the KRSC buffer sized by the 2-byte element, while the
+ * convolution descriptor's compute type stays CUDNN_DATA_FLOAT - bf16 tensors accumulated in
+ * float, the result rounded to bf16 once when it is written. The alpha and beta of every call,
+ * the transforms included, stay float: cuDNN takes double scaling factors only for double data.
+ *
  * The algorithm is chosen once, at planning, from cuDNN's heuristics (cudnnGet*Algorithm_v7,
  * which rank without running anything), and only algorithms cuDNN reports deterministic are
  * taken: a graph replay and a run without graphs must give the same bits, and the filter
@@ -25,6 +31,12 @@
  *     but no down-conversion to FP16 (that is ALLOW_CONVERSION, refused here too). cuDNN
  *     decides whether a kernel uses tensor cores from the algorithm and the descriptor's math
  *     type together, so the descriptor takes the math type of the result chosen.
+ *   bf16 data, whatever the RtCudaMath: as RT_MATH_TF32 - CUDNN_TENSOR_OP_MATH asked, tensor-op
+ *     (and FMA or default) results accepted, ALLOW_CONVERSION refused, the descriptor taking the
+ *     chosen result's math type. CUDNN_FMA_MATH would restrict cuDNN to FMA-instruction kernels,
+ *     and its bf16 convolutions are tensor-core kernels. Unlike TF32 for float data, tensor cores
+ *     round nothing here: the inputs are already bf16 and the accumulation is float.
+ * Only deterministic algorithms are taken for either data type.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -39,7 +51,7 @@ struct RtCudaConvPlan {
     cudnnTensorDescriptor_t x, y; /* x and y (or dx and dy): NHWC or NCHW */
     cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S] */
     cudnnConvolutionDescriptor_t conv;
-    float *krsc;                        /* NHWC plans: the filter (or its gradient) channels-last */
+    void *krsc;                         /* NHWC plans: the filter (or its gradient) channels-last */
     cudnnTensorDescriptor_t w_kcrs, w_krsc; /* the filter as a tensor in both orders, for the transforms */
     union {
         cudnnConvolutionFwdAlgo_t fwd;
@@ -59,43 +71,56 @@ typedef struct {
     cudnnMathType_t math;
 } Candidate;
 
+/* The cuDNN type of every tensor for `dtype`, and its size in bytes; any dtype but float32
+ * and bfloat16 is a netc bug. */
+static cudnnDataType_t dnn_type(RtDtype dtype, size_t *elem) {
+    switch (dtype) {
+    case RT_F32: *elem = 4; return CUDNN_DATA_FLOAT;
+    case RT_BF16: *elem = 2; return CUDNN_DATA_BFLOAT16;
+    default: rt_cuda_die("internal error: convolution on dtype %d (only float32 and bfloat16)", (int)dtype);
+    }
+}
+
 /* The geometry in words, for messages. */
-static const char *describe(const RtConv *c, int which, int nhwc) {
+static const char *describe(const RtConv *c, int which, int nhwc, RtDtype dtype) {
     static char buf[512];
     static const char *const dir[] = {"forward", "data gradient", "filter gradient"};
     snprintf(buf, sizeof buf,
-             "%s convolution x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] y [%lld,%lld,%lld,%lld] (%s), "
+             "%s convolution x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] y [%lld,%lld,%lld,%lld] (%s, %s), "
              "stride %dx%d, pad %dx%d, dilation %dx%d, groups %d",
              which >= 0 && which < 3 ? dir[which] : "unknown", (long long)c->N, (long long)c->C, (long long)c->H,
              (long long)c->W, (long long)c->K, (long long)(c->groups > 0 ? c->C / c->groups : c->C),
              (long long)c->R, (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->P,
-             (long long)c->Q, nhwc ? "NHWC" : "NCHW", c->stride_h, c->stride_w, c->pad_h, c->pad_w, c->dil_h,
-             c->dil_w, c->groups);
+             (long long)c->Q, nhwc ? "NHWC" : "NCHW", dtype == RT_BF16 ? "bf16" : "float32", c->stride_h,
+             c->stride_w, c->pad_h, c->pad_w, c->dil_h, c->dil_w, c->groups);
     return buf;
 }
 
 /* Stop on a geometry no correct caller passes, or one cuDNN's int dimensions cannot hold. */
-static void check_geometry(const RtConv *c, int which, int nhwc) {
+static void check_geometry(const RtConv *c, int which, int nhwc, RtDtype dtype) {
     const int64_t dims[] = {c->N, c->C, c->H, c->W, c->K, c->R, c->S, c->P, c->Q};
     int ok = which >= CONV_FWD && which <= CONV_BWD_FILTER && c->groups >= 1 && c->C % c->groups == 0 &&
              c->K % c->groups == 0 && c->stride_h >= 1 && c->stride_w >= 1 && c->dil_h >= 1 && c->dil_w >= 1 &&
              c->pad_h >= 0 && c->pad_w >= 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) ok = ok && dims[i] >= 1 && dims[i] <= INT_MAX;
-    if (!ok) rt_cuda_die("internal error: bad %s", describe(c, which, nhwc));
+    if (!ok) rt_cuda_die("internal error: bad %s", describe(c, which, nhwc, dtype));
 }
 
-static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math) {
+/* x, y, w and the convolution, of `type` (`elem` bytes an element), and for an NHWC plan the
+ * KRSC buffer and the filter's two tensor views. */
+static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math,
+                             cudnnDataType_t type, size_t elem) {
     cudnnTensorFormat_t act = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
-    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->x, act, CUDNN_DATA_FLOAT, (int)c->N, (int)c->C, (int)c->H,
+    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->x, act, type, (int)c->N, (int)c->C, (int)c->H,
                                                  (int)c->W),
                       "cudnnSetTensor4dDescriptor(x)");
     rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->y), "cudnnCreateTensorDescriptor");
-    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->y, act, CUDNN_DATA_FLOAT, (int)c->N, (int)c->K, (int)c->P,
+    rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->y, act, type, (int)c->N, (int)c->K, (int)c->P,
                                                  (int)c->Q),
                       "cudnnSetTensor4dDescriptor(y)");
     rt_cuda_check_dnn(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
-    rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, act, (int)c->K, (int)(c->C / c->groups),
+    rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, type, act, (int)c->K, (int)(c->C / c->groups),
                                                  (int)c->R, (int)c->S),
                       "cudnnSetFilter4dDescriptor");
     if (nhwc) { /* the KRSC copy and the two views of the filter the transforms convert between */
@@ -103,12 +128,12 @@ static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnn
         for (int i = 0; i < 2; i++) {
             rt_cuda_check_dnn(cudnnCreateTensorDescriptor(d[i]), "cudnnCreateTensorDescriptor");
             rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(*d[i], i ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                                         CUDNN_DATA_FLOAT, (int)c->K, (int)(c->C / c->groups),
+                                                         type, (int)c->K, (int)(c->C / c->groups),
                                                          (int)c->R, (int)c->S),
                               "cudnnSetTensor4dDescriptor(filter)");
         }
-        size_t bytes = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * sizeof(float);
-        rt_cuda_check(cudaMalloc((void **)&p->krsc, bytes), "cudaMalloc (a channels-last filter)");
+        size_t bytes = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * elem;
+        rt_cuda_check(cudaMalloc(&p->krsc, bytes), "cudaMalloc (a channels-last filter)");
     }
     rt_cuda_check_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
     rt_cuda_check_dnn(cudnnSetConvolution2dDescriptor(p->conv, c->pad_h, c->pad_w, c->stride_h, c->stride_w, c->dil_h,
@@ -169,28 +194,33 @@ static cudnnStatus_t try_algorithm(cudnnHandle_t h, RtCudaConvPlan *p, int algo,
     }
 }
 
-/* Whether a heuristic result may be used at all under `math` (see the top of the file). */
-static int acceptable(const Candidate *k, RtCudaMath math) {
+/* Whether a heuristic result may be used at all; `tensor_ops`: tensor-core results are allowed
+ * (RT_MATH_TF32, or bf16 data; see the top of the file). */
+static int acceptable(const Candidate *k, int tensor_ops) {
     if (k->status != CUDNN_STATUS_SUCCESS || k->determinism != CUDNN_DETERMINISTIC) return 0;
     if (k->math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return 0;
-    return math == RT_MATH_TF32 || k->math == CUDNN_FMA_MATH || k->math == CUDNN_DEFAULT_MATH;
+    return tensor_ops || k->math == CUDNN_FMA_MATH || k->math == CUDNN_DEFAULT_MATH;
 }
 
-RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc) {
-    check_geometry(c, which, nhwc);
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc, RtDtype dtype) {
+    size_t elem = 0;
+    cudnnDataType_t type = dnn_type(dtype, &elem);
+    check_geometry(c, which, nhwc, dtype);
     RtCudaMath math = rt_cuda_math(cu);
-    cudnnMathType_t asked = math == RT_MATH_TF32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    /* bf16 always takes tensor-op math: its kernels are tensor-core kernels (see the top). */
+    int tensor_ops = dtype == RT_BF16 || math == RT_MATH_TF32;
+    cudnnMathType_t asked = tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
     RtCudaConvPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a convolution plan");
     p->which = which;
-    make_descriptors(p, c, nhwc, asked);
+    make_descriptors(p, c, nhwc, asked, type, elem);
 
     int n_out, k_out, p_out, q_out;
     rt_cuda_check_dnn(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n_out, &k_out, &p_out, &q_out),
                       "cudnnGetConvolution2dForwardOutputDim");
     if (n_out != c->N || k_out != c->K || p_out != c->P || q_out != c->Q)
         rt_cuda_die("internal error: cuDNN computes y [%d,%d,%d,%d] for the %s", n_out, k_out, p_out, q_out,
-                    describe(c, which, nhwc));
+                    describe(c, which, nhwc, dtype));
 
     cudnnHandle_t h = rt_cuda_dnn(cu);
     int n = 0;
@@ -198,8 +228,8 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     size_t bytes = 0;
     int chosen = -1;
     for (int i = 0; i < n && chosen < 0; i++) {
-        if (!acceptable(&ranked[i], math)) continue;
-        if (math == RT_MATH_TF32)
+        if (!acceptable(&ranked[i], tensor_ops)) continue;
+        if (tensor_ops)
             rt_cuda_check_dnn(cudnnSetConvolutionMathType(p->conv, ranked[i].math), "cudnnSetConvolutionMathType");
         if (try_algorithm(h, p, ranked[i].algo, &bytes) == CUDNN_STATUS_SUCCESS) chosen = i;
     }
@@ -208,7 +238,8 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
         rt_cuda_die("cuDNN offers no deterministic %s algorithm for the %s (%d ranked)\n"
                     "  hint: compile with the other netc --layout (row-major or channels-last): cuDNN's "
                     "algorithms differ by layout",
-                    math == RT_MATH_TF32 ? "TF32" : "FP32", describe(c, which, nhwc), n);
+                    dtype == RT_BF16 ? "BF16" : math == RT_MATH_TF32 ? "TF32" : "FP32", describe(c, which, nhwc, dtype),
+                    n);
     rt_cuda_reserve_workspace(cu, bytes);
 
     p->next = plans;
@@ -216,12 +247,12 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     return p;
 }
 
-void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const float *in0, const float *in1, float *out) {
-    static const float one = 1.0f, zero = 0.0f;
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const void *in0, const void *in1, void *out) {
+    static const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data alike */
     cudnnHandle_t h = rt_cuda_dnn(cu);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
-    float *dw = out;
+    void *dw = out;
     if (p->krsc && p->which != CONV_BWD_FILTER) { /* the weights, channels-last */
         rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_kcrs, in1, &zero, p->w_krsc, p->krsc),
                           "cudnnTransformTensor (filter to KRSC)");

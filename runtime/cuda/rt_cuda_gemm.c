@@ -18,9 +18,10 @@
  *
  * Alignment. The heuristic cannot see the operand pointers; unless told otherwise it assumes
  * 256-byte aligned matrices and may pick kernels that need 16-byte aligned (vector) loads. The
- * parameters are one packed float buffer and views may start anywhere, so a plan asks for two
+ * parameters are one packed buffer and views may start anywhere, so a plan asks for two
  * algorithms: one for operands (and batch strides, and the bias) that are 16-byte aligned, and
- * one that only assumes float alignment. rt_cuda_gemm picks by the actual pointers - host-side
+ * one that only assumes element alignment (4 bytes for float, 2 for bf16; strides count
+ * elements of the plan's size). rt_cuda_gemm picks by the actual pointers - host-side
  * arithmetic, so capture-safe, and the same pointers give the same choice in a graph and
  * without one. Planning fails only when neither exists; a run whose operands are misaligned
  * for the only one found stops with a message rather than handing cuBLASLt a bad algorithm.
@@ -31,6 +32,14 @@
  * _EMULATED_16BFX9 compute type). _PEDANTIC would add nothing we need and excludes kernels.
  * RT_MATH_TF32 uses CUBLAS_COMPUTE_32F_FAST_TF32. cuBLAS gives bitwise-identical results run
  * to run for one algorithm on one GPU model when the workspace is the caller's, which it is.
+ *
+ * Data types. RT_F32: every matrix CUDA_R_32F, as above. RT_BF16 (netc --precision bf16): A, B,
+ * C, D and the bias CUDA_R_16BF, compute CUBLAS_COMPUTE_32F and scale type CUDA_R_32F (alpha and
+ * beta stay float), so the products run on bf16 tensor cores and accumulate in float whatever
+ * the RtCudaMath; the result is rounded to bf16 once, when D is written. The bias needs no
+ * attribute: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE defaults to D's type (cublasLt.h: "Bias vector
+ * elements are the same type as the elements of output matrix (Dtype)", exceptions only for
+ * IMMA and fp8 kernels), which is float or bf16 exactly as the bias is stored.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -48,9 +57,10 @@ struct RtGemmPlan {
     cublasLtMatrixLayout_t lt_a;   /* cuBLASLt's A: our B's memory */
     cublasLtMatrixLayout_t lt_b;   /* cuBLASLt's B: our A's memory */
     cublasLtMatrixLayout_t lt_d;   /* C^T, also used for C (beta = 0: never read) */
-    cublasLtMatmulAlgo_t algo[2];  /* [ALGO_ANY] float-aligned operands, [ALGO_ALIGNED16] 16-byte */
+    cublasLtMatmulAlgo_t algo[2];  /* [ALGO_ANY] element-aligned operands, [ALGO_ALIGNED16] 16-byte */
     int has[2];                    /* the heuristic found algo[i] */
     int64_t sa, sb, sc;            /* batch strides in elements (0 for one product): alignment test */
+    size_t elem;                   /* bytes per element: 4 (RT_F32) or 2 (RT_BF16) */
     RtEpilogue epi;
     char shape[160];               /* the product in words, for messages */
     RtGemmPlan *next;              /* every plan, for rt_cuda_gemm_plans_free */
@@ -63,11 +73,22 @@ static void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr
     rt_cuda_check_blas(cublasLtMatmulDescSetAttribute(d, attr, v, n), what);
 }
 
-/* A column-major rows x cols float matrix with leading dimension ld, `batch` of them `stride`
- * elements apart. */
-static cublasLtMatrixLayout_t layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+/* The cuBLASLt type of every matrix (and the bias) for `dtype`, and its size in bytes; any
+ * dtype but float32 and bfloat16 is a netc bug. */
+static cudaDataType_t blas_type(RtDtype dtype, size_t *elem) {
+    switch (dtype) {
+    case RT_F32: *elem = 4; return CUDA_R_32F;
+    case RT_BF16: *elem = 2; return CUDA_R_16BF;
+    default: rt_cuda_die("internal error: matrix product on dtype %d (only float32 and bfloat16)", (int)dtype);
+    }
+}
+
+/* A column-major rows x cols matrix of `type` with leading dimension ld, `batch` of them
+ * `stride` elements apart. */
+static cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+                                     int64_t stride) {
     cublasLtMatrixLayout_t l;
-    rt_cuda_check_blas(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+    rt_cuda_check_blas(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
     if (batch > 1) {
         int32_t count = (int32_t)batch;
         rt_cuda_check_blas(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
@@ -118,13 +139,15 @@ static cublasStatus_t heuristic(RtCuda *cu, RtGemmPlan *p, uint32_t align, cubla
 
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                               int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
-                              int64_t sc, RtEpilogue epi) {
+                              int64_t sc, RtEpilogue epi, RtDtype dtype) {
     RtGemmPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a matrix product plan");
-    snprintf(p->shape, sizeof p->shape, "C[%lld,%lld] = A%s B%s (K %lld, ld %lld %lld %lld, batch %lld, %s)",
+    cudaDataType_t type = blas_type(dtype, &p->elem);
+    snprintf(p->shape, sizeof p->shape, "C[%lld,%lld] = A%s B%s (K %lld, ld %lld %lld %lld, batch %lld, %s, %s)",
              (long long)M, (long long)N, trans_a ? "^T" : "", trans_b ? "^T" : "", (long long)K, (long long)lda,
              (long long)ldb, (long long)ldc, (long long)batch,
-             epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : "relu(+ bias)");
+             epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : "relu(+ bias)",
+             dtype == RT_BF16 ? "bf16" : "float32");
     /* Arguments no correct caller passes: an internal error, not the user's. */
     if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
         ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
@@ -134,8 +157,9 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     p->sc = batch > 1 ? sc : 0;
     p->epi = epi;
 
-    cublasComputeType_t compute =
-        rt_cuda_math(cu) == RT_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    /* bf16 data: float accumulation on bf16 tensor cores, whatever the math setting (see the top). */
+    cublasComputeType_t compute = dtype == RT_F32 && rt_cuda_math(cu) == RT_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                    : CUBLAS_COMPUTE_32F;
     rt_cuda_check_blas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     /* cuBLASLt's A is our B: its memory is op(B)^T as stored unless trans_b (see the top). */
     cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -146,18 +170,18 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
                            : epi == RT_EPI_RELU_BIAS ? CUBLASLT_EPILOGUE_RELU_BIAS
                                                      : CUBLASLT_EPILOGUE_DEFAULT;
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e, "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-    /* The bias has the output's type (float) by default: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE unset. */
+    /* The bias has D's type (float or bf16) by default: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE unset. */
 
     /* Each layout is the stored row-major matrix read column-major: stored rows become columns. */
-    p->lt_a = layout(trans_b ? K : N, trans_b ? N : K, ldb, batch, sb);
-    p->lt_b = layout(trans_a ? M : K, trans_a ? K : M, lda, batch, sa);
-    p->lt_d = layout(N, M, ldc, batch, sc);
+    p->lt_a = layout(type, trans_b ? K : N, trans_b ? N : K, ldb, batch, sb);
+    p->lt_b = layout(type, trans_a ? M : K, trans_a ? K : M, lda, batch, sa);
+    p->lt_d = layout(type, N, M, ldc, batch, sc);
 
-    /* Both alignments, the 16-byte one for speed; either alone is enough to plan (the TF32
-     * tensor-core kernels, for one, may all want 16-byte operands). */
+    /* Both alignments, the 16-byte one for speed; either alone is enough to plan (the TF32 and
+     * bf16 tensor-core kernels, for one, may all want 16-byte operands). */
     size_t ws[2] = {0, 0};
     cublasStatus_t s[2];
-    s[ALGO_ANY] = heuristic(cu, p, sizeof(float), &p->algo[ALGO_ANY], &ws[ALGO_ANY]);
+    s[ALGO_ANY] = heuristic(cu, p, (uint32_t)p->elem, &p->algo[ALGO_ANY], &ws[ALGO_ANY]);
     s[ALGO_ALIGNED16] = heuristic(cu, p, 16, &p->algo[ALGO_ALIGNED16], &ws[ALGO_ALIGNED16]);
     for (int i = 0; i < 2; i++) p->has[i] = s[i] == CUBLAS_STATUS_SUCCESS;
     if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16])
@@ -171,12 +195,13 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     return p;
 }
 
-/* Whether a matrix at `ptr`, and every one `stride` floats after it, is 16-byte aligned. */
-static int aligned16(const void *ptr, int64_t stride) {
-    return (uintptr_t)ptr % 16 == 0 && (uint64_t)stride * sizeof(float) % 16 == 0;
+/* Whether a matrix at `ptr`, and every one `stride` elements of `elem` bytes after it, is
+ * 16-byte aligned. */
+static int aligned16(const void *ptr, int64_t stride, size_t elem) {
+    return (uintptr_t)ptr % 16 == 0 && (uint64_t)stride * elem % 16 == 0;
 }
 
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias) {
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias) {
     if ((p->epi != RT_EPI_NONE) != (bias != NULL))
         rt_cuda_die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi,
                     bias ? "with" : "without");
@@ -184,15 +209,16 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *
     if (bias)
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
                  "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-    int aligned = aligned16(A, p->sa) && aligned16(B, p->sb) && aligned16(C, p->sc) && (!bias || aligned16(bias, 0));
+    int aligned = aligned16(A, p->sa, p->elem) && aligned16(B, p->sb, p->elem) && aligned16(C, p->sc, p->elem) &&
+                  (!bias || aligned16(bias, 0, p->elem));
     int which = aligned && p->has[ALGO_ALIGNED16] ? ALGO_ALIGNED16 : ALGO_ANY;
     if (!p->has[which])
         rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s on operands that are not 16-byte "
                     "aligned (A %p, B %p, C %p, bias %p)",
-                    p->shape, (const void *)A, (const void *)B, (void *)C, (const void *)bias);
+                    p->shape, A, B, C, bias);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
-    static const float one = 1.0f, zero = 0.0f;
+    static const float one = 1.0f, zero = 0.0f; /* scale type CUDA_R_32F for both dtypes */
     rt_cuda_check_blas(cublasLtMatmul(rt_cuda_blaslt(cu), p->desc, &one, B, p->lt_a, A, p->lt_b, &zero, C, p->lt_d,
                                       C, p->lt_d, &p->algo[which], ws, ws_bytes, rt_cuda_stream(cu)),
                        "cublasLtMatmul");
