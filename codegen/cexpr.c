@@ -386,6 +386,14 @@ void cg_group_body(Cg *c, const IrNode *head, const char *indent) {
     const IrNode *n;
     c->group = head->group;
     FOR_MEMBERS(n, head) {
+        if (cg_is_half(n->dtype)) { /* a cast to a half type: t is the rounded value */
+            const char *h = ir_dtype_name(n->dtype);
+            fprintf(c->out, "%sconst uint16_t h%d = rt_f32_to_%s(", indent, n->id, h);
+            cg_ew_expr(c, n);
+            fprintf(c->out, ");\n%sconst float t%d = rt_%s_to_f32(h%d);\n", indent, n->id, h, n->id);
+            if (!n->internal) fprintf(c->out, "%sv%d[i] = h%d;\n", indent, n->id, n->id);
+            continue;
+        }
         fprintf(c->out, "%sconst float t%d = ", indent, n->id);
         cg_ew_expr(c, n);
         fprintf(c->out, ";\n");

@@ -3,10 +3,11 @@
  * Requires:    a differentiated graph with layouts chosen (layout_select has run); no fusion
  *              or memory plan yet.
  * Guarantees:  every float32 MATMUL, CONV2D, CONV2D_BWD_DATA and CONV2D_BWD_FILTER (forward and
- *              backward) reads bf16 operands and produces bf16; a CAST to bf16 sits before
- *              each operand (one per value, shared by its readers, in the operand's layout) and
- *              a CAST back to float32 right after the product, which every former reader of
- *              the product - and a parameter's gradient - now reads. Everything else stays
+ *              backward) reads bf16 operands and produces bf16: an operand that is another
+ *              product's result is read as it is, any other through a CAST to bf16 placed
+ *              right after the value (one per value, in its layout, shared by every product
+ *              that reads it); a CAST back to float32, placed before the product's first other
+ *              reader, is what those readers - and a parameter's gradient - now read. Everything else stays
  *              float32: parameters (the master weights), gradients, optimizer state, batch-norm
  *              statistics, losses. So the schedule keeps its order and meaning, with the
  *              products' inputs rounded to bf16 (8 significant bits) and their sums taken in
@@ -43,39 +44,49 @@ static IrNode *cast(IrGraph *g, IrNode *x, IrDtype dt, const IrNode *at) {
 int autocast_bf16(IrGraph *g) {
     ir_renumber(g);
     size_t n0 = (size_t)g->n + 1;
+    unsigned char *need = arena_alloc(g->arena, n0);                   /* a product reads it */
+    unsigned char *placed = arena_alloc(g->arena, n0);                 /* product id: its cast back is in */
     IrNode **to_bf16 = arena_alloc(g->arena, n0 * sizeof *to_bf16); /* value id -> its bf16 cast */
     IrNode **repl = arena_alloc(g->arena, n0 * sizeof *repl);       /* product id -> its cast back */
     IrNode **list = arena_alloc(g->arena, (3 * n0 + 16) * sizeof *list);
     int len = 0, n_fwd = g->n_fwd, added = 0;
+    for (int i = 0; i < g->n; i++)
+        if (is_product(g->nodes[i]))
+            for (int k = 0; k < g->nodes[i]->n_in; k++)
+                if (!is_product(g->nodes[i]->in[k])) need[g->nodes[i]->in[k]->id] = 1;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
-        for (int k = 0; k < n->n_in; k++) /* readers of a product read its float32 copy */
-            if (repl[n->in[k]->id]) n->in[k] = repl[n->in[k]->id];
-        if (!is_product(n)) {
-            list[len++] = n;
-            continue;
-        }
+        int product = is_product(n);
+        if (i == g->n_fwd) n_fwd = len;
         for (int k = 0; k < n->n_in; k++) {
             IrNode *x = n->in[k];
-            if (x->dtype == DT_BF16) continue;
-            if (!to_bf16[x->id]) {
-                to_bf16[x->id] = cast(g, x, DT_BF16, n);
-                list[len++] = to_bf16[x->id];
-                added++, n_fwd += i < g->n_fwd;
+            if (product) { /* a product's bf16 result as it is, anything else through its cast */
+                n->in[k] = repl[x->id] ? x : to_bf16[x->id];
+                if (!n->in[k]) ICE("autocast: %%%d has no bf16 cast", x->id);
+            } else if (repl[x->id]) { /* other readers read the float32 copy, made just before */
+                if (!placed[x->id]) list[len++] = repl[x->id], placed[x->id] = 1;
+                n->in[k] = repl[x->id];
             }
-            n->in[k] = to_bf16[x->id];
         }
-        n->dtype = DT_BF16;
         list[len++] = n;
-        IrNode *back = cast(g, n, DT_F32, n);
-        list[len++] = back;
-        repl[n->id] = back;
-        added++, n_fwd += i < g->n_fwd;
+        if (product) {
+            n->dtype = DT_BF16;
+            repl[n->id] = cast(g, n, DT_F32, n);
+            added++;
+        } else if (need[n->id]) { /* right after the value, so fusion can take it into its group */
+            to_bf16[n->id] = list[len++] = cast(g, n, DT_BF16, n);
+            added++;
+        }
     }
-    for (int i = 0; i < g->n_params; i++) /* a weight gradient straight from a product */
-        if (g->params[i].grad && repl[g->params[i].grad->id]) g->params[i].grad = repl[g->params[i].grad->id];
-    if (g->loss && repl[g->loss->id]) g->loss = repl[g->loss->id];
-    if (g->correct && repl[g->correct->id]) g->correct = repl[g->correct->id];
+    if (g->n_fwd == g->n) n_fwd = len;
+    for (int i = 0; i < g->n_params; i++) { /* a weight gradient straight from a product */
+        IrNode *p = g->params[i].grad;
+        if (!p || !repl[p->id]) continue;
+        if (!placed[p->id]) list[len++] = repl[p->id], placed[p->id] = 1;
+        g->params[i].grad = repl[p->id];
+    }
+    if ((g->loss && repl[g->loss->id]) || (g->correct && repl[g->correct->id]))
+        ICE("autocast: the loss is a product"); /* losses are reductions, never products */
     g->nodes = list;
     g->n = len;
     g->cap = (int)(3 * n0 + 16);

@@ -20,8 +20,10 @@
 #include "passes.h"
 
 static int is_f32_elementwise(const IrNode *n) {
-    /* scalars keep their one-statement form; half types keep their rounding per node */
-    return ir_op_kind(n->op) == OPK_EW && n->dtype == DT_F32 && ir_numel(&n->shape) > 1;
+    /* scalars keep their one-statement form; a half type joins only as a cast (the rounding
+     * to bf16 before a product), which the group rounds where it is computed */
+    int half_cast = n->op == OP_CAST && (n->dtype == DT_BF16 || n->dtype == DT_F16);
+    return ir_op_kind(n->op) == OPK_EW && (n->dtype == DT_F32 || half_cast) && ir_numel(&n->shape) > 1;
 }
 
 /* n can join a group whose first member is `head`. */
