@@ -282,7 +282,8 @@ def build(args, model, cfg, out, extra, what, defs=()):
 def gpu_build_flags(args):
     if args.self_test:
         return ["--layout=row-major"]
-    return ["--backend", "cuda", "--precision", "fp32"] + (["--arch", args.arch] if args.arch else [])
+    precision = getattr(args, "precision", None) or "fp32"
+    return ["--backend", "cuda", "--precision", precision] + (["--arch", args.arch] if args.arch else [])
 
 
 def train(exe, data, steps, init, save, extra=(), log=None):
@@ -494,15 +495,16 @@ def cmd_converge(args):
     (and a ResNet's chaotically, see MODELS) but learn the same thing; a wrong gradient or
     update does not learn, or learns far slower."""
     model = args.model
+    check_name = "converge" if args.precision == "fp32" else f"converge-{args.precision}"
     cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
     steps = args.steps or cfg["converge"]
     if not steps:
-        return result("converge", model, "SKIPPED", "not configured for this model (slow on the CPU side; "
+        return result(check_name, model, "SKIPPED", "not configured for this model (slow on the CPU side; "
                       "gpu_check.py converge --steps N runs it)")
     try:
         if not args.self_test and not has_gpu():
             raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
-        work = os.path.join(model_dir(args, model), "converge")
+        work = os.path.join(model_dir(args, model), check_name)
         os.makedirs(work, exist_ok=True)
         cpu, gpu = os.path.join(work, "cpu"), os.path.join(work, "gpu")
         more = cfg.get("converge_defs", [])
@@ -526,7 +528,7 @@ def cmd_converge(args):
             curves[name] = read_log(log)
     except CheckFailed as e:
         say(str(e))
-        return result("converge", model, "FAIL", str(e).splitlines()[0])
+        return result(check_name, model, "FAIL", str(e).splitlines()[0])
     (cl, ce), (gl, ge) = curves["cpu"], curves["gpu"]
     say(f"  loss every 4 steps, cpu: {' '.join(f'{x:.3f}' for x in cl)}")
     say(f"  loss every 4 steps, gpu: {' '.join(f'{x:.3f}' if x is not None else 'nan' for x in gl)}")
@@ -544,7 +546,7 @@ def cmd_converge(args):
         problems.append(f"eval accuracy GPU {acc(ge)} vs CPU {acc(ce)}")
     detail = (f"{steps} steps: loss {gl[0]:.3f} -> {tail(gl):.3f} (CPU {cl[0]:.3f} -> {tail(cl):.3f}), "
               f"eval accuracy {acc(ge)} (CPU {acc(ce)})") if not problems else "; ".join(problems)
-    return result("converge", model, "FAIL" if problems else "PASS", detail)
+    return result(check_name, model, "FAIL" if problems else "PASS", detail)
 
 
 def cmd_fashion(args):
@@ -616,6 +618,8 @@ def main():
             p.add_argument("--tol", type=float, help="override the model's tolerance")
         if name == "converge":
             p.add_argument("--steps", type=int, help="override the model's convergence steps")
+            p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                           help="the GPU trainer's --precision (bf16: mixed precision, same margins)")
     sub.add_parser("fashion", parents=[common])
     p = sub.add_parser("compare")
     p.add_argument("a")
