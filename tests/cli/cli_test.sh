@@ -29,6 +29,18 @@ contains "--frobnicate"
 check "unknown dump stage" 2 "$netc" "$root/models/mlp.net" --dump=bogus
 check "bad --layout" 2 "$netc" "$root/models/lenet.net" --layout=nchw
 contains "channels-last or row-major"
+check "--precision without cuda" 2 "$netc" "$root/models/mlp.net" --precision bf16
+contains "--precision is an option of --backend cuda"
+check "bad --precision" 2 "$netc" "$root/models/mlp.net" --backend cuda --precision fp16
+contains "--precision takes fp32, tf32 or bf16, found 'fp16'"
+check "bad --arch" 2 "$netc" "$root/models/mlp.net" --backend cuda --arch sm_70
+contains "--arch takes a comma-separated list like sm_80,sm_90"
+check "--arch twice" 2 "$netc" "$root/models/mlp.net" --backend cuda --arch sm_90,sm_90
+contains "names an architecture twice"
+check "--dump=cu on cpu" 2 "$netc" "$root/models/mlp.net" --dump=cu
+contains "--dump=cu needs a backend with kernels"
+check "bf16 autocast" 0 "$netc" "$root/models/lenet.net" --backend cuda --precision bf16 --dump=fused
+contains "conv2d(%4, %6) bf16"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
 contains "nhwc"
 check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout
