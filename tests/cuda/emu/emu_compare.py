@@ -1,6 +1,7 @@
 """The emulated CUDA trainer against the CPU trainer of the same model (emu_vs_cpu.sh).
 
     emu_compare.py WORKDIR STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
+    emu_compare.py WORKDIR --bf16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
 
 Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
 samples in file order, extended to every input dtype) from the same initial weights (--init,
@@ -20,6 +21,9 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
     only the parameters it reached through the gradients carry it on): the device's on-device
     non-finite check, read back at the next log interval.
 Prints the worst differences.
+
+With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
+main_bf16 requires instead that both runs converge alike on learnable data.
 """
 import json
 import os
@@ -172,7 +176,117 @@ def compare_logs(emu, cpu, tol):
     return len(a), worst_loss, worst_acc
 
 
+# ---- bf16: the same convergence, not the same bits
+
+def write_learnable_data(exe, work, n_train, n_eval):
+    """Ten classes a model can learn: each floating-point input is its class's fixed pattern,
+    N(0, 150^2) per 4x4 block of pixels (per element where the last two axes are not multiples
+    of 4; a convolution sees shapes, not single pixels), plus N(0, 75^2) noise per element and
+    sample, in the models' 0..255 pixel units (they divide by 255), centred on 0. The one
+    integer input of shape [] is the label. Writes n_train training and n_eval held-out samples
+    (the same patterns, fresh noise); returns their --data and --eval-data arguments."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    inputs = re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M)
+    rng = np.random.default_rng(5)
+    patterns = {}
+    for name, dt, dims in inputs:
+        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        if dt in ("i32", "i64"):
+            assert not shape, f"bf16 comparison: integer input {name} is not a label"
+        elif len(shape) >= 2 and shape[-1] % 4 == 0 and shape[-2] % 4 == 0:
+            coarse = rng.normal(size=(10,) + shape[:-2] + (shape[-2] // 4, shape[-1] // 4))
+            patterns[name] = np.kron(coarse, np.ones((4, 4)))
+        else:
+            patterns[name] = rng.normal(size=(10,) + shape)
+    assert len(patterns) == len(inputs) - 1, f"bf16 comparison: needs floating-point inputs and a label: {inputs}"
+    args = []
+    for tag, n in (("data", n_train), ("eval-data", n_eval)):
+        label = rng.integers(0, 10, n)
+        for name, dt, dims in inputs:
+            if name in patterns:
+                p = patterns[name]
+                arr = (150 * p[label] + 75 * rng.normal(size=(n,) + p.shape[1:])).astype(np.float32)
+            else:
+                arr = label.astype(np.int32 if dt == "i32" else np.int64)
+            path = os.path.join(work, f"{tag}-{name}.npy")
+            np.save(path, arr)
+            args += [f"--{tag}", f"{name}={path}"]
+    return args
+
+
+def travelled_apart(a_path, b_path, init_path):
+    """The largest, over tensors, of |a - b| / |b - init| (Frobenius norms): how far run a ended
+    from run b, as a fraction of how far b moved from the common start."""
+    a, b, p0 = st_load(a_path), st_load(b_path), st_load(init_path)
+    assert a.keys() == b.keys(), "bf16 vs CPU: different tensors saved"
+    worst, where = 0.0, ""
+    for k in b:
+        moved = np.linalg.norm(np.float64(b[k]) - p0[k])
+        if moved == 0:  # never trained (num_batches_tracked): must agree exactly
+            assert np.array_equal(a[k], b[k]), f"bf16 vs CPU: {k} differs but does not train"
+            continue
+        d = float(np.linalg.norm(np.float64(a[k]) - b[k]) / moved)
+        if d > worst:
+            worst, where = d, k
+    return worst, where
+
+
+def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
+    """The emulated --precision bf16 trainer against the float32 CPU trainer: the same init,
+    data and batches for EPOCHS epochs of write_learnable_data's 256 samples, evaluated on its 64
+    held-out ones after every epoch. Required, with L0 the first step's loss (the initial
+    weights' loss, about ln 10):
+      - the CPU run learns, to a final evaluation loss below L0 / 20, or the comparison means
+        nothing; and so does the bf16 run;
+      - the first step's loss (forward only) and every epoch's evaluation loss agree within
+        LOSS_TOL * L0: the learning curves coincide;
+      - every parameter tensor ends within PARAM_TOL of the CPU run's, relative to the distance
+        the CPU run moved it from the init (travelled_apart);
+      - blocks and threads in reverse order give the same bits (no race in the cast kernels).
+    Why not closer: bf16 keeps 8 significant bits, so each operand of a product is rounded by up
+    to 2^-9 relative and each product's result again (2^-8 = 3.9e-3 at most, half that on
+    average). A gradient passes two or three such roundings per product, and a ReLU whose input
+    moved across 0 passes or blocks a term: mlp's first-step fc1 gradient is 5% off the float32
+    one, exactly as a numpy model of the same bf16 roundings gives. Batch after batch these
+    errors partly cancel and partly steer the run along a nearby path."""
+    os.makedirs(work, exist_ok=True)
+    data = write_learnable_data(cpu, work, 256, 64)
+    init = os.path.join(work, "init.safetensors")
+    write_init(cpu, init)
+    common = [*data, "--epochs", str(epochs), "--init", init, "--seed", "3", "--threads", "2", "--quiet",
+              "--log-every", "1"]
+    cpu_log, cpu_out = train(cpu, common, "cpu", work)
+    emu_log, emu_out = train(emu, common, "emu", work)
+
+    def curve(log):  # the first step's loss, then each epoch's evaluation loss
+        rs = records(log)
+        return [next(r["loss"] for r in rs if "step" in r)] + [r["loss"] for r in rs if r.get("eval")]
+    cc, ec = curve(cpu_log), curve(emu_log)
+    assert len(cc) == len(ec) == epochs + 1 and None not in cc + ec, f"bf16 vs CPU: curves {ec} and {cc}"
+    l0 = cc[0]
+    assert cc[-1] < l0 / 20, f"the CPU trainer does not learn the data: evaluation losses {cc[1:]}, first {l0}"
+    assert ec[-1] < l0 / 20, f"the bf16 trainer does not learn: evaluation losses {ec[1:]}, first {ec[0]}"
+    gap = max(abs(x - y) for x, y in zip(ec, cc)) / l0
+    assert gap <= loss_tol, f"bf16 vs CPU losses differ by {gap:.3g} of the first ({loss_tol:g} allowed): " \
+                            f"first step, then evaluations: bf16 {ec}, CPU {cc}"
+    apart, where = travelled_apart(emu_out, cpu_out, init)
+    assert apart <= param_tol, f"bf16 vs CPU: {where} ends {apart:.3g} of its travel from the CPU run's " \
+                               f"({param_tol:g} allowed)"
+
+    _, reversed_out = train(emu, common, "emu-reversed", work, env=dict(os.environ, NETC_EMU_REVERSE="1"))
+    a, b = st_load(reversed_out), st_load(emu_out)
+    for k in b:
+        assert np.array_equal(a[k], b[k]), f"bf16, blocks and threads in reverse order: {k} differs (a race)"
+
+    print(f"bf16 emulated vs float32 CPU over {epochs} epochs: evaluation loss {ec[-1]:.4g} vs {cc[-1]:.4g} "
+          f"(first step {ec[0]:.5g} vs {cc[0]:.5g}), curves within {gap:.3g} of the first loss; parameters "
+          f"within {apart:.3g} of their travel ({where}); reverse block order: identical")
+
+
 def main():
+    if sys.argv[2] == "--bf16":
+        return main_bf16(sys.argv[1], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
+                         sys.argv[7])
     work, steps, tol, cpu, emu = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.makedirs(work, exist_ok=True)
     data = write_data(cpu, work)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # emu_vs_cpu.sh NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
+# emu_vs_cpu.sh --bf16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
 #
 # The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
 # or a path ending in .net) is compiled twice: as a CPU trainer, and with --backend cuda, whose
@@ -13,11 +14,22 @@
 # step bookkeeping, optimizer, schedule and sums) and rt_main's device path. It does not run
 # any CUDA, cuBLASLt or cuDNN call: those need a GPU (tests/gpu/).
 #
+# With --bf16 the device trainer is compiled with --precision bf16 (its products and
+# convolutions on bfloat16 operands, accumulated in float32) and cannot match the float32 CPU
+# trainer's bits: emu_compare.py --bf16 trains both EPOCHS epochs on learnable data and requires
+# that they converge alike - final evaluation losses within LOSS_TOL, parameters within
+# PARAM_TOL of the distance they travelled (see there).
+#
 # Needs, from tests/cuda/CMakeLists.txt: NETC_EMU_CUDA_INCLUDE (cuda_runtime.h's directory, for
 # netrt_cuda.h's types) and NETC_EMU_LINK (libnetrt.a and what it links).
 set -euo pipefail
-netc=$1 work=$2 model=$3 steps=$4 tol=$5
-shift 5
+if [ "${1:-}" = --bf16 ]; then # emu_compare.py's bf16 mode: EPOCHS PARAM_TOL LOSS_TOL
+  netc=$2 work=$3 model=$4 precision=bf16 compare=(--bf16 "$5" "$6" "$7")
+  shift 7
+else # STEPS TOL
+  netc=$1 work=$2 model=$3 precision=fp32 compare=("$4" "$5")
+  shift 5
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 : "${NETC_EMU_CUDA_INCLUDE:?set it to the CUDA include directory (tests/cuda/CMakeLists.txt does)}"
@@ -27,10 +39,11 @@ case $model in
 *) src=$root/models/$model.net ;;
 esac
 dir=$work/emu-$model
+[ "$precision" = fp32 ] || dir=$dir-$precision
 rm -rf "$dir" && mkdir -p "$dir"
 
 "$netc" "$src" "$@" -o "$dir/$model-cpu"
-"$netc" "$src" "$@" --backend cuda --emit-dir "$dir/gen" -o "$dir/gen/$model"
+"$netc" "$src" "$@" --backend cuda --precision "$precision" --emit-dir "$dir/gen" -o "$dir/gen/$model"
 
 # The kernels by name: the .cu and a table of its kernel_names (from the host C), one object
 # whose only global symbols are the table, so no kernel name can meet a library's symbol.
@@ -59,4 +72,4 @@ gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "
 # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
 g++ -fopenmp ${NETC_EMU_SANITIZE:-} "$dir/host.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK -o "$dir/$model-emu"
 
-/usr/bin/python3 "$here/emu_compare.py" "$dir/run" "$steps" "$tol" "$dir/$model-cpu" "$dir/$model-emu"
+/usr/bin/python3 "$here/emu_compare.py" "$dir/run" "${compare[@]}" "$dir/$model-cpu" "$dir/$model-emu"

@@ -11,9 +11,12 @@
  * What it does not test: every CUDA, cuBLASLt and cuDNN call. The stream and the CUDA Graphs
  * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
  * products are rt_gemm (OpenBLAS) plus the epilogue, convolutions the CPU's rt_conv2d_* (or
- * rt_conv2d_nhwc_*, oneDNN); kernels run block after block, a block's threads as fibers
- * (below), with the host's libm, and without FMA contraction. Real launch limits, memory
- * coherence, truly concurrent threads and the GPU's arithmetic are out of its reach.
+ * rt_conv2d_nhwc_*, oneDNN); on bfloat16 data (netc --precision bf16) the same kernels on the
+ * operands widened to float32, the result (after the epilogue) rounded once to bfloat16, as
+ * cuBLASLt and cuDNN accumulate and apply the epilogue in float32. Kernels run block after
+ * block, a block's threads as fibers (below), with the host's libm, and without FMA
+ * contraction. Real launch limits, memory coherence, truly concurrent threads and the GPU's
+ * arithmetic are out of its reach.
  *
  * Checks a GPU would not make: every matrix product's and convolution's operands must lie
  * inside the arena, a guard zone after the arena must be untouched at close, a block reduction
@@ -49,6 +52,7 @@ enum {
     EMU_STACK = 128 << 10,       /* one fiber's stack */
     EMU_GUARD = 1 << 20,         /* bytes after the arena that nothing may write */
     EMU_GUARD_BYTE = 0xA5,
+    EMU_WIDE = 4,                /* float32 copies of bfloat16 A, B, C and bias (convolutions: 3) */
 };
 
 _Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -199,6 +203,8 @@ struct RtCuda {
     size_t input_bytes[RT_MAX_INPUTS];
     float *conv_scratch;               /* the NCHW convolutions' per-thread scratch */
     size_t conv_scratch_floats;
+    float *wide[EMU_WIDE];             /* bfloat16 operands and results widened to float32 */
+    size_t wide_floats[EMU_WIDE];
 };
 
 static RtCuda g_cu;
@@ -218,18 +224,65 @@ void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
     launch(cu->dm->kernel_names[k], cu->kernels[k], cu->base, grid, block);
 }
 
-/* Stop unless [p, p + floats) lies inside the arena: an operand the generated code misplaced. */
-static void check_inside(const RtCuda *cu, const void *p, int64_t floats, const char *what, const char *op) {
-    const unsigned char *lo = cu->base, *hi = cu->base + cu->dm->device_bytes, *q = p;
-    if (!p || q < lo || floats < 0 || q + floats * (int64_t)sizeof(float) > hi)
-        die("%s: %s (%lld floats at arena offset %lld) is not inside the %lld-byte arena", op, what,
-            (long long)floats, p ? (long long)(q - lo) : -1LL, (long long)cu->dm->device_bytes);
+static size_t dtype_bytes(RtDtype t) {
+    static const size_t bytes[] = {[RT_F32] = 4, [RT_F16] = 2, [RT_BF16] = 2, [RT_I32] = 4, [RT_I64] = 8, [RT_U8] = 1};
+    return bytes[t];
 }
 
-/* Stop if a result [out, out + n) overlaps an operand [in, in + m): cuBLASLt and cuDNN read
+/* A library call's element type: float32, or bfloat16 (accumulated in float32). */
+static void check_dtype(RtDtype t, const char *op) {
+    if (t != RT_F32 && t != RT_BF16) die("internal error: %s planned on element type %d", op, (int)t);
+}
+
+/* Stop unless the n elements of `elem` bytes at p lie inside the arena: an operand the
+ * generated code misplaced. */
+static void check_inside(const RtCuda *cu, const void *p, int64_t n, size_t elem, const char *what, const char *op) {
+    const unsigned char *lo = cu->base, *hi = cu->base + cu->dm->device_bytes, *q = p;
+    if (!p || q < lo || n < 0 || q + n * (int64_t)elem > hi)
+        die("%s: %s (%lld %zu-byte elements at arena offset %lld) is not inside the %lld-byte arena", op, what,
+            (long long)n, elem, p ? (long long)(q - lo) : -1LL, (long long)cu->dm->device_bytes);
+}
+
+/* Stop if a result (n elements at out) overlaps an operand (m at in): cuBLASLt and cuDNN read
  * their operands while they write, so the memory plan must never share a buffer between them. */
-static void check_apart(const float *out, int64_t n, const float *in, int64_t m, const char *what, const char *op) {
-    if (out < in + m && in < out + n) die("%s: the result overlaps %s", op, what);
+static void check_apart(const void *out, int64_t n, const void *in, int64_t m, size_t elem, const char *what,
+                        const char *op) {
+    const unsigned char *o = out, *i = in;
+    if (o < i + m * (int64_t)elem && i < o + n * (int64_t)elem) die("%s: the result overlaps %s", op, what);
+}
+
+/* Host scratch `slot` for n float32 values. */
+static float *wide_scratch(RtCuda *cu, int slot, int64_t n) {
+    if ((size_t)n > cu->wide_floats[slot]) {
+        free(cu->wide[slot]);
+        if (!(cu->wide[slot] = malloc((size_t)n * sizeof(float)))) die("out of host memory for bfloat16 operands");
+        cu->wide_floats[slot] = (size_t)n;
+    }
+    return cu->wide[slot];
+}
+
+/* The n elements at p as float32: p itself for float32 data, else bfloat16 widened into the
+ * host scratch `slot` (exactly: every bfloat16 is a float32). */
+static const float *widen(RtCuda *cu, int slot, const void *p, int64_t n, RtDtype t) {
+    if (t == RT_F32) return p;
+    float *f = wide_scratch(cu, slot, n);
+    const uint16_t *h = p;
+    for (int64_t i = 0; i < n; i++) f[i] = rt_bf16_to_f32(h[i]);
+    return f;
+}
+
+/* Where a result of n elements at p is computed in float32: p itself, or host scratch `slot`
+ * that narrow() then rounds to bfloat16 at p. */
+static float *result(RtCuda *cu, int slot, void *p, int64_t n, RtDtype t) {
+    return t == RT_F32 ? p : wide_scratch(cu, slot, n);
+}
+
+/* Round rows x cols float32 results f (row stride ld, in elements) to bfloat16 at p, leaving
+ * the elements between rows alone. */
+static void narrow(void *p, const float *f, int64_t rows, int64_t cols, int64_t ld) {
+    uint16_t *h = p;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) h[i * ld + j] = rt_f32_to_bf16(f[i * ld + j]);
 }
 
 /* ---- matrix products: rt_gemm, then the epilogue */
@@ -238,14 +291,16 @@ struct RtGemmPlan {
     int trans_a, trans_b;
     int64_t M, N, K, lda, ldb, ldc, batch, sa, sb, sc;
     RtEpilogue epi;
+    RtDtype dtype;
     RtGemmPlan *next;
 };
 static RtGemmPlan *gemm_plans;
 
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
                               int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc,
-                              RtEpilogue epi) {
+                              RtEpilogue epi, RtDtype dtype) {
     (void)cu;
+    check_dtype(dtype, "a matrix product");
     /* rt_cuda_gemm.c's check: arguments no correct caller passes */
     if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
         ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
@@ -255,38 +310,43 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     RtGemmPlan *p = calloc(1, sizeof *p);
     if (!p) die("out of host memory");
     *p = (RtGemmPlan){trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, batch > 1 ? sa : 0, batch > 1 ? sb : 0,
-                      batch > 1 ? sc : 0, epi, gemm_plans};
+                      batch > 1 ? sc : 0, epi, dtype, gemm_plans};
     gemm_plans = p;
     return p;
 }
 
-/* Floats from a row-major rows x cols matrix's first element to its last, + 1. */
+/* Elements from a row-major rows x cols matrix's first element to its last, + 1. */
 static int64_t extent(int64_t rows, int64_t cols, int64_t ld) { return (rows - 1) * ld + cols; }
 
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *B, float *C, const float *bias) {
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias) {
     if ((p->epi != RT_EPI_NONE) != (bias != NULL))
         die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi, bias ? "with" : "without");
     const int64_t last = p->batch - 1;
     const int64_t na = last * p->sa + extent(p->trans_a ? p->K : p->M, p->trans_a ? p->M : p->K, p->lda);
     const int64_t nb = last * p->sb + extent(p->trans_b ? p->N : p->K, p->trans_b ? p->K : p->N, p->ldb);
     const int64_t nc = last * p->sc + extent(p->M, p->N, p->ldc);
-    check_inside(cu, A, na, "A", "matrix product");
-    check_inside(cu, B, nb, "B", "matrix product");
-    check_inside(cu, C, nc, "C", "matrix product");
-    if (bias) check_inside(cu, bias, p->N, "the bias", "matrix product");
-    check_apart(C, nc, A, na, "A", "matrix product");
-    check_apart(C, nc, B, nb, "B", "matrix product");
-    if (bias) check_apart(C, nc, bias, p->N, "the bias", "matrix product");
-    for (int64_t b = 0; b < p->batch; b++) {
-        float *c = C + b * p->sc;
-        rt_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, 1.0f, A + b * p->sa, p->lda, B + b * p->sb, p->ldb, 0.0f,
-                c, p->ldc);
-        if (!bias) continue;
-        for (int64_t i = 0; i < p->M; i++)
-            for (int64_t j = 0; j < p->N; j++) {
-                float v = c[i * p->ldc + j] + bias[j];
-                c[i * p->ldc + j] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f : v;
-            }
+    const size_t e = dtype_bytes(p->dtype);
+    check_inside(cu, A, na, e, "A", "matrix product");
+    check_inside(cu, B, nb, e, "B", "matrix product");
+    check_inside(cu, C, nc, e, "C", "matrix product");
+    if (bias) check_inside(cu, bias, p->N, e, "the bias", "matrix product");
+    check_apart(C, nc, A, na, e, "A", "matrix product");
+    check_apart(C, nc, B, nb, e, "B", "matrix product");
+    if (bias) check_apart(C, nc, bias, p->N, e, "the bias", "matrix product");
+    const float *a = widen(cu, 0, A, na, p->dtype), *b = widen(cu, 1, B, nb, p->dtype);
+    const float *fbias = bias ? widen(cu, 3, bias, p->N, p->dtype) : NULL;
+    float *c = result(cu, 2, C, nc, p->dtype);
+    for (int64_t k = 0; k < p->batch; k++) {
+        float *ck = c + k * p->sc;
+        rt_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, 1.0f, a + k * p->sa, p->lda, b + k * p->sb, p->ldb, 0.0f,
+                ck, p->ldc);
+        if (fbias)
+            for (int64_t i = 0; i < p->M; i++)
+                for (int64_t j = 0; j < p->N; j++) {
+                    float v = ck[i * p->ldc + j] + fbias[j];
+                    ck[i * p->ldc + j] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f : v;
+                }
+        if (p->dtype == RT_BF16) narrow((uint16_t *)C + k * p->sc, ck, p->M, p->N, p->ldc);
     }
 }
 
@@ -295,13 +355,15 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const float *A, const float *
 struct RtCudaConvPlan {
     RtConv c;
     int which, nhwc;
+    RtDtype dtype;
     RtConvPlan *dnnl; /* the oneDNN primitive, built on first use */
     RtCudaConvPlan *next;
 };
 static RtCudaConvPlan *conv_plans;
 
-RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc) {
+RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc, RtDtype dtype) {
     (void)cu;
+    check_dtype(dtype, "a convolution");
     int ok = which >= 0 && which <= 2 && c->groups >= 1 && c->C % c->groups == 0 && c->K % c->groups == 0 &&
              c->stride_h >= 1 && c->stride_w >= 1 && c->dil_h >= 1 && c->dil_w >= 1 && c->pad_h >= 0 &&
              c->pad_w >= 0 && c->N >= 1 && c->C >= 1 && c->H >= 1 && c->W >= 1 && c->K >= 1 && c->R >= 1 &&
@@ -312,7 +374,7 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     if (!ok) die("internal error: bad convolution (direction %d)", which);
     RtCudaConvPlan *p = calloc(1, sizeof *p);
     if (!p) die("out of host memory");
-    p->c = *c, p->which = which, p->nhwc = nhwc, p->next = conv_plans;
+    p->c = *c, p->which = which, p->nhwc = nhwc, p->dtype = dtype, p->next = conv_plans;
     conv_plans = p;
     return p;
 }
@@ -328,7 +390,7 @@ static float *conv_scratch(RtCuda *cu, const RtConv *c) {
     return cu->conv_scratch;
 }
 
-void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const float *in0, const float *in1, float *out) {
+void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const void *in0, const void *in1, void *out) {
     RtCudaConvPlan *p = (RtCudaConvPlan *)cp; /* the oneDNN slot is filled on first use */
     const RtConv *c = &p->c;
     int64_t x = c->N * c->C * c->H * c->W, w = c->K * (c->C / c->groups) * c->R * c->S, y = c->N * c->K * c->P * c->Q;
@@ -336,26 +398,31 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const float *in0, const 
                                         "filter-gradient convolution"};
     const char *op = names[p->which];
     const int64_t in0_n[] = {x, y, x}, in1_n[] = {w, w, y}, out_n[] = {y, x, w};
-    check_inside(cu, in0, in0_n[p->which], "the first operand", op);
-    check_inside(cu, in1, in1_n[p->which], "the second operand", op);
-    check_apart(out, out_n[p->which], in0, in0_n[p->which], "the first operand", op);
-    check_apart(out, out_n[p->which], in1, in1_n[p->which], "the second operand", op);
-    check_inside(cu, out, out_n[p->which], "the result", op);
+    const int64_t n0 = in0_n[p->which], n1 = in1_n[p->which], nout = out_n[p->which];
+    const size_t e = dtype_bytes(p->dtype);
+    check_inside(cu, in0, n0, e, "the first operand", op);
+    check_inside(cu, in1, n1, e, "the second operand", op);
+    check_apart(out, nout, in0, n0, e, "the first operand", op);
+    check_apart(out, nout, in1, n1, e, "the second operand", op);
+    check_inside(cu, out, nout, e, "the result", op);
+    const float *a = widen(cu, 0, in0, n0, p->dtype), *b = widen(cu, 1, in1, n1, p->dtype);
+    float *r = result(cu, 2, out, nout, p->dtype);
     int64_t per = rt_conv2d_scratch(c);
     switch (p->which) {
     case 0:
-        if (p->nhwc) rt_conv2d_nhwc_fwd(c, &p->dnnl, in0, in1, out);
-        else rt_conv2d_fwd(c, in0, in1, out, conv_scratch(cu, c), per);
+        if (p->nhwc) rt_conv2d_nhwc_fwd(c, &p->dnnl, a, b, r);
+        else rt_conv2d_fwd(c, a, b, r, conv_scratch(cu, c), per);
         break;
     case 1:
-        if (p->nhwc) rt_conv2d_nhwc_bwd_data(c, &p->dnnl, in0, in1, out);
-        else rt_conv2d_bwd_data(c, in0, in1, out, conv_scratch(cu, c), per);
+        if (p->nhwc) rt_conv2d_nhwc_bwd_data(c, &p->dnnl, a, b, r);
+        else rt_conv2d_bwd_data(c, a, b, r, conv_scratch(cu, c), per);
         break;
     default:
-        if (p->nhwc) rt_conv2d_nhwc_bwd_filter(c, &p->dnnl, in0, in1, out);
-        else rt_conv2d_bwd_filter(c, in0, in1, out, conv_scratch(cu, c), per);
+        if (p->nhwc) rt_conv2d_nhwc_bwd_filter(c, &p->dnnl, a, b, r);
+        else rt_conv2d_bwd_filter(c, a, b, r, conv_scratch(cu, c), per);
         break;
     }
+    if (p->dtype == RT_BF16) narrow(out, r, 1, nout, nout);
 }
 
 static void plans_free(void) {
@@ -383,11 +450,6 @@ static int fail(char *why, size_t size, const char *fmt, ...) {
         va_end(ap);
     }
     return 1;
-}
-
-static size_t dtype_bytes(RtDtype t) {
-    static const size_t bytes[] = {[RT_F32] = 4, [RT_F16] = 2, [RT_BF16] = 2, [RT_I32] = 4, [RT_I64] = 8, [RT_U8] = 1};
-    return bytes[t];
 }
 
 /* rt_cuda.c's size_inputs: one batch of each input, inside the staged batch. */
@@ -513,6 +575,7 @@ static void emu_close(void) {
     plans_free();
     for (int s = 0; s < EMU_SLOTS; s++) free(cu->slot[s]);
     free(cu->base), free(cu->kernels), free(cu->conv_scratch);
+    for (int i = 0; i < EMU_WIDE; i++) free(cu->wide[i]);
     memset(cu, 0, sizeof *cu);
 }
 
