@@ -382,15 +382,26 @@ void cg_group_header(Cg *c, const IrNode *head) {
 
 /* The body of a group's loop at index i: each member a local t<id>, stored only when
  * something outside the group reads it. */
+/* Another member of head's group reads x. */
+static int read_in_group(const Cg *c, const IrNode *head, const IrNode *x) {
+    const IrNode *n;
+    FOR_MEMBERS(n, head)
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] == x) return 1;
+    return 0;
+}
+
 void cg_group_body(Cg *c, const IrNode *head, const char *indent) {
     const IrNode *n;
     c->group = head->group;
     FOR_MEMBERS(n, head) {
-        if (cg_is_half(n->dtype)) { /* a cast to a half type: t is the rounded value */
+        if (cg_is_half(n->dtype)) { /* a cast to a half type: t, if read, is the rounded value */
             const char *h = ir_dtype_name(n->dtype);
             fprintf(c->out, "%sconst uint16_t h%d = rt_f32_to_%s(", indent, n->id, h);
             cg_ew_expr(c, n);
-            fprintf(c->out, ");\n%sconst float t%d = rt_%s_to_f32(h%d);\n", indent, n->id, h, n->id);
+            fprintf(c->out, ");\n");
+            if (read_in_group(c, head, n))
+                fprintf(c->out, "%sconst float t%d = rt_%s_to_f32(h%d);\n", indent, n->id, h, n->id);
             if (!n->internal) fprintf(c->out, "%sv%d[i] = h%d;\n", indent, n->id, n->id);
             continue;
         }
