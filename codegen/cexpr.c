@@ -629,3 +629,24 @@ void cg_check_lib_operands(const IrNode *n, const char *backend) {
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));
     }
 }
+
+CgLibClass cg_lib_class(const IrNode *n, const char *backend) {
+    switch (n->op) {
+    case OP_MATMUL: return CG_LIB_MATMUL;
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER: return CG_LIB_CONV;
+    case OP_MAXPOOL2D:
+    case OP_MAXPOOL2D_BWD:
+    case OP_AVGPOOL2D:
+    case OP_AVGPOOL2D_BWD: return CG_LIB_POOL;
+    case OP_SOFTMAX:
+    case OP_SOFTMAX_BWD:
+    case OP_XENT:
+    case OP_XENT_BWD:
+    case OP_ACCURACY: return CG_LIB_ROWS;
+    case OP_BN_STATS:
+    case OP_BN_BWD_SUMS: return CG_LIB_BN;
+    default: ICE("%s: no kernel for %s", backend, ir_op_name(n->op));
+    }
+}

@@ -87,4 +87,14 @@ void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis r
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);
 void cg_check_lib_operands(const IrNode *n, const char *backend);
 
+/* The library operators by the kernel family both backends dispatch them to. */
+typedef enum {
+    CG_LIB_MATMUL, /* MATMUL */
+    CG_LIB_CONV,   /* CONV2D and its two gradients */
+    CG_LIB_POOL,   /* max and average pooling, forward and backward */
+    CG_LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
+    CG_LIB_BN,     /* batch-norm statistics and backward sums */
+} CgLibClass;
+CgLibClass cg_lib_class(const IrNode *n, const char *backend);
+
 #endif

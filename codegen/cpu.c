@@ -380,23 +380,12 @@ static void emit_bn(Cg *c, const IrNode *n) {
 
 static void emit_lib(Cg *c, const IrNode *n) {
     cg_check_lib_operands(n, "cpu");
-    switch (n->op) {
-    case OP_MATMUL: emit_matmul(c, n); break;
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: emit_conv(c, n); break;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: emit_pool(c, n); break;
-    case OP_SOFTMAX:
-    case OP_SOFTMAX_BWD:
-    case OP_XENT:
-    case OP_XENT_BWD:
-    case OP_ACCURACY: emit_rows(c, n); break;
-    case OP_BN_STATS:
-    case OP_BN_BWD_SUMS: emit_bn(c, n); break;
-    default: ICE("cpu: no kernel for %s", ir_op_name(n->op));
+    switch (cg_lib_class(n, "cpu")) {
+    case CG_LIB_MATMUL: emit_matmul(c, n); break;
+    case CG_LIB_CONV: emit_conv(c, n); break;
+    case CG_LIB_POOL: emit_pool(c, n); break;
+    case CG_LIB_ROWS: emit_rows(c, n); break;
+    case CG_LIB_BN: emit_bn(c, n); break;
     }
 }
 

@@ -455,23 +455,12 @@ static void emit_bn(Cu *u, const IrNode *n) {
 static void emit_lib(Cu *u, const IrNode *n) {
     int product = n->op == OP_MATMUL || n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA || n->op == OP_CONV2D_BWD_FILTER;
     if (!(product && n->dtype == DT_BF16)) cg_check_lib_operands(n, "cuda"); /* bf16 products: autocast.c */
-    switch (n->op) {
-    case OP_MATMUL: emit_matmul(u, n); break;
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: emit_conv(u, n); break;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: emit_pool(u, n); break;
-    case OP_SOFTMAX:
-    case OP_SOFTMAX_BWD:
-    case OP_XENT:
-    case OP_XENT_BWD:
-    case OP_ACCURACY: emit_rows(u, n); break;
-    case OP_BN_STATS:
-    case OP_BN_BWD_SUMS: emit_bn(u, n); break;
-    default: ICE("cuda: no kernel for %s", ir_op_name(n->op));
+    switch (cg_lib_class(n, "cuda")) {
+    case CG_LIB_MATMUL: emit_matmul(u, n); break;
+    case CG_LIB_CONV: emit_conv(u, n); break;
+    case CG_LIB_POOL: emit_pool(u, n); break;
+    case CG_LIB_ROWS: emit_rows(u, n); break;
+    case CG_LIB_BN: emit_bn(u, n); break;
     }
 }
 
