@@ -453,9 +453,10 @@ static void emit_bn(Cu *u, const IrNode *n) {
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {
-    int product = n->op == OP_MATMUL || n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA || n->op == OP_CONV2D_BWD_FILTER;
-    if (!(product && n->dtype == DT_BF16)) cg_check_lib_operands(n, "cuda"); /* bf16 products: autocast.c */
-    switch (cg_lib_class(n, "cuda")) {
+    CgLibClass cls = cg_lib_class(n, "cuda");
+    if (!((cls == CG_LIB_MATMUL || cls == CG_LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
+        cg_check_lib_operands(n, "cuda");
+    switch (cls) {
     case CG_LIB_MATMUL: emit_matmul(u, n); break;
     case CG_LIB_CONV: emit_conv(u, n); break;
     case CG_LIB_POOL: emit_pool(u, n); break;
