@@ -167,5 +167,6 @@ int main(int argc, char **argv) {
     const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1])};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
+    free((void *)headers[0]), free((void *)headers[1]);
     return failed;
 }
