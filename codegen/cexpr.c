@@ -586,7 +586,7 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
 
 /* The loops of x summed down to n's shape (SUM_TO): `kept`, n's axes innermost first with x's
  * strides, and `red`, the axes broadcasting stretched, in x's physical order, innermost first. */
-void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis red[IR_MAX_RANK], int *nr) {
+static void sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis red[IR_MAX_RANK], int *nr) {
     const IrNode *x = n->in[0];
     int xr = x->shape.rank, lead = xr - n->shape.rank;
     int perm[IR_MAX_RANK];
@@ -601,6 +601,30 @@ void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis r
         int a = perm[k];
         if (a < lead || n->shape.dim[a - lead] == 1) red[(*nr)++] = (CgAxis){x->shape.dim[a], st[a]};
     }
+}
+
+/* A SUM_TO's two index expressions, for both backends' loops: `const T *x = v<x> + ...;`, the
+ * first of x's elements that output element `o` sums, and its j-th one, `x[...]` as a float. */
+void cg_sum_to_base(FILE *o, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    int nk, nr;
+    sum_to_axes(n, kept, &nk, red, &nr);
+    fprintf(o, "const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
+    cg_index_expr(o, "o", kept, nk, 0);
+    fprintf(o, ";");
+}
+
+void cg_sum_to_elem(FILE *o, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    int nk, nr;
+    sum_to_axes(n, kept, &nk, red, &nr);
+    cg_load_open(o, x);
+    fprintf(o, "x[");
+    cg_index_expr(o, "j", red, nr, 0);
+    fprintf(o, "]");
+    cg_load_close(o, x);
 }
 
 /* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h). */

@@ -83,7 +83,8 @@ void cg_emit_description(Cg *c);
 void cg_emit_schedule(FILE *o, const IrTrain *t);
 void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);
-void cg_sum_to_axes(const IrNode *n, CgAxis kept[IR_MAX_RANK], int *nk, CgAxis red[IR_MAX_RANK], int *nr);
+void cg_sum_to_base(FILE *o, const IrNode *n);
+void cg_sum_to_elem(FILE *o, const IrNode *n);
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);
 void cg_check_lib_operands(const IrNode *n, const char *backend);
 

@@ -143,22 +143,14 @@ static void emit_group(Cg *c, const IrNode *head) {
 static void emit_sum_to(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     FILE *o = c->out;
-    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
-    int nk, nr;
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
-    cg_sum_to_axes(n, kept, &nk, red, &nr);
     fprintf(o, "    ");
     if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) fprintf(o, "#pragma omp parallel for\n    ");
-    fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n", out_n);
-    fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
-    cg_index_expr(o, "o", kept, nk, 0);
-    fprintf(o, ";\n        double acc = 0;\n");
+    fprintf(o, "for (int64_t o = 0; o < %" PRId64 "; o++) {\n        ", out_n);
+    cg_sum_to_base(o, n);
+    fprintf(o, "\n        double acc = 0;\n");
     fprintf(o, "        for (int64_t j = 0; j < %" PRId64 "; j++)\n            acc += ", red_n);
-    cg_load_open(o, x);
-    fprintf(o, "x[");
-    cg_index_expr(o, "j", red, nr, 0);
-    fprintf(o, "]");
-    cg_load_close(o, x);
+    cg_sum_to_elem(o, n);
     fprintf(o, ";\n        v%d[o] = (float)acc;\n    }\n", n->id);
 }
 

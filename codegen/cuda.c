@@ -219,26 +219,18 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     FILE *o;
     const IrNode *x = n->in[0];
-    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
-    int nk, nr;
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     char name[32];
-    cg_sum_to_axes(n, kept, &nk, red, &nr);
     kernel_open(u);
     o = c->out;
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
-    fprintf(o, "    for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {\n", out_n);
-    fprintf(o, "        const %s *x = v%d + ", ir_dtype_ctype(x->dtype), x->id);
-    cg_index_expr(o, "o", kept, nk, 0);
-    fprintf(o, ";\n        double acc = 0;\n");
+    fprintf(o, "    for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {\n        ", out_n);
+    cg_sum_to_base(o, n);
+    fprintf(o, "\n        double acc = 0;\n");
     fprintf(o, "        for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)\n            acc += ", red_n);
-    cg_load_open(o, x);
-    fprintf(o, "x[");
-    cg_index_expr(o, "j", red, nr, 0);
-    fprintf(o, "]");
-    cg_load_close(o, x);
+    cg_sum_to_elem(o, n);
     fprintf(o, ";\n        acc = rt_block_sum(acc);\n");
     fprintf(o, "        if (threadIdx.x == 0) v%d[o] = (float)acc;\n    }\n", n->id);
     snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
@@ -482,11 +474,11 @@ static void emit_node(Cu *u, const IrNode *n) {
 
 /* ---- the step's bookkeeping on the device */
 
-/* A kernel whose body is `text`, launched on one thread (or a grid for `n` elements). */
-static void small_kernel(Cu *u, const char *name, const char *text, int64_t n, const char *what) {
+/* A kernel whose body is `text`, launched on one thread. */
+static void small_kernel(Cu *u, const char *name, const char *text, const char *what) {
     kernel_open(u);
     fputs(text, u->c.out);
-    kernel_close(u, name, n ? grid_for(n) : 1, n ? BLOCK : 1, what);
+    kernel_close(u, name, 1, 1, what);
 }
 
 /* The learning rate at st->step, as rt_lr_at computes it on the host. */
@@ -535,7 +527,7 @@ static void emit_step_end(Cu *u, int eval) {
                  "    if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;\n"
                  "    st->loss_sum += (double)loss;\n    st->loss_steps += 1;\n",
                  dev_offset(u, g->loss), correct);
-    small_kernel(u, eval ? "eval_end" : "step_end", text, 0, eval ? "evaluation sums" : "loss sums, non-finite check");
+    small_kernel(u, eval ? "eval_end" : "step_end", text, eval ? "evaluation sums" : "loss sums, non-finite check");
 }
 
 /* Gradients the memory plan could not place in the gradient buffer are copied there. */
@@ -631,7 +623,7 @@ static void walk(Cu *u, int eval) {
     emit_step_end(u, eval);
     if (!eval) {
         emit_optimizer(u);
-        small_kernel(u, "step_advance", "    ctx->state->step += 1;\n", 0, "the step counter");
+        small_kernel(u, "step_advance", "    ctx->state->step += 1;\n", "the step counter");
     }
     u->c.eval = 0;
 }
@@ -753,7 +745,6 @@ static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
     if (!g->loss) ICE("cuda: the graph has no loss");
     Cu u = {.g = g};
     u.c = (Cg){.g = g};
-    u.c.read = xcalloc((size_t)g->n + 1, 1);
     u.c.decl = xcalloc((size_t)g->n + 1, 1);
     u.c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u.c.fold = xcalloc((size_t)g->n + 1, sizeof *u.c.fold); /* no folding on the GPU: cuDNN runs the convolution */
@@ -781,7 +772,7 @@ static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
     if (host_out) emit_host(&u, host_out, pbuf, tbuf, ebuf);
     for (int k = 0; k < u.n_kernels; k++) free(u.kernels[k].body);
     free(u.kernels), free(kbuf), free(pbuf), free(tbuf), free(ebuf);
-    free(u.c.read), free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned), free(u.readers);
+    free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned), free(u.readers);
     int bad = (cu_out && ferror(cu_out)) || (host_out && ferror(host_out));
     return bad ? 1 : 0;
 }
