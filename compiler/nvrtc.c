@@ -3,8 +3,9 @@
  * For each target architecture NVRTC produces a cubin; for the lowest one also PTX, which the
  * driver can compile for newer GPUs. The images go into a C file as byte arrays
  * (`netc_images`, `netc_n_images`, as netrt_cuda.h's RtCudaImage), linked into the trainer, so
- * the machine that trains needs neither nvcc nor NVRTC. The kernels include two runtime headers
- * (rt_devstate.h, netrt_kernels.cuh), handed to NVRTC from the runtime directory.
+ * the machine that trains needs neither nvcc nor NVRTC. The kernels include three runtime headers
+ * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h), handed to NVRTC from the runtime
+ * directory.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -84,8 +85,10 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, const char *images_path) {
-    static const char *const names[] = {"rt_devstate.h", "netrt_kernels.cuh"};
-    char *hdr[2] = {NULL, NULL};
+    enum { N_HDR = 3 };
+    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h"};
+    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", ""}; /* under rt_dir */
+    char *hdr[N_HDR] = {NULL, NULL, NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;
     FILE *o = NULL;
@@ -93,9 +96,9 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
         fprintf(stderr, "netc: error: cannot read %s: %s\n", cu_path, strerror(errno));
         return 1;
     }
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < N_HDR; h++) {
         char p[4096];
-        snprintf(p, sizeof p, "%s/cuda/%s", rt_dir, names[h]);
+        snprintf(p, sizeof p, "%s%s/%s", rt_dir, dirs[h], names[h]);
         if (!(hdr[h] = read_all(p, NULL))) {
             fprintf(stderr, "netc: error: cannot read %s: %s\n  hint: --runtime-dir names the runtime's directory\n", p,
                     strerror(errno));
@@ -117,7 +120,7 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
         snprintf(arch, sizeof arch, "%s_%d", ptx ? "compute" : "sm", sm);
         snprintf(name, sizeof name, "%s_%d", ptx ? "ptx" : "cubin", sm);
         size_t size = 0;
-        unsigned char *img = compile_one(src, cu_path, arch, ptx, fmad, (const char *const *)hdr, names, 2, &size);
+        unsigned char *img = compile_one(src, cu_path, arch, ptx, fmad, (const char *const *)hdr, names, N_HDR, &size);
         if (!img) goto out;
         write_bytes(o, name, img, size);
         free(img);
@@ -130,7 +133,8 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
     rc = ferror(o) ? 1 : 0;
 out:
     if (o && fclose(o) != 0) rc = 1;
-    free(src), free(hdr[0]), free(hdr[1]);
+    free(src);
+    for (int h = 0; h < N_HDR; h++) free(hdr[h]);
     return rc;
 }
 

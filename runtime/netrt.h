@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rt_bits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -232,21 +234,8 @@ void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, co
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);
 
-/* Dropout mask bit for element i of mask `seed_id` at step seed `seed`: 1 = keep.
- * A counter-based hash, so the forward and backward passes agree without storing the mask. */
-static inline int rt_dropout_keep(uint64_t seed, int seed_id, int64_t i, double p) {
-    uint64_t z = seed ^ ((uint64_t)seed_id * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= p;
-}
-
-/* f16/bf16 <-> f32 by value (round to nearest even). */
-float rt_f16_to_f32(uint16_t h);
-uint16_t rt_f32_to_f16(float f);
-float rt_bf16_to_f32(uint16_t h);
-uint16_t rt_f32_to_bf16(float f);
+/* rt_mix, rt_step_seed, rt_dropout_keep and the f16/bf16 conversions: rt_bits.h, shared with
+ * the CUDA kernels so both backends compute the same bits. */
 
 #ifdef __cplusplus
 }

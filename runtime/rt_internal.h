@@ -95,7 +95,6 @@ int rt_sync_dir(const char *path);
 
 /* ---- randomness and schedules (rt_main.c) */
 
-uint64_t rt_mix(uint64_t x);                   /* splitmix64 finaliser */
 double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
 void rt_init_params(const RtModel *m, float *params, uint64_t seed);
 

@@ -55,13 +55,6 @@ typedef struct Trainer {
 
 /* ---- small utilities */
 
-uint64_t rt_mix(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 static double uniform01(uint64_t *state) {
     *state = rt_mix(*state);
     return (double)(*state >> 11) * (1.0 / 9007199254740992.0);
@@ -531,7 +524,7 @@ static int train_step(Trainer *t, void *const *batch) {
     t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step + 1;
-    t->ctx.seed = rt_mix(t->o.seed ^ rt_mix((uint64_t)step));
+    t->ctx.seed = rt_step_seed(t->o.seed, step);
     t->ctx.n_valid = m->batch;
     if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
         t->dev->train_step(batch);

@@ -55,76 +55,9 @@ enum {
 /* The columns of the block's row that this thread takes. */
 #define RT_K_COLS(j, cols) for (int64_t j = threadIdx.x; j < (cols); j += blockDim.x)
 
-// ---- the host's bit-level helpers (runtime/netrt.h, rt_main.c, rt_kernels.c), bit for bit
+// ---- the host's bit-level helpers, bit for bit: the seed mixer, dropout mask, f16/bf16
 
-/* splitmix64's finaliser, as rt_main.c's rt_mix. */
-static __device__ __forceinline__ uint64_t rt_mix(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* The dropout seed of optimizer step `step` (0-based, steps taken before it), as rt_main. */
-static __device__ __forceinline__ uint64_t rt_step_seed(uint64_t seed, int64_t step) {
-    return rt_mix(seed ^ rt_mix((uint64_t)step));
-}
-
-/* Dropout mask bit of element i of mask seed_id: 1 = keep (netrt.h's counter-based hash). */
-static __device__ __forceinline__ int rt_dropout_keep(uint64_t seed, int seed_id, int64_t i, double p) {
-    uint64_t z = seed ^ ((uint64_t)seed_id * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= p;
-}
-
-/* IEEE binary16 and bfloat16 <-> float32 by value, round to nearest even (rt_kernels.c). */
-static __device__ __forceinline__ float rt_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000 | (man << 13); /* inf, nan */
-    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (!man) bits = sign;
-    else { /* subnormal: normalise */
-        int e = -1;
-        do {
-            e++;
-            man <<= 1;
-        } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    return __uint_as_float(bits);
-}
-
-static __device__ __forceinline__ uint16_t rt_f32_to_f16(float f) {
-    uint32_t x = __float_as_uint(f);
-    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-    int32_t e = (int32_t)exp - 112;
-    if (e >= 0x1f) return (uint16_t)(sign | 0x7c00); /* overflow to inf */
-    if (e <= 0) {                                    /* subnormal or zero */
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - e), half = man >> shift, rem = man & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1))) half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent */
-    return (uint16_t)half;
-}
-
-static __device__ __forceinline__ float rt_bf16_to_f32(uint16_t h) {
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-static __device__ __forceinline__ uint16_t rt_f32_to_bf16(float f) {
-    uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
+#include "rt_bits.h"
 
 // ---- block reductions (blockDim.x == RT_K_BLOCK; every thread of the block must call)
 

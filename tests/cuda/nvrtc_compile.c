@@ -1,6 +1,6 @@
 /* nvrtc_compile.c - does runtime/cuda/netrt_kernels.cuh compile under NVRTC, warning-free?
  *
- * Usage: nvrtc_compile DIR     (DIR holds netrt_kernels.cuh and rt_devstate.h)
+ * Usage: nvrtc_compile DIR     (DIR holds netrt_kernels.cuh and rt_devstate.h; DIR/.. rt_bits.h)
  *
  * Compiles a small .cu that includes both headers the way netc's generated code does (handed
  * to NVRTC as headers, no system headers) and calls every device function from an
@@ -122,7 +122,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 2, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 3, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -157,16 +157,17 @@ static int compile(const char *arch, const char *const *headers, const char *con
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s DIR  (the directory of netrt_kernels.cuh and rt_devstate.h)\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR  (the directory of netrt_kernels.cuh and rt_devstate.h, below rt_bits.h)\n", argv[0]);
         return 2;
     }
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh"};
-    const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1])};
+    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h"};
+    const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]),
+                             read_file(argv[1], "../rt_bits.h")};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    free((void *)headers[0]), free((void *)headers[1]);
+    for (int h = 0; h < 3; h++) free((void *)headers[h]);
     return failed;
 }

@@ -1,0 +1,98 @@
+/* rt_bits.h - the scalar functions whose every bit the host and the device must agree on: the
+ * seed mixer, the dropout mask, and float32 to and from IEEE binary16 and bfloat16 (round to
+ * nearest even). One definition serves the runtime and the generated CPU code (C, through
+ * netrt.h) and the generated CUDA kernels (NVRTC, through netrt_kernels.cuh, which netc hands
+ * this file as a header), so a mask or a rounding cannot drift between the two backends.
+ *
+ * NVRTC has no standard headers: under it the includer (netrt_kernels.cuh) has defined the
+ * fixed-width integer types, and the bit casts are the device intrinsics.
+ */
+#ifndef RT_BITS_H
+#define RT_BITS_H
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define RT_BITS_FN static __device__ __forceinline__
+RT_BITS_FN uint32_t rt_bits_of(float f) { return __float_as_uint(f); }
+RT_BITS_FN float rt_float_of(uint32_t u) { return __uint_as_float(u); }
+#else
+#include <stdint.h>
+#include <string.h>
+#define RT_BITS_FN static inline
+RT_BITS_FN uint32_t rt_bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+RT_BITS_FN float rt_float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#endif
+
+/* splitmix64's finaliser: seeds for initialisation, shuffling and dropout. */
+RT_BITS_FN uint64_t rt_mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* The dropout seed of the step after `step` steps were taken, from the run's --seed. */
+RT_BITS_FN uint64_t rt_step_seed(uint64_t seed, int64_t step) { return rt_mix(seed ^ rt_mix((uint64_t)step)); }
+
+/* Dropout mask bit for element i of mask `seed_id` at step seed `seed`: 1 = keep.
+ * A counter-based hash, so the forward and backward passes agree without storing the mask. */
+RT_BITS_FN int rt_dropout_keep(uint64_t seed, int seed_id, int64_t i, double p) {
+    uint64_t z = seed ^ ((uint64_t)seed_id * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= p;
+}
+
+RT_BITS_FN float rt_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000 | (man << 13); /* inf, nan */
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    return rt_float_of(bits);
+}
+
+RT_BITS_FN uint16_t rt_f32_to_f16(float f) {
+    uint32_t x = rt_bits_of(f);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    int32_t e = (int32_t)exp - 112;
+    if (e >= 0x1f) return (uint16_t)(sign | 0x7c00); /* overflow to inf */
+    if (e <= 0) {                                    /* subnormal or zero */
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = man >> shift, rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent */
+    return (uint16_t)half;
+}
+
+RT_BITS_FN float rt_bf16_to_f32(uint16_t h) { return rt_float_of((uint32_t)h << 16); }
+
+RT_BITS_FN uint16_t rt_f32_to_bf16(float f) {
+    uint32_t x = rt_bits_of(f);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+#endif
