@@ -258,26 +258,42 @@ static int link_atomically(char **argv, int tmp_at, const char *out, const char 
     return 0;
 }
 
+/* Where the trainer's compiler, headers and libraries are: --cc, $CC or the build's compiler;
+ * --runtime-dir, $NETC_RUNTIME_DIR or the build tree (whose headers and libraries live apart). */
+typedef struct Toolchain {
+    const char *cc;
+    const char *rt_include, *rt_lib; /* netrt.h, libnetrt.a (and cuda/ below each) */
+    char opt[8];                     /* -O<level> */
+} Toolchain;
+
+static Toolchain toolchain(const Options *o) {
+    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
+    Toolchain t = {
+        .cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC,
+        .rt_include = rt ? rt : NETC_RT_INCLUDE_DIR,
+        .rt_lib = rt ? rt : NETC_RT_LIB_DIR,
+    };
+    snprintf(t.opt, sizeof t.opt, "-O%s", o->opt_level);
+    return t;
+}
+
 #ifdef NETC_HAVE_CUDA
 /* A CUDA trainer: the host C and the kernel images, warnings as errors, linked with
  * libnetrt_cuda, libnetrt, the static CUDA runtime, cuBLASLt and cuDNN - not OpenBLAS or
  * oneDNN, which only the CPU kernels use, so the GPU machine needs neither. */
 static int build_cuda_trainer(const Options *o, const char *c_path, const char *images_path, const char *out) {
-    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
-    char inc_rt[4096], inc_rt_cuda[4096], inc_blas[4096], lib_rt[4096], lib_rt_cuda[4096], opt[8], rpath[4096];
-    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
-    snprintf(inc_rt_cuda, sizeof inc_rt_cuda, "-I%s/cuda", rt ? rt : NETC_RT_INCLUDE_DIR);
-    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
-    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
-    snprintf(lib_rt_cuda, sizeof lib_rt_cuda, "%s/cuda/libnetrt_cuda.a", rt ? rt : NETC_RT_LIB_DIR);
-    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+    Toolchain t = toolchain(o);
+    char inc_rt[4096], inc_rt_cuda[4096], lib_rt[4096], lib_rt_cuda[4096], rpath[4096];
+    snprintf(inc_rt, sizeof inc_rt, "-I%s", t.rt_include);
+    snprintf(inc_rt_cuda, sizeof inc_rt_cuda, "-I%s/cuda", t.rt_include);
+    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", t.rt_lib);
+    snprintf(lib_rt_cuda, sizeof lib_rt_cuda, "%s/cuda/libnetrt_cuda.a", t.rt_lib);
     snprintf(rpath, sizeof rpath, "-Wl,-rpath,%s", NETC_CUDA_LIBRARY_DIR);
     char *argv[] = {
-        (char *)cc, "-std=gnu11", opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
-        "-I" NETC_CUDA_INCLUDE_DIR, inc_blas, o->tf32 || o->bf16 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
-        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY, NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz",
-        "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
+        (char *)t.cc, "-std=gnu11", t.opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
+        "-I" NETC_CUDA_INCLUDE_DIR, o->tf32 || o->bf16 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
+        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY,
+        NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz", "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
     };
     int n = (int)(sizeof argv / sizeof *argv);
     return link_atomically(argv, n - 2, out, c_path);
@@ -286,15 +302,13 @@ static int build_cuda_trainer(const Options *o, const char *c_path, const char *
 
 /* Compile the generated C at c_path into the trainer `out`, atomically. */
 static int build_trainer(const Options *o, const char *c_path, const char *out) {
-    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    const char *cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC;
-    char inc_rt[4096], inc_blas[4096], lib_rt[4096], opt[8];
-    snprintf(inc_rt, sizeof inc_rt, "-I%s", rt ? rt : NETC_RT_INCLUDE_DIR);
+    Toolchain t = toolchain(o);
+    char inc_rt[4096], inc_blas[4096], lib_rt[4096];
+    snprintf(inc_rt, sizeof inc_rt, "-I%s", t.rt_include);
     snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
-    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", rt ? rt : NETC_RT_LIB_DIR);
-    snprintf(opt, sizeof opt, "-O%s", o->opt_level);
+    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", t.rt_lib);
     char *argv[] = {
-        (char *)cc, "-std=gnu11", opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
+        (char *)t.cc, "-std=gnu11", t.opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
         lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
         "-o", NULL, NULL,
     };
@@ -357,8 +371,7 @@ static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g,
         fprintf(stderr, "netc: error: writing %s failed\n", cu);
         return 1;
     }
-    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    rc = nvrtc_compile(cu, rt ? rt : NETC_RT_INCLUDE_DIR, o->sms, o->n_sms, o->tf32 || o->bf16, images);
+    rc = nvrtc_compile(cu, toolchain(o).rt_include, o->sms, o->n_sms, o->tf32 || o->bf16, images);
     if (!o->emit_dir) unlink(cu);
     return rc;
 }
