@@ -558,13 +558,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
         loss_sum += t->ctx.loss, since++;
         progress(t, p->epoch, p->batch - first, n - first, t0, &last);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            if (t->dev) { /* the only wait for the device inside an epoch */
+            double mean = loss_sum / (double)since;
+            if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
                 if ((rc = device_sums(t))) break;
-                loss_sum = t->dev_loss, t->dev_loss = 0, t->dev_steps = 0;
+                mean = t->dev_loss / (double)t->dev_steps, t->dev_loss = 0, t->dev_steps = 0;
             }
             double tn = now();
-            log_interval(t, p->step, p->epoch, t->total, loss_sum / (double)since, t->ctx.lr,
-                         (double)(since * m->batch) / (tn - t_log));
+            log_interval(t, p->step, p->epoch, t->total, mean, t->ctx.lr, (double)(since * m->batch) / (tn - t_log));
             t_log = tn, loss_sum = 0, since = 0;
         }
         if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
