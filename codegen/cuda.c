@@ -693,7 +693,8 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     fprintf(o, "// ---- model description\n\n");
     Cg c = {.g = g, .out = o};
     cg_emit_description(&c);
-    fprintf(o, "// ---- kernels\n\nextern const RtCudaImage netc_images[];\nextern const int netc_n_images;\n\n");
+    fprintf(o, "// ---- kernels\n\n// Their cubins and PTX, one per architecture of netc --arch, in NAME_images.c (NVRTC's\n"
+               "// output, written by netc), ending with a NULL entry.\nextern const RtCudaImage netc_images[];\n\n");
     fprintf(o, "enum {\n");
     for (int k = 0; k < u->n_kernels; k++) fprintf(o, "    K_%s,\n", u->kernels[k].name);
     fprintf(o, "    N_KERNELS\n};\n\nstatic const char *const kernel_names[N_KERNELS] = {\n");
@@ -713,7 +714,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     fprintf(o, "static void eval(RtCuda *cu) {\n    unsigned char *const base = rt_cuda_base(cu);\n    (void)base;\n%s}\n\n",
             eval);
     fprintf(o, "// ---- entry point\n\nstatic const RtCudaModel cuda_model = {\n");
-    fprintf(o, "    .kernel_names = kernel_names,\n    .n_kernels = N_KERNELS,\n");
+    fprintf(o, "    .images = netc_images,\n    .kernel_names = kernel_names,\n    .n_kernels = N_KERNELS,\n");
     fprintf(o, "    .device_bytes = %" PRId64 ",\n    .off_params = %" PRId64 ",\n    .off_grads = %" PRId64
                ",\n    .off_optstate = %" PRId64 ",\n    .off_state = %" PRId64 ",\n    .off_batch = %" PRId64
                ",\n    .batch_bytes = %" PRId64 ",\n    .off_input = {",

@@ -2,7 +2,8 @@
  *
  * For each target architecture NVRTC produces a cubin; for the lowest one also PTX, which the
  * driver can compile for newer GPUs. The images go into a C file as byte arrays
- * (`netc_images`, `netc_n_images`, as netrt_cuda.h's RtCudaImage), linked into the trainer, so
+ * (`netc_images`, netrt_cuda.h's RtCudaImage, ending with a NULL entry), which the generated
+ * host C points RtCudaModel.images at and the trainer links, so
  * the machine that trains needs neither nvcc nor NVRTC. The kernels include three runtime headers
  * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h), handed to NVRTC from the runtime
  * directory.
@@ -128,8 +129,8 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
     fprintf(o, "const RtCudaImage netc_images[] = {\n");
     for (int i = 0; i < n_sms; i++)
         fprintf(o, "    {%d, 0, cubin_%d, sizeof cubin_%d},\n", sms[i], sms[i], sms[i]);
-    fprintf(o, "    {%d, 1, ptx_%d, sizeof ptx_%d},\n};\nconst int netc_n_images = %d;\n", sms[low], sms[low], sms[low],
-            n_sms + 1);
+    fprintf(o, "    {%d, 1, ptx_%d, sizeof ptx_%d},\n    {0, 0, NULL, 0}, /* the end */\n};\n", sms[low], sms[low],
+            sms[low]);
     rc = ferror(o) ? 1 : 0;
 out:
     if (o && fclose(o) != 0) rc = 1;

@@ -29,7 +29,8 @@ extern "C" {
 #endif
 
 /* One compiled form of the model's kernels: a cubin for one architecture, or PTX that the
- * driver compiles for any architecture at or above `sm`. */
+ * driver compiles for any architecture at or above `sm`. A table of them (netc's NAME_images.c,
+ * `netc_images`) ends with an entry whose `data` is NULL. */
 typedef struct RtCudaImage {
     int sm;                    /* 80 = sm_80, 90 = sm_90 */
     int ptx;                   /* 1: PTX text (NUL-terminated), 0: cubin */
@@ -46,8 +47,7 @@ typedef enum {
 typedef struct RtCuda RtCuda;
 
 typedef struct RtCudaModel {
-    const RtCudaImage *images;
-    int n_images;
+    const RtCudaImage *images;       /* ends with {.data = NULL}: netc's netc_images */
     const char *const *kernel_names; /* extern "C" names in the images, indexed by the generated enum */
     int n_kernels;
     int64_t device_bytes;            /* the one device allocation */

@@ -207,16 +207,14 @@ static int find_device(struct cudaDeviceProp *prop, char *why, size_t size) {
  * driver for any device at or above N. Prefer the newest cubin, then the newest PTX. */
 static const RtCudaImage *pick_image(const RtCudaModel *dm, int major, int minor) {
     const RtCudaImage *best = NULL;
-    for (int i = 0; i < dm->n_images; i++) {
-        const RtCudaImage *im = &dm->images[i];
+    for (const RtCudaImage *im = dm->images; im && im->data; im++)
         if (!im->ptx && im->sm / 10 == major && im->sm % 10 <= minor && (!best || im->sm > best->sm))
             best = im;
-    }
-    for (int i = 0; i < dm->n_images && !best; i++) {
-        const RtCudaImage *im = &dm->images[i];
+    if (best)
+        return best;
+    for (const RtCudaImage *im = dm->images; im && im->data; im++)
         if (im->ptx && im->sm <= 10 * major + minor && (!best || im->sm > best->sm))
             best = im;
-    }
     return best;
 }
 
@@ -225,10 +223,10 @@ static int list_images(const RtCudaModel *dm, int ptx, char *buf, size_t size) {
     int n = 0;
     size_t len = 0;
     buf[0] = 0;
-    for (int i = 0; i < dm->n_images; i++) {
-        if (dm->images[i].ptx != ptx || len >= size)
+    for (const RtCudaImage *im = dm->images; im && im->data; im++) {
+        if (im->ptx != ptx || len >= size)
             continue;
-        len += snprintf(buf + len, size - len, "%ssm_%d", n ? ", " : "", dm->images[i].sm);
+        len += snprintf(buf + len, size - len, "%ssm_%d", n ? ", " : "", im->sm);
         n++;
     }
     return n;

@@ -69,7 +69,10 @@ objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$di
 # shellcheck disable=SC2086 # a list of words
 gcc "${flags[@]}" ${NETC_EMU_SANITIZE:-} -std=gnu11 -Wall -Wextra -Werror -c "$dir/gen/$model.c" -o "$dir/host.o"
 gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$dir/rt_cuda_emu.o"
+# the host C points RtCudaModel.images at the NVRTC images (the emulation runs kernels by name)
+gcc "${flags[@]}" -std=gnu11 -c "$dir/gen/${model}_images.c" -o "$dir/images.o"
 # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
-g++ -fopenmp ${NETC_EMU_SANITIZE:-} "$dir/host.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK -o "$dir/$model-emu"
+g++ -fopenmp ${NETC_EMU_SANITIZE:-} "$dir/host.o" "$dir/images.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK \
+  -o "$dir/$model-emu"
 
 /usr/bin/python3 "$here/emu_compare.py" "$dir/run" "${compare[@]}" "$dir/$model-cpu" "$dir/$model-emu"

@@ -1,0 +1,1020 @@
+/* cuda_stub.c - the CUDA runtime, cuBLASLt and cuDNN as libnetrt_cuda calls them, answered on
+ * the CPU, so that the real start-up path of a GPU trainer runs in CI without a GPU.
+ *
+ * tests/cuda/startup/startup.sh links a trainer's generated host C, its NVRTC images and the
+ * real libnetrt_cuda against this file instead of cudart, cuBLASLt and cuDNN. What the runtime
+ * does then runs as written: pick_image chooses among the trainer's own cubins and PTX,
+ * load_kernels looks every kernel name up in that image, plan() builds every cuBLASLt and cuDNN
+ * plan, the arena and the staging slots are allocated, the step is warmed up and captured as
+ * four graphs, and training steps replay them. What no CPU can do is skipped: kernels and
+ * library calls are checked and counted, never computed.
+ *
+ * The stub is strict where the real libraries are, so that a mistake that would cost the first
+ * day on a GPU fails here:
+ *   - an image loads only onto a device it can run on: a cubin's ELF header names its
+ *     architecture (EM_CUDA, e_flags), which must have the device's major version and a minor
+ *     at or below it; PTX (".target sm_NN") loads onto sm_NN and newer. A kernel is found only
+ *     if the image defines it (a GLOBAL FUNC symbol of the cubin, a ".entry" of the PTX).
+ *   - while a stream is captured in global mode, calls that may synchronise (cudaMalloc,
+ *     cudaFree, cudaMemset, cudaStreamSynchronize, cudaEventSynchronize, cudaHostAlloc) fail
+ *     and invalidate the capture; a captured copy must use pinned host memory.
+ *   - every device pointer a copy, memset, product or convolution touches must lie, with its
+ *     whole extent, inside one device allocation; a kernel's one argument must be an
+ *     allocation's base (the arena).
+ *   - a matrix product's layouts must agree with its transposes (m x k times k x n); a
+ *     convolution's output dimensions are computed as cuDNN computes them.
+ *   - cuDNN's heuristic ranks a non-deterministic and a tensor-op algorithm first, so the
+ *     planner's refusals are exercised; cuBLASLt offers one algorithm.
+ * Any violation prints "cuda_stub: ..." and aborts (exit by SIGABRT): a test cannot mistake it
+ * for a clean run.
+ *
+ * Environment: NETC_STUB_SM=90 makes one device of compute capability 9.0 visible (unset: no
+ * device); NETC_STUB_MEM_MIB its memory (default 81920); NETC_STUB_LOG=FILE receives one line
+ * per event the test reads (image chosen, kernels found, plans, captures, a summary at exit).
+ */
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <elf.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef EM_CUDA
+#define EM_CUDA 190
+#endif
+
+/* ---- the log and the checks */
+
+static FILE *log_file;
+static struct {
+    long kernels_found, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
+} counts;
+
+static void stub_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void stub_log(const char *fmt, ...) {
+    static int opened;
+    if (!opened) {
+        const char *path = getenv("NETC_STUB_LOG");
+        opened = 1;
+        log_file = path ? fopen(path, "a") : NULL;
+    }
+    if (!log_file)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(log_file, fmt, ap);
+    va_end(ap);
+    fputc('\n', log_file);
+    fflush(log_file);
+}
+
+static _Noreturn void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static _Noreturn void violation(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("cuda_stub: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
+__attribute__((destructor)) static void summary(void) {
+    stub_log("summary: %ld kernels found, %ld kernel launches (%ld captured), %ld graph launches, %ld products, "
+             "%ld convolutions, %ld filter transforms, %ld copies",
+             counts.kernels_found, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
+             counts.transforms, counts.copies);
+}
+
+/* ---- the device: compute capability and memory from the environment */
+
+static int device_sm(void) {
+    const char *s = getenv("NETC_STUB_SM");
+    return s && *s ? atoi(s) : 0;
+}
+
+static size_t device_memory(void) {
+    const char *s = getenv("NETC_STUB_MEM_MIB");
+    return (size_t)(s && *s ? atoll(s) : 81920) << 20;
+}
+
+/* ---- allocations: device memory and pinned host memory are host memory, tracked by range */
+
+typedef struct Alloc {
+    unsigned char *p;
+    size_t size;
+    int pinned; /* cudaHostAlloc, else cudaMalloc */
+    struct Alloc *next;
+} Alloc;
+
+static Alloc *allocs;
+static size_t device_used;
+
+static Alloc *find_alloc(const void *p, size_t bytes, int pinned) {
+    const unsigned char *q = p;
+    for (Alloc *a = allocs; a; a = a->next)
+        if (a->pinned == pinned && q >= a->p && q <= a->p + a->size && bytes <= (size_t)(a->p + a->size - q))
+            return a;
+    return NULL;
+}
+
+static void check_device(const void *p, size_t bytes, const char *what) {
+    if (!find_alloc(p, bytes, 0))
+        violation("%s: %zu bytes at %p are not inside one device allocation", what, bytes, p);
+}
+
+static cudaError_t add_alloc(void **p, size_t size, int pinned) {
+    if (!pinned && device_used + size > device_memory())
+        return cudaErrorMemoryAllocation;
+    Alloc *a = calloc(1, sizeof *a);
+    size_t rounded = (size + 255) / 256 * 256;
+    if (!a || !(a->p = aligned_alloc(256, rounded ? rounded : 256)))
+        violation("out of host memory for %zu bytes", size);
+    memset(a->p, 0, rounded);
+    a->size = size, a->pinned = pinned, a->next = allocs, allocs = a;
+    if (!pinned)
+        device_used += size;
+    *p = a->p;
+    return cudaSuccess;
+}
+
+static cudaError_t free_alloc(void *p, int pinned) {
+    for (Alloc **a = &allocs; *a; a = &(*a)->next)
+        if ((*a)->p == p && (*a)->pinned == pinned) {
+            Alloc *dead = *a;
+            *a = dead->next;
+            if (!pinned)
+                device_used -= dead->size;
+            free(dead->p);
+            free(dead);
+            return cudaSuccess;
+        }
+    return p ? cudaErrorInvalidValue : cudaSuccess;
+}
+
+/* ---- streams, capture, graphs, events */
+
+struct CUstream_st {
+    int capturing;    /* between cudaStreamBeginCapture and cudaStreamEndCapture */
+    int invalidated;  /* a prohibited call happened during the capture */
+    long nodes;       /* work captured so far */
+};
+struct CUgraph_st { long nodes; };
+struct CUgraphExec_st { long nodes; };
+struct CUevent_st { int recorded; };
+
+static cudaStream_t capturing_stream; /* global mode: one capture at a time is all netc does */
+
+/* A call that may synchronise with the device, made during a global-mode capture. */
+static int prohibited(const char *call) {
+    if (!capturing_stream)
+        return 0;
+    capturing_stream->invalidated = 1;
+    stub_log("prohibited during capture: %s", call);
+    return 1;
+}
+
+/* Work enqueued on `s`: captured as a node, or done now. Returns 1 when it is to be done now. */
+static int enqueue(cudaStream_t s) {
+    if (!s)
+        violation("work enqueued on the legacy default stream (the trainer uses its own stream)");
+    if (s->capturing) {
+        s->nodes++;
+        return 0;
+    }
+    if (capturing_stream)
+        violation("work enqueued on another stream during a global-mode capture");
+    return 1;
+}
+
+/* ---- the CUDA runtime */
+
+static cudaError_t last_error = cudaSuccess;
+
+static cudaError_t ret(cudaError_t e) {
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error (stub)";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (stub)";
+    case cudaErrorMemoryAllocation: return "out of memory (stub)";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device (stub)";
+    case cudaErrorInvalidKernelImage: return "device kernel image is invalid (stub)";
+    case cudaErrorSymbolNotFound: return "named symbol not found (stub)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (stub)";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (stub)";
+    default: return "an error (stub)";
+    }
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaDriverGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = device_sm() ? 1 : 0;
+    return *count ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 && device_sm() ? cudaSuccess : ret(cudaErrorInvalidDevice); }
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (device != 0 || !device_sm())
+        return ret(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "stub sm_%d", device_sm());
+    prop->major = device_sm() / 10;
+    prop->minor = device_sm() % 10;
+    prop->totalGlobalMem = device_memory();
+    prop->multiProcessorCount = 132;
+    prop->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    *total = device_memory();
+    *free_bytes = device_memory() - device_used;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t size) {
+    if (prohibited("cudaMalloc"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return ret(add_alloc(p, size, 0));
+}
+
+cudaError_t cudaFree(void *p) {
+    if (prohibited("cudaFree"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return ret(free_alloc(p, 0));
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+    (void)flags;
+    if (prohibited("cudaHostAlloc"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return ret(add_alloc(p, size, 1));
+}
+
+cudaError_t cudaFreeHost(void *p) { return ret(free_alloc(p, 1)); }
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    if (prohibited("cudaMemset"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    check_device(p, bytes, "cudaMemset");
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+    check_device(p, bytes, "cudaMemsetAsync");
+    if (enqueue(s))
+        memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s) {
+    if (kind == cudaMemcpyHostToDevice) {
+        check_device(dst, bytes, "cudaMemcpyAsync to the device");
+        if (s && s->capturing && !find_alloc(src, bytes, 1))
+            violation("a captured host-to-device copy reads %zu bytes of pageable memory at %p", bytes, src);
+    } else if (kind == cudaMemcpyDeviceToHost) {
+        check_device(src, bytes, "cudaMemcpyAsync from the device");
+    } else if (kind == cudaMemcpyDeviceToDevice) {
+        check_device(src, bytes, "cudaMemcpyAsync (source)");
+        check_device(dst, bytes, "cudaMemcpyAsync (destination)");
+    } else {
+        violation("cudaMemcpyAsync of kind %d (the trainer names every direction)", (int)kind);
+    }
+    counts.copies++;
+    if (enqueue(s))
+        memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    (void)flags;
+    if (!(*s = calloc(1, sizeof **s)))
+        violation("out of host memory");
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (s && s->capturing)
+        violation("a stream destroyed during its capture");
+    free(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    (void)s;
+    if (prohibited("cudaStreamSynchronize"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    if (!s || s->capturing || capturing_stream)
+        violation("cudaStreamBeginCapture on a stream that is capturing, or on the legacy stream");
+    if (mode != cudaStreamCaptureModeGlobal)
+        violation("capture mode %d: the trainer captures in global mode", (int)mode);
+    s->capturing = 1, s->invalidated = 0, s->nodes = 0;
+    capturing_stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    if (!s || !s->capturing)
+        violation("cudaStreamEndCapture on a stream that is not capturing");
+    s->capturing = 0;
+    capturing_stream = NULL;
+    *graph = NULL;
+    if (s->invalidated)
+        return ret(cudaErrorStreamCaptureInvalidated);
+    if (!(*graph = calloc(1, sizeof **graph)))
+        violation("out of host memory");
+    (*graph)->nodes = s->nodes;
+    stub_log("captured a graph of %ld nodes", s->nodes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    (void)flags;
+    if (!graph || !(*exec = calloc(1, sizeof **exec)))
+        violation("cudaGraphInstantiate without a graph");
+    (*exec)->nodes = graph->nodes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    free(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+    free(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) {
+    if (!g || !g->nodes)
+        violation("cudaGraphLaunch of an empty or missing graph");
+    enqueue(s);
+    counts.graph_launches++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    (void)flags;
+    if (!(*e = calloc(1, sizeof **e)))
+        violation("out of host memory");
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    free(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags) {
+    if (!e)
+        violation("cudaEventRecordWithFlags without an event");
+    if ((flags & cudaEventRecordExternal) && !(s && s->capturing))
+        violation("cudaEventRecordExternal outside a capture");
+    if (s && s->capturing && !(flags & cudaEventRecordExternal))
+        violation("an event recorded in a capture without cudaEventRecordExternal: a graph launch would not "
+                  "record it");
+    enqueue(s);
+    e->recorded = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    (void)e;
+    if (prohibited("cudaEventSynchronize"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess;
+}
+
+/* ---- kernel images */
+
+typedef struct Kernel { char *name; } Kernel;
+struct CUlib_st {
+    int sm, ptx;
+    int n;
+    Kernel *kernels;
+};
+struct CUkern_st { int unused; };
+
+static struct CUlib_st *loaded; /* the one library the trainer loads */
+
+static void add_kernel(struct CUlib_st *lib, const char *name, size_t len) {
+    lib->kernels = realloc(lib->kernels, (size_t)(lib->n + 1) * sizeof *lib->kernels);
+    if (!lib->kernels || !(lib->kernels[lib->n].name = strndup(name, len)))
+        violation("out of host memory");
+    lib->n++;
+}
+
+/* A cubin: its architecture from e_flags (bits 8-15 from ELF ABI version 8, as CUDA 12.8 and
+ * later write it; bits 0-7 before), its kernels from the GLOBAL FUNC symbols of .symtab. */
+static int read_cubin(const unsigned char *img, struct CUlib_st *lib) {
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img;
+    if (eh->e_ident[EI_CLASS] != ELFCLASS64 || eh->e_machine != EM_CUDA)
+        return 0;
+    lib->sm = (int)(eh->e_ident[EI_ABIVERSION] >= 8 ? (eh->e_flags >> 8) & 0xff : eh->e_flags & 0xff);
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + eh->e_shoff);
+    for (int i = 0; i < eh->e_shnum; i++) {
+        if (sh[i].sh_type != SHT_SYMTAB)
+            continue;
+        const Elf64_Sym *sym = (const Elf64_Sym *)(img + sh[i].sh_offset);
+        const char *names = (const char *)(img + sh[sh[i].sh_link].sh_offset);
+        for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++)
+            if (ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC && ELF64_ST_BIND(sym[k].st_info) == STB_GLOBAL)
+                add_kernel(lib, names + sym[k].st_name, strlen(names + sym[k].st_name));
+    }
+    return 1;
+}
+
+/* PTX text: ".target sm_NN" and every ".entry NAME(". */
+static int read_ptx(const char *text, struct CUlib_st *lib) {
+    const char *t = strstr(text, ".target sm_");
+    if (strncmp(text, "//", 2) != 0 || !t)
+        return 0;
+    lib->sm = atoi(t + strlen(".target sm_"));
+    lib->ptx = 1;
+    for (const char *e = strstr(text, ".entry "); e; e = strstr(e + 1, ".entry ")) {
+        const char *name = e + strlen(".entry "), *end = strchr(name, '(');
+        if (end)
+            add_kernel(lib, name, (size_t)(end - name));
+    }
+    return 1;
+}
+
+cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code, enum cudaJitOption *jit_options,
+                                void **jit_values, unsigned int n_jit, enum cudaLibraryOption *lib_options,
+                                void **lib_values, unsigned int n_lib) {
+    (void)jit_options, (void)jit_values, (void)n_jit, (void)lib_options, (void)lib_values, (void)n_lib;
+    struct CUlib_st *lib = calloc(1, sizeof *lib);
+    const unsigned char *img = code;
+    int dev = device_sm();
+    if (!lib)
+        violation("out of host memory");
+    if (!(memcmp(img, ELFMAG, SELFMAG) == 0 ? read_cubin(img, lib) : read_ptx(code, lib))) {
+        free(lib);
+        return ret(cudaErrorInvalidKernelImage);
+    }
+    int runs = lib->ptx ? lib->sm <= dev : lib->sm / 10 == dev / 10 && lib->sm % 10 <= dev % 10;
+    stub_log("image %s sm_%d with %d kernels, on a device sm_%d: %s", lib->ptx ? "PTX" : "cubin", lib->sm, lib->n,
+             dev, runs ? "loaded" : "refused");
+    if (!runs) {
+        for (int k = 0; k < lib->n; k++) free(lib->kernels[k].name);
+        free(lib->kernels);
+        free(lib);
+        return ret(cudaErrorNoKernelImageForDevice);
+    }
+    *library = loaded = lib;
+    return cudaSuccess;
+}
+
+cudaError_t cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t lib, const char *name) {
+    for (int k = 0; lib && k < lib->n; k++)
+        if (strcmp(lib->kernels[k].name, name) == 0) {
+            *kernel = (cudaKernel_t)&lib->kernels[k];
+            counts.kernels_found++;
+            return cudaSuccess;
+        }
+    stub_log("kernel %s not in the image", name);
+    return ret(cudaErrorSymbolNotFound);
+}
+
+cudaError_t cudaLibraryUnload(cudaLibrary_t lib) {
+    if (lib != loaded)
+        violation("cudaLibraryUnload of a library that was not loaded");
+    for (int k = 0; k < lib->n; k++) free(lib->kernels[k].name);
+    free(lib->kernels);
+    free(lib);
+    loaded = NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shared, cudaStream_t s) {
+    const Kernel *k = func;
+    if (!loaded || k < loaded->kernels || k >= loaded->kernels + loaded->n)
+        violation("cudaLaunchKernel of %p, not a kernel of the loaded image", func);
+    if (grid.x < 1 || grid.y != 1 || grid.z != 1 || block.x < 1 || block.x > 1024 || block.y != 1 || block.z != 1)
+        violation("launching %s with grid (%u,%u,%u) and block (%u,%u,%u)", k->name, grid.x, grid.y, grid.z, block.x,
+                  block.y, block.z);
+    if (shared)
+        violation("launching %s with %zu bytes of dynamic shared memory (netc's kernels use none)", k->name, shared);
+    const unsigned char *base = args ? *(unsigned char *const *)args[0] : NULL;
+    const Alloc *a = base ? find_alloc(base, 0, 0) : NULL;
+    if (!a || a->p != base)
+        violation("launching %s with an argument that is not the base of a device allocation", k->name);
+    counts.launches++;
+    if (!enqueue(s))
+        counts.captured_launches++;
+    return cudaSuccess;
+}
+
+/* ---- cuBLASLt: layouts and descriptors are stored, a product is checked */
+
+struct cublasLtContext { int unused; };
+typedef struct {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch;
+    int64_t stride;
+} Layout;
+typedef struct {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    int32_t transa, transb;
+    uint32_t epilogue;
+    const void *bias;
+} MatmulDesc;
+typedef struct { uint64_t max_workspace; } Preference;
+
+const char *cublasLtGetStatusString(cublasStatus_t s) { return s ? "an error (stub)" : "success (stub)"; }
+const char *cublasLtGetStatusName(cublasStatus_t s) { return s ? "CUBLAS_STATUS_STUB_ERROR" : "CUBLAS_STATUS_SUCCESS"; }
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = calloc(1, sizeof **h);
+    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    free(h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *d, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    Layout *l = calloc(1, sizeof *l);
+    if (!l)
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    *l = (Layout){type, rows, cols, ld, 1, 0};
+    if (ld < (int64_t)rows)
+        violation("a column-major layout of %llu rows with leading dimension %lld", (unsigned long long)rows,
+                  (long long)ld);
+    *d = (cublasLtMatrixLayout_t)l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t d) {
+    free(d);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void set_attr(void *field, size_t field_size, const void *buf, size_t size, const char *what) {
+    if (size != field_size)
+        violation("%s set with %zu bytes, expected %zu", what, size, field_size);
+    memcpy(field, buf, size);
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t d, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t size) {
+    Layout *l = (Layout *)d;
+    switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: set_attr(&l->batch, sizeof l->batch, buf, size, "BATCH_COUNT"); break;
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+        set_attr(&l->stride, sizeof l->stride, buf, size, "STRIDED_BATCH_OFFSET");
+        break;
+    default: violation("matrix layout attribute %d is not one the runtime sets", (int)attr);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    MatmulDesc *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    m->compute = compute, m->scale = scale, m->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    *d = (cublasLtMatmulDesc_t)m;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    free(d);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+    MatmulDesc *m = (MatmulDesc *)d;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: set_attr(&m->transa, sizeof m->transa, buf, size, "TRANSA"); break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: set_attr(&m->transb, sizeof m->transb, buf, size, "TRANSB"); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: set_attr(&m->epilogue, sizeof m->epilogue, buf, size, "EPILOGUE"); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: set_attr(&m->bias, sizeof m->bias, buf, size, "BIAS_POINTER"); break;
+    default: violation("matmul descriptor attribute %d is not one the runtime sets", (int)attr);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = calloc(1, sizeof(Preference));
+    return *p ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    free(p);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size) {
+    Preference *q = (Preference *)p;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        set_attr(&q->max_workspace, sizeof q->max_workspace, buf, size, "MAX_WORKSPACE_BYTES");
+    /* the alignment hints are read by the real heuristic only */
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* op(A) is m x k, op(B) is k x n, D is m x n (column-major), and every type is the compute's. */
+static void check_product(const MatmulDesc *m, const Layout *a, const Layout *b, const Layout *c, const Layout *d) {
+    uint64_t am = m->transa ? a->cols : a->rows, ak = m->transa ? a->rows : a->cols;
+    uint64_t bk = m->transb ? b->cols : b->rows, bn = m->transb ? b->rows : b->cols;
+    if (am != d->rows || bn != d->cols || ak != bk || c->rows != d->rows || c->cols != d->cols)
+        violation("a product of op(A) %llux%llu and op(B) %llux%llu into D %llux%llu", (unsigned long long)am,
+                  (unsigned long long)ak, (unsigned long long)bk, (unsigned long long)bn,
+                  (unsigned long long)d->rows, (unsigned long long)d->cols);
+    if (a->batch != d->batch || b->batch != d->batch || a->type != b->type || a->type != d->type)
+        violation("a product whose operands differ in batch count or type");
+    if (m->compute != CUBLAS_COMPUTE_32F && m->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
+        violation("a product with compute type %d (the runtime computes in float32 or TF32)", (int)m->compute);
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int *returned) {
+    (void)h;
+    check_product((const MatmulDesc *)desc, (const Layout *)a, (const Layout *)b, (const Layout *)c,
+                  (const Layout *)d);
+    if (requested < 1)
+        violation("cublasLtMatmulAlgoGetHeuristic asked for %d results", requested);
+    memset(&results[0], 0, sizeof results[0]);
+    uint64_t ws = 1 << 20;
+    results[0].workspaceSize = ws < ((Preference *)pref)->max_workspace ? ws : ((Preference *)pref)->max_workspace;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static size_t type_bytes(cudaDataType t) {
+    switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16BF: return 2;
+    case CUDA_R_16F: return 2;
+    default: violation("a matrix of data type %d", (int)t);
+    }
+}
+
+static void check_matrix(const void *p, const Layout *l, const char *what) {
+    size_t one = (size_t)((l->cols - 1) * (uint64_t)l->ld + l->rows) * type_bytes(l->type);
+    check_device(p, one + (size_t)(l->batch - 1) * (size_t)l->stride * type_bytes(l->type), what);
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t s) {
+    const MatmulDesc *m = (const MatmulDesc *)desc;
+    (void)h, (void)alpha, (void)beta;
+    check_product(m, (const Layout *)a, (const Layout *)b, (const Layout *)c, (const Layout *)d);
+    check_matrix(A, (const Layout *)a, "cublasLtMatmul A");
+    check_matrix(B, (const Layout *)b, "cublasLtMatmul B");
+    check_matrix(C, (const Layout *)c, "cublasLtMatmul C");
+    check_matrix(D, (const Layout *)d, "cublasLtMatmul D");
+    if (m->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        check_device(m->bias, ((const Layout *)d)->rows * type_bytes(((const Layout *)d)->type), "cublasLtMatmul bias");
+    if (!algo)
+        violation("cublasLtMatmul without an algorithm");
+    if (ws_bytes)
+        check_device(ws, ws_bytes, "cublasLtMatmul workspace");
+    counts.gemms++;
+    enqueue(s);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- cuDNN: descriptors are stored, output dimensions computed, calls checked */
+
+struct cudnnContext { cudaStream_t stream; };
+struct cudnnTensorStruct { cudnnTensorFormat_t format; cudnnDataType_t type; int n, c, h, w; };
+struct cudnnFilterStruct { cudnnDataType_t type; cudnnTensorFormat_t format; int k, c, r, s; };
+struct cudnnConvolutionStruct {
+    int pad_h, pad_w, u, v, dil_h, dil_w, groups;
+    cudnnMathType_t math;
+};
+
+enum { STUB_ALGOS = 3, STUB_CONV_WORKSPACE = 2 << 20 };
+
+const char *cudnnGetErrorString(cudnnStatus_t s) { return s ? "CUDNN_STATUS_STUB_ERROR" : "CUDNN_STATUS_SUCCESS"; }
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t *h) {
+    *h = calloc(1, sizeof **h);
+    return *h ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+}
+
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
+    free(h);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
+    h->stream = s;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) {
+    *d = calloc(1, sizeof **d);
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+}
+
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
+    free(d);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format, cudnnDataType_t type,
+                                         int n, int c, int h, int w) {
+    if (n < 1 || c < 1 || h < 1 || w < 1)
+        return CUDNN_STATUS_BAD_PARAM;
+    *d = (struct cudnnTensorStruct){format, type, n, c, h, w};
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) {
+    *d = calloc(1, sizeof **d);
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+}
+
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
+    free(d);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type, cudnnTensorFormat_t format,
+                                         int k, int c, int r, int s) {
+    if (k < 1 || c < 1 || r < 1 || s < 1)
+        return CUDNN_STATUS_BAD_PARAM;
+    *d = (struct cudnnFilterStruct){type, format, k, c, r, s};
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *d) {
+    *d = calloc(1, sizeof **d);
+    if (*d)
+        (*d)->groups = 1;
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+}
+
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
+    free(d);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int u, int v,
+                                              int dil_h, int dil_w, cudnnConvolutionMode_t mode,
+                                              cudnnDataType_t compute) {
+    if (mode != CUDNN_CROSS_CORRELATION || compute != CUDNN_DATA_FLOAT)
+        violation("a convolution of mode %d computing in type %d (PyTorch's is cross-correlation in float)",
+                  (int)mode, (int)compute);
+    d->pad_h = pad_h, d->pad_w = pad_w, d->u = u, d->v = v, d->dil_h = dil_h, d->dil_w = dil_w;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int groups) {
+    d->groups = groups;
+    return groups >= 1 ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_BAD_PARAM;
+}
+
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t math) {
+    d->math = math;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* cuDNN's output size: 1 + (in + 2 pad - dilation (kernel - 1) - 1) / stride. */
+static int out_dim(int in, int pad, int dil, int k, int stride) { return 1 + (in + 2 * pad - dil * (k - 1) - 1) / stride; }
+
+cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescriptor_t d,
+                                                    const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
+                                                    int *n, int *k, int *p, int *q) {
+    if (x->c != w->c * d->groups || x->type != w->type || x->format != w->format)
+        violation("a convolution of x with %d channels and a filter of %d x %d groups (or their types or "
+                  "formats differ)", x->c, w->c, d->groups);
+    *n = x->n, *k = w->k;
+    *p = out_dim(x->h, d->pad_h, d->dil_h, w->r, d->u);
+    *q = out_dim(x->w, d->pad_w, d->dil_w, w->s, d->v);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* x, w and y fit together as the convolution says. */
+static void check_conv(const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
+                       const cudnnConvolutionDescriptor_t d, const cudnnTensorDescriptor_t y) {
+    int n, k, p, q;
+    cudnnGetConvolution2dForwardOutputDim(d, x, w, &n, &k, &p, &q);
+    if (y->n != n || y->c != k || y->h != p || y->w != q || y->type != x->type || y->format != x->format)
+        violation("a convolution whose y [%d,%d,%d,%d] is not the [%d,%d,%d,%d] of x and w", y->n, y->c, y->h, y->w,
+                  n, k, p, q);
+}
+
+/* The heuristic, the same for every direction: a non-deterministic algorithm first, then one
+ * that needs tensor cores, then a deterministic FMA one, so a planner that takes the first
+ * result, or ignores the math type, is caught. */
+#define STUB_RANKING(PERF_T, ALGO_T)                                                                       \
+    do {                                                                                                   \
+        static const struct { int algo; cudnnDeterminism_t det; cudnnMathType_t math; } ranks[STUB_ALGOS] = { \
+            {0, CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH},                                                  \
+            {1, CUDNN_DETERMINISTIC, CUDNN_TENSOR_OP_MATH},                                                \
+            {2, CUDNN_DETERMINISTIC, CUDNN_FMA_MATH},                                                      \
+        };                                                                                                 \
+        *returned = requested < STUB_ALGOS ? requested : STUB_ALGOS;                                       \
+        for (int i = 0; i < *returned; i++) {                                                              \
+            memset(&perf[i], 0, sizeof perf[i]);                                                           \
+            perf[i].algo = (ALGO_T)ranks[i].algo;                                                          \
+            perf[i].status = CUDNN_STATUS_SUCCESS;                                                         \
+            perf[i].determinism = ranks[i].det;                                                            \
+            perf[i].mathType = ranks[i].math;                                                              \
+            perf[i].memory = STUB_CONV_WORKSPACE;                                                          \
+        }                                                                                                  \
+    } while (0)
+
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(cudnnHandle_t h, int *count) {
+    (void)h;
+    *count = STUB_ALGOS;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnnHandle_t h, int *count) {
+    (void)h;
+    *count = STUB_ALGOS;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t h, int *count) {
+    (void)h;
+    *count = STUB_ALGOS;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
+                                                     const cudnnFilterDescriptor_t w,
+                                                     const cudnnConvolutionDescriptor_t d,
+                                                     const cudnnTensorDescriptor_t y, const int requested,
+                                                     int *returned, cudnnConvolutionFwdAlgoPerf_t *perf) {
+    (void)h;
+    check_conv(x, w, d, y);
+    STUB_RANKING(cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t h, const cudnnFilterDescriptor_t w,
+                                                          const cudnnTensorDescriptor_t dy,
+                                                          const cudnnConvolutionDescriptor_t d,
+                                                          const cudnnTensorDescriptor_t dx, const int requested,
+                                                          int *returned, cudnnConvolutionBwdDataAlgoPerf_t *perf) {
+    (void)h;
+    check_conv(dx, w, d, dy);
+    STUB_RANKING(cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
+                                                            const cudnnTensorDescriptor_t dy,
+                                                            const cudnnConvolutionDescriptor_t d,
+                                                            const cudnnFilterDescriptor_t dw, const int requested,
+                                                            int *returned, cudnnConvolutionBwdFilterAlgoPerf_t *perf) {
+    (void)h;
+    check_conv(x, dw, d, dy);
+    STUB_RANKING(cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* An algorithm the planner may run: the deterministic one, with the math the descriptor has. */
+static cudnnStatus_t workspace(const cudnnConvolutionDescriptor_t d, int algo, const char *dir, size_t *bytes) {
+    if (algo == 0)
+        violation("the %s plan asked for the non-deterministic algorithm's workspace", dir);
+    if (algo == 1 && d->math == CUDNN_FMA_MATH)
+        return CUDNN_STATUS_NOT_SUPPORTED; /* a tensor-op algorithm under FMA math */
+    stub_log("convolution plan: %s algorithm %d, math %s", dir, algo,
+             d->math == CUDNN_FMA_MATH ? "FMA" : d->math == CUDNN_TENSOR_OP_MATH ? "tensor-op" : "other");
+    *bytes = STUB_CONV_WORKSPACE;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
+                                                      const cudnnFilterDescriptor_t w,
+                                                      const cudnnConvolutionDescriptor_t d,
+                                                      const cudnnTensorDescriptor_t y, cudnnConvolutionFwdAlgo_t algo,
+                                                      size_t *bytes) {
+    (void)h;
+    check_conv(x, w, d, y);
+    return workspace(d, (int)algo, "forward", bytes);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t h, const cudnnFilterDescriptor_t w,
+                                                           const cudnnTensorDescriptor_t dy,
+                                                           const cudnnConvolutionDescriptor_t d,
+                                                           const cudnnTensorDescriptor_t dx,
+                                                           cudnnConvolutionBwdDataAlgo_t algo, size_t *bytes) {
+    (void)h;
+    check_conv(dx, w, d, dy);
+    return workspace(d, (int)algo, "data-gradient", bytes);
+}
+
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
+                                                             const cudnnTensorDescriptor_t dy,
+                                                             const cudnnConvolutionDescriptor_t d,
+                                                             const cudnnFilterDescriptor_t dw,
+                                                             cudnnConvolutionBwdFilterAlgo_t algo, size_t *bytes) {
+    (void)h;
+    check_conv(x, dw, d, dy);
+    return workspace(d, (int)algo, "filter-gradient", bytes);
+}
+
+static size_t dnn_bytes(cudnnDataType_t t) {
+    switch (t) {
+    case CUDNN_DATA_FLOAT: return 4;
+    case CUDNN_DATA_BFLOAT16: return 2;
+    case CUDNN_DATA_HALF: return 2;
+    default: violation("a tensor of cuDNN data type %d", (int)t);
+    }
+}
+
+static size_t tensor_bytes(const cudnnTensorDescriptor_t t) { return (size_t)t->n * t->c * t->h * t->w * dnn_bytes(t->type); }
+static size_t filter_bytes(const cudnnFilterDescriptor_t f) { return (size_t)f->k * f->c * f->r * f->s * dnn_bytes(f->type); }
+
+/* One convolution call: the operands inside device allocations, a workspace that was planned. */
+static cudnnStatus_t conv_call(cudnnHandle_t h, const cudnnTensorDescriptor_t x, const void *xp,
+                               const cudnnFilterDescriptor_t w, const void *wp, const cudnnConvolutionDescriptor_t d,
+                               const cudnnTensorDescriptor_t y, const void *yp, int algo, void *ws, size_t ws_bytes,
+                               const char *what) {
+    check_conv(x, w, d, y);
+    check_device(xp, tensor_bytes(x), what);
+    check_device(wp, filter_bytes(w), what);
+    check_device(yp, tensor_bytes(y), what);
+    if (algo != 2 && !(algo == 1 && d->math != CUDNN_FMA_MATH))
+        violation("%s with algorithm %d under math type %d", what, algo, (int)d->math);
+    if (ws_bytes < STUB_CONV_WORKSPACE)
+        violation("%s with %zu bytes of workspace, less than its algorithm's %d", what, ws_bytes, STUB_CONV_WORKSPACE);
+    check_device(ws, ws_bytes, what);
+    counts.convs++;
+    enqueue(h->stream);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t x,
+                                      const void *xp, const cudnnFilterDescriptor_t w, const void *wp,
+                                      const cudnnConvolutionDescriptor_t d, cudnnConvolutionFwdAlgo_t algo, void *ws,
+                                      size_t ws_bytes, const void *beta, const cudnnTensorDescriptor_t y, void *yp) {
+    (void)alpha, (void)beta;
+    return conv_call(h, x, xp, w, wp, d, y, yp, (int)algo, ws, ws_bytes, "cudnnConvolutionForward");
+}
+
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, const cudnnFilterDescriptor_t w,
+                                           const void *wp, const cudnnTensorDescriptor_t dy, const void *dyp,
+                                           const cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdDataAlgo_t algo,
+                                           void *ws, size_t ws_bytes, const void *beta,
+                                           const cudnnTensorDescriptor_t dx, void *dxp) {
+    (void)alpha, (void)beta;
+    return conv_call(h, dx, dxp, w, wp, d, dy, dyp, (int)algo, ws, ws_bytes, "cudnnConvolutionBackwardData");
+}
+
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t x,
+                                             const void *xp, const cudnnTensorDescriptor_t dy, const void *dyp,
+                                             const cudnnConvolutionDescriptor_t d,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void *ws, size_t ws_bytes,
+                                             const void *beta, const cudnnFilterDescriptor_t dw, void *dwp) {
+    (void)alpha, (void)beta;
+    return conv_call(h, x, xp, dw, dwp, d, dy, dyp, (int)algo, ws, ws_bytes, "cudnnConvolutionBackwardFilter");
+}
+
+cudnnStatus_t cudnnTransformTensor(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t x,
+                                   const void *xp, const void *beta, const cudnnTensorDescriptor_t y, void *yp) {
+    (void)alpha, (void)beta;
+    if (x->n != y->n || x->c != y->c || x->h != y->h || x->w != y->w || x->type != y->type)
+        violation("cudnnTransformTensor between [%d,%d,%d,%d] and [%d,%d,%d,%d]", x->n, x->c, x->h, x->w, y->n, y->c,
+                  y->h, y->w);
+    check_device(xp, tensor_bytes(x), "cudnnTransformTensor source");
+    check_device(yp, tensor_bytes(y), "cudnnTransformTensor destination");
+    counts.transforms++;
+    enqueue(h->stream);
+    return CUDNN_STATUS_SUCCESS;
+}

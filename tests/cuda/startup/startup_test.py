@@ -1,0 +1,111 @@
+"""A GPU trainer linked against cuda_stub.c, started on stub devices (startup.sh builds it).
+
+    startup_test.py WORKDIR TRAINER [NETC_ARGS...]
+
+TRAINER was built by netc --arch sm_80,sm_90 (cubins for sm_80 and sm_90, PTX for sm_80) with
+NETC_ARGS. On each stub device it must:
+  - sm_80, sm_86, sm_89: load the sm_80 cubin; sm_90: the sm_90 cubin; sm_100, sm_120: the PTX
+    (no cubin of their major version), and nothing else;
+  - find every kernel of the generated host C's kernel_names in that image;
+  - build every plan: a product for each cuBLASLt plan, and for each convolution plan the one
+    algorithm the stub ranks third, deterministic with the math the precision allows (FMA for
+    float32, tensor-op for bf16) - the stub ranks a non-deterministic one first and a
+    tensor-op one second, which a float32 plan must refuse;
+  - capture four graphs (training and evaluation, two staging slots), replay them for every
+    step, and exit 0; with --no-graph capture nothing and launch the kernels directly;
+  - on sm_75, for which it carries no image, exit 5 naming what it carries and the --arch to
+    rebuild with; with no device memory to spare, exit 5 saying how much it needs.
+The stub itself aborts on any call that breaks the libraries' rules (cuda_stub.c).
+"""
+import os
+import re
+import subprocess
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_here, "..", "emu"))
+from emu_compare import write_data, write_eval_data  # noqa: E402
+
+STEPS = 4
+
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(exe, args, sm, log, extra_env=None):
+    env = dict(os.environ, NETC_STUB_LOG=log)
+    env.pop("NETC_STUB_MEM_MIB", None)
+    if sm:
+        env["NETC_STUB_SM"] = str(sm)
+    env.update(extra_env or {})
+    if os.path.exists(log):
+        os.unlink(log)
+    p = subprocess.run([exe] + args, capture_output=True, text=True, env=env)
+    lines = open(log).read().splitlines() if os.path.exists(log) else []
+    return p, lines
+
+
+def summary(lines):
+    s = [ln for ln in lines if ln.startswith("summary: ")]
+    return {k: int(v) for v, k in re.findall(r"(\d+) ([a-z -]+?)(?:,| \(|$)", s[-1])} if s else {}
+
+
+def main():
+    work, exe = sys.argv[1], sys.argv[2]
+    bf16 = "bf16" in sys.argv[3:]
+    host = open(os.path.join(work, "src", os.path.basename(exe)[: -len("-stub")] + ".c")).read()
+    names = re.search(r"kernel_names\[N_KERNELS\] = \{(.*?)\};", host, re.S).group(1)
+    n_kernels = len(re.findall(r'"\w+"', names))
+    n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
+    n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
+    data = write_data(exe, work)
+    args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
+    log = os.path.join(work, "stub.log")
+
+    for sm, image in [(80, "cubin sm_80"), (86, "cubin sm_80"), (89, "cubin sm_80"), (90, "cubin sm_90"),
+                      (100, "PTX sm_80"), (120, "PTX sm_80")]:
+        for graph in (True, False) if sm == 90 else (True,):
+            tag = f"sm_{sm}" + ("" if graph else " --no-graph")
+            p, lines = run(exe, args + ([] if graph else ["--no-graph"]), sm, log)
+            check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
+            loaded = [ln for ln in lines if ln.startswith("image ")]
+            check(loaded == [f"image {image} with {n_kernels} kernels, on a device sm_{sm}: loaded"],
+                  f"{tag}: expected the {image} image with {n_kernels} kernels, the stub saw {loaded}")
+            got = summary(lines)
+            check(got.get("kernels found") == n_kernels,
+                  f"{tag}: {got.get('kernels found')} of {n_kernels} kernels looked up")
+            captures = sum(ln.startswith("captured a graph") for ln in lines)
+            check(captures == (4 if graph else 0), f"{tag}: {captures} graphs captured")
+            check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
+            check(got.get("kernel launches", 0) > 0, f"{tag}: no kernel launched")
+            check((got.get("products", 0) > 0) == (n_gemm > 0), f"{tag}: {got.get('products')} products, {n_gemm} plans")
+            plans = [ln for ln in lines if ln.startswith("convolution plan: ")]
+            want = "algorithm 1, math tensor-op" if bf16 else "algorithm 2, math FMA"
+            check(len(plans) == n_conv and all(ln.endswith(want) for ln in plans),
+                  f"{tag}: {n_conv} convolution plans expected with {want}, the stub saw {plans}")
+            check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
+            print(f"{tag}: {image}, {got}")
+
+    p, lines = run(exe, args, 75, log)
+    check(p.returncode == 5, f"sm_75: exit status {p.returncode}, expected 5")
+    check("is sm_75, but this trainer carries kernels for sm_80, sm_90 (cubin) and sm_80 (PTX); rebuild it with "
+          "netc --arch sm_75" in p.stderr, f"sm_75: message {p.stderr.strip()!r}")
+    print("sm_75:", p.stderr.strip())
+
+    p, lines = run(exe, args, 90, log, {"NETC_STUB_MEM_MIB": "0"})
+    check(p.returncode == 5 and "MiB of GPU memory, but the GPU (stub sm_90) has 0.0 MiB free" in p.stderr,
+          f"no memory: exit status {p.returncode}, message {p.stderr.strip()!r}")
+    print("no memory:", p.stderr.strip())
+
+    if failures:
+        sys.exit(f"{len(failures)} start-up checks failed")
+    print("PASS:", os.path.basename(exe))
+
+
+if __name__ == "__main__":
+    main()
