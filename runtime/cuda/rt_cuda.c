@@ -41,6 +41,7 @@ struct RtCuda {
     size_t workspace_reserved;  /* the largest reservation made while planning */
     int workspace_ready;        /* planning is over: the workspace is allocated */
     void *workspace;            /* workspace_reserved bytes shared by every library plan */
+    char refused[512];          /* why a plan could not be built (rt_cuda_refuse), or "" */
     unsigned char *slot[RT_CUDA_SLOTS];      /* pinned staging: RtBatchHeader, then the inputs */
     cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to the arena is done */
     int next_slot;
@@ -107,6 +108,7 @@ unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
 cublasLtHandle_t rt_cuda_blaslt(RtCuda *cu) { return cu->blaslt; }
 cudnnHandle_t rt_cuda_dnn(RtCuda *cu) { return cu->dnn; }
 RtCudaMath rt_cuda_math(const RtCuda *cu) { return cu->dm->math; }
+size_t rt_cuda_arena_bytes(const RtCuda *cu) { return (size_t)cu->dm->device_bytes; }
 
 void rt_cuda_reserve_workspace(RtCuda *cu, size_t bytes) {
     if (cu->workspace_ready && bytes > cu->workspace_reserved)
@@ -114,6 +116,15 @@ void rt_cuda_reserve_workspace(RtCuda *cu, size_t bytes) {
                     cu->workspace_reserved);
     if (bytes > cu->workspace_reserved)
         cu->workspace_reserved = bytes;
+}
+
+void rt_cuda_refuse(RtCuda *cu, const char *fmt, ...) {
+    va_list ap;
+    if (cu->refused[0])
+        return;
+    va_start(ap, fmt);
+    vsnprintf(cu->refused, sizeof cu->refused, fmt, ap);
+    va_end(ap);
 }
 
 void *rt_cuda_workspace(const RtCuda *cu, size_t *bytes) {
@@ -192,6 +203,10 @@ static int find_device(struct cudaDeviceProp *prop, char *why, size_t size) {
         return explain_no_device(e == cudaSuccess ? cudaErrorNoDevice : e, why, size);
     }
     e = cudaSetDevice(0);
+    /* The host waits (a staging slot, the sums at a log interval) block instead of spinning, so
+     * the host time a step takes is the host's work, and the loader threads keep their cores. */
+    if (e == cudaSuccess)
+        e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
     if (e == cudaSuccess)
         e = cudaGetDeviceProperties(prop, 0);
     if (e != cudaSuccess) {
@@ -334,15 +349,34 @@ static int alloc_arena(RtCuda *cu, const char *gpu, char *why, size_t size) {
     return 0;
 }
 
+/* The workspace every library plan shares, the largest any asked for: like the arena, the
+ * user's to fit, so running out is a `why`. */
+static int alloc_workspace(RtCuda *cu, const char *gpu, char *why, size_t size) {
+    size_t free_bytes = 0, total = 0;
+    cu->workspace_ready = 1;
+    if (!cu->workspace_reserved)
+        return 0;
+    cudaError_t e = cudaMalloc(&cu->workspace, cu->workspace_reserved);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        cu->workspace = NULL;
+        cudaMemGetInfo(&free_bytes, &total);
+        return fail(why, size, "the model needs %.1f MiB of GPU memory for the arena and %.1f MiB of library "
+                               "workspace, but the GPU (%s) has %.1f MiB free after the arena; lower the batch size",
+                    cu->dm->device_bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
+                    free_bytes / 1048576.0);
+    }
+    rt_cuda_check(e, "cudaMalloc (the library workspace)");
+    return 0;
+}
+
 static void alloc_staging(RtCuda *cu) {
     size_t bytes = (size_t)cu->dm->batch_bytes;
-    cu->workspace_ready = 1;
-    if (cu->workspace_reserved)
-        rt_cuda_check(cudaMalloc(&cu->workspace, cu->workspace_reserved), "cudaMalloc (the library workspace)");
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
         rt_cuda_check(cudaHostAlloc((void **)&cu->slot[s], bytes, cudaHostAllocDefault), "cudaHostAlloc (a staging slot)");
         memset(cu->slot[s], 0, bytes);
-        rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming | cudaEventBlockingSync),
+                      "cudaEventCreateWithFlags");
     }
     rt_cuda_check(cudaHostAlloc((void **)&cu->host_state, sizeof *cu->host_state, cudaHostAllocDefault),
                   "cudaHostAlloc (the device state)");
@@ -449,6 +483,11 @@ static int set_up(RtCuda *cu, const RtCudaImage *im, const char *gpu, char *why,
         return 1;
     if (cu->dm->plan)
         cu->dm->plan(cu);
+    if (cu->refused[0])
+        return fail(why, size, "%s (the GPU, %s, has too little memory left beside the %.1f MiB arena); lower the "
+                               "batch size", cu->refused, gpu, cu->dm->device_bytes / 1048576.0);
+    if (alloc_workspace(cu, gpu, why, size))
+        return 1;
     alloc_staging(cu);
     warm_up(cu);
     return cu->use_graph ? capture_graphs(cu, why, size) : 0;

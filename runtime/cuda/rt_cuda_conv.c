@@ -15,10 +15,15 @@
  * float, the result rounded to bf16 once when it is written. The alpha and beta of every call,
  * the transforms included, stay float: cuDNN takes double scaling factors only for double data.
  *
- * The algorithm is chosen once, at planning, from cuDNN's heuristics (cudnnGet*Algorithm_v7,
- * which rank without running anything), and only algorithms cuDNN reports deterministic are
- * taken: a graph replay and a run without graphs must give the same bits, and the filter
- * gradient's atomic-add algorithms would not.
+ * The algorithm is chosen once, at planning. The candidates are cuDNN's heuristic ranking
+ * (cudnnGet*Algorithm_v7, which ranks without running anything) and, after it, the algorithm
+ * PyTorch's deterministic mode falls back to (IMPLICIT_PRECOMP_GEMM forward, ALGO_1 for both
+ * gradients), which cuDNN runs for every geometry. Only algorithms cuDNN reports deterministic
+ * are taken: a graph replay and a run without graphs must give the same bits, and the filter
+ * gradient's atomic-add algorithms would not. The heuristic's flags are not trusted alone: each
+ * candidate must report its workspace, need at most CONV_MAX_WORKSPACE of it, get that much
+ * device memory beside the arena, and run once on scratch operands carved from the arena
+ * (zeroed again before training); the first that does all four is the plan's.
  *
  * Arithmetic (cudnnMathType_t, set on the convolution descriptor):
  *   RT_MATH_FP32: CUDNN_FMA_MATH, which restricts cuDNN to kernels built on FMA instructions -
@@ -177,6 +182,15 @@ static Candidate *rank_algorithms(cudnnHandle_t h, const RtCudaConvPlan *p, int 
     return out;
 }
 
+/* The most workspace one convolution may use. cuDNN's fastest algorithms sometimes ask for
+ * gigabytes; an algorithm above this is passed over for the next candidate. */
+#define CONV_MAX_WORKSPACE ((size_t)1 << 30)
+
+/* PyTorch's deterministic defaults, which cuDNN implements for every geometry: the last
+ * candidate of each direction (by `which`). */
+static const int fallback_algo[3] = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
+
 /* Store `algo` in the plan and ask cuDNN for its workspace; a status other than success means
  * the algorithm cannot run with these descriptors. */
 static cudnnStatus_t try_algorithm(cudnnHandle_t h, RtCudaConvPlan *p, int algo, size_t *bytes) {
@@ -202,6 +216,83 @@ static int acceptable(const Candidate *k, int tensor_ops) {
     return tensor_ops || k->math == CUDNN_FMA_MATH || k->math == CUDNN_DEFAULT_MATH;
 }
 
+/* The plan's algorithm on the operands as cuDNN sees them: in0, in1 and out as rt_cuda_conv's,
+ * with the filter (or its gradient) already in the plan's layout. */
+static cudnnStatus_t run_algorithm(cudnnHandle_t h, const RtCudaConvPlan *p, const void *in0, const void *in1,
+                                   void *out, void *ws, size_t ws_bytes) {
+    static const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data alike */
+    switch (p->which) {
+    case CONV_FWD: /* y = conv(x = in0, w = in1) */
+        return cudnnConvolutionForward(h, &one, p->x, in0, p->w, in1, p->conv, p->algo.fwd, ws, ws_bytes, &zero, p->y,
+                                       out);
+    case CONV_BWD_DATA: /* dx from (dy = in0, w = in1) */
+        return cudnnConvolutionBackwardData(h, &one, p->w, in1, p->y, in0, p->conv, p->algo.bwd_data, ws, ws_bytes,
+                                            &zero, p->x, out);
+    default: /* dw from (x = in0, dy = in1) */
+        return cudnnConvolutionBackwardFilter(h, &one, p->x, in0, p->y, in1, p->conv, p->algo.bwd_filter, ws,
+                                              ws_bytes, &zero, p->w, out);
+    }
+}
+
+/* Run the plan's algorithm once, before any capture, on scratch operands carved from the start
+ * of the arena (x, the filter, y: all three are live together in the step, so the arena holds
+ * them; warm_up zeroes it again) with a workspace of its own. Non-zero, with `why`, when the
+ * workspace cannot be had or the algorithm fails. */
+static int trial(RtCuda *cu, const RtCudaConvPlan *p, const RtConv *c, size_t elem, size_t ws_bytes, int *no_memory,
+                 char *why, size_t size) {
+    size_t x = (size_t)(c->N * c->C * c->H * c->W) * elem, y = (size_t)(c->N * c->K * c->P * c->Q) * elem;
+    size_t w = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * elem;
+    unsigned char *base = rt_cuda_base(cu);
+    if (x + w + y > rt_cuda_arena_bytes(cu))
+        rt_cuda_die("internal error: a convolution's operands (%zu bytes) exceed the %zu-byte arena", x + w + y,
+                    rt_cuda_arena_bytes(cu));
+    void *ws = NULL;
+    if (ws_bytes && cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, size, "its %.1f MiB workspace does not fit beside the arena", ws_bytes / 1048576.0);
+        *no_memory = 1;
+        return 1;
+    }
+    /* (x, w) -> y, (y, w) -> x, (x, y) -> w: in0 and out are x or y by direction */
+    unsigned char *xp = base, *wp = base + x, *yp = base + x + w;
+    void *in0 = p->which == CONV_BWD_DATA ? yp : xp, *in1 = p->which == CONV_BWD_FILTER ? yp : wp;
+    void *out = p->which == CONV_FWD ? yp : p->which == CONV_BWD_DATA ? xp : wp;
+    cudnnStatus_t st = run_algorithm(rt_cuda_dnn(cu), p, in0, in1, out, ws, ws_bytes);
+    cudaError_t e = cudaStreamSynchronize(rt_cuda_stream(cu));
+    if (ws)
+        rt_cuda_check(cudaFree(ws), "cudaFree (a trial workspace)");
+    if (st != CUDNN_STATUS_SUCCESS || e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, size, "it failed when run: %s",
+                 st != CUDNN_STATUS_SUCCESS ? cudnnGetErrorString(st) : cudaGetErrorString(e));
+        return 1;
+    }
+    return 0;
+}
+
+/* The first acceptable candidate that reports a workspace within CONV_MAX_WORKSPACE and runs;
+ * its index, or -1 with the last reason in `why` and *no_memory set when some candidate was
+ * passed over only because its workspace did not fit. The plan keeps its algorithm and math. */
+static int choose(RtCuda *cu, RtCudaConvPlan *p, const RtConv *c, size_t elem, const Candidate *cand, int n,
+                  int tensor_ops, size_t *bytes, int *no_memory, char *why, size_t size) {
+    cudnnHandle_t h = rt_cuda_dnn(cu);
+    snprintf(why, size, "no candidate is deterministic with the math asked");
+    for (int i = 0; i < n; i++) {
+        if (!acceptable(&cand[i], tensor_ops)) continue;
+        if (tensor_ops)
+            rt_cuda_check_dnn(cudnnSetConvolutionMathType(p->conv, cand[i].math), "cudnnSetConvolutionMathType");
+        cudnnStatus_t st = try_algorithm(h, p, cand[i].algo, bytes);
+        if (st != CUDNN_STATUS_SUCCESS)
+            snprintf(why, size, "algorithm %d reports no workspace: %s", cand[i].algo, cudnnGetErrorString(st));
+        else if (*bytes > CONV_MAX_WORKSPACE)
+            snprintf(why, size, "algorithm %d asks for %.1f MiB of workspace, more than the %zu MiB allowed",
+                     cand[i].algo, *bytes / 1048576.0, CONV_MAX_WORKSPACE >> 20);
+        else if (!trial(cu, p, c, elem, *bytes, no_memory, why, size))
+            return i;
+    }
+    return -1;
+}
+
 RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc, RtDtype dtype) {
     size_t elem = 0;
     cudnnDataType_t type = dnn_type(dtype, &elem);
@@ -222,24 +313,28 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
         rt_cuda_die("internal error: cuDNN computes y [%d,%d,%d,%d] for the %s", n_out, k_out, p_out, q_out,
                     describe(c, which, nhwc, dtype));
 
-    cudnnHandle_t h = rt_cuda_dnn(cu);
     int n = 0;
-    Candidate *ranked = rank_algorithms(h, p, &n);
+    Candidate *ranked = rank_algorithms(rt_cuda_dnn(cu), p, &n);
+    /* then the fallback, with the math asked (FMA for float32: it has FMA kernels) */
+    Candidate *cand = realloc(ranked, (size_t)(n + 1) * sizeof *cand);
+    if (!cand) rt_cuda_die("out of host memory while choosing a convolution algorithm");
+    cand[n] = (Candidate){fallback_algo[which], CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, asked};
     size_t bytes = 0;
-    int chosen = -1;
-    for (int i = 0; i < n && chosen < 0; i++) {
-        if (!acceptable(&ranked[i], tensor_ops)) continue;
-        if (tensor_ops)
-            rt_cuda_check_dnn(cudnnSetConvolutionMathType(p->conv, ranked[i].math), "cudnnSetConvolutionMathType");
-        if (try_algorithm(h, p, ranked[i].algo, &bytes) == CUDNN_STATUS_SUCCESS) chosen = i;
-    }
-    free(ranked);
-    if (chosen < 0)
-        rt_cuda_die("cuDNN offers no deterministic %s algorithm for the %s (%d ranked)\n"
+    char why[256];
+    int no_memory = 0;
+    int chosen = choose(cu, p, c, elem, cand, n + 1, tensor_ops, &bytes, &no_memory, why, sizeof why);
+    free(cand);
+    if (chosen < 0 && no_memory) { /* open() fails with this, exit status 5 */
+        rt_cuda_refuse(cu, "no convolution algorithm for the %s has its workspace: %s",
+                       describe(c, which, nhwc, dtype), why);
+        bytes = 0;
+    } else if (chosen < 0)
+        rt_cuda_die("cuDNN has no deterministic %s algorithm that runs the %s (%d ranked, then PyTorch's "
+                    "default; the last: %s)\n"
                     "  hint: compile with the other netc --layout (row-major or channels-last): cuDNN's "
                     "algorithms differ by layout",
                     dtype == RT_BF16 ? "BF16" : math == RT_MATH_TF32 ? "TF32" : "FP32", describe(c, which, nhwc, dtype),
-                    n);
+                    n, why);
     rt_cuda_reserve_workspace(cu, bytes);
 
     p->next = plans;
@@ -248,7 +343,7 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
 }
 
 void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const void *in0, const void *in1, void *out) {
-    static const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data alike */
+    static const float one = 1.0f, zero = 0.0f; /* the transforms' scaling factors */
     cudnnHandle_t h = rt_cuda_dnn(cu);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
@@ -260,26 +355,12 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const void *in0, const vo
     } else if (p->krsc) {
         out = p->krsc;
     }
-    switch (p->which) {
-    case CONV_FWD: /* y = conv(x = in0, w = in1) */
-        rt_cuda_check_dnn(cudnnConvolutionForward(h, &one, p->x, in0, p->w, in1, p->conv, p->algo.fwd, ws, ws_bytes,
-                                                  &zero, p->y, out),
-                          "cudnnConvolutionForward");
-        break;
-    case CONV_BWD_DATA: /* dx from (dy = in0, w = in1) */
-        rt_cuda_check_dnn(cudnnConvolutionBackwardData(h, &one, p->w, in1, p->y, in0, p->conv, p->algo.bwd_data, ws,
-                                                       ws_bytes, &zero, p->x, out),
-                          "cudnnConvolutionBackwardData");
-        break;
-    default: /* dw from (x = in0, dy = in1) */
-        rt_cuda_check_dnn(cudnnConvolutionBackwardFilter(h, &one, p->x, in0, p->y, in1, p->conv, p->algo.bwd_filter,
-                                                         ws, ws_bytes, &zero, p->w, out),
-                          "cudnnConvolutionBackwardFilter");
-        if (p->krsc) /* back to PyTorch's order */
-            rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_krsc, p->krsc, &zero, p->w_kcrs, dw),
-                              "cudnnTransformTensor (filter gradient to KCRS)");
-        break;
-    }
+    static const char *const what[] = {"cudnnConvolutionForward", "cudnnConvolutionBackwardData",
+                                       "cudnnConvolutionBackwardFilter"};
+    rt_cuda_check_dnn(run_algorithm(h, p, in0, in1, out, ws, ws_bytes), what[p->which]);
+    if (p->krsc && p->which == CONV_BWD_FILTER) /* back to PyTorch's order */
+        rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_krsc, p->krsc, &zero, p->w_kcrs, dw),
+                          "cudnnTransformTensor (filter gradient to KCRS)");
 }
 
 void rt_cuda_conv_plans_free(void) {

@@ -19,12 +19,18 @@ _Noreturn void rt_cuda_die(const char *fmt, ...) __attribute__((format(printf, 1
 cublasLtHandle_t rt_cuda_blaslt(RtCuda *cu);
 cudnnHandle_t rt_cuda_dnn(RtCuda *cu);
 RtCudaMath rt_cuda_math(const RtCuda *cu);
+size_t rt_cuda_arena_bytes(const RtCuda *cu); /* the arena at rt_cuda_base */
 
 /* Planning (before any capture) asks for at least `bytes` of shared workspace; the stream runs
  * one library call at a time, so every plan uses the same one. */
 void rt_cuda_reserve_workspace(RtCuda *cu, size_t bytes);
 /* At run time: the workspace (allocated once planning is over) and its size. */
 void *rt_cuda_workspace(const RtCuda *cu, size_t *bytes);
+
+/* A plan that cannot be built for want of device memory: the user's to fix, like an arena that
+ * does not fit, so open() fails with this reason (exit status 5) once plan() returns. The
+ * first reason is kept. */
+void rt_cuda_refuse(RtCuda *cu, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Plans are kept until the trainer exits; rt_cuda.c frees them all at close. */
 void rt_cuda_gemm_plans_free(void);

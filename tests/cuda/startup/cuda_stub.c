@@ -23,8 +23,11 @@
  *     allocation's base (the arena).
  *   - a matrix product's layouts must agree with its transposes (m x k times k x n); a
  *     convolution's output dimensions are computed as cuDNN computes them.
- *   - cuDNN's heuristic ranks a non-deterministic and a tensor-op algorithm first, so the
- *     planner's refusals are exercised; cuBLASLt offers one algorithm.
+ *   - cuDNN's heuristic ranks first a non-deterministic algorithm, a tensor-op one, one whose
+ *     workspace is 4 GiB and one that fails when run, so the planner's refusals and its fallback
+ *     to PyTorch's default are exercised; cuBLASLt offers one algorithm.
+ *   - the device is asked to block, not spin, when the host waits (cudaSetDeviceFlags, and
+ *     cudaEventBlockingSync on every event): the log says when it is not.
  * Any violation prints "cuda_stub: ..." and aborts (exit by SIGABRT): a test cannot mistake it
  * for a clean run.
  *
@@ -233,6 +236,15 @@ cudaError_t cudaGetDeviceCount(int *count) {
 
 cudaError_t cudaSetDevice(int device) { return device == 0 && device_sm() ? cudaSuccess : ret(cudaErrorInvalidDevice); }
 
+cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+    unsigned schedule = flags & cudaDeviceScheduleMask;
+    stub_log("device schedule: %s", schedule == cudaDeviceScheduleBlockingSync ? "blocking sync"
+                                    : schedule == cudaDeviceScheduleSpin       ? "spin"
+                                    : schedule == cudaDeviceScheduleYield      ? "yield"
+                                                                               : "auto");
+    return device_sm() ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     if (device != 0 || !device_sm())
         return ret(cudaErrorInvalidDevice);
@@ -380,7 +392,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
-    (void)flags;
+    if (!(flags & cudaEventBlockingSync))
+        stub_log("an event whose waits spin (no cudaEventBlockingSync)");
     if (!(*e = calloc(1, sizeof **e)))
         violation("out of host memory");
     return cudaSuccess;
@@ -725,8 +738,6 @@ struct cudnnConvolutionStruct {
     cudnnMathType_t math;
 };
 
-enum { STUB_ALGOS = 3, STUB_CONV_WORKSPACE = 2 << 20 };
-
 const char *cudnnGetErrorString(cudnnStatus_t s) { return s ? "CUDNN_STATUS_STUB_ERROR" : "CUDNN_STATUS_SUCCESS"; }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h) {
@@ -837,15 +848,23 @@ static void check_conv(const cudnnTensorDescriptor_t x, const cudnnFilterDescrip
                   n, k, p, q);
 }
 
-/* The heuristic, the same for every direction: a non-deterministic algorithm first, then one
- * that needs tensor cores, then a deterministic FMA one, so a planner that takes the first
- * result, or ignores the math type, is caught. */
+/* The heuristic, the same for every direction, ranks four algorithms that a careful planner
+ * must pass over before PyTorch's deterministic default (algorithm 1 in every direction):
+ *   0  non-deterministic;
+ *   2  deterministic, tensor cores (right for bf16 or TF32, wrong for float32);
+ *   3  deterministic, FMA, but wanting STUB_HUGE_WORKSPACE;
+ *   4  deterministic, FMA, but failing when run (its status in the ranking says success).
+ * Algorithm 1 with FMA math runs, with STUB_CONV_WORKSPACE. */
+enum { STUB_ALGOS = 4, STUB_CONV_WORKSPACE = 2 << 20 };
+#define STUB_HUGE_WORKSPACE ((size_t)4 << 30)
+
 #define STUB_RANKING(PERF_T, ALGO_T)                                                                       \
     do {                                                                                                   \
         static const struct { int algo; cudnnDeterminism_t det; cudnnMathType_t math; } ranks[STUB_ALGOS] = { \
             {0, CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH},                                                  \
-            {1, CUDNN_DETERMINISTIC, CUDNN_TENSOR_OP_MATH},                                                \
-            {2, CUDNN_DETERMINISTIC, CUDNN_FMA_MATH},                                                      \
+            {2, CUDNN_DETERMINISTIC, CUDNN_TENSOR_OP_MATH},                                                \
+            {3, CUDNN_DETERMINISTIC, CUDNN_FMA_MATH},                                                      \
+            {4, CUDNN_DETERMINISTIC, CUDNN_FMA_MATH},                                                      \
         };                                                                                                 \
         *returned = requested < STUB_ALGOS ? requested : STUB_ALGOS;                                       \
         for (int i = 0; i < *returned; i++) {                                                              \
@@ -854,7 +873,7 @@ static void check_conv(const cudnnTensorDescriptor_t x, const cudnnFilterDescrip
             perf[i].status = CUDNN_STATUS_SUCCESS;                                                         \
             perf[i].determinism = ranks[i].det;                                                            \
             perf[i].mathType = ranks[i].math;                                                              \
-            perf[i].memory = STUB_CONV_WORKSPACE;                                                          \
+            perf[i].memory = ranks[i].algo == 3 ? STUB_HUGE_WORKSPACE : STUB_CONV_WORKSPACE;               \
         }                                                                                                  \
     } while (0)
 
@@ -907,15 +926,16 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, con
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* An algorithm the planner may run: the deterministic one, with the math the descriptor has. */
+/* Whether algorithm `algo` can run under the descriptor's math type: tensor-core algorithm 2
+ * needs tensor-op math; the rest are FMA kernels, allowed under any math type. */
+static int runs_with(const cudnnConvolutionDescriptor_t d, int algo) { return algo != 2 || d->math != CUDNN_FMA_MATH; }
+
 static cudnnStatus_t workspace(const cudnnConvolutionDescriptor_t d, int algo, const char *dir, size_t *bytes) {
     if (algo == 0)
         violation("the %s plan asked for the non-deterministic algorithm's workspace", dir);
-    if (algo == 1 && d->math == CUDNN_FMA_MATH)
-        return CUDNN_STATUS_NOT_SUPPORTED; /* a tensor-op algorithm under FMA math */
-    stub_log("convolution plan: %s algorithm %d, math %s", dir, algo,
-             d->math == CUDNN_FMA_MATH ? "FMA" : d->math == CUDNN_TENSOR_OP_MATH ? "tensor-op" : "other");
-    *bytes = STUB_CONV_WORKSPACE;
+    if (!runs_with(d, algo))
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    *bytes = algo == 3 ? STUB_HUGE_WORKSPACE : STUB_CONV_WORKSPACE;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -961,20 +981,29 @@ static size_t dnn_bytes(cudnnDataType_t t) {
 static size_t tensor_bytes(const cudnnTensorDescriptor_t t) { return (size_t)t->n * t->c * t->h * t->w * dnn_bytes(t->type); }
 static size_t filter_bytes(const cudnnFilterDescriptor_t f) { return (size_t)f->k * f->c * f->r * f->s * dnn_bytes(f->type); }
 
-/* One convolution call: the operands inside device allocations, a workspace that was planned. */
+/* One convolution call: the operands inside device allocations, a workspace as large as the
+ * algorithm's. Algorithm 4 fails here; every call is logged ("convolution: WHAT algorithm N,
+ * math M: ran|failed"), so a test sees which algorithm each direction ends up with. */
 static cudnnStatus_t conv_call(cudnnHandle_t h, const cudnnTensorDescriptor_t x, const void *xp,
                                const cudnnFilterDescriptor_t w, const void *wp, const cudnnConvolutionDescriptor_t d,
                                const cudnnTensorDescriptor_t y, const void *yp, int algo, void *ws, size_t ws_bytes,
                                const char *what) {
+    size_t need = 0;
     check_conv(x, w, d, y);
     check_device(xp, tensor_bytes(x), what);
     check_device(wp, filter_bytes(w), what);
     check_device(yp, tensor_bytes(y), what);
-    if (algo != 2 && !(algo == 1 && d->math != CUDNN_FMA_MATH))
+    if (algo == 0 || workspace(d, algo, what, &need) != CUDNN_STATUS_SUCCESS)
         violation("%s with algorithm %d under math type %d", what, algo, (int)d->math);
-    if (ws_bytes < STUB_CONV_WORKSPACE)
-        violation("%s with %zu bytes of workspace, less than its algorithm's %d", what, ws_bytes, STUB_CONV_WORKSPACE);
-    check_device(ws, ws_bytes, what);
+    if (ws_bytes < need)
+        violation("%s with %zu bytes of workspace, less than its algorithm's %zu", what, ws_bytes, need);
+    if (ws_bytes)
+        check_device(ws, ws_bytes, what);
+    stub_log("convolution: %s algorithm %d, math %s: %s", what, algo,
+             d->math == CUDNN_FMA_MATH ? "FMA" : d->math == CUDNN_TENSOR_OP_MATH ? "tensor-op" : "other",
+             algo == 4 ? "failed" : "ran");
+    if (algo == 4)
+        return CUDNN_STATUS_EXECUTION_FAILED;
     counts.convs++;
     enqueue(h->stream);
     return CUDNN_STATUS_SUCCESS;

@@ -7,14 +7,18 @@ NETC_ARGS. On each stub device it must:
   - sm_80, sm_86, sm_89: load the sm_80 cubin; sm_90: the sm_90 cubin; sm_100, sm_120: the PTX
     (no cubin of their major version), and nothing else;
   - find every kernel of the generated host C's kernel_names in that image;
-  - build every plan: a product for each cuBLASLt plan, and for each convolution plan the one
-    algorithm the stub ranks third, deterministic with the math the precision allows (FMA for
-    float32, tensor-op for bf16) - the stub ranks a non-deterministic one first and a
-    tensor-op one second, which a float32 plan must refuse;
+  - build every plan: a product for each cuBLASLt plan, and for each convolution plan a
+    deterministic algorithm with the math the precision allows that needs at most 1 GiB of
+    workspace and runs: the stub ranks a non-deterministic algorithm, a tensor-op one, one
+    wanting 4 GiB and one that fails when run before PyTorch's default (algorithm 1), so bf16
+    plans take the tensor-op one and float32 plans try the failing one once, then take the
+    default;
+  - ask for blocking waits (device flags and every event);
   - capture four graphs (training and evaluation, two staging slots), replay them for every
     step, and exit 0; with --no-graph capture nothing and launch the kernels directly;
   - on sm_75, for which it carries no image, exit 5 naming what it carries and the --arch to
-    rebuild with; with no device memory to spare, exit 5 saying how much it needs.
+    rebuild with; with no device memory, or memory for the arena but not for the libraries'
+    workspace, exit 5 saying what it needs.
 The stub itself aborts on any call that breaks the libraries' rules (cuda_stub.c).
 """
 import os
@@ -84,10 +88,16 @@ def main():
             check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
             check(got.get("kernel launches", 0) > 0, f"{tag}: no kernel launched")
             check((got.get("products", 0) > 0) == (n_gemm > 0), f"{tag}: {got.get('products')} products, {n_gemm} plans")
-            plans = [ln for ln in lines if ln.startswith("convolution plan: ")]
-            want = "algorithm 1, math tensor-op" if bf16 else "algorithm 2, math FMA"
-            check(len(plans) == n_conv and all(ln.endswith(want) for ln in plans),
-                  f"{tag}: {n_conv} convolution plans expected with {want}, the stub saw {plans}")
+            ran = {re.sub(r"^convolution: cudnnConvolution\w+ ", "", ln) for ln in lines
+                   if ln.startswith("convolution: ") and ln.endswith(": ran")}
+            want = "algorithm 2, math tensor-op: ran" if bf16 else "algorithm 1, math FMA: ran"
+            check(ran == ({want} if n_conv else set()), f"{tag}: convolutions ran with {ran}, expected {want}")
+            failed = sum(ln.startswith("convolution: ") and ln.endswith(": failed") for ln in lines)
+            check(failed == (0 if bf16 else n_conv), f"{tag}: {failed} trial runs failed, expected one per plan "
+                  f"({n_conv}) in float32, where the failing algorithm 4 is reached")
+            check("device schedule: blocking sync" in lines and
+                  not any(ln.startswith("an event whose waits spin") for ln in lines),
+                  f"{tag}: the host's waits spin")
             check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
             print(f"{tag}: {image}, {got}")
 
@@ -101,6 +111,14 @@ def main():
     check(p.returncode == 5 and "MiB of GPU memory, but the GPU (stub sm_90) has 0.0 MiB free" in p.stderr,
           f"no memory: exit status {p.returncode}, message {p.stderr.strip()!r}")
     print("no memory:", p.stderr.strip())
+
+    # Memory for the arena (rounded up to whole MiB), none to spare for a library's workspace: a
+    # convolution plan finds no algorithm whose workspace fits, or the shared workspace does not.
+    arena_mib = -(-int(re.search(r"\.device_bytes = (\d+),", host).group(1)) // (1 << 20))
+    p, lines = run(exe, args, 90, log, {"NETC_STUB_MEM_MIB": str(arena_mib)})
+    check(p.returncode == 5 and "lower the batch size" in p.stderr and "workspace" in p.stderr,
+          f"no memory for the workspace: exit status {p.returncode}, message {p.stderr.strip()!r}")
+    print("no memory for the workspace:", p.stderr.strip())
 
     if failures:
         sys.exit(f"{len(failures)} start-up checks failed")
