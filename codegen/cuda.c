@@ -48,8 +48,10 @@ typedef struct Map {
     int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
 } Map;
 
+enum { KERNEL_NAME = 64 }; /* k8_add_relu_l11 and the like, with room to spare */
+
 typedef struct Kernel {
-    char name[32];
+    char name[KERNEL_NAME];
     char *body; /* the text between the braces, to find twins */
 } Kernel;
 
@@ -163,6 +165,33 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
     fprintf(u->step, "    rt_cuda_launch(cu, K_%s, %u, %u); // %s\n", u->kernels[k].name, grid, block, what);
 }
 
+/* A kernel's name, for the profile (Nsight, ncu) as much as for the code: k (training step) or
+ * e (evaluation), the node's id and `suffix`, which keep names unique, then the operators it
+ * computes in order (a group's members, repeats dropped, as far as the name has room) and the
+ * .net line they come from: k8_add_relu_l11. */
+static void kernel_name(const Cu *u, const IrNode *head, const char *suffix, char *buf, size_t size) {
+    const Cg *c = &u->c;
+    const IrNode *n; /* FOR_MEMBERS's variable */
+    const char *last = NULL;
+    size_t len = (size_t)snprintf(buf, size, "%s%d%s", c->eval ? "e" : "k", head->id, suffix);
+    char line[16] = "";
+    if (head->loc.line > 0) snprintf(line, sizeof line, "_l%d", head->loc.line);
+    size_t room = size - strlen(line) - 1;
+#define APPEND_OP(node)                                                                  \
+    do {                                                                                 \
+        const char *op = ir_op_name((node)->op);                                         \
+        if ((!last || strcmp(op, last) != 0) && len + 1 + strlen(op) <= room)           \
+            len += (size_t)snprintf(buf + len, size - len, "_%s", op), last = op;        \
+    } while (0)
+    if (head->group) {
+        FOR_MEMBERS(n, head) APPEND_OP(n);
+    } else {
+        APPEND_OP(head);
+    }
+#undef APPEND_OP
+    snprintf(buf + len, size - len, "%s", line);
+}
+
 static unsigned grid_for(int64_t n) {
     int64_t b = (n + BLOCK - 1) / BLOCK;
     return (unsigned)(b < 1 ? 1 : b > MAX_GRID ? MAX_GRID : b);
@@ -184,7 +213,7 @@ static void emit_group(Cu *u, const IrNode *head) {
     Cg *c = &u->c;
     const IrNode *n;
     int64_t total = ir_numel(&head->shape);
-    char name[32], what[64];
+    char name[KERNEL_NAME], what[64];
     kernel_open(u);
     cg_group_header(c, head);
     c->group = head->group; /* operands computed inside the group are locals, not pointers */
@@ -193,7 +222,7 @@ static void emit_group(Cu *u, const IrNode *head) {
     fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
     cg_group_body(c, head, "        ");
     fprintf(c->out, "    }\n");
-    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", head->id);
+    kernel_name(u, head, "", name, sizeof name);
     snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
     kernel_close(u, name, grid_for(total), BLOCK, what);
 }
@@ -201,7 +230,7 @@ static void emit_group(Cu *u, const IrNode *head) {
 static void emit_ew(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     int64_t total = ir_numel(&n->shape);
-    char name[32];
+    char name[KERNEL_NAME];
     kernel_open(u);
     cg_comment(c, n);
     declare_operands(u, n);
@@ -209,7 +238,7 @@ static void emit_ew(Cu *u, const IrNode *n) {
     fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
     cg_ew_store(c, n, 0, "        ");
     fprintf(c->out, "    }\n");
-    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
 }
 
@@ -220,7 +249,7 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     FILE *o;
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
-    char name[32];
+    char name[KERNEL_NAME];
     kernel_open(u);
     o = c->out;
     cg_comment(c, n);
@@ -233,7 +262,7 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     cg_sum_to_elem(o, n);
     fprintf(o, ";\n        acc = rt_block_sum(acc);\n");
     fprintf(o, "        if (threadIdx.x == 0) v%d[o] = (float)acc;\n    }\n", n->id);
-    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, rows_grid(out_n), BLOCK, "sum_to");
 }
 
@@ -241,7 +270,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     const IrNode *x = n->in[0];
     int64_t total = ir_numel(&x->shape);
-    char name[32];
+    char name[KERNEL_NAME];
     if (n->op == OP_SUM_TO) {
         emit_sum_to(u, n);
         return;
@@ -258,7 +287,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     else fprintf(c->out, "    const int64_t count = %" PRId64 ";\n", total);
     fprintf(c->out, "    rt_k_mean(count, v%d, %d, v%d);\n", x->id, n->op == OP_MEAN,
             n->id);
-    snprintf(name, sizeof name, "%s%d", c->eval ? "e" : "k", n->id);
+    kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));
 }
 
@@ -280,7 +309,7 @@ static int mentions(const char *call, int id) {
 static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suffix, unsigned grid,
                        unsigned block) {
     Cg *c = &u->c;
-    char name[32];
+    char name[KERNEL_NAME];
     kernel_open(u);
     cg_comment(c, n);
     for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
@@ -288,7 +317,7 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
         if (mentions(call, x->id)) cg_declare(c, x);
     }
     fprintf(c->out, "    %s\n", call);
-    snprintf(name, sizeof name, "%s%d%s", c->eval ? "e" : "k", n->id, suffix);
+    kernel_name(u, n, suffix, name, sizeof name);
     kernel_close(u, name, grid, block, ir_op_name(n->op));
 }
 
