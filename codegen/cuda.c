@@ -439,8 +439,8 @@ static void emit_rows(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
 }
 
-/* Batch-norm statistics and backward sums: per fixed block of rows, then over the blocks in
- * order (two kernels), into the shared partial-sum region. */
+/* Batch-norm statistics and backward sums: per fixed block of rows into the shared partial-sum
+ * region, then one thread block per channel over those partials (two kernels). */
 static void emit_bn(Cu *u, const IrNode *n) {
     const IrNode *x = n->in[0];
     int64_t M, C, HW;
@@ -454,7 +454,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
                  C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);
         lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
         snprintf(call, sizeof call, "rt_k_bn_bwd_final(%" PRId64 ", %" PRId64 ", %s, v%d);", C, nb, part, n->id);
-        lib_kernel(u, n, call, "_sum", grid_for(2 * C), BLOCK);
+        lib_kernel(u, n, call, "_sum", rows_grid(2 * C), BLOCK);
         return;
     }
     const IrParam *rm = &u->g->params[n->attr.stat_param];
@@ -470,7 +470,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
              "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, ctx->params + %" PRId64
              ", %d);",
              M, C, nb, part, n->id, eps, mom, rm->offset, !u->c.eval);
-    lib_kernel(u, n, call, "_stats", grid_for(C), BLOCK);
+    lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {

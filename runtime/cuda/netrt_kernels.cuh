@@ -369,10 +369,14 @@ static __device__ __forceinline__ void rt_k_mean(int64_t count, const float *x, 
 // ---- batch norm: per-channel sums over M = N*H*W rows, in fixed blocks of 256 rows
 //
 // Two kernels: a partial sum of each (block of RT_K_BN_ROWS rows, channel) into part
-// [nb, 2, C] doubles (nb = ceil(M / 256)), then a final pass per channel adds the blocks in
-// order. Each partial is summed row by row, so the sums of x, of dy and of dy * xhat are the
-// channels-last CPU kernels' (rt_nhwc.c) bit for bit; the row-major CPU kernels sum all M rows
-// left to right, which can differ in the last bits.
+// [nb, 2, C] doubles (nb = ceil(M / 256)), then a final pass with one thread block per channel
+// (ResNet-50 at batch 256 has nb = 12544 partials a channel in its first layer: one thread each
+// would run them serially): thread t adds the partials t, t + 256, ... in order, and
+// rt_block_sum adds the 256 results by its fixed tree, so the result never depends on timing.
+// Each partial is summed row by row, as the channels-last CPU kernels (rt_nhwc.c) sum theirs;
+// the CPU then adds the partials in order, and the row-major CPU kernels sum all M rows left
+// to right, so the totals can differ from the CPU's in the last bits of the double, which
+// rounding to float hides but for rare ties.
 //
 // The variance: the CPU takes two passes over x (the mean, then the squared deviations from
 // it), which a two-kernel scheme cannot, since the mean is known only after every block is
@@ -409,27 +413,31 @@ static __device__ __forceinline__ void rt_k_bn_stats_part(int64_t M, int64_t C, 
 
 /* stats[0][c] = mean, stats[1][c] = 1 / sqrt(var + eps), as rt_bn_stats. Training: of the
  * batch (biased variance), and running = [running_mean C, running_var C, num_batches_tracked]
- * moves by momentum toward the mean and the unbiased variance (M / (M - 1)); the thread of
+ * moves by momentum toward the mean and the unbiased variance (M / (M - 1)); the block of
  * channel 0 counts the batch. Evaluation: from the running statistics, which stay; part is not
- * read. Grid-stride over the C channels. */
+ * read. One block per channel. */
 static __device__ __forceinline__ void rt_k_bn_stats_final(int64_t M, int64_t C, int64_t nb, const double *part,
                                                            float *stats, double eps, double momentum, float *running,
                                                            int training) {
     float *rmean = running, *rvar = running + C;
-    RT_K_FOR(c, C) {
+    RT_K_ROWS(c, C) {
         if (!training) {
-            stats[c] = rmean[c];
-            stats[C + c] = (float)(1.0 / sqrt((double)rvar[c] + eps));
+            if (threadIdx.x == 0) {
+                stats[c] = rmean[c];
+                stats[C + c] = (float)(1.0 / sqrt((double)rvar[c] + eps));
+            }
             continue;
         }
         double sum = 0, sq = 0;
-        for (int64_t b = 0; b < nb; b++) sum += part[b * 2 * C + c];
-        double mean = sum / (double)M;
-        for (int64_t b = 0; b < nb; b++) {
+        RT_K_COLS(b, nb) sum += part[b * 2 * C + c];
+        double mean = rt_block_sum(sum) / (double)M;
+        RT_K_COLS(b, nb) {
             int64_t rows = M - b * RT_K_BN_ROWS < RT_K_BN_ROWS ? M - b * RT_K_BN_ROWS : RT_K_BN_ROWS;
             double d = part[b * 2 * C + c] / (double)rows - mean;
             sq = __dadd_rn(sq, __dadd_rn(part[b * 2 * C + C + c], __dmul_rn((double)rows, __dmul_rn(d, d))));
         }
+        sq = rt_block_sum(sq);
+        if (threadIdx.x != 0) continue;
         double var = sq / (double)M, unbiased = M > 1 ? sq / (double)(M - 1) : var;
         stats[c] = (float)mean;
         stats[C + c] = (float)(1.0 / sqrt(var + eps));
@@ -460,13 +468,14 @@ static __device__ __forceinline__ void rt_k_bn_bwd_part(int64_t M, int64_t C, in
     }
 }
 
-/* sums[j] = (float) the sum over the nb blocks, in order, of part[b][j], j < 2C: [sum dy C,
- * sum dy * xhat C], as rt_bn_bwd_sums. Grid-stride over the 2C sums. */
+/* sums[j] = (float) the sum over the nb blocks of part[b][j], j < 2C: [sum dy C, sum dy * xhat
+ * C], as rt_bn_bwd_sums. One block per sum. */
 static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, const double *part, float *sums) {
-    RT_K_FOR(j, 2 * C) {
+    RT_K_ROWS(j, 2 * C) {
         double s = 0;
-        for (int64_t b = 0; b < nb; b++) s += part[b * 2 * C + j];
-        sums[j] = (float)s;
+        RT_K_COLS(b, nb) s += part[b * 2 * C + j];
+        s = rt_block_sum(s);
+        if (threadIdx.x == 0) sums[j] = (float)s;
     }
 }
 
