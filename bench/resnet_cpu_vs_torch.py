@@ -5,6 +5,12 @@ channels-last layout (oneDNN convolutions) and with --layout=row-major (im2col +
 
 usage: /usr/bin/python3 bench/resnet_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
                                                      [--batch 32] [--steps 8] [--repeat 3]
+                                                     [--python PYTHON]
+
+--python runs the PyTorch side with another interpreter (a virtual environment with a newer
+PyTorch and torchvision; default: the one running this script). The table's header names the
+PyTorch version and the instruction set each side's oneDNN may use: netc's trainer holds oneDNN
+to AVX2 unless ONEDNN_MAX_CPU_ISA says otherwise (docs/trainer.md), PyTorch's does not.
 
 Each run trains for 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line
 per step; PyTorch: timed around its loop). Runs alternate netc / PyTorch so that noise on a
@@ -49,7 +55,7 @@ t0 = time.perf_counter()
 for s in range(steps):
     step(s)
 dt = time.perf_counter() - t0
-print(json.dumps({"samples_per_s": steps * batch / dt,
+print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__version__,
                   "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """ % WARMUP
 
@@ -66,8 +72,8 @@ def run_netc(exe, args, threads, steps, batch, work):
     return {"samples_per_s": steps * batch / seconds, "peak_kib": usage.ru_maxrss}
 
 
-def run_torch(threads, batch, steps, work):
-    out = subprocess.run([sys.executable, "-c", TORCH_LOOP, str(threads), str(batch), str(steps), work],
+def run_torch(python, threads, batch, steps, work):
+    out = subprocess.run([python, "-c", TORCH_LOOP, str(threads), str(batch), str(steps), work],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -79,6 +85,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         n = a.batch * (a.steps + WARMUP)
@@ -95,11 +102,15 @@ def main():
         for _ in range(a.repeat):
             for layout in LAYOUTS:
                 netc[layout].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work))
-            torch.append(run_torch(a.threads, a.batch, a.steps, work))
+            torch.append(run_torch(a.python, a.threads, a.batch, a.steps, work))
     ts = statistics.median(r["samples_per_s"] for r in torch)
     tm = max(r["peak_kib"] for r in torch) / 1024
     print(f"resnet18_cifar training, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "
           f"median of {a.repeat}")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    netc_isa, torch_isa = (isa, isa) if isa else ("at most AVX2 (its default)", "the CPU's best")
+    print(f"PyTorch {torch[0]['version']} ({a.python}); oneDNN instruction set: netc {netc_isa}, "
+          f"PyTorch {torch_isa}")
     print(f"| netc layout | netc samples/s | PyTorch samples/s | speed | netc peak RSS | PyTorch peak RSS | memory |")
     print(f"|---|---|---|---|---|---|---|")
     for layout in LAYOUTS:

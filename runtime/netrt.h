@@ -177,6 +177,8 @@ typedef struct RtConvPlan RtConvPlan;
 void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, const float *w, float *y);
 void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy, const float *w, float *dx);
 void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw);
+/* The oneDNN implementation a plan runs, as oneDNN names it ("jit:avx2", "brgconv:avx512_core"). */
+const char *rt_conv_plan_impl(const RtConvPlan *p);
 /* A plan's primitives and buffers (a trainer keeps its plans until it exits). */
 void rt_conv_plan_free(RtConvPlan *p);
 

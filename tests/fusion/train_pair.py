@@ -1,5 +1,5 @@
 """Train two compiled variants of one model on the same synthetic data and compare their saved
-parameters (used by fused_vs_unfused.sh and layouts_agree.sh).
+parameters (tests/gpu/gpu_check.py uses its data).
 
     train_pair.py WORKDIR STEPS TOLERANCE TRAINER_A TRAINER_B
 

@@ -91,15 +91,17 @@ def vjp(f, x, dy):
 
 
 class Interp:
-    def __init__(self, nodes, inputs, params):
-        self.nodes, self.inputs, self.params = nodes, inputs, params
+    """Evaluates the graph in float64, or in float32 (dtype) to measure float32 rounding."""
+
+    def __init__(self, nodes, inputs, params, dtype=torch.float64):
+        self.nodes, self.inputs, self.params, self.dtype = nodes, inputs, params, dtype
         self.masks = {}
 
     def mask(self, n, shape):
         key = int(n.attr["mask"][0])
         if key not in self.masks:  # one fixed mask per seed id, shared by forward and gradient
             g = torch.Generator().manual_seed(1000 + key)
-            self.masks[key] = (torch.rand(shape, generator=g) >= n.attr["p"][0]).double()
+            self.masks[key] = (torch.rand(shape, generator=g) >= n.attr["p"][0]).to(self.dtype)
         return self.masks[key] / (1 - n.attr["p"][0])
 
     def conv_args(self, n):
@@ -116,7 +118,7 @@ class Interp:
         op, a = n.op, n.attr
         if op == "input": return self.inputs[n.name]
         if op == "param": return self.params[n.name]
-        if op == "const": return torch.tensor(a["value"][0])
+        if op == "const": return torch.tensor(a["value"][0], dtype=self.dtype)
         simple = {
             "add": lambda: x[0] + x[1], "sub": lambda: x[0] - x[1], "mul": lambda: x[0] * x[1],
             "div": lambda: x[0] / x[1], "neg": lambda: -x[0], "relu": lambda: torch.relu(x[0]),
@@ -136,7 +138,7 @@ class Interp:
             "softmax_bwd": lambda: x[0] * (x[1] - (x[1] * x[0]).sum(-1, keepdim=True)),
         }
         if op in simple: return simple[op]()
-        if op == "cast": return x[0].long() if n.dtype in INT_DTYPES else x[0].double()
+        if op == "cast": return x[0].long() if n.dtype in INT_DTYPES else x[0].to(self.dtype)
         if op == "dropout": return x[0] * self.mask(n, x[0].shape)
         if op == "dropout_grad": return x[0] * self.mask(n, x[0].shape)
         if op == "matmul":
@@ -151,15 +153,15 @@ class Interp:
         if op == "maxpool2d_bwd": return vjp(lambda t: F.max_pool2d(t, **self.pool_args(n)), x[0], x[1])
         if op == "avgpool2d": return F.avg_pool2d(x[0], **self.pool_args(n))
         if op == "avgpool2d_bwd":
-            return vjp(lambda t: F.avg_pool2d(t, **self.pool_args(n)), torch.zeros(n.shape), x[0])
+            return vjp(lambda t: F.avg_pool2d(t, **self.pool_args(n)), torch.zeros(n.shape, dtype=self.dtype), x[0])
         smoothing = a.get("smoothing", [0.0])[0]
         if op == "xent": return F.cross_entropy(x[0], x[1], reduction="none", label_smoothing=smoothing)
         if op == "xent_bwd":
             classes = x[0].shape[-1]
-            target = (1 - smoothing) * F.one_hot(x[1], classes).double() + smoothing / classes
+            target = (1 - smoothing) * F.one_hot(x[1], classes).to(self.dtype) + smoothing / classes
             return x[2][:, None] * (torch.softmax(x[0], -1) - target)
         if op.startswith("bn_") or op == "row": return self.batchnorm(n, x)
-        if op == "accuracy": return (x[0].argmax(-1) == x[1]).double().sum()
+        if op == "accuracy": return (x[0].argmax(-1) == x[1]).to(self.dtype).sum()
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     def batchnorm(self, n, x):

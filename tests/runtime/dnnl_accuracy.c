@@ -1,0 +1,192 @@
+/* dnnl_accuracy.c - a reproducer for oneDNN's channels-last convolution accuracy, kept so that
+ * the runtime's AVX2 cap (runtime/rt_dnnl.c) can be revisited when oneDNN changes.
+ *
+ *   dnnl_accuracy [--report] [--isa NAME|BEST]
+ *
+ * Runs netc's three channels-last convolutions (rt_conv2d_nhwc_*) on ResNet geometries and
+ * measures each result against a float64 loop on the same float32 inputs, and, as the yardstick
+ * for float32 rounding, a plain float32 loop (one running sum per output element, in loop order).
+ * The error of a tensor is max |got - exact| / max |exact|.
+ *
+ * It asserts that oneDNN ran at most AVX2 (the runtime's cap), or with --isa NAME exactly NAME
+ * (a user's ONEDNN_MAX_CPU_ISA), or with --isa BEST at least the best this CPU has by the
+ * compiler's CPU detection (the user lifted the cap with ALL); and, without --report, that every
+ * result is within 4x the plain loop's error (+1e-7). A correct float32 kernel sums the same
+ * terms in another order, blocked or in runs one after another, and is about as far from the
+ * exact value as one running sum or nearer: measured here (AVX2, oneDNN 2.6.3) 0.2-1.8x the
+ * loop's error, and 0.1-1.6x with SSE41. 4x leaves room for another order and nothing for a wrong
+ * one: on AVX-512, oneDNN's unrestricted channels-last kernels moved a conv weight's one-step
+ * update by 3.8e-3 of its size (PyTorch channels_last, issue 12), about a thousand times the
+ * loop's error at these sizes (1e-6 to 3e-6).
+ * With --report (ONEDNN_MAX_CPU_ISA=ALL: what an unrestricted oneDNN does on this CPU) it prints
+ * the same table and whether the cap is still needed here, asserting nothing about accuracy.
+ */
+#include <dnnl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "netrt.h"
+
+#include "test_util.h"
+
+enum { FWD, BWD_DATA, BWD_WEIGHTS };
+static const char *direction[] = {"forward", "data gradient", "weight gradient"};
+
+/* One direct convolution on NHWC activations and oihw weights (groups 1), in double or float:
+ * FWD y = conv(x, w); BWD_DATA dx from dy and w; BWD_WEIGHTS dw from x and dy. Each output is
+ * one running sum over its terms in loop order. The weights (and the weight gradient's sums) are
+ * held as [R][S][K][C] so that the innermost loop runs along contiguous channels. */
+#define DIRECT(NAME, T)                                                                              \
+    static void NAME(const RtConv *c, int dir, const float *x, const float *w, const float *dy,     \
+                     float *out) {                                                                   \
+        int64_t K = c->K, C = c->C, RS = c->R * c->S;                                                \
+        int64_t n_out = dir == FWD ? c->N * c->P * c->Q * K : dir == BWD_DATA ? c->N * c->H * c->W * C \
+                                                                               : K * C * RS;         \
+        T *acc = calloc((size_t)n_out, sizeof *acc), *wt = malloc((size_t)(K * C * RS) * sizeof *wt); \
+        for (int64_t k = 0; k < K; k++)                                                              \
+            for (int64_t ch = 0; ch < C; ch++)                                                       \
+                for (int64_t rs = 0; rs < RS; rs++) wt[(rs * K + k) * C + ch] = w[(k * C + ch) * RS + rs]; \
+        for (int64_t n = 0; n < c->N; n++)                                                           \
+            for (int64_t p = 0; p < c->P; p++)                                                       \
+                for (int64_t q = 0; q < c->Q; q++)                                                   \
+                    for (int64_t rs = 0; rs < RS; rs++) {                                            \
+                        int64_t h = p * c->stride_h - c->pad_h + rs / c->S * c->dil_h;               \
+                        int64_t v = q * c->stride_w - c->pad_w + rs % c->S * c->dil_w;               \
+                        if (h < 0 || h >= c->H || v < 0 || v >= c->W) continue;                      \
+                        const float *xs = x + ((n * c->H + h) * c->W + v) * C;                       \
+                        int64_t yi = ((n * c->P + p) * c->Q + q) * K;                                \
+                        for (int64_t k = 0; k < K; k++) {                                            \
+                            const T *wk = wt + (rs * K + k) * C;                                     \
+                            if (dir == FWD) {                                                        \
+                                T sum = acc[yi + k];                                                 \
+                                for (int64_t ch = 0; ch < C; ch++) sum += (T)xs[ch] * wk[ch];        \
+                                acc[yi + k] = sum;                                                   \
+                            } else if (dir == BWD_DATA) {                                            \
+                                T *dx = acc + ((n * c->H + h) * c->W + v) * C, g = dy[yi + k];       \
+                                for (int64_t ch = 0; ch < C; ch++) dx[ch] += g * wk[ch];             \
+                            } else {                                                                 \
+                                T *dw = acc + (rs * K + k) * C, g = dy[yi + k];                      \
+                                for (int64_t ch = 0; ch < C; ch++) dw[ch] += (T)xs[ch] * g;          \
+                            }                                                                        \
+                        }                                                                            \
+                    }                                                                                \
+        if (dir == BWD_WEIGHTS)                                                                      \
+            for (int64_t k = 0; k < K; k++)                                                          \
+                for (int64_t ch = 0; ch < C; ch++)                                                   \
+                    for (int64_t rs = 0; rs < RS; rs++) out[(k * C + ch) * RS + rs] = (float)acc[(rs * K + k) * C + ch]; \
+        else                                                                                         \
+            for (int64_t i = 0; i < n_out; i++) out[i] = (float)acc[i];                              \
+        free(acc), free(wt);                                                                         \
+    }
+DIRECT(direct_f64, double)
+DIRECT(direct_f32, float)
+
+/* The float64 value rounded once to float32 is the reference; its own rounding (u/2 relative)
+ * is far below the errors measured. */
+static double error(const float *got, const float *exact, int64_t n) {
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)got[i] - exact[i]));
+        scale = fmax(scale, fabs((double)exact[i]));
+    }
+    return diff / scale;
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE41";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2_VNNI";
+    case dnnl_cpu_isa_avx512_core: return "AVX512_CORE";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX512_CORE_VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX512_CORE_BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX512_CORE_AMX";
+    default: return "OTHER";
+    }
+}
+
+/* The best instruction set of the ones oneDNN's float32 kernels use that this CPU has (gcc's and
+ * clang's CPU detection, independent of oneDNN's): what ONEDNN_MAX_CPU_ISA=ALL must give. */
+static dnnl_cpu_isa_t best_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+        if (__builtin_cpu_supports("avx512bf16")) return dnnl_cpu_isa_avx512_core_bf16;
+        if (__builtin_cpu_supports("avx512vnni")) return dnnl_cpu_isa_avx512_core_vnni;
+        return dnnl_cpu_isa_avx512_core;
+    }
+    if (__builtin_cpu_supports("avx2")) return dnnl_cpu_isa_avx2;
+    if (__builtin_cpu_supports("avx")) return dnnl_cpu_isa_avx;
+    return dnnl_cpu_isa_sse41;
+}
+
+/* One geometry, three directions; returns how many results are beyond the bound. */
+static int check(const char *name, RtConv c) {
+    int64_t nx = c.N * c.H * c.W * c.C, ny = c.N * c.P * c.Q * c.K, nw = c.K * c.C * c.R * c.S;
+    float *x = randv(nx), *w = randv(nw), *dy = randv(ny);
+    int64_t n_out[] = {ny, nx, nw};
+    int failed = 0;
+    for (int dir = FWD; dir <= BWD_WEIGHTS; dir++) {
+        float *got = malloc((size_t)n_out[dir] * 4), *exact = malloc((size_t)n_out[dir] * 4),
+              *loop = malloc((size_t)n_out[dir] * 4);
+        RtConvPlan *plan = NULL;
+        if (dir == FWD) rt_conv2d_nhwc_fwd(&c, &plan, x, w, got);
+        else if (dir == BWD_DATA) rt_conv2d_nhwc_bwd_data(&c, &plan, dy, w, got);
+        else rt_conv2d_nhwc_bwd_filter(&c, &plan, x, dy, got);
+        direct_f64(&c, dir, x, w, dy, exact);
+        direct_f32(&c, dir, x, w, dy, loop);
+        double e = error(got, exact, n_out[dir]), e_loop = error(loop, exact, n_out[dir]);
+        int bad = !(e <= 4 * e_loop + 1e-7);
+        printf("  %-16s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s\n", name, direction[dir],
+               rt_conv_plan_impl(plan), e, e_loop, e / e_loop, bad ? "  <- above 4x" : "");
+        failed += bad;
+        rt_conv_plan_free(plan);
+        free(got), free(exact), free(loop);
+    }
+    free(x), free(w), free(dy);
+    return failed;
+}
+
+int main(int argc, char **argv) {
+    int report = 0;
+    const char *want_isa = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--report") == 0) report = 1;
+        else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) want_isa = argv[++i];
+        else return fprintf(stderr, "usage: dnnl_accuracy [--report] [--isa NAME]\n"), 2;
+    }
+    /* ResNet-18 (CIFAR) at batch 8: a 3x3 layer at 32x32, the stride-2 3x3 and its 1x1 shortcut;
+     * ResNet-50's 7x7 stride-2 stem on 3 channels. */
+    struct { const char *name; RtConv c; } cases[] = {
+        {"3x3 64->64", geometry(8, 64, 32, 64, 3, 1, 1, 1, 1)},
+        {"3x3/2 64->128", geometry(8, 64, 32, 128, 3, 2, 1, 1, 1)},
+        {"1x1/2 64->128", geometry(8, 64, 32, 128, 1, 2, 0, 1, 1)},
+        {"7x7/2 stem 3->64", geometry(8, 3, 32, 64, 7, 2, 3, 1, 1)},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) failed += check(cases[i].name, cases[i].c);
+    /* after the first plan: the ISA oneDNN dispatched to */
+    const char *isa = isa_name(dnnl_get_effective_cpu_isa());
+    const char *env = getenv("ONEDNN_MAX_CPU_ISA") ? getenv("ONEDNN_MAX_CPU_ISA") : getenv("DNNL_MAX_CPU_ISA");
+    printf("dnnl_accuracy: oneDNN %d.%d.%d ran %s (ONEDNN_MAX_CPU_ISA %s)\n", dnnl_version()->major,
+           dnnl_version()->minor, dnnl_version()->patch, isa, env ? env : "unset: netc's cap");
+    dnnl_cpu_isa_t ran = dnnl_get_effective_cpu_isa(), best = best_isa();
+    int isa_ok = !want_isa                       ? (ran & ~dnnl_cpu_isa_avx2_vnni) == 0
+                 : strcmp(want_isa, "BEST") == 0 ? (ran & best) == best /* the ISA values nest as bit masks */
+                                                 : strcmp(isa, want_isa) == 0;
+    if (!isa_ok) {
+        fprintf(stderr, "dnnl_accuracy: oneDNN ran %s, expected %s\n", isa,
+                !want_isa ? "at most AVX2" : strcmp(want_isa, "BEST") == 0 ? isa_name(best) : want_isa);
+        return 1;
+    }
+    if (report) {
+        printf("dnnl_accuracy: report only; %s\n",
+               failed ? "above the bound here: keep the AVX2 cap" : "within the bound on this CPU");
+        return 0;
+    }
+    if (failed) fprintf(stderr, "dnnl_accuracy: %d results beyond 4x the float32 loop's error\n", failed);
+    return failed != 0;
+}
