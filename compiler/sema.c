@@ -21,6 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "netrt.h" /* the trainer's fixed tables a model must fit */
+
+/* An input's per-sample shape (its rank less the batch axis) fills RtInput.shape, and a
+ * parameter's whole shape fills RtParam.shape: both hold RT_MAX_RANK axes. */
+_Static_assert((int)IR_MAX_RANK <= (int)RT_MAX_RANK, "a parameter's rank must fit RtParam.shape");
+
 /* ---- diagnostics helpers */
 
 const char *sema_shape_str(Sema *S, const IrShape *s) {
@@ -584,6 +590,12 @@ static IrNode *declare_input(Sema *S, const AstStmt *s) {
             diag_error(s->name_loc, "input '%s' is declared twice", s->name);
             return NULL;
         }
+    if (S->g->n_inputs == RT_MAX_INPUTS) { /* the trainer binds its inputs in tables this long */
+        diag_error(s->name_loc, "input '%s' is one more than the %d inputs a trainer takes (RT_MAX_INPUTS)",
+                   s->name, RT_MAX_INPUTS);
+        diag_hint("stack inputs of the same dtype into one input with an extra axis");
+        return NULL;
+    }
     if (S->g->n_inputs == 0) S->g->batch = shape.dim[0];
     else if (shape.dim[0] != S->g->batch) {
         diag_error(s->dims[0]->loc, "input '%s' has batch %lld but '%s' has %lld", s->name,

@@ -749,6 +749,8 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
 
 int rt_main(int argc, char **argv, const RtModel *m) {
     Trainer t = {.m = m, .tty = isatty(STDOUT_FILENO)};
+    if (m->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
+        die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, m, &t.o);
     if (t.o.list_params) return list_params(m), 0;
     if (m->device) { /* before any data is read: a machine without the device stops here */
