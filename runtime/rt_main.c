@@ -180,6 +180,13 @@ static int64_t number(const char *flag, const char *s, int64_t min) {
     return v;
 }
 
+/* A number that must fit a smaller type: checked before it is narrowed. */
+static int64_t number_at_most(const char *flag, const char *s, int64_t min, int64_t max) {
+    int64_t v = number(flag, s, min);
+    if (v > max) die_usage("%s %s is more than %lld", flag, s, (long long)max);
+    return v;
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs()};
     for (int i = 1; i < argc; i++) {
@@ -192,7 +199,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1), o->epochs_given = 1;
         else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1), o->steps_given = 1;
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
-        else if (strcmp(a, "--threads") == 0) o->threads = (int)number(a, VALUE(), 1);
+        else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
@@ -209,7 +216,6 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
-    if (o->threads > 1024) die_usage("--threads %d is more than 1024", o->threads);
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
@@ -605,8 +611,13 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
  * wrong element) is off by far more. */
 static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     const RtModel *m = t->m;
+    /* A short batch's zero rows would count in the backward pass but not in the loss, so the
+     * differences would disagree for no fault of the gradients: refused, as training does. */
+    if (ds->n_samples < m->batch)
+        die("--gradcheck needs one full batch: %s has %lld samples, fewer than one batch of %lld", t->o.data[0],
+            (long long)ds->n_samples, (long long)m->batch);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "indices");
-    int64_t count = ds->n_samples < m->batch ? ds->n_samples : m->batch;
+    int64_t count = m->batch;
     for (int64_t r = 0; r < count; r++) idx[r] = r;
     rt_gather(m, ds, idx, count, bufs);
     free(idx);
@@ -677,7 +688,10 @@ static void plan_run(Trainer *t, const RtDataset *ds) {
     if (t->per_epoch == 0)
         die("%s has %lld samples, fewer than one batch of %lld", t->o.data[0], (long long)ds->n_samples,
             (long long)t->m->batch);
-    t->total = t->o.steps ? t->o.steps : t->o.epochs * t->per_epoch;
+    t->total = t->o.steps;
+    if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
+        die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
+                  (long long)t->per_epoch, (long long)INT64_MAX);
     t->pos = (RtTrainState){.epoch = 1, .samples = ds->n_samples};
 }
 
