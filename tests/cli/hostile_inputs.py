@@ -6,9 +6,12 @@ never a signal, a wrong answer or exit 0.
 
 usage: hostile_inputs.py NETC WORKDIR
 """
+import gzip
 import os
+import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 
@@ -43,6 +46,40 @@ def gradcheck_short(exe, work, train):
                 "gx4.npy", "--gradcheck", "fewer than one batch of 8")
 
 
+def gzip_stream(path, head, body_chunks):
+    """A gzip file of `head` and then the chunks, compressed as they come."""
+    with open(path, "wb") as f:
+        z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        f.write(z.compress(head))
+        for chunk in body_chunks:
+            f.write(z.compress(chunk))
+        f.write(z.flush())
+    return path
+
+
+def gzip_idx(work, train):
+    """A gzipped IDX file is inflated only as far as its header declares."""
+    imgs = np.zeros((32, 28, 28), np.uint8)
+    head = struct.pack(">BBBBIII", 0, 0, 8, 3, 32, 28, 28)
+    # 256 MiB of zeros behind a header that declares 25 KB: refused after one byte too many
+    bomb = gzip_stream(f"{work}/bomb.idx.gz", head, (bytes(1 << 20) for _ in range(256)))
+    expect_fail("gzip IDX that inflates past its header", train(x=bomb), "bomb.idx.gz", "more data than", "25088")
+    short = gzip_stream(f"{work}/short.idx.gz", head, [imgs.tobytes()[:-1]])
+    expect_fail("gzip IDX shorter than its header", train(x=short), "short.idx.gz", "truncated", "25088")
+    plain_long = idx(f"{work}/long.idx", imgs)
+    with open(plain_long, "ab") as f:
+        f.write(b"\0")
+    expect_fail("plain IDX longer than its header", train(x=plain_long), "long.idx", "25088", "25089")
+    # 255 TiB declared: the allocation fails, which is an error, not a silent exit 0
+    huge = gzip_stream(f"{work}/huge.idx.gz", struct.pack(">BBBBIII", 0, 0, 8, 3, 65535, 65535, 65535),
+                       [bytes(4096)])
+    env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1")
+    expect_fail("gzip IDX declaring more than memory", train(x=huge), "huge.idx.gz", "out of memory",
+                env=env)
+    ok = idx(f"{work}/ok.idx.gz", imgs, gz=True)
+    expect_ok("gzip IDX of exactly its declared size", train(x=ok))
+
+
 def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -57,6 +94,7 @@ def main():
 
     counts(exe, lambda *extra: [a for a in train(*extra) if a not in ("--steps", "2")])
     gradcheck_short(exe, work, train)
+    gzip_idx(work, train)
     print(f"{bad_files.cases} hostile-input cases, {len(bad_files.failures)} failed")
     for f in bad_files.failures:
         print("FAIL", f)
