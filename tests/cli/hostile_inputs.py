@@ -80,6 +80,57 @@ def gzip_idx(work, train):
     expect_ok("gzip IDX of exactly its declared size", train(x=ok))
 
 
+U8_MODEL = """model u8in
+const batch = 4
+input x : u8[batch, 3]
+input label : i64[batch]
+logits = fc: dense(f32(x) / 255, 5)
+train {
+  loss = cross_entropy(logits, label)
+  optimizer = sgd(0.1)
+}
+"""
+
+
+def values(netc, work, train):
+    """Values the input's dtype or class range cannot hold are refused when the file is opened,
+    naming the file, the sample and the value; whole floats and in-range values are converted."""
+    good_y = np.arange(32) % 10
+    for name, y, needles in [
+            ("float label", np.where(np.arange(32) == 5, 2.9, good_y).astype(np.float32), ["sample 5", "2.9", "integer"]),
+            ("negative float label", np.where(np.arange(32) == 7, -0.5, good_y), ["sample 7", "-0.5"]),
+            ("NaN label", np.where(np.arange(32) == 3, np.nan, good_y).astype(np.float32), ["sample 3", "nan"]),
+            ("label past the classes", np.where(np.arange(32) == 9, 10, good_y).astype(np.int64),
+             ["sample 9", "the value 10", "[0, 10)"]),
+            ("negative label", np.where(np.arange(32) == 0, -1, good_y).astype(np.int32), ["sample 0", "-1", "[0, 10)"])]:
+        path = npy(f"{work}/{name.replace(' ', '_')}.npy", y)
+        expect_fail(f"{name} (training data)", train(y=path), os.path.basename(path), "label", *needles)
+    # evaluation data is checked when it is opened, before the first epoch, naming its file
+    bad_eval = npy(f"{work}/eval_y99.npy", np.full(32, 99, np.int64))
+    expect_fail("evaluation label past the classes", train("--eval-data", f"image={work}/x.npy",
+                                                           "--eval-data", f"label={bad_eval}"),
+                "eval_y99.npy", "99", "[0, 10)")
+    expect_ok("whole float labels", train(y=npy(f"{work}/whole.npy", good_y.astype(np.float64))))
+    # a u8 input: NaN, 300 and -1 do not fit; 0..255 in an f32 file do
+    src = os.path.join(work, "u8in.net")
+    with open(src, "w") as f:
+        f.write(U8_MODEL)
+    exe = os.path.join(work, "u8in")
+    subprocess.run([netc, src, "-o", exe], check=True)
+    y = npy(f"{work}/u8_y.npy", np.arange(8) % 5)
+
+    def run_u8(x):
+        return [exe, "--data", f"x={x}", "--data", f"label={y}", "--steps", "1", "--quiet"]
+    pixels = np.tile(np.array([0, 128, 255], np.float32), (8, 1))
+    for name, at, v, needles in [("NaN", 4, np.nan, ["nan", "u8"]), ("300", 5, 300, ["300", "[0, 255]"]),
+                                 ("-1", 6, -1, ["-1", "[0, 255]"])]:
+        x = pixels.copy()
+        x[at, 1] = v
+        path = npy(f"{work}/u8_{name}.npy", x)
+        expect_fail(f"u8 input given {name}", run_u8(path), os.path.basename(path), f"sample {at}, element 1", *needles)
+    expect_ok("u8 input given 0..255 as f32", run_u8(npy(f"{work}/u8_ok.npy", pixels)))
+
+
 def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -95,6 +146,7 @@ def main():
     counts(exe, lambda *extra: [a for a in train(*extra) if a not in ("--steps", "2")])
     gradcheck_short(exe, work, train)
     gzip_idx(work, train)
+    values(netc, work, train)
     print(f"{bad_files.cases} hostile-input cases, {len(bad_files.failures)} failed")
     for f in bad_files.failures:
         print("FAIL", f)

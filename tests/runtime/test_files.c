@@ -128,7 +128,7 @@ static void test_idx_plain_and_gzip(void **state) {
     rt_array_free(&a);
 }
 
-static const RtInput inputs[] = {{"image", RT_F32, 3, {1, 3, 2}}, {"label", RT_I64, 0, {0}}};
+static const RtInput inputs[] = {{"image", RT_F32, 3, {1, 3, 2}, 0}, {"label", RT_I64, 0, {0}, 5}};
 static const RtModel model = {.name = "t", .batch = 2, .n_inputs = 2, .inputs = inputs};
 
 static void test_dataset_binding_and_gather(void **state) {
