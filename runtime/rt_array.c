@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,66 @@ int rt_fail(RtError *err, const char *fmt, ...) {
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+/* ---- guarded copies out of mappings (rt_internal.h: rt_guard_arm) */
+
+static _Thread_local sigjmp_buf *volatile guard_jmp;
+static _Thread_local const char *volatile guard_path;
+static struct sigaction sigbus_before;
+
+static void on_sigbus(int sig, siginfo_t *info, void *uc) {
+    (void)info, (void)uc;
+    if (guard_jmp) siglongjmp(*guard_jmp, 1);
+    /* not a guarded copy: back to the handler before ours, which the access then meets again */
+    sigaction(sig, &sigbus_before, NULL);
+}
+
+/* At every mapping, unless the handler is ours already (another library may have replaced it
+ * since; the handler before ours keeps every SIGBUS outside a guard). */
+static void install_sigbus(void) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    struct sigaction sa;
+    pthread_mutex_lock(&mu);
+    if (sigaction(SIGBUS, NULL, &sa) == 0 && (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == on_sigbus) {
+        pthread_mutex_unlock(&mu);
+        return;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &sigbus_before);
+    pthread_mutex_unlock(&mu);
+}
+
+void rt_guard_arm(sigjmp_buf *jb, const char *path) {
+    guard_path = path;
+    guard_jmp = jb;
+}
+
+void rt_guard_disarm(void) {
+    guard_jmp = NULL;
+}
+
+int rt_guard_failed(RtError *err) {
+    guard_jmp = NULL;
+    return rt_fail(err, "%s: the file shrank while the trainer was reading it (its mapped pages are gone)\n"
+                        "  hint: a data file must not change while a trainer uses it; write a new file and "
+                        "rename it over the old one instead", guard_path);
+}
+
+int rt_array_unchanged(const RtArray *a, RtError *err) {
+    struct stat st;
+    if (!a->mapping) return 0;
+    if (fstat(a->fd, &st) != 0) return rt_fail(err, "%s: cannot stat: %s", a->path, strerror(errno));
+    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if ((size_t)st.st_size != a->mapping_len || mtime != a->mtime_ns)
+        return rt_fail(err, "%s: the file changed while the trainer was using it (%s)\n"
+                            "  hint: a data file must not change while a trainer uses it; write a new file and "
+                            "rename it over the old one instead", a->path,
+                       (size_t)st.st_size != a->mapping_len ? "its size changed" : "it was modified");
+    return 0;
 }
 
 static const int type_size[] = {
@@ -271,11 +332,22 @@ int rt_array_load(const char *path, RtArray *a, RtError *err) {
     }
     if (got == 6 && memcmp(magic, "\x93NUMPY", 6) == 0) {
         void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-        close(fd);
-        if (m == MAP_FAILED) return rt_fail(err, "%s: cannot map: %s", path, strerror(errno));
+        if (m == MAP_FAILED) {
+            close(fd);
+            return rt_fail(err, "%s: cannot map: %s", path, strerror(errno));
+        }
+        install_sigbus();
         a->mapping = m;
         a->mapping_len = (size_t)st.st_size;
-        return npy_load(a, m, (size_t)st.st_size, err);
+        a->fd = fd;
+        a->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        /* the header is read out of the mapping too */
+        sigjmp_buf jb;
+        if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
+        rt_guard_arm(&jb, a->path);
+        int rc = npy_load(a, m, (size_t)st.st_size, err);
+        rt_guard_disarm();
+        return rc;
     }
     close(fd);
     if (ends_with(path, ".npy")) return rt_fail(err, "%s: not a .npy file (bad magic number)", path);
@@ -287,7 +359,7 @@ int rt_array_load(const char *path, RtArray *a, RtError *err) {
 }
 
 void rt_array_free(RtArray *a) {
-    if (a->mapping) munmap(a->mapping, a->mapping_len);
+    if (a->mapping) munmap(a->mapping, a->mapping_len), close(a->fd);
     free(a->heap);
     free(a->path);
     memset(a, 0, sizeof *a);

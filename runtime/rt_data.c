@@ -109,10 +109,14 @@ static int check_values(const RtInput *in, const RtArray *a, RtError *err) {
     char what[160];
     if (!value_range(in, a->type, &r, what, sizeof what)) return 0;
     int64_t n = a->shape[0] * a->sample_elems;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
+    rt_guard_arm(&jb, a->path);
     for (int64_t i = 0; i < n; i++) {
         double v = rt_array_elem(a, i);
         const char *why = misfit(&r, v);
         if (!why) continue;
+        rt_guard_disarm();
         char at[64] = "", detail[200];
         if (a->sample_elems > 1) snprintf(at, sizeof at, ", element %lld", (long long)(i % a->sample_elems));
         if (strcmp(why, "outside") == 0) snprintf(detail, sizeof detail, "outside %s", r.what);
@@ -123,6 +127,7 @@ static int check_values(const RtInput *in, const RtArray *a, RtError *err) {
                             "  hint: values are converted to the input's dtype by value; convert the file yourself "
                             "if that is meant", in->name, a->path, (long long)(i / a->sample_elems), at, digits, v, detail);
     }
+    rt_guard_disarm();
     return 0;
 }
 
@@ -182,16 +187,27 @@ static void convert(const RtArray *a, int64_t from, int64_t count, RtDtype dt, v
     }
 }
 
-void rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
-               void *const *bufs) {
+int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
+              void *const *bufs, RtError *err) {
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
     for (int k = 0; k < m->n_inputs; k++) {
         const RtArray *a = &ds->arrays[k];
         int64_t per = a->sample_elems;
         size_t row = (size_t)per * (size_t)dtype_size(m->inputs[k].dtype);
         unsigned char *dst = bufs[k];
+        rt_guard_arm(&jb, a->path);
         for (int64_t r = 0; r < count; r++) convert(a, idx[r] * per, per, m->inputs[k].dtype, dst + r * row);
         if (count < m->batch) memset(dst + count * row, 0, (size_t)(m->batch - count) * row);
     }
+    rt_guard_disarm();
+    return 0;
+}
+
+int rt_dataset_unchanged(const RtDataset *ds, RtError *err) {
+    for (int i = 0; i < ds->n; i++)
+        if (rt_array_unchanged(&ds->arrays[i], err)) return -1;
+    return 0;
 }
 
 /* ---- prefetching */
@@ -208,8 +224,15 @@ static void *prefetch_main(void *arg) {
             return NULL;
         }
         pthread_mutex_unlock(&p->mu);
-        rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2]);
+        RtError err;
+        int rc = rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2], &err);
         pthread_mutex_lock(&p->mu);
+        if (rc) { /* the consumer takes the batches before this one, then the error */
+            p->failed = 1, p->err = err;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
         p->ready[k % 2] = k;
         p->next_fill = k + 1;
         pthread_cond_broadcast(&p->cv);
@@ -244,7 +267,11 @@ void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, con
 void *const *rt_prefetch_next(RtPrefetch *p) {
     pthread_mutex_lock(&p->mu);
     int64_t k = p->next_take;
-    while (p->ready[k % 2] != k) pthread_cond_wait(&p->cv, &p->mu);
+    while (p->ready[k % 2] != k && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    if (p->ready[k % 2] != k) {
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
     p->next_take = k + 1; /* releases the other slot (batch k-1) to the producer */
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);

@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -131,6 +132,52 @@ def values(netc, work, train):
     expect_ok("u8 input given 0..255 as f32", run_u8(npy(f"{work}/u8_ok.npy", pixels)))
 
 
+def change_while_training(exe, work, what, change, *needles):
+    """Start a long run with a checkpoint, change a data file once it has logged, and expect exit 1
+    with a message naming the file (never SIGBUS) and the checkpoint written."""
+    bad_files.cases += 1
+    rng = np.random.default_rng(1)
+    x = npy(f"{work}/live_x.npy", rng.integers(0, 255, (4096, 28, 28), dtype=np.uint8))
+    y = npy(f"{work}/live_y.npy", rng.integers(0, 10, (4096,), dtype=np.int64))
+    log, ck = f"{work}/live.log", f"{work}/live.ckpt"
+    for f in (log, ck):
+        if os.path.exists(f):
+            os.remove(f)
+    proc = subprocess.Popen([exe, "--data", f"image={x}", "--data", f"label={y}", "--epochs", "100000",
+                             "--threads", "1", "--log", log, "--log-every", "1", "--checkpoint", ck, "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (os.path.exists(log) and os.path.getsize(log)):
+        time.sleep(0.01)
+    change(x, y)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    msg = err + out
+    missing = [n for n in needles if n not in msg]
+    if proc.returncode != 1 or missing or not os.path.exists(ck) or "live.ckpt" not in msg:
+        bad_files.failures.append(f"{what}: exit status {proc.returncode} (want 1), checkpoint "
+                                  f"{'written' if os.path.exists(ck) else 'missing'}, message lacks {missing}:\n{msg}")
+    else:
+        print(f"ok   {what}: {msg.strip().splitlines()[0]}")
+
+
+def changing_files(exe, work):
+    def truncate_x(x, y):
+        with open(x, "r+b") as f:
+            f.truncate(128)  # the header only: the mapped pages are gone
+
+    def rewrite_y(x, y):
+        time.sleep(0.05)  # past the file system's timestamp granularity since the file was written
+        with open(y, "r+b") as f:  # same size, new labels: seen at the next epoch
+            f.seek(-8, os.SEEK_END)
+            f.write(np.int64(3).tobytes())
+    change_while_training(exe, work, "data file truncated while training", truncate_x, "live_x.npy")
+    change_while_training(exe, work, "data file rewritten while training", rewrite_y, "live_y.npy", "changed")
+
+
 def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -147,6 +194,7 @@ def main():
     gradcheck_short(exe, work, train)
     gzip_idx(work, train)
     values(netc, work, train)
+    changing_files(exe, work)
     print(f"{bad_files.cases} hostile-input cases, {len(bad_files.failures)} failed")
     for f in bad_files.failures:
         print("FAIL", f)
