@@ -7,7 +7,8 @@
 #   bench/compile_scaling.sh [NETC] [SIZES...]     (default: build/compiler/netc 12500 25000 50000 100000)
 # Kinds: `consts` (N constants), `chain` (N assignments to new names), `calls` (N unlabeled
 # calls of one block), `labeled` (N labeled block calls), `blocks` (N block definitions, each
-# called once), `dense` (N/20 dense layers: parameters, capped below netc's 10000-tensor limit).
+# called once), `softmax` (N softmaxes in a chain: N library kernels, each value stored for the
+# backward pass, which the memory plan must place), `dense` (N/20 dense layers: parameters, capped below netc's 10000-tensor limit).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 netc=${1:-$root/build/compiler/netc}
@@ -36,6 +37,8 @@ gen() { # gen KIND N > file.net
     blocks) awk -v n="$n" 'BEGIN { for (i = 0; i < n / 4; i++) printf "block b%d(h) {\n  return h * 0.5\n}\n", i }'
             echo "h = x"
             awk -v n="$n" 'BEGIN { for (i = 0; i < n / 4; i++) printf "h = b%d(h)\n", i }' ;;
+    softmax) echo "h = x"
+            awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) print "h = softmax(h)" }' ;;
     dense)  echo "h = x"
             awk -v n="$n" 'BEGIN { m = int(n / 20); if (m > 4900) m = 4900; for (i = 0; i < m; i++) print "h = relu(dense(h, 8))" }' ;;
   esac
@@ -51,7 +54,7 @@ seconds() { # seconds CMD... : wall time of one run
 }
 
 printf '%-8s %8s %8s %12s %12s %14s %14s\n' kind size lines "check s" "memplan s" "check us/line" "memplan us/line"
-for kind in consts chain calls labeled blocks dense; do
+for kind in consts chain calls labeled blocks softmax dense; do
   for n in "${sizes[@]}"; do
     f=$work/$kind$n.net
     gen "$kind" "$n" >"$f"
