@@ -475,16 +475,32 @@ void cg_dims(FILE *o, const IrShape *s, int from) {
     fprintf(o, "}");
 }
 
+/* The classes an input's values index when a loss or metric reads it as labels directly (the
+ * logits' last axis; the fewest when several read it), else 0: the trainer checks its data
+ * against this range when it loads the file. */
+static int64_t input_classes(const IrGraph *g, const IrNode *input) {
+    int64_t classes = 0;
+    for (int i = 0; i < g->n; i++) {
+        const IrNode *n = g->nodes[i];
+        if ((n->op != OP_XENT && n->op != OP_XENT_BWD && n->op != OP_ACCURACY) || n->in[1] != input) continue;
+        int64_t c = n->in[0]->shape.dim[n->in[0]->shape.rank - 1];
+        if (!classes || c < classes) classes = c;
+    }
+    return classes;
+}
+
 void cg_emit_description(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    if (g->n_inputs) fprintf(o, "// per-sample shapes: the batch axis is not counted\nstatic const RtInput inputs[] = {\n");
+    if (g->n_inputs)
+        fprintf(o, "// per-sample shapes: the batch axis is not counted; classes: the range of labels (0: none)\n"
+                   "static const RtInput inputs[] = {\n");
     for (int i = 0; i < g->n_inputs; i++) {
         const IrNode *n = g->inputs[i].node;
         fprintf(o, "    {"), cg_cstr(o, n->name);
         fprintf(o, ", %s, %d, ", cg_dtype_enums[n->dtype], n->shape.rank - 1);
         cg_dims(o, &n->shape, 1);
-        fprintf(o, "},\n");
+        fprintf(o, ", %" PRId64 "},\n", input_classes(g, n));
     }
     if (g->n_inputs) fprintf(o, "};\n\n");
     if (g->n_params)

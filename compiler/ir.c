@@ -155,6 +155,7 @@ IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, 
     IrNode *n = ir_add(g, OP_PARAM, shape, DT_F32, loc, 0);
     n->name = name;
     n->index = g->n_params;
+    strmap_put(g->arena, &g->param_index, name, (void *)(intptr_t)(g->n_params + 1));
     IrParam *p = &g->params[g->n_params++];
     *p = (IrParam){.name = name, .node = n, .trainable = 1, .init = init, .init_a = init_a,
                    .grad_offset = -1};
@@ -171,9 +172,8 @@ IrNode *ir_add_input(IrGraph *g, const char *name, IrShape shape, IrDtype dt, Sr
 }
 
 IrParam *ir_find_param(IrGraph *g, const char *name) {
-    for (int i = 0; i < g->n_params; i++)
-        if (strcmp(g->params[i].name, name) == 0) return &g->params[i];
-    return NULL;
+    intptr_t i = (intptr_t)strmap_get(&g->param_index, name);
+    return i ? &g->params[i - 1] : NULL;
 }
 
 void ir_renumber(IrGraph *g) {

@@ -172,6 +172,7 @@ typedef struct IrGraph {
     int n_inputs;
     IrParam *params;
     int n_params;
+    StrMap param_index; /* name -> 1 + its index in params */
     IrNode *loss;      /* scalar f32 */
     IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
     IrTrain train;

@@ -11,7 +11,9 @@
  *   - inputs in the runtime's batch buffers, scalar constants (and views of them) inline, other
  *     views alias their operand;
  *   - everything else at a 64-byte aligned offset in one arena, from liveness over the schedule
- *     (greedy best fit, largest first), so values whose lifetimes do not overlap share bytes.
+ *     (greedy best fit, largest first; in graphs of more than BEST_FIT_MAX buffers, first fit
+ *     in schedule order, which takes n log n time), so values whose lifetimes do not overlap
+ *     share bytes.
  *   The evaluation step runs a prefix of the schedule with the same offsets; a prefix of a
  *   valid plan is valid.
  * Invalidates: nothing.
@@ -167,22 +169,104 @@ static int64_t best_offset(IrNode *n, IrNode **placed, int n_placed, IrNode **co
     return off;
 }
 
+/* Best fit, largest first: each buffer looks at every placed one, so the time grows with the
+ * buffers times those live at once, quadratic in a deep network whose activations all live
+ * until the backward pass. Every model in models/ has a few hundred; above this many buffers
+ * the plan is made in schedule order instead (place_in_order). */
+enum { BEST_FIT_MAX = 4096 };
+
+static void place_best_fit(IrNode **todo, int n) {
+    IrNode **conflicts = xmalloc((size_t)(n + 1) * sizeof *conflicts);
+    qsort(todo, (size_t)n, sizeof *todo, by_size_desc);
+    for (int i = 0; i < n; i++) todo[i]->offset = best_offset(todo[i], todo, i, conflicts);
+    free(conflicts);
+}
+
+static int by_first_use(const void *a, const void *b) {
+    const IrNode *x = *(IrNode *const *)a, *y = *(IrNode *const *)b;
+    return x->first_use != y->first_use ? (x->first_use < y->first_use ? -1 : 1) : x->id - y->id;
+}
+
+static int by_last_use(const void *a, const void *b) {
+    const IrNode *x = *(IrNode *const *)a, *y = *(IrNode *const *)b;
+    return x->last_use != y->last_use ? (x->last_use < y->last_use ? -1 : 1) : x->id - y->id;
+}
+
+typedef struct Gap {
+    int64_t offset, size;
+} Gap;
+
+/* Return [offset, offset + size) to the address-ordered gaps, merged with its neighbours. */
+static void free_range(Gap *gaps, int *n_gaps, int64_t offset, int64_t size) {
+    int lo = 0, hi = *n_gaps;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (gaps[mid].offset < offset) lo = mid + 1;
+        else hi = mid;
+    }
+    int merge_prev = lo > 0 && gaps[lo - 1].offset + gaps[lo - 1].size == offset;
+    int merge_next = lo < *n_gaps && offset + size == gaps[lo].offset;
+    if (merge_prev && merge_next) {
+        gaps[lo - 1].size += size + gaps[lo].size;
+        memmove(gaps + lo, gaps + lo + 1, (size_t)(*n_gaps - lo - 1) * sizeof *gaps);
+        (*n_gaps)--;
+    } else if (merge_prev) {
+        gaps[lo - 1].size += size;
+    } else if (merge_next) {
+        gaps[lo].offset = offset, gaps[lo].size += size;
+    } else {
+        memmove(gaps + lo + 1, gaps + lo, (size_t)(*n_gaps - lo) * sizeof *gaps);
+        gaps[lo] = (Gap){offset, size};
+        (*n_gaps)++;
+    }
+}
+
+/* A linear-scan plan for large graphs: buffers in schedule order, each in the lowest free gap
+ * that holds it (else on top), and released once the schedule is past its last use. The time
+ * is the sorts plus the free gaps walked, which stay few: buffers freed side by side merge. */
+static void place_in_order(IrNode **todo, int n) {
+    IrNode **by_end = xmalloc((size_t)(n + 1) * sizeof *by_end);
+    Gap *gaps = xmalloc((size_t)(n + 1) * sizeof *gaps);
+    memcpy(by_end, todo, (size_t)n * sizeof *todo);
+    qsort(todo, (size_t)n, sizeof *todo, by_first_use);
+    qsort(by_end, (size_t)n, sizeof *by_end, by_last_use);
+    int n_gaps = 0, freed = 0;
+    int64_t top = 0;
+    for (int i = 0; i < n; i++) {
+        IrNode *x = todo[i];
+        /* closed lifetimes: a buffer last read where x is defined still overlaps it */
+        for (; freed < n && by_end[freed]->last_use < x->first_use; freed++)
+            free_range(gaps, &n_gaps, by_end[freed]->offset, bytes_of(by_end[freed]));
+        int64_t size = bytes_of(x);
+        int k = 0;
+        while (k < n_gaps && gaps[k].size < size) k++;
+        if (k < n_gaps) {
+            x->offset = gaps[k].offset;
+            gaps[k].offset += size, gaps[k].size -= size;
+            if (!gaps[k].size) memmove(gaps + k, gaps + k + 1, (size_t)(--n_gaps - k) * sizeof *gaps);
+        } else {
+            x->offset = top;
+            top += size;
+        }
+    }
+    free(by_end);
+    free(gaps);
+}
+
 static void place_arena(IrGraph *g) {
     IrNode **todo = xmalloc((size_t)(g->n + 1) * sizeof *todo);
-    IrNode **conflicts = xmalloc((size_t)(g->n + 1) * sizeof *conflicts);
     int n = 0;
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i]->storage == ST_ARENA) todo[n++] = g->nodes[i];
-    qsort(todo, (size_t)n, sizeof *todo, by_size_desc);
+    if (n <= BEST_FIT_MAX) place_best_fit(todo, n);
+    else place_in_order(todo, n);
     g->arena_bytes = g->unplanned_bytes = 0;
     for (int i = 0; i < n; i++) {
-        todo[i]->offset = best_offset(todo[i], todo, i, conflicts);
         int64_t end = todo[i]->offset + bytes_of(todo[i]);
         if (end > g->arena_bytes) g->arena_bytes = end;
         g->unplanned_bytes += bytes_of(todo[i]);
     }
     free(todo);
-    free(conflicts);
 }
 
 static void size_scratch(IrGraph *g) {

@@ -21,6 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "netrt.h" /* the trainer's fixed tables a model must fit */
+
+/* An input's per-sample shape (its rank less the batch axis) fills RtInput.shape, and a
+ * parameter's whole shape fills RtParam.shape: both hold RT_MAX_RANK axes. */
+_Static_assert((int)IR_MAX_RANK <= (int)RT_MAX_RANK, "a parameter's rank must fit RtParam.shape");
+
 /* ---- diagnostics helpers */
 
 const char *sema_shape_str(Sema *S, const IrShape *s) {
@@ -53,24 +59,22 @@ Value sema_error(void) { return (Value){.k = V_ERR}; }
 
 /* ---- environments */
 
+/* Hash tables: a program's lookups cost constant time however many names it binds. */
 static Value *env_lookup(Env *e, const char *name) {
-    for (; e; e = e->parent)
-        for (Binding *b = e->vars; b; b = b->next)
-            if (strcmp(b->name, name) == 0) return &b->v;
+    for (; e; e = e->parent) {
+        Value *v = strmap_get(&e->vars, name);
+        if (v) return v;
+    }
     return NULL;
 }
 
 static void env_set(Sema *S, Env *e, const char *name, Value v) {
-    for (Binding *b = e->vars; b; b = b->next)
-        if (strcmp(b->name, name) == 0) {
-            b->v = v;
-            return;
-        }
-    Binding *b = arena_alloc(S->arena, sizeof *b);
-    b->name = name;
-    b->v = v;
-    b->next = e->vars;
-    e->vars = b;
+    Value *slot = strmap_get(&e->vars, name);
+    if (!slot) {
+        slot = arena_alloc(S->arena, sizeof *slot);
+        strmap_put(S->arena, &e->vars, name, slot);
+    }
+    *slot = v;
 }
 
 /* ---- node creation with the global size limit */
@@ -387,15 +391,12 @@ Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
 const char *sema_layer_name(Sema *S, const char *label, const char *base) {
     if (!label) {
         const char *key = arena_printf(S->arena, "%s/%s", S->prefix, base);
-        Counter *c = S->counters;
-        while (c && strcmp(c->key, key) != 0) c = c->next;
-        if (!c) {
-            c = arena_alloc(S->arena, sizeof *c);
-            c->key = key;
-            c->next = S->counters;
-            S->counters = c;
+        int *count = strmap_get(&S->counters, key);
+        if (!count) {
+            count = arena_alloc(S->arena, sizeof *count);
+            strmap_put(S->arena, &S->counters, key, count);
         }
-        label = arena_printf(S->arena, "%s%d", base, c->count++);
+        label = arena_printf(S->arena, "%s%d", base, (*count)++);
     }
     return *S->prefix ? arena_printf(S->arena, "%s.%s", S->prefix, label) : label;
 }
@@ -438,9 +439,7 @@ int sema_bind_args(Sema *S, Env *env, const AstExpr *call, const char *const *na
 }
 
 static const AstStmt *find_block(Sema *S, const char *name) {
-    for (int i = 0; i < S->n_blocks; i++)
-        if (strcmp(S->blocks[i]->name, name) == 0) return S->blocks[i];
-    return NULL;
+    return strmap_get(&S->blocks, name);
 }
 
 static Value call_block(Sema *S, Env *env, const AstExpr *call, const AstStmt *blk,
@@ -584,6 +583,12 @@ static IrNode *declare_input(Sema *S, const AstStmt *s) {
             diag_error(s->name_loc, "input '%s' is declared twice", s->name);
             return NULL;
         }
+    if (S->g->n_inputs == RT_MAX_INPUTS) { /* the trainer binds its inputs in tables this long */
+        diag_error(s->name_loc, "input '%s' is one more than the %d inputs a trainer takes (RT_MAX_INPUTS)",
+                   s->name, RT_MAX_INPUTS);
+        diag_hint("stack inputs of the same dtype into one input with an extra axis");
+        return NULL;
+    }
     if (S->g->n_inputs == 0) S->g->batch = shape.dim[0];
     else if (shape.dim[0] != S->g->batch) {
         diag_error(s->dims[0]->loc, "input '%s' has batch %lld but '%s' has %lld", s->name,
@@ -683,7 +688,6 @@ static void check_defines_used(Sema *S) {
 /* ---- entry point */
 
 static void collect_blocks(Sema *S) {
-    Vec v = {0};
     for (int i = 0; i < S->prog->n_stmts; i++) {
         const AstStmt *s = S->prog->stmts[i];
         if (s->kind != STMT_BLOCK) continue;
@@ -692,11 +696,8 @@ static void collect_blocks(Sema *S) {
                        sema_find_builtin(s->name) ? " as a built-in" : "");
             continue;
         }
-        vec_push(&v, (void *)s);
-        S->blocks = (const AstStmt **)v.items;
-        S->n_blocks = v.len;
+        strmap_put(S->arena, &S->blocks, s->name, (void *)s);
     }
-    S->block_vec = v;
 }
 
 IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int n_defs) {
@@ -707,7 +708,6 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
     S.ret = (Value){.k = V_NONE};
     collect_blocks(&S);
     sema_exec_body(&S, S.global, prog->stmts, prog->n_stmts);
-    vec_free(&S.block_vec);
     check_defines_used(&S);
     SrcLoc top = {.file = prog->path, .line = 1, .col = 1};
     if (!S.g->model_name && !diag_error_count()) {

@@ -38,22 +38,10 @@ typedef struct Value {
     int n;
 } Value;
 
-typedef struct Binding {
-    const char *name;
-    Value v;
-    struct Binding *next;
-} Binding;
-
 typedef struct Env {
-    Binding *vars;
-    struct Env *parent;
+    StrMap vars;        /* name -> Value * */
+    struct Env *parent; /* a block's locals see the top level; the top level has none */
 } Env;
-
-typedef struct Counter { /* automatic layer names: prefix/base -> next number */
-    const char *key;
-    int count;
-    struct Counter *next;
-} Counter;
 
 typedef struct Sema {
     Arena *arena;
@@ -62,11 +50,9 @@ typedef struct Sema {
     SemaDefine *defs;
     int n_defs;
     Env *global;
-    const AstStmt **blocks;
-    int n_blocks;
-    Vec block_vec;
+    StrMap blocks;      /* name -> its block statement */
     const char *prefix; /* parameter name prefix in force ("" at the top) */
-    Counter *counters;
+    StrMap counters;    /* automatic layer names: "prefix/base" -> int * next number */
     int depth, in_block, seen_train, too_big;
     int64_t iterations;
     Value ret; /* the return value of the block being run; V_NONE until `return` */

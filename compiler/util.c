@@ -142,3 +142,41 @@ char *read_file(const char *path, size_t max_bytes, size_t *len_out) {
     if (len_out) *len_out = len;
     return buf;
 }
+
+/* ---- string maps */
+
+static uint64_t str_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* The slot holding key, or the empty slot where it would go; m->cap is a power of two. */
+static int strmap_slot(const StrMap *m, const char *key) {
+    int i = (int)(str_hash(key) & (uint64_t)(m->cap - 1));
+    while (m->keys[i] && strcmp(m->keys[i], key) != 0) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+void *strmap_get(const StrMap *m, const char *key) {
+    if (!m->cap) return NULL;
+    int i = strmap_slot(m, key);
+    return m->keys[i] ? m->vals[i] : NULL;
+}
+
+void strmap_put(Arena *a, StrMap *m, const char *key, void *val) {
+    if (2 * (m->len + 1) > m->cap) { /* the arena keeps the old table: the copies sum to < 2x */
+        StrMap big = {.cap = m->cap ? 2 * m->cap : 8};
+        big.keys = arena_alloc(a, (size_t)big.cap * sizeof *big.keys);
+        big.vals = arena_alloc(a, (size_t)big.cap * sizeof *big.vals);
+        for (int i = 0; i < m->cap; i++)
+            if (m->keys[i]) {
+                int j = strmap_slot(&big, m->keys[i]);
+                big.keys[j] = m->keys[i], big.vals[j] = m->vals[i], big.len++;
+            }
+        *m = big;
+    }
+    int i = strmap_slot(m, key);
+    if (!m->keys[i]) m->keys[i] = key, m->len++;
+    m->vals[i] = val;
+}

@@ -40,6 +40,17 @@ typedef struct Vec {
 void vec_push(Vec *v, void *item);
 void vec_free(Vec *v);
 
+/* A string-keyed hash map in an arena (open addressing, doubling at half full): what keeps
+ * name lookups in the front end constant-time, so compiling stays linear in the program's size.
+ * Keys are not copied; a zeroed StrMap is empty. */
+typedef struct StrMap {
+    const char **keys;
+    void **vals;
+    int len, cap;
+} StrMap;
+void *strmap_get(const StrMap *m, const char *key);   /* NULL when absent */
+void strmap_put(Arena *a, StrMap *m, const char *key, void *val); /* insert or replace */
+
 /* Checked 64-bit arithmetic: return false on overflow. */
 static inline bool checked_mul(int64_t a, int64_t b, int64_t *out) {
     return !__builtin_mul_overflow(a, b, out);

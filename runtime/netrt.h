@@ -31,6 +31,7 @@ typedef struct RtInput {
     RtDtype dtype;              /* the dtype the step reads; files are converted by value */
     int rank;                   /* per-sample rank (the batch axis is not counted) */
     int64_t shape[RT_MAX_RANK]; /* per-sample shape */
+    int64_t classes;            /* class indices (a loss's or metric's labels): each in [0, classes); 0 if not */
 } RtInput;
 
 typedef enum { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_UNIFORM, RT_INIT_NORMAL } RtInit;

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,66 @@ int rt_fail(RtError *err, const char *fmt, ...) {
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+/* ---- guarded copies out of mappings (rt_internal.h: rt_guard_arm) */
+
+static _Thread_local sigjmp_buf *volatile guard_jmp;
+static _Thread_local const char *volatile guard_path;
+static struct sigaction sigbus_before;
+
+static void on_sigbus(int sig, siginfo_t *info, void *uc) {
+    (void)info, (void)uc;
+    if (guard_jmp) siglongjmp(*guard_jmp, 1);
+    /* not a guarded copy: back to the handler before ours, which the access then meets again */
+    sigaction(sig, &sigbus_before, NULL);
+}
+
+/* At every mapping, unless the handler is ours already (another library may have replaced it
+ * since; the handler before ours keeps every SIGBUS outside a guard). */
+static void install_sigbus(void) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    struct sigaction sa;
+    pthread_mutex_lock(&mu);
+    if (sigaction(SIGBUS, NULL, &sa) == 0 && (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == on_sigbus) {
+        pthread_mutex_unlock(&mu);
+        return;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &sigbus_before);
+    pthread_mutex_unlock(&mu);
+}
+
+void rt_guard_arm(sigjmp_buf *jb, const char *path) {
+    guard_path = path;
+    guard_jmp = jb;
+}
+
+void rt_guard_disarm(void) {
+    guard_jmp = NULL;
+}
+
+int rt_guard_failed(RtError *err) {
+    guard_jmp = NULL;
+    return rt_fail(err, "%s: the file shrank while the trainer was reading it (its mapped pages are gone)\n"
+                        "  hint: a data file must not change while a trainer uses it; write a new file and "
+                        "rename it over the old one instead", guard_path);
+}
+
+int rt_array_unchanged(const RtArray *a, RtError *err) {
+    struct stat st;
+    if (!a->mapping) return 0;
+    if (fstat(a->fd, &st) != 0) return rt_fail(err, "%s: cannot stat: %s", a->path, strerror(errno));
+    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if ((size_t)st.st_size != a->mapping_len || mtime != a->mtime_ns)
+        return rt_fail(err, "%s: the file changed while the trainer was using it (%s)\n"
+                            "  hint: a data file must not change while a trainer uses it; write a new file and "
+                            "rename it over the old one instead", a->path,
+                       (size_t)st.st_size != a->mapping_len ? "its size changed" : "it was modified");
+    return 0;
 }
 
 static const int type_size[] = {
@@ -153,6 +214,18 @@ static int npy_load(RtArray *a, const unsigned char *p, size_t len, RtError *err
 
 /* ---- IDX */
 
+/* The element bytes an IDX header (its 4 + 4 * rank bytes) declares, with overflow checked. */
+static int idx_declared_bytes(RtArray *a, const unsigned char *head, size_t *bytes, RtError *err) {
+    static const int sizes[] = {[0x08] = 1, [0x09] = 1, [0x0B] = 2, [0x0C] = 4, [0x0D] = 4, [0x0E] = 8};
+    uint64_t n = head[2] < sizeof sizes / sizeof *sizes ? (uint64_t)sizes[head[2]] : 0;
+    if (!n) return rt_fail(err, "%s: unknown IDX element type 0x%02x", a->path, head[2]);
+    for (int i = 0; i < head[3]; i++)
+        if (__builtin_mul_overflow(n, load_be(head + 4 + 4 * i, 4), &n) || n > (uint64_t)INT64_MAX / 16)
+            return rt_fail(err, "%s: the shape in the IDX header is too large", a->path);
+    *bytes = (size_t)n;
+    return 0;
+}
+
 static int idx_load(RtArray *a, const unsigned char *p, size_t len, RtError *err) {
     static const struct {
         int code;
@@ -174,38 +247,69 @@ static int idx_load(RtArray *a, const unsigned char *p, size_t len, RtError *err
     return finish_shape(a, len - 4 - 4 * (size_t)a->rank, err);
 }
 
-/* Read a whole gzip stream (or a plain file, which gzread passes through) into memory. */
-static int gz_read_all(RtArray *a, unsigned char **out, size_t *len, RtError *err) {
-    gzFile f = gzopen(a->path, "rb");
-    if (!f) return rt_fail(err, "%s: cannot open: %s", a->path, strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    unsigned char *buf = malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= ((size_t)1 << 40)) break;
-            unsigned char *b = realloc(buf, cap *= 2);
-            if (!b) break;
-            buf = b;
-        }
-        int got = gzread(f, buf + n, (unsigned)(cap - n > (1u << 30) ? (1u << 30) : cap - n));
+/* gzread exactly n bytes into buf (n may exceed what one gzread call takes); -1 with the message
+ * on corrupt data, else the bytes read, fewer than n at the end of the stream. */
+static int64_t gz_read_exact(gzFile f, const char *path, unsigned char *buf, size_t n, RtError *err) {
+    size_t done = 0;
+    while (done < n) {
+        size_t want = n - done > (1u << 30) ? (1u << 30) : n - done;
+        int got = gzread(f, buf + done, (unsigned)want);
         if (got < 0) {
             int code;
-            const char *msg = gzerror(f, &code);
-            rt_fail(err, "%s: corrupt compressed data: %s", a->path, msg);
-            gzclose(f);
-            free(buf);
-            return -1;
+            return rt_fail(err, "%s: corrupt compressed data: %s", path, gzerror(f, &code));
         }
         if (got == 0) break;
-        n += (size_t)got;
+        done += (size_t)got;
     }
-    int rc = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
-    if (rc != Z_OK) {
+    return (int64_t)done;
+}
+
+/* Read an IDX file, plain or gzipped (gzread passes a plain file through), inflating only what
+ * its header declares: the header first, then exactly the element bytes it promises into one
+ * allocation of that size, then a check that the stream ends there. A small file that inflates
+ * far beyond its header is refused after one byte more than it declares, not read whole. A plain
+ * file's length is checked against the header before anything is allocated. */
+static int idx_read(RtArray *a, off_t file_size, unsigned char **out, size_t *len, RtError *err) {
+    gzFile f = gzopen(a->path, "rb");
+    if (!f) return rt_fail(err, "%s: cannot open: %s", a->path, strerror(errno));
+    unsigned char head[4 + 4 * (RT_MAX_RANK + 1)];
+    unsigned char *buf = NULL;
+    size_t hlen = 4, need = 0;
+    int64_t got = gz_read_exact(f, a->path, head, 4, err);
+    int rc = got < 0 ? -1 : 0;
+    if (!rc && (got < 4 || head[0] || head[1])) rc = rt_fail(err, "%s: not an IDX file (bad magic number)", a->path);
+    if (!rc && (head[3] < 1 || head[3] > RT_MAX_RANK + 1))
+        rc = rt_fail(err, "%s: IDX file with %d dimensions (1 to %d supported)", a->path, head[3], RT_MAX_RANK + 1);
+    if (!rc) {
+        hlen = 4 + 4 * (size_t)head[3];
+        got = gz_read_exact(f, a->path, head + 4, hlen - 4, err);
+        if (got >= 0 && (size_t)got < hlen - 4) rc = rt_fail(err, "%s: truncated IDX header", a->path);
+        else if (got < 0) rc = -1;
+    }
+    if (!rc) rc = idx_declared_bytes(a, head, &need, err);
+    if (!rc && gzdirect(f) && (uint64_t)file_size != hlen + need)
+        rc = rt_fail(err, "%s: the IDX header declares %zu bytes of elements but the file holds %lld",
+                     a->path, need, (long long)file_size - (long long)hlen);
+    if (!rc && !(buf = malloc(hlen + need + 1)))
+        rc = rt_fail(err, "%s: out of memory for the %zu bytes its IDX header declares", a->path, hlen + need);
+    if (!rc) {
+        memcpy(buf, head, hlen);
+        got = gz_read_exact(f, a->path, buf + hlen, need + 1, err); /* one byte more: is there more? */
+        if (got < 0) rc = -1;
+        else if ((size_t)got < need)
+            rc = rt_fail(err, "%s: truncated: the IDX header declares %zu bytes of elements but the file holds %lld",
+                         a->path, need, (long long)got);
+        else if ((size_t)got > need)
+            rc = rt_fail(err, "%s: holds more data than the %zu bytes of elements its IDX header declares", a->path, need);
+    }
+    int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
+    if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
+    if (rc) {
         free(buf);
-        return rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
+        return -1;
     }
     *out = buf;
-    *len = n;
+    *len = hlen + need;
     return 0;
 }
 
@@ -228,23 +332,34 @@ int rt_array_load(const char *path, RtArray *a, RtError *err) {
     }
     if (got == 6 && memcmp(magic, "\x93NUMPY", 6) == 0) {
         void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-        close(fd);
-        if (m == MAP_FAILED) return rt_fail(err, "%s: cannot map: %s", path, strerror(errno));
+        if (m == MAP_FAILED) {
+            close(fd);
+            return rt_fail(err, "%s: cannot map: %s", path, strerror(errno));
+        }
+        install_sigbus();
         a->mapping = m;
         a->mapping_len = (size_t)st.st_size;
-        return npy_load(a, m, (size_t)st.st_size, err);
+        a->fd = fd;
+        a->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        /* the header is read out of the mapping too */
+        sigjmp_buf jb;
+        if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
+        rt_guard_arm(&jb, a->path);
+        int rc = npy_load(a, m, (size_t)st.st_size, err);
+        rt_guard_disarm();
+        return rc;
     }
     close(fd);
     if (ends_with(path, ".npy")) return rt_fail(err, "%s: not a .npy file (bad magic number)", path);
     unsigned char *buf = NULL;
     size_t len = 0;
-    if (gz_read_all(a, &buf, &len, err)) return -1;
+    if (idx_read(a, st.st_size, &buf, &len, err)) return -1;
     a->heap = buf;
     return idx_load(a, buf, len, err);
 }
 
 void rt_array_free(RtArray *a) {
-    if (a->mapping) munmap(a->mapping, a->mapping_len);
+    if (a->mapping) munmap(a->mapping, a->mapping_len), close(a->fd);
     free(a->heap);
     free(a->path);
     memset(a, 0, sizeof *a);

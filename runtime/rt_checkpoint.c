@@ -480,8 +480,10 @@ static int read_state(const Ckpt *c, const RtModel *m, RtTrainState *s, RtError 
         meta_u64(c, "seed", 0, &s->seed, err))
         return -1;
     s->eval_done = eval_done != 0, s->shuffle = shuffle != 0, s->threads = threads > 1024 ? 1024 : (int)threads;
-    int64_t per_epoch = s->samples / m->batch;
-    if (s->batch > per_epoch || s->step != (s->epoch - 1) * per_epoch + s->batch || s->step > s->total_steps)
+    int64_t per_epoch = s->samples / m->batch, at;
+    /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
+    int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);
+    if (wraps || s->batch > per_epoch || s->step != at || s->step > s->total_steps)
         return rt_fail(err, "checkpoint '%s': inconsistent position (step %" PRId64 ", epoch %" PRId64
                             ", batch %" PRId64 " of %" PRId64 ", total %" PRId64 " steps)",
                        c->path, s->step, s->epoch, s->batch, per_epoch, s->total_steps);

@@ -7,6 +7,8 @@
  * slot of batch k once the consumer has moved on from batch k-2, so the order of batches, and so
  * every result, is independent of timing.
  */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +56,81 @@ static int check_input(const RtInput *in, const RtArray *a, RtError *err) {
                    in->name, a->path, got, want);
 }
 
+/* ---- values against the input's dtype
+ *
+ * Elements are converted by value as batches are gathered, so a value the input's dtype cannot
+ * hold would change silently there: a float label 2.9 becoming class 2, NaN or 300 becoming
+ * some u8. Such values are refused when the file is opened, with the sample and the value. An
+ * input that a loss or metric reads as class indices must hold integers in [0, classes).
+ */
+
+typedef struct ValueRange {
+    double lo, hi;      /* the closed range a value must lie in */
+    int integral;       /* and be an integer */
+    const char *what;   /* the range in words */
+} ValueRange;
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
+
+/* The range of input `in`; 0 when every value of file type t fits it as converted. */
+static int value_range(const RtInput *in, RtFileType t, ValueRange *r, char *what, size_t size) {
+    static const double file_lo[] = {[RT_FILE_U8] = 0, [RT_FILE_I8] = -128, [RT_FILE_I16] = -32768,
+                                     [RT_FILE_I32] = -2147483648.0, [RT_FILE_I64] = -9223372036854775808.0,
+                                     [RT_FILE_F16] = -65504, [RT_FILE_F32] = -FLT_MAX, [RT_FILE_F64] = -INFINITY};
+    int file_integral = t < RT_FILE_F16;
+    double file_hi = t == RT_FILE_U8 ? 255 : file_integral ? -file_lo[t] - 1 : -file_lo[t];
+    switch (in->dtype) {
+    case RT_U8: *r = (ValueRange){0, 255, 1, "the range of u8, [0, 255]"}; break;
+    case RT_I32: *r = (ValueRange){INT32_MIN, INT32_MAX, 1, "the range of i32"}; break;
+    case RT_I64: *r = (ValueRange){-9223372036854775808.0, 9223372036854775807.0, 1, "the range of i64"}; break;
+    case RT_F16: *r = (ValueRange){-65504, 65504, 0, "the range of f16, [-65504, 65504]"}; break;
+    default: /* f32, bf16 */ *r = (ValueRange){-FLT_MAX, FLT_MAX, 0, "the finite range of f32"}; break;
+    }
+    if (in->classes > 0) {
+        snprintf(what, size, "the classes [0, %lld) of the loss or metric that reads '%s'", (long long)in->classes,
+                 in->name);
+        *r = (ValueRange){0, (double)(in->classes - 1), 1, what};
+    }
+    return !(file_lo[t] >= r->lo && file_hi <= r->hi && (file_integral || !r->integral));
+}
+
+/* Why v does not fit r, or NULL. A NaN or infinity in a float input is kept as it is: the run
+ * stops on its loss, with a hint to check the data. */
+static const char *misfit(const ValueRange *r, double v) {
+    if (r->integral && v != floor(v)) return "not an integer"; /* NaN too */
+    if (!isfinite(v) && !r->integral) return NULL;
+    /* 9223372036854775807.0 is 2^63, which no i64 holds */
+    if (v < r->lo || v > r->hi || (r->integral && v >= 9223372036854775808.0)) return "outside";
+    return NULL;
+}
+
+static int check_values(const RtInput *in, const RtArray *a, RtError *err) {
+    ValueRange r;
+    char what[160];
+    if (!value_range(in, a->type, &r, what, sizeof what)) return 0;
+    int64_t n = a->shape[0] * a->sample_elems;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
+    rt_guard_arm(&jb, a->path);
+    for (int64_t i = 0; i < n; i++) {
+        double v = rt_array_elem(a, i);
+        const char *why = misfit(&r, v);
+        if (!why) continue;
+        rt_guard_disarm();
+        char at[64] = "", detail[200];
+        if (a->sample_elems > 1) snprintf(at, sizeof at, ", element %lld", (long long)(i % a->sample_elems));
+        if (strcmp(why, "outside") == 0) snprintf(detail, sizeof detail, "outside %s", r.what);
+        else snprintf(detail, sizeof detail, "%s, and input '%s' is %s", why, in->name, dtype_names[in->dtype]);
+        /* the shortest digits that read back as the file's value (f32: 2.9, not 2.9000001) */
+        int digits = a->type == RT_FILE_F64 ? 15 : a->type >= RT_FILE_F16 ? 7 : 19;
+        return rt_fail(err, "input '%s': file '%s', sample %lld%s: the value %.*g is %s\n"
+                            "  hint: values are converted to the input's dtype by value; convert the file yourself "
+                            "if that is meant", in->name, a->path, (long long)(i / a->sample_elems), at, digits, v, detail);
+    }
+    rt_guard_disarm();
+    return 0;
+}
+
 int rt_dataset_open(const RtModel *m, const char *const *files, RtDataset *ds, RtError *err) {
     memset(ds, 0, sizeof *ds);
     ds->n = m->n_inputs;
@@ -63,7 +140,7 @@ int rt_dataset_open(const RtModel *m, const char *const *files, RtDataset *ds, R
             rt_dataset_close(ds);
             return rt_fail(err, "input '%s': %s", m->inputs[i].name, e.msg);
         }
-        if (check_input(&m->inputs[i], &ds->arrays[i], err)) {
+        if (check_input(&m->inputs[i], &ds->arrays[i], err) || check_values(&m->inputs[i], &ds->arrays[i], err)) {
             rt_dataset_close(ds);
             return -1;
         }
@@ -110,16 +187,27 @@ static void convert(const RtArray *a, int64_t from, int64_t count, RtDtype dt, v
     }
 }
 
-void rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
-               void *const *bufs) {
+int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
+              void *const *bufs, RtError *err) {
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
     for (int k = 0; k < m->n_inputs; k++) {
         const RtArray *a = &ds->arrays[k];
         int64_t per = a->sample_elems;
         size_t row = (size_t)per * (size_t)dtype_size(m->inputs[k].dtype);
         unsigned char *dst = bufs[k];
+        rt_guard_arm(&jb, a->path);
         for (int64_t r = 0; r < count; r++) convert(a, idx[r] * per, per, m->inputs[k].dtype, dst + r * row);
         if (count < m->batch) memset(dst + count * row, 0, (size_t)(m->batch - count) * row);
     }
+    rt_guard_disarm();
+    return 0;
+}
+
+int rt_dataset_unchanged(const RtDataset *ds, RtError *err) {
+    for (int i = 0; i < ds->n; i++)
+        if (rt_array_unchanged(&ds->arrays[i], err)) return -1;
+    return 0;
 }
 
 /* ---- prefetching */
@@ -136,8 +224,15 @@ static void *prefetch_main(void *arg) {
             return NULL;
         }
         pthread_mutex_unlock(&p->mu);
-        rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2]);
+        RtError err;
+        int rc = rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2], &err);
         pthread_mutex_lock(&p->mu);
+        if (rc) { /* the consumer takes the batches before this one, then the error */
+            p->failed = 1, p->err = err;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
         p->ready[k % 2] = k;
         p->next_fill = k + 1;
         pthread_cond_broadcast(&p->cv);
@@ -172,7 +267,11 @@ void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, con
 void *const *rt_prefetch_next(RtPrefetch *p) {
     pthread_mutex_lock(&p->mu);
     int64_t k = p->next_take;
-    while (p->ready[k % 2] != k) pthread_cond_wait(&p->cv, &p->mu);
+    while (p->ready[k % 2] != k && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    if (p->ready[k % 2] != k) {
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
     p->next_take = k + 1; /* releases the other slot (batch k-1) to the producer */
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);

@@ -8,6 +8,7 @@
 #define NETRT_INTERNAL_H
 
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdio.h>
 
 #include "netrt.h"
@@ -33,11 +34,29 @@ typedef struct RtArray {
     int64_t sample_elems;        /* elements per sample */
     void *mapping;               /* mmap'd file (npy) or NULL */
     size_t mapping_len;
+    int fd;                      /* with a mapping: the file, kept open to notice changes */
+    int64_t mtime_ns;            /* its modification time when it was opened */
     void *heap;                  /* decompressed or read file (IDX) or NULL */
 } RtArray;
 
 int rt_array_load(const char *path, RtArray *a, RtError *err);
 void rt_array_free(RtArray *a);
+/* 0 while a mapped file has its size and modification time of when it was opened; else -1
+ * with a message naming it. Arrays read into memory never change. */
+int rt_array_unchanged(const RtArray *a, RtError *err);
+
+/* Copies out of mapped files. A file truncated under the trainer turns an access past its new
+ * end into SIGBUS; a thread that copies out of a mapping arms a guard first, and libnetrt's
+ * SIGBUS handler (installed when a file is mapped) jumps back to it:
+ *
+ *     sigjmp_buf jb;
+ *     if (sigsetjmp(jb, 1)) return rt_guard_failed(err);
+ *     rt_guard_arm(&jb, a->path);  ... copy ...  rt_guard_disarm();
+ *
+ * A SIGBUS outside an armed guard keeps its usual effect. */
+void rt_guard_arm(sigjmp_buf *jb, const char *path);
+void rt_guard_disarm(void);
+int rt_guard_failed(RtError *err); /* disarms; the message names the file being read */
 /* Element i (flat, across samples) as a double. */
 double rt_array_elem(const RtArray *a, int64_t i);
 const char *rt_file_type_name(RtFileType t);
@@ -57,9 +76,11 @@ void rt_dataset_close(RtDataset *ds);
 /* Bytes of one batch of input i in the model's dtype. */
 size_t rt_batch_bytes(const RtModel *m, int input);
 /* Fill bufs[i] (one batch per input) with samples idx[0..count), converted by value; rows
- * count..batch-1 are zero. */
-void rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
-               void *const *bufs);
+ * count..batch-1 are zero. -1 when a mapped file shrank under the copy (see rt_guard_arm). */
+int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
+              void *const *bufs, RtError *err);
+/* rt_array_unchanged() for every file of the data set. */
+int rt_dataset_unchanged(const RtDataset *ds, RtError *err);
 
 /* Prepares batch k+1 on a thread while the caller trains on batch k. */
 typedef struct RtPrefetch {
@@ -71,6 +92,8 @@ typedef struct RtPrefetch {
     int64_t ready[2];      /* batch number held by each slot, -1 = none */
     int64_t next_fill, next_take;
     int stop;
+    int failed;            /* the loader stopped on a data file that changed; err says why */
+    RtError err;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -78,7 +101,8 @@ typedef struct RtPrefetch {
 
 void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
                        int64_t n_batches);
-/* The next batch's buffers; valid until the following call. */
+/* The next batch's buffers; valid until the following call. NULL when the loader failed
+ * (p->err says why). */
 void *const *rt_prefetch_next(RtPrefetch *p);
 void rt_prefetch_stop(RtPrefetch *p);
 

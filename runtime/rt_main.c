@@ -180,6 +180,13 @@ static int64_t number(const char *flag, const char *s, int64_t min) {
     return v;
 }
 
+/* A number that must fit a smaller type: checked before it is narrowed. */
+static int64_t number_at_most(const char *flag, const char *s, int64_t min, int64_t max) {
+    int64_t v = number(flag, s, min);
+    if (v > max) die_usage("%s %s is more than %lld", flag, s, (long long)max);
+    return v;
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs()};
     for (int i = 1; i < argc; i++) {
@@ -192,7 +199,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1), o->epochs_given = 1;
         else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1), o->steps_given = 1;
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
-        else if (strcmp(a, "--threads") == 0) o->threads = (int)number(a, VALUE(), 1);
+        else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
@@ -209,7 +216,6 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
-    if (o->threads > 1024) die_usage("--threads %d is more than 1024", o->threads);
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
@@ -336,14 +342,23 @@ static void progress(Trainer *t, int64_t epoch, int64_t done, int64_t total, dou
 
 /* ---- evaluation */
 
-static void evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
+static int data_changed(Trainer *t, const RtError *err);
+
+/* 0, or the exit status after the evaluation data changed under the trainer. */
+static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
     const RtModel *m = t->m;
+    RtError err;
+    if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "evaluation indices");
     double loss = 0, correct = 0;
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
         int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
         for (int64_t r = 0; r < count; r++) idx[r] = start + r;
-        rt_gather(m, ds, idx, count, bufs);
+        if (rt_gather(m, ds, idx, count, bufs, &err)) {
+            if (t->dev) t->dev->read_eval(&loss, &correct); /* drop the partial sums */
+            free(idx);
+            return data_changed(t, &err);
+        }
         if (t->dev) { /* the sums add up on the device */
             t->dev->eval_step(bufs, count);
             continue;
@@ -357,6 +372,7 @@ static void evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t
     if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
     log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
+    return 0;
 }
 
 /* ---- signals
@@ -476,6 +492,18 @@ static int stop_run(Trainer *t) {
     return EXIT_STOPPED;
 }
 
+/* A data file changed under the trainer: say which, and keep the run where a checkpoint was
+ * asked for (the steps taken are sound; the rest needs the data back as it was). */
+static int data_changed(Trainer *t, const RtError *err) {
+    fprintf(stderr, "%serror: %s\n", t->tty ? "\n" : "", err->msg);
+    if (!t->o.checkpoint) return 1;
+    int rc = write_checkpoint(t);
+    if (rc) return rc;
+    fprintf(stderr, "checkpoint '%s' holds the run after step %lld: restore the data, then --resume %s\n",
+            t->o.checkpoint, (long long)t->pos.step, t->o.checkpoint);
+    return 1;
+}
+
 /* ---- training */
 
 static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
@@ -546,7 +574,9 @@ static int train_step(Trainer *t, void *const *batch) {
 static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t n) {
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
+    RtError err;
     if (p->batch >= n) return 0;
+    if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err); /* checked at every epoch */
     for (int64_t i = 0; i < ds->n_samples; i++) order[i] = i;
     if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
     int64_t first = p->batch, since = 0;
@@ -554,7 +584,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first);
     double t0 = now(), t_log = t0, last = 0, loss_sum = 0;
     int rc = 0;
-    while (p->batch < n && !stopping(t) && !(rc = train_step(t, rt_prefetch_next(&pf)))) {
+    void *const *batch;
+    while (p->batch < n && !stopping(t)) {
+        if (!(batch = rt_prefetch_next(&pf))) {
+            rc = data_changed(t, &pf.err);
+            break;
+        }
+        if ((rc = train_step(t, batch))) break;
         loss_sum += t->ctx.loss, since++;
         progress(t, p->epoch, p->batch - first, n - first, t0, &last);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
@@ -586,8 +622,9 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         int64_t n = epoch_steps(t, p->epoch);
         if ((rc = run_batches(t, train_ds, order, n)) || stopping(t)) break;
         if (!p->eval_done) {
-            if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total))
-                evaluate(t, eval_ds, eval_bufs, p->epoch);
+            if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total) &&
+                (rc = evaluate(t, eval_ds, eval_bufs, p->epoch)))
+                break;
             p->eval_done = 1, t->ckpt_current = 0;
         }
         if (stopping(t) || p->step >= t->total) break;
@@ -605,10 +642,16 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
  * wrong element) is off by far more. */
 static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     const RtModel *m = t->m;
+    /* A short batch's zero rows would count in the backward pass but not in the loss, so the
+     * differences would disagree for no fault of the gradients: refused, as training does. */
+    if (ds->n_samples < m->batch)
+        die("--gradcheck needs one full batch: %s has %lld samples, fewer than one batch of %lld", t->o.data[0],
+            (long long)ds->n_samples, (long long)m->batch);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "indices");
-    int64_t count = ds->n_samples < m->batch ? ds->n_samples : m->batch;
+    int64_t count = m->batch;
     for (int64_t r = 0; r < count; r++) idx[r] = r;
-    rt_gather(m, ds, idx, count, bufs);
+    RtError err;
+    if (rt_gather(m, ds, idx, count, bufs, &err)) die("%s", err.msg);
     free(idx);
     RtCtx *c = &t->ctx;
     c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 1;
@@ -677,7 +720,10 @@ static void plan_run(Trainer *t, const RtDataset *ds) {
     if (t->per_epoch == 0)
         die("%s has %lld samples, fewer than one batch of %lld", t->o.data[0], (long long)ds->n_samples,
             (long long)t->m->batch);
-    t->total = t->o.steps ? t->o.steps : t->o.epochs * t->per_epoch;
+    t->total = t->o.steps;
+    if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
+        die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
+                  (long long)t->per_epoch, (long long)INT64_MAX);
     t->pos = (RtTrainState){.epoch = 1, .samples = ds->n_samples};
 }
 
@@ -749,6 +795,8 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
 
 int rt_main(int argc, char **argv, const RtModel *m) {
     Trainer t = {.m = m, .tty = isatty(STDOUT_FILENO)};
+    if (m->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
+        die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, m, &t.o);
     if (t.o.list_params) return list_params(m), 0;
     if (m->device) { /* before any data is read: a machine without the device stops here */

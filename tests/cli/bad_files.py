@@ -41,10 +41,10 @@ def idx(path, arr, gz=False):
     return path
 
 
-def expect_fail(what, cmd, *needles):
+def expect_fail(what, cmd, *needles, env=None):
     global cases
     cases += 1
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     msg = r.stderr + r.stdout
     if r.returncode == 0 or r.returncode >= 128 or r.returncode < 0:
         failures.append(f"{what}: exit status {r.returncode} (want a clean non-zero exit)\n{msg}")

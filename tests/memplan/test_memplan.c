@@ -188,6 +188,39 @@ static void test_chain_reuses_memory(void **state) {
     arena_free(&arena);
 }
 
+/* A deep chain with its backward pass and widths that change at matrix products: more arena
+ * buffers than the best fit handles (memplan.c: BEST_FIT_MAX), so the plan is made in schedule
+ * order; it must still keep every pair of buffers that live together apart, and reuse memory. */
+static void test_large_graph_in_order(void **state) {
+    (void)state;
+    Arena arena = {0};
+    IrGraph *g = ir_graph_new(&arena);
+    g->model_name = "deep";
+    g->batch = 8;
+    IrNode *x = ir_add_input(g, "x", DIMS(2, D(8), D(100)), DT_F32, here);
+    for (int i = 0; i < 2400; i++) {
+        if (i % 10 == 9) { /* 100 -> 37 -> 100 wide */
+            int64_t out = x->shape.dim[1] == 100 ? 37 : 100;
+            IrParam *w = ir_add_param(g, arena_printf(&arena, "fc%d.weight", i), DIMS(2, D(out), x->shape.dim[1]),
+                                      INIT_UNIFORM, 0.1, here);
+            x = ir_add(g, OP_MATMUL, DIMS(2, D(8), D(out)), DT_F32, here, 2, x, w->node);
+            x->attr.trans_b = 1;
+        } else {
+            x = ir_add(g, i % 2 ? OP_TANH : OP_SIGMOID, x->shape, DT_F32, here, 1, x);
+        }
+    }
+    g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, x);
+    assert_true(ir_verify(g, "test"));
+    assert_int_equal(ad_differentiate(g), 0);
+    mp_plan(g);
+    int buffers = 0;
+    for (int i = 0; i < g->n; i++) buffers += g->nodes[i]->storage == ST_ARENA;
+    assert_true(buffers > 4096);
+    check_plan(g);
+    assert_true(g->arena_bytes < g->unplanned_bytes / 2);
+    arena_free(&arena);
+}
+
 /* A view keeps its root alive until the view's last reader. */
 static void test_view_extends_root(void **state) {
     (void)state;
@@ -402,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_mlp_forward_only),
         cmocka_unit_test(test_mlp_with_backward),
         cmocka_unit_test(test_chain_reuses_memory),
+        cmocka_unit_test(test_large_graph_in_order),
         cmocka_unit_test(test_view_extends_root),
         cmocka_unit_test(test_param_order_and_grads),
         cmocka_unit_test(test_conv_scratch),

@@ -128,7 +128,7 @@ static void test_idx_plain_and_gzip(void **state) {
     rt_array_free(&a);
 }
 
-static const RtInput inputs[] = {{"image", RT_F32, 3, {1, 3, 2}}, {"label", RT_I64, 0, {0}}};
+static const RtInput inputs[] = {{"image", RT_F32, 3, {1, 3, 2}, 0}, {"label", RT_I64, 0, {0}, 5}};
 static const RtModel model = {.name = "t", .batch = 2, .n_inputs = 2, .inputs = inputs};
 
 static void test_dataset_binding_and_gather(void **state) {
@@ -146,7 +146,7 @@ static void test_dataset_binding_and_gather(void **state) {
     int64_t lab[2];
     void *bufs[2] = {img, lab};
     int64_t idx[2] = {2, 0};
-    rt_gather(&model, &ds, idx, 1, bufs); /* one real row, one zero row */
+    assert_int_equal(rt_gather(&model, &ds, idx, 1, bufs, &err), 0); /* one real row, one zero row */
     assert_true(img[0] == 12.0f && img[6] == 0.0f);
     assert_true(lab[0] == 4 && lab[1] == 0);
     int64_t order[4] = {3, 2, 1, 0};
@@ -171,6 +171,45 @@ static void test_dataset_binding_and_gather(void **state) {
     const char *counts[] = {path_of("img.idx"), path_of("lab3.npy")};
     assert_int_equal(rt_dataset_open(&model, counts, &ds, &err), -1);
     assert_non_null(strstr(err.msg, "3 samples"));
+}
+
+/* A mapped file truncated under the trainer: the copy out of its lost pages fails with the
+ * file's name instead of SIGBUS, in the calling thread and in the prefetcher, and the file is
+ * seen to have changed. */
+static void test_file_shrinks_under_gather(void **state) {
+    (void)state;
+    enum { N = 4096 }; /* samples of 6 floats: 96 KiB, many pages */
+    float *img = calloc(N * 6, sizeof *img);
+    uint8_t *lab = calloc(N, 1);
+    write_npy(path_of("big.npy"), "<f4", "(4096, 1, 3, 2)", img, N * 6 * sizeof *img);
+    write_npy(path_of("big_lab.npy"), "|u1", "(4096,)", lab, N);
+    free(img), free(lab);
+    const char *files[] = {path_of("big.npy"), path_of("big_lab.npy")};
+    RtDataset ds;
+    RtError err;
+    assert_int_equal(rt_dataset_open(&model, files, &ds, &err), 0);
+    assert_int_equal(rt_dataset_unchanged(&ds, &err), 0);
+    assert_int_equal(truncate(path_of("big.npy"), 128), 0); /* the header only */
+    float out[2 * 6];
+    int64_t outl[2];
+    void *bufs[2] = {out, outl};
+    int64_t idx[2] = {N - 1, N / 2}; /* pages past the new end */
+    assert_int_equal(rt_gather(&model, &ds, idx, 2, bufs, &err), -1);
+    assert_non_null(strstr(err.msg, "big.npy"));
+    assert_non_null(strstr(err.msg, "shrank"));
+    assert_int_equal(rt_gather(&model, &ds, idx, 2, bufs, &err), -1); /* and again: the guard re-arms */
+    assert_int_equal(rt_dataset_unchanged(&ds, &err), -1);
+    assert_non_null(strstr(err.msg, "big.npy"));
+    assert_non_null(strstr(err.msg, "changed"));
+    int64_t order[8] = {0, 1, 2, 3, N - 4, N - 3, N - 2, N - 1};
+    RtPrefetch pf;
+    rt_prefetch_start(&pf, &model, &ds, order, 4);
+    int taken = 0;
+    while (rt_prefetch_next(&pf)) taken++;
+    assert_true(taken < 4); /* batches past the end of the file fail */
+    assert_non_null(strstr(pf.err.msg, "big.npy"));
+    rt_prefetch_stop(&pf);
+    rt_dataset_close(&ds);
 }
 
 static const RtParam params[] = {
@@ -245,6 +284,7 @@ int main(void) {
         cmocka_unit_test(test_npy_types),
         cmocka_unit_test(test_idx_plain_and_gzip),
         cmocka_unit_test(test_dataset_binding_and_gather),
+        cmocka_unit_test(test_file_shrinks_under_gather),
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_schedules),
     };
