@@ -372,7 +372,7 @@ static volatile sig_atomic_t signal_quiet;
 
 static void on_signal(int sig) {
     if (stop_signal) {
-        rt_ckpt_abandon();
+        rt_out_abandon();
         _exit(128 + sig);
     }
     stop_signal = sig;
