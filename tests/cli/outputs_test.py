@@ -4,6 +4,9 @@ against the inputs and the other outputs, replaces only a regular file, goes thr
 file that cannot be planted, is probed before the work starts, and reports write errors.
 
 usage: outputs_test.py CASE NETC WORKDIR
+  trainer   outputs that are inputs or each other, outputs that are not regular files, planted
+            temporary files, a path near PATH_MAX, unwritable destinations found before the first
+            step, non-finite parameters at --save
   netc      -o or --emit-dir naming the source or netc, a trainer onto a pipe or a symbolic link,
             a planted temporary file, an unwritable -o found before the C compiler runs
   signals   SIGTERM and SIGINT while the C compiler runs: the compiler and its children stop, and
@@ -12,16 +15,21 @@ usage: outputs_test.py CASE NETC WORKDIR
 Destinations that are not regular files are named pipes made here, never /dev/null: a netc or a
 trainer without these checks, run as root, would replace a system device.
 """
+import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "..", "checkpoint", "sgd_momentum.net")
+NONFINITE = 3
 
 failures = []
 checks = 0
@@ -88,6 +96,175 @@ def unchanged(work, before, what):
 
 def temp_files(work):
     return [f for f in os.listdir(work) if ".tmp." in f]
+
+
+def is_weights(path):
+    """A complete safetensors file of the test model."""
+    try:
+        data = open(path, "rb").read()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        return max(t["data_offsets"][1] for k, t in header.items() if k != "__metadata__") == len(data) - 8 - n
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+# ---- the trainer
+
+def make_trainer(netc, work, name="tr", *defines):
+    exe = os.path.join(work, name)
+    cmd = [netc, MODEL, "-o", exe]
+    for d in defines:
+        cmd += ["-D", d]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def make_data(work, scale=1.0):
+    rng = np.random.default_rng(0)
+    x, y = os.path.join(work, f"x{scale:g}.npy"), os.path.join(work, "y.npy")
+    np.save(x, (rng.standard_normal((100, 16)) * scale).astype(np.float32))
+    np.save(y, rng.integers(0, 4, 100).astype(np.int64))
+    return x, y
+
+
+def outputs_are_inputs(exe, work, common, x, y):
+    """Class 1: an output naming an input or another output is refused (status 2) before any
+    work; --checkpoint naming the --resume file is the run continuing, and works."""
+    w, ck = os.path.join(work, "w.st"), os.path.join(work, "c.ckpt")
+    expect(run([exe, *common, "--steps", "3", "--save", w]), 0, "weights")
+    expect(run([exe, *common, "--steps", "6", "--checkpoint", ck, "--stop-at", "3"]), 4, "a checkpoint at step 3")
+    hard = os.path.join(work, "hardlink.npy")
+    os.link(x, hard)
+    sym = os.path.join(work, "symlink.npy")
+    os.symlink("y.npy", sym)
+    fresh = os.path.join(work, "fresh.out")
+    cases = [
+        (["--save", x], "--data x="), (["--checkpoint", y], "--data label="), (["--log", x], "--data x="),
+        (["--save", hard], "--data x="), (["--log", sym], "--data label="),
+        (["--eval-data", f"x={x}", "--eval-data", f"label={y}", "--log", os.path.join(work, "x1.npy")], "--data x="),
+        (["--init", w, "--log", w], "--init"), (["--init", w, "--save", w], "--init"),
+        (["--init", ck, "--checkpoint", ck], "--init"), (["--resume", ck, "--save", ck], "--resume"),
+        (["--resume", ck, "--log", ck], "--resume"), (["--save", fresh, "--checkpoint", fresh], "the same file"),
+        (["--save", fresh, "--log", fresh], "the same file"), (["--save", exe], "trainer's own executable"),
+    ]
+    for extra, needle in cases:
+        before = snapshot(work)
+        r = run([exe, *common, "--steps", "3", *extra])
+        expect(r, 2, f"trainer {' '.join(os.path.basename(a) for a in extra)}", needle)
+        check("epoch" not in r.stdout, f"{extra}: training started")
+        unchanged(work, before, f"trainer {extra}")
+    r = run([exe, *common, "--resume", ck, "--checkpoint", ck])
+    expect(r, 0, "--resume X --checkpoint X continues the run")
+    check(b'"step":"6"' in open(ck, "rb").read(), "--resume X --checkpoint X: the checkpoint is not at step 6")
+    return w, ck
+
+
+def not_regular(exe, work, common, w):
+    """Class 1: --save and --checkpoint replace only regular files; the log is written through a
+    pipe or a character device."""
+    fifo, link, victim = (os.path.join(work, f) for f in ("pipe", "link.st", "victim"))
+    os.mkfifo(fifo)
+    with open(victim, "w") as f:
+        f.write("not to be touched\n")
+    os.symlink("victim", link)
+    for flag in ("--save", "--checkpoint"):
+        for dest, needle in [(fifo, "named pipe"), (link, "symbolic link"), (work, "directory")]:
+            before = snapshot(work)
+            expect(run([exe, *common, "--steps", "2", flag, dest]), 1, f"{flag} onto a {needle}", needle, dest)
+            unchanged(work, before, f"{flag} onto a {needle}")
+    r = run([exe, *common, "--steps", "2", "--log", "/dev/null"])
+    expect(r, 0, "--log /dev/null")
+    check(os.path.exists("/dev/null") and not os.path.isfile("/dev/null"), "/dev/null is no longer a device")
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(open(fifo)))
+    reader.start()
+    r = run([exe, *common, "--steps", "24", "--log-every", "12", "--log", fifo])
+    reader.join(timeout=60)
+    expect(r, 0, "--log into a named pipe")
+    check(len(lines) == 2 and all("step" in json.loads(s) for s in lines), f"the pipe's log lines: {lines}")
+    check(os.path.exists(fifo) and not os.path.isfile(fifo), "the named pipe was replaced")
+
+
+def planted_temporary(exe, work, common):
+    """Class 2: a symbolic link planted at the old predictable temporary name FILE.tmp.PID (the
+    shell's $$ is the trainer's process id after exec) is neither followed nor removed."""
+    victim = os.path.join(work, "victim")
+    for flag, out in [("--save", "planted.st"), ("--checkpoint", "planted.ckpt")]:
+        with open(victim, "w") as f:
+            f.write("not to be touched\n")
+        script = f'ln -s victim {out}.tmp.$$ && exec "$0" "$@"'
+        r = subprocess.run(["sh", "-c", script, exe, *common, "--steps", "2", flag, out], cwd=work,
+                           capture_output=True, text=True, timeout=300)
+        expect(r, 0, f"{flag} beside a planted {out}.tmp.PID")
+        path = os.path.join(work, out)
+        check(open(victim, "rb").read() == b"not to be touched\n", f"{flag}: the planted link's target was written")
+        check(not os.path.islink(path) and is_weights(path), f"{flag}: {out} is not a regular weight file")
+        planted = [f for f in os.listdir(work) if f.startswith(out + ".tmp.")]
+        check(len(planted) == 1 and os.path.islink(os.path.join(work, planted[0])),
+              f"{flag}: the planted link was removed or another temporary file left: {planted}")
+        for f in planted:
+            os.unlink(os.path.join(work, f))
+
+
+def long_path(exe, work, common):
+    """Class 2: a path of 4095 bytes (the longest Linux accepts), whose FILE.tmp.PID was cut
+    back to FILE itself, is saved and checkpointed like any other."""
+    deep = work
+    while len(deep) < 4095 - 256:
+        deep = os.path.join(deep, "d" * 200)
+    os.makedirs(deep)
+    for flag in ("--save", "--checkpoint"):
+        target = os.path.join(deep, flag[2] * (4095 - len(deep) - 1))
+        assert len(target) == 4095 and len(os.path.basename(target)) <= 255, len(target)
+        with open(target, "w") as f:
+            f.write("the old file\n")
+        expect(run([exe, *common, "--steps", "2", flag, target]), 0, f"{flag} to a 4095-byte path")
+        check(is_weights(target), f"{flag} to a 4095-byte path: the file is not the new one")
+        check(not temp_files(deep), f"{flag} to a 4095-byte path: temporary files left: {temp_files(deep)}")
+    shutil.rmtree(os.path.join(work, "d" * 200))
+
+
+def found_before_work(exe, work, common):
+    """Class 6: a --save or --log that cannot be written stops the run before its first step."""
+    regular = os.path.join(work, "regular-file")
+    open(regular, "w").close()
+    for flag, dest, needle in [("--save", os.path.join(work, "no", "dir", "w.st"), "No such file or directory"),
+                               ("--save", os.path.join(regular, "w.st"), "Not a directory"),
+                               ("--log", os.path.join(work, "no", "dir", "log"), "No such file or directory"),
+                               ("--log", work, "directory")]:
+        before = snapshot(work)
+        r = run([exe, *common, "--steps", "2", flag, dest])
+        expect(r, 1, f"{flag} {dest}", needle)
+        check("epoch" not in r.stdout, f"{flag} {dest}: training started before the refusal")
+        unchanged(work, before, f"{flag} {dest}")
+
+
+def nonfinite_save(netc, work, x, y):
+    """Class 6: --save refuses NaN/Inf parameters as the checkpoint does (status 3), and keeps the
+    old file. Inputs of 1e35 and lr 1e6: step 1's loss is finite (about 2e34), and its update
+    overflows the first layer's weights to Inf; without --checkpoint nothing else checks them."""
+    exe = make_trainer(netc, work, "big_lr", "lr=1e6")
+    huge, _ = make_data(work, 1e35)
+    w = os.path.join(work, "nonfinite.st")
+    with open(w, "w") as f:
+        f.write("the old weights\n")
+    r = run([exe, "--data", f"x={huge}", "--data", f"label={y}", "--threads", "1", "--steps", "1", "--save", w])
+    expect(r, NONFINITE, "--save of Inf parameters", "NaN or Inf", w)
+    check(open(w, "rb").read() == b"the old weights\n", "--save of Inf parameters: the old file changed")
+
+
+def case_trainer(netc, work):
+    exe = make_trainer(netc, work)
+    x, y = make_data(work)
+    common = ["--data", f"x={x}", "--data", f"label={y}", "--threads", "1"]
+    w, ck = outputs_are_inputs(exe, work, common, x, y)
+    not_regular(exe, work, common, w)
+    planted_temporary(exe, work, common)
+    long_path(exe, work, common)
+    found_before_work(exe, work, common)
+    nonfinite_save(netc, work, x, y)
+    check(not temp_files(work), f"temporary files left: {temp_files(work)}")
 
 
 # ---- netc
@@ -188,7 +365,7 @@ def case_signals(netc, work):
         print(f"ok   {sig.name} during the C compile: exit {p.returncode}, compiler stopped, nothing left")
 
 
-CASES = {"netc": case_netc, "signals": case_signals}
+CASES = {"trainer": case_trainer, "netc": case_netc, "signals": case_signals}
 
 
 def main():
