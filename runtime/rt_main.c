@@ -46,6 +46,7 @@ typedef struct Trainer {
     Options o;
     RtCtx ctx;
     FILE *log;
+    int log_failed;           /* a write to the log failed: the run stops and ends with status 1 */
     int tty;
     int64_t per_epoch, total; /* steps per epoch, and in the whole run */
     RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
@@ -290,6 +291,17 @@ double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int6
 
 /* ---- logging */
 
+/* Each log line is flushed as it is written. A write error (a full disk) is reported once, the
+ * log is closed, and the run stops after the current step as a signal would stop it. */
+static void log_line_done(Trainer *t) {
+    if (fflush(t->log) == 0 && !ferror(t->log)) return;
+    int e = errno ? errno : EIO;
+    fprintf(stderr, "%serror: cannot write the log '%s': %s; stopping the run\n", t->tty ? "\n" : "", t->o.log,
+            strerror(e));
+    fclose(t->log);
+    t->log = NULL, t->log_failed = 1;
+}
+
 static void json_number(FILE *f, const char *key, double v) {
     if (isfinite(v)) fprintf(f, ", \"%s\": %.8g", key, v);
     else fprintf(f, ", \"%s\": null", key);
@@ -302,7 +314,7 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, int64_t of, do
         json_number(t->log, "lr", lr);
         json_number(t->log, "samples_per_s", rate);
         fprintf(t->log, "}\n");
-        fflush(t->log);
+        log_line_done(t);
     }
     if (t->o.quiet) return;
     printf("%sepoch %lld step %lld/%lld loss %.4f lr %.4g %.0f samples/s%s", t->tty ? "\r" : "",
@@ -316,7 +328,7 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
         json_number(t->log, "loss", loss);
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         fprintf(t->log, "}\n");
-        fflush(t->log);
+        log_line_done(t);
     }
     if (t->o.quiet) return;
     printf("%seval epoch %lld: loss %.4f", t->tty ? "\n" : "", (long long)epoch, loss);
@@ -459,30 +471,35 @@ static int write_checkpoint(Trainer *t) {
         fprintf(t->log, "{\"checkpoint\": ");
         json_string(t->log, t->o.checkpoint);
         fprintf(t->log, ", \"step\": %lld, \"epoch\": %lld}\n", (long long)s.step, (long long)s.epoch);
-        fflush(t->log);
+        log_line_done(t);
     }
     return 0;
 }
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
 static int stopping(const Trainer *t) {
-    return stop_signal || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
+    return stop_signal || t->log_failed || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
-/* After a stop: keep what can be kept and say how to go on. */
+/* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
+ * with status 1 (an I/O error), a signal or --stop-at with 4. */
 static int stop_run(Trainer *t) {
-    const char *name = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "--stop-at";
+    const char *name = t->log_failed        ? "the failed log write"
+                       : stop_signal == SIGINT ? "SIGINT"
+                       : stop_signal           ? "SIGTERM"
+                                               : "--stop-at";
+    int status = t->log_failed ? 1 : EXIT_STOPPED;
     long long step = (long long)t->pos.step, total = (long long)t->total;
     if (!t->o.checkpoint) {
         fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
                 t->tty ? "\n" : "", name, step, total);
-        return EXIT_STOPPED;
+        return status;
     }
     int rc = write_checkpoint(t);
     if (rc) return rc;
     fprintf(stderr, "%sstopped by %s after step %lld of %lld; checkpoint '%s' holds the run: continue it with "
                     "--resume %s\n", t->tty ? "\n" : "", name, step, total, t->o.checkpoint, t->o.checkpoint);
-    return EXIT_STOPPED;
+    return status;
 }
 
 /* ---- training */
@@ -748,7 +765,8 @@ static FILE *open_log(const Trainer *t) {
     return f;
 }
 
-/* The end of the run: the parameters, if asked for and finite. Returns the run's exit status. */
+/* The end of the run: the parameters, if asked for and finite, then the log and stdout closed
+ * with their errors reported. Returns the run's exit status. */
 static int finish(Trainer *t, int rc) {
     RtError err;
     const char *bad = rc || t->o.gradcheck || !t->o.save ? NULL : nonfinite_params(t);
@@ -761,8 +779,16 @@ static int finish(Trainer *t, int rc) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
     }
-    if (t->log) fclose(t->log);
+    if (t->log && fclose(t->log) != 0 && !rc) {
+        fprintf(stderr, "error: cannot write the log '%s': %s\n", t->o.log, strerror(errno));
+        rc = 1;
+    }
     t->log = NULL;
+    if (t->log_failed && !rc) rc = 1;
+    if ((fflush(stdout) != 0 || ferror(stdout)) && !rc) {
+        fprintf(stderr, "error: cannot write to the standard output: %s\n", strerror(errno));
+        rc = 1;
+    }
     return rc;
 }
 

@@ -6,7 +6,7 @@ file that cannot be planted, is probed before the work starts, and reports write
 usage: outputs_test.py CASE NETC WORKDIR
   trainer   outputs that are inputs or each other, outputs that are not regular files, planted
             temporary files, a path near PATH_MAX, unwritable destinations found before the first
-            step, non-finite parameters at --save
+            step, non-finite parameters at --save, a log on a full device
   netc      -o or --emit-dir naming the source or netc, a trainer onto a pipe or a symbolic link,
             a planted temporary file, an unwritable -o found before the C compiler runs
   signals   SIGTERM and SIGINT while the C compiler runs: the compiler and its children stop, and
@@ -254,6 +254,21 @@ def nonfinite_save(netc, work, x, y):
     check(open(w, "rb").read() == b"the old weights\n", "--save of Inf parameters: the old file changed")
 
 
+def log_errors(exe, work, common):
+    """Class 7: a log that cannot be written (/dev/full) stops the run with status 1 and says why;
+    the checkpoint holds the run, which resumes."""
+    ck = os.path.join(work, "full.ckpt")
+    r = run([exe, *common, "--steps", "36", "--log-every", "12", "--log", "/dev/full", "--checkpoint", ck])
+    expect(r, 1, "--log /dev/full", "cannot write the log '/dev/full'", "No space left on device", "--resume")
+    check(os.path.isfile(ck), "--log /dev/full: no checkpoint written")
+    expect(run([exe, *common, "--steps", "36", "--resume", ck, "--checkpoint", ck]), 0, "resume after the failed log")
+    expect(run([exe, *common, "--steps", "2", "--log", "/dev/full"]), 1, "--log /dev/full without --checkpoint",
+           "cannot write the log")
+    r = subprocess.run(f'"{exe}" {" ".join(common)} --steps 12 --log-every 12 > /dev/full', shell=True,
+                       capture_output=True, text=True, timeout=300)
+    expect(r, 1, "standard output on /dev/full", "standard output")
+
+
 def case_trainer(netc, work):
     exe = make_trainer(netc, work)
     x, y = make_data(work)
@@ -264,6 +279,7 @@ def case_trainer(netc, work):
     long_path(exe, work, common)
     found_before_work(exe, work, common)
     nonfinite_save(netc, work, x, y)
+    log_errors(exe, work, common)
     check(not temp_files(work), f"temporary files left: {temp_files(work)}")
 
 
