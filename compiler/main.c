@@ -4,10 +4,16 @@
  *
  * compile() is the whole pipeline in one place, with the verifier between the passes. The
  * generated C is compiled by the system C compiler, started with an argument vector (never a
- * shell), and the trainer appears atomically: it is linked to OUT.tmp.PID and renamed.
+ * shell) in a process group of its own, and linked into netc's private temporary directory;
+ * the trainer and the --emit-dir sources then appear atomically through rt_out (runtime/
+ * rt_file.c), which replaces only regular files. Before any work the outputs are checked against
+ * the inputs (the .net source, netc itself). SIGINT, SIGTERM and SIGHUP stop the C compiler,
+ * remove the temporary directory and any half-written output, and end netc by the same signal.
  */
 #include <errno.h>
+#include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +26,7 @@
 #include "diag.h"
 #include "ir.h"
 #include "passes.h"
+#include "rt_file.h"
 
 extern char **environ;
 
@@ -224,35 +231,105 @@ static char *default_output(const char *input) {
     return strndup(base, n);
 }
 
-/* Run argv[0] with an argument vector and wait; returns its exit status or -1. */
+/* ---- the private temporary directory, the C compiler, and signals */
+
+enum { WORK_C, WORK_CU, WORK_IMAGES, WORK_EXE, N_WORK }; /* the files netc may create in it */
+
+static char work_dir[3072];              /* "" when there is none; short enough for any name in it */
+static char work_files[N_WORK][4096];    /* removed with the directory */
+static volatile sig_atomic_t work_ready; /* work_dir and work_files are complete */
+static volatile pid_t compiler_group;    /* the running C compiler's process group, 0 when none */
+
+/* Async-signal-safe: only unlink and rmdir of names netc made. */
+static void remove_work_dir(void) {
+    if (!work_ready) return;
+    for (int i = 0; i < N_WORK; i++) unlink(work_files[i]);
+    rmdir(work_dir);
+    work_ready = 0;
+}
+
+static void on_signal(int sig) {
+    if (compiler_group > 0) kill(-compiler_group, SIGTERM);
+    rt_out_abandon();
+    remove_work_dir();
+    raise(sig); /* SA_RESETHAND: the default action, once this handler returns */
+}
+
+static void catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+/* The directory (mode 0700) where the C compiler writes the trainer, and the generated sources
+ * unless --emit-dir keeps them; name is the trainer's file name. */
+static int make_work_dir(const char *name) {
+    const char *t = getenv("TMPDIR");
+    int n = snprintf(work_dir, sizeof work_dir, "%s/netc.XXXXXX", t && *t ? t : "/tmp");
+    if (n >= (int)sizeof work_dir || !mkdtemp(work_dir)) {
+        fprintf(stderr, "netc: error: cannot create a temporary directory: %s\n",
+                strerror(n >= (int)sizeof work_dir ? ENAMETOOLONG : errno));
+        work_dir[0] = '\0';
+        return 1;
+    }
+    static const char *const endings[N_WORK] = {".c", ".cu", "_images.c", ""};
+    for (int i = 0; i < N_WORK; i++)
+        snprintf(work_files[i], sizeof work_files[i], "%s/%.255s%s", work_dir, name, endings[i]);
+    atomic_signal_fence(memory_order_seq_cst);
+    work_ready = 1;
+    return 0;
+}
+
+/* Run argv[0] with an argument vector in a new process group and wait; returns its exit status
+ * or -1. The signal handler can stop the group as soon as it exists: the stop signals are
+ * blocked while it is created and while it is reaped. */
 static int run_command(char *const argv[]) {
+    sigset_t stops, old, none;
+    sigemptyset(&stops), sigemptyset(&none);
+    sigaddset(&stops, SIGINT), sigaddset(&stops, SIGTERM), sigaddset(&stops, SIGHUP);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setsigmask(&attr, &none);
     pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
+    sigprocmask(SIG_BLOCK, &stops, &old);
+    int rc = posix_spawnp(&pid, argv[0], NULL, &attr, argv, environ);
+    if (rc == 0) compiler_group = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    posix_spawnattr_destroy(&attr);
     if (rc != 0) {
         fprintf(stderr, "netc: error: cannot run the C compiler '%s': %s\n", argv[0], strerror(rc));
         fprintf(stderr, "  hint: install gcc, or name another compiler with --cc or $CC\n");
         return -1;
     }
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) return -1;
+    siginfo_t info;
+    while (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) continue;
+    int status = -1;
+    sigprocmask(SIG_BLOCK, &stops, &old);
+    compiler_group = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) continue;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Link argv (NULL-terminated, at most 64 entries) into `out` through OUT.tmp.PID and rename. */
+/* Link argv (NULL-terminated, at most 64 entries) into the private directory, then copy the
+ * trainer to `out` atomically. */
 static int link_atomically(char **argv, int tmp_at, const char *out, const char *c_path) {
-    char tmp_out[4096];
-    snprintf(tmp_out, sizeof tmp_out, "%s.tmp.%ld", out, (long)getpid());
-    argv[tmp_at] = tmp_out;
+    argv[tmp_at] = work_files[WORK_EXE];
     int rc = run_command(argv);
     if (rc != 0) {
-        unlink(tmp_out);
         if (rc > 0) fprintf(stderr, "netc: error: the C compiler failed (exit %d) on %s\n", rc, c_path);
         return 1;
     }
-    if (rename(tmp_out, out) != 0) {
-        fprintf(stderr, "netc: error: cannot write %s: %s\n", out, strerror(errno));
-        unlink(tmp_out);
+    char why[RT_WHY_MAX];
+    if (rt_out_copy(work_files[WORK_EXE], out, 0777, why, sizeof why) != 0) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", out, why);
         return 1;
     }
     return 0;
@@ -316,82 +393,123 @@ static int build_trainer(const Options *o, const char *c_path, const char *out) 
     return link_atomically(argv, n - 2, out, c_path);
 }
 
-/* Where the generated C goes: --emit-dir/NAME.c, or a private temporary directory. */
-static int c_source_path(const Options *o, const char *name, char *path, size_t size, char *tmpdir) {
-    if (o->emit_dir) {
-        if (mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
-            fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
-            return 1;
-        }
-        snprintf(path, size, "%s/%s.c", o->emit_dir, name);
+/* Where the generated sources go: --emit-dir/NAME.c (.cu, _images.c), or the private directory. */
+static int source_paths(const Options *o, const char *name, char paths[][4096]) {
+    if (!o->emit_dir) {
+        for (int i = WORK_C; i <= WORK_IMAGES; i++) snprintf(paths[i], 4096, "%s", work_files[i]);
         return 0;
     }
-    const char *t = getenv("TMPDIR");
-    snprintf(tmpdir, 4096, "%s/netc.XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        fprintf(stderr, "netc: error: cannot create a temporary directory: %s\n", strerror(errno));
+    if (mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
         return 1;
     }
-    snprintf(path, size, "%s/%s.c", tmpdir, name);
+    snprintf(paths[WORK_C], 4096, "%s/%.255s.c", o->emit_dir, name);
+    snprintf(paths[WORK_CU], 4096, "%s/%.255s.cu", o->emit_dir, name);
+    snprintf(paths[WORK_IMAGES], 4096, "%s/%.255s_images.c", o->emit_dir, name);
     return 0;
 }
 
-static int write_c(const CgBackend *be, const IrGraph *g, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "netc: error: cannot write %s: %s\n", path, strerror(errno));
+/* Write one generated file through rt_out: emit(g, stream), or a kernel image table. */
+static int write_output(const char *path, int (*emit)(const IrGraph *, FILE *), const IrGraph *g, const Options *o,
+                        const char *cu_path) {
+    RtOut out;
+    if (rt_out_open(&out, path, 0666) != 0) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", path, out.why);
         return 1;
     }
-    int rc = be->emit(g, f);
-    if (fclose(f) != 0 || rc != 0) {
-        fprintf(stderr, "netc: error: writing %s failed\n", path);
+    int rc = emit ? emit(g, out.f)
+                  : nvrtc_compile(cu_path, toolchain(o).rt_include, o->sms, o->n_sms, o->tf32 || o->bf16, out.f);
+    if (rc != 0 || ferror(out.f)) {
+        rt_out_abort(&out);
+        if (emit) fprintf(stderr, "netc: error: writing %s failed\n", path);
+        return 1;
+    }
+    if (rt_out_commit(&out) != 0) {
+        fprintf(stderr, "netc: error: cannot write %s: %s\n", path, out.why);
         return 1;
     }
     return 0;
 }
 
-/* PATH.c -> PATH with another ending: model.c -> model.cu, model_images.c */
-static void sibling(char *dst, size_t size, const char *c_path, const char *ending) {
-    snprintf(dst, size, "%.*s%s", (int)(strlen(c_path) - 2), c_path, ending);
+/* The output's path: -o, or the input's file name without its directory and `.net`. */
+static char *output_path(const Options *o) {
+    return o->output ? strdup(o->output) : default_output(o->input);
 }
 
 /* The kernels of a device backend: NAME.cu, compiled by NVRTC into NAME_images.c. */
-static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g, const char *c_path, char *images,
-                        size_t size) {
-    char cu[4096];
-    sibling(cu, sizeof cu, c_path, ".cu");
-    sibling(images, size, c_path, "_images.c");
-    FILE *f = fopen(cu, "w");
-    if (!f) {
-        fprintf(stderr, "netc: error: cannot write %s: %s\n", cu, strerror(errno));
-        return 1;
-    }
-    int rc = be->emit_kernels(g, f);
-    if (fclose(f) != 0 || rc != 0) {
-        fprintf(stderr, "netc: error: writing %s failed\n", cu);
-        return 1;
-    }
-    rc = nvrtc_compile(cu, toolchain(o).rt_include, o->sms, o->n_sms, o->tf32 || o->bf16, images);
-    if (!o->emit_dir) unlink(cu);
+static int emit_kernels(const Options *o, const CgBackend *be, const IrGraph *g, char paths[][4096]) {
+    int rc = write_output(paths[WORK_CU], be->emit_kernels, g, o, NULL);
+    if (!rc) rc = write_output(paths[WORK_IMAGES], NULL, g, o, paths[WORK_CU]);
+    if (!o->emit_dir) unlink(paths[WORK_CU]);
     return rc;
 }
 
 static int emit_and_build(const Options *o, const CgBackend *be, const IrGraph *g) {
-    char *out = o->output ? strdup(o->output) : default_output(o->input);
+    char *out = output_path(o);
     const char *slash = strrchr(out, '/');
-    char c_path[4096], images[4096] = "", tmpdir[4096] = "";
-    int rc = c_source_path(o, slash ? slash + 1 : out, c_path, sizeof c_path, tmpdir);
-    if (!rc) rc = write_c(be, g, c_path);
-    if (!rc && be->emit_kernels) rc = emit_kernels(o, be, g, c_path, images, sizeof images);
+    char paths[N_WORK][4096];
+    int rc = make_work_dir(slash ? slash + 1 : out);
+    if (!rc) rc = source_paths(o, slash ? slash + 1 : out, paths);
+    if (!rc) rc = write_output(paths[WORK_C], be->emit, g, o, NULL);
+    if (!rc && be->emit_kernels) rc = emit_kernels(o, be, g, paths);
 #ifdef NETC_HAVE_CUDA
-    if (!rc) rc = be->emit_kernels ? build_cuda_trainer(o, c_path, images, out) : build_trainer(o, c_path, out);
+    if (!rc) rc = be->emit_kernels ? build_cuda_trainer(o, paths[WORK_C], paths[WORK_IMAGES], out)
+                                   : build_trainer(o, paths[WORK_C], out);
 #else
-    if (!rc) rc = build_trainer(o, c_path, out);
+    if (!rc) rc = build_trainer(o, paths[WORK_C], out);
 #endif
-    if (*tmpdir) {
-        unlink(c_path);
-        if (*images) unlink(images);
-        rmdir(tmpdir);
+    remove_work_dir();
+    free(out);
+    return rc;
+}
+
+/* ---- outputs against inputs
+ *
+ * The trainer (-o, or the source's name without `.net`) and the --emit-dir sources must not be
+ * the .net source or netc itself (compared by device and inode, or by directory and name for a
+ * file that does not exist yet), and may replace only a regular file; the trainer's directory is
+ * probed by creating and removing a temporary file there. All before any work.
+ */
+static int refuse_output(const char *what, const char *path, const char *input, const char *hint) {
+    fprintf(stderr, "netc: error: %s '%s' would replace %s: it is the same file\n  hint: %s\n", what, path, input, hint);
+    return 2;
+}
+
+static int check_outputs(const Options *o, const CgBackend *be) {
+    RtFileId source, self, id;
+    rt_file_id(o->input, 1, &source);
+    rt_file_id("/proc/self/exe", 1, &self);
+    char *out = output_path(o), why[RT_WHY_MAX], emitted[3][4096];
+    const char *name = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    int n = 0, rc = 0;
+    /* the --emit-dir first: -o may name a file in it */
+    if (o->emit_dir && mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
+        free(out);
+        return 1;
+    }
+    if (o->emit_dir) {
+        snprintf(emitted[n++], 4096, "%s/%.255s.c", o->emit_dir, name);
+        if (be->emit_kernels) snprintf(emitted[n++], 4096, "%s/%.255s.cu", o->emit_dir, name);
+        if (be->emit_kernels) snprintf(emitted[n++], 4096, "%s/%.255s_images.c", o->emit_dir, name);
+    }
+    rt_file_id(out, 0, &id);
+    if (rt_same_file(&id, &source))
+        rc = refuse_output("the trainer", out, "the source", "name the trainer with -o, or give the source a .net ending");
+    else if (rt_same_file(&id, &self))
+        rc = refuse_output("the trainer", out, "netc itself", "name the trainer with -o");
+    else if (rt_out_probe(out, why, sizeof why) != 0) {
+        fprintf(stderr, "netc: error: cannot write the trainer '%s': %s\n", out, why);
+        rc = 1;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        rt_file_id(emitted[i], 0, &id);
+        if (rt_same_file(&id, &source))
+            rc = refuse_output("the generated source", emitted[i], "the .net source", "name another --emit-dir or -o");
+        else if (id.exists && rt_out_check(emitted[i], why, sizeof why) != 0) {
+            fprintf(stderr, "netc: error: cannot write %s: %s\n", emitted[i], why);
+            rc = 1;
+        }
     }
     free(out);
     return rc;
@@ -406,6 +524,9 @@ static int verify(const IrGraph *g, const char *stage) {
 static int compile(const Options *o, Arena *arena) {
     const CgBackend *be = find_backend(o->backend);
     if (!be) return usage_error("unknown backend '%s' (available: cpu, cuda)", o->backend);
+    int builds = o->dump == DUMP_NONE && !o->check_only && !o->report;
+    int rc = builds ? check_outputs(o, be) : 0;
+    if (rc) return rc;
     AstProgram *prog = parse_file(arena, o->input);
     if (!prog || diag_error_count()) return 1;
     if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
@@ -445,6 +566,7 @@ int main(int argc, char **argv) {
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     Arena arena = {0};
+    catch_signals();
     rc = compile(&o, &arena);
     arena_free(&arena);
     for (int i = 0; i < o.n_defs; i++) free((char *)o.defs[i].name);

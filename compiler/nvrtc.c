@@ -85,14 +85,13 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
     return img;
 }
 
-int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, const char *images_path) {
+int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
     enum { N_HDR = 3 };
     static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h"};
     static const char *const dirs[N_HDR] = {"/cuda", "/cuda", ""}; /* under rt_dir */
     char *hdr[N_HDR] = {NULL, NULL, NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;
-    FILE *o = NULL;
     if (!src) {
         fprintf(stderr, "netc: error: cannot read %s: %s\n", cu_path, strerror(errno));
         return 1;
@@ -105,10 +104,6 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
                     strerror(errno));
             goto out;
         }
-    }
-    if (!(o = fopen(images_path, "w"))) {
-        fprintf(stderr, "netc: error: cannot write %s: %s\n", images_path, strerror(errno));
-        goto out;
     }
     fprintf(o, "// The kernels of %s, compiled by netc with NVRTC: one cubin per architecture and PTX\n"
                "// for newer ones. Do not edit.\n\n#include \"netrt_cuda.h\"\n\n", cu_path);
@@ -133,7 +128,6 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
             sms[low]);
     rc = ferror(o) ? 1 : 0;
 out:
-    if (o && fclose(o) != 0) rc = 1;
     free(src);
     for (int h = 0; h < N_HDR; h++) free(hdr[h]);
     return rc;
@@ -141,8 +135,8 @@ out:
 
 #else
 
-int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, const char *images_path) {
-    (void)cu_path, (void)rt_dir, (void)sms, (void)n_sms, (void)fmad, (void)images_path;
+int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
+    (void)cu_path, (void)rt_dir, (void)sms, (void)n_sms, (void)fmad, (void)o;
     fprintf(stderr, "netc: error: this netc was built without the CUDA toolkit, so it cannot compile kernels\n"
                     "  hint: install the CUDA toolkit and cuDNN and rebuild netc (cmake -DNETC_CUDA=ON)\n");
     return 1;

@@ -12,17 +12,16 @@
  * byte order of the keys, so a damaged tensor or a damaged position is caught; damage to the
  * JSON syntax, names, shapes or offsets is caught by parsing and checking them.
  *
- * Writing is atomic and durable: FILE.tmp.PID, fflush, fsync, rename over FILE, fsync of the
- * directory. A crash at any moment leaves the previous FILE or the complete new one, and at
- * worst a stale FILE.tmp.PID that nothing reads. Reading checks everything before it copies
+ * Writing is atomic and durable (rt_file.c): a temporary file FILE.tmp.RANDOM created
+ * exclusively, fflush, fsync, rename over FILE, fsync of the directory. A crash at any moment
+ * leaves the previous FILE or the complete new one, and at worst a stale temporary file that
+ * nothing reads. Reading checks everything before it copies
  * anything into the caller's buffers.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -215,14 +214,6 @@ static char *build_header(const RtModel *m, const float *params, const float *op
     return text;
 }
 
-/* The temporary file being written, for rt_ckpt_abandon() in a signal handler. */
-static char tmp_path[4096];
-static volatile sig_atomic_t tmp_live;
-
-void rt_ckpt_abandon(void) {
-    if (tmp_live) unlink(tmp_path);
-}
-
 static int write_file(FILE *f, const RtModel *m, const char *header, const float *params, const float *optstate) {
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     unsigned char len8[8];
@@ -232,42 +223,31 @@ static int write_file(FILE *f, const RtModel *m, const char *header, const float
     sink(&out, header, hlen);
     sink(&out, "        ", padded - hlen);
     emit_tensors(&out, m, params, optstate);
-    return out.bad || fflush(f) != 0 || fsync(fileno(f)) != 0 ? -1 : 0;
+    return out.bad ? -1 : 0;
 }
 
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err) {
-    if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp_path)
-        return rt_fail(err, "cannot write checkpoint '%s': the path is too long", path);
     char *header = build_header(m, params, optstate, s);
-    atomic_signal_fence(memory_order_seq_cst); /* the path is complete before the handler may use it */
-    tmp_live = 1;
-    FILE *f = fopen(tmp_path, "wb");
-    int bad = !f || write_file(f, m, header, params, optstate) != 0;
-    int saved_errno = errno;
+    RtOut out;
+    int rc = rt_out_open(&out, path, 0666);
+    if (rc == 0 && write_file(out.f, m, header, params, optstate) != 0) {
+        snprintf(out.why, sizeof out.why, "%s", strerror(errno));
+        rt_out_abort(&out);
+        rc = -1;
+    } else if (rc == 0) {
+        rc = rt_out_commit(&out);
+    }
     free(header);
-    if (f && fclose(f) != 0 && !bad) bad = 1, saved_errno = errno;
-    if (!bad && rename(tmp_path, path) != 0) bad = 1, saved_errno = errno;
-    if (bad) unlink(tmp_path);
-    tmp_live = 0;
-    if (!bad && rt_sync_dir(path) != 0) bad = 1, saved_errno = errno;
-    if (bad)
+    if (rc)
         return rt_fail(err, "cannot write checkpoint '%s': %s (the previous checkpoint, if any, is unchanged)",
-                       path, strerror(saved_errno));
+                       path, out.why);
     return 0;
 }
 
 int rt_ckpt_check_writable(const char *path, RtError *err) {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return rt_fail(err, "cannot write checkpoint '%s': it is a directory", path);
-    char probe[sizeof tmp_path];
-    if (snprintf(probe, sizeof probe, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof probe)
-        return rt_fail(err, "cannot write checkpoint '%s': the path is too long", path);
-    FILE *f = fopen(probe, "wb");
-    if (!f) return rt_fail(err, "cannot write checkpoint '%s': %s", path, strerror(errno));
-    fclose(f);
-    unlink(probe);
+    char why[RT_WHY_MAX];
+    if (rt_out_probe(path, why, sizeof why) != 0) return rt_fail(err, "cannot write checkpoint '%s': %s", path, why);
     return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "netrt.h"
+#include "rt_file.h"
 
 typedef struct RtError {
     char msg[1024];
@@ -108,14 +109,11 @@ void rt_prefetch_stop(RtPrefetch *p);
 
 /* ---- safetensors (rt_safetensors.c) */
 
-/* Write every parameter under its name (F32, PyTorch shape) atomically and durably:
- * FILE.tmp.PID, fsync, rename, fsync of the directory. On failure the old FILE is untouched. */
+/* Write every parameter under its name (F32, PyTorch shape) atomically and durably through
+ * rt_out_open/rt_out_commit (rt_file.h). On failure the old FILE is untouched. */
 int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err);
 /* Read every parameter of the model from a safetensors file; all names must match exactly. */
 int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
-/* fsync the directory holding path, so that a rename into it survives a crash. Returns -1 only
- * on EIO (errno set): some file systems cannot sync a directory, which is not an error. */
-int rt_sync_dir(const char *path);
 
 /* ---- randomness and schedules (rt_main.c) */
 
@@ -141,8 +139,7 @@ typedef struct RtTrainState {
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state
- * atomically and durably: FILE.tmp.PID, fsync, rename, fsync of the directory. On failure the
- * old FILE is untouched. */
+ * atomically and durably through rt_out_open/rt_out_commit. On failure the old FILE is untouched. */
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err);
 /* Read a checkpoint this model wrote: checks the version, size, checksum, model fingerprint and
@@ -154,9 +151,7 @@ int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optst
 int rt_ckpt_load_params(const char *path, const RtModel *m, float *params, RtError *err);
 /* 1 when the file is a safetensors file whose __metadata__ marks it as a netc checkpoint. */
 int rt_ckpt_is_checkpoint(const char *path);
-/* Fail early, before training, when checkpoints cannot be written to path. */
+/* Fail early, before training, when checkpoints cannot be written to path (rt_out_probe). */
 int rt_ckpt_check_writable(const char *path, RtError *err);
-/* Async-signal-safe: remove the temporary file of a checkpoint being written, if any. */
-void rt_ckpt_abandon(void);
 
 #endif

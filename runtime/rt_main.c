@@ -12,12 +12,14 @@
  * and that position is all a resumed run needs to compute the same bits as an uninterrupted one.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +46,7 @@ typedef struct Trainer {
     Options o;
     RtCtx ctx;
     FILE *log;
+    int log_failed;           /* a write to the log failed: the run stops and ends with status 1 */
     int tty;
     int64_t per_epoch, total; /* steps per epoch, and in the whole run */
     RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
@@ -294,6 +297,17 @@ double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int6
 
 /* ---- logging */
 
+/* Each log line is flushed as it is written. A write error (a full disk) is reported once, the
+ * log is closed, and the run stops after the current step as a signal would stop it. */
+static void log_line_done(Trainer *t) {
+    if (fflush(t->log) == 0 && !ferror(t->log)) return;
+    int e = errno ? errno : EIO;
+    fprintf(stderr, "%serror: cannot write the log '%s': %s; stopping the run\n", t->tty ? "\n" : "", t->o.log,
+            strerror(e));
+    fclose(t->log);
+    t->log = NULL, t->log_failed = 1;
+}
+
 static void json_number(FILE *f, const char *key, double v) {
     if (isfinite(v)) fprintf(f, ", \"%s\": %.8g", key, v);
     else fprintf(f, ", \"%s\": null", key);
@@ -306,7 +320,7 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, int64_t of, do
         json_number(t->log, "lr", lr);
         json_number(t->log, "samples_per_s", rate);
         fprintf(t->log, "}\n");
-        fflush(t->log);
+        log_line_done(t);
     }
     if (t->o.quiet) return;
     printf("%sepoch %lld step %lld/%lld loss %.4f lr %.4g %.0f samples/s%s", t->tty ? "\r" : "",
@@ -320,7 +334,7 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
         json_number(t->log, "loss", loss);
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         fprintf(t->log, "}\n");
-        fflush(t->log);
+        log_line_done(t);
     }
     if (t->o.quiet) return;
     printf("%seval epoch %lld: loss %.4f", t->tty ? "\n" : "", (long long)epoch, loss);
@@ -388,7 +402,7 @@ static volatile sig_atomic_t signal_quiet;
 
 static void on_signal(int sig) {
     if (stop_signal) {
-        rt_ckpt_abandon();
+        rt_out_abandon();
         _exit(128 + sig);
     }
     stop_signal = sig;
@@ -425,13 +439,20 @@ static void json_string(FILE *f, const char *s) {
 
 /* The first parameter (or the optimizer state) holding NaN or Inf, or NULL. A finite loss does
  * not prove finite parameters (an overflowing gradient), and a checkpoint must never hold them. */
-static const char *nonfinite_state(const Trainer *t) {
+static const char *nonfinite_params(const Trainer *t) {
     const RtModel *m = t->m;
     for (int i = 0; i < m->n_params; i++) {
         const float *x = t->ctx.params + m->params[i].offset;
         for (int64_t k = 0; k < param_numel(&m->params[i]); k++)
             if (!isfinite(x[k])) return m->params[i].name;
     }
+    return NULL;
+}
+
+static const char *nonfinite_state(const Trainer *t) {
+    const RtModel *m = t->m;
+    const char *bad = nonfinite_params(t);
+    if (bad) return bad;
     for (int64_t k = 0; k < m->n_state_slots * m->n_grad_floats; k++)
         if (!isfinite(t->ctx.optstate[k])) return "the optimizer state";
     return NULL;
@@ -466,30 +487,35 @@ static int write_checkpoint(Trainer *t) {
         fprintf(t->log, "{\"checkpoint\": ");
         json_string(t->log, t->o.checkpoint);
         fprintf(t->log, ", \"step\": %lld, \"epoch\": %lld}\n", (long long)s.step, (long long)s.epoch);
-        fflush(t->log);
+        log_line_done(t);
     }
     return 0;
 }
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
 static int stopping(const Trainer *t) {
-    return stop_signal || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
+    return stop_signal || t->log_failed || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
-/* After a stop: keep what can be kept and say how to go on. */
+/* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
+ * with status 1 (an I/O error), a signal or --stop-at with 4. */
 static int stop_run(Trainer *t) {
-    const char *name = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "--stop-at";
+    const char *name = t->log_failed        ? "the failed log write"
+                       : stop_signal == SIGINT ? "SIGINT"
+                       : stop_signal           ? "SIGTERM"
+                                               : "--stop-at";
+    int status = t->log_failed ? 1 : EXIT_STOPPED;
     long long step = (long long)t->pos.step, total = (long long)t->total;
     if (!t->o.checkpoint) {
         fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
                 t->tty ? "\n" : "", name, step, total);
-        return EXIT_STOPPED;
+        return status;
     }
     int rc = write_checkpoint(t);
     if (rc) return rc;
     fprintf(stderr, "%sstopped by %s after step %lld of %lld; checkpoint '%s' holds the run: continue it with "
                     "--resume %s\n", t->tty ? "\n" : "", name, step, total, t->o.checkpoint, t->o.checkpoint);
-    return EXIT_STOPPED;
+    return status;
 }
 
 /* A data file changed under the trainer: say which, and keep the run where a checkpoint was
@@ -687,6 +713,128 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     return checked > 0 && failed == 0 ? 0 : 1;
 }
 
+/* ---- outputs
+ *
+ * Nothing a user has is destroyed. Before any work, every output is checked against every input
+ * (the data, the --init weights, the checkpoint being resumed, this trainer's executable) and
+ * against the other outputs, by device and inode, or by directory and name for a file that does
+ * not exist yet. The one pair allowed is --checkpoint naming the --resume file: that is the run
+ * continuing in its own checkpoint, which is read whole before the first step and later replaced
+ * atomically. --save and --checkpoint replace only regular files, and each is probed by creating
+ * and removing a temporary file beside it, so a missing directory or a read-only file system
+ * stops the run before its first step, not after its last. The log is written through, not
+ * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
+ */
+
+enum { MAX_FILES = 2 * RT_MAX_INPUTS + 4 };
+
+typedef struct NamedFile {
+    char what[160]; /* the option that names it, as the user wrote it */
+    const char *path;
+    RtFileId id;
+} NamedFile;
+
+static int add_file(NamedFile *files, int n, int follow, const char *path, const char *fmt, const char *arg) {
+    if (!path) return n;
+    snprintf(files[n].what, sizeof files[n].what, fmt, arg, path);
+    files[n].path = path;
+    rt_file_id(path, follow, &files[n].id);
+    return n + 1;
+}
+
+static int list_inputs(const Trainer *t, NamedFile *in) {
+    const Options *o = &t->o;
+    int n = 0;
+    for (int i = 0; i < t->m->n_inputs; i++) {
+        n = add_file(in, n, 1, o->data[i], "--data %s=%s", t->m->inputs[i].name);
+        n = add_file(in, n, 1, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
+    }
+    n = add_file(in, n, 1, o->init, "--init%s %s", "");
+    n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
+    return add_file(in, n, 1, "/proc/self/exe", "%sthis trainer's own executable", "");
+}
+
+/* The log: a regular file (replaced by a fresh run, appended to by a resumed one), or a file it
+ * can be written through. Never a directory or a block device (a disk). */
+static void check_log(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        char why[RT_WHY_MAX];
+        if (errno != ENOENT) die("cannot write the log '%s': %s", path, strerror(errno));
+        if (rt_out_probe(path, why, sizeof why) != 0) die("cannot write the log '%s': %s", path, why);
+        return;
+    }
+    if (S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode))
+        die("cannot write the log '%s': it is a %s", path, S_ISDIR(st.st_mode) ? "directory" : "block device");
+    if (!S_ISREG(st.st_mode)) return; /* a pipe waits for its reader: not probed */
+    int fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) die("cannot write the log '%s': %s", path, strerror(errno));
+    close(fd);
+}
+
+static void check_outputs(const Trainer *t) {
+    const Options *o = &t->o;
+    NamedFile in[MAX_FILES], out[3];
+    int n_in = list_inputs(t, in), n_out = 0;
+    char why[RT_WHY_MAX];
+    if (o->save && rt_out_probe(o->save, why, sizeof why) != 0) die("cannot save weights to '%s': %s", o->save, why);
+    RtError err;
+    if (o->checkpoint && rt_ckpt_check_writable(o->checkpoint, &err)) die("%s", err.msg);
+    if (o->log) check_log(o->log);
+    n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
+    n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
+    n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
+    for (int k = 0; k < n_out; k++) {
+        for (int i = 0; i < n_in; i++) {
+            int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
+            if (!continuing && rt_same_file(&out[k].id, &in[i].id))
+                die_usage("%s names the same file as %s: writing it would destroy that input", out[k].what, in[i].what);
+        }
+        for (int j = 0; j < k; j++)
+            if (rt_same_file(&out[k].id, &out[j].id))
+                die_usage("%s and %s name the same file: one output would replace the other", out[j].what, out[k].what);
+    }
+}
+
+/* A fresh run replaces a regular log, a resumed run appends to it; a pipe or a device is written
+ * as it is. The file is truncated only after it is open, and only when it is a regular file. */
+static FILE *open_log(const Trainer *t) {
+    int fd = open(t->o.log, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | (t->o.resume ? O_APPEND : 0), 0666);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || (S_ISREG(st.st_mode) && !t->o.resume && ftruncate(fd, 0) != 0))
+        die("cannot write the log '%s': %s", t->o.log, strerror(errno));
+    FILE *f = fdopen(fd, t->o.resume ? "a" : "w");
+    if (!f) die("cannot write the log '%s': %s", t->o.log, strerror(errno));
+    return f;
+}
+
+/* The end of the run: the parameters, if asked for and finite, then the log and stdout closed
+ * with their errors reported. Returns the run's exit status. */
+static int finish(Trainer *t, int rc) {
+    RtError err;
+    const char *bad = rc || t->o.gradcheck || !t->o.save ? NULL : nonfinite_params(t);
+    if (bad) {
+        fprintf(stderr, "error: %s holds NaN or Inf at the end of the run; '%s' is not written (the old file, if "
+                        "any, is unchanged)\n  hint: lower the learning rate\n", bad, t->o.save);
+        rc = EXIT_NONFINITE;
+    }
+    if (!rc && !t->o.gradcheck && t->o.save && rt_st_save(t->o.save, t->m, t->ctx.params, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        rc = 1;
+    }
+    if (t->log && fclose(t->log) != 0 && !rc) {
+        fprintf(stderr, "error: cannot write the log '%s': %s\n", t->o.log, strerror(errno));
+        rc = 1;
+    }
+    t->log = NULL;
+    if (t->log_failed && !rc) rc = 1;
+    if ((fflush(stdout) != 0 || ferror(stdout)) && !rc) {
+        fprintf(stderr, "error: cannot write to the standard output: %s\n", strerror(errno));
+        rc = 1;
+    }
+    return rc;
+}
+
 /* ---- main */
 
 static void open_data(const RtModel *m, const char *const *files, RtDataset *ds) {
@@ -799,6 +947,7 @@ int rt_main(int argc, char **argv, const RtModel *m) {
         die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, m, &t.o);
     if (t.o.list_params) return list_params(m), 0;
+    check_outputs(&t);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";
         if (m->device->open(m, !t.o.no_graph, why, sizeof why)) {
@@ -813,15 +962,12 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
     setup_context(&t);
-    RtError err;
     if (!t.o.gradcheck) {
         plan_run(&t, &train_ds);
         if (t.o.resume) resume(&t, &train_ds);
-        if (t.o.checkpoint && rt_ckpt_check_writable(t.o.checkpoint, &err)) die("%s", err.msg);
     }
     /* a resumed run adds to the log of the run it continues */
-    if (t.o.log && !(t.log = fopen(t.o.log, t.o.resume ? "a" : "w")))
-        die("cannot write the log '%s': %s", t.o.log, strerror(errno));
+    if (t.o.log) t.log = open_log(&t);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
         t.dev->start(t.pos.step, t.per_epoch, t.total, t.o.seed);
@@ -831,11 +977,7 @@ int rt_main(int argc, char **argv, const RtModel *m) {
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
     if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
     if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
-    if (!rc && !t.o.gradcheck && t.o.save && rt_st_save(t.o.save, m, t.ctx.params, &err)) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        rc = 1;
-    }
-    if (t.log) fclose(t.log);
+    rc = finish(&t, rc);
     release(&t, bufs, &train_ds, &eval_ds);
     return rc;
 }

@@ -5,8 +5,9 @@
  *    "__metadata__": {"format": "pt"}}
  * padded with spaces to a multiple of 8, then the tensors' bytes. We write F32 in the model's
  * parameter order; we read F32, F16, BF16 and F64 (converted by value) in any order. The JSON
- * header is parsed with cJSON. Saving writes FILE.tmp.PID, flushes it to disk, renames it and
- * flushes the directory, so FILE is either the old file or the complete new one, and after a
+ * header is parsed with cJSON. Saving goes through rt_out_open/rt_out_commit (rt_file.c): a
+ * temporary file created exclusively beside FILE, flushed to disk, renamed over FILE, and the
+ * directory flushed, so FILE is either the old file or the complete new one, and after a
  * successful save the new one survives a crash.
  *
  * Loading refuses a tensor that is not a parameter, "netc:optimizer_state" included: a file
@@ -15,7 +16,6 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,17 +54,12 @@ static char *build_header(const RtModel *m) {
 
 static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
 
-int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return rt_fail(err, "cannot save weights to '%s': %s", path, strerror(errno));
+static int write_weights(FILE *f, const RtModel *m, const float *params) {
     char *header = build_header(m);
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int bad = write_all(f, len8, 8) || write_all(f, header, hlen) ||
-              write_all(f, "        ", padded - hlen);
+    int bad = write_all(f, len8, 8) || write_all(f, header, hlen) || write_all(f, "        ", padded - hlen);
     free(header);
     for (int i = 0; i < m->n_params && !bad; i++) { /* the host is little-endian, as the format */
         const RtParam *p = &m->params[i];
@@ -77,33 +72,21 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
             bad = write_all(f, &v, 8);
         }
     }
-    bad = bad || fflush(f) != 0 || fsync(fileno(f)) != 0;
-    int saved_errno = errno;
-    if (fclose(f) != 0) bad = 1, saved_errno = errno;
-    if (bad || rename(tmp, path) != 0) {
-        if (!bad) saved_errno = errno;
-        unlink(tmp);
-        return rt_fail(err, "cannot save weights to '%s': %s (the old file, if any, is unchanged)",
-                       path, strerror(saved_errno));
-    }
-    if (rt_sync_dir(path) != 0)
-        return rt_fail(err, "cannot save weights to '%s': syncing its directory: %s", path, strerror(errno));
-    return 0;
+    return bad ? -1 : 0;
 }
 
-int rt_sync_dir(const char *path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else slash[slash == dir] = '\0'; /* "/x" -> "/" */
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return 0;
-    int rc = fsync(fd) != 0 && errno == EIO ? -1 : 0;
-    int saved_errno = errno;
-    close(fd);
-    errno = saved_errno;
-    return rc;
+int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err) {
+    RtOut out;
+    int rc = rt_out_open(&out, path, 0666);
+    if (rc == 0 && write_weights(out.f, m, params) != 0) {
+        snprintf(out.why, sizeof out.why, "%s", strerror(errno));
+        rt_out_abort(&out);
+        rc = -1;
+    } else if (rc == 0) {
+        rc = rt_out_commit(&out);
+    }
+    if (rc) return rt_fail(err, "cannot save weights to '%s': %s (the old file, if any, is unchanged)", path, out.why);
+    return 0;
 }
 
 /* ---- loading */

@@ -1,6 +1,7 @@
 /* test_files.c - libnetrt's data loaders (.npy, IDX plain and gzipped), dataset binding with
  * the size-1 axis rule, batch gathering with conversion by value, the prefetcher, safetensors
  * round trips and refusals, and the learning-rate schedules. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -259,6 +260,73 @@ static void test_safetensors(void **state) {
     assert_int_equal(rt_st_load(path_of("t.safetensors"), &pmodel, q, &err), -1);
 }
 
+/* No temporary file of this name remains in the test directory, nor in sub. */
+static int temporaries_in(const char *sub) {
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -q '[.]tmp[.]'", sub);
+    return system(cmd) == 0;
+}
+
+/* rt_out (rt_file.c): an aborted or failed write leaves the old file, a commit replaces it, and
+ * only regular files are replaced - also at the longest path Linux accepts, where the old
+ * FILE.tmp.PID name was cut back to FILE itself and a failed save removed the user's file. */
+static void test_atomic_output(void **state) {
+    (void)state;
+    RtOut o;
+    write_bytes(path_of("out.bin"), "old\n", 4);
+    assert_int_equal(rt_out_open(&o, path_of("out.bin"), 0666), 0);
+    fputs("half written", o.f);
+    rt_out_abort(&o);
+    size_t len;
+    char *text = slurp(path_of("out.bin"), &len);
+    assert_memory_equal(text, "old\n", 4);
+    free(text);
+    assert_false(temporaries_in(dir));
+    assert_int_equal(rt_out_open(&o, path_of("out.bin"), 0666), 0);
+    fputs("new\n", o.f);
+    assert_int_equal(rt_out_commit(&o), 0);
+    text = slurp(path_of("out.bin"), &len);
+    assert_memory_equal(text, "new\n", 4);
+    free(text);
+    assert_false(temporaries_in(dir));
+    /* a named pipe and a symbolic link are not replaced */
+    assert_int_equal(mkfifo(path_of("pipe"), 0600), 0);
+    assert_int_equal(rt_out_open(&o, path_of("pipe"), 0666), -1);
+    assert_non_null(strstr(o.why, "named pipe"));
+    assert_int_equal(symlink("out.bin", path_of("link")), 0);
+    assert_int_equal(rt_out_open(&o, path_of("link"), 0666), -1);
+    assert_non_null(strstr(o.why, "symbolic link"));
+    /* a 4095-byte path: written, and an aborted write keeps the old file */
+    char deep[4096];
+    snprintf(deep, sizeof deep, "%s", dir);
+    for (size_t n = strlen(deep); n < 4095 - 256; n = strlen(deep)) {
+        deep[n] = '/';
+        memset(deep + n + 1, 'd', 200);
+        deep[n + 201] = '\0';
+        assert_true(mkdir(deep, 0700) == 0 || errno == EEXIST);
+    }
+    char target[4096];
+    size_t n = strlen(deep);
+    memcpy(target, deep, n);
+    target[n] = '/';
+    memset(target + n + 1, 'w', 4095 - n - 1);
+    target[4095] = '\0';
+    write_bytes(target, "old\n", 4);
+    assert_int_equal(rt_out_open(&o, target, 0666), 0);
+    fputs("half written", o.f);
+    rt_out_abort(&o);
+    text = slurp(target, &len);
+    assert_true(len == 4 && memcmp(text, "old\n", 4) == 0);
+    free(text);
+    assert_int_equal(rt_out_open(&o, target, 0666), 0);
+    fputs("new\n", o.f);
+    assert_int_equal(rt_out_commit(&o), 0);
+    text = slurp(target, &len);
+    assert_true(len == 4 && memcmp(text, "new\n", 4) == 0);
+    free(text);
+    assert_false(temporaries_in(deep));
+}
+
 static void test_schedules(void **state) {
     (void)state;
     RtSchedule s = {.kind = RT_SCHED_STEP, .base_lr = 0.1, .step_epochs = 2, .gamma = 0.5};
@@ -286,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_dataset_binding_and_gather),
         cmocka_unit_test(test_file_shrinks_under_gather),
         cmocka_unit_test(test_safetensors),
+        cmocka_unit_test(test_atomic_output),
         cmocka_unit_test(test_schedules),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
