@@ -84,6 +84,11 @@ cp "$out/runtime/fallback/libz.so.1" "$out/runtime/libz.so"
   echo "netc GPU pack, made $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname) from $(git rev-parse --short HEAD)" \
        "$(git diff --quiet HEAD -- compiler codegen runtime || echo '(with uncommitted changes)')"
   echo "models: $models"
+  # what the trainers were linked against: the GPU machine's cuDNN and cuBLASLt must be as new
+  inc=$(field 'CUDA headers')
+  echo "built with CUDA $(awk '/define CUDART_VERSION/ {print int($3 / 1000) "." ($3 % 1000) / 10}' \
+    "$inc/cuda_runtime_api.h"), cuDNN $(awk '/define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / {printf "%s%s", s, $3; s="."}' \
+    "$inc/cudnn_version.h" 2>/dev/null)"
   echo
   (cd "$out" && ./netc --print-toolchain --backend cuda)
 } >"$out/PACK.txt"

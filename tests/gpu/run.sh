@@ -131,6 +131,8 @@ ldd_check() {
 }
 ldd_check "$netc" netc
 [ -n "$probe" ] && ldd_check "$probe" "the GPU trainers"
+torch_versions=$("$PY" -c "import torch; print(f'PyTorch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}')" 2>/dev/null) &&
+  note "$torch_versions (the trainers: $(sed -n 's/^built with //p' "${pack:-/nonexistent}/PACK.txt" 2>/dev/null || echo "built here"))"
 if command -v "${CC:-cc}" >/dev/null; then note "C compiler: $(command -v "${CC:-cc}")"
 else note "no C compiler (${CC:-cc}): only the pack's trainers can run here; netc cannot link new ones"; fi
 "$netc" --print-toolchain --backend cuda >>"$setup_log" 2>&1 || note "netc --print-toolchain --backend cuda: something is missing (above in $setup_log); the pack's trainers need none of it"
