@@ -276,15 +276,16 @@ def merge_defs(*lists):
     return list(merged.values())
 
 
-def build(args, model, cfg, out, extra, what, defs=()):
-    """netc's trainer at `out`, or the same one from the --trainers folder (a pack's)."""
+def build(args, model, cfg, out, extra, what, defs=(), fill=None):
+    """netc's trainer at `out`, or the same one from the --trainers folder (a pack's); with
+    `fill` (default: `gpu_check.py pack`'s) a trainer netc built is stored there."""
     src = os.path.join(ROOT, "models", f"{model}.net")
     flags = list(extra)
     for d in merge_defs(cfg["defs"], defs, args.define or []):
         flags += ["-D", d]
     try:
         how, seconds = trainer_cache.build(netc_path(args), src, flags, out, args.trainers,
-                                           fill=getattr(args, "fill_trainers", False))
+                                           fill=getattr(args, "fill_trainers", False) if fill is None else fill)
     except subprocess.CalledProcessError as e:
         tail = (e.stdout + e.stderr).strip().splitlines()[-8:] or ["(no output)"]
         raise CheckFailed(f"{what} failed (exit {e.returncode}): {tail[-1].strip()}\n"
@@ -337,11 +338,7 @@ def prepare(args, model, cfg):
         if os.path.exists(stamp_path):
             os.remove(stamp_path)
         os.makedirs(work, exist_ok=True)
-        try:
-            build(args, model, cfg, files["cpu"], [], "CPU trainer")
-        except CheckFailed as e:
-            raise CannotRun(f"{e}\n  (the CPU backend links OpenBLAS, oneDNN, cJSON and zlib: where they "
-                            f"are missing, prepare on a CPU machine: tests/gpu/pack.sh)")
+        build_cpu(args, model, cfg, files["cpu"])
         write_data(files["cpu"], work)
         write_init(files["cpu"], files["init"])
         train(files["cpu"], data_args(work), cfg["steps"], files["init"], files["result"],
@@ -521,8 +518,9 @@ def reuse(work, stamp, files):
 
 
 def build_cpu(args, model, cfg, out, defs=()):
+    """A CPU trainer (never stored with the GPU trainers: the GPU machine cannot run one)."""
     try:
-        build(args, model, cfg, out, [], "CPU trainer", defs)
+        build(args, model, cfg, out, [], "CPU trainer", defs, fill=False)
     except CheckFailed as e:
         raise CannotRun(f"{e}\n  (the CPU backend links OpenBLAS, oneDNN, cJSON and zlib: where they are "
                         f"missing, prepare the CPU side on a CPU machine: tests/gpu/pack.sh)")
@@ -681,6 +679,7 @@ def cmd_pack(args):
         try:
             step = "check"
             say(f"== {model}: the cpu-vs-gpu reference and the GPU trainer")
+            os.makedirs(model_dir(args, model), exist_ok=True)
             if cfg.get("pack_reference", True):
                 prepare(args, model, cfg)
             else:
