@@ -28,7 +28,7 @@ while (($#)); do
     --no-fashion) fashion=0; shift ;;
     --no-bench) bench=0; shift ;;
     --toolchain-only) full=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | grep '^#'; exit 0 ;;
     *) echo "pack.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -32,7 +32,7 @@ while (($#)); do
     --work) work=$2; shift 2 ;;
     --self-test) selftest=(--self-test); shift ;;
     --no-bench) shift ;;  # the old spelling: the benchmark is a step of its own now
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | grep '^#'; exit 0 ;;
     *) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
