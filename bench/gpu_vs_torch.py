@@ -45,6 +45,8 @@ import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+import trainer_cache  # noqa: E402  (trainers built ahead on a CPU machine: tests/gpu/pack.sh)
 
 # per model: batch, netc -D values, steps (warm-up W, timed T), the precisions of each side
 MODELS = {
@@ -273,6 +275,13 @@ def torch_run(model, cfg, mode, precision, repeat, timeout):
     return statistics.median(r["step_s"]), statistics.median(r["host_s"]), mem, r
 
 
+def netc_flags(cfg, arch):
+    flags = ["--backend", "cuda", "--precision", cfg["netc_precision"]] + (["--arch", arch] if arch else [])
+    for d in cfg["defs"]:
+        flags += ["-D", d]
+    return flags
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
@@ -283,7 +292,21 @@ def main():
     ap.add_argument("--torch-timeout", type=int, default=420, help="seconds for one PyTorch runner")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "gpu-bench"))
     ap.add_argument("--arch", help="--arch for netc, e.g. sm_90")
+    ap.add_argument("--trainers", default=os.environ.get("NETC_TRAINERS"),
+                    help="a folder of netc trainers built ahead (a pack's trainers/; default $NETC_TRAINERS)")
+    ap.add_argument("--prebuild", action="store_true",
+                    help="only build netc's trainers into --trainers (no GPU needed; tests/gpu/pack.sh)")
     a = ap.parse_args()
+    if a.prebuild:
+        if not a.trainers:
+            ap.error("--prebuild needs --trainers DIR")
+        for model in a.models.split(","):
+            how, seconds = trainer_cache.build(a.netc, os.path.join(ROOT, "models", f"{model}.net"),
+                                               netc_flags(MODELS[model], a.arch), f"{a.trainers}/{model}.tmp-exe",
+                                               a.trainers, fill=True)
+            os.remove(f"{a.trainers}/{model}.tmp-exe")
+            print(f"{model}: {how} ({seconds:.0f} s)")
+        return
     if not (shutil.which("nvidia-smi") and "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True,
                                                                     text=True).stdout):
         sys.exit("gpu_vs_torch: no GPU on this machine (nvidia-smi -L lists none); nothing measured")
@@ -309,14 +332,14 @@ def main():
         data = write_data(model, cfg, a.work)
         exe = f"{a.work}/{model}-netc"
         try:
-            cmd = [a.netc, os.path.join(ROOT, "models", f"{model}.net"), "-o", exe, "--backend", "cuda",
-                   "--precision", cfg["netc_precision"]] + (["--arch", a.arch] if a.arch else [])
-            for d in cfg["defs"]:
-                cmd += ["-D", d]
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True)
-            print(f"(netc --backend cuda --precision {cfg['netc_precision']}: trainer built in "
-                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+            try:
+                how, seconds = trainer_cache.build(a.netc, os.path.join(ROOT, "models", f"{model}.net"),
+                                                   netc_flags(cfg, a.arch), exe, a.trainers)
+            except subprocess.CalledProcessError as e:
+                print(e.stdout + e.stderr, file=sys.stderr)
+                raise
+            print(f"(netc --backend cuda --precision {cfg['netc_precision']}: trainer {how} in "
+                  f"{seconds:.0f} s)", flush=True)
             for graph in (True, False):
                 runs = netc_runs(exe, data, cfg, graph, a.repeat, a.work)
                 step = statistics.median(r[0] for r in runs)

@@ -10,6 +10,8 @@
  * the inputs (the .net source, netc itself). SIGINT, SIGTERM and SIGHUP stop the C compiler,
  * remove the temporary directory and any half-written output, and end netc by the same signal.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,6 +29,10 @@
 #include "ir.h"
 #include "passes.h"
 #include "rt_file.h"
+
+#ifdef NETC_HAVE_CUDA
+#include <nvrtc.h>
+#endif
 
 extern char **environ;
 
@@ -60,6 +66,8 @@ typedef struct Options {
     int n_sms;
     int tf32;       /* --precision tf32: TF32 tensor-core products and convolutions */
     int bf16;       /* --precision bf16: products and convolutions in bf16, float32 master weights */
+    int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
+    int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -87,7 +95,11 @@ static void usage(FILE *out) {
             "                       in bf16 with float32 master weights) for products and convolutions\n"
             "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
-            "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR or the build tree)\n"
+            "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
+            "                       netc, or the build tree)\n"
+            "  --werror             compile the trainer's C with -Werror (for CI)\n"
+            "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
+            "                       (exit 1 if one that --backend needs is missing)\n"
             "  --version            print the version\n"
             "  -h, --help           this text\n");
 }
@@ -165,6 +177,10 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->check_only = 1;
         } else if (strcmp(a, "--no-fuse") == 0) {
             o->no_fuse = 1;
+        } else if (strcmp(a, "--werror") == 0) {
+            o->werror = 1;
+        } else if (strcmp(a, "--print-toolchain") == 0) {
+            o->print_toolchain = 1;
         } else if (strcmp(a, "--report") == 0) {
             o->report = 1;
         } else if ((v = opt_value(argc, argv, &i, "-o", &err))) {
@@ -206,7 +222,7 @@ static int parse_args(int argc, char **argv, Options *o) {
         }
         if (err) return err;
     }
-    if (!o->input) return usage_error("no input file%s", "");
+    if (!o->input && !o->print_toolchain) return usage_error("no input file%s", "");
     if ((o->tf32 || o->bf16) && strcmp(o->backend, "cuda") != 0)
         return usage_error("--precision is an option of --backend cuda (the CPU backend computes in float32)%s", "");
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
@@ -335,42 +351,262 @@ static int link_atomically(char **argv, int tmp_at, const char *out, const char 
     return 0;
 }
 
-/* Where the trainer's compiler, headers and libraries are: --cc, $CC or the build's compiler;
- * --runtime-dir, $NETC_RUNTIME_DIR or the build tree (whose headers and libraries live apart). */
+/* ---- the toolchain: where the trainer's compiler, headers and libraries are
+ *
+ * netc may run far from the tree it was built in (tests/gpu/pack.sh carries it to a GPU
+ * machine), so nothing below is taken on trust from the build: every file is looked up, the
+ * first place that has it wins, and `netc --print-toolchain` says which. The runtime comes from
+ * --runtime-dir, $NETC_RUNTIME_DIR, a `runtime/` folder beside the netc executable, or the build
+ * tree (whose headers and libraries live apart). The CUDA libraries come from $CUDA_HOME, the
+ * runtime folder's `cuda/` (a packed copy of the CUDA headers and the static CUDA runtime), the
+ * folders of $LD_LIBRARY_PATH (for cuBLASLt and cuDNN, e.g. PyTorch's site-packages/nvidia/...),
+ * the build's CUDA, and /usr/local/cuda. */
+enum { TC_PATH = 4096, TC_DIRS = 40 };
+
+typedef struct ToolFile {
+    char path[TC_PATH]; /* where it was found; "" = missing */
+    const char *what;   /* the name the messages give it */
+    const char *tried;  /* the places looked in, for the message when it is missing */
+} ToolFile;
+
 typedef struct Toolchain {
-    const char *cc;
-    const char *rt_include, *rt_lib; /* netrt.h, libnetrt.a (and cuda/ below each) */
-    char opt[8];                     /* -O<level> */
+    const char *cc, *cc_from;
+    char rt_include[TC_PATH], rt_lib[TC_PATH]; /* netrt.h, libnetrt.a (and cuda/ below each) */
+    const char *rt_from;                       /* which of the places above */
+    char rt_tried[4 * TC_PATH];
+    ToolFile cjson;
+    char opt[8]; /* -O<level> */
+#ifdef NETC_HAVE_CUDA
+    ToolFile cuda_include, cudart_static, cublaslt, cudnn; /* cuda_include: its cuda_runtime.h */
+#endif
 } Toolchain;
 
-static Toolchain toolchain(const Options *o) {
-    const char *rt = o->runtime_dir ? o->runtime_dir : getenv("NETC_RUNTIME_DIR");
-    Toolchain t = {
-        .cc = o->cc ? o->cc : getenv("CC") && *getenv("CC") ? getenv("CC") : NETC_CC,
-        .rt_include = rt ? rt : NETC_RT_INCLUDE_DIR,
-        .rt_lib = rt ? rt : NETC_RT_LIB_DIR,
-    };
-    snprintf(t.opt, sizeof t.opt, "-O%s", o->opt_level);
-    return t;
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The folder holding the running netc ("" if /proc cannot tell). */
+static void exe_dir(char *dir, size_t size) {
+    ssize_t n = readlink("/proc/self/exe", dir, size - 1);
+    dir[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+}
+
+/* Append `dir` to dirs (at most TC_DIRS, empty ones skipped) and return the new count. */
+static int add_dir(const char **dirs, int n, const char *dir) {
+    if (dir && *dir && n < TC_DIRS) dirs[n++] = dir;
+    return n;
+}
+
+/* The first DIR/NAME (names in order of preference) that exists, into f; else f->tried lists
+ * the folders. Returns 1 when found. */
+static int find_file(ToolFile *f, const char *what, const char *const *dirs, int n_dirs, const char *const *names,
+                     int n_names) {
+    static char tried[8][TC_DIRS * 256];
+    static int slot;
+    char *t = tried[slot++ % 8];
+    *t = 0;
+    f->what = what, f->path[0] = 0, f->tried = t;
+    for (int d = 0; d < n_dirs; d++) {
+        for (int k = 0; k < n_names; k++) {
+            snprintf(f->path, sizeof f->path, "%s/%s", dirs[d], names[k]);
+            if (is_file(f->path)) return 1;
+        }
+        size_t len = strlen(t);
+        snprintf(t + len, sizeof tried[0] - len, "%s%s", len ? ", " : "", dirs[d]);
+    }
+    f->path[0] = 0;
+    return 0;
+}
+
+static void set_runtime(Toolchain *t, const char *inc, const char *lib, const char *from) {
+    snprintf(t->rt_include, sizeof t->rt_include, "%s", inc);
+    snprintf(t->rt_lib, sizeof t->rt_lib, "%s", lib);
+    t->rt_from = from;
+}
+
+/* The runtime's folders. An explicit one (--runtime-dir, $NETC_RUNTIME_DIR) is taken as it is,
+ * so that a wrong one is reported rather than silently replaced. */
+static void find_runtime(const Options *o, Toolchain *t) {
+    const char *env = getenv("NETC_RUNTIME_DIR");
+    if (o->runtime_dir) return set_runtime(t, o->runtime_dir, o->runtime_dir, "--runtime-dir");
+    if (env && *env) return set_runtime(t, env, env, "$NETC_RUNTIME_DIR");
+    char beside[TC_PATH], hdr[TC_PATH + 16], lib[TC_PATH + 16];
+    exe_dir(beside, sizeof beside);
+    size_t n = strlen(beside);
+    snprintf(beside + n, sizeof beside - n, "/runtime");
+    snprintf(hdr, sizeof hdr, "%s/netrt.h", beside);
+    if (is_file(hdr)) return set_runtime(t, beside, beside, "beside netc");
+    snprintf(hdr, sizeof hdr, "%s/netrt.h", NETC_RT_INCLUDE_DIR);
+    snprintf(lib, sizeof lib, "%s/libnetrt.a", NETC_RT_LIB_DIR);
+    snprintf(t->rt_tried, sizeof t->rt_tried, "%s, the build tree (%s, %s)", beside, NETC_RT_INCLUDE_DIR,
+             NETC_RT_LIB_DIR);
+    set_runtime(t, NETC_RT_INCLUDE_DIR, NETC_RT_LIB_DIR, is_file(hdr) && is_file(lib) ? "the build tree" : NULL);
+}
+
+/* A $VAR's value with `suffix` appended, in a buffer of its own (NULL when VAR is unset). */
+static const char *env_dir(char *buf, size_t size, const char *var, const char *suffix) {
+    const char *v = getenv(var);
+    if (!v || !*v) return NULL;
+    snprintf(buf, size, "%s%s", v, suffix);
+    return buf;
+}
+
+/* The folder of a file path, in a buffer of its own. */
+static const char *dir_of(char *buf, size_t size, const char *path) {
+    snprintf(buf, size, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (slash) *slash = 0;
+    return buf;
 }
 
 #ifdef NETC_HAVE_CUDA
-/* A CUDA trainer: the host C and the kernel images, warnings as errors, linked with
- * libnetrt_cuda, libnetrt, the static CUDA runtime, cuBLASLt and cuDNN - not OpenBLAS or
- * oneDNN, which only the CPU kernels use, so the GPU machine needs neither. */
+/* The CUDA headers, the static CUDA runtime, cuBLASLt and cuDNN (rt_cuda: the runtime's cuda/). */
+static void find_cuda(Toolchain *t, const char *rt_cuda) {
+    const char *dirs[TC_DIRS];
+    int n;
+    static char home[4][TC_PATH], ld[TC_PATH * 4], built[3][TC_PATH];
+    const char *h_inc = env_dir(home[0], TC_PATH, "CUDA_HOME", "/include");
+    const char *h_lib64 = env_dir(home[1], TC_PATH, "CUDA_HOME", "/lib64");
+    const char *h_lib = env_dir(home[2], TC_PATH, "CUDA_HOME", "/lib");
+    char rt_cuda_inc[TC_PATH + 16];
+    snprintf(rt_cuda_inc, sizeof rt_cuda_inc, "%s/include", rt_cuda);
+
+    n = add_dir(dirs, add_dir(dirs, add_dir(dirs, 0, h_inc), rt_cuda_inc), NETC_CUDA_INCLUDE_DIR);
+    n = add_dir(dirs, n, "/usr/local/cuda/include");
+    const char *cuda_runtime_h[] = {"cuda_runtime.h"};
+    find_file(&t->cuda_include, "the CUDA headers (cuda_runtime.h)", dirs, n, cuda_runtime_h, 1);
+    char *slash = strrchr(t->cuda_include.path, '/');
+    if (slash) *slash = 0; /* the folder, for -I */
+
+    n = add_dir(dirs, add_dir(dirs, add_dir(dirs, add_dir(dirs, 0, h_lib64), h_lib), rt_cuda), NETC_CUDA_LIBRARY_DIR);
+    n = add_dir(dirs, n, "/usr/local/cuda/lib64");
+    const char *cudart[] = {"libcudart_static.a"};
+    find_file(&t->cudart_static, "the static CUDA runtime (libcudart_static.a)", dirs, n, cudart, 1);
+
+    /* cuBLASLt and cuDNN are shared: also where the loader will look ($LD_LIBRARY_PATH), and
+     * by their versioned names, which is all that a pip wheel (PyTorch's nvidia/...) has. */
+    n = add_dir(dirs, add_dir(dirs, 0, h_lib64), h_lib);
+    const char *ldp = getenv("LD_LIBRARY_PATH");
+    snprintf(ld, sizeof ld, "%s", ldp ? ldp : "");
+    for (char *save = NULL, *d = strtok_r(ld, ":", &save); d; d = strtok_r(NULL, ":", &save)) n = add_dir(dirs, n, d);
+    int n_shared = n;
+    n = add_dir(dirs, n, dir_of(built[0], TC_PATH, NETC_CUBLASLT_LIBRARY));
+    n = add_dir(dirs, n, "/usr/local/cuda/lib64");
+    const char *cublaslt[] = {"libcublasLt.so", NETC_CUBLASLT_SONAME};
+    find_file(&t->cublaslt, "cuBLASLt (" NETC_CUBLASLT_SONAME ")", dirs, n, cublaslt, 2);
+    n = add_dir(dirs, n_shared, dir_of(built[1], TC_PATH, NETC_CUDNN_LIBRARY));
+    n = add_dir(dirs, add_dir(dirs, n, "/usr/local/cuda/lib64"), "/usr/lib/x86_64-linux-gnu");
+    const char *cudnn[] = {"libcudnn.so", NETC_CUDNN_SONAME};
+    find_file(&t->cudnn, "cuDNN (" NETC_CUDNN_SONAME ")", dirs, n, cudnn, 2);
+}
+#endif
+
+static const Toolchain *toolchain(const Options *o) {
+    static Toolchain t; /* one per run: the options do not change */
+    static int done;
+    if (done) return &t;
+    done = 1;
+    const char *cc = getenv("CC");
+    t.cc = o->cc ? o->cc : cc && *cc ? cc : NETC_CC;
+    t.cc_from = o->cc ? "--cc" : cc && *cc ? "$CC" : "the compiler netc was built with";
+    snprintf(t.opt, sizeof t.opt, "-O%s", o->opt_level);
+    find_runtime(o, &t);
+    char rt_cuda[TC_PATH + 8], build_lib[TC_PATH];
+    snprintf(rt_cuda, sizeof rt_cuda, "%s/cuda", t.rt_lib);
+
+    /* cJSON: a copy in the runtime folder (a pack brings one), else the build's. */
+    const char *dirs[TC_DIRS];
+    int n = add_dir(dirs, 0, t.rt_lib);
+    n = add_dir(dirs, n, dir_of(build_lib, sizeof build_lib, NETC_CJSON_LIBRARY));
+    const char *cjson[] = {"libcjson.so", "libcjson.so.1"};
+    find_file(&t.cjson, "libcjson", dirs, n, cjson, 2);
+#ifdef NETC_HAVE_CUDA
+    find_cuda(&t, rt_cuda);
+#endif
+    return &t;
+}
+
+/* 0 when the runtime and every file a trainer of this backend links are there; else says
+ * which is missing, where it looked and what to do, and returns 1. */
+static int toolchain_check(const Toolchain *t, int cuda) {
+    if (!t->rt_from) {
+        fprintf(stderr, "netc: error: cannot find netc's runtime (netrt.h, libnetrt.a): looked in %s\n"
+                        "  hint: name its folder with --runtime-dir DIR or $NETC_RUNTIME_DIR\n", t->rt_tried);
+        return 1;
+    }
+    char p[TC_PATH + 32];
+    const char *need[] = {"%s/netrt.h", "%s/libnetrt.a", "%s/cuda/netrt_cuda.h", "%s/cuda/libnetrt_cuda.a"};
+    for (int i = 0; i < (cuda ? 4 : 2); i++) {
+        snprintf(p, sizeof p, need[i], i % 2 ? t->rt_lib : t->rt_include);
+        if (!is_file(p)) {
+            fprintf(stderr, "netc: error: the runtime (%s, from %s) has no %s\n"
+                            "  hint: name a complete runtime folder with --runtime-dir DIR or $NETC_RUNTIME_DIR\n",
+                    i % 2 ? t->rt_lib : t->rt_include, t->rt_from, p);
+            return 1;
+        }
+    }
+    const ToolFile *files[] = {
+        &t->cjson,
+#ifdef NETC_HAVE_CUDA
+        &t->cuda_include, &t->cudart_static, &t->cublaslt, &t->cudnn,
+#endif
+    };
+    int n = cuda ? (int)(sizeof files / sizeof *files) : 1, rc = 0;
+    for (int i = 0; i < n; i++)
+        if (!files[i]->path[0]) {
+            fprintf(stderr, "netc: error: cannot find %s: looked in %s\n", files[i]->what, files[i]->tried);
+            rc = 1;
+        }
+    if (rc && cuda)
+        fprintf(stderr, "  hint: set CUDA_HOME to the CUDA toolkit, or add the folders holding cuBLASLt and cuDNN "
+                        "to LD_LIBRARY_PATH (PyTorch has them in site-packages/nvidia/*/lib)\n");
+    return rc;
+}
+
+/* buf = a b c; a path too long for buf is left empty, and the compiler then names it missing. */
+static char *cat3(char *buf, size_t size, const char *a, const char *b, const char *c) {
+    if ((size_t)snprintf(buf, size, "%s%s%s", a, b, c) >= size) buf[0] = 0;
+    return buf;
+}
+
+/* -Wl,-rpath,DIR for the folder of a shared library, so the trainer finds it where netc did. */
+static void rpath_of(char *buf, size_t size, const char *lib) {
+    char dir[TC_PATH];
+    snprintf(buf, size, "-Wl,-rpath,%s", dir_of(dir, sizeof dir, lib));
+}
+
+/* The trainer's C is compiled with -Werror only when asked (--werror, as CI does): another
+ * compiler version may warn where the one netc was tested with does not. */
+static char *werror(const Options *o) {
+    return o->werror ? "-Werror" : "-Wno-error";
+}
+
+#ifdef NETC_HAVE_CUDA
+/* A CUDA trainer: the host C and the kernel images, linked with libnetrt_cuda, libnetrt, the
+ * static CUDA runtime, cuBLASLt and cuDNN - not OpenBLAS or oneDNN, which only the CPU kernels
+ * use, so the GPU machine needs neither. */
 static int build_cuda_trainer(const Options *o, const char *c_path, const char *images_path, const char *out) {
-    Toolchain t = toolchain(o);
-    char inc_rt[4096], inc_rt_cuda[4096], lib_rt[4096], lib_rt_cuda[4096], rpath[4096];
-    snprintf(inc_rt, sizeof inc_rt, "-I%s", t.rt_include);
-    snprintf(inc_rt_cuda, sizeof inc_rt_cuda, "-I%s/cuda", t.rt_include);
-    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", t.rt_lib);
-    snprintf(lib_rt_cuda, sizeof lib_rt_cuda, "%s/cuda/libnetrt_cuda.a", t.rt_lib);
-    snprintf(rpath, sizeof rpath, "-Wl,-rpath,%s", NETC_CUDA_LIBRARY_DIR);
+    const Toolchain *t = toolchain(o);
+    char inc_rt[TC_PATH + 8], inc_rt_cuda[TC_PATH + 16], inc_cuda[TC_PATH + 8], lib_rt[TC_PATH + 16],
+        lib_rt_cuda[TC_PATH + 32], lib_dir[TC_PATH + 8], rp_cjson[TC_PATH + 16], rp_blas[TC_PATH + 16], rp_dnn[TC_PATH + 16];
+    cat3(inc_rt, sizeof inc_rt, "-I", t->rt_include, "");
+    cat3(inc_rt_cuda, sizeof inc_rt_cuda, "-I", t->rt_include, "/cuda");
+    cat3(inc_cuda, sizeof inc_cuda, "-I", t->cuda_include.path, "");
+    cat3(lib_rt, sizeof lib_rt, "", t->rt_lib, "/libnetrt.a");
+    cat3(lib_rt_cuda, sizeof lib_rt_cuda, "", t->rt_lib, "/cuda/libnetrt_cuda.a");
+    cat3(lib_dir, sizeof lib_dir, "-L", t->rt_lib, ""); /* a pack's libz.so, for -lz */
+    rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
+    rpath_of(rp_blas, sizeof rp_blas, t->cublaslt.path);
+    rpath_of(rp_dnn, sizeof rp_dnn, t->cudnn.path);
     char *argv[] = {
-        (char *)t.cc, "-std=gnu11", t.opt, "-Wall", "-Wextra", "-Werror", "-fopenmp", inc_rt, inc_rt_cuda,
-        "-I" NETC_CUDA_INCLUDE_DIR, o->tf32 || o->bf16 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
-        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, NETC_CJSON_LIBRARY, NETC_CUDART_STATIC_LIBRARY,
-        NETC_CUBLASLT_LIBRARY, NETC_CUDNN_LIBRARY, rpath, "-lz", "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
+        (char *)t->cc, "-std=gnu11", (char *)t->opt, "-Wall", "-Wextra", werror(o), "-fopenmp", inc_rt, inc_rt_cuda,
+        inc_cuda, o->tf32 || o->bf16 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
+        (char *)c_path, (char *)images_path, lib_rt_cuda, lib_rt, lib_dir, (char *)t->cjson.path,
+        (char *)t->cudart_static.path, (char *)t->cublaslt.path, (char *)t->cudnn.path, rp_cjson, rp_blas, rp_dnn,
+        "-lz", "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
     };
     int n = (int)(sizeof argv / sizeof *argv);
     return link_atomically(argv, n - 2, out, c_path);
@@ -379,14 +615,15 @@ static int build_cuda_trainer(const Options *o, const char *c_path, const char *
 
 /* Compile the generated C at c_path into the trainer `out`, atomically. */
 static int build_trainer(const Options *o, const char *c_path, const char *out) {
-    Toolchain t = toolchain(o);
-    char inc_rt[4096], inc_blas[4096], lib_rt[4096];
-    snprintf(inc_rt, sizeof inc_rt, "-I%s", t.rt_include);
-    snprintf(inc_blas, sizeof inc_blas, "-I%s", NETC_CBLAS_INCLUDE_DIR);
-    snprintf(lib_rt, sizeof lib_rt, "%s/libnetrt.a", t.rt_lib);
+    const Toolchain *t = toolchain(o);
+    char inc_rt[TC_PATH + 8], inc_blas[TC_PATH + 8], lib_rt[TC_PATH + 16], rp_cjson[TC_PATH + 16];
+    cat3(inc_rt, sizeof inc_rt, "-I", t->rt_include, "");
+    cat3(inc_blas, sizeof inc_blas, "-I", NETC_CBLAS_INCLUDE_DIR, "");
+    cat3(lib_rt, sizeof lib_rt, "", t->rt_lib, "/libnetrt.a");
+    rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
     char *argv[] = {
-        (char *)t.cc, "-std=gnu11", t.opt, "-fopenmp", inc_rt, inc_blas, (char *)c_path,
-        lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, NETC_CJSON_LIBRARY, "-lz", "-lpthread", "-lm",
+        (char *)t->cc, "-std=gnu11", (char *)t->opt, werror(o), "-fopenmp", inc_rt, inc_blas, (char *)c_path,
+        lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz", "-lpthread", "-lm",
         "-o", NULL, NULL,
     };
     int n = (int)(sizeof argv / sizeof *argv);
@@ -418,7 +655,7 @@ static int write_output(const char *path, int (*emit)(const IrGraph *, FILE *), 
         return 1;
     }
     int rc = emit ? emit(g, out.f)
-                  : nvrtc_compile(cu_path, toolchain(o).rt_include, o->sms, o->n_sms, o->tf32 || o->bf16, out.f);
+                  : nvrtc_compile(cu_path, toolchain(o)->rt_include, o->sms, o->n_sms, o->tf32 || o->bf16, out.f);
     if (rc != 0 || ferror(out.f)) {
         rt_out_abort(&out);
         if (emit) fprintf(stderr, "netc: error: writing %s failed\n", path);
@@ -448,7 +685,8 @@ static int emit_and_build(const Options *o, const CgBackend *be, const IrGraph *
     char *out = output_path(o);
     const char *slash = strrchr(out, '/');
     char paths[N_WORK][4096];
-    int rc = make_work_dir(slash ? slash + 1 : out);
+    int rc = toolchain_check(toolchain(o), be->emit_kernels != NULL);
+    if (!rc) rc = make_work_dir(slash ? slash + 1 : out);
     if (!rc) rc = source_paths(o, slash ? slash + 1 : out, paths);
     if (!rc) rc = write_output(paths[WORK_C], be->emit, g, o, NULL);
     if (!rc && be->emit_kernels) rc = emit_kernels(o, be, g, paths);
@@ -561,10 +799,44 @@ static int compile(const Options *o, Arena *arena) {
     return emit_and_build(o, be, g);
 }
 
+/* --print-toolchain: one line per tool, where it was found (or MISSING and where netc looked). */
+static void print_file(const char *label, const ToolFile *f) {
+    if (f->path[0]) printf("%-18s %s\n", label, f->path);
+    else printf("%-18s MISSING (looked in %s)\n", label, f->tried);
+}
+
+static int print_toolchain(const Options *o) {
+    const Toolchain *t = toolchain(o);
+    char self[TC_PATH];
+    exe_dir(self, sizeof self);
+    printf("netc %s in %s\n", NETC_VERSION, self);
+    printf("%-18s %s (%s)\n", "C compiler", t->cc, t->cc_from);
+    if (t->rt_from) printf("%-18s %s (%s)\n", "runtime", t->rt_lib, t->rt_from);
+    else printf("%-18s MISSING (looked in %s)\n", "runtime", t->rt_tried);
+    if (t->rt_from && strcmp(t->rt_include, t->rt_lib)) printf("%-18s %s\n", "runtime headers", t->rt_include);
+    print_file("cJSON", &t->cjson);
+#ifdef NETC_HAVE_CUDA
+    print_file("CUDA headers", &t->cuda_include);
+    print_file("CUDA runtime", &t->cudart_static);
+    print_file("cuBLASLt", &t->cublaslt);
+    print_file("cuDNN", &t->cudnn);
+    int v[2] = {0, 0};
+    Dl_info info = {0};
+    nvrtcVersion(&v[0], &v[1]);
+    dladdr((void *)nvrtcVersion, &info);
+    printf("%-18s %d.%d, %s\n", "NVRTC", v[0], v[1], info.dli_fname ? info.dli_fname : "(linked statically)");
+#else
+    printf("%-18s not built (this netc has no --backend cuda)\n", "CUDA");
+#endif
+    fflush(stdout);
+    return toolchain_check(t, strcmp(o->backend, "cuda") == 0);
+}
+
 int main(int argc, char **argv) {
     Options o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
+    if (o.print_toolchain) return print_toolchain(&o);
     Arena arena = {0};
     catch_signals();
     rc = compile(&o, &arena);

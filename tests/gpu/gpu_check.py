@@ -38,8 +38,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fusion"))
+sys.path.insert(0, HERE)
 from netc_testlib import fashion_files, st_load, st_save  # noqa: E402
 from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+import trainer_cache  # noqa: E402  (tests/gpu/trainer_cache.py: trainers built ahead, by content)
 
 SEED = 3
 
@@ -87,7 +89,7 @@ MODELS = {
     "resnet18_cifar": dict(defs=["batch=16", "width=16"], steps=2, tol=3e-2, stat_tol=1e-4, converge=40,
                            pixels=False),
     "resnet50": dict(defs=["batch=8", "image_size=32"], steps=1, tol=0.2, stat_tol=1e-3, converge=0,
-                     pixels=False),
+                     pixels=False, pack_reference=False),  # 2 x 102 MB of weights: over a pack's 64 MiB
 }
 # A model not in the table: its defaults (a batch of 8 when it declares one), 1 step, and the
 # loosest tolerances above; give it its own entry once it has been measured.
@@ -98,6 +100,10 @@ LOSS_TOL = 1e-4
 
 class CheckFailed(Exception):
     pass
+
+
+class CannotRun(CheckFailed):
+    """This machine cannot build the CPU reference (no OpenBLAS, oneDNN): FAILED-TO-RUN, not FAIL."""
 
 
 def say(*args):
@@ -270,13 +276,21 @@ def merge_defs(*lists):
     return list(merged.values())
 
 
-def build(args, model, cfg, out, extra, what, defs=()):
+def build(args, model, cfg, out, extra, what, defs=(), fill=None):
+    """netc's trainer at `out`, or the same one from the --trainers folder (a pack's); with
+    `fill` (default: `gpu_check.py pack`'s) a trainer netc built is stored there."""
     src = os.path.join(ROOT, "models", f"{model}.net")
-    cmd = [netc_path(args), src, "-o", out, *extra]
+    flags = list(extra)
     for d in merge_defs(cfg["defs"], defs, args.define or []):
-        cmd += ["-D", d]
-    _, seconds = run(cmd, what)
-    say(f"  built {what}: {os.path.relpath(out, ROOT)} ({seconds:.1f} s)")
+        flags += ["-D", d]
+    try:
+        how, seconds = trainer_cache.build(netc_path(args), src, flags, out, args.trainers,
+                                           fill=getattr(args, "fill_trainers", False) if fill is None else fill)
+    except subprocess.CalledProcessError as e:
+        tail = (e.stdout + e.stderr).strip().splitlines()[-8:] or ["(no output)"]
+        raise CheckFailed(f"{what} failed (exit {e.returncode}): {tail[-1].strip()}\n"
+                          f"    command: {' '.join(map(str, e.cmd))}\n    " + "\n    ".join(tail))
+    say(f"  {how} {what}: {os.path.relpath(out, ROOT)} ({seconds:.1f} s)")
 
 
 def gpu_build_flags(args):
@@ -324,12 +338,7 @@ def prepare(args, model, cfg):
         if os.path.exists(stamp_path):
             os.remove(stamp_path)
         os.makedirs(work, exist_ok=True)
-        try:
-            build(args, model, cfg, files["cpu"], [], "CPU trainer")
-        except CheckFailed as e:
-            raise CheckFailed(f"{e}\n  (the CPU backend links OpenBLAS, oneDNN, cJSON and zlib: where they "
-                              f"are missing, run `gpu_check.py prepare` on a CPU machine and carry "
-                              f"{args.work} along)")
+        build_cpu(args, model, cfg, files["cpu"])
         write_data(files["cpu"], work)
         write_init(files["cpu"], files["init"])
         train(files["cpu"], data_args(work), cfg["steps"], files["init"], files["result"],
@@ -405,7 +414,10 @@ def cmd_check(args):
         # --help and --list-params, which work without touching the device
         say(str(e))
         cpu_error = str(e).splitlines()[0]
-        ok &= result(checks[0], model, "FAIL", f"no CPU reference: {cpu_error}")
+        # the GPU machine cannot build CPU trainers (no OpenBLAS, oneDNN): the reference comes
+        # prepared from a CPU machine (pack.sh), and where it does not, this check did not run
+        ok &= result(checks[0], model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+                     f"no CPU reference: {cpu_error}")
         files = {"init": os.path.join(work, "init.safetensors")}
         write_data(gpu, work)
         write_init(gpu, files["init"])
@@ -487,13 +499,75 @@ def read_log(path):
     return losses, evals[-1] if evals else None
 
 
+def prepare_stamp(args, what, model, defs, **more):
+    """A prepared CPU side's configuration: reused only when all of it is the same."""
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+    return {"what": what, "model": model, "defs": merge_defs(defs, args.define or []),
+            "netc_sha256": digest(netc_path(args)),
+            "model_sha256": digest(os.path.join(ROOT, "models", f"{model}.net")), **more}
+
+
+def reuse(work, stamp, files):
+    path = os.path.join(work, "prepared.json")
+    if os.path.exists(path) and json.load(open(path)) == stamp and all(os.path.exists(f) for f in files):
+        say(f"  reusing the prepared CPU run in {os.path.relpath(work, ROOT)}")
+        return True
+    if os.path.exists(path):
+        os.remove(path)
+    return False
+
+
+def build_cpu(args, model, cfg, out, defs=()):
+    """A CPU trainer (never stored with the GPU trainers: the GPU machine cannot run one)."""
+    try:
+        build(args, model, cfg, out, [], "CPU trainer", defs, fill=False)
+    except CheckFailed as e:
+        raise CannotRun(f"{e}\n  (the CPU backend links OpenBLAS, oneDNN, cJSON and zlib: where they are "
+                        f"missing, prepare the CPU side on a CPU machine: tests/gpu/pack.sh)")
+
+
+def npy_args(flag, folder):
+    """--data NAME=folder/NAME.npy for every .npy in folder (paths made here: a prepared folder moves)."""
+    return [a for name in sorted(os.listdir(folder)) if name.endswith(".npy")
+            for a in (flag, f"{name[:-4]}={os.path.join(folder, name)}")]
+
+
+def prepare_converge(args, model, cfg, steps):
+    """The convergence check's CPU side, shared by every --precision: learnable data, the init
+    weights, the CPU run's log. Prepared on a CPU machine by pack.sh, reused on the GPU machine."""
+    work = os.path.join(model_dir(args, model), "converge")
+    stamp = prepare_stamp(args, "converge", model, cfg["defs"] + cfg.get("converge_defs", []), steps=steps)
+    init, log = os.path.join(work, "init.safetensors"), os.path.join(work, "cpu.jsonl")
+    if not reuse(work, stamp, [init, log]):
+        os.makedirs(work, exist_ok=True)
+        for sub in ("train", "eval"):
+            shutil.rmtree(os.path.join(work, sub), ignore_errors=True)
+            os.makedirs(os.path.join(work, sub))
+        cpu = os.path.join(work, "cpu")
+        more = cfg.get("converge_defs", [])
+        build_cpu(args, model, cfg, cpu, more)
+        batch = int(next(d.split("=")[1] for d in merge_defs(cfg["defs"], more, args.define or []) + ["batch=8"]
+                         if d.startswith("batch=")))
+        write_learnable(cpu, os.path.join(work, "train"), batch * 16, cfg["pixels"], 1)
+        write_learnable(cpu, os.path.join(work, "eval"), batch * 8, cfg["pixels"], 2)
+        write_init(cpu, init)
+        train(cpu, converge_data(work), steps, init, os.path.join(work, "cpu.safetensors"), ["--log-every", "4"],
+              log=log)
+        json.dump(stamp, open(os.path.join(work, "prepared.json"), "w"), indent=1)
+    return work, init, log
+
+
+def converge_data(work):
+    return npy_args("--data", os.path.join(work, "train")) + npy_args("--eval-data", os.path.join(work, "eval"))
+
+
 def cmd_converge(args):
     """Train the CPU and the GPU trainer from the same init on learnable synthetic data for a
     few epochs. Passes when the GPU's training loss (the mean of the last three logged values)
     falls under half its first logged value and ends within 50% (+0.05) of the CPU's, and its
     evaluation accuracy is at most 0.05 below the CPU's. Two fp32 runs drift apart by rounding
     (and a ResNet's chaotically, see MODELS) but learn the same thing; a wrong gradient or
-    update does not learn, or learns far slower."""
+    update does not learn, or learns far slower. The CPU side may come prepared (pack.sh)."""
     model = args.model
     check_name = "converge" if args.precision == "fp32" else f"converge-{args.precision}"
     cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
@@ -504,31 +578,17 @@ def cmd_converge(args):
     try:
         if not args.self_test and not has_gpu():
             raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
-        work = os.path.join(model_dir(args, model), check_name)
-        os.makedirs(work, exist_ok=True)
-        cpu, gpu = os.path.join(work, "cpu"), os.path.join(work, "gpu")
-        more = cfg.get("converge_defs", [])
-        build(args, model, cfg, cpu, [], "CPU trainer", more)
-        build(args, model, cfg, gpu, gpu_build_flags(args), "GPU trainer", more)
-        os.makedirs(os.path.join(work, "train"), exist_ok=True)
-        os.makedirs(os.path.join(work, "eval"), exist_ok=True)
-        batch = int(next(d.split("=")[1] for d in merge_defs(cfg["defs"], more, args.define or []) + ["batch=8"]
-                         if d.startswith("batch=")))
-        train_data = write_learnable(cpu, os.path.join(work, "train"), batch * 16, cfg["pixels"], 1)
-        eval_data = write_learnable(cpu, os.path.join(work, "eval"), batch * 8, cfg["pixels"], 2)
-        data = [a for d in train_data for a in ("--data", d)] + \
-               [a for d in eval_data for a in ("--eval-data", d)]
-        init = os.path.join(work, "init.safetensors")
-        write_init(cpu, init)
-        curves = {}
-        for name, exe in (("cpu", cpu), ("gpu", gpu)):
-            log = os.path.join(work, f"{name}.jsonl")
-            train(exe, data, steps, init, os.path.join(work, f"{name}.safetensors"),
-                  ["--log-every", "4"], log=log)
-            curves[name] = read_log(log)
+        work, init, cpu_log = prepare_converge(args, model, cfg, steps)
+        gpu = os.path.join(work, f"gpu-{args.precision}")
+        build(args, model, cfg, gpu, gpu_build_flags(args), "GPU trainer", cfg.get("converge_defs", []))
+        log = os.path.join(work, f"gpu-{args.precision}.jsonl")
+        train(gpu, converge_data(work), steps, init, os.path.join(work, f"gpu-{args.precision}.safetensors"),
+              ["--log-every", "4"], log=log)
+        curves = {"cpu": read_log(cpu_log), "gpu": read_log(log)}
     except CheckFailed as e:
         say(str(e))
-        return result(check_name, model, "FAIL", str(e).splitlines()[0])
+        return result(check_name, model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+                      str(e).splitlines()[0])
     (cl, ce), (gl, ge) = curves["cpu"], curves["gpu"]
     say(f"  loss every 4 steps, cpu: {' '.join(f'{x:.3f}' for x in cl)}")
     say(f"  loss every 4 steps, gpu: {' '.join(f'{x:.3f}' if x is not None else 'nan' for x in gl)}")
@@ -549,43 +609,108 @@ def cmd_converge(args):
     return result(check_name, model, "FAIL" if problems else "PASS", detail)
 
 
+FASHION_CFG = dict(MODELS["lenet"], defs=["batch=64"])
+FASHION_STEPS = 60000 // 64
+
+
+def fashion_data():
+    files = fashion_files("train") + fashion_files("test")
+    return files, ["--data", f"image={files[0]}", "--data", f"label={files[1]}",
+                   "--eval-data", f"image={files[2]}", "--eval-data", f"label={files[3]}"]
+
+
+def prepare_fashion(args):
+    """The Fashion-MNIST check's CPU side: init weights and the CPU run's log."""
+    work = os.path.join(os.path.abspath(args.work), "fashion")
+    files, data = fashion_data()
+    stamp = prepare_stamp(args, "fashion", "lenet", FASHION_CFG["defs"], steps=FASHION_STEPS,
+                          data_bytes=[os.path.getsize(f) for f in files])
+    init, log = os.path.join(work, "init.safetensors"), os.path.join(work, "cpu.jsonl")
+    if not reuse(work, stamp, [init, log]):
+        os.makedirs(work, exist_ok=True)
+        cpu = os.path.join(work, "cpu")
+        build_cpu(args, "lenet", FASHION_CFG, cpu)
+        write_init(cpu, init)
+        train(cpu, data, FASHION_STEPS, init, os.path.join(work, "cpu.safetensors"), log=log)
+        json.dump(stamp, open(os.path.join(work, "prepared.json"), "w"), indent=1)
+    return work, init, log
+
+
 def cmd_fashion(args):
     """LeNet, one epoch of Fashion-MNIST in file order on the GPU (fp32): test accuracy at least
     0.80 and within 0.02 of the CPU trainer's from the same init (measured on the CPU: 0.83,
     and 0.82 for a row-major trainer: rounding differences over 937 steps move the final
     accuracy by ~0.01; five shuffled epochs reach 0.87, tests/e2e). A broken trainer stays far
     below 0.8 (chance is 0.1). The GPU machine has no network, so without the files this is
-    FAILED-TO-RUN."""
+    FAILED-TO-RUN. The CPU side may come prepared (pack.sh)."""
     model = "lenet"
-    files = fashion_files("train") + fashion_files("test")
+    files, data = fashion_data()
     if not all(os.path.exists(f) for f in files):
         return result("fashion-mnist", model, "FAILED-TO-RUN",
                       f"no Fashion-MNIST at {os.path.dirname(files[0])} and no network to fetch it "
                       "(set NETC_FASHION_DIR to a carried copy)")
-    cfg = dict(MODELS["lenet"], defs=["batch=64"])
     try:
         if not args.self_test and not has_gpu():
             raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
-        work = os.path.join(os.path.abspath(args.work), "fashion")
-        os.makedirs(work, exist_ok=True)
-        cpu, gpu = os.path.join(work, "cpu"), os.path.join(work, "gpu")
-        build(args, model, cfg, cpu, [], "CPU trainer")
-        build(args, model, cfg, gpu, gpu_build_flags(args), "GPU trainer")
-        init = os.path.join(work, "init.safetensors")
-        write_init(cpu, init)
-        data = ["--data", f"image={files[0]}", "--data", f"label={files[1]}",
-                "--eval-data", f"image={files[2]}", "--eval-data", f"label={files[3]}"]
-        accs = {}
-        for name, exe in (("cpu", cpu), ("gpu", gpu)):
-            log = os.path.join(work, f"{name}.jsonl")
-            train(exe, data, 60000 // 64, init, os.path.join(work, f"{name}.safetensors"), log=log)
-            accs[name] = (read_log(log)[1] or {}).get("accuracy")
+        work, init, cpu_log = prepare_fashion(args)
+        gpu = os.path.join(work, "gpu")
+        build(args, model, FASHION_CFG, gpu, gpu_build_flags(args), "GPU trainer")
+        log = os.path.join(work, "gpu.jsonl")
+        train(gpu, data, FASHION_STEPS, init, os.path.join(work, "gpu.safetensors"), log=log)
+        accs = {"cpu": (read_log(cpu_log)[1] or {}).get("accuracy"), "gpu": (read_log(log)[1] or {}).get("accuracy")}
     except CheckFailed as e:
         say(str(e))
-        return result("fashion-mnist", model, "FAIL", str(e).splitlines()[0])
+        return result("fashion-mnist", model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+                      str(e).splitlines()[0])
     good = accs["gpu"] is not None and accs["gpu"] >= 0.80 and abs(accs["gpu"] - accs["cpu"]) <= 0.02
     return result("fashion-mnist", model, "PASS" if good else "FAIL",
                   f"1 epoch: test accuracy GPU {accs['gpu']} CPU {accs['cpu']} (need >= 0.80, within 0.02)")
+
+
+def cmd_pack(args):
+    """On a CPU machine: every CPU side the GPU checks need, prepared in --work, and every GPU
+    trainer they run, built into --trainers (tests/gpu/pack.sh), so that the GPU machine needs
+    neither a C compiler nor OpenBLAS and oneDNN, and spends no time in NVRTC."""
+    args.fill_trainers = True
+    ok = True
+    for model in args.models.split(","):
+        cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+        step = "?"
+        try:
+            step = "check"
+            say(f"== {model}: the cpu-vs-gpu reference and the GPU trainer")
+            os.makedirs(model_dir(args, model), exist_ok=True)
+            if cfg.get("pack_reference", True):
+                prepare(args, model, cfg)
+            else:
+                say(f"  no CPU reference packed for {model} (too large); the GPU machine runs its bit checks only")
+            build(args, model, cfg, os.path.join(model_dir(args, model), "gpu"), gpu_build_flags(args), "GPU trainer")
+            if cfg["converge"]:
+                step = "converge"
+                work, _, _ = prepare_converge(args, model, cfg, cfg["converge"])
+                for precision in ("fp32", "bf16"):
+                    args.precision = precision
+                    build(args, model, cfg, os.path.join(work, f"gpu-{precision}"), gpu_build_flags(args),
+                          f"GPU trainer ({precision})", cfg.get("converge_defs", []))
+                args.precision = None
+            result("pack", model, "PASS", "prepared")
+        except CheckFailed as e:
+            say(str(e))
+            ok &= result("pack", model, "FAIL", f"{step}: {str(e).splitlines()[0]}")
+    if args.fashion:
+        try:
+            say("== lenet on Fashion-MNIST: the CPU run and the GPU trainer")
+            files, _ = fashion_data()
+            missing = [f for f in files if not os.path.exists(f)]
+            if missing:
+                raise CheckFailed(f"no {missing[0]} (Debian's dataset-fashion-mnist, or NETC_FASHION_DIR)")
+            work, _, _ = prepare_fashion(args)
+            build(args, "lenet", FASHION_CFG, os.path.join(work, "gpu"), gpu_build_flags(args), "GPU trainer")
+            result("pack", "fashion-mnist", "PASS", "prepared")
+        except CheckFailed as e:
+            say(str(e))
+            ok &= result("pack", "fashion-mnist", "FAIL", str(e).splitlines()[0])
+    return ok
 
 
 def cmd_compare(args):
@@ -611,6 +736,9 @@ def main():
     common.add_argument("--arch", help="--arch for the GPU build, e.g. sm_90")
     common.add_argument("--self-test", action="store_true",
                         help="no GPU: a CPU row-major trainer stands in for the GPU trainer")
+    common.add_argument("--trainers", default=os.environ.get("NETC_TRAINERS"),
+                        help="a folder of trainers built ahead (a pack's trainers/): used when netc, the "
+                             ".net file and the flags are the same (default $NETC_TRAINERS)")
     for name in ("prepare", "check", "converge"):
         p = sub.add_parser(name, parents=[common])
         p.add_argument("--model", required=True, help="a model in models/ (mlp, lenet, ...)")
@@ -621,6 +749,9 @@ def main():
             p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                            help="the GPU trainer's --precision (bf16: mixed precision, same margins)")
     sub.add_parser("fashion", parents=[common])
+    p = sub.add_parser("pack", parents=[common])
+    p.add_argument("--models", required=True, help="comma-separated models to prepare")
+    p.add_argument("--no-fashion", dest="fashion", action="store_false", help="leave out Fashion-MNIST")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b", help="the reference")
@@ -632,7 +763,7 @@ def main():
     if getattr(args, "model", None) and not os.path.exists(os.path.join(ROOT, "models", f"{args.model}.net")):
         ap.error(f"no models/{args.model}.net")
     ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge,
-          "fashion": cmd_fashion, "compare": cmd_compare}[args.cmd](args)
+          "fashion": cmd_fashion, "compare": cmd_compare, "pack": cmd_pack}[args.cmd](args)
     sys.exit(0 if ok else 1)
 
 
