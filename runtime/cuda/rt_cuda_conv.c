@@ -113,7 +113,7 @@ static void check_geometry(const RtConv *c, int which, int nhwc, RtDtype dtype) 
 
 /* x, y, w and the convolution, of `type` (`elem` bytes an element), and for an NHWC plan the
  * KRSC buffer and the filter's two tensor views. */
-static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math,
+static void make_descriptors(RtCuda *cu, RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math,
                              cudnnDataType_t type, size_t elem) {
     cudnnTensorFormat_t act = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
@@ -138,7 +138,14 @@ static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnn
                               "cudnnSetTensor4dDescriptor(filter)");
         }
         size_t bytes = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * elem;
-        rt_cuda_check(cudaMalloc(&p->krsc, bytes), "cudaMalloc (a channels-last filter)");
+        cudaError_t e = cudaMalloc(&p->krsc, bytes);
+        if (e == cudaErrorMemoryAllocation) { /* the user's to fix: open() fails, exit status 5 */
+            (void)cudaGetLastError();
+            p->krsc = NULL;
+            rt_cuda_refuse(cu, "a convolution's %zu-byte channels-last filter does not fit", bytes);
+        } else {
+            rt_cuda_check(e, "cudaMalloc (a channels-last filter)");
+        }
     }
     rt_cuda_check_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
     rt_cuda_check_dnn(cudnnSetConvolution2dDescriptor(p->conv, c->pad_h, c->pad_w, c->stride_h, c->stride_w, c->dil_h,
@@ -304,7 +311,7 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     RtCudaConvPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a convolution plan");
     p->which = which;
-    make_descriptors(p, c, nhwc, asked, type, elem);
+    make_descriptors(cu, p, c, nhwc, asked, type, elem);
 
     int n_out, k_out, p_out, q_out;
     rt_cuda_check_dnn(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n_out, &k_out, &p_out, &q_out),
