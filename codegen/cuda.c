@@ -209,6 +209,25 @@ static void declare_operands(Cu *u, const IrNode *n) {
     }
 }
 
+/* The loop over a kernel's `total` elements. Index arithmetic on a 64-bit index costs a 64-bit
+ * division for every `/` and `%` of the index expressions (per-channel operands read
+ * v[i % C]); where the loop and every tensor the kernel touches have fewer elements than
+ * NETC_FOR32's 32-bit index can count past (2^31 - 1, less one grid's stride so `i += stride`
+ * cannot overflow), the index is 32-bit and those divisions are 32-bit ones (a multiply by
+ * the constant's reciprocal). `largest` is the largest tensor the kernel reads or writes. */
+static const char *loop_macro(int64_t total, int64_t largest) {
+    const int64_t limit = INT32_MAX - (int64_t)MAX_GRID * BLOCK;
+    return total <= limit && largest <= limit ? "NETC_FOR32" : "NETC_FOR";
+}
+
+/* The largest tensor n computes or reads. */
+static int64_t largest_operand(const IrNode *n) {
+    int64_t m = ir_numel(&n->shape);
+    for (int k = 0; k < n->n_in; k++)
+        if (ir_numel(&n->in[k]->shape) > m) m = ir_numel(&n->in[k]->shape);
+    return m;
+}
+
 static void emit_group(Cu *u, const IrNode *head) {
     Cg *c = &u->c;
     const IrNode *n;
@@ -217,9 +236,13 @@ static void emit_group(Cu *u, const IrNode *head) {
     kernel_open(u);
     cg_group_header(c, head);
     c->group = head->group; /* operands computed inside the group are locals, not pointers */
-    FOR_MEMBERS(n, head) declare_operands(u, n);
+    int64_t largest = 0;
+    FOR_MEMBERS(n, head) {
+        declare_operands(u, n);
+        if (largest_operand(n) > largest) largest = largest_operand(n);
+    }
     c->group = 0;
-    fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
+    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest), total);
     cg_group_body(c, head, "        ");
     fprintf(c->out, "    }\n");
     kernel_name(u, head, "", name, sizeof name);
@@ -235,7 +258,7 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_comment(c, n);
     declare_operands(u, n);
     cg_declare(c, n);
-    fprintf(c->out, "    NETC_FOR(i, %" PRId64 ") {\n", total);
+    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest_operand(n)), total);
     cg_ew_store(c, n, 0, "        ");
     fprintf(c->out, "    }\n");
     kernel_name(u, n, "", name, sizeof name);
@@ -689,7 +712,10 @@ static void emit_cu_prologue(Cu *u, FILE *o) {
                "    c.n_valid = ((const RtBatchHeader *)(base + NETC_OFF_BATCH))->n_valid;\n    return c;\n}\n\n");
     fprintf(o, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx\n");
     fprintf(o, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
-               "i += (int64_t)gridDim.x * blockDim.x)\n\n");
+               "i += (int64_t)gridDim.x * blockDim.x)\n");
+    fprintf(o, "// the same with a 32-bit index, for kernels whose tensors all have fewer than 2^31 - 2^28 elements\n"
+               "#define NETC_FOR32(i, n) for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < (n); "
+               "i += (int32_t)(gridDim.x * blockDim.x))\n\n");
     Cg c = {.g = g, .out = o, .fn_qual = "__device__ __forceinline__ "}; /* not static: unused ones stay silent */
     cg_emit_helpers(&c);
     fprintf(o, "// ---- kernels, in the order the step launches them\n\n");
