@@ -378,11 +378,12 @@ void rt_cuda_conv_plans_free(void) {
         cudnnDestroyTensorDescriptor(p->y);
         cudnnDestroyFilterDescriptor(p->w);
         cudnnDestroyConvolutionDescriptor(p->conv);
-        if (p->krsc) {
+        if (p->w_kcrs) /* NHWC plans; the copy itself may be missing where it did not fit */
             cudnnDestroyTensorDescriptor(p->w_kcrs);
+        if (p->w_krsc)
             cudnnDestroyTensorDescriptor(p->w_krsc);
+        if (p->krsc)
             cudaFree(p->krsc);
-        }
         free(p);
     }
 }
