@@ -19,6 +19,7 @@ typedef struct CgBackend {
     /* Write the device kernels' source (CUDA C), or NULL for a backend without them. */
     int (*emit_kernels)(const IrGraph *g, FILE *out);
     int fuse_reductions; /* the emitter accumulates batch-norm sums inside element-wise loops */
+    int krsc_filters;    /* channels-last convolutions take filters channels-last (layout_select) */
 } CgBackend;
 
 extern const CgBackend cg_cpu;

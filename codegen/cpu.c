@@ -614,4 +614,5 @@ const CgBackend cg_cpu = {
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
     .emit = emit,
     .fuse_reductions = 1,
+    .krsc_filters = 0, /* oneDNN reorders the weights itself */
 };

@@ -398,13 +398,20 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     fprintf(u->step, ");\n");
 }
 
+/* cuDNN takes the filter in the activations' format: KRSC beside NHWC (the layout pass's
+ * krsc_filters), KCRS beside NCHW; the generated kernels have permuted it already. */
 static void emit_conv(Cu *u, const IrNode *n) {
     int which = n->op == OP_CONV2D ? 0 : n->op == OP_CONV2D_BWD_DATA ? 1 : 2;
+    int nhwc = ir_operand_layout(n, 0) == LAYOUT_NHWC;
+    const IrNode *filter = which == 2 ? n : n->in[1];
+    if (!ir_stored_as(filter, nhwc ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR))
+        ICE("cuda: %%%d %s reads %s activations with a filter in the other order", n->id, ir_op_name(n->op),
+            nhwc ? "NHWC" : "NCHW");
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
         cg_conv_geometry(u->plan, n, "geom");
-        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which,
-                ir_operand_layout(n, 0) == LAYOUT_NHWC, rt_dtype(n));
+        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which, nhwc,
+                rt_dtype(n));
     }
     fprintf(u->step, "    rt_cuda_conv(cu, conv%d, ", n->id);
     host_ptr(u, n->in[0], 0), fprintf(u->step, ", "), host_ptr(u, n->in[1], 0), fprintf(u->step, ", ");
@@ -842,4 +849,5 @@ const CgBackend cg_cuda = {
     .emit = emit_host_only,
     .emit_kernels = emit_kernels_only,
     .fuse_reductions = 0,
+    .krsc_filters = 1,
 };

@@ -206,7 +206,7 @@ int ir_operand_layout(const IrNode *n, int k) {
     }
     switch (n->op) {
     case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA: return k == 0 ? (int)n->layout : LAYOUT_ROW_MAJOR; /* weights: oihw */
+    case OP_CONV2D_BWD_DATA: return k == 0 ? (int)n->layout : (int)n->attr.filter; /* oihw, or ohwi (KRSC) */
     case OP_CONV2D_BWD_FILTER: /* x and dy alike: channels-last if either is and it may */
         return ir_conv_nhwc_ok(n) && (n->in[0]->layout == LAYOUT_NHWC || n->in[1]->layout == LAYOUT_NHWC)
                    ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
@@ -330,9 +330,15 @@ static int verify_node(const IrGraph *g, const IrNode *n, int pos, const char *s
     if (!expected_shape(n, &want) || !ir_shape_eq(&want, &n->shape))
         return verify_fail(stage, n, "shape does not follow from the operands");
     if (n->layout == LAYOUT_NHWC && n->shape.rank != 4) return verify_fail(stage, n, "channels-last below rank 4");
-    int nhwc_op = ir_op_kind(n->op) == OPK_EW || n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA ||
+    int nhwc_op = ir_op_kind(n->op) == OPK_EW || (n->op >= OP_CONV2D && n->op <= OP_CONV2D_BWD_FILTER) ||
                   (n->op >= OP_MAXPOOL2D && n->op <= OP_AVGPOOL2D_BWD);
     if (n->layout == LAYOUT_NHWC && !nhwc_op) return verify_fail(stage, n, "this operator has no channels-last form");
+    /* a filter channels-last (KRSC) only beside channels-last activations: the libraries take
+     * the two in one format */
+    int krsc = n->op == OP_CONV2D_BWD_FILTER ? n->layout == LAYOUT_NHWC
+             : (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) && n->attr.filter == LAYOUT_NHWC;
+    if (krsc && ir_operand_layout(n, 0) != LAYOUT_NHWC)
+        return verify_fail(stage, n, "a channels-last filter beside row-major activations");
     for (int i = 0; i < n->n_in; i++) {
         int want = ir_operand_layout(n, i);
         if (want >= 0 && !ir_stored_as(n->in[i], (IrLayout)want))
@@ -382,6 +388,7 @@ static void print_attrs(const IrNode *n, FILE *out) {
     case OP_CONV2D_BWD_FILTER:
         fprintf(out, " stride=%d,%d pad=%d,%d dilation=%d,%d groups=%d", a->stride[0],
                 a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+        if (n->op != OP_CONV2D_BWD_FILTER && a->filter == LAYOUT_NHWC) fprintf(out, " filter=krsc");
         break;
     case OP_MAXPOOL2D:
     case OP_MAXPOOL2D_BWD:

@@ -67,6 +67,9 @@ typedef struct IrShape {
 typedef struct IrAttrs {
     int kernel[2], stride[2], pad[2], dil[2]; /* conv2d/pooling, (h, w) */
     int groups;                               /* conv2d */
+    IrLayout filter;                          /* conv2d, conv2d_bwd_data: the layout w is read in,
+                                               * LAYOUT_NHWC = KRSC (set by the layout pass; a
+                                               * conv2d_bwd_filter's filter is its own result) */
     int trans_a, trans_b;                     /* matmul */
     double scalar;                            /* const value */
     double p;                                 /* dropout probability */

@@ -6,7 +6,9 @@
  *              tensor below rank 4 stay row-major; shapes stay logical (NCHW), so the program
  *              computes the same values and weight files are unchanged. A conversion (OP_LAYOUT,
  *              element-wise) appears only where a value's producer and a reader that cannot
- *              stride through it disagree, never between two channels-last operators.
+ *              stride through it disagree, or after a channels-last filter gradient that is a
+ *              parameter's gradient (krsc_filters, below), never between two channels-last
+ *              operators.
  * Invalidates: node ids (renumbered), n_fwd grows by the forward conversions.
  *
  * The choice, in three sweeps:
@@ -22,6 +24,16 @@
  * Only f32 values with more than one channel and more than one pixel are affected: for the
  * others both layouts are the same bytes. A convolution oneDNN cannot run channels-last
  * (ir_conv_nhwc_ok) stays row-major, with conversions around it.
+ *
+ * Filters. With `krsc_filters` (the CUDA backend: cuDNN's channels-last convolutions want the
+ * filter channels-last too), a channels-last convolution also reads its filter [K,C/groups,R,S]
+ * channels-last - KRSC, PyTorch's channels_last weight - (attr.filter), and a channels-last
+ * filter gradient is produced KRSC (its layout). Parameters and their gradients stay row-major
+ * (KCRS), so the ordinary conversions do the permutation: sweep 3 converts a weight once, before
+ * the forward convolution, and the data-gradient convolution reads the same copy; a filter
+ * gradient is converted back right after it (a gradient read elsewhere, a sum of several
+ * filter gradients, reads it by strides instead). Without it (the CPU backend: oneDNN takes the
+ * filter as it is) filters stay row-major.
  */
 #include <string.h>
 
@@ -72,17 +84,19 @@ static int readers_want_nhwc(const Users *u, const IrNode *n) {
     return 1;
 }
 
-/* Sweeps 1 and 2: set the layout of every node. */
-static void choose(IrGraph *g) {
+/* Sweeps 1 and 2: set the layout of every node (and of every convolution's filter). */
+static void choose(IrGraph *g, int krsc_filters) {
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL) is_grad[n->id] = 1;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         n->layout = LAYOUT_ROW_MAJOR;
+        n->attr.filter = LAYOUT_ROW_MAJOR;
         if (!matters(n) || is_grad[n->id]) continue;
         if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
             if (ir_conv_nhwc_ok(n)) n->layout = LAYOUT_NHWC;
+            if (ir_conv_nhwc_ok(n) && krsc_filters) n->attr.filter = LAYOUT_NHWC;
         } else if (ir_op_kind(n->op) == OPK_EW) {
             for (int k = 0; k < n->n_in; k++)
                 if (nhwc(n->in[k]) && ir_shape_eq(&n->in[k]->shape, &n->shape)) n->layout = LAYOUT_NHWC;
@@ -103,6 +117,13 @@ static void choose(IrGraph *g) {
         }
         n->layout = LAYOUT_NHWC;
     }
+    /* last, when the layouts of x and dy are final: a filter gradient beside channels-last
+     * activations is produced KRSC, gradient or not (convert() turns a gradient back) */
+    for (int i = 0; i < g->n && krsc_filters; i++) {
+        IrNode *n = g->nodes[i];
+        if (n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_layout(n, 0) == LAYOUT_NHWC)
+            n->layout = LAYOUT_NHWC;
+    }
 }
 
 typedef struct NodeList {
@@ -120,9 +141,29 @@ static void push(IrGraph *g, NodeList *l, IrNode *n) {
     l->at[l->n++] = n;
 }
 
-/* Sweep 3: a conversion before the first reader that needs one; later readers share it. */
+/* x stored in `layout`, computed at `at`'s place in the schedule. */
+static IrNode *conversion(IrGraph *g, IrNode *x, IrLayout layout, const IrNode *at) {
+    IrNode *c = arena_alloc(g->arena, sizeof *c);
+    c->op = OP_LAYOUT;
+    c->n_in = 1;
+    c->in[0] = x;
+    c->shape = x->shape;
+    c->dtype = x->dtype;
+    c->layout = layout;
+    c->phase = at->phase;
+    c->loc = at->loc;
+    c->attr.groups = 1;
+    return c;
+}
+
+/* Sweep 3: a conversion before the first reader that needs one; later readers share it. A
+ * parameter's gradient that is not row-major (a KRSC filter gradient) is converted right after
+ * it is computed, and the conversion becomes the gradient. */
 static int convert(IrGraph *g) {
     IrNode **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * 2 * sizeof *conv); /* [value][layout] */
+    unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
+    for (int i = 0; i < g->n_params; i++)
+        if (g->params[i].grad) is_grad[g->params[i].grad->id] = 1;
     NodeList list = {0};
     int n_fwd = g->n_fwd, added = 0;
     for (int i = 0; i < g->n; i++) {
@@ -133,24 +174,22 @@ static int convert(IrGraph *g) {
             if (want < 0 || ir_stored_as(x, (IrLayout)want)) continue;
             IrNode **slot = &conv[x->id * 2 + want];
             if (!*slot) {
-                IrNode *c = arena_alloc(g->arena, sizeof *c);
-                c->op = OP_LAYOUT;
-                c->n_in = 1;
-                c->in[0] = x;
-                c->shape = x->shape;
-                c->dtype = x->dtype;
-                c->layout = (IrLayout)want;
-                c->phase = n->phase;
-                c->loc = n->loc;
-                c->attr.groups = 1;
-                push(g, &list, c);
+                push(g, &list, *slot = conversion(g, x, (IrLayout)want, n));
                 added++;
                 if (i < g->n_fwd) n_fwd++;
-                *slot = c;
             }
             n->in[k] = *slot;
         }
         push(g, &list, n);
+        if (is_grad[n->id] && !ir_stored_as(n, LAYOUT_ROW_MAJOR) && !conv[n->id * 2 + LAYOUT_ROW_MAJOR]) {
+            push(g, &list, conv[n->id * 2 + LAYOUT_ROW_MAJOR] = conversion(g, n, LAYOUT_ROW_MAJOR, n));
+            added++;
+            if (i < g->n_fwd) n_fwd++;
+        }
+    }
+    for (int i = 0; i < g->n_params; i++) {
+        IrParam *p = &g->params[i];
+        if (p->grad && !ir_stored_as(p->grad, LAYOUT_ROW_MAJOR)) p->grad = conv[p->grad->id * 2 + LAYOUT_ROW_MAJOR];
     }
     if (added) {
         g->nodes = list.at;
@@ -162,12 +201,12 @@ static int convert(IrGraph *g) {
     return added;
 }
 
-int layout_select(IrGraph *g, int channels_last) {
+int layout_select(IrGraph *g, int channels_last, int krsc_filters) {
     ir_renumber(g);
     if (!channels_last) {
-        for (int i = 0; i < g->n; i++) g->nodes[i]->layout = LAYOUT_ROW_MAJOR;
+        for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
         return 0;
     }
-    choose(g);
+    choose(g, krsc_filters);
     return convert(g);
 }

@@ -775,7 +775,7 @@ static int compile(const Options *o, Arena *arena) {
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
-    layout_select(g, !o->row_major);
+    layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
     if (o->bf16) autocast_bf16(g);
     verify(g, "autocast");

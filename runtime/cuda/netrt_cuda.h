@@ -98,8 +98,9 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B,
 
 /* A convolution on the device through cuDNN: `which` 0 = forward y = conv(x, w), 1 = data
  * gradient dx from (dy, w), 2 = filter gradient dw from (x, dy); activations NHWC when `nhwc`
- * (else NCHW), weights [K, C/groups, R, S] either way; every tensor `dtype` (RT_F32, or RT_BF16
- * accumulated in float32). The algorithm is chosen at planning. */
+ * (else NCHW), and the filter w or dw [K, C/groups, R, S] in the same format: KRSC when `nhwc`
+ * (the generated step permutes the parameters, which stay KCRS), KCRS otherwise; every tensor
+ * `dtype` (RT_F32, or RT_BF16 accumulated in float32). The algorithm is chosen at planning. */
 typedef struct RtCudaConvPlan RtCudaConvPlan;
 RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nhwc, RtDtype dtype);
 /* in0, in1: (x, w), (dy, w) or (x, dy) by `which`; out: y, dx or dw (overwritten). */

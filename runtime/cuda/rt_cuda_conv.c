@@ -2,18 +2,22 @@
  *
  * One plan is one direction of one convolution: forward y = conv(x, w), the data gradient dx
  * from (dy, w), or the filter gradient dw from (x, dy). Activations x [N,C,H,W] and y [N,K,P,Q]
- * are NHWC or NCHW in memory as the layout pass decided; the filter [K, C/groups, R, S] is
- * stored NCHW-ordered (PyTorch's layout, so weight files never change). cuDNN's channels-last
- * kernels want the filter channels-last too (KRSC, as PyTorch's channels-last convolutions pass
- * it), so an NHWC plan keeps a KRSC copy: cudnnTransformTensor writes it from the weights
- * before a forward or data-gradient convolution, and a filter gradient is computed into it and
- * transformed back. The operation is cross-correlation, as in PyTorch, accumulated in float.
+ * are NHWC or NCHW in memory as the layout pass decided, and the filter [K, C/groups, R, S] (w
+ * or dw) is in the same format: KRSC beside NHWC activations (as PyTorch's channels-last
+ * convolutions pass it, and as cuDNN's channels-last kernels want it), KCRS beside NCHW. The
+ * parameters and their gradients stay KCRS (PyTorch's layout, so weight files never change):
+ * for an NHWC convolution the generated step permutes the weights into a KRSC buffer of the
+ * memory plan before the forward convolution (the data gradient reads the same copy) and a KRSC
+ * filter gradient back after it - element-wise kernels, fused with the bf16 casts under
+ * --precision bf16 (compiler/layout.c, autocast.c). So this file passes every pointer to cuDNN
+ * as it is: no copy, no cudnnTransformTensor (deprecated in cuDNN 9, and not documented for
+ * bf16). The operation is cross-correlation, as in PyTorch, accumulated in float.
  *
- * Data types. RT_F32: x, w, y (and the KRSC copy) CUDNN_DATA_FLOAT. RT_BF16 (netc --precision
- * bf16): all of them CUDNN_DATA_BFLOAT16, the KRSC buffer sized by the 2-byte element, while the
- * convolution descriptor's compute type stays CUDNN_DATA_FLOAT - bf16 tensors accumulated in
- * float, the result rounded to bf16 once when it is written. The alpha and beta of every call,
- * the transforms included, stay float: cuDNN takes double scaling factors only for double data.
+ * Data types. RT_F32: x, w, y CUDNN_DATA_FLOAT. RT_BF16 (netc --precision bf16): all of them
+ * CUDNN_DATA_BFLOAT16, while the convolution descriptor's compute type stays CUDNN_DATA_FLOAT -
+ * bf16 tensors accumulated in float, the result rounded to bf16 once when it is written. The
+ * alpha and beta of every call stay float: cuDNN takes double scaling factors only for double
+ * data.
  *
  * The algorithm is chosen once, at planning. The candidates are cuDNN's heuristic ranking
  * (cudnnGet*Algorithm_v7, which ranks without running anything) and, after it, the algorithm
@@ -54,10 +58,8 @@ enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER }; /* the `which` of rt_cuda_con
 struct RtCudaConvPlan {
     int which;
     cudnnTensorDescriptor_t x, y; /* x and y (or dx and dy): NHWC or NCHW */
-    cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S] */
+    cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S], KRSC (NHWC) or KCRS (NCHW) as x */
     cudnnConvolutionDescriptor_t conv;
-    void *krsc;                         /* NHWC plans: the filter (or its gradient) channels-last */
-    cudnnTensorDescriptor_t w_kcrs, w_krsc; /* the filter as a tensor in both orders, for the transforms */
     union {
         cudnnConvolutionFwdAlgo_t fwd;
         cudnnConvolutionBwdDataAlgo_t bwd_data;
@@ -111,10 +113,10 @@ static void check_geometry(const RtConv *c, int which, int nhwc, RtDtype dtype) 
     if (!ok) rt_cuda_die("internal error: bad %s", describe(c, which, nhwc, dtype));
 }
 
-/* x, y, w and the convolution, of `type` (`elem` bytes an element), and for an NHWC plan the
- * KRSC buffer and the filter's two tensor views. */
-static void make_descriptors(RtCuda *cu, RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math,
-                             cudnnDataType_t type, size_t elem) {
+/* x, y, w and the convolution, of `type`; the filter in the activations' format (KRSC beside
+ * NHWC). */
+static void make_descriptors(RtCudaConvPlan *p, const RtConv *c, int nhwc, cudnnMathType_t math,
+                             cudnnDataType_t type) {
     cudnnTensorFormat_t act = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     rt_cuda_check_dnn(cudnnCreateTensorDescriptor(&p->x), "cudnnCreateTensorDescriptor");
     rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(p->x, act, type, (int)c->N, (int)c->C, (int)c->H,
@@ -128,25 +130,6 @@ static void make_descriptors(RtCuda *cu, RtCudaConvPlan *p, const RtConv *c, int
     rt_cuda_check_dnn(cudnnSetFilter4dDescriptor(p->w, type, act, (int)c->K, (int)(c->C / c->groups),
                                                  (int)c->R, (int)c->S),
                       "cudnnSetFilter4dDescriptor");
-    if (nhwc) { /* the KRSC copy and the two views of the filter the transforms convert between */
-        cudnnTensorDescriptor_t *d[2] = {&p->w_kcrs, &p->w_krsc};
-        for (int i = 0; i < 2; i++) {
-            rt_cuda_check_dnn(cudnnCreateTensorDescriptor(d[i]), "cudnnCreateTensorDescriptor");
-            rt_cuda_check_dnn(cudnnSetTensor4dDescriptor(*d[i], i ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                                         type, (int)c->K, (int)(c->C / c->groups),
-                                                         (int)c->R, (int)c->S),
-                              "cudnnSetTensor4dDescriptor(filter)");
-        }
-        size_t bytes = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * elem;
-        cudaError_t e = cudaMalloc(&p->krsc, bytes);
-        if (e == cudaErrorMemoryAllocation) { /* the user's to fix: open() fails, exit status 5 */
-            (void)cudaGetLastError();
-            p->krsc = NULL;
-            rt_cuda_refuse(cu, "a convolution's %zu-byte channels-last filter does not fit", bytes);
-        } else {
-            rt_cuda_check(e, "cudaMalloc (a channels-last filter)");
-        }
-    }
     rt_cuda_check_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
     rt_cuda_check_dnn(cudnnSetConvolution2dDescriptor(p->conv, c->pad_h, c->pad_w, c->stride_h, c->stride_w, c->dil_h,
                                                       c->dil_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -223,8 +206,7 @@ static int acceptable(const Candidate *k, int tensor_ops) {
     return tensor_ops || k->math == CUDNN_FMA_MATH || k->math == CUDNN_DEFAULT_MATH;
 }
 
-/* The plan's algorithm on the operands as cuDNN sees them: in0, in1 and out as rt_cuda_conv's,
- * with the filter (or its gradient) already in the plan's layout. */
+/* The plan's algorithm on in0, in1 and out as rt_cuda_conv's. */
 static cudnnStatus_t run_algorithm(cudnnHandle_t h, const RtCudaConvPlan *p, const void *in0, const void *in1,
                                    void *out, void *ws, size_t ws_bytes) {
     static const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data alike */
@@ -311,7 +293,7 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     RtCudaConvPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a convolution plan");
     p->which = which;
-    make_descriptors(cu, p, c, nhwc, asked, type, elem);
+    make_descriptors(p, c, nhwc, asked, type);
 
     int n_out, k_out, p_out, q_out;
     rt_cuda_check_dnn(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n_out, &k_out, &p_out, &q_out),
@@ -350,24 +332,11 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
 }
 
 void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *p, const void *in0, const void *in1, void *out) {
-    static const float one = 1.0f, zero = 0.0f; /* the transforms' scaling factors */
-    cudnnHandle_t h = rt_cuda_dnn(cu);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
-    void *dw = out;
-    if (p->krsc && p->which != CONV_BWD_FILTER) { /* the weights, channels-last */
-        rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_kcrs, in1, &zero, p->w_krsc, p->krsc),
-                          "cudnnTransformTensor (filter to KRSC)");
-        in1 = p->krsc;
-    } else if (p->krsc) {
-        out = p->krsc;
-    }
     static const char *const what[] = {"cudnnConvolutionForward", "cudnnConvolutionBackwardData",
                                        "cudnnConvolutionBackwardFilter"};
-    rt_cuda_check_dnn(run_algorithm(h, p, in0, in1, out, ws, ws_bytes), what[p->which]);
-    if (p->krsc && p->which == CONV_BWD_FILTER) /* back to PyTorch's order */
-        rt_cuda_check_dnn(cudnnTransformTensor(h, &one, p->w_krsc, p->krsc, &zero, p->w_kcrs, dw),
-                          "cudnnTransformTensor (filter gradient to KCRS)");
+    rt_cuda_check_dnn(run_algorithm(rt_cuda_dnn(cu), p, in0, in1, out, ws, ws_bytes), what[p->which]);
 }
 
 void rt_cuda_conv_plans_free(void) {
@@ -378,12 +347,6 @@ void rt_cuda_conv_plans_free(void) {
         cudnnDestroyTensorDescriptor(p->y);
         cudnnDestroyFilterDescriptor(p->w);
         cudnnDestroyConvolutionDescriptor(p->conv);
-        if (p->w_kcrs) /* NHWC plans; the copy itself may be missing where it did not fit */
-            cudnnDestroyTensorDescriptor(p->w_kcrs);
-        if (p->w_krsc)
-            cudnnDestroyTensorDescriptor(p->w_krsc);
-        if (p->krsc)
-            cudaFree(p->krsc);
         free(p);
     }
 }

@@ -11,7 +11,8 @@
  * What it does not test: every CUDA, cuBLASLt and cuDNN call. The stream and the CUDA Graphs
  * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
  * products are rt_gemm (OpenBLAS) plus the epilogue, convolutions the CPU's rt_conv2d_* (or
- * rt_conv2d_nhwc_*, oneDNN); on bfloat16 data (netc --precision bf16) the same kernels on the
+ * rt_conv2d_nhwc_*, oneDNN, with the filter permuted between the KRSC order a channels-last
+ * plan is given and oneDNN's KCRS); on bfloat16 data (netc --precision bf16) the same kernels on the
  * operands widened to float32, the result (after the epilogue) rounded once to bfloat16, as
  * cuBLASLt and cuDNN accumulate and apply the epilogue in float32. Kernels run block after
  * block, a block's threads as fibers (below), with the host's libm, and without FMA
@@ -52,7 +53,9 @@ enum {
     EMU_STACK = 128 << 10,       /* one fiber's stack */
     EMU_GUARD = 1 << 20,         /* bytes after the arena that nothing may write */
     EMU_GUARD_BYTE = 0xA5,
-    EMU_WIDE = 4,                /* float32 copies of bfloat16 A, B, C and bias (convolutions: 3) */
+    EMU_WIDE = 5,                /* float32 copies of bfloat16 A, B, C and bias (convolutions: 3),
+                                  * and a channels-last convolution's filter in KCRS order */
+    EMU_KCRS = 4,                /* the slot of that filter */
 };
 
 _Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -203,7 +206,7 @@ struct RtCuda {
     size_t input_bytes[RT_MAX_INPUTS];
     float *conv_scratch;               /* the NCHW convolutions' per-thread scratch */
     size_t conv_scratch_floats;
-    float *wide[EMU_WIDE];             /* bfloat16 operands and results widened to float32 */
+    float *wide[EMU_WIDE];             /* bfloat16 operands and results widened to float32, a KCRS filter */
     size_t wide_floats[EMU_WIDE];
 };
 
@@ -255,7 +258,7 @@ static void check_apart(const void *out, int64_t n, const void *in, int64_t m, s
 static float *wide_scratch(RtCuda *cu, int slot, int64_t n) {
     if ((size_t)n > cu->wide_floats[slot]) {
         free(cu->wide[slot]);
-        if (!(cu->wide[slot] = malloc((size_t)n * sizeof(float)))) die("out of host memory for bfloat16 operands");
+        if (!(cu->wide[slot] = malloc((size_t)n * sizeof(float)))) die("out of host memory for library operands");
         cu->wide_floats[slot] = (size_t)n;
     }
     return cu->wide[slot];
@@ -350,7 +353,12 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B,
     }
 }
 
-/* ---- convolutions: the CPU's kernels, NCHW (im2col + OpenBLAS) or NHWC (oneDNN) */
+/* ---- convolutions: the CPU's kernels, NCHW (im2col + OpenBLAS) or NHWC (oneDNN)
+ *
+ * The filter follows rt_cuda_conv_plan's contract: KRSC beside NHWC activations (the generated
+ * step has permuted the weights), KCRS beside NCHW. The CPU's oneDNN takes KCRS, so an NHWC
+ * plan permutes the filter into host scratch before a forward or data-gradient convolution and
+ * the filter gradient back to KRSC after one - exactly, so the results are the CPU trainer's. */
 
 struct RtCudaConvPlan {
     RtConv c;
@@ -377,6 +385,18 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     p->c = *c, p->which = which, p->nhwc = nhwc, p->dtype = dtype, p->next = conv_plans;
     conv_plans = p;
     return p;
+}
+
+/* The filter [K, C/groups, R, S] from KRSC order to KCRS (to_krsc 0) or back (1). */
+static void permute_filter(const RtConv *c, const float *src, float *dst, int to_krsc) {
+    const int64_t K = c->K, C = c->C / c->groups, RS = c->R * c->S;
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t ch = 0; ch < C; ch++)
+            for (int64_t rs = 0; rs < RS; rs++) {
+                int64_t kcrs = (k * C + ch) * RS + rs, krsc = (k * RS + rs) * C + ch;
+                if (to_krsc) dst[krsc] = src[kcrs];
+                else dst[kcrs] = src[krsc];
+            }
 }
 
 static float *conv_scratch(RtCuda *cu, const RtConv *c) {
@@ -407,6 +427,8 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const void *in0, const v
     check_inside(cu, out, nout, e, "the result", op);
     const float *a = widen(cu, 0, in0, n0, p->dtype), *b = widen(cu, 1, in1, n1, p->dtype);
     float *r = result(cu, 2, out, nout, p->dtype);
+    float *kcrs = p->nhwc ? wide_scratch(cu, EMU_KCRS, w) : NULL;
+    if (kcrs && p->which != 2) permute_filter(c, b, kcrs, 0), b = kcrs;
     int64_t per = rt_conv2d_scratch(c);
     switch (p->which) {
     case 0:
@@ -418,7 +440,7 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const void *in0, const v
         else rt_conv2d_bwd_data(c, a, b, r, conv_scratch(cu, c), per);
         break;
     default:
-        if (p->nhwc) rt_conv2d_nhwc_bwd_filter(c, &p->dnnl, a, b, r);
+        if (p->nhwc) rt_conv2d_nhwc_bwd_filter(c, &p->dnnl, a, b, kcrs), permute_filter(c, kcrs, r, 1);
         else rt_conv2d_bwd_filter(c, a, b, r, conv_scratch(cu, c), per);
         break;
     }

@@ -88,6 +88,8 @@ def main():
             check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
             check(got.get("kernel launches", 0) > 0, f"{tag}: no kernel launched")
             check((got.get("products", 0) > 0) == (n_gemm > 0), f"{tag}: {got.get('products')} products, {n_gemm} plans")
+            check(got.get("filter transforms") == 0, f"{tag}: {got.get('filter transforms')} cudnnTransformTensor calls, "
+                  "expected none (the generated kernels permute the filters)")
             ran = {re.sub(r"^convolution: cudnnConvolution\w+ ", "", ln) for ln in lines
                    if ln.startswith("convolution: ") and ln.endswith(": ran")}
             want = "algorithm 2, math tensor-op: ran" if bf16 else "algorithm 1, math FMA: ran"
