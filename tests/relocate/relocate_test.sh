@@ -46,7 +46,8 @@ grep -qx "cuDNN  *$site/cudnn/lib/libcudnn.so.9" toolchain.txt || fail "cuDNN is
 grep -q "^NVRTC .*$site/cu13/lib/libnvrtc.so.13" toolchain.txt || fail "NVRTC is not the one on LD_LIBRARY_PATH"
 
 echo "== a GPU trainer built by the packed netc; the C compiler's command line logged"
-printf '#!/bin/sh\necho "$@" >>"%s/cc.args"\nexec gcc "$@"\n' "$work" >cc-log && chmod +x cc-log
+# the compiler the tests were given ($CC: the sanitizer build's wrapper there), else gcc
+printf '#!/bin/sh\necho "$@" >>"%s/cc.args"\nexec %s "$@"\n' "$work" "${CC:-gcc}" >cc-log && chmod +x cc-log
 "$pack/netc" "$src/models/mlp.net" --backend cuda --cc ./cc-log -o mlp-gpu 2>netc.err || { cat netc.err; fail "netc"; }
 [ -s netc.err ] && { cat netc.err; fail "netc wrote to stderr"; }
 grep -q -e "-Werror" cc.args && fail "the trainer was compiled with -Werror without --werror"
