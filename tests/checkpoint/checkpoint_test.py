@@ -30,24 +30,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import st_load  # noqa: E402
+from netc_testlib import Checks, st_load  # noqa: E402
 
 META_KEYS = {"format", "netc_checkpoint", "model", "fingerprint", "optimizer", "batch", "step", "epoch",
              "batch_in_epoch", "eval_done", "total_steps", "epochs", "steps", "samples", "seed", "shuffle",
              "threads", "crc32"}
 STOPPED = 4  # exit status of a run stopped before its end (signal or --stop-at)
 
-failures = []
-checks = 0
-
-
-def check(ok, what):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        print("FAIL", what)
-    return ok
+check = Checks()
 
 
 # ---- the checkpoint format, read independently of the C code
@@ -504,8 +494,8 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     CASES[case](netc, work)
-    print(f"checkpoint {case}: {checks} checks, {len(failures)} failed")
-    return 1 if failures else 0
+    print(f"checkpoint {case}: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

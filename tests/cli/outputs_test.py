@@ -27,21 +27,14 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from netc_testlib import Checks  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "..", "checkpoint", "sgd_momentum.net")
 NONFINITE = 3
 
-failures = []
-checks = 0
-
-
-def check(ok, what):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        print("FAIL", what)
-    return ok
+check = Checks()
 
 
 def run(argv, cwd=None, env=None):
@@ -392,8 +385,8 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     CASES[case](netc, work)
-    print(f"outputs {case}: {checks} checks, {len(failures)} failed")
-    return 1 if failures else 0
+    print(f"outputs {case}: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

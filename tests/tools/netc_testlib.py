@@ -14,6 +14,24 @@ import numpy as np
 
 FASHION = os.environ.get("NETC_FASHION_DIR", "/usr/share/datasets/fashion-mnist")
 
+
+
+class Checks:
+    """A test script's checks: check(ok, what) counts one, prints "FAIL what" when it fails and
+    keeps it in .failures; returns ok."""
+
+    def __init__(self):
+        self.count = 0
+        self.failures = []
+
+    def __call__(self, ok, what):
+        self.count += 1
+        if not ok:
+            self.failures.append(what)
+            print("FAIL", what)
+        return ok
+
+
 _DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 
 

@@ -28,17 +28,13 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "emu"))
+sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
 from emu_compare import write_data, write_eval_data  # noqa: E402
+from netc_testlib import Checks  # noqa: E402
 
 STEPS = 4
 
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL:", what)
+check = Checks()
 
 
 def run(exe, args, sm, log, extra_env=None):
@@ -122,8 +118,8 @@ def main():
           f"no memory for the workspace: exit status {p.returncode}, message {p.stderr.strip()!r}")
     print("no memory for the workspace:", p.stderr.strip())
 
-    if failures:
-        sys.exit(f"{len(failures)} start-up checks failed")
+    if check.failures:
+        sys.exit(f"{len(check.failures)} of {check.count} start-up checks failed")
     print("PASS:", os.path.basename(exe))
 
 
