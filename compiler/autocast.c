@@ -32,17 +32,7 @@ static int is_product(const IrNode *n) {
 }
 
 static IrNode *cast(IrGraph *g, IrNode *x, IrDtype dt, const IrNode *at) {
-    IrNode *c = arena_alloc(g->arena, sizeof *c);
-    c->op = OP_CAST;
-    c->n_in = 1;
-    c->in[0] = x;
-    c->shape = x->shape;
-    c->dtype = dt;
-    c->layout = x->layout;
-    c->phase = at->phase;
-    c->loc = at->loc;
-    c->attr.groups = 1;
-    return c;
+    return ir_unary_at(g, OP_CAST, x, dt, x->layout, at);
 }
 
 /* How each value is read: by how many operand slots, how many of them products', and whether

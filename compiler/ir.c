@@ -117,6 +117,20 @@ static void append(IrGraph *g, IrNode *n) {
     g->nodes[g->n++] = n;
 }
 
+IrNode *ir_unary_at(IrGraph *g, IrOp op, IrNode *x, IrDtype dt, IrLayout layout, const IrNode *at) {
+    IrNode *c = arena_alloc(g->arena, sizeof *c);
+    c->op = op;
+    c->n_in = 1;
+    c->in[0] = x;
+    c->shape = x->shape;
+    c->dtype = dt;
+    c->layout = layout;
+    c->phase = at->phase;
+    c->loc = at->loc;
+    c->attr.groups = 1;
+    return c;
+}
+
 IrNode *ir_add(IrGraph *g, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, ...) {
     if (n_in > IR_MAX_OPERANDS) ICE("%s with %d operands", ir_op_name(op), n_in);
     IrNode *n = arena_alloc(g->arena, sizeof *n);

@@ -143,17 +143,7 @@ static void push(IrGraph *g, NodeList *l, IrNode *n) {
 
 /* x stored in `layout`, computed at `at`'s place in the schedule. */
 static IrNode *conversion(IrGraph *g, IrNode *x, IrLayout layout, const IrNode *at) {
-    IrNode *c = arena_alloc(g->arena, sizeof *c);
-    c->op = OP_LAYOUT;
-    c->n_in = 1;
-    c->in[0] = x;
-    c->shape = x->shape;
-    c->dtype = x->dtype;
-    c->layout = layout;
-    c->phase = at->phase;
-    c->loc = at->loc;
-    c->attr.groups = 1;
-    return c;
+    return ir_unary_at(g, OP_LAYOUT, x, x->dtype, layout, at);
 }
 
 /* Sweep 3: a conversion before the first reader that needs one; later readers share it. A
