@@ -30,7 +30,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import Checks, st_load  # noqa: E402
+from netc_testlib import Checks, run_cases, st_load  # noqa: E402
 
 META_KEYS = {"format", "netc_checkpoint", "model", "fingerprint", "optimizer", "batch", "step", "epoch",
              "batch_in_epoch", "eval_done", "total_steps", "epochs", "steps", "samples", "seed", "shuffle",
@@ -490,12 +490,7 @@ CASES = {"resume": case_resume, "signals": case_signals, "kill9": case_kill9, "b
 
 
 def main():
-    case, netc, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    CASES[case](netc, work)
-    print(f"checkpoint {case}: {check.count} checks, {len(check.failures)} failed")
-    return 1 if check.failures else 0
+    return run_cases(CASES, "checkpoint", check, sys.argv)
 
 
 if __name__ == "__main__":

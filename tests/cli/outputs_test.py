@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from netc_testlib import Checks  # noqa: E402
+from netc_testlib import Checks, run_cases  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "..", "checkpoint", "sgd_momentum.net")
@@ -381,12 +381,7 @@ CASES = {"trainer": case_trainer, "netc": case_netc, "signals": case_signals}
 
 
 def main():
-    case, netc, work = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    CASES[case](netc, work)
-    print(f"outputs {case}: {check.count} checks, {len(check.failures)} failed")
-    return 1 if check.failures else 0
+    return run_cases(CASES, "outputs", check, sys.argv)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ safetensors package; tests/torch/ checks our reader against files netc writes.
 import gzip
 import json
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -30,6 +31,18 @@ class Checks:
             self.failures.append(what)
             print("FAIL", what)
         return ok
+
+
+def run_cases(cases, label, check, argv):
+    """A test script's main: argv = [script, CASE, NETC, WORK]; WORK is emptied, cases[CASE] runs
+    with the absolute paths of NETC and WORK, and the checks are counted. Returns the exit
+    status: 1 if a check failed."""
+    case, netc, work = argv[1], os.path.abspath(argv[2]), os.path.abspath(argv[3])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    cases[case](netc, work)
+    print(f"{label} {case}: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
 
 
 _DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64, "I32": np.int32}
