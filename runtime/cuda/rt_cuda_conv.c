@@ -9,7 +9,7 @@
  * for an NHWC convolution the generated step permutes the weights into a KRSC buffer of the
  * memory plan before the forward convolution (the data gradient reads the same copy) and a KRSC
  * filter gradient back after it - element-wise kernels, fused with the bf16 casts under
- * --precision bf16 (compiler/layout.c, autocast.c). So this file passes every pointer to cuDNN
+ * --precision bf16 (compiler/passes/layout.c, autocast.c). So this file passes every pointer to cuDNN
  * as it is: no copy, no cudnnTransformTensor (deprecated in cuDNN 9, and not documented for
  * bf16). The operation is cross-correlation, as in PyTorch, accumulated in float.
  *

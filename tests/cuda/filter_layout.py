@@ -1,4 +1,4 @@
-"""Where the CUDA backend permutes convolution filters (compiler/layout.c, autocast.c).
+"""Where the CUDA backend permutes convolution filters (compiler/passes/layout.c, autocast.c).
 
     filter_layout.py NETC MODEL.net [-D ...]
 

@@ -21,8 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ast.h"
-#include "passes.h"
+#include "frontend.h"
 
 static FILE *sink;
 static long n_parsed_clean, n_sema_ok; /* how deep the inputs got, for the summary line */

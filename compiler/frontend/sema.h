@@ -1,5 +1,5 @@
 /* sema.h - internal interface between the evaluator (sema.c) and the built-in layers and the
- * train section (sema_builtins.c). The public entry point is sema_build() in passes.h. */
+ * train section (sema_builtins.c). The public entry point is sema_build() in frontend.h. */
 #ifndef NETC_SEMA_H
 #define NETC_SEMA_H
 
@@ -7,7 +7,7 @@
 
 #include "ast.h"
 #include "ir.h"
-#include "passes.h"
+#include "frontend.h"
 
 enum {
     SEMA_MAX_DEPTH = 64,            /* nested block calls */

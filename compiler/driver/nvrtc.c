@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes.h"
+#include "nvrtc.h"
 
 #ifdef NETC_HAVE_CUDA
 #include <nvrtc.h>

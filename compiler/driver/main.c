@@ -23,10 +23,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ast.h"
+#include "frontend.h"
 #include "codegen.h"
 #include "diag.h"
 #include "ir.h"
+#include "nvrtc.h"
 #include "passes.h"
 #include "rt_file.h"
 

@@ -1,23 +1,11 @@
-/* passes.h - the entry points of the middle end, in pipeline order (see main.c: compile()). */
+/* passes.h - the entry points of the middle end, in pipeline order (see driver/main.c: compile()).
+ * Each pass reads and rewrites an IrGraph; none knows the front end or a backend. */
 #ifndef NETC_PASSES_H
 #define NETC_PASSES_H
 
 #include <stdio.h>
 
-#include "ast.h"
 #include "ir.h"
-
-/* A -D NAME=VALUE override of a model constant. */
-typedef struct SemaDefine {
-    const char *name;
-    const char *value; /* as written; parsed as an integer, a float, true or false */
-    int used;          /* set by sema; an unused define is an error */
-} SemaDefine;
-
-/* sema.c: evaluate the program (constants, blocks, loops, conditionals), infer shapes and build
- * the forward graph with the loss, metrics and training recipe. Errors go through diag;
- * returns NULL if there were any. */
-IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int n_defs);
 
 /* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);
  * guarantees every trainable parameter that the loss depends on has IrParam.grad, a node of
@@ -76,12 +64,5 @@ void mp_print(const IrGraph *g, FILE *out);
  * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
  * bf16, CUDA backend). Returns the casts added. */
 int autocast_bf16(IrGraph *g);
-
-/* nvrtc.c: compile the CUDA C kernels at cu_path with NVRTC to a cubin for each architecture
- * in sms (80 = sm_80) and PTX for the lowest, and write them to `images` as the C table
- * netc_images (netrt_cuda.h); fmad lets NVRTC contract a * b + c to one FMA. rt_dir holds
- * cuda/rt_devstate.h, cuda/netrt_kernels.cuh and rt_bits.h. Returns 0, or 1 after printing NVRTC's
- * log or when writing failed; the caller closes `images`. */
-int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *images);
 
 #endif
