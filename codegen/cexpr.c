@@ -212,7 +212,8 @@ void cg_comment(Cg *c, const IrNode *n) {
 
 /* ---- element-wise */
 
-/* Element `idx` (an index expression already printed by `print_index`) of x as a float. */
+/* An element of x read as a float: cg_load_open prints the conversion's opening (none for float32),
+ * the caller prints the element, cg_load_close the closing. */
 void cg_load_open(FILE *o, const IrNode *x) {
     if (x->dtype == DT_F16) fprintf(o, "rt_f16_to_f32(");
     else if (x->dtype == DT_BF16) fprintf(o, "rt_bf16_to_f32(");

@@ -14,7 +14,7 @@
  * FMA: the CPU build (x86-64, no FMA) rounds the product, so the device rounds it too.
  *
  * Launch shapes (T = the count named; "grid-stride" loops cover any grid):
- *   grid-stride over T         pooling, batch-norm partial and final sums, bn fold
+ *   grid-stride over T         pooling, batch-norm partial and final sums
  *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
  *   one block of 256           accuracy, mean
  */
@@ -476,23 +476,6 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
         RT_K_COLS(b, nb) s += part[b * 2 * C + j];
         s = rt_block_sum(s);
         if (threadIdx.x == 0) sums[j] = (float)s;
-    }
-}
-
-/* Folding a batch norm into the convolution before it, for evaluation, as rt_bn_fold:
- * w_out[k][j] = w[k][j] * (weight[k] * invstd[k]), b_out[k] = bias[k] - mean[k] * (weight[k] *
- * invstd[k]), (mean, invstd) = stats [2, K]. Grid-stride over the K*per_k weights; the threads
- * of the first K also write b_out. */
-static __device__ __forceinline__ void rt_k_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats,
-                                                    const float *weight, const float *bias, float *w_out,
-                                                    float *b_out) {
-    const int64_t T = K * per_k > K ? K * per_k : K;
-    RT_K_FOR(i, T) {
-        if (i < K * per_k) {
-            int64_t k = i / per_k;
-            w_out[i] = w[i] * (weight[k] * stats[K + k]);
-        }
-        if (i < K) b_out[i] = __fsub_rn(bias[i], __fmul_rn(stats[i], weight[i] * stats[K + i]));
     }
 }
 

@@ -15,7 +15,7 @@
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
-    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_bn_fold)
+    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -79,9 +79,6 @@ static const char source[] =
     "extern \"C\" __global__ void k_bn_bwd(unsigned char *base) {\n"
     "    rt_k_bn_bwd_part(8 * 32 * 32, 64, 32 * 32, 0, F(0), F(1 << 21), F(1 << 22), D(1 << 23));\n"
     "    rt_k_bn_bwd_final(64, 32, D(1 << 23), F(1 << 24));\n"
-    "}\n"
-    "extern \"C\" __global__ void k_bn_fold(unsigned char *base) {\n"
-    "    rt_k_bn_fold(64, 64 * 9, F(0), F(1 << 20), F(1 << 21), F(1 << 22), F(1 << 23), F(1 << 24));\n"
     "}\n";
 
 #define NAME(k) #k,
