@@ -77,12 +77,12 @@ static void cast_for_products(IrBuilder *b, IrNode *x) {
     irb_replace_uses(b, x, c, reads_bf16, NULL);
 }
 
-/* Some product reads x (x itself is none). */
+/* Some product reads x. */
 static int feeds_product(const IrBuilder *b, const IrNode *x) {
     int n_uses;
     const IrUse *use = irb_uses(b, x, &n_uses);
     for (int i = 0; i < n_uses; i++)
-        if (is_product(use[i].user)) return !is_product(x);
+        if (is_product(use[i].user)) return 1;
     return 0;
 }
 
