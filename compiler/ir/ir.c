@@ -6,10 +6,10 @@
  */
 #include "ir.h"
 
-#include "builder.h"
-
 #include <stdarg.h>
 #include <string.h>
+
+#include "builder.h"
 
 static const struct {
     const char *name;
