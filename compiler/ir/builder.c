@@ -123,6 +123,8 @@ static void link(IrBuilder *b, IrNode *n, IrNode *prev, IrNode *next, int backwa
 IrBuilder *irb_begin(IrGraph *g) {
     IrBuilder *b = arena_alloc(g->arena, sizeof *b);
     b->g = g;
+    b->cap = g->n + 64; /* the old nodes and room for a few insertions before the first doubling */
+    b->e = arena_alloc(g->arena, (size_t)b->cap * sizeof *b->e);
     ir_renumber(g);
     for (int i = 0; i < g->n; i++) register_node(b, g->nodes[i]);
     for (int i = 0; i < g->n; i++) link(b, g->nodes[i], b->tail, NULL, i >= g->n_fwd);
