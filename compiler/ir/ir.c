@@ -9,6 +9,8 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "builder.h"
+
 static const struct {
     const char *name;
     int arity;
@@ -105,47 +107,15 @@ IrGraph *ir_graph_new(Arena *arena) {
     return g;
 }
 
-static void append(IrGraph *g, IrNode *n) {
-    if (g->n == g->cap) {
-        int cap = g->cap ? 2 * g->cap : 64;
-        IrNode **nodes = arena_alloc(g->arena, (size_t)cap * sizeof *nodes);
-        if (g->n) memcpy(nodes, g->nodes, (size_t)g->n * sizeof *nodes);
-        g->nodes = nodes;
-        g->cap = cap;
-    }
-    n->id = g->n;
-    g->nodes[g->n++] = n;
-}
-
-IrNode *ir_unary_at(IrGraph *g, IrOp op, IrNode *x, IrDtype dt, IrLayout layout, const IrNode *at) {
-    IrNode *c = arena_alloc(g->arena, sizeof *c);
-    c->op = op;
-    c->n_in = 1;
-    c->in[0] = x;
-    c->shape = x->shape;
-    c->dtype = dt;
-    c->layout = layout;
-    c->phase = at->phase;
-    c->loc = at->loc;
-    c->attr.groups = 1;
-    return c;
-}
-
+/* The front end's and autodiff's way in: builder.c makes the node and appends it. */
 IrNode *ir_add(IrGraph *g, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, ...) {
-    if (n_in > IR_MAX_OPERANDS) ICE("%s with %d operands", ir_op_name(op), n_in);
-    IrNode *n = arena_alloc(g->arena, sizeof *n);
-    n->op = op;
-    n->shape = shape;
-    n->dtype = dt;
-    n->loc = loc;
-    n->n_in = n_in;
-    n->attr.groups = 1;
+    if (n_in < 0 || n_in > IR_MAX_OPERANDS) ICE("%s with %d operands", ir_op_name(op), n_in);
+    IrNodeSpec spec = {.op = op, .n_in = n_in, .shape = shape, .dtype = dt, .loc = loc};
     va_list ap;
     va_start(ap, n_in);
-    for (int i = 0; i < n_in; i++) n->in[i] = va_arg(ap, IrNode *);
+    for (int i = 0; i < n_in; i++) spec.in[i] = va_arg(ap, IrNode *);
     va_end(ap);
-    append(g, n);
-    return n;
+    return ir_node_append(g, &spec);
 }
 
 IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc) {

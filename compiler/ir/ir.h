@@ -226,12 +226,10 @@ const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
 
 /* ---- building */
 IrGraph *ir_graph_new(Arena *arena);
-/* Append a node; operands must already be in the graph. Returns the node for attrs to be set. */
+/* Append a node; operands must already be in the graph. Returns the node for attrs to be set.
+ * (builder.h makes nodes from a full description and inserts them anywhere.) */
 IrNode *ir_add(IrGraph *g, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, ...);
 IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc);
-/* A one-operand node (a cast or a layout conversion) of x's shape, NOT appended: the pass that
- * makes it places it in its own schedule, in `at`'s phase and with its source location. */
-IrNode *ir_unary_at(IrGraph *g, IrOp op, IrNode *x, IrDtype dt, IrLayout layout, const IrNode *at);
 IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, double init_a,
                       SrcLoc loc);
 IrNode *ir_add_input(IrGraph *g, const char *name, IrShape shape, IrDtype dt, SrcLoc loc);

@@ -21,8 +21,6 @@
  * writes its own, so the permutation and the rounding are one pass even without fusion (on the
  * CUDA backend, every KRSC filter and filter gradient of a channels-last convolution).
  */
-#include <string.h>
-
 #include "passes.h"
 
 static int is_product(const IrNode *n) {
@@ -31,105 +29,84 @@ static int is_product(const IrNode *n) {
            n->dtype == DT_F32;
 }
 
-static IrNode *cast(IrGraph *g, IrNode *x, IrDtype dt, const IrNode *at) {
-    return ir_unary_at(g, OP_CAST, x, dt, x->layout, at);
+static int reads_f32(const IrNode *user, const void *ctx) {
+    (void)ctx;
+    return !user || !is_product(user);
 }
 
-/* How each value is read: by how many operand slots, how many of them products', and whether
- * the end of the step reads it (the loss, the accuracy, a parameter's gradient). */
-typedef struct Reads {
-    int *all, *by_products;
-    unsigned char *escapes;
-} Reads;
-
-static Reads count_reads(IrGraph *g) {
-    size_t n0 = (size_t)g->n + 1;
-    Reads r = {arena_alloc(g->arena, n0 * sizeof(int)), arena_alloc(g->arena, n0 * sizeof(int)),
-               arena_alloc(g->arena, n0)};
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) {
-            r.all[g->nodes[i]->in[k]->id]++;
-            if (is_product(g->nodes[i])) r.by_products[g->nodes[i]->in[k]->id]++;
-        }
-    if (g->loss) r.escapes[g->loss->id] = 1;
-    if (g->correct) r.escapes[g->correct->id] = 1;
-    for (int i = 0; i < g->n_params; i++)
-        if (g->params[i].grad) r.escapes[g->params[i].grad->id] = 1;
-    return r;
+static int reads_bf16(const IrNode *user, const void *ctx) {
+    (void)ctx;
+    return user && is_product(user);
 }
 
-/* A layout conversion whose every reader is a product: it can round to bf16 as it permutes. */
-static int conversion_for_products(const Reads *r, const IrNode *n) {
-    return n->op == OP_LAYOUT && !r->escapes[n->id] && r->all[n->id] == r->by_products[n->id];
+/* Every reading of x is by a product (none by the graph itself). */
+static int read_by_products_only(const IrBuilder *b, const IrNode *x) {
+    int n_uses;
+    const IrUse *use = irb_uses(b, x, &n_uses);
+    for (int i = 0; i < n_uses; i++)
+        if (!is_product(use[i].user)) return 0;
+    return !irb_is_result(b, x);
 }
 
-/* A layout conversion that is the only reader of a product (`of_product`, already bf16): it can
- * widen the product as it permutes. */
-static int conversion_of_product(const Reads *r, const IrNode *n, int of_product) {
-    const IrNode *x = n->in[0];
-    return n->op == OP_LAYOUT && of_product && r->all[x->id] == 1 && !r->escapes[x->id];
+/* Product p now yields bf16; every other reader (and the graph, for a gradient) reads a cast
+ * back to float32, left unplaced here: place_casts_back() puts it before its first reader. A
+ * layout conversion that is p's only reader becomes the cast back itself, widening as it
+ * permutes. */
+static void cast_back(IrBuilder *b, IrNode *p) {
+    int n_uses;
+    const IrUse *use = irb_uses(b, p, &n_uses);
+    p->dtype = DT_BF16;
+    if (n_uses == 1 && use[0].user->op == OP_LAYOUT && !irb_is_result(b, p)) {
+        use[0].user->op = OP_CAST;
+        return;
+    }
+    irb_replace_uses(b, p, irb_unary(b, OP_CAST, p, DT_F32, p->layout, p), reads_f32, NULL);
 }
 
+/* Value x is read by products: they read a bf16 cast placed right after x, so that fusion can
+ * take it into x's group. A layout conversion that only products read becomes the cast
+ * itself, rounding as it permutes. */
+static void cast_for_products(IrBuilder *b, IrNode *x) {
+    if (x->op == OP_LAYOUT && read_by_products_only(b, x)) {
+        x->op = OP_CAST;
+        x->dtype = DT_BF16;
+        return;
+    }
+    IrNode *c = irb_unary(b, OP_CAST, x, DT_BF16, x->layout, x);
+    irb_insert_after(b, x, c);
+    irb_replace_uses(b, x, c, reads_bf16, NULL);
+}
+
+/* Some product reads x. */
+static int feeds_product(const IrBuilder *b, const IrNode *x) {
+    int n_uses;
+    const IrUse *use = irb_uses(b, x, &n_uses);
+    for (int i = 0; i < n_uses; i++)
+        if (is_product(use[i].user)) return 1;
+    return 0;
+}
+
+/* n's operands that are casts back not yet placed go right before it, in operand order. */
+static void place_casts_back(IrBuilder *b, IrNode *n) {
+    for (int k = 0; k < n->n_in; k++)
+        if (!irb_placed(b, n->in[k])) irb_insert_before(b, n, n->in[k]);
+}
+
+/* One walk in schedule order. A value's readers come after it, so when it is visited they are
+ * as they were: the products among them are still float32, which is how they are recognised. */
 int autocast_bf16(IrGraph *g) {
-    ir_renumber(g);
-    size_t n0 = (size_t)g->n + 1;
-    unsigned char *need = arena_alloc(g->arena, n0);                   /* a product reads it */
-    unsigned char *placed = arena_alloc(g->arena, n0);                 /* product id: its cast back is in */
-    IrNode **to_bf16 = arena_alloc(g->arena, n0 * sizeof *to_bf16); /* value id -> its bf16 cast */
-    IrNode **repl = arena_alloc(g->arena, n0 * sizeof *repl);       /* product id -> its cast back */
-    IrNode **list = arena_alloc(g->arena, (3 * n0 + 16) * sizeof *list);
-    int len = 0, n_fwd = g->n_fwd, added = 0;
-    Reads reads = count_reads(g);
-    for (int i = 0; i < g->n; i++)
-        if (is_product(g->nodes[i]))
-            for (int k = 0; k < g->nodes[i]->n_in; k++)
-                if (!is_product(g->nodes[i]->in[k])) need[g->nodes[i]->in[k]->id] = 1;
+    if ((g->loss && is_product(g->loss)) || (g->correct && is_product(g->correct)))
+        ICE("autocast: the loss is a product"); /* losses are reductions, never products */
+    IrBuilder *b = irb_begin(g);
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
-        int product = is_product(n);
-        if (i == g->n_fwd) n_fwd = len;
-        int cast_back = n->n_in && conversion_of_product(&reads, n, repl[n->in[0]->id] != NULL);
-        if (cast_back) { /* the product's cast back, permuting as it widens */
-            n->op = OP_CAST;
-            placed[n->in[0]->id] = 1; /* no other cast back: nothing else reads the product */
-        }
-        for (int k = 0; k < n->n_in && !cast_back; k++) {
-            IrNode *x = n->in[k];
-            if (product) { /* a product's bf16 result as it is, anything else through its cast */
-                n->in[k] = repl[x->id] ? x : to_bf16[x->id];
-                if (!n->in[k]) ICE("autocast: %%%d has no bf16 cast", x->id);
-            } else if (repl[x->id]) { /* other readers read the float32 copy, made just before */
-                if (!placed[x->id]) list[len++] = repl[x->id], placed[x->id] = 1;
-                n->in[k] = repl[x->id];
-            }
-        }
-        list[len++] = n;
-        if (product) {
-            n->dtype = DT_BF16;
-            repl[n->id] = cast(g, n, DT_F32, n);
-            added++;
-        } else if (need[n->id] && conversion_for_products(&reads, n)) { /* the cast, permuting as it rounds */
-            n->op = OP_CAST;
-            n->dtype = DT_BF16;
-            to_bf16[n->id] = n;
-        } else if (need[n->id]) { /* right after the value, so fusion can take it into its group */
-            to_bf16[n->id] = list[len++] = cast(g, n, DT_BF16, n);
-            added++;
-        }
+        place_casts_back(b, n);
+        if (is_product(n)) cast_back(b, n);
+        else if (feeds_product(b, n)) cast_for_products(b, n);
     }
-    if (g->n_fwd == g->n) n_fwd = len;
     for (int i = 0; i < g->n_params; i++) { /* a weight gradient straight from a product */
-        IrNode *p = g->params[i].grad;
-        if (!p || !repl[p->id]) continue;
-        if (!placed[p->id]) list[len++] = repl[p->id], placed[p->id] = 1;
-        g->params[i].grad = repl[p->id];
+        IrNode *grad = g->params[i].grad;
+        if (grad && !irb_placed(b, grad)) irb_append(b, grad);
     }
-    if ((g->loss && repl[g->loss->id]) || (g->correct && repl[g->correct->id]))
-        ICE("autocast: the loss is a product"); /* losses are reductions, never products */
-    g->nodes = list;
-    g->n = len;
-    g->cap = (int)(3 * n0 + 16);
-    g->n_fwd = n_fwd;
-    ir_renumber(g);
-    return added;
+    return irb_finish(b);
 }

@@ -34,16 +34,21 @@ static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == D
 
 /* ---- building backward nodes */
 
+/* Append the node `spec` describes to the backward pass, at the forward node's source line. */
+static IrNode *append(Ad *ad, IrNodeSpec spec) {
+    spec.phase = PHASE_BWD;
+    spec.loc = ad->loc;
+    return ir_node_append(ad->g, &spec);
+}
+
 static IrNode *emit(Ad *ad, IrOp op, IrShape shape, IrDtype dt, int n_in, IrNode *a, IrNode *b,
                     IrNode *c) {
-    IrNode *n = ir_add(ad->g, op, shape, dt, ad->loc, n_in, a, b, c);
-    n->phase = PHASE_BWD;
-    return n;
+    return append(ad, (IrNodeSpec){.op = op, .n_in = n_in, .in = {a, b, c}, .shape = shape, .dtype = dt});
 }
 
 static IrNode *constant(Ad *ad, double value, IrDtype dt) {
-    IrNode *n = ir_const(ad->g, value, dt, ad->loc);
-    n->phase = PHASE_BWD;
+    IrNode *n = emit(ad, OP_CONST, ir_scalar_shape(), dt, 0, NULL, NULL, NULL);
+    n->attr.scalar = value;
     return n;
 }
 
@@ -119,10 +124,9 @@ static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_SQRT: /* d sqrt(x) = 1 / (2 sqrt(x)) */
         dx = ew2(ad, OP_DIV, ew2(ad, OP_MUL, dy, constant(ad, 0.5, dy->dtype)), y);
         break;
-    case OP_DROPOUT: /* the same mask as the forward node: same p and seed_id */
-        dx = ew1(ad, OP_DROPOUT_GRAD, dy);
-        dx->attr.p = y->attr.p;
-        dx->attr.seed_id = y->attr.seed_id;
+    case OP_DROPOUT: /* the same mask as the forward node: its p and seed_id */
+        dx = append(ad, (IrNodeSpec){.op = OP_DROPOUT_GRAD, .n_in = 1, .in = {dy}, .shape = dy->shape,
+                                     .dtype = dy->dtype, .attr = &y->attr});
         break;
     default: ICE("grad_unary: %s", ir_op_name(y->op));
     }
@@ -197,9 +201,8 @@ static void grad_matmul(Ad *ad, IrNode *y, IrNode *dy) {
 /* Library kernels whose gradient is another library kernel with the same attributes. */
 static IrNode *lib(Ad *ad, IrOp op, const IrNode *fwd, const IrShape *shape, int n_in, IrNode *a,
                    IrNode *b, IrNode *c) {
-    IrNode *n = emit(ad, op, *shape, fwd->dtype, n_in, a, b, c);
-    n->attr = fwd->attr;
-    return n;
+    return append(ad, (IrNodeSpec){.op = op, .n_in = n_in, .in = {a, b, c}, .shape = *shape,
+                                   .dtype = fwd->dtype, .attr = &fwd->attr});
 }
 
 static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
@@ -235,11 +238,9 @@ static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *stats = y->in[1], *w = y->in[2], *b = y->in[3];
     IrNode *sums = emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy);
     if (wants(ad, x)) {
-        IrNode *dx = emit(ad, OP_BN_BWD_DATA, x->shape, DT_F32, 3, x, stats, w);
-        dx->in[3] = sums;
-        dx->in[4] = dy;
-        dx->n_in = 5;
-        accumulate(ad, x, dx);
+        IrNodeSpec dx = {.op = OP_BN_BWD_DATA, .n_in = 5, .in = {x, stats, w, sums, dy}, .shape = x->shape,
+                         .dtype = DT_F32};
+        accumulate(ad, x, append(ad, dx));
     }
     for (int r = 0; r < 2; r++) {
         IrNode *p = r ? w : b;

@@ -35,8 +35,6 @@
  * filter gradients, reads it by strides instead). Without it (the CPU backend: oneDNN takes the
  * filter as it is) filters stay row-major.
  */
-#include <string.h>
-
 #include "passes.h"
 
 static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
@@ -51,41 +49,21 @@ static int matters(const IrNode *n) {
 
 static int nhwc(const IrNode *n) { return n->layout == LAYOUT_NHWC && sensitive(n); }
 
-/* Readers of each node, from one scan. */
-typedef struct Users {
-    int *start; /* readers of node i: reader[start[i] .. start[i + 1]) */
-    IrNode **reader;
-} Users;
-
-static Users find_users(const IrGraph *g) {
-    Users u;
-    u.start = arena_alloc(g->arena, ((size_t)g->n + 2) * sizeof *u.start);
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) u.start[g->nodes[i]->in[k]->id + 2]++;
-    for (int i = 0; i < g->n; i++) u.start[i + 2] += u.start[i + 1];
-    u.reader = arena_alloc(g->arena, ((size_t)u.start[g->n + 1] + 1) * sizeof *u.reader);
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) u.reader[u.start[g->nodes[i]->in[k]->id + 1]++] = g->nodes[i];
-    return u;
-}
-
 /* Every reader of n would rather have it channels-last. */
-static int readers_want_nhwc(const Users *u, const IrNode *n) {
-    if (u->start[n->id] == u->start[n->id + 1]) return 0;
-    for (int r = u->start[n->id]; r < u->start[n->id + 1]; r++) {
-        const IrNode *user = u->reader[r];
-        for (int k = 0; k < user->n_in; k++) {
-            if (user->in[k] != n) continue;
-            int want = ir_operand_layout(user, k);
-            int ew_nhwc = ir_op_kind(user->op) == OPK_EW && nhwc(user) && ir_shape_eq(&user->shape, &n->shape);
-            if (want != LAYOUT_NHWC && !ew_nhwc) return 0;
-        }
+static int readers_want_nhwc(const IrBuilder *b, const IrNode *n) {
+    int n_uses;
+    const IrUse *use = irb_uses(b, n, &n_uses);
+    for (int i = 0; i < n_uses; i++) {
+        const IrNode *user = use[i].user;
+        int want = ir_operand_layout(user, use[i].k);
+        int ew_nhwc = ir_op_kind(user->op) == OPK_EW && nhwc(user) && ir_shape_eq(&user->shape, &n->shape);
+        if (want != LAYOUT_NHWC && !ew_nhwc) return 0;
     }
-    return 1;
+    return n_uses > 0;
 }
 
 /* Sweeps 1 and 2: set the layout of every node (and of every convolution's filter). */
-static void choose(IrGraph *g, int krsc_filters) {
+static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL) is_grad[n->id] = 1;
@@ -104,12 +82,11 @@ static void choose(IrGraph *g, int krsc_filters) {
             n->layout = LAYOUT_NHWC;
         }
     }
-    Users u = find_users(g);
     for (int i = g->n - 1; i >= 0; i--) {
         IrNode *n = g->nodes[i];
         if (n->layout == LAYOUT_NHWC || !matters(n) || is_grad[n->id]) continue;
         if (ir_op_kind(n->op) != OPK_EW && !is_pool(n->op)) continue;
-        if (!readers_want_nhwc(&u, n)) continue;
+        if (!readers_want_nhwc(b, n)) continue;
         if (is_pool(n->op)) { /* only when that moves no conversion onto its own operands */
             int ok = 1;
             for (int k = 0; k < n->n_in; k++) ok &= ir_stored_as(n->in[k], LAYOUT_NHWC);
@@ -126,36 +103,25 @@ static void choose(IrGraph *g, int krsc_filters) {
     }
 }
 
-typedef struct NodeList {
-    IrNode **at;
-    int n, cap;
-} NodeList;
-
-static void push(IrGraph *g, NodeList *l, IrNode *n) {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : g->n + 16;
-        IrNode **grown = arena_alloc(g->arena, (size_t)l->cap * sizeof *grown);
-        if (l->n) memcpy(grown, l->at, (size_t)l->n * sizeof *grown);
-        l->at = grown;
-    }
-    l->at[l->n++] = n;
+/* x stored in `layout`, computed at `at`'s place in the schedule. */
+static IrNode *conversion(IrBuilder *b, IrNode *x, IrLayout layout, const IrNode *at) {
+    return irb_unary(b, OP_LAYOUT, x, x->dtype, layout, at);
 }
 
-/* x stored in `layout`, computed at `at`'s place in the schedule. */
-static IrNode *conversion(IrGraph *g, IrNode *x, IrLayout layout, const IrNode *at) {
-    return ir_unary_at(g, OP_LAYOUT, x, x->dtype, layout, at);
+/* The graph's own references: a parameter's gradient becomes its conversion. */
+static int graph_reference(const IrNode *user, const void *ctx) {
+    (void)ctx;
+    return user == NULL;
 }
 
 /* Sweep 3: a conversion before the first reader that needs one; later readers share it. A
  * parameter's gradient that is not row-major (a KRSC filter gradient) is converted right after
  * it is computed, and the conversion becomes the gradient. */
-static int convert(IrGraph *g) {
+static void convert(IrGraph *g, IrBuilder *b) {
     IrNode **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * 2 * sizeof *conv); /* [value][layout] */
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].grad) is_grad[g->params[i].grad->id] = 1;
-    NodeList list = {0};
-    int n_fwd = g->n_fwd, added = 0;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         for (int k = 0; k < n->n_in; k++) {
@@ -163,32 +129,15 @@ static int convert(IrGraph *g) {
             int want = ir_operand_layout(n, k);
             if (want < 0 || ir_stored_as(x, (IrLayout)want)) continue;
             IrNode **slot = &conv[x->id * 2 + want];
-            if (!*slot) {
-                push(g, &list, *slot = conversion(g, x, (IrLayout)want, n));
-                added++;
-                if (i < g->n_fwd) n_fwd++;
-            }
-            n->in[k] = *slot;
+            if (!*slot) irb_insert_before(b, n, *slot = conversion(b, x, (IrLayout)want, n));
+            irb_set_operand(b, n, k, *slot);
         }
-        push(g, &list, n);
         if (is_grad[n->id] && !ir_stored_as(n, LAYOUT_ROW_MAJOR) && !conv[n->id * 2 + LAYOUT_ROW_MAJOR]) {
-            push(g, &list, conv[n->id * 2 + LAYOUT_ROW_MAJOR] = conversion(g, n, LAYOUT_ROW_MAJOR, n));
-            added++;
-            if (i < g->n_fwd) n_fwd++;
+            IrNode *c = conv[n->id * 2 + LAYOUT_ROW_MAJOR] = conversion(b, n, LAYOUT_ROW_MAJOR, n);
+            irb_insert_after(b, n, c);
+            irb_replace_uses(b, n, c, graph_reference, NULL);
         }
     }
-    for (int i = 0; i < g->n_params; i++) {
-        IrParam *p = &g->params[i];
-        if (p->grad && !ir_stored_as(p->grad, LAYOUT_ROW_MAJOR)) p->grad = conv[p->grad->id * 2 + LAYOUT_ROW_MAJOR];
-    }
-    if (added) {
-        g->nodes = list.at;
-        g->n = list.n;
-        g->cap = list.cap;
-        g->n_fwd = n_fwd;
-    }
-    ir_renumber(g);
-    return added;
 }
 
 int layout_select(IrGraph *g, int channels_last, int krsc_filters) {
@@ -197,6 +146,8 @@ int layout_select(IrGraph *g, int channels_last, int krsc_filters) {
         for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
         return 0;
     }
-    choose(g, krsc_filters);
-    return convert(g);
+    IrBuilder *b = irb_begin(g);
+    choose(g, b, krsc_filters);
+    convert(g, b);
+    return irb_finish(b);
 }

@@ -1,10 +1,12 @@
 /* passes.h - the entry points of the middle end, in pipeline order (see driver/main.c: compile()).
- * Each pass reads and rewrites an IrGraph; none knows the front end or a backend. */
+ * Each pass reads and rewrites an IrGraph; none knows the front end or a backend. A pass that
+ * adds nodes does it through builder.h. */
 #ifndef NETC_PASSES_H
 #define NETC_PASSES_H
 
 #include <stdio.h>
 
+#include "builder.h"
 #include "ir.h"
 
 /* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);
