@@ -7,6 +7,7 @@
 #ifndef NETC_CODEGEN_H
 #define NETC_CODEGEN_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "ir.h"
@@ -20,6 +21,9 @@ typedef struct CgBackend {
     int (*emit_kernels)(const IrGraph *g, FILE *out);
     int fuse_reductions; /* the emitter accumulates batch-norm sums inside element-wise loops */
     int krsc_filters;    /* channels-last convolutions take filters channels-last (layout_select) */
+    /* Floats of per-thread host scratch the target's kernel for node n needs (mp_plan sizes
+     * RtModel.scratch_per_thread with it), or NULL when its kernels need none. */
+    int64_t (*node_scratch)(const IrNode *n);
 } CgBackend;
 
 extern const CgBackend cg_cpu;

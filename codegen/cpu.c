@@ -609,10 +609,28 @@ static int emit(const IrGraph *g, FILE *out) {
     return ferror(out) ? 1 : 0;
 }
 
+/* Per-thread scratch of the im2col convolutions (rt_conv2d_*): one sample's unfolded input
+ * and a weight-gradient accumulator. Channels-last convolutions run in oneDNN, which brings
+ * its own. */
+static int64_t conv_scratch(const IrNode *n) {
+    if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER) return 0;
+    if (ir_operand_layout(n, 0) == LAYOUT_NHWC) return 0;
+    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = n->op == OP_CONV2D ? &n->in[1]->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[1]->shape : &n->shape;
+    const IrShape *y = n->op == OP_CONV2D ? &n->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    RtConv c = {.N = x->dim[0], .C = x->dim[1], .H = x->dim[2], .W = x->dim[3],
+                .K = w->dim[0], .R = w->dim[2], .S = w->dim[3], .P = y->dim[2],
+                .Q = y->dim[3], .groups = n->attr.groups};
+    return rt_conv2d_scratch(&c);
+}
+
 const CgBackend cg_cpu = {
     .name = "cpu",
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
     .emit = emit,
     .fuse_reductions = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
+    .node_scratch = conv_scratch,
 };

@@ -850,4 +850,5 @@ const CgBackend cg_cuda = {
     .emit_kernels = emit_kernels_only,
     .fuse_reductions = 0,
     .krsc_filters = 1,
+    .node_scratch = NULL, /* cuDNN and cuBLASLt bring their own workspace */
 };

@@ -788,7 +788,7 @@ static int compile(const Options *o, Arena *arena) {
     if (!o->no_fuse && be->fuse_reductions) fuse_reductions(g);
     verify(g, "reductions");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
-    mp_plan(g);
+    mp_plan(g, be->node_scratch);
     verify(g, "memplan");
     if (o->report) return fuse_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
