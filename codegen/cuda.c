@@ -805,7 +805,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
  * Every phase writes into buffers: the kernels (in launch order, training step first), the
  * host's plan(), train() and eval() bodies. emit_model writes the files, the host program last,
  * because its kernel table needs every kernel's name. The images' table, netc_images, is the
- * driver's, written after NVRTC has run. */
+ * target's kernel compiler's (compiler/driver/nvrtc.c), written once NVRTC has run. */
 struct CgEmit {
     Cu u;
     FILE *trainer, *kernels; /* either may be NULL: that file is not written */
