@@ -177,7 +177,7 @@ void cg_ptr(Cg *c, const IrNode *n) {
     case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
     case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
     case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
-    default: ICE("cpu: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
+    default: ICE("codegen: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
 
@@ -367,7 +367,7 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
     case OP_BN_APPLY: bn_apply(c, n); break;
     case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
-    default: ICE("cpu: %s is not element-wise", ir_op_name(n->op));
+    default: ICE("codegen: %s is not element-wise", ir_op_name(n->op));
     }
 }
 

@@ -583,36 +583,95 @@ static void emit_prologue(Cg *c) {
     cg_emit_helpers(c);
 }
 
-static int emit(const IrGraph *g, FILE *out) {
+/* ---- the emit phases (codegen.h)
+ *
+ * The file reads prologue, model description, forward_backward, eval_step, optimizer_step, the
+ * RtModel and main(). The optimizer phase runs before the evaluation phase (cg_emit's order),
+ * so its text waits in a buffer until cpu_model places it. */
+struct CgEmit {
+    Cg c;
+    FILE *optimizer; /* optimizer_step's text, into text/size */
+    char *text;
+    size_t size;
+};
+
+static CgEmit *cpu_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
+    (void)kernels; /* the CPU target has none */
     if (!g->loss) ICE("cpu: the graph has no loss");
-    Cg c = {.g = g, .out = out};
-    c.read = xcalloc((size_t)g->n + 1, 1);
-    c.decl = xcalloc((size_t)g->n + 1, 1);
-    c.done = xcalloc((size_t)g->n_groups + 1, 1);
-    c.fold = xcalloc((size_t)g->n + 1, sizeof *c.fold);
-    emit_prologue(&c);
-    fprintf(out, "// ---- model description\n\n");
-    cg_emit_description(&c);
-    fprintf(out, "// ---- forward and backward\n\n");
-    emit_forward_backward(&c);
-    fprintf(out, "// ---- evaluation\n\n");
-    emit_eval(&c);
-    fprintf(out, "// ---- optimizer\n\n");
-    emit_optimizer(&c);
+    CgEmit *e = xcalloc(1, sizeof *e);
+    e->c = (Cg){.g = g, .out = trainer};
+    e->c.read = xcalloc((size_t)g->n + 1, 1);
+    e->c.decl = xcalloc((size_t)g->n + 1, 1);
+    e->c.done = xcalloc((size_t)g->n_groups + 1, 1);
+    e->c.fold = xcalloc((size_t)g->n + 1, sizeof *e->c.fold);
+    if (!(e->optimizer = open_memstream(&e->text, &e->size))) ICE("cpu: out of memory");
+    emit_prologue(&e->c);
+    fprintf(trainer, "// ---- model description\n\n");
+    cg_emit_description(&e->c);
+    return e;
+}
+
+static void cpu_step(CgEmit *e) {
+    fprintf(e->c.out, "// ---- forward and backward\n\n");
+    emit_forward_backward(&e->c);
+}
+
+static void cpu_optimizer(CgEmit *e) {
+    FILE *trainer = e->c.out;
+    e->c.out = e->optimizer;
+    emit_optimizer(&e->c);
+    e->c.out = trainer;
+}
+
+static void cpu_eval(CgEmit *e) {
+    fprintf(e->c.out, "// ---- evaluation\n\n");
+    emit_eval(&e->c);
+}
+
+static int cpu_model(CgEmit *e) {
+    FILE *out = e->c.out;
+    fclose(e->optimizer);
+    fprintf(out, "// ---- optimizer\n\n%s", e->text);
     fprintf(out, "// ---- entry point\n\n");
-    emit_model(&c);
+    emit_model(&e->c);
     fprintf(out, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
-    free(c.read);
-    free(c.decl);
-    free(c.done);
-    free((void *)c.fold);
+    free(e->text);
+    free(e->c.read);
+    free(e->c.decl);
+    free(e->c.done);
+    free((void *)e->c.fold);
+    free(e);
     return ferror(out) ? 1 : 0;
+}
+
+/* Per-thread scratch of the im2col convolutions (rt_conv2d_*): one sample's unfolded input
+ * and a weight-gradient accumulator. Channels-last convolutions run in oneDNN, which brings
+ * its own. */
+static int64_t conv_scratch(const IrNode *n) {
+    if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER) return 0;
+    if (ir_operand_layout(n, 0) == LAYOUT_NHWC) return 0;
+    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = n->op == OP_CONV2D ? &n->in[1]->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[1]->shape : &n->shape;
+    const IrShape *y = n->op == OP_CONV2D ? &n->shape
+                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    RtConv c = {.N = x->dim[0], .C = x->dim[1], .H = x->dim[2], .W = x->dim[3],
+                .K = w->dim[0], .R = w->dim[2], .S = w->dim[3], .P = y->dim[2],
+                .Q = y->dim[3], .groups = n->attr.groups};
+    return rt_conv2d_scratch(&c);
 }
 
 const CgBackend cg_cpu = {
     .name = "cpu",
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
-    .emit = emit,
+    .precisions = 1u << CG_FP32,
+    .precision_note = "the CPU backend computes in float32",
     .fuse_reductions = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
+    .node_scratch = conv_scratch,
+    .emit_begin = cpu_begin,
+    .emit_step = cpu_step,
+    .emit_optimizer = cpu_optimizer,
+    .emit_eval = cpu_eval,
+    .emit_model = cpu_model,
 };

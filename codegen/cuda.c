@@ -668,6 +668,8 @@ static FILE *open_step(char **buf, size_t *size) {
     return f;
 }
 
+/* One pass's kernels and launches: the training step up to its update, or (eval) the forward
+ * pass in evaluation mode. */
 static void walk(Cu *u, int eval) {
     const IrGraph *g = u->g;
     u->c.eval = eval;
@@ -680,10 +682,6 @@ static void walk(Cu *u, int eval) {
     }
     if (!eval) emit_grad_copies(u);
     emit_step_end(u, eval);
-    if (!eval) {
-        emit_optimizer(u);
-        small_kernel(u, "step_advance", "    ctx->state->step += 1;\n", "the step counter");
-    }
     u->c.eval = 0;
 }
 
@@ -802,52 +800,83 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     fprintf(o, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
 }
 
-/* Walk the graph once and write the kernels (cu) and the host program (host); either may be
- * NULL. The images' table, netc_images, is written by the driver after NVRTC has run. */
-static int emit_both(const IrGraph *g, FILE *cu_out, FILE *host_out) {
-    if (!g->loss) ICE("cuda: the graph has no loss");
-    Cu u = {.g = g};
-    u.c = (Cg){.g = g};
-    u.c.decl = xcalloc((size_t)g->n + 1, 1);
-    u.c.done = xcalloc((size_t)g->n_groups + 1, 1);
-    u.c.fold = xcalloc((size_t)g->n + 1, sizeof *u.c.fold); /* no folding on the GPU: cuDNN runs the convolution */
-    u.planned = xcalloc((size_t)g->n + 1, 1);
-    u.readers = xcalloc((size_t)g->n + 1, sizeof *u.readers);
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) u.readers[g->nodes[i]->in[k]->id]++;
-    u.map = plan_memory(g);
-    char *kbuf = NULL, *pbuf = NULL, *tbuf = NULL, *ebuf = NULL;
+/* ---- the emit phases (codegen.h)
+ *
+ * Every phase writes into buffers: the kernels (in launch order, training step first), the
+ * host's plan(), train() and eval() bodies. emit_model writes the files, the host program last,
+ * because its kernel table needs every kernel's name. The images' table, netc_images, is the
+ * target's kernel compiler's (compiler/driver/nvrtc.c), written once NVRTC has run. */
+struct CgEmit {
+    Cu u;
+    FILE *trainer, *kernels; /* either may be NULL: that file is not written */
+    char *kbuf, *pbuf, *tbuf, *ebuf;
     size_t ksize, psize, tsize, esize;
-    u.cu = open_step(&kbuf, &ksize);
-    u.plan = open_step(&pbuf, &psize);
-    u.step = open_step(&tbuf, &tsize);
-    walk(&u, 0);
-    fclose(u.step);
-    u.step = open_step(&ebuf, &esize);
-    walk(&u, 1);
-    fclose(u.step);
-    fclose(u.plan);
-    fclose(u.cu);
-    if (cu_out) {
-        emit_cu_prologue(&u, cu_out);
-        fputs(kbuf, cu_out);
-    }
-    if (host_out) emit_host(&u, host_out, pbuf, tbuf, ebuf);
-    for (int k = 0; k < u.n_kernels; k++) free(u.kernels[k].body);
-    free(u.kernels), free(kbuf), free(pbuf), free(tbuf), free(ebuf);
-    free(u.c.decl), free(u.c.done), free((void *)u.c.fold), free(u.planned), free(u.readers);
-    int bad = (cu_out && ferror(cu_out)) || (host_out && ferror(host_out));
-    return bad ? 1 : 0;
+};
+
+static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
+    if (!g->loss) ICE("cuda: the graph has no loss");
+    CgEmit *e = xcalloc(1, sizeof *e);
+    Cu *u = &e->u;
+    e->trainer = trainer, e->kernels = kernels;
+    u->g = g;
+    u->c = (Cg){.g = g};
+    u->c.decl = xcalloc((size_t)g->n + 1, 1);
+    u->c.done = xcalloc((size_t)g->n_groups + 1, 1);
+    u->c.fold = xcalloc((size_t)g->n + 1, sizeof *u->c.fold); /* no folding on the GPU: cuDNN runs the convolution */
+    u->planned = xcalloc((size_t)g->n + 1, 1);
+    u->readers = xcalloc((size_t)g->n + 1, sizeof *u->readers);
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) u->readers[g->nodes[i]->in[k]->id]++;
+    u->map = plan_memory(g);
+    u->cu = open_step(&e->kbuf, &e->ksize);
+    u->plan = open_step(&e->pbuf, &e->psize);
+    u->step = open_step(&e->tbuf, &e->tsize);
+    return e;
 }
 
-static int emit_host_only(const IrGraph *g, FILE *out) { return emit_both(g, NULL, out); }
-static int emit_kernels_only(const IrGraph *g, FILE *out) { return emit_both(g, out, NULL); }
+static void cuda_step(CgEmit *e) { walk(&e->u, 0); }
+
+/* The update, then the step counter: the last kernels of the training step. */
+static void cuda_optimizer(CgEmit *e) {
+    emit_optimizer(&e->u);
+    small_kernel(&e->u, "step_advance", "    ctx->state->step += 1;\n", "the step counter");
+}
+
+static void cuda_eval(CgEmit *e) {
+    fclose(e->u.step);
+    e->u.step = open_step(&e->ebuf, &e->esize);
+    walk(&e->u, 1);
+}
+
+static int cuda_model(CgEmit *e) {
+    Cu *u = &e->u;
+    fclose(u->step);
+    fclose(u->plan);
+    fclose(u->cu);
+    if (e->kernels) {
+        emit_cu_prologue(u, e->kernels);
+        fputs(e->kbuf, e->kernels);
+    }
+    if (e->trainer) emit_host(u, e->trainer, e->pbuf, e->tbuf, e->ebuf);
+    for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].body);
+    free(u->kernels), free(e->kbuf), free(e->pbuf), free(e->tbuf), free(e->ebuf);
+    free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers);
+    int bad = (e->kernels && ferror(e->kernels)) || (e->trainer && ferror(e->trainer));
+    free(e);
+    return bad ? 1 : 0;
+}
 
 const CgBackend cg_cuda = {
     .name = "cuda",
     .description = "host C with CUDA C kernels (NVRTC), cuDNN and cuBLASLt; the step is one CUDA Graph",
-    .emit = emit_host_only,
-    .emit_kernels = emit_kernels_only,
+    .precisions = 1u << CG_FP32 | 1u << CG_TF32 | 1u << CG_BF16,
     .fuse_reductions = 0,
     .krsc_filters = 1,
+    .has_kernels = 1,
+    .node_scratch = NULL, /* cuDNN and cuBLASLt bring their own workspace */
+    .emit_begin = cuda_begin,
+    .emit_step = cuda_step,
+    .emit_optimizer = cuda_optimizer,
+    .emit_eval = cuda_eval,
+    .emit_model = cuda_model,
 };

@@ -1,4 +1,4 @@
-/* nvrtc.h - the driver's kernel compiler for the CUDA target. */
+/* nvrtc.h - the CUDA target's kernel compiler (target_cuda.c: compile_kernels). */
 #ifndef NETC_NVRTC_H
 #define NETC_NVRTC_H
 

@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "netrt.h"
 #include "passes.h"
 
 enum { ALIGN = 64 };
@@ -269,34 +268,23 @@ static void place_arena(IrGraph *g) {
     free(todo);
 }
 
-static void size_scratch(IrGraph *g) {
+/* The largest per-thread scratch any node's kernel needs, as the target sizes it. */
+static void size_scratch(IrGraph *g, int64_t (*node_scratch)(const IrNode *)) {
     g->scratch_per_thread = 0;
-    for (int i = 0; i < g->n; i++) {
-        IrNode *n = g->nodes[i];
-        if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER)
-            continue;
-        if (ir_operand_layout(n, 0) == LAYOUT_NHWC) continue; /* oneDNN brings its own scratch */
-        const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
-        const IrShape *w = n->op == OP_CONV2D ? &n->in[1]->shape
-                         : n->op == OP_CONV2D_BWD_DATA ? &n->in[1]->shape : &n->shape;
-        const IrShape *y = n->op == OP_CONV2D ? &n->shape
-                         : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
-        RtConv c = {.N = x->dim[0], .C = x->dim[1], .H = x->dim[2], .W = x->dim[3],
-                    .K = w->dim[0], .R = w->dim[2], .S = w->dim[3], .P = y->dim[2],
-                    .Q = y->dim[3], .groups = n->attr.groups};
-        int64_t s = rt_conv2d_scratch(&c);
+    for (int i = 0; node_scratch && i < g->n; i++) {
+        int64_t s = node_scratch(g->nodes[i]);
         if (s > g->scratch_per_thread) g->scratch_per_thread = s;
     }
 }
 
-void mp_plan(IrGraph *g) {
+void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *)) {
     ir_renumber(g);
     for (int i = 0; i < g->n; i++) g->nodes[i]->storage = ST_NONE;
     place_params(g);
     classify(g);
     liveness(g);
     place_arena(g);
-    size_scratch(g);
+    size_scratch(g, node_scratch);
 }
 
 static const char *storage_name(IrStorage s) {

@@ -39,6 +39,14 @@ check "--arch twice" 2 "$netc" "$root/models/mlp.net" --backend cuda --arch sm_9
 contains "names an architecture twice"
 check "--dump=cu on cpu" 2 "$netc" "$root/models/mlp.net" --dump=cu
 contains "--dump=cu needs a backend with kernels"
+# the messages that list targets take them from the target table (driver/toolchain.c)
+contains "--dump=cu needs a backend with kernels (--backend cuda)"
+check "unknown backend" 2 "$netc" "$root/models/mlp.net" --backend gpu
+contains "unknown backend 'gpu' (available: cpu, cuda)"
+check "--precision on cpu" 2 "$netc" "$root/models/mlp.net" --backend cpu --precision tf32
+contains "--precision is an option of --backend cuda (the CPU backend computes in float32)"
+check "--precision on an unknown backend" 2 "$netc" "$root/models/mlp.net" --backend gpu --precision tf32
+contains "--precision is an option of --backend cuda (the CPU backend computes in float32)"
 check "bf16 autocast" 0 "$netc" "$root/models/lenet.net" --backend cuda --precision bf16 --dump=fused
 contains "conv2d(%4, %6) bf16"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout

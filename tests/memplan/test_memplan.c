@@ -148,7 +148,7 @@ static void test_mlp_forward_only(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 0);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     arena_free(&arena);
 }
@@ -157,14 +157,14 @@ static void test_mlp_with_backward(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     /* the weight's and bias's gradients are computed straight into the gradient buffer */
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].trainable) assert_int_equal(g->params[i].grad->storage, ST_GRAD);
     /* planning twice gives the same plan */
     int64_t arena_bytes = g->arena_bytes;
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     assert_int_equal(g->arena_bytes, arena_bytes);
     check_plan(g);
     arena_free(&arena);
@@ -181,7 +181,7 @@ static void test_chain_reuses_memory(void **state) {
     for (int i = 0; i < 10; i++) x = ir_add(g, i % 2 ? OP_TANH : OP_EXP, x->shape, DT_F32, here, 1, x);
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, x);
     g->n_fwd = g->n;
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     assert_true(g->arena_bytes < g->unplanned_bytes);
     assert_true(g->arena_bytes <= 3 * 3200 + 64);
@@ -212,7 +212,7 @@ static void test_large_graph_in_order(void **state) {
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, x);
     assert_true(ir_verify(g, "test"));
     assert_int_equal(ad_differentiate(g), 0);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     int buffers = 0;
     for (int i = 0; i < g->n; i++) buffers += g->nodes[i]->storage == ST_ARENA;
     assert_true(buffers > 4096);
@@ -235,7 +235,7 @@ static void test_view_extends_root(void **state) {
     IrNode *d = ir_add(g, OP_ADD, v->shape, DT_F32, here, 2, v, c);     /* reads a through v */
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, d);
     g->n_fwd = g->n;
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     assert_int_equal(v->storage, ST_ALIAS);
     assert_int_equal(a->storage, ST_ARENA);
@@ -267,7 +267,7 @@ static void test_param_order_and_grads(void **state) {
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, h);
     assert_true(ir_verify(g, "test"));
     assert_int_equal(ad_differentiate(g), 0);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     assert_int_equal(t1->offset, 0);
     assert_int_equal(t2->offset, 6);
@@ -323,7 +323,7 @@ static void test_conv_scratch(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = convnet(&arena);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     check_plan(g);
     RtConv c = {.N = 2, .C = 3, .H = 8, .W = 8, .K = 4, .R = 3, .S = 3, .P = 6, .Q = 6, .groups = 1};
     assert_int_equal(g->scratch_per_thread, rt_conv2d_scratch(&c));
@@ -343,9 +343,9 @@ static void test_print_is_stable(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     char *first = print_plan(g);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     char *second = print_plan(g);
     assert_string_equal(first, second);
     assert_non_null(strstr(first, "arena: "));
@@ -362,7 +362,7 @@ static void compile_emitted(IrGraph *g, const char *name) {
     snprintf(path, sizeof path, "%s/%s.c", NETC_TEST_WORK_DIR, name);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    assert_int_equal(cg_cpu.emit(g, f), 0);
+    assert_int_equal(cg_emit(&cg_cpu, g, f, NULL), 0);
     assert_int_equal(fclose(f), 0);
     snprintf(cmd, sizeof cmd,
              "'%s' -std=c11 -O2 -fopenmp -Wall -Wextra -Wpedantic -Werror -I '%s' -c '%s' -o '%s/%s.o'",
@@ -374,7 +374,7 @@ static void test_emitted_mlp_compiles(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     compile_emitted(g, "emit_mlp");
     arena_free(&arena);
 }
@@ -383,7 +383,7 @@ static void test_emitted_convnet_compiles(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = convnet(&arena);
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     compile_emitted(g, "emit_convnet");
     arena_free(&arena);
 }
@@ -392,7 +392,7 @@ static char *emit_text(const IrGraph *g) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    assert_int_equal(cg_cpu.emit(g, f), 0);
+    assert_int_equal(cg_emit(&cg_cpu, g, f, NULL), 0);
     fclose(f);
     return text;
 }
@@ -416,7 +416,7 @@ static void test_broadcast_index_folding(void **state) {
     sum->layout = LAYOUT_NHWC;
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, sum);
     g->n_fwd = g->n;
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     char *c = emit_text(g);
     char want[128];
     snprintf(want, sizeof want, "v%d[i] = v%d[i] + v%d[i / 20 %% 3];", nchw->id, x->id, b->node->id);

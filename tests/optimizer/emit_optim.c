@@ -52,10 +52,10 @@ int main(int argc, char **argv) {
         t->weight_decay = atof(argv[6]);
     }
     if (!ir_verify(g, "emit_optim") || ad_differentiate(g) != 0) return 1;
-    mp_plan(g);
+    mp_plan(g, cg_cpu.node_scratch);
     FILE *f = fopen(argv[1], "w");
     if (!f) return perror(argv[1]), 1;
-    int rc = cg_cpu.emit(g, f);
+    int rc = cg_emit(&cg_cpu, g, f, NULL);
     if (fclose(f) != 0) rc = 1;
     arena_free(&arena);
     return rc;
