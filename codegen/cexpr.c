@@ -17,7 +17,6 @@ double cg_const_value(const IrNode *n) {
     return n->attr.scalar;
 }
 
-int cg_is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
 int cg_is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
 
 /* ---- literals */
@@ -590,7 +589,7 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
         fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
         fprintf(o, ")");
-    } else if (!cg_is_float(n->dtype)) {
+    } else if (!ir_dtype_is_float(n->dtype)) {
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));
         fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
         cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
@@ -667,26 +666,5 @@ void cg_check_lib_operands(const IrNode *n, const char *backend) {
         if (want >= 0 && !ir_stored_as(x, (IrLayout)want))
             ICE("%s: %s on a tensor in another layout", backend, ir_op_name(n->op));
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));
-    }
-}
-
-CgLibClass cg_lib_class(const IrNode *n, const char *backend) {
-    switch (n->op) {
-    case OP_MATMUL: return CG_LIB_MATMUL;
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: return CG_LIB_CONV;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: return CG_LIB_POOL;
-    case OP_SOFTMAX:
-    case OP_SOFTMAX_BWD:
-    case OP_XENT:
-    case OP_XENT_BWD:
-    case OP_ACCURACY: return CG_LIB_ROWS;
-    case OP_BN_STATS:
-    case OP_BN_BWD_SUMS: return CG_LIB_BN;
-    default: ICE("%s: no kernel for %s", backend, ir_op_name(n->op));
     }
 }

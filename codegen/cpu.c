@@ -372,12 +372,13 @@ static void emit_bn(Cg *c, const IrNode *n) {
 
 static void emit_lib(Cg *c, const IrNode *n) {
     cg_check_lib_operands(n, "cpu");
-    switch (cg_lib_class(n, "cpu")) {
-    case CG_LIB_MATMUL: emit_matmul(c, n); break;
-    case CG_LIB_CONV: emit_conv(c, n); break;
-    case CG_LIB_POOL: emit_pool(c, n); break;
-    case CG_LIB_ROWS: emit_rows(c, n); break;
-    case CG_LIB_BN: emit_bn(c, n); break;
+    switch (ir_op_lib(n->op)) {
+    case LIB_MATMUL: emit_matmul(c, n); break;
+    case LIB_CONV: emit_conv(c, n); break;
+    case LIB_POOL: emit_pool(c, n); break;
+    case LIB_ROWS: emit_rows(c, n); break;
+    case LIB_BN: emit_bn(c, n); break;
+    case LIB_NONE: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }
 

@@ -504,15 +504,16 @@ static void emit_bn(Cu *u, const IrNode *n) {
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {
-    CgLibClass cls = cg_lib_class(n, "cuda");
-    if (!((cls == CG_LIB_MATMUL || cls == CG_LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
+    IrLibClass cls = ir_op_lib(n->op);
+    if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
         cg_check_lib_operands(n, "cuda");
     switch (cls) {
-    case CG_LIB_MATMUL: emit_matmul(u, n); break;
-    case CG_LIB_CONV: emit_conv(u, n); break;
-    case CG_LIB_POOL: emit_pool(u, n); break;
-    case CG_LIB_ROWS: emit_rows(u, n); break;
-    case CG_LIB_BN: emit_bn(u, n); break;
+    case LIB_MATMUL: emit_matmul(u, n); break;
+    case LIB_CONV: emit_conv(u, n); break;
+    case LIB_POOL: emit_pool(u, n); break;
+    case LIB_ROWS: emit_rows(u, n); break;
+    case LIB_BN: emit_bn(u, n); break;
+    case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }
 

@@ -254,7 +254,6 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
     IrShape ys = ir_shape(4, x->shape.dim[0], out, P, Q);
     if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
     IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, w->node, NULL);
-    memcpy(y->attr.kernel, k, sizeof k);
     memcpy(y->attr.stride, st, sizeof st);
     memcpy(y->attr.pad, pad, sizeof pad);
     memcpy(y->attr.dil, dil, sizeof dil);
@@ -332,7 +331,6 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
     y->in[3] = b->node;
     y->n_in = 4;
-    y->attr.eps = eps;
     return sema_tensor(y);
 }
 

@@ -41,12 +41,11 @@
 
 static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
 
-static int is_pool(IrOp op) { return op >= OP_MAXPOOL2D && op <= OP_AVGPOOL2D_BWD; }
-
-/* The layout decides how n is computed: a pooling reads or writes a full plane even when its
- * other side is one pixel (global average pooling). */
+/* The layout decides how n is computed: a pooling (an operator that follows its operands'
+ * layout, ops.def) reads or writes a full plane even when its other side is one pixel (global
+ * average pooling). */
 static int matters(const IrNode *n) {
-    return sensitive(n) || (is_pool(n->op) && sensitive(n->in[0]));
+    return sensitive(n) || (ir_op_follows_layout(n->op) && sensitive(n->in[0]));
 }
 
 static int nhwc(const IrNode *n) { return n->layout == LAYOUT_NHWC && sensitive(n); }
@@ -100,7 +99,7 @@ static void choose(IrGraph *g, int krsc_filters) {
         } else if (ir_op_kind(n->op) == OPK_EW) {
             for (int k = 0; k < n->n_in; k++)
                 if (nhwc(n->in[k]) && ir_shape_eq(&n->in[k]->shape, &n->shape)) n->layout = LAYOUT_NHWC;
-        } else if (is_pool(n->op) && nhwc(n->in[0])) {
+        } else if (ir_op_follows_layout(n->op) && nhwc(n->in[0])) {
             n->layout = LAYOUT_NHWC;
         }
     }
@@ -108,9 +107,9 @@ static void choose(IrGraph *g, int krsc_filters) {
     for (int i = g->n - 1; i >= 0; i--) {
         IrNode *n = g->nodes[i];
         if (n->layout == LAYOUT_NHWC || !matters(n) || is_grad[n->id]) continue;
-        if (ir_op_kind(n->op) != OPK_EW && !is_pool(n->op)) continue;
+        if (ir_op_kind(n->op) != OPK_EW && !ir_op_follows_layout(n->op)) continue;
         if (!readers_want_nhwc(&u, n)) continue;
-        if (is_pool(n->op)) { /* only when that moves no conversion onto its own operands */
+        if (ir_op_follows_layout(n->op)) { /* only when that moves no conversion onto its own operands */
             int ok = 1;
             for (int k = 0; k < n->n_in; k++) ok &= ir_stored_as(n->in[k], LAYOUT_NHWC);
             if (!ok) continue;
