@@ -642,12 +642,32 @@ void cg_sum_to_elem(FILE *o, const IrNode *n) {
     cg_load_close(o, x);
 }
 
+int cg_conv_which(const IrNode *n) {
+    switch (n->op) {
+    case OP_CONV2D: return CG_CONV_FWD;
+    case OP_CONV2D_BWD_DATA: return CG_CONV_BWD_DATA;
+    case OP_CONV2D_BWD_FILTER: return CG_CONV_BWD_FILTER;
+    default: ICE("codegen: %s is not a convolution", ir_op_name(n->op));
+    }
+}
+
+void cg_pool_kind(const IrNode *n, int *max, int *bwd) {
+    switch (n->op) {
+    case OP_MAXPOOL2D: *max = 1, *bwd = 0; break;
+    case OP_MAXPOOL2D_BWD: *max = 1, *bwd = 1; break;
+    case OP_AVGPOOL2D: *max = 0, *bwd = 0; break;
+    case OP_AVGPOOL2D_BWD: *max = 0, *bwd = 1; break;
+    default: ICE("codegen: %s is not a pooling", ir_op_name(n->op));
+    }
+}
+
 /* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h). */
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name) {
-    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
-    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
-    const IrShape *y = n->op == OP_CONV2D ? &n->shape
-                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    int which = cg_conv_which(n);
+    const IrShape *x = which == CG_CONV_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = which == CG_CONV_BWD_FILTER ? &n->shape : &n->in[1]->shape;
+    const IrShape *y = which == CG_CONV_FWD ? &n->shape
+                     : which == CG_CONV_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
     const IrAttrs *a = &n->attr;
     fprintf(o, "    static const RtConv %s%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
                ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64

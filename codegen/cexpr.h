@@ -85,6 +85,11 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);
 void cg_sum_to_base(FILE *o, const IrNode *n);
 void cg_sum_to_elem(FILE *o, const IrNode *n);
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);
+/* Which of the three convolutions n is (the runtimes' order); any other operator is a bug. */
+enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };
+int cg_conv_which(const IrNode *n);
+/* Which pooling n is: max or average, forward or backward; any other operator is a bug. */
+void cg_pool_kind(const IrNode *n, int *max, int *bwd);
 void cg_check_lib_operands(const IrNode *n, const char *backend);
 
 #endif
