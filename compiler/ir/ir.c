@@ -2,6 +2,9 @@
  *
  * The verifier checks what every later stage relies on: operands precede their users, the
  * arity matches ops.def, and each operator's output shape and dtype agree with its operands.
+ * What differs between operators - attributes, operand layouts, shape rule - is read from
+ * ops.def's columns; an operator missing from the table, or a column entry the code does not
+ * know, is an internal error, never a silent default.
  * The printer's text is the golden-test format, so it changes only on purpose.
  */
 #include "ir.h"

@@ -245,7 +245,8 @@ int ir_layout_matters(const IrShape *s);
  * order cannot differ. */
 int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
- * layout (element-wise operators and reductions index through strides). */
+ * layout (element-wise operators and reductions index through strides): ops.def's layouts
+ * column applied to n. */
 int ir_operand_layout(const IrNode *n, int k);
 /* Convolution node n (forward, data or filter gradient) may run channels-last: not a strided
  * 1x1 convolution whose input channels per group are not a multiple of 8, for which oneDNN
