@@ -41,11 +41,14 @@
 
 static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
 
-/* The layout decides how n is computed: a pooling (an operator that follows its operands'
- * layout, ops.def) reads or writes a full plane even when its other side is one pixel (global
- * average pooling). */
+/* Pooling: an operator that computes in its operands' layout (ops.def), so a layout flows
+ * through it as through an element-wise one. */
+static int is_pool(IrOp op) { return ir_op_follows_layout(op); }
+
+/* The layout decides how n is computed: a pooling reads or writes a full plane even when its
+ * other side is one pixel (global average pooling). */
 static int matters(const IrNode *n) {
-    return sensitive(n) || (ir_op_follows_layout(n->op) && sensitive(n->in[0]));
+    return sensitive(n) || (is_pool(n->op) && sensitive(n->in[0]));
 }
 
 static int nhwc(const IrNode *n) { return n->layout == LAYOUT_NHWC && sensitive(n); }
@@ -99,7 +102,7 @@ static void choose(IrGraph *g, int krsc_filters) {
         } else if (ir_op_kind(n->op) == OPK_EW) {
             for (int k = 0; k < n->n_in; k++)
                 if (nhwc(n->in[k]) && ir_shape_eq(&n->in[k]->shape, &n->shape)) n->layout = LAYOUT_NHWC;
-        } else if (ir_op_follows_layout(n->op) && nhwc(n->in[0])) {
+        } else if (is_pool(n->op) && nhwc(n->in[0])) {
             n->layout = LAYOUT_NHWC;
         }
     }
@@ -107,9 +110,9 @@ static void choose(IrGraph *g, int krsc_filters) {
     for (int i = g->n - 1; i >= 0; i--) {
         IrNode *n = g->nodes[i];
         if (n->layout == LAYOUT_NHWC || !matters(n) || is_grad[n->id]) continue;
-        if (ir_op_kind(n->op) != OPK_EW && !ir_op_follows_layout(n->op)) continue;
+        if (ir_op_kind(n->op) != OPK_EW && !is_pool(n->op)) continue;
         if (!readers_want_nhwc(&u, n)) continue;
-        if (ir_op_follows_layout(n->op)) { /* only when that moves no conversion onto its own operands */
+        if (is_pool(n->op)) { /* only when that moves no conversion onto its own operands */
             int ok = 1;
             for (int k = 0; k < n->n_in; k++) ok &= ir_stored_as(n->in[k], LAYOUT_NHWC);
             if (!ok) continue;
