@@ -17,7 +17,6 @@ double cg_const_value(const IrNode *n) {
     return n->attr.scalar;
 }
 
-int cg_is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
 int cg_is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
 
 /* ---- literals */
@@ -591,7 +590,7 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
         fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
         fprintf(o, ")");
-    } else if (!cg_is_float(n->dtype)) {
+    } else if (!ir_dtype_is_float(n->dtype)) {
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));
         fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
         cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
@@ -644,12 +643,32 @@ void cg_sum_to_elem(FILE *o, const IrNode *n) {
     cg_load_close(o, x);
 }
 
+int cg_conv_which(const IrNode *n) {
+    switch (n->op) {
+    case OP_CONV2D: return CG_CONV_FWD;
+    case OP_CONV2D_BWD_DATA: return CG_CONV_BWD_DATA;
+    case OP_CONV2D_BWD_FILTER: return CG_CONV_BWD_FILTER;
+    default: ICE("codegen: %s is not a convolution", ir_op_name(n->op));
+    }
+}
+
+void cg_pool_kind(const IrNode *n, int *max, int *bwd) {
+    switch (n->op) {
+    case OP_MAXPOOL2D: *max = 1, *bwd = 0; break;
+    case OP_MAXPOOL2D_BWD: *max = 1, *bwd = 1; break;
+    case OP_AVGPOOL2D: *max = 0, *bwd = 0; break;
+    case OP_AVGPOOL2D_BWD: *max = 0, *bwd = 1; break;
+    default: ICE("codegen: %s is not a pooling", ir_op_name(n->op));
+    }
+}
+
 /* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h). */
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name) {
-    const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
-    const IrShape *w = n->op == OP_CONV2D_BWD_FILTER ? &n->shape : &n->in[1]->shape;
-    const IrShape *y = n->op == OP_CONV2D ? &n->shape
-                     : n->op == OP_CONV2D_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
+    int which = cg_conv_which(n);
+    const IrShape *x = which == CG_CONV_BWD_DATA ? &n->shape : &n->in[0]->shape;
+    const IrShape *w = which == CG_CONV_BWD_FILTER ? &n->shape : &n->in[1]->shape;
+    const IrShape *y = which == CG_CONV_FWD ? &n->shape
+                     : which == CG_CONV_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
     const IrAttrs *a = &n->attr;
     fprintf(o, "    static const RtConv %s%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
                ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
@@ -668,26 +687,5 @@ void cg_check_lib_operands(const IrNode *n, const char *backend) {
         if (want >= 0 && !ir_stored_as(x, (IrLayout)want))
             ICE("%s: %s on a tensor in another layout", backend, ir_op_name(n->op));
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));
-    }
-}
-
-CgLibClass cg_lib_class(const IrNode *n, const char *backend) {
-    switch (n->op) {
-    case OP_MATMUL: return CG_LIB_MATMUL;
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: return CG_LIB_CONV;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: return CG_LIB_POOL;
-    case OP_SOFTMAX:
-    case OP_SOFTMAX_BWD:
-    case OP_XENT:
-    case OP_XENT_BWD:
-    case OP_ACCURACY: return CG_LIB_ROWS;
-    case OP_BN_STATS:
-    case OP_BN_BWD_SUMS: return CG_LIB_BN;
-    default: ICE("%s: no kernel for %s", backend, ir_op_name(n->op));
     }
 }

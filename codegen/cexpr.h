@@ -53,7 +53,6 @@ extern const char *const cg_loss_names[];
 
 const IrNode *cg_root(const IrNode *n);
 double cg_const_value(const IrNode *n);
-int cg_is_float(IrDtype dt);
 int cg_is_half(IrDtype dt);
 void cg_lit(FILE *o, double v);
 void cg_dbl(FILE *o, double v);
@@ -86,16 +85,11 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);
 void cg_sum_to_base(FILE *o, const IrNode *n);
 void cg_sum_to_elem(FILE *o, const IrNode *n);
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);
+/* Which of the three convolutions n is (the runtimes' order); any other operator is a bug. */
+enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };
+int cg_conv_which(const IrNode *n);
+/* Which pooling n is: max or average, forward or backward; any other operator is a bug. */
+void cg_pool_kind(const IrNode *n, int *max, int *bwd);
 void cg_check_lib_operands(const IrNode *n, const char *backend);
-
-/* The library operators by the kernel family both backends dispatch them to. */
-typedef enum {
-    CG_LIB_MATMUL, /* MATMUL */
-    CG_LIB_CONV,   /* CONV2D and its two gradients */
-    CG_LIB_POOL,   /* max and average pooling, forward and backward */
-    CG_LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
-    CG_LIB_BN,     /* batch-norm statistics and backward sums */
-} CgLibClass;
-CgLibClass cg_lib_class(const IrNode *n, const char *backend);
 
 #endif

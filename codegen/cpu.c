@@ -284,7 +284,9 @@ static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
 static void emit_conv(Cg *c, const IrNode *n) {
     FILE *o = c->out;
     cg_conv_geometry(o, n, "conv");
-    const char *fn = n->op == OP_CONV2D ? "fwd" : n->op == OP_CONV2D_BWD_DATA ? "bwd_data" : "bwd_filter";
+    static const char *const fns[] = {[CG_CONV_FWD] = "fwd", [CG_CONV_BWD_DATA] = "bwd_data",
+                                      [CG_CONV_BWD_FILTER] = "bwd_filter"};
+    const char *fn = fns[cg_conv_which(n)];
     char wname[32];
     snprintf(wname, sizeof wname, "v%d", n->in[1]->id);
     if (c->eval && c->fold[n->id]) {
@@ -302,8 +304,8 @@ static void emit_conv(Cg *c, const IrNode *n) {
 }
 
 static void emit_pool(Cg *c, const IrNode *n) {
-    int bwd = n->op == OP_MAXPOOL2D_BWD || n->op == OP_AVGPOOL2D_BWD;
-    int max = n->op == OP_MAXPOOL2D || n->op == OP_MAXPOOL2D_BWD;
+    int max, bwd;
+    cg_pool_kind(n, &max, &bwd);
     const IrShape *x = bwd ? &n->shape : &n->in[0]->shape;
     const IrShape *y = bwd ? &n->in[n->n_in - 1]->shape : &n->shape;
     const IrAttrs *a = &n->attr;
@@ -340,9 +342,11 @@ static void emit_rows(Cg *c, const IrNode *n) {
         fprintf(o, "    rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
         cg_lit(o, n->attr.smoothing), fprintf(o, ", v%d, v%d);\n", n->in[2]->id, n->id);
         break;
-    default: /* OP_ACCURACY */
+    case OP_ACCURACY:
         fprintf(o, "    v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);\n", n->id,
                 rows, cols, a, b);
+        break;
+    default: ICE("cpu: %s is not a per-row kernel", ir_op_name(n->op));
     }
 }
 
@@ -361,6 +365,7 @@ static void emit_bn(Cg *c, const IrNode *n) {
                     x->id, n->in[1]->id, n->in[2]->id, n->id);
         return;
     }
+    if (n->op != OP_BN_STATS) ICE("cpu: %s is not a batch-norm reduction", ir_op_name(n->op));
     const IrParam *rm = &c->g->params[n->attr.stat_param];
     if (nhwc) fprintf(o, "    rt_bn_stats_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, ", N * HW, C, x->id, n->id);
     else fprintf(o, "    rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
@@ -372,12 +377,13 @@ static void emit_bn(Cg *c, const IrNode *n) {
 
 static void emit_lib(Cg *c, const IrNode *n) {
     cg_check_lib_operands(n, "cpu");
-    switch (cg_lib_class(n, "cpu")) {
-    case CG_LIB_MATMUL: emit_matmul(c, n); break;
-    case CG_LIB_CONV: emit_conv(c, n); break;
-    case CG_LIB_POOL: emit_pool(c, n); break;
-    case CG_LIB_ROWS: emit_rows(c, n); break;
-    case CG_LIB_BN: emit_bn(c, n); break;
+    switch (ir_op_lib(n->op)) {
+    case LIB_MATMUL: emit_matmul(c, n); break;
+    case LIB_CONV: emit_conv(c, n); break;
+    case LIB_POOL: emit_pool(c, n); break;
+    case LIB_ROWS: emit_rows(c, n); break;
+    case LIB_BN: emit_bn(c, n); break;
+    case LIB_NONE: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }
 

@@ -401,9 +401,9 @@ static void emit_matmul(Cu *u, const IrNode *n) {
 /* cuDNN takes the filter in the activations' format: KRSC beside NHWC (the layout pass's
  * krsc_filters), KCRS beside NCHW; the generated kernels have permuted it already. */
 static void emit_conv(Cu *u, const IrNode *n) {
-    int which = n->op == OP_CONV2D ? 0 : n->op == OP_CONV2D_BWD_DATA ? 1 : 2;
+    int which = cg_conv_which(n);
     int nhwc = ir_operand_layout(n, 0) == LAYOUT_NHWC;
-    const IrNode *filter = which == 2 ? n : n->in[1];
+    const IrNode *filter = which == CG_CONV_BWD_FILTER ? n : n->in[1];
     if (!ir_stored_as(filter, nhwc ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR))
         ICE("cuda: %%%d %s reads %s activations with a filter in the other order", n->id, ir_op_name(n->op),
             nhwc ? "NHWC" : "NCHW");
@@ -419,8 +419,8 @@ static void emit_conv(Cu *u, const IrNode *n) {
 }
 
 static void emit_pool(Cu *u, const IrNode *n) {
-    int bwd = n->op == OP_MAXPOOL2D_BWD || n->op == OP_AVGPOOL2D_BWD;
-    int max = n->op == OP_MAXPOOL2D || n->op == OP_MAXPOOL2D_BWD;
+    int max, bwd;
+    cg_pool_kind(n, &max, &bwd);
     const IrShape *x = bwd ? &n->shape : &n->in[0]->shape;
     const IrShape *y = bwd ? &n->in[n->n_in - 1]->shape : &n->shape;
     const IrAttrs *a = &n->attr;
@@ -460,11 +460,12 @@ static void emit_rows(Cu *u, const IrNode *n) {
         snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows, cols, a,
                  b, lit, n->in[2]->id, n->id);
         break;
-    default: /* OP_ACCURACY: one block counts */
+    case OP_ACCURACY: /* one block counts */
         snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);", rows, cols,
                  a, b, n->id);
         lib_kernel(u, n, call, "", 1, BLOCK);
         return;
+    default: ICE("cuda: %s is not a per-row kernel", ir_op_name(n->op));
     }
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
 }
@@ -487,6 +488,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
         lib_kernel(u, n, call, "_sum", rows_grid(2 * C), BLOCK);
         return;
     }
+    if (n->op != OP_BN_STATS) ICE("cuda: %s is not a batch-norm reduction", ir_op_name(n->op));
     const IrParam *rm = &u->g->params[n->attr.stat_param];
     char eps[48], mom[48];
     snprintf(eps, sizeof eps, "%.17g", n->attr.eps);
@@ -504,15 +506,16 @@ static void emit_bn(Cu *u, const IrNode *n) {
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {
-    CgLibClass cls = cg_lib_class(n, "cuda");
-    if (!((cls == CG_LIB_MATMUL || cls == CG_LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
+    IrLibClass cls = ir_op_lib(n->op);
+    if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
         cg_check_lib_operands(n, "cuda");
     switch (cls) {
-    case CG_LIB_MATMUL: emit_matmul(u, n); break;
-    case CG_LIB_CONV: emit_conv(u, n); break;
-    case CG_LIB_POOL: emit_pool(u, n); break;
-    case CG_LIB_ROWS: emit_rows(u, n); break;
-    case CG_LIB_BN: emit_bn(u, n); break;
+    case LIB_MATMUL: emit_matmul(u, n); break;
+    case LIB_CONV: emit_conv(u, n); break;
+    case LIB_POOL: emit_pool(u, n); break;
+    case LIB_ROWS: emit_rows(u, n); break;
+    case LIB_BN: emit_bn(u, n); break;
+    case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }
 

@@ -207,8 +207,6 @@ static Value compare(int op, Value a, Value b, SrcLoc loc) {
 
 /* ---- tensor arithmetic */
 
-static int is_float_dt(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
-
 /* A float tensor operand, or 0 with an error naming what was found instead. */
 int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what) {
     if (v.k == V_ERR) return 0;
@@ -216,7 +214,7 @@ int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what) {
         diag_error(loc, "%s must be a tensor, found %s", what, sema_value_desc(S, v));
         return 0;
     }
-    if (!is_float_dt(v.t->dtype)) {
+    if (!ir_dtype_is_float(v.t->dtype)) {
         diag_error(loc, "%s must be a floating-point tensor, found %s", what, sema_value_desc(S, v));
         diag_hint("convert it first, e.g. f32(x)");
         return 0;

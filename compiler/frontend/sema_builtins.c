@@ -254,7 +254,6 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
     IrShape ys = ir_shape(4, x->shape.dim[0], out, P, Q);
     if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
     IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, w->node, NULL);
-    memcpy(y->attr.kernel, k, sizeof k);
     memcpy(y->attr.stride, st, sizeof st);
     memcpy(y->attr.pad, pad, sizeof pad);
     memcpy(y->attr.dil, dil, sizeof dil);
@@ -332,7 +331,6 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
     y->in[3] = b->node;
     y->n_in = 4;
-    y->attr.eps = eps;
     return sema_tensor(y);
 }
 
@@ -401,23 +399,26 @@ static Value b_reshape(Sema *S, const AstExpr *c, const char *label, Value *args
     return sema_tensor(reshape(S, x, s, c->loc));
 }
 
+/* The one-operand builtins: the operator each makes and the least rank of its operand
+ * (softmax works along the last axis, so not on a scalar). */
 static const struct {
     const char *name;
     IrOp op;
+    int min_rank;
 } unary_ops[] = {
-    {"relu", OP_RELU}, {"sigmoid", OP_SIGMOID}, {"tanh", OP_TANH}, {"gelu", OP_GELU},
-    {"exp", OP_EXP},   {"log", OP_LOG},         {"sqrt", OP_SQRT}, {"softmax", OP_SOFTMAX},
+    {"relu", OP_RELU, 0}, {"sigmoid", OP_SIGMOID, 0}, {"tanh", OP_TANH, 0}, {"gelu", OP_GELU, 0},
+    {"exp", OP_EXP, 0},   {"log", OP_LOG, 0},         {"sqrt", OP_SQRT, 0}, {"softmax", OP_SOFTMAX, 1},
 };
 
 static Value b_unary(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 0, c->name[0] == 's' && c->name[1] == 'o' ? 1 : 0);
+    size_t i = 0, n = sizeof unary_ops / sizeof *unary_ops;
+    while (i < n && strcmp(unary_ops[i].name, c->name) != 0) i++;
+    if (i == n) ICE("b_unary: %s", c->name);
+    IrNode *x = arg_tensor(A, 0, 0, unary_ops[i].min_rank);
     if (!A->ok) return sema_error();
-    for (size_t i = 0; i < sizeof unary_ops / sizeof *unary_ops; i++)
-        if (strcmp(unary_ops[i].name, c->name) == 0)
-            return sema_tensor(sema_node(S, unary_ops[i].op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
-    ICE("b_unary: %s", c->name);
+    return sema_tensor(sema_node(S, unary_ops[i].op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
 }
 
 static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args) {

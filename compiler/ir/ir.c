@@ -2,6 +2,9 @@
  *
  * The verifier checks what every later stage relies on: operands precede their users, the
  * arity matches ops.def, and each operator's output shape and dtype agree with its operands.
+ * What differs between operators - attributes, operand layouts, shape rule - is read from
+ * ops.def's columns; an operator missing from the table, or a column entry the code does not
+ * know, is an internal error, never a silent default.
  * The printer's text is the golden-test format, so it changes only on purpose.
  */
 #include "ir.h"
@@ -11,34 +14,79 @@
 
 #include "builder.h"
 
-static const struct {
+/* The verifier's rule for an operator's output shape (ops.def's shape column): the shape n
+ * must have given its operands, in *want; 0 if an operand's shape is wrong. */
+typedef int ShapeRule(const IrNode *n, IrShape *want);
+#define OP(e, name, arity, kind, attrs, layouts, shape, lib, meaning) static ShapeRule shape_##shape;
+#include "ops.def"
+#undef OP
+
+typedef struct OpInfo {
     const char *name;
     int arity;
     IrOpKind kind;
+    unsigned attrs;      /* ATTR_* */
+    const char *layouts; /* operand letters, '>', the result's */
+    ShapeRule *shape;
+    IrLibClass lib;
     const char *meaning;
-} op_table[] = {
-#define OP(e, name, arity, kind, meaning) [OP_##e] = {name, arity, kind, meaning},
+} OpInfo;
+
+static const OpInfo op_table[] = {
+#define OP(e, name, arity, kind, attrs, layouts, shape, lib, meaning) \
+    [OP_##e] = {name, arity, kind, attrs, layouts, shape_##shape, lib, meaning},
 #include "ops.def"
 #undef OP
 };
 
-const char *ir_op_name(IrOp op) { return op_table[op].name; }
-int ir_op_arity(IrOp op) { return op_table[op].arity; }
-IrOpKind ir_op_kind(IrOp op) { return op_table[op].kind; }
-const char *ir_op_meaning(IrOp op) { return op_table[op].meaning; }
+/* The table's line for op; an operator outside it is a compiler bug. */
+static const OpInfo *op_entry(IrOp op) {
+    if ((unsigned)op >= OP__COUNT) ICE("operator %d is not in ops.def", (int)op);
+    return &op_table[op];
+}
+
+const char *ir_op_name(IrOp op) { return op_entry(op)->name; }
+int ir_op_arity(IrOp op) { return op_entry(op)->arity; }
+IrOpKind ir_op_kind(IrOp op) { return op_entry(op)->kind; }
+const char *ir_op_meaning(IrOp op) { return op_entry(op)->meaning; }
+IrLibClass ir_op_lib(IrOp op) { return op_entry(op)->lib; }
+static unsigned op_attrs(IrOp op) { return op_entry(op)->attrs; }
+
+/* op's layouts column, checked against its arity. */
+static const char *layouts_of(IrOp op) {
+    const OpInfo *e = op_entry(op);
+    if (strlen(e->layouts) != (size_t)e->arity + 2 || e->layouts[e->arity] != '>')
+        ICE("ops.def: %s's layouts \"%s\" do not match its %d operands", e->name, e->layouts, e->arity);
+    return e->layouts;
+}
+
+static char operand_letter(IrOp op, int k) {
+    if (k < 0 || k >= ir_op_arity(op)) ICE("%s has no operand %d", ir_op_name(op), k);
+    return layouts_of(op)[k];
+}
+
+static int result_nhwc(IrOp op) { return layouts_of(op)[ir_op_arity(op) + 1] == 'n'; }
+
+int ir_op_follows_layout(IrOp op) {
+    for (int k = 0; k < ir_op_arity(op); k++)
+        if (operand_letter(op, k) != 'o') return 0;
+    return ir_op_arity(op) > 0 && result_nhwc(op);
+}
 
 static const struct {
     const char *name, *ctype;
     int size;
+    int is_float;
 } dtype_table[DT__COUNT] = {
-    [DT_F32] = {"f32", "float", 4},     [DT_F16] = {"f16", "uint16_t", 2},
-    [DT_BF16] = {"bf16", "uint16_t", 2}, [DT_I32] = {"i32", "int32_t", 4},
-    [DT_I64] = {"i64", "int64_t", 8},   [DT_U8] = {"u8", "uint8_t", 1},
+    [DT_F32] = {"f32", "float", 4, 1},     [DT_F16] = {"f16", "uint16_t", 2, 1},
+    [DT_BF16] = {"bf16", "uint16_t", 2, 1}, [DT_I32] = {"i32", "int32_t", 4, 0},
+    [DT_I64] = {"i64", "int64_t", 8, 0},   [DT_U8] = {"u8", "uint8_t", 1, 0},
 };
 
 const char *ir_dtype_name(IrDtype dt) { return dtype_table[dt].name; }
 const char *ir_dtype_ctype(IrDtype dt) { return dtype_table[dt].ctype; }
 int ir_dtype_size(IrDtype dt) { return dtype_table[dt].size; }
+int ir_dtype_is_float(IrDtype dt) { return dtype_table[dt].is_float; }
 
 int ir_dtype_from_name(const char *name, IrDtype *out) {
     for (int i = 0; i < DT__COUNT; i++)
@@ -180,44 +228,63 @@ int ir_conv_nhwc_ok(const IrNode *n) {
     return !(w->dim[2] == 1 && w->dim[3] == 1 && strided && w->dim[1] % 8 != 0);
 }
 
-int ir_operand_layout(const IrNode *n, int k) {
-    switch (ir_op_kind(n->op)) {
-    case OPK_EW:
-    case OPK_REDUCE: return -1;
-    case OPK_SOURCE: return LAYOUT_ROW_MAJOR;
-    case OPK_VIEW: return LAYOUT_ROW_MAJOR; /* views reinterpret row-major storage */
-    case OPK_LIB: break;
-    }
-    switch (n->op) {
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA: return k == 0 ? (int)n->layout : (int)n->attr.filter; /* oihw, or ohwi (KRSC) */
-    case OP_CONV2D_BWD_FILTER: /* x and dy alike: channels-last if either is and it may */
-        return ir_conv_nhwc_ok(n) && (n->in[0]->layout == LAYOUT_NHWC || n->in[1]->layout == LAYOUT_NHWC)
-                   ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: return n->layout;
-    case OP_BN_STATS: return -1;
-    case OP_BN_BWD_SUMS: return k == 0 ? -1 : k == 1 ? LAYOUT_ROW_MAJOR : (int)n->in[0]->layout;
-    default: return LAYOUT_ROW_MAJOR;
-    }
-}
-
-/* ---- verifier */
-
-static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
-
-static int verify_fail(const char *stage, const IrNode *n, const char *what) {
-    char buf[160];
-    fprintf(stderr, "netc: IR verification failed after %s: %%%d = %s %s: %s\n", stage, n->id,
-            ir_op_name(n->op), ir_shape_str(&n->shape, buf, sizeof buf), what);
+/* A filter gradient's activations (letter 'c'): channels-last together if either is and the
+ * convolution may run channels-last. */
+static int acts_nhwc(const IrNode *n) {
+    if (!ir_conv_nhwc_ok(n)) return 0;
+    for (int k = 0; k < n->n_in; k++)
+        if (operand_letter(n->op, k) == 'c' && n->in[k]->layout == LAYOUT_NHWC) return 1;
     return 0;
 }
 
+int ir_operand_layout(const IrNode *n, int k) {
+    char letter = operand_letter(n->op, k);
+    switch (letter) {
+    case 'a': return -1;
+    case 'r': return LAYOUT_ROW_MAJOR;
+    case 'o': return (int)n->layout;
+    case 'f': return (int)n->attr.filter; /* oihw, or ohwi (KRSC) */
+    case 'c': return acts_nhwc(n) ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
+    case 'x': return (int)n->in[0]->layout;
+    default: ICE("ops.def: %s has layout letter '%c'", ir_op_name(n->op), letter);
+    }
+}
+
+/* ---- shape rules, one per ops.def shape column entry */
+
+/* Sources: the shape they are given. */
+static int shape_given(const IrNode *n, IrShape *want) { return *want = n->shape, 1; }
+
+static int shape_reshape(const IrNode *n, IrShape *want) {
+    *want = n->shape;
+    return ir_numel(&n->in[0]->shape) == ir_numel(&n->shape);
+}
+
+static int shape_row(const IrNode *n, IrShape *want) {
+    const IrShape *a = &n->in[0]->shape;
+    *want = n->shape;
+    return a->rank >= 1 && n->attr.row >= 0 && n->attr.row < a->dim[0] &&
+           ir_numel(a) == a->dim[0] * ir_numel(&n->shape);
+}
+
+/* Element-wise: the operands broadcast together. */
+static int shape_broadcast(const IrNode *n, IrShape *want) {
+    *want = n->in[0]->shape;
+    for (int i = 1; i < n->n_in; i++)
+        if (!ir_broadcast(want, &n->in[i]->shape, want)) return 0;
+    return 1;
+}
+
+static int shape_expand(const IrNode *n, IrShape *want) {
+    IrShape s;
+    *want = n->shape;
+    return ir_broadcast(&n->in[0]->shape, &n->shape, &s) && ir_shape_eq(&s, &n->shape);
+}
+
 /* Batch-norm operands: x [N, C, ...] (the output's shape), stats/sums [2, C], weight/bias [C]. */
-static int bn_operands_ok(const IrNode *n) {
+static int shape_bn(const IrNode *n, IrShape *want) {
     const IrShape *x = &n->in[0]->shape;
+    *want = n->shape;
     if (x->rank < 2 || !ir_shape_eq(x, &n->shape)) return 0;
     int64_t C = x->dim[1];
     for (int i = 1; i < n->n_in; i++) {
@@ -230,76 +297,136 @@ static int bn_operands_ok(const IrNode *n) {
     return 1;
 }
 
-/* The output shape each operator must have, given its operands; 0 if any shape is wrong. */
-static int expected_shape(const IrNode *n, IrShape *want) {
-    const IrNode *a = n->in[0], *b = n->n_in > 1 ? n->in[1] : NULL;
-    switch (ir_op_kind(n->op)) {
-    case OPK_SOURCE: *want = n->shape; return 1;
-    case OPK_VIEW:
-        *want = n->shape;
-        if (n->op == OP_ROW)
-            return a->shape.rank >= 1 && n->attr.row >= 0 && n->attr.row < a->shape.dim[0] &&
-                   ir_numel(&a->shape) == a->shape.dim[0] * ir_numel(&n->shape);
-        return ir_numel(&a->shape) == ir_numel(&n->shape);
-    case OPK_EW:
-        if (n->op == OP_BN_APPLY || n->op == OP_BN_BWD_DATA) return *want = n->shape, bn_operands_ok(n);
-        if (n->op == OP_EXPAND) {
-            IrShape s;
-            *want = n->shape;
-            return ir_broadcast(&a->shape, &n->shape, &s) && ir_shape_eq(&s, &n->shape);
-        }
-        *want = a->shape;
-        for (int i = 1; i < n->n_in; i++)
-            if (!ir_broadcast(want, &n->in[i]->shape, want)) return 0;
-        return 1;
-    case OPK_REDUCE:
-        if (n->op == OP_SUM_TO) {
-            IrShape s;
-            *want = n->shape;
-            return ir_broadcast(&a->shape, &n->shape, &s) && ir_shape_eq(&s, &a->shape);
-        }
-        *want = ir_scalar_shape();
-        return 1;
-    case OPK_LIB: break;
-    }
+static int shape_sum_to(const IrNode *n, IrShape *want) {
+    IrShape s;
     *want = n->shape;
-    switch (n->op) {
-    case OP_MATMUL: {
-        int r = a->shape.rank;
-        if (r < 2 || r > 3 || b->shape.rank != r) return 0;
-        int64_t m = a->shape.dim[r - 2 + n->attr.trans_a], ka = a->shape.dim[r - 1 - n->attr.trans_a];
-        int64_t kb = b->shape.dim[r - 2 + n->attr.trans_b], nn = b->shape.dim[r - 1 - n->attr.trans_b];
-        if (ka != kb || (r == 3 && a->shape.dim[0] != b->shape.dim[0])) return 0;
-        *want = a->shape;
-        want->dim[r - 2] = m;
-        want->dim[r - 1] = nn;
-        return 1;
-    }
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER:
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD: return a->shape.rank == 4 && n->shape.rank == 4;
-    case OP_SOFTMAX: *want = a->shape; return a->shape.rank >= 1;
-    case OP_SOFTMAX_BWD: *want = a->shape; return ir_shape_eq(&a->shape, &b->shape);
-    case OP_XENT:
-        *want = ir_shape(1, a->shape.dim[0]);
-        return a->shape.rank == 2 && b->shape.rank == 1 && b->shape.dim[0] == a->shape.dim[0] &&
-               b->dtype == DT_I64;
-    case OP_XENT_BWD: *want = a->shape; return a->shape.rank == 2;
-    case OP_ACCURACY: *want = ir_scalar_shape(); return a->shape.rank == 2 && b->dtype == DT_I64;
-    case OP_BN_STATS:
-    case OP_BN_BWD_SUMS:
-        if (a->shape.rank < 2) return 0;
-        *want = ir_shape(2, (int64_t)2, a->shape.dim[1]);
-        return n->op == OP_BN_STATS || ir_shape_eq(&n->in[2]->shape, &a->shape);
-    default: return 1;
+    return ir_broadcast(&n->in[0]->shape, &n->shape, &s) && ir_shape_eq(&s, &n->in[0]->shape);
+}
+
+static int shape_scalar(const IrNode *n, IrShape *want) {
+    (void)n;
+    return *want = ir_scalar_shape(), 1;
+}
+
+static int shape_matmul(const IrNode *n, IrShape *want) {
+    const IrNode *a = n->in[0], *b = n->in[1];
+    int r = a->shape.rank;
+    if (r < 2 || r > 3 || b->shape.rank != r) return 0;
+    int64_t m = a->shape.dim[r - 2 + n->attr.trans_a], ka = a->shape.dim[r - 1 - n->attr.trans_a];
+    int64_t kb = b->shape.dim[r - 2 + n->attr.trans_b], nn = b->shape.dim[r - 1 - n->attr.trans_b];
+    if (ka != kb || (r == 3 && a->shape.dim[0] != b->shape.dim[0])) return 0;
+    *want = a->shape;
+    want->dim[r - 2] = m;
+    want->dim[r - 1] = nn;
+    return 1;
+}
+
+/* Convolutions and pooling: rank 4 in and out (sema checks the window arithmetic). */
+static int shape_rank4(const IrNode *n, IrShape *want) {
+    *want = n->shape;
+    return n->in[0]->shape.rank == 4 && n->shape.rank == 4;
+}
+
+static int shape_softmax(const IrNode *n, IrShape *want) {
+    *want = n->in[0]->shape;
+    return want->rank >= 1;
+}
+
+static int shape_softmax_bwd(const IrNode *n, IrShape *want) {
+    *want = n->in[0]->shape;
+    return ir_shape_eq(&n->in[0]->shape, &n->in[1]->shape);
+}
+
+static int shape_xent(const IrNode *n, IrShape *want) {
+    const IrNode *a = n->in[0], *b = n->in[1];
+    *want = ir_shape(1, a->shape.dim[0]);
+    return a->shape.rank == 2 && b->shape.rank == 1 && b->shape.dim[0] == a->shape.dim[0] && b->dtype == DT_I64;
+}
+
+static int shape_xent_bwd(const IrNode *n, IrShape *want) {
+    *want = n->in[0]->shape;
+    return want->rank == 2;
+}
+
+static int shape_accuracy(const IrNode *n, IrShape *want) {
+    *want = ir_scalar_shape();
+    return n->in[0]->shape.rank == 2 && n->in[1]->dtype == DT_I64;
+}
+
+static int shape_bn_stats(const IrNode *n, IrShape *want) {
+    const IrShape *x = &n->in[0]->shape;
+    *want = n->shape;
+    if (x->rank < 2) return 0;
+    *want = ir_shape(2, (int64_t)2, x->dim[1]);
+    return 1;
+}
+
+static int shape_bn_sums(const IrNode *n, IrShape *want) {
+    return shape_bn_stats(n, want) && ir_shape_eq(&n->in[2]->shape, &n->in[0]->shape);
+}
+
+/* ---- verifier */
+
+static int verify_fail(const char *stage, const IrNode *n, const char *what) {
+    char buf[160];
+    fprintf(stderr, "netc: IR verification failed after %s: %%%d = %s %s: %s\n", stage, n->id,
+            ir_op_name(n->op), ir_shape_str(&n->shape, buf, sizeof buf), what);
+    return 0;
+}
+
+/* The attribute holds the value every operator that does not read it leaves there. */
+static int attr_is_default(unsigned attr, const IrAttrs *a) {
+    switch (attr) {
+    case ATTR_VALUE: return a->scalar == 0;
+    case ATTR_TRANS: return !a->trans_a && !a->trans_b;
+    case ATTR_KERNEL: return !a->kernel[0] && !a->kernel[1];
+    case ATTR_STRIDE: return !a->stride[0] && !a->stride[1];
+    case ATTR_PAD: return !a->pad[0] && !a->pad[1];
+    case ATTR_DILATION: return !a->dil[0] && !a->dil[1];
+    case ATTR_GROUPS: return a->groups == 1;
+    case ATTR_FILTER: return a->filter == LAYOUT_ROW_MAJOR;
+    case ATTR_DROPOUT: return a->p == 0 && !a->seed_id;
+    case ATTR_BATCH_MASKED: return !a->batch_masked;
+    case ATTR_BN: return a->eps == 0 && a->momentum == 0 && !a->stat_param;
+    case ATTR_ROW: return !a->row;
+    case ATTR_SMOOTHING: return a->smoothing == 0;
+    default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
 
+/* Every attribute n's operator does not read (ops.def) holds its default. */
+static int attrs_unused_default(const IrNode *n) {
+    for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
+        if (!(op_attrs(n->op) & bit) && !attr_is_default(bit, &n->attr)) return 0;
+    return 1;
+}
+
+/* n reads or writes a filter channels-last (KRSC): a convolution whose attr.filter says so,
+ * or a filter gradient (operands 'c') produced channels-last. */
+static int krsc_filter(const IrNode *n) {
+    if (op_attrs(n->op) & ATTR_FILTER) return n->attr.filter == LAYOUT_NHWC;
+    return n->n_in > 0 && operand_letter(n->op, 0) == 'c' && n->layout == LAYOUT_NHWC;
+}
+
+static int verify_layouts(const IrNode *n, const char *stage) {
+    if (n->layout == LAYOUT_NHWC && n->shape.rank != 4) return verify_fail(stage, n, "channels-last below rank 4");
+    if (n->layout == LAYOUT_NHWC && !result_nhwc(n->op))
+        return verify_fail(stage, n, "this operator has no channels-last form");
+    /* a filter channels-last (KRSC) only beside channels-last activations: the libraries take
+     * the two in one format */
+    if (krsc_filter(n) && ir_operand_layout(n, 0) != LAYOUT_NHWC)
+        return verify_fail(stage, n, "a channels-last filter beside row-major activations");
+    for (int i = 0; i < n->n_in; i++) {
+        int want = ir_operand_layout(n, i);
+        if (want >= 0 && !ir_stored_as(n->in[i], (IrLayout)want))
+            return verify_fail(stage, n, "an operand is stored in a layout the operator does not read");
+    }
+    return 1;
+}
+
 static int verify_node(const IrGraph *g, const IrNode *n, int pos, const char *stage) {
+    if ((ir_op_kind(n->op) == OPK_LIB) != (ir_op_lib(n->op) != LIB_NONE))
+        ICE("ops.def: %s's kind and library class disagree", ir_op_name(n->op));
     if (n->id != pos) return verify_fail(stage, n, "id does not match its schedule position");
     if (n->n_in != ir_op_arity(n->op)) return verify_fail(stage, n, "wrong number of operands");
     for (int i = 0; i < n->n_in; i++) {
@@ -311,25 +438,12 @@ static int verify_node(const IrGraph *g, const IrNode *n, int pos, const char *s
     for (int i = 0; i < n->shape.rank; i++)
         if (n->shape.dim[i] < 1) return verify_fail(stage, n, "dimension below 1");
     IrShape want;
-    if (!expected_shape(n, &want) || !ir_shape_eq(&want, &n->shape))
+    if (!op_entry(n->op)->shape(n, &want) || !ir_shape_eq(&want, &n->shape))
         return verify_fail(stage, n, "shape does not follow from the operands");
-    if (n->layout == LAYOUT_NHWC && n->shape.rank != 4) return verify_fail(stage, n, "channels-last below rank 4");
-    int nhwc_op = ir_op_kind(n->op) == OPK_EW || (n->op >= OP_CONV2D && n->op <= OP_CONV2D_BWD_FILTER) ||
-                  (n->op >= OP_MAXPOOL2D && n->op <= OP_AVGPOOL2D_BWD);
-    if (n->layout == LAYOUT_NHWC && !nhwc_op) return verify_fail(stage, n, "this operator has no channels-last form");
-    /* a filter channels-last (KRSC) only beside channels-last activations: the libraries take
-     * the two in one format */
-    int krsc = n->op == OP_CONV2D_BWD_FILTER ? n->layout == LAYOUT_NHWC
-             : (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) && n->attr.filter == LAYOUT_NHWC;
-    if (krsc && ir_operand_layout(n, 0) != LAYOUT_NHWC)
-        return verify_fail(stage, n, "a channels-last filter beside row-major activations");
-    for (int i = 0; i < n->n_in; i++) {
-        int want = ir_operand_layout(n, i);
-        if (want >= 0 && !ir_stored_as(n->in[i], (IrLayout)want))
-            return verify_fail(stage, n, "an operand is stored in a layout the operator does not read");
-    }
+    if (!verify_layouts(n, stage)) return 0;
+    if (!attrs_unused_default(n)) return verify_fail(stage, n, "an attribute the operator does not read is set");
     int ew_float = ir_op_kind(n->op) == OPK_EW && n->op != OP_CAST;
-    if ((ew_float || ir_op_kind(n->op) == OPK_REDUCE) && !is_float(n->dtype))
+    if ((ew_float || ir_op_kind(n->op) == OPK_REDUCE) && !ir_dtype_is_float(n->dtype))
         return verify_fail(stage, n, "arithmetic on a non-float dtype");
     return 1;
 }
@@ -359,41 +473,39 @@ int ir_verify(const IrGraph *g, const char *stage) {
 
 /* ---- printer */
 
-static void print_attrs(const IrNode *n, FILE *out) {
-    const IrAttrs *a = &n->attr;
-    switch (n->op) {
-    case OP_CONST: fprintf(out, " value=%.9g", a->scalar); break;
-    case OP_MATMUL:
+/* One attribute as --dump prints it: flags and label smoothing only when set. */
+static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
+    switch (attr) {
+    case ATTR_VALUE: fprintf(out, " value=%.9g", a->scalar); break;
+    case ATTR_TRANS:
         if (a->trans_a) fprintf(out, " trans_a");
         if (a->trans_b) fprintf(out, " trans_b");
         break;
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER:
-        fprintf(out, " stride=%d,%d pad=%d,%d dilation=%d,%d groups=%d", a->stride[0],
-                a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
-        if (n->op != OP_CONV2D_BWD_FILTER && a->filter == LAYOUT_NHWC) fprintf(out, " filter=krsc");
+    case ATTR_KERNEL: fprintf(out, " kernel=%d,%d", a->kernel[0], a->kernel[1]); break;
+    case ATTR_STRIDE: fprintf(out, " stride=%d,%d", a->stride[0], a->stride[1]); break;
+    case ATTR_PAD: fprintf(out, " pad=%d,%d", a->pad[0], a->pad[1]); break;
+    case ATTR_DILATION: fprintf(out, " dilation=%d,%d", a->dil[0], a->dil[1]); break;
+    case ATTR_GROUPS: fprintf(out, " groups=%d", a->groups); break;
+    case ATTR_FILTER:
+        if (a->filter == LAYOUT_NHWC) fprintf(out, " filter=krsc");
         break;
-    case OP_MAXPOOL2D:
-    case OP_MAXPOOL2D_BWD:
-    case OP_AVGPOOL2D:
-    case OP_AVGPOOL2D_BWD:
-        fprintf(out, " kernel=%d,%d stride=%d,%d pad=%d,%d", a->kernel[0], a->kernel[1],
-                a->stride[0], a->stride[1], a->pad[0], a->pad[1]);
-        break;
-    case OP_DROPOUT:
-    case OP_DROPOUT_GRAD: fprintf(out, " p=%g mask=%d", a->p, a->seed_id); break;
-    case OP_MEAN:
+    case ATTR_DROPOUT: fprintf(out, " p=%g mask=%d", a->p, a->seed_id); break;
+    case ATTR_BATCH_MASKED:
         if (a->batch_masked) fprintf(out, " batch_masked");
         break;
-    case OP_BN_STATS: fprintf(out, " eps=%g momentum=%g running=%d", a->eps, a->momentum, a->stat_param); break;
-    case OP_ROW: fprintf(out, " row=%d", a->row); break;
-    case OP_XENT:
-    case OP_XENT_BWD:
+    case ATTR_BN: fprintf(out, " eps=%g momentum=%g running=%d", a->eps, a->momentum, a->stat_param); break;
+    case ATTR_ROW: fprintf(out, " row=%d", a->row); break;
+    case ATTR_SMOOTHING:
         if (a->smoothing != 0) fprintf(out, " smoothing=%g", a->smoothing);
         break;
-    default: break;
+    default: ICE("print_attr: attribute bit %#x", attr);
     }
+}
+
+/* The attributes n's operator reads (ops.def), in the order of the ATTR_* bits. */
+static void print_attrs(const IrNode *n, FILE *out) {
+    for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
+        if (op_attrs(n->op) & bit) print_attr(bit, &n->attr, out);
 }
 
 static void print_node(const IrNode *n, FILE *out) {
@@ -433,5 +545,36 @@ void ir_print(const IrGraph *g, FILE *out) {
         fprintf(out, "param %s = %%%d%s", p->name, p->node->id, p->buffer ? " buffer" : p->trainable ? "" : " frozen");
         if (p->grad) fprintf(out, "  grad %%%d", p->grad->id);
         fprintf(out, "\n");
+    }
+}
+
+/* ---- the operator table as docs/compiler.md lists it */
+
+static const char *const kind_names[] = {
+    [OPK_SOURCE] = "source", [OPK_EW] = "element-wise", [OPK_REDUCE] = "reduction",
+    [OPK_LIB] = "library", [OPK_VIEW] = "view",
+};
+
+static const char *const lib_names[] = {
+    [LIB_NONE] = "", [LIB_MATMUL] = " (matmul)", [LIB_CONV] = " (conv)", [LIB_POOL] = " (pool)",
+    [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)",
+};
+
+/* The attributes' names as --dump prints them, in the order of the ATTR_* bits. */
+static const char *const attr_names[] = {
+    "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
+    "p mask", "batch_masked", "eps momentum running", "row", "smoothing",
+};
+_Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
+
+void ir_print_ops(FILE *out) {
+    fprintf(out, "| operator | operands | kind | attributes | meaning |\n|---|---|---|---|---|\n");
+    for (int op = 0; op < OP__COUNT; op++) {
+        fprintf(out, "| `%s` | %d | %s%s |", ir_op_name(op), ir_op_arity(op), kind_names[ir_op_kind(op)],
+                lib_names[ir_op_lib(op)]);
+        const char *sep = " ";
+        for (unsigned i = 0; (1u << i) < ATTR__END; i++)
+            if (op_attrs(op) & (1u << i)) fprintf(out, "%s%s", sep, attr_names[i]), sep = ", ";
+        fprintf(out, " | %s |\n", ir_op_meaning(op));
     }
 }

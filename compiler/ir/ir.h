@@ -22,7 +22,7 @@
 #include "util.h"
 
 typedef enum {
-#define OP(e, name, arity, kind, meaning) OP_##e,
+#define OP(e, name, arity, kind, attrs, layouts, shape, lib, meaning) OP_##e,
 #include "ops.def"
 #undef OP
     OP__COUNT
@@ -35,6 +35,38 @@ typedef enum {
     OPK_LIB,    /* library kernel */
     OPK_VIEW,   /* reinterpretation of the operand's storage */
 } IrOpKind;
+
+/* The kernel family a library operator is dispatched to by both backends. */
+typedef enum {
+    LIB_NONE,   /* not a library operator */
+    LIB_MATMUL, /* MATMUL */
+    LIB_CONV,   /* CONV2D and its two gradients */
+    LIB_POOL,   /* max and average pooling, forward and backward */
+    LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
+    LIB_BN,     /* batch-norm statistics and backward sums */
+} IrLibClass;
+
+/* The attributes an operator reads (ops.def's attrs column), one bit per IrAttrs field or pair
+ * of fields, in the order --dump prints them. */
+enum {
+    ATTR_NONE = 0,
+    ATTR_VALUE = 1 << 0,         /* scalar */
+    ATTR_TRANS = 1 << 1,         /* trans_a, trans_b */
+    ATTR_KERNEL = 1 << 2,        /* kernel */
+    ATTR_STRIDE = 1 << 3,        /* stride */
+    ATTR_PAD = 1 << 4,           /* pad */
+    ATTR_DILATION = 1 << 5,      /* dil */
+    ATTR_GROUPS = 1 << 6,        /* groups */
+    ATTR_FILTER = 1 << 7,        /* filter */
+    ATTR_DROPOUT = 1 << 8,       /* p, seed_id */
+    ATTR_BATCH_MASKED = 1 << 9,  /* batch_masked */
+    ATTR_BN = 1 << 10,           /* eps, momentum, stat_param */
+    ATTR_ROW = 1 << 11,          /* row */
+    ATTR_SMOOTHING = 1 << 12,    /* smoothing */
+    ATTR__END = 1 << 13,
+    ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
+    ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
+};
 
 /* Element types. The order matches RtDtype in runtime/netrt.h. */
 typedef enum {
@@ -63,7 +95,8 @@ typedef struct IrShape {
     int64_t dim[IR_MAX_RANK];
 } IrShape;
 
-/* Operator attributes; each operator reads only the fields its ops.def line names. */
+/* Operator attributes; each operator reads only the fields its ops.def line names (ATTR_*),
+ * and the others keep their defaults: zero, groups 1. */
 typedef struct IrAttrs {
     int kernel[2], stride[2], pad[2], dil[2]; /* conv2d/pooling, (h, w) */
     int groups;                               /* conv2d */
@@ -194,9 +227,14 @@ const char *ir_op_name(IrOp op);
 int ir_op_arity(IrOp op);
 IrOpKind ir_op_kind(IrOp op);
 const char *ir_op_meaning(IrOp op);
+IrLibClass ir_op_lib(IrOp op);  /* LIB_NONE unless op is a library kernel */
+/* op computes in the layout of its operands, reading each in its own (pooling): a layout flows
+ * through it as through an element-wise operator. */
+int ir_op_follows_layout(IrOp op);
 const char *ir_dtype_name(IrDtype dt);   /* "f32" */
 const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
 int ir_dtype_size(IrDtype dt);
+int ir_dtype_is_float(IrDtype dt);       /* f32, f16, bf16 */
 int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
 
 /* ---- physical layouts */
@@ -207,7 +245,8 @@ int ir_layout_matters(const IrShape *s);
  * order cannot differ. */
 int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
- * layout (element-wise operators and reductions index through strides). */
+ * layout (element-wise operators and reductions index through strides): ops.def's layouts
+ * column applied to n. */
 int ir_operand_layout(const IrNode *n, int k);
 /* Convolution node n (forward, data or filter gradient) may run channels-last: not a strided
  * 1x1 convolution whose input channels per group are not a multiple of 8, for which oneDNN
@@ -244,5 +283,7 @@ int ir_verify(const IrGraph *g, const char *stage);
 /* --dump=ir / --dump=grad: one line per node, stable for golden tests:
  *   %7 = conv2d(%3, %6) f32[64,6,28,28] stride=1,1 pad=2,2   # lenet.net:9 */
 void ir_print(const IrGraph *g, FILE *out);
+/* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
+void ir_print_ops(FILE *out);
 
 #endif

@@ -30,8 +30,6 @@ typedef struct Ad {
     SrcLoc loc;          /* loc of the forward node being differentiated */
 } Ad;
 
-static int is_float(IrDtype dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
-
 /* ---- building backward nodes */
 
 /* Append the node `spec` describes to the backward pass, at the forward node's source line. */
@@ -283,7 +281,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
  * and the statistics operand of BN_APPLY (its rule differentiates through them itself). */
 static int differentiable_edge(const IrNode *y, int k) {
     if (y->op == OP_ACCURACY || y->op == OP_BN_STATS) return 0;
-    return is_float(y->dtype) && !(y->op == OP_BN_APPLY && k == 1);
+    return ir_dtype_is_float(y->dtype) && !(y->op == OP_BN_APPLY && k == 1);
 }
 
 static void mark_needed(Ad *ad) {
@@ -297,14 +295,14 @@ static void mark_needed(Ad *ad) {
         IrNode *y = g->nodes[i];
         for (int k = 0; k < y->n_in && !from_param[i]; k++)
             from_param[i] = from_param[y->in[k]->id];
-        from_param[i] &= is_float(y->dtype);
+        from_param[i] &= ir_dtype_is_float(y->dtype);
     }
     to_loss[g->loss->id] = 1;
     for (int i = n - 1; i >= 0; i--) {
         IrNode *y = g->nodes[i];
         if (!to_loss[i]) continue;
         for (int k = 0; k < y->n_in; k++)
-            if (differentiable_edge(y, k)) to_loss[y->in[k]->id] = is_float(y->in[k]->dtype);
+            if (differentiable_edge(y, k)) to_loss[y->in[k]->id] = ir_dtype_is_float(y->in[k]->dtype);
     }
     for (int i = 0; i < n; i++) ad->need[i] = from_param[i] && to_loss[i];
 }

@@ -39,7 +39,9 @@
 
 static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
 
-static int is_pool(IrOp op) { return op >= OP_MAXPOOL2D && op <= OP_AVGPOOL2D_BWD; }
+/* Pooling: an operator that computes in its operands' layout (ops.def), so a layout flows
+ * through it as through an element-wise one. */
+static int is_pool(IrOp op) { return ir_op_follows_layout(op); }
 
 /* The layout decides how n is computed: a pooling reads or writes a full plane even when its
  * other side is one pixel (global average pooling). */

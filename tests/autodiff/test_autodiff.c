@@ -232,7 +232,7 @@ static void test_conv2d(void **state) {
     IrNode *bias = param(g, "b", s1(6));
     IrNode *y = ir_add(g, OP_CONV2D, ir_shape(4, (int64_t)2, (int64_t)6, (int64_t)2, (int64_t)2),
                        DT_F32, loc, 2, x, w);
-    y->attr = (IrAttrs){.kernel = {3, 3}, .stride = {2, 2}, .pad = {1, 1}, .dil = {2, 2}, .groups = 2};
+    y->attr = (IrAttrs){.stride = {2, 2}, .pad = {1, 1}, .dil = {2, 2}, .groups = 2}; /* a 3x3 filter: w's shape */
     IrNode *b3 = ir_add(g, OP_RESHAPE, ir_shape(3, (int64_t)6, (int64_t)1, (int64_t)1), DT_F32, loc, 1, bias);
     differentiate(g, mean(g, ew(g, OP_ADD, y, b3)));
     IrNode *dw = g->params[0].grad, *db = g->params[1].grad;
