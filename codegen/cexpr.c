@@ -444,8 +444,17 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
         if (cg_needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
 }
 
-int cg_state_slots(const IrTrain *t) {
-    return t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
+int cg_state_slots(const IrTrain *t) { return rt_optimizer(t->optim)->slots(t->hyper); }
+
+void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step) {
+    const RtOptimizer *opt = rt_optimizer(t->optim);
+    const RtOptimParams *h = &t->hyper;
+    fprintf(o, "    // optimizer = %s(...): %s and %s in rt_recipe.h\n", opt->name, opt->step_fn, opt->update_fn);
+    fprintf(o, "    // {momentum, dampening, weight_decay, beta1, beta2, eps, nesterov}\n");
+    fprintf(o, "    const RtOptimParams h = {"), cg_dbl(o, h->momentum), fprintf(o, ", "), cg_dbl(o, h->dampening);
+    fprintf(o, ", "), cg_dbl(o, h->weight_decay), fprintf(o, ", "), cg_dbl(o, h->beta1), fprintf(o, ", ");
+    cg_dbl(o, h->beta2), fprintf(o, ", "), cg_dbl(o, h->eps), fprintf(o, ", %d};\n", h->nesterov);
+    fprintf(o, "    const RtOptimStep s = %s(h, %s, %s);\n", opt->step_fn, lr, step);
 }
 
 /* ---- the model description */
