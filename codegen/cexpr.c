@@ -450,10 +450,18 @@ void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *s
     const RtOptimizer *opt = rt_optimizer(t->optim);
     const RtOptimParams *h = &t->hyper;
     fprintf(o, "    // optimizer = %s(...): %s and %s in rt_recipe.h\n", opt->name, opt->step_fn, opt->update_fn);
-    fprintf(o, "    // {momentum, dampening, weight_decay, beta1, beta2, eps, nesterov}\n");
-    fprintf(o, "    const RtOptimParams h = {"), cg_dbl(o, h->momentum), fprintf(o, ", "), cg_dbl(o, h->dampening);
-    fprintf(o, ", "), cg_dbl(o, h->weight_decay), fprintf(o, ", "), cg_dbl(o, h->beta1), fprintf(o, ", ");
-    cg_dbl(o, h->beta2), fprintf(o, ", "), cg_dbl(o, h->eps), fprintf(o, ", %d};\n", h->nesterov);
+    /* every hyperparameter, named in a comment and then valued, in RtOptimParams' order */
+#define NAME(name) fprintf(o, "%s" #name, sep), sep = ", ";
+#define VALUE(name) fprintf(o, "%s", sep), cg_dbl(o, h->name), sep = ", ";
+    const char *sep = "";
+    fprintf(o, "    // {");
+    RT_OPTIM_PARAMS(NAME)
+    fprintf(o, "}\n    const RtOptimParams h = {");
+    sep = "";
+    RT_OPTIM_PARAMS(VALUE)
+    fprintf(o, "};\n");
+#undef NAME
+#undef VALUE
     fprintf(o, "    const RtOptimStep s = %s(h, %s, %s);\n", opt->step_fn, lr, step);
 }
 

@@ -65,12 +65,22 @@ RT_RECIPE_FN double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_pe
 
 // ---- the optimizers
 
-/* Every optimizer's hyperparameters, as the .net file gives them; each reads its own. */
+/* Every optimizer's hyperparameters, as the .net file gives them (a flag is 0 or 1); each
+ * optimizer reads its own. netc writes them in this order into the generated code. */
+#define RT_OPTIM_PARAMS(X)                                                     \
+    X(momentum)     /* SGD */                                                  \
+    X(dampening)    /* SGD */                                                  \
+    X(weight_decay) /* SGD (added to the gradient), AdamW (decoupled) */       \
+    X(beta1)        /* AdamW */                                                \
+    X(beta2)        /* AdamW */                                                \
+    X(eps)          /* AdamW */                                                \
+    X(nesterov)     /* SGD: 1 for Nesterov momentum */
+
+#define RT_OPTIM_PARAM_FIELD(name) double name;
 typedef struct RtOptimParams {
-    double momentum, dampening, weight_decay; /* SGD; weight_decay also AdamW's (decoupled) */
-    double beta1, beta2, eps;                 /* AdamW */
-    int nesterov;                             /* SGD */
+    RT_OPTIM_PARAMS(RT_OPTIM_PARAM_FIELD)
 } RtOptimParams;
+#undef RT_OPTIM_PARAM_FIELD
 
 /* What one step's update reads besides the elements, computed once per step. */
 typedef struct RtOptimStep {
@@ -104,7 +114,7 @@ RT_RECIPE_FN void rt_sgd_update(RtOptimParams h, RtOptimStep s, float *p, const 
         if (s.first) buf[i] = d; /* torch starts the buffer at the first gradient */
         else if (h.dampening != 0) buf[i] = buf[i] * (float)h.momentum + (float)(1 - h.dampening) * d;
         else buf[i] = buf[i] * (float)h.momentum + d;
-        if (h.nesterov) d = d + (float)h.momentum * buf[i];
+        if (h.nesterov != 0) d = d + (float)h.momentum * buf[i];
         else d = buf[i];
     }
     p[i] -= s.lr * d;
@@ -141,10 +151,10 @@ RT_RECIPE_FN void rt_adamw_update(RtOptimParams h, RtOptimStep s, float *p, cons
  *   signature  its .net arguments in order, with their defaults (lr comes first and has none);
  *              netc binds a call by these names and reads each hyperparameter's default here
  *
- * How to add an optimizer: a row here; its three functions above, reading its
- * hyperparameters from RtOptimParams (a new one becomes a field there, and an entry in
- * sema_builtins.c's table of hyperparameters, which checks its value); docs/language.md and a
- * test against torch.optim in tests/optimizer. Nothing else names an optimizer. */
+ * How to add an optimizer: a row here; its three functions above, reading its hyperparameters
+ * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_builtins.c's
+ * table of hyperparameters, which checks its value); its section in docs/language.md; a case
+ * against torch.optim in tests/optimizer. Nothing else names an optimizer. */
 #define RT_OPTIMIZERS(X)                                                        \
     X(SGD, sgd, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
     X(ADAMW, adamw, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")

@@ -5,8 +5,8 @@
  * (`netc_images`, netrt_cuda.h's RtCudaImage, ending with a NULL entry), which the generated
  * host C points RtCudaModel.images at and the trainer links, so
  * the machine that trains needs neither nvcc nor NVRTC. The kernels include four runtime headers
- * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h, rt_recipe.h), handed to NVRTC from the runtime
- * directory.
+ * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h, rt_recipe.h), handed to NVRTC from the
+ * runtime directory.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -638,8 +638,8 @@ static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const SemaBuilt
 /* Every hyperparameter an optimizer may take after lr: how its value is checked and where it is
  * kept. An optimizer's signature in rt_recipe.h's table names those it takes, with defaults. */
 typedef enum {
-    HP_NUMBER, /* a number in [0, max], a double */
-    HP_BOOL,   /* true or false, an int */
+    HP_NUMBER, /* a number in [0, max] */
+    HP_BOOL,   /* true or false: 1 or 0 */
     HP_BETAS,  /* a list of two numbers in [0, 1): beta1 and beta2 */
 } HyperKind;
 
@@ -647,7 +647,7 @@ typedef struct {
     const char *name;
     HyperKind kind;
     double max;
-    size_t offset; /* in RtOptimParams (HP_NUMBER, HP_BOOL) */
+    size_t offset; /* of its double in RtOptimParams (HP_NUMBER, HP_BOOL) */
 } Hyper;
 
 static const Hyper hypers[] = {
@@ -714,10 +714,10 @@ static void optim_betas(const AstExpr *e, Value betas, const double def[2], RtOp
 
 /* Argument i of an optimizer call (its hyperparameter hp) into h. */
 static void optim_arg(Args *A, const OptimCall *c, int i, const Hyper *hp, RtOptimParams *h) {
-    char *field = (char *)h + hp->offset;
+    double *field = (double *)((char *)h + hp->offset);
     switch (hp->kind) {
-    case HP_NUMBER: *(double *)field = arg_num(A, i, c->def[i][0], 0, hp->max); break;
-    case HP_BOOL: *(int *)field = arg_bool(A, i, (int)c->def[i][0]); break;
+    case HP_NUMBER: *field = arg_num(A, i, c->def[i][0], 0, hp->max); break;
+    case HP_BOOL: *field = arg_bool(A, i, (int)c->def[i][0]); break;
     case HP_BETAS: optim_betas(A->call, A->a[i], c->def[i], h); break;
     }
 }
@@ -741,7 +741,7 @@ static void train_optimizer(Sema *S, const AstExpr *e) {
     t->lr = arg_num(A, 0, 0.01, 0, 1e6);
     for (int i = 1; i < b->n_params; i++) optim_arg(A, &calls[kind], i, find_hyper(b->params[i]), &t->hyper);
     const RtOptimParams *h = &t->hyper;
-    if (A->ok && h->nesterov && (h->momentum == 0 || h->dampening != 0))
+    if (A->ok && h->nesterov != 0 && (h->momentum == 0 || h->dampening != 0))
         diag_error(e->loc, "nesterov momentum needs momentum > 0 and dampening = 0 (as in PyTorch)");
 }
 
