@@ -444,8 +444,25 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
         if (cg_needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
 }
 
-int cg_state_slots(const IrTrain *t) {
-    return t->optim == OPTIM_ADAMW ? 2 : t->momentum != 0 ? 1 : 0;
+int cg_state_slots(const IrTrain *t) { return rt_optimizer(t->optim)->slots(t->hyper); }
+
+void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step) {
+    const RtOptimizer *opt = rt_optimizer(t->optim);
+    const RtOptimParams *h = &t->hyper;
+    fprintf(o, "    // optimizer = %s(...): %s and %s in rt_recipe.h\n", opt->name, opt->step_fn, opt->update_fn);
+    /* every hyperparameter, named in a comment and then valued, in RtOptimParams' order */
+#define NAME(name) fprintf(o, "%s" #name, sep), sep = ", ";
+#define VALUE(name) fprintf(o, "%s", sep), cg_dbl(o, h->name), sep = ", ";
+    const char *sep = "";
+    fprintf(o, "    // {");
+    RT_OPTIM_PARAMS(NAME)
+    fprintf(o, "}\n    const RtOptimParams h = {");
+    sep = "";
+    RT_OPTIM_PARAMS(VALUE)
+    fprintf(o, "};\n");
+#undef NAME
+#undef VALUE
+    fprintf(o, "    const RtOptimStep s = %s(h, %s, %s);\n", opt->step_fn, lr, step);
 }
 
 /* ---- the model description */

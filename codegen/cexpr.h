@@ -79,6 +79,9 @@ void cg_mark_reads(Cg *c, int end, int with_grads);
 int cg_state_slots(const IrTrain *t);
 void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
+/* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
+ * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
+void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step);
 void cg_emit_schedule(FILE *o, const IrTrain *t);
 void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);

@@ -483,61 +483,17 @@ static void emit_eval(Cg *c) {
 
 /* ---- optimizer */
 
-static void emit_sgd(Cg *c, const IrTrain *t) {
-    FILE *o = c->out;
-    fprintf(o, "    // torch.optim.SGD(lr, momentum=%g, dampening=%g, weight_decay=%g, nesterov=%s)\n",
-            t->momentum, t->dampening, t->weight_decay, t->nesterov ? "True" : "False");
-    fprintf(o, "    float *p = ctx->params;\n    const float *g = ctx->grads;\n    const float lr = ctx->lr;\n");
-    if (t->momentum != 0) {
-        fprintf(o, "    float *buf = ctx->optstate; // momentum buffer\n");
-        fprintf(o, "    const int first = ctx->step == 1; // torch starts the buffer at the first gradient\n");
-    }
-    loop_head(c, c->g->n_grad_floats, "    ");
-    fprintf(o, " {\n        float d = g[i]");
-    if (t->weight_decay != 0) fprintf(o, " + "), cg_lit(o, t->weight_decay), fprintf(o, " * p[i]");
-    fprintf(o, ";\n");
-    if (t->momentum != 0) {
-        fprintf(o, "        buf[i] = first ? d : buf[i] * "), cg_lit(o, t->momentum);
-        if (t->dampening != 0) fprintf(o, " + "), cg_lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
-        else fprintf(o, " + d;\n");
-        if (t->nesterov) fprintf(o, "        d = d + "), cg_lit(o, t->momentum), fprintf(o, " * buf[i];\n");
-        else fprintf(o, "        d = buf[i];\n");
-    }
-    fprintf(o, "        p[i] -= lr * d;\n    }\n");
-}
-
-static void emit_adamw(Cg *c, const IrTrain *t) {
-    FILE *o = c->out;
-    fprintf(o, "    // torch.optim.AdamW(lr, betas=(%g, %g), eps=%g, weight_decay=%g, amsgrad=False)\n",
-            t->beta1, t->beta2, t->eps, t->weight_decay);
-    fprintf(o, "    float *p = ctx->params, *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n",
-            c->g->n_grad_floats);
-    fprintf(o, "    const float *g = ctx->grads;\n");
-    fprintf(o, "    const double bc1 = 1.0 - pow("), cg_dbl(o, t->beta1), fprintf(o, ", (double)ctx->step);\n");
-    fprintf(o, "    const double bc2 = 1.0 - pow("), cg_dbl(o, t->beta2), fprintf(o, ", (double)ctx->step);\n");
-    fprintf(o, "    const float step_size = (float)(ctx->lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
-    if (t->weight_decay != 0) {
-        fprintf(o, "    const float decay = (float)(1.0 - (double)ctx->lr * "), cg_dbl(o, t->weight_decay);
-        fprintf(o, ");\n");
-    }
-    loop_head(c, c->g->n_grad_floats, "    ");
-    fprintf(o, " {\n");
-    if (t->weight_decay != 0) fprintf(o, "        p[i] *= decay;\n");
-    fprintf(o, "        m[i] += "), cg_lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
-    fprintf(o, "        v[i] = v[i] * "), cg_lit(o, t->beta2), fprintf(o, " + "), cg_lit(o, 1 - t->beta2);
-    fprintf(o, " * g[i] * g[i];\n");
-    fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), cg_lit(o, t->eps);
-    fprintf(o, "));\n    }\n");
-}
-
 static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
-    fprintf(c->out, "// One fused update of every trainable parameter, params[i] from grads[i], with\n"
-                    "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.\n");
-    fprintf(c->out, "static void optimizer_step(RtCtx *ctx) {\n");
-    if (t->optim == OPTIM_SGD) emit_sgd(c, t);
-    else emit_adamw(c, t);
-    fprintf(c->out, "}\n\n");
+    int64_t n = c->g->n_grad_floats;
+    FILE *o = c->out;
+    fprintf(o, "// One fused update of every trainable parameter, params[i] from grads[i], with\n"
+               "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.\n");
+    fprintf(o, "static void optimizer_step(RtCtx *ctx) {\n");
+    cg_emit_optim_step(o, t, "ctx->lr", "ctx->step");
+    fprintf(o, "    float *p = ctx->params, *state = ctx->optstate;\n    const float *g = ctx->grads;\n");
+    loop_head(c, n, "    ");
+    fprintf(o, " %s(h, s, p, g, state, %" PRId64 ", i);\n}\n\n", rt_optimizer(t->optim)->update_fn, n);
 }
 
 static void emit_model(Cg *c) {
@@ -554,7 +510,7 @@ static void emit_model(Cg *c) {
     fprintf(o, "    .n_state_slots = %d,\n", cg_state_slots(t));
     fprintf(o, "    .arena_bytes = %" PRId64 ",\n", g->arena_bytes > 64 ? g->arena_bytes : 64);
     fprintf(o, "    .scratch_per_thread = %" PRId64 ",\n", g->scratch_per_thread);
-    fprintf(o, "    .optim = %s,\n", t->optim == OPTIM_SGD ? "RT_OPTIM_SGD" : "RT_OPTIM_ADAMW");
+    fprintf(o, "    .optim = %s,\n", rt_optimizer(t->optim)->enum_name);
     cg_emit_schedule(o, t);
     fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n",
             t->epochs, t->eval_every, t->log_every);

@@ -543,29 +543,18 @@ static void small_kernel(Cu *u, const char *name, const char *text, const char *
     kernel_close(u, name, 1, 1, what);
 }
 
-/* The learning rate at st->step, as rt_lr_at computes it on the host. */
+/* The learning rate at st->step: rt_lr_at, as on the host, on the model's schedule. */
 static void emit_step_begin(Cu *u) {
     const IrTrain *t = &u->g->train;
     kernel_open(u);
     FILE *o = u->c.out;
     fprintf(o, "    RtDevState *st = ctx->state;\n");
     fprintf(o, "    st->step_seed = rt_step_seed(st->seed, st->step);\n");
-    if (t->sched != SCHED_CONSTANT) fprintf(o, "    const double e = (double)st->step / (double)st->per_epoch;\n");
-    fprintf(o, "    double lr = "), cg_dbl(o, t->lr);
-    fprintf(o, ";\n");
-    if (t->sched == SCHED_STEP) {
-        fprintf(o, "    lr *= pow("), cg_dbl(o, t->gamma), fprintf(o, ", floor(e / "), cg_dbl(o, t->step_epochs);
-        fprintf(o, "));\n");
-    } else if (t->sched == SCHED_COSINE) {
-        fprintf(o, "    const double total = (double)st->total / (double)st->per_epoch;\n");
-        fprintf(o, "    lr = "), cg_dbl(o, t->min_lr), fprintf(o, " + ("), cg_dbl(o, t->lr), fprintf(o, " - ");
-        cg_dbl(o, t->min_lr), fprintf(o, ") * (1 + cos(3.141592653589793 * fmin(e / total, 1.0))) / 2;\n");
-    }
-    if (t->warmup_epochs > 0) {
-        fprintf(o, "    const double warm = "), cg_dbl(o, t->warmup_epochs), fprintf(o, " * (double)st->per_epoch;\n");
-        fprintf(o, "    if ((double)st->step < warm) lr *= ((double)st->step + 1) / warm;\n");
-    }
-    fprintf(o, "    st->lr = (float)lr;\n");
+    fprintf(o, "    // {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}\n");
+    fprintf(o, "    const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]), cg_dbl(o, t->lr);
+    fprintf(o, ", "), cg_dbl(o, t->warmup_epochs), fprintf(o, ", "), cg_dbl(o, t->step_epochs);
+    fprintf(o, ", "), cg_dbl(o, t->gamma), fprintf(o, ", "), cg_dbl(o, t->min_lr), fprintf(o, "};\n");
+    fprintf(o, "    st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);\n");
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
 }
 
@@ -624,42 +613,10 @@ static void emit_optimizer(Cu *u) {
     kernel_open(u);
     FILE *o = u->c.out;
     fprintf(o, "    const RtDevState *st = ctx->state;\n    if (st->nonfinite_step) return;\n");
-    fprintf(o, "    float *p = ctx->params;\n    const float *g = ctx->grads;\n    const float lr = st->lr;\n");
-    if (t->optim == OPTIM_SGD) {
-        fprintf(o, "    // torch.optim.SGD(lr, momentum=%g, dampening=%g, weight_decay=%g, nesterov=%s)\n", t->momentum,
-                t->dampening, t->weight_decay, t->nesterov ? "True" : "False");
-        if (t->momentum != 0)
-            fprintf(o, "    float *buf = ctx->optstate;\n    const int first = st->step == 0;\n");
-        fprintf(o, "    NETC_FOR(i, %" PRId64 ") {\n        float d = g[i]", n);
-        if (t->weight_decay != 0) fprintf(o, " + "), cg_lit(o, t->weight_decay), fprintf(o, " * p[i]");
-        fprintf(o, ";\n");
-        if (t->momentum != 0) {
-            fprintf(o, "        buf[i] = first ? d : buf[i] * "), cg_lit(o, t->momentum);
-            if (t->dampening != 0) fprintf(o, " + "), cg_lit(o, 1 - t->dampening), fprintf(o, " * d;\n");
-            else fprintf(o, " + d;\n");
-            if (t->nesterov) fprintf(o, "        d = d + "), cg_lit(o, t->momentum), fprintf(o, " * buf[i];\n");
-            else fprintf(o, "        d = buf[i];\n");
-        }
-        fprintf(o, "        p[i] -= lr * d;\n    }\n");
-    } else {
-        fprintf(o, "    // torch.optim.AdamW(lr, betas=(%g, %g), eps=%g, weight_decay=%g, amsgrad=False)\n", t->beta1,
-                t->beta2, t->eps, t->weight_decay);
-        fprintf(o, "    float *m = ctx->optstate, *v = ctx->optstate + %" PRId64 ";\n", n);
-        fprintf(o, "    const double bc1 = 1.0 - pow("), cg_dbl(o, t->beta1), fprintf(o, ", (double)(st->step + 1));\n");
-        fprintf(o, "    const double bc2 = 1.0 - pow("), cg_dbl(o, t->beta2), fprintf(o, ", (double)(st->step + 1));\n");
-        fprintf(o, "    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);\n");
-        if (t->weight_decay != 0) {
-            fprintf(o, "    const float decay = (float)(1.0 - (double)lr * "), cg_dbl(o, t->weight_decay);
-            fprintf(o, ");\n");
-        }
-        fprintf(o, "    NETC_FOR(i, %" PRId64 ") {\n", n);
-        if (t->weight_decay != 0) fprintf(o, "        p[i] *= decay;\n");
-        fprintf(o, "        m[i] += "), cg_lit(o, 1 - t->beta1), fprintf(o, " * (g[i] - m[i]); // lerp, as torch\n");
-        fprintf(o, "        v[i] = v[i] * "), cg_lit(o, t->beta2), fprintf(o, " + "), cg_lit(o, 1 - t->beta2);
-        fprintf(o, " * g[i] * g[i];\n");
-        fprintf(o, "        p[i] += -step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + "), cg_lit(o, t->eps);
-        fprintf(o, "));\n    }\n");
-    }
+    cg_emit_optim_step(o, t, "st->lr", "st->step");
+    fprintf(o, "    float *p = ctx->params, *state = ctx->optstate;\n    const float *g = ctx->grads;\n");
+    fprintf(o, "    NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);\n", n,
+            rt_optimizer(t->optim)->update_fn, n);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 
@@ -794,7 +751,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     fprintf(o, "    .n_param_floats = %" PRId64 ",\n    .n_grad_floats = %" PRId64 ",\n", g->n_param_floats,
             g->n_grad_floats);
     fprintf(o, "    .n_state_slots = %d,\n    .arena_bytes = 64,\n", cg_state_slots(t));
-    fprintf(o, "    .optim = %s,\n", t->optim == OPTIM_SGD ? "RT_OPTIM_SGD" : "RT_OPTIM_ADAMW");
+    fprintf(o, "    .optim = %s,\n", rt_optimizer(t->optim)->enum_name);
     cg_emit_schedule(o, t);
     fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n", t->epochs,
             t->eval_every, t->log_every);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "rt_bits.h"
+#include "rt_recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,18 +49,6 @@ typedef struct RtParam {
     int buffer;                 /* a running statistic (PyTorch buffer): saved, never trained */
 } RtParam;
 
-typedef enum { RT_OPTIM_SGD, RT_OPTIM_ADAMW } RtOptimKind;
-typedef enum { RT_SCHED_CONSTANT, RT_SCHED_STEP, RT_SCHED_COSINE } RtSchedKind;
-
-typedef struct RtSchedule {
-    RtSchedKind kind;
-    double base_lr;
-    double warmup_epochs; /* linear ramp from 0 to base_lr over this many epochs */
-    double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
-    double gamma;
-    double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */
-} RtSchedule;
-
 /* Everything one call of a step function reads and writes. */
 typedef struct RtCtx {
     void *const *inputs;       /* one batch buffer per model input, in the input's dtype */
@@ -70,7 +59,7 @@ typedef struct RtCtx {
     float *scratch;            /* per-thread scratch for library kernels */
     int64_t scratch_per_thread; /* floats per thread in `scratch` */
     float lr;                  /* learning rate for this step (schedule applied) */
-    int64_t step;              /* optimizer steps taken before this one, +1 (1 on the first) */
+    int64_t step;              /* optimizer steps taken before this one (0 in the first): rt_recipe.h */
     uint64_t seed;             /* per-step seed for dropout masks */
     int64_t n_valid;           /* rows of the batch that hold real samples (eval tail) */
     float loss;                /* out: mean loss over the valid rows */
@@ -124,7 +113,7 @@ typedef struct RtModel {
     int n_state_slots;         /* optimizer state per trainable float: SGD+momentum 1, AdamW 2 */
     int64_t arena_bytes;
     int64_t scratch_per_thread; /* floats */
-    RtOptimKind optim;
+    RtOptimKind optim;         /* a row of rt_recipe.h's table of optimizers */
     RtSchedule schedule;
     int64_t epochs;
     int64_t eval_every;        /* epochs */
@@ -237,8 +226,9 @@ void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, co
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);
 
-/* rt_mix, rt_step_seed, rt_dropout_keep and the f16/bf16 conversions: rt_bits.h, shared with
- * the CUDA kernels so both backends compute the same bits. */
+/* rt_mix, rt_step_seed, rt_dropout_keep and the f16/bf16 conversions: rt_bits.h; the learning-rate
+ * schedule and the optimizers' updates: rt_recipe.h. Both are shared with the CUDA kernels so both
+ * backends compute the same bits. */
 
 #ifdef __cplusplus
 }

@@ -41,7 +41,7 @@ static int64_t numel(const RtParam *p) {
 
 static int64_t optstate_floats(const RtModel *m) { return (int64_t)m->n_state_slots * m->n_grad_floats; }
 
-static const char *optim_name(RtOptimKind k) { return k == RT_OPTIM_ADAMW ? "adamw" : "sgd"; }
+static const char *optim_name(RtOptimKind k) { return rt_optimizer(k)->name; }
 
 static int is_i64(const RtParam *p) { return p->file_dtype == RT_I64; }
 

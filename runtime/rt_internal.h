@@ -115,9 +115,8 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
 /* Read every parameter of the model from a safetensors file; all names must match exactly. */
 int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
 
-/* ---- randomness and schedules (rt_main.c) */
+/* ---- randomness (rt_main.c; the learning-rate schedule, rt_lr_at, is in rt_recipe.h) */
 
-double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
 void rt_init_params(const RtModel *m, float *params, uint64_t seed);
 
 /* ---- checkpoints (rt_checkpoint.c) */

@@ -279,22 +279,6 @@ void rt_init_params(const RtModel *m, float *params, uint64_t seed) {
     }
 }
 
-double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
-    double e = (double)step / (double)steps_per_epoch, lr = s->base_lr;
-    switch (s->kind) {
-    case RT_SCHED_CONSTANT: break;
-    case RT_SCHED_STEP: lr = s->base_lr * pow(s->gamma, floor(e / s->step_epochs)); break;
-    case RT_SCHED_COSINE: {
-        double total = (double)total_steps / (double)steps_per_epoch;
-        lr = s->min_lr + (s->base_lr - s->min_lr) * (1 + cos(M_PI * fmin(e / total, 1.0))) / 2;
-        break;
-    }
-    }
-    double warm = s->warmup_epochs * (double)steps_per_epoch;
-    if (warm > 0 && (double)step < warm) lr *= ((double)step + 1) / warm;
-    return lr;
-}
-
 /* ---- logging */
 
 /* Each log line is flushed as it is written. A write error (a full disk) is reported once, the
@@ -577,7 +561,7 @@ static int train_step(Trainer *t, void *const *batch) {
     int64_t step = t->pos.step;
     t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
-    t->ctx.step = step + 1;
+    t->ctx.step = step;
     t->ctx.seed = rt_step_seed(t->o.seed, step);
     t->ctx.n_valid = m->batch;
     if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
@@ -680,7 +664,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     if (rt_gather(m, ds, idx, count, bufs, &err)) die("%s", err.msg);
     free(idx);
     RtCtx *c = &t->ctx;
-    c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 1;
+    c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 0;
     m->forward_backward(c);
     double loss = c->loss;
     float *ana = alloc_or_die((size_t)m->n_grad_floats * sizeof *ana + 4, "gradients");

@@ -5,6 +5,9 @@
  * the table at the bottom of this file is the list of built-ins.
  */
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sema.h"
@@ -607,26 +610,19 @@ const SemaBuiltin *sema_find_builtin(const char *name) {
     return NULL;
 }
 
-/* ---- the train section */
+/* ---- the train section: optimizers and schedules */
 
-static const SemaBuiltin train_calls[] = {
-    {"sgd", "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false", NULL, 1, 5,
-     {"lr", "momentum", "dampening", "weight_decay", "nesterov"}},
-    {"adamw", "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01", NULL, 1, 4,
-     {"lr", "betas", "eps", "weight_decay"}},
+static const SemaBuiltin schedule_calls[] = {
     {"constant", "", NULL, 0, 0, {""}},
     {"step", "every, gamma=0.1", NULL, 1, 2, {"every", "gamma"}},
     {"cosine", "min_lr=0", NULL, 0, 1, {"min_lr"}},
 };
 
-/* Bind a recipe call such as sgd(0.1, momentum=0.9); NULL (after an error) if it is none of
- * `allowed` (a space-separated list of names). */
-static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const char *allowed, Value *args) {
-    const SemaBuiltin *b = NULL;
-    if (e->kind == AST_CALL)
-        for (size_t i = 0; i < sizeof train_calls / sizeof *train_calls; i++)
-            if (strcmp(train_calls[i].name, e->name) == 0 && strstr(allowed, e->name)) b = &train_calls[i];
-    if (!b) {
+/* Bind a recipe call such as sgd(0.1, momentum=0.9) to `b`, the one of its kind named like the
+ * call (NULL when none is: an error naming the `allowed` ones). NULL after an error. */
+static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const SemaBuiltin *b, const char *allowed,
+                                      Value *args) {
+    if (!b || e->kind != AST_CALL) {
         diag_error(e->loc, "expected one of: %s", allowed);
         return NULL;
     }
@@ -640,41 +636,122 @@ static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const char *all
     return b;
 }
 
-static void train_optimizer(Sema *S, const AstExpr *e) {
-    Value a[SEMA_MAX_ARGS];
-    const SemaBuiltin *b = recipe_call(S, e, "sgd(...) adamw(...)", a);
-    if (!b) return;
-    Args A_ = {S, e, b, a, 1}, *A = &A_;
-    IrTrain *t = &S->g->train;
-    t->lr = arg_num(A, 0, 0.01, 0, 1e6);
-    if (b->name[0] == 's') {
-        t->optim = OPTIM_SGD;
-        t->momentum = arg_num(A, 1, 0, 0, 1);
-        t->dampening = arg_num(A, 2, 0, 0, 1);
-        t->weight_decay = arg_num(A, 3, 0, 0, 1e6);
-        t->nesterov = arg_bool(A, 4, 0);
-        if (A->ok && t->nesterov && (t->momentum == 0 || t->dampening != 0))
-            diag_error(e->loc, "nesterov momentum needs momentum > 0 and dampening = 0 (as in PyTorch)");
-        return;
+/* Every hyperparameter an optimizer may take after lr: how its value is checked and where it is
+ * kept. An optimizer's signature in rt_recipe.h's table names those it takes, with defaults. */
+typedef enum {
+    HP_NUMBER, /* a number in [0, max] */
+    HP_BOOL,   /* true or false: 1 or 0 */
+    HP_BETAS,  /* a list of two numbers in [0, 1): beta1 and beta2 */
+} HyperKind;
+
+typedef struct {
+    const char *name;
+    HyperKind kind;
+    double max;
+    size_t offset; /* of its double in RtOptimParams (HP_NUMBER, HP_BOOL) */
+} Hyper;
+
+static const Hyper hypers[] = {
+    {"momentum", HP_NUMBER, 1, offsetof(RtOptimParams, momentum)},
+    {"dampening", HP_NUMBER, 1, offsetof(RtOptimParams, dampening)},
+    {"weight_decay", HP_NUMBER, 1e6, offsetof(RtOptimParams, weight_decay)},
+    {"nesterov", HP_BOOL, 0, offsetof(RtOptimParams, nesterov)},
+    {"betas", HP_BETAS, 0, 0},
+    {"eps", HP_NUMBER, 1, offsetof(RtOptimParams, eps)},
+};
+
+/* An optimizer's row as a built-in to bind calls with, and the defaults its signature gives:
+ * "lr, betas=[0.9, 0.999], nesterov=false" has the parameters lr (required), betas and nesterov,
+ * whose defaults are {0.9, 0.999} and {0}. */
+typedef struct {
+    SemaBuiltin b;
+    char names[SEMA_MAX_ARGS][32];
+    double def[SEMA_MAX_ARGS][2];
+} OptimCall;
+
+/* A default's numbers from the signature text at p (true is 1, false 0, [a, b] two numbers);
+ * returns the text after it. */
+static const char *signature_default(const char *p, double def[2]) {
+    int list = *p == '[';
+    p += list;
+    for (int k = 0; k <= list; k++) {
+        def[k] = strncmp(p, "true", 4) == 0 ? 1 : strtod(p, NULL);
+        p += strcspn(p, ",]");
+        if (k < list) p += strspn(p, ", ");
     }
-    t->optim = OPTIM_ADAMW;
-    Value betas = a[1];
+    return p + list;
+}
+
+static void optim_call(const RtOptimizer *o, OptimCall *c) {
+    *c = (OptimCall){.b = {o->name, o->signature, NULL, 0, 0, {""}}};
+    for (const char *p = o->signature; *p && c->b.n_params < SEMA_MAX_ARGS; p += strspn(p, ", ")) {
+        int i = c->b.n_params++;
+        size_t len = strcspn(p, "=,");
+        snprintf(c->names[i], sizeof c->names[i], "%.*s", (int)len, p);
+        c->b.params[i] = c->names[i];
+        p += len;
+        if (*p == '=') p = signature_default(p + 1, c->def[i]);
+        else c->b.n_required = i + 1;
+    }
+}
+
+static const Hyper *find_hyper(const char *name) {
+    for (size_t i = 0; i < sizeof hypers / sizeof *hypers; i++)
+        if (strcmp(hypers[i].name, name) == 0) return &hypers[i];
+    ICE("sema: rt_recipe.h's table of optimizers names a hyperparameter sema does not know: %s", name);
+}
+
+static void optim_betas(const AstExpr *e, Value betas, const double def[2], RtOptimParams *h) {
+    h->beta1 = def[0], h->beta2 = def[1];
     if (betas.k == V_LIST && betas.n == 2 && betas.items[0].k != V_LIST) {
-        t->beta1 = sema_num(betas.items[0]);
-        t->beta2 = sema_num(betas.items[1]);
+        h->beta1 = sema_num(betas.items[0]);
+        h->beta2 = sema_num(betas.items[1]);
     } else if (betas.k != V_NONE) {
         diag_error(arg_loc(e, "betas", 1), "betas must be a list of two numbers, e.g. [0.9, 0.999]");
     }
-    if (!(t->beta1 >= 0 && t->beta1 < 1 && t->beta2 >= 0 && t->beta2 < 1))
+    if (!(h->beta1 >= 0 && h->beta1 < 1 && h->beta2 >= 0 && h->beta2 < 1))
         diag_error(arg_loc(e, "betas", 1), "betas must lie in [0, 1)");
-    t->eps = arg_num(A, 2, 1e-8, 0, 1);
-    t->weight_decay = arg_num(A, 3, 0.01, 0, 1e6);
+}
+
+/* Argument i of an optimizer call (its hyperparameter hp) into h. */
+static void optim_arg(Args *A, const OptimCall *c, int i, const Hyper *hp, RtOptimParams *h) {
+    double *field = (double *)((char *)h + hp->offset);
+    switch (hp->kind) {
+    case HP_NUMBER: *field = arg_num(A, i, c->def[i][0], 0, hp->max); break;
+    case HP_BOOL: *field = arg_bool(A, i, (int)c->def[i][0]); break;
+    case HP_BETAS: optim_betas(A->call, A->a[i], c->def[i], h); break;
+    }
+}
+
+static void train_optimizer(Sema *S, const AstExpr *e) {
+    Value a[SEMA_MAX_ARGS];
+    OptimCall calls[RT_N_OPTIMS];
+    char allowed[256] = "";
+    const SemaBuiltin *b = NULL;
+    RtOptimKind kind = RT_OPTIM_SGD;
+    for (int k = 0; k < RT_N_OPTIMS; k++) {
+        optim_call(rt_optimizer((RtOptimKind)k), &calls[k]);
+        snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s(...)", k ? " " : "",
+                 calls[k].b.name);
+        if (e->kind == AST_CALL && strcmp(calls[k].b.name, e->name) == 0) b = &calls[k].b, kind = (RtOptimKind)k;
+    }
+    if (!(b = recipe_call(S, e, b, allowed, a))) return;
+    Args A_ = {S, e, b, a, 1}, *A = &A_;
+    IrTrain *t = &S->g->train;
+    t->optim = kind;
+    t->lr = arg_num(A, 0, 0.01, 0, 1e6);
+    for (int i = 1; i < b->n_params; i++) optim_arg(A, &calls[kind], i, find_hyper(b->params[i]), &t->hyper);
+    const RtOptimParams *h = &t->hyper;
+    if (A->ok && h->nesterov != 0 && (h->momentum == 0 || h->dampening != 0))
+        diag_error(e->loc, "nesterov momentum needs momentum > 0 and dampening = 0 (as in PyTorch)");
 }
 
 static void train_schedule(Sema *S, const AstExpr *e) {
     Value a[SEMA_MAX_ARGS];
-    const SemaBuiltin *b = recipe_call(S, e, "constant() step(...) cosine(...)", a);
-    if (!b) return;
+    const SemaBuiltin *b = NULL;
+    for (size_t i = 0; i < sizeof schedule_calls / sizeof *schedule_calls; i++)
+        if (e->kind == AST_CALL && strcmp(schedule_calls[i].name, e->name) == 0) b = &schedule_calls[i];
+    if (!(b = recipe_call(S, e, b, "constant() step(...) cosine(...)", a))) return;
     Args A_ = {S, e, b, a, 1}, *A = &A_;
     IrTrain *t = &S->g->train;
     if (strcmp(b->name, "constant") == 0) t->sched = SCHED_CONSTANT;

@@ -149,8 +149,8 @@ const char *ir_shape_str(const IrShape *s, char *buf, size_t size) {
 IrGraph *ir_graph_new(Arena *arena) {
     IrGraph *g = arena_alloc(arena, sizeof *g);
     g->arena = arena;
-    g->train = (IrTrain){.optim = OPTIM_SGD, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999,
-                         .eps = 1e-8, .sched = SCHED_CONSTANT, .gamma = 0.1, .epochs = 1,
+    g->train = (IrTrain){.optim = RT_OPTIM_SGD, .hyper = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8}, .lr = 0.01,
+                         .sched = SCHED_CONSTANT, .gamma = 0.1, .epochs = 1,
                          .eval_every = 1, .log_every = 100};
     return g;
 }

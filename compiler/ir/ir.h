@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "diag.h"
+#include "rt_recipe.h" /* the optimizers and their hyperparameters, shared with the trainers */
 #include "util.h"
 
 typedef enum {
@@ -175,16 +176,14 @@ typedef struct IrInput {
     SrcLoc loc;
 } IrInput;
 
-typedef enum { OPTIM_SGD, OPTIM_ADAMW } IrOptimKind;
 typedef enum { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE } IrSchedKind;
 typedef enum { LOSS_CROSS_ENTROPY, LOSS_MSE, LOSS_BCE_LOGITS } IrLossKind;
 
 /* The training recipe from the train { } section; units as in docs/language.md. */
 typedef struct IrTrain {
-    IrOptimKind optim;
-    double lr, momentum, dampening, weight_decay;
-    int nesterov;
-    double beta1, beta2, eps;
+    RtOptimKind optim;    /* a row of rt_recipe.h's table of optimizers */
+    RtOptimParams hyper;  /* its hyperparameters (the others keep their defaults) */
+    double lr;
     IrSchedKind sched;
     double warmup_epochs; /* linear warm-up from 0 over this many epochs (may be fractional) */
     double step_epochs;   /* SCHED_STEP: multiply by gamma every step_epochs epochs */

@@ -1,6 +1,7 @@
 /* netrt_kernels.cuh - the device functions netc's generated CUDA kernels call.
  *
- * netc hands this header (and rt_devstate.h) to NVRTC with every model's generated .cu file.
+ * netc hands this header (and rt_devstate.h, rt_bits.h, rt_recipe.h) to NVRTC with every model's
+ * generated .cu file.
  * Each generated `extern "C" __global__ void kNN(unsigned char *base)` finds its buffers at
  * constant offsets from `base` and calls one rt_k_* function below with constant geometry, so
  * the functions are inlined and their index arithmetic folds to multiplies and shifts.
@@ -58,6 +59,10 @@ enum {
 // ---- the host's bit-level helpers, bit for bit: the seed mixer, dropout mask, f16/bf16
 
 #include "rt_bits.h"
+
+// ---- the training recipe, as on the host: the learning-rate schedule, the optimizers' updates
+
+#include "rt_recipe.h"
 
 // ---- block reductions (blockDim.x == RT_K_BLOCK; every thread of the block must call)
 

@@ -1,6 +1,7 @@
 /* nvrtc_compile.c - does runtime/cuda/netrt_kernels.cuh compile under NVRTC, warning-free?
  *
- * Usage: nvrtc_compile DIR     (DIR holds netrt_kernels.cuh and rt_devstate.h; DIR/.. rt_bits.h)
+ * Usage: nvrtc_compile DIR     (DIR holds netrt_kernels.cuh and rt_devstate.h; DIR/.. rt_bits.h
+ *                              and rt_recipe.h)
  *
  * Compiles a small .cu that includes both headers the way netc's generated code does (handed
  * to NVRTC as headers, no system headers) and calls every device function from an
@@ -15,7 +16,7 @@
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
-    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd)
+    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -79,6 +80,18 @@ static const char source[] =
     "extern \"C\" __global__ void k_bn_bwd(unsigned char *base) {\n"
     "    rt_k_bn_bwd_part(8 * 32 * 32, 64, 32 * 32, 0, F(0), F(1 << 21), F(1 << 22), D(1 << 23));\n"
     "    rt_k_bn_bwd_final(64, 32, D(1 << 23), F(1 << 24));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_recipe(unsigned char *base) {\n"
+    "    const RtDevState *st = (const RtDevState *)base;\n"
+    "    const RtSchedule sched = {RT_SCHED_COSINE, 0.1, 0.5, 0, 0.1, 0.001};\n"
+    "    const float lr = (float)rt_lr_at(&sched, st->step, st->per_epoch, st->total);\n"
+    "    const RtOptimParams sgd = {0.9, 0.1, 1e-4, 0.9, 0.999, 1e-8, 0};\n"
+    "    const RtOptimParams adamw = {0, 0, 0.01, 0.9, 0.999, 1e-8, 0};\n"
+    "    const RtOptimStep s1 = rt_sgd_step(sgd, lr, st->step), s2 = rt_adamw_step(adamw, lr, st->step);\n"
+    "    RT_K_FOR(i, 1000) {\n"
+    "        rt_sgd_update(sgd, s1, F(1 << 20), F(1 << 21), F(1 << 22), 1000, i);\n"
+    "        rt_adamw_update(adamw, s2, F(1 << 23), F(1 << 21), F(1 << 24), 1000, i);\n"
+    "    }\n"
     "}\n";
 
 #define NAME(k) #k,
@@ -119,7 +132,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 3, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 4, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -154,17 +167,17 @@ static int compile(const char *arch, const char *const *headers, const char *con
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s DIR  (the directory of netrt_kernels.cuh and rt_devstate.h, below rt_bits.h)\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR  (the directory of netrt_kernels.cuh and rt_devstate.h, below rt_bits.h and rt_recipe.h)\n", argv[0]);
         return 2;
     }
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h"};
+    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
     const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]),
-                             read_file(argv[1], "../rt_bits.h")};
+                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h")};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    for (int h = 0; h < 3; h++) free((void *)headers[h]);
+    for (int h = 0; h < 4; h++) free((void *)headers[h]);
     return failed;
 }

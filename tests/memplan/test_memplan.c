@@ -312,8 +312,8 @@ static IrGraph *convnet(Arena *arena) {
     IrNode *xent = ir_add(g, OP_XENT, DIMS(1, D(2)), DT_F32, here, 2, h, label);
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, xent);
     g->loss->attr.batch_masked = 1;
-    g->train.optim = OPTIM_ADAMW;
-    g->train.weight_decay = 0.01;
+    g->train.optim = RT_OPTIM_ADAMW;
+    g->train.hyper.weight_decay = 0.01;
     assert_true(ir_verify(g, "test"));
     assert_int_equal(ad_differentiate(g), 0);
     return g;

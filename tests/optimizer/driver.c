@@ -22,7 +22,7 @@ int main(void) {
     RtCtx ctx = {.params = p, .grads = g, .optstate = state};
     for (int t = 1; t <= 6; t++) {
         for (int64_t i = 0; i < ng; i++) g[i] = cosf(0.37f * (float)i + (float)t);
-        ctx.step = t;
+        ctx.step = t - 1; /* steps taken before this one */
         ctx.lr = 0.01f * (1.0f + 0.1f * (float)t); /* a changing lr, as a schedule gives */
         optimizer_step(&ctx);
     }

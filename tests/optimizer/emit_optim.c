@@ -39,17 +39,17 @@ int main(int argc, char **argv) {
     g->loss = s;
     IrTrain *t = &g->train;
     if (strcmp(argv[2], "sgd") == 0) {
-        t->optim = OPTIM_SGD;
-        t->momentum = atof(argv[3]);
-        t->dampening = atof(argv[4]);
-        t->weight_decay = atof(argv[5]);
-        t->nesterov = atoi(argv[6]);
+        t->optim = RT_OPTIM_SGD;
+        t->hyper.momentum = atof(argv[3]);
+        t->hyper.dampening = atof(argv[4]);
+        t->hyper.weight_decay = atof(argv[5]);
+        t->hyper.nesterov = atoi(argv[6]);
     } else {
-        t->optim = OPTIM_ADAMW;
-        t->beta1 = atof(argv[3]);
-        t->beta2 = atof(argv[4]);
-        t->eps = atof(argv[5]);
-        t->weight_decay = atof(argv[6]);
+        t->optim = RT_OPTIM_ADAMW;
+        t->hyper.beta1 = atof(argv[3]);
+        t->hyper.beta2 = atof(argv[4]);
+        t->hyper.eps = atof(argv[5]);
+        t->hyper.weight_decay = atof(argv[6]);
     }
     if (!ir_verify(g, "emit_optim") || ad_differentiate(g) != 0) return 1;
     mp_plan(g, cg_cpu.node_scratch);

@@ -1,0 +1,186 @@
+/* rt_recipe.h - the training recipe, written once for both backends: the learning-rate schedule,
+ * the optimizers' per-element updates, and the table of optimizers. The runtime and the
+ * generated CPU code (C, through netrt.h) and the generated CUDA kernels (NVRTC, through
+ * netrt_kernels.cuh, which netc hands this file as a header) call the same functions, so the
+ * two backends cannot drift apart, and netc's front end and code generators read the table.
+ *
+ * The step base: `step` is the number of optimizer steps already taken, 0 in the first step
+ * (RtCtx.step on the host, RtDevState.step on the device). The schedule is evaluated at `step`;
+ * AdamW's bias correction uses step + 1, the count including the step being taken, as
+ * torch.optim.AdamW does; SGD's momentum buffer starts at the first gradient (step 0).
+ *
+ * Every float operation of an update and its order are PyTorch's, and fixed: a hyperparameter
+ * enters as the double the .net file gave, and a factor such as 1 - beta1 is formed in double
+ * and rounded once to float, so an update compiles to the same bits wherever it runs.
+ *
+ * NVRTC has no standard headers: under it the includer (netrt_kernels.cuh) has defined the
+ * fixed-width integer types, and pow, floor, cos, fmin, sqrt and sqrtf are built in.
+ */
+#ifndef RT_RECIPE_H
+#define RT_RECIPE_H
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define RT_RECIPE_FN static __device__ __forceinline__
+#else
+#include <math.h>
+#include <stdint.h>
+#define RT_RECIPE_FN static inline
+#endif
+
+// ---- the learning-rate schedule
+
+typedef enum {
+    RT_SCHED_CONSTANT, /* base_lr throughout */
+    RT_SCHED_STEP,     /* base_lr * gamma^floor(epoch / step_epochs) */
+    RT_SCHED_COSINE,   /* from base_lr down to min_lr over the run, half a cosine */
+} RtSchedKind;
+
+typedef struct RtSchedule {
+    RtSchedKind kind;
+    double base_lr;
+    double warmup_epochs; /* linear ramp from 0 to base_lr over this many epochs */
+    double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
+    double gamma;
+    double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */
+} RtSchedule;
+
+/* The learning rate of the step taken after `step` steps, in a run of total_steps steps of
+ * steps_per_epoch each (epochs may be fractional). The warm-up multiplies whatever the schedule
+ * gives by (step + 1) / warm-up steps, so the first step's rate is not 0. */
+RT_RECIPE_FN double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
+    double e = (double)step / (double)steps_per_epoch, lr = s->base_lr;
+    switch (s->kind) {
+    case RT_SCHED_CONSTANT: break;
+    case RT_SCHED_STEP: lr = s->base_lr * pow(s->gamma, floor(e / s->step_epochs)); break;
+    case RT_SCHED_COSINE: {
+        double total = (double)total_steps / (double)steps_per_epoch;
+        lr = s->min_lr + (s->base_lr - s->min_lr) * (1 + cos(3.141592653589793 * fmin(e / total, 1.0))) / 2;
+        break;
+    }
+    }
+    double warm = s->warmup_epochs * (double)steps_per_epoch;
+    if (warm > 0 && (double)step < warm) lr *= ((double)step + 1) / warm;
+    return lr;
+}
+
+// ---- the optimizers
+
+/* Every optimizer's hyperparameters, as the .net file gives them (a flag is 0 or 1); each
+ * optimizer reads its own. netc writes them in this order into the generated code. */
+#define RT_OPTIM_PARAMS(X)                                                     \
+    X(momentum)     /* SGD */                                                  \
+    X(dampening)    /* SGD */                                                  \
+    X(weight_decay) /* SGD (added to the gradient), AdamW (decoupled) */       \
+    X(beta1)        /* AdamW */                                                \
+    X(beta2)        /* AdamW */                                                \
+    X(eps)          /* AdamW */                                                \
+    X(nesterov)     /* SGD: 1 for Nesterov momentum */
+
+#define RT_OPTIM_PARAM_FIELD(name) double name;
+typedef struct RtOptimParams {
+    RT_OPTIM_PARAMS(RT_OPTIM_PARAM_FIELD)
+} RtOptimParams;
+#undef RT_OPTIM_PARAM_FIELD
+
+/* What one step's update reads besides the elements, computed once per step. */
+typedef struct RtOptimStep {
+    float lr;        /* the schedule's rate for this step */
+    int first;       /* the first step (step == 0) */
+    float step_size; /* AdamW: lr / (1 - beta1^(step + 1)) */
+    float bc2_sqrt;  /* AdamW: sqrt(1 - beta2^(step + 1)) */
+    float decay;     /* AdamW: 1 - lr * weight_decay */
+} RtOptimStep;
+
+/* An update reads and writes element i of the parameters p, its gradient g and its state: slot
+ * k of the state is state[k * n + i], n the trainable floats. */
+
+/* torch.optim.SGD(lr, momentum, dampening, weight_decay, nesterov); one slot (the momentum
+ * buffer) when momentum is not 0, none without. */
+RT_RECIPE_FN int rt_sgd_slots(RtOptimParams h) { return h.momentum != 0 ? 1 : 0; }
+
+RT_RECIPE_FN RtOptimStep rt_sgd_step(RtOptimParams h, float lr, int64_t step) {
+    (void)h;
+    RtOptimStep s = {lr, step == 0, 0.0f, 0.0f, 0.0f};
+    return s;
+}
+
+RT_RECIPE_FN void rt_sgd_update(RtOptimParams h, RtOptimStep s, float *p, const float *g, float *state, int64_t n,
+                                int64_t i) {
+    (void)n;
+    float d = g[i];
+    if (h.weight_decay != 0) d = g[i] + (float)h.weight_decay * p[i];
+    if (h.momentum != 0) {
+        float *buf = state;
+        if (s.first) buf[i] = d; /* torch starts the buffer at the first gradient */
+        else if (h.dampening != 0) buf[i] = buf[i] * (float)h.momentum + (float)(1 - h.dampening) * d;
+        else buf[i] = buf[i] * (float)h.momentum + d;
+        if (h.nesterov != 0) d = d + (float)h.momentum * buf[i];
+        else d = buf[i];
+    }
+    p[i] -= s.lr * d;
+}
+
+/* torch.optim.AdamW(lr, betas, eps, weight_decay, amsgrad=False); two slots, the first and
+ * second moments. The first moment moves by a lerp, as torch's does. */
+RT_RECIPE_FN int rt_adamw_slots(RtOptimParams h) {
+    (void)h;
+    return 2;
+}
+
+RT_RECIPE_FN RtOptimStep rt_adamw_step(RtOptimParams h, float lr, int64_t step) {
+    const double bc1 = 1.0 - pow(h.beta1, (double)(step + 1));
+    const double bc2 = 1.0 - pow(h.beta2, (double)(step + 1));
+    RtOptimStep s = {lr, step == 0, (float)(lr / bc1), (float)sqrt(bc2), (float)(1.0 - (double)lr * h.weight_decay)};
+    return s;
+}
+
+RT_RECIPE_FN void rt_adamw_update(RtOptimParams h, RtOptimStep s, float *p, const float *g, float *state, int64_t n,
+                                  int64_t i) {
+    float *m = state, *v = state + n;
+    if (h.weight_decay != 0) p[i] *= s.decay;
+    m[i] += (float)(1 - h.beta1) * (g[i] - m[i]);
+    v[i] = v[i] * (float)h.beta2 + (float)(1 - h.beta2) * g[i] * g[i];
+    p[i] += -s.step_size * (m[i] / (sqrtf(v[i]) / s.bc2_sqrt + (float)h.eps));
+}
+
+/* The table of optimizers, one row each: X(ID, fn, signature)
+ *   ID         the enum RT_OPTIM_<ID>
+ *   fn         the name: as written in .net, recorded in checkpoints, and the prefix of its
+ *              three functions above: rt_<fn>_slots, rt_<fn>_step (once per step, from the
+ *              learning rate and the step count) and rt_<fn>_update (one element)
+ *   signature  its .net arguments in order, with their defaults (lr comes first and has none);
+ *              netc binds a call by these names and reads each hyperparameter's default here
+ *
+ * How to add an optimizer: a row here; its three functions above, reading its hyperparameters
+ * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_builtins.c's
+ * table of hyperparameters, which checks its value); its section in docs/language.md; a case
+ * against torch.optim in tests/optimizer. Nothing else names an optimizer. */
+#define RT_OPTIMIZERS(X)                                                        \
+    X(SGD, sgd, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
+    X(ADAMW, adamw, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")
+
+#define RT_OPTIM_ENUM(ID, fn, signature) RT_OPTIM_##ID,
+typedef enum { RT_OPTIMIZERS(RT_OPTIM_ENUM) RT_N_OPTIMS } RtOptimKind;
+#undef RT_OPTIM_ENUM
+
+#if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
+/* One row of the table, for the host: the runtime's checkpoints and netc. */
+typedef struct RtOptimizer {
+    const char *name;      /* "sgd" */
+    const char *signature; /* "lr, momentum=0, ..." */
+    const char *enum_name; /* "RT_OPTIM_SGD", for generated code */
+    const char *step_fn;   /* "rt_sgd_step" */
+    const char *update_fn; /* "rt_sgd_update" */
+    int (*slots)(RtOptimParams h);
+} RtOptimizer;
+
+RT_RECIPE_FN const RtOptimizer *rt_optimizer(RtOptimKind k) {
+#define RT_OPTIM_ROW(ID, fn, signature) \
+    {#fn, signature, "RT_OPTIM_" #ID, "rt_" #fn "_step", "rt_" #fn "_update", rt_##fn##_slots},
+    static const RtOptimizer rows[] = {RT_OPTIMIZERS(RT_OPTIM_ROW)};
+#undef RT_OPTIM_ROW
+    return &rows[k];
+}
+#endif
+
+#endif
