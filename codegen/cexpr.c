@@ -1,5 +1,6 @@
 /* cexpr.c - expressions and declarations both backends emit (see cexpr.h). */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,6 +210,33 @@ void cg_comment(Cg *c, const IrNode *n) {
     fprintf(o, "\n");
 }
 
+/* ---- printing the generated code */
+
+static void indent(Cg *c) {
+    for (int i = 0; i < c->depth; i++) fputs("    ", c->out);
+}
+
+/* Each printer: what comes before the formatted text, the text, what comes after. */
+#define CG_PRINT(before, after)         \
+    do {                                \
+        va_list ap;                     \
+        before;                         \
+        va_start(ap, fmt);              \
+        vfprintf(c->out, fmt, ap);      \
+        va_end(ap);                     \
+        after;                          \
+    } while (0)
+
+void cg_line(Cg *c, const char *fmt, ...) { CG_PRINT(indent(c), fputc('\n', c->out)); }
+void cg_open(Cg *c, const char *fmt, ...) { CG_PRINT(indent(c), (fputc('\n', c->out), c->depth++)); }
+void cg_close(Cg *c, const char *fmt, ...) {
+    if (c->depth == 0) ICE("codegen: a block closed that was never opened");
+    CG_PRINT((c->depth--, indent(c)), fputc('\n', c->out));
+}
+void cg_begin(Cg *c, const char *fmt, ...) { CG_PRINT(indent(c), (void)0); }
+void cg_put(Cg *c, const char *fmt, ...) { CG_PRINT((void)0, (void)0); }
+void cg_end(Cg *c, const char *fmt, ...) { CG_PRINT((void)0, fputc('\n', c->out)); }
+
 /* ---- element-wise */
 
 /* An element of x read as a float: cg_load_open prints the conversion's opening (none for float32),
@@ -380,8 +408,6 @@ void cg_group_header(Cg *c, const IrNode *head) {
     }
 }
 
-/* The body of a group's loop at index i: each member a local t<id>, stored only when
- * something outside the group reads it. */
 /* Another member of head's group reads x. */
 static int read_in_group(const Cg *c, const IrNode *head, const IrNode *x) {
     const IrNode *n;
@@ -391,24 +417,25 @@ static int read_in_group(const Cg *c, const IrNode *head, const IrNode *x) {
     return 0;
 }
 
-void cg_group_body(Cg *c, const IrNode *head, const char *indent) {
+/* The body of a group's loop at index i: each member a local t<id>, stored only when
+ * something outside the group reads it. */
+void cg_group_body(Cg *c, const IrNode *head) {
     const IrNode *n;
     c->group = head->group;
     FOR_MEMBERS(n, head) {
         if (cg_is_half(n->dtype)) { /* a cast to a half type: t, if read, is the rounded value */
             const char *h = ir_dtype_name(n->dtype);
-            fprintf(c->out, "%sconst uint16_t h%d = rt_f32_to_%s(", indent, n->id, h);
+            cg_begin(c, "const uint16_t h%d = rt_f32_to_%s(", n->id, h);
             cg_ew_expr(c, n);
-            fprintf(c->out, ");\n");
-            if (read_in_group(c, head, n))
-                fprintf(c->out, "%sconst float t%d = rt_%s_to_f32(h%d);\n", indent, n->id, h, n->id);
-            if (!n->internal) fprintf(c->out, "%sv%d[i] = h%d;\n", indent, n->id, n->id);
+            cg_end(c, ");");
+            if (read_in_group(c, head, n)) cg_line(c, "const float t%d = rt_%s_to_f32(h%d);", n->id, h, n->id);
+            if (!n->internal) cg_line(c, "v%d[i] = h%d;", n->id, n->id);
             continue;
         }
-        fprintf(c->out, "%sconst float t%d = ", indent, n->id);
+        cg_begin(c, "const float t%d = ", n->id);
         cg_ew_expr(c, n);
-        fprintf(c->out, ";\n");
-        if (!n->internal) fprintf(c->out, "%sv%d[i] = t%d;\n", indent, n->id, n->id);
+        cg_end(c, ";");
+        if (!n->internal) cg_line(c, "v%d[i] = t%d;", n->id, n->id);
     }
     c->group = 0;
 }
@@ -600,9 +627,9 @@ void cg_emit_helpers(Cg *c) {
 
 /* `v<id>[i] = <the node's value at i>;` (v<id>[0] when `scalar`), converted to its dtype: a
  * half type by rounding, an integer by value (truncating). */
-void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
+void cg_ew_store(Cg *c, const IrNode *n, int scalar) {
     FILE *o = c->out;
-    fprintf(o, "%sv%d[%s] = ", indent, n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
+    cg_begin(c, "v%d[%s] = ", n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
     if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
         fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
@@ -614,7 +641,7 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent) {
     } else {
         cg_ew_expr(c, n);
     }
-    fprintf(o, ";\n");
+    cg_end(c, ";");
 }
 
 /* The loops of x summed down to n's shape (SUM_TO): `kept`, n's axes innermost first with x's

@@ -26,6 +26,7 @@ typedef struct Cg {
     const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
     const char *fn_qual;    /* how the scalar helpers are declared: "static inline " (C) or with __device__ */
     int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
+    int depth;              /* indentation of the next line, in levels of 4 spaces (cg_line) */
 } Cg;
 
 typedef struct CgAxis {
@@ -44,6 +45,21 @@ typedef struct CgAxis {
 #define FOR_SUMS(s, head)                                    \
     for (int j_ = (head)->id; j_ < c->g->n; j_++)            \
         if (((s) = c->g->nodes[j_])->fused_into == (head)->group)
+
+/* ---- printing the generated code
+ *
+ * Every line is printed at c->depth levels of four spaces, so no emitter passes indentation
+ * around. cg_line prints one whole line; cg_open prints a line that opens a block and indents
+ * what follows; cg_close takes the indentation back and prints the closing line. A line made of
+ * pieces starts with cg_begin (the indentation and the first piece), goes on with cg_put (or
+ * cg_lit, cg_dbl, ... on c->out) and ends with cg_end (the last piece and the newline). The
+ * format strings are printf's, without the newline. */
+void cg_line(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_open(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_close(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_begin(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_put(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_end(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Look-up tables from IR enums to the runtime's names. */
 extern const char *const cg_init_enums[];
@@ -72,7 +88,7 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw);
 void cg_elem(Cg *c, const IrNode *x, const IrNode *n);
 void cg_ew_expr(Cg *c, const IrNode *n);
 void cg_group_header(Cg *c, const IrNode *head);
-void cg_group_body(Cg *c, const IrNode *head, const char *indent);
+void cg_group_body(Cg *c, const IrNode *head);
 int cg_in_place(const IrParam *p);
 int cg_needs_copy(const IrParam *p);
 void cg_mark_reads(Cg *c, int end, int with_grads);
@@ -84,7 +100,7 @@ void cg_emit_description(Cg *c);
 void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step);
 void cg_emit_schedule(FILE *o, const IrTrain *t);
 void cg_emit_helpers(Cg *c);
-void cg_ew_store(Cg *c, const IrNode *n, int scalar, const char *indent);
+void cg_ew_store(Cg *c, const IrNode *n, int scalar);
 void cg_sum_to_base(FILE *o, const IrNode *n);
 void cg_sum_to_elem(FILE *o, const IrNode *n);
 void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);

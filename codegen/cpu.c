@@ -69,7 +69,9 @@ static void loop_close(Cg *c) {
 static void emit_ew(Cg *c, const IrNode *n) {
     int scalar = ir_numel(&n->shape) == 1 && n->op != OP_DROPOUT && n->op != OP_DROPOUT_GRAD;
     if (!scalar) loop_open(c, n);
-    cg_ew_store(c, n, scalar, scalar ? "    " : "        ");
+    c->depth = scalar ? 1 : 2;
+    cg_ew_store(c, n, scalar);
+    c->depth = 0;
     if (!scalar) loop_close(c);
 }
 
@@ -105,7 +107,9 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     fprintf(o, "            for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
     fprintf(o, "                const int64_t i = r * %" PRId64 " + c;\n", C);
     c->inner = C;
-    cg_group_body(c, head, "                ");
+    c->depth = 4;
+    cg_group_body(c, head);
+    c->depth = 0;
     c->inner = 0;
     FOR_SUMS(s, head) {
         int x = s->in[0]->id, st = s->in[1]->id, dy = s->in[2]->id;
@@ -132,7 +136,9 @@ static void emit_group(Cg *c, const IrNode *head) {
     fprintf(c->out, "    // fused group %d: one loop over %" PRId64 " elements\n", head->group, ir_numel(&head->shape));
     cg_group_header(c, head);
     loop_open(c, head);
-    cg_group_body(c, head, "        ");
+    c->depth = 2;
+    cg_group_body(c, head);
+    c->depth = 0;
     loop_close(c);
 }
 
@@ -209,7 +215,9 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     fprintf(o, "                for (int64_t c = 0; c < %" PRId64 "; c++) {\n", N);
     fprintf(o, "                    const int64_t i = r * %" PRId64 " + c;\n", N);
     c->inner = N;
-    cg_group_body(c, head, "                    ");
+    c->depth = 5;
+    cg_group_body(c, head);
+    c->depth = 0;
     c->inner = 0;
     fprintf(o, "                }\n        }\n    }\n");
 }

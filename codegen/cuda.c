@@ -243,7 +243,9 @@ static void emit_group(Cu *u, const IrNode *head) {
     }
     c->group = 0;
     fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest), total);
-    cg_group_body(c, head, "        ");
+    c->depth = 2;
+    cg_group_body(c, head);
+    c->depth = 0;
     fprintf(c->out, "    }\n");
     kernel_name(u, head, "", name, sizeof name);
     snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
@@ -259,7 +261,9 @@ static void emit_ew(Cu *u, const IrNode *n) {
     declare_operands(u, n);
     cg_declare(c, n);
     fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest_operand(n)), total);
-    cg_ew_store(c, n, 0, "        ");
+    c->depth = 2;
+    cg_ew_store(c, n, 0);
+    c->depth = 0;
     fprintf(c->out, "    }\n");
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
