@@ -165,18 +165,17 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
 void cg_ptr(Cg *c, const IrNode *n) {
     const IrNode *r = cg_root(n);
     const char *t = ir_dtype_ctype(n->dtype);
-    FILE *o = c->out;
     int64_t elems = 0; /* a row view starts inside its root */
     for (const IrNode *v = n; v != r; v = v->in[0])
         if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
     switch (r->storage) {
     case ST_ARENA:
-        fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
-        if (elems) fprintf(o, " + %" PRId64, elems);
+        cg_put(c, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
+        if (elems) cg_put(c, " + %" PRId64, elems);
         break;
-    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
-    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
-    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
+    case ST_PARAM: cg_put(c, "ctx->params + %" PRId64, r->offset + elems); break;
+    case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
+    case ST_INPUT: cg_put(c, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
     default: ICE("codegen: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
@@ -265,15 +264,15 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
         return;
     }
     if (c->group && x->group == c->group) { /* computed earlier in this iteration */
-        fprintf(o, "t%d", x->id);
+        cg_put(c, "t%d", x->id);
         return;
     }
     CgAxis ax[IR_MAX_RANK];
     int k = cg_broadcast_axes(x, n, ax);
     if (!raw) cg_load_open(o, x);
-    fprintf(o, "v%d[", x->id);
+    cg_put(c, "v%d[", x->id);
     cg_index_expr(o, "i", ax, k, c->inner);
-    fprintf(o, "]");
+    cg_put(c, "]");
     if (!raw) cg_load_close(o, x);
 }
 
@@ -281,17 +280,17 @@ void cg_elem(Cg *c, const IrNode *x, const IrNode *n) { cg_elem_as(c, x, n, 0); 
 
 /* f(a), f(a, b), f(a, b, c) over the node's operands. */
 static void call(Cg *c, const char *f, const IrNode *n) {
-    fprintf(c->out, "%s(", f);
+    cg_put(c, "%s(", f);
     for (int k = 0; k < n->n_in; k++) {
-        if (k) fprintf(c->out, ", ");
+        if (k) cg_put(c, ", ");
         cg_elem(c, n->in[k], n);
     }
-    fprintf(c->out, ")");
+    cg_put(c, ")");
 }
 
 static void infix(Cg *c, const IrNode *n, const char *op) {
     cg_elem(c, n->in[0], n);
-    fprintf(c->out, " %s ", op);
+    cg_put(c, " %s ", op);
     cg_elem(c, n->in[1], n);
 }
 
@@ -305,20 +304,19 @@ static void logical_index(Cg *c, const IrNode *n) {
 }
 
 static void dropout(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
     if (c->eval) {
         cg_elem(c, n->in[0], n);
         return;
     }
-    fprintf(o, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
+    cg_put(c, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
     logical_index(c, n); /* the mask follows the logical element, whatever the layout */
-    fprintf(o, ", ");
-    cg_dbl(o, n->attr.p);
-    fprintf(o, ") ? ");
+    cg_put(c, ", ");
+    cg_dbl(c->out, n->attr.p);
+    cg_put(c, ") ? ");
     cg_elem(c, n->in[0], n);
-    fprintf(o, " * ");
-    cg_lit(o, 1.0 / (1.0 - n->attr.p));
-    fprintf(o, " : 0.0f");
+    cg_put(c, " * ");
+    cg_lit(c->out, 1.0 / (1.0 - n->attr.p));
+    cg_put(c, " : 0.0f");
 }
 
 /* The channel (axis 1) of element i of n, as an index expression. */
@@ -333,41 +331,55 @@ static void chan(Cg *c, const IrNode *n) {
 
 /* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
 static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
-    fprintf(c->out, "v%d[", x->id);
-    if (row) fprintf(c->out, "%" PRId64 " + ", n->shape.dim[1]);
+    cg_put(c, "v%d[", x->id);
+    if (row) cg_put(c, "%" PRId64 " + ", n->shape.dim[1]);
     chan(c, n);
-    fprintf(c->out, "]");
+    cg_put(c, "]");
 }
 
 /* x normalised: (x - mean[c]) * invstd[c] */
 static void xhat(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0], *stats = n->in[1];
-    fprintf(c->out, "(");
+    cg_put(c, "(");
     cg_elem(c, x, n);
-    fprintf(c->out, " - "), chan_elem(c, n, stats, 0), fprintf(c->out, ") * "), chan_elem(c, n, stats, 1);
+    cg_put(c, " - ");
+    chan_elem(c, n, stats, 0);
+    cg_put(c, ") * ");
+    chan_elem(c, n, stats, 1);
 }
 
 static void bn_apply(Cg *c, const IrNode *n) {
     if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
         cg_elem(c, n->in[0], n);
-        fprintf(c->out, " + fold_b%d[", n->in[0]->id), chan(c, n), fprintf(c->out, "]");
+        cg_put(c, " + fold_b%d[", n->in[0]->id);
+        chan(c, n);
+        cg_put(c, "]");
         return;
     }
     xhat(c, n);
-    fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
-    fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
+    cg_put(c, " * ");
+    chan_elem(c, n, n->in[2], 0);
+    cg_put(c, " + ");
+    chan_elem(c, n, n->in[3], 0);
 }
 
 /* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
 static void bn_bwd_data(Cg *c, const IrNode *n) {
     const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
-    FILE *o = c->out;
-    chan_elem(c, n, w, 0), fprintf(o, " * "), chan_elem(c, n, stats, 1), fprintf(o, " * (");
+    chan_elem(c, n, w, 0);
+    cg_put(c, " * ");
+    chan_elem(c, n, stats, 1);
+    cg_put(c, " * (");
     cg_elem(c, dy, n);
-    fprintf(o, " - ("), chan_elem(c, n, sums, 0), fprintf(o, " + ");
+    cg_put(c, " - (");
+    chan_elem(c, n, sums, 0);
+    cg_put(c, " + ");
     xhat(c, n);
-    fprintf(o, " * "), chan_elem(c, n, sums, 1);
-    fprintf(o, ") * "), cg_lit(o, (double)n->shape.dim[1] / (double)ir_numel(&n->shape)), fprintf(o, ")");
+    cg_put(c, " * ");
+    chan_elem(c, n, sums, 1);
+    cg_put(c, ") * ");
+    cg_lit(c->out, (double)n->shape.dim[1] / (double)ir_numel(&n->shape));
+    cg_put(c, ")");
 }
 
 /* The float expression of one element-wise node at index i. */
@@ -378,7 +390,9 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_MUL: infix(c, n, "*"); break;
     case OP_DIV: infix(c, n, "/"); break;
     case OP_NEG: /* -(x): a negative literal after '-' would read as '--' */
-        fprintf(c->out, "-("), cg_elem(c, n->in[0], n), fprintf(c->out, ")");
+        cg_put(c, "-(");
+        cg_elem(c, n->in[0], n);
+        cg_put(c, ")");
         break;
     case OP_RELU: call(c, "relu", n); break;
     case OP_SIGMOID: call(c, "sigmoid", n); break;
