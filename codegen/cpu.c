@@ -73,7 +73,6 @@ static void emit_ew(Cg *c, const IrNode *n) {
     if (!scalar) loop_close(c);
 }
 
-
 /* A channels-last group with batch-norm sums accumulated in its loop (fuse_reductions): rows of
  * C channels in blocks of RT_BN_BLOCK_ROWS, each block's partial sums in double, then the
  * blocks in order: the same arithmetic in the same order as rt_bn_bwd_sums_nhwc. */
@@ -89,7 +88,8 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     FOR_SUMS(s, head) {
         cg_comment(c, s);
         cg_declare(c, s);
-        cg_line(c, "static double part%d[%" PRId64 "]; // per block of rows: sum(dy), sum(dy * xhat)", s->id, nb * 2 * C);
+        cg_line(c, "static double part%d[%" PRId64 "]; // per block of rows: sum(dy), sum(dy * xhat)", s->id,
+                nb * 2 * C);
     }
     cg_line(c, "#pragma omp parallel for schedule(static)%s", M * C >= PAR_MIN ? "" : " if (0)");
     cg_open(c, "for (int64_t b = 0; b < %" PRId64 "; b++) {", nb);
@@ -174,7 +174,8 @@ static void emit_reduce(Cg *c, const IrNode *n) {
     if (n->dtype != DT_F32) ICE("cpu: %s to %s", ir_op_name(n->op), ir_dtype_name(n->dtype));
     int masked = n->op == OP_MEAN && n->attr.batch_masked && x->shape.rank > 0;
     cg_open(c, "{");
-    if (masked) cg_line(c, "const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only", total / x->shape.dim[0]);
+    if (masked)
+        cg_line(c, "const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only", total / x->shape.dim[0]);
     else cg_line(c, "const int64_t count = %" PRId64 ";", total);
     cg_line(c, "double acc = 0;");
     if (total >= PAR_MIN) cg_line(c, "#pragma omp parallel for reduction(+ : acc)");
@@ -284,7 +285,8 @@ static const IrNode *fold_apply(const Cg *c, const IrNode *stats) {
 static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
     const IrNode *w = conv->in[1], *apply = fold_apply(c, stats);
     int64_t K = w->shape.dim[0], per_k = ir_numel(&w->shape) / K;
-    cg_line(c, "// folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights", apply->id);
+    cg_line(c, "// folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights",
+            apply->id);
     cg_declare(c, stats);
     cg_declare(c, apply->in[2]);
     cg_declare(c, apply->in[3]);
@@ -568,7 +570,8 @@ static void emit_prologue(Cg *c) {
     cg_line(c, "// Every tensor of the training step has a home fixed at compile time:");
     cg_line(c, "//   ctx->params    every parameter, one flat float array (%" PRId64 " floats, trainable first)",
             g->n_param_floats);
-    cg_line(c, "//   ctx->grads     their gradients; grads[i] belongs to params[i] (%" PRId64 " floats)", g->n_grad_floats);
+    cg_line(c, "//   ctx->grads     their gradients; grads[i] belongs to params[i] (%" PRId64 " floats)",
+            g->n_grad_floats);
     cg_line(c, "//   ctx->optstate  optimizer state, %d slot(s) of %" PRId64 " floats", cg_state_slots(&g->train),
             g->n_grad_floats);
     cg_line(c, "//   ctx->inputs    the batch (%" PRId64 " samples), one buffer per model input", g->batch);
