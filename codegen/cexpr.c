@@ -165,18 +165,17 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
 void cg_ptr(Cg *c, const IrNode *n) {
     const IrNode *r = cg_root(n);
     const char *t = ir_dtype_ctype(n->dtype);
-    FILE *o = c->out;
     int64_t elems = 0; /* a row view starts inside its root */
     for (const IrNode *v = n; v != r; v = v->in[0])
         if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
     switch (r->storage) {
     case ST_ARENA:
-        fprintf(o, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
-        if (elems) fprintf(o, " + %" PRId64, elems);
+        cg_put(c, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
+        if (elems) cg_put(c, " + %" PRId64, elems);
         break;
-    case ST_PARAM: fprintf(o, "ctx->params + %" PRId64, r->offset + elems); break;
-    case ST_GRAD: fprintf(o, "ctx->grads + %" PRId64, r->offset + elems); break;
-    case ST_INPUT: fprintf(o, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
+    case ST_PARAM: cg_put(c, "ctx->params + %" PRId64, r->offset + elems); break;
+    case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
+    case ST_INPUT: cg_put(c, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
     default: ICE("codegen: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
@@ -185,29 +184,34 @@ void cg_declare(Cg *c, const IrNode *n) {
     if (c->decl[n->id]) return;
     c->decl[n->id] = 1;
     if (n->storage == ST_INLINE) { /* a constant that a kernel reads through a pointer */
-        fprintf(c->out, "    const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
+        cg_begin(c, "const %s v%d[1] = {", ir_dtype_ctype(n->dtype), n->id);
         cg_lit(c->out, cg_const_value(n));
-        fprintf(c->out, "};\n");
+        cg_end(c, "};");
         return;
     }
-    fprintf(c->out, "    %s%s *v%d = ", cg_root(n)->storage == ST_INPUT ? "const " : "",
-            ir_dtype_ctype(n->dtype), n->id);
+    cg_begin(c, "%s%s *v%d = ", cg_root(n)->storage == ST_INPUT ? "const " : "", ir_dtype_ctype(n->dtype), n->id);
     cg_ptr(c, n);
-    fprintf(c->out, ";\n");
+    cg_end(c, ";");
 }
 
 /* `// %12 = relu(%11) f32[64, 128]   lenet.net:9` */
 void cg_comment(Cg *c, const IrNode *n) {
     char shape[160];
     FILE *o = c->out;
-    fprintf(o, "    // %%%d = %s", n->id, ir_op_name(n->op));
-    if (n->name) fprintf(o, " "), cg_comment_text(o, n->name);
-    for (int i = 0; i < n->n_in; i++) fprintf(o, "%s%%%d", i ? ", " : "(", n->in[i]->id);
-    fprintf(o, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype),
-            ir_shape_str(&n->shape, shape, sizeof shape));
-    if (n->layout == LAYOUT_NHWC) fprintf(o, " nhwc");
-    if (n->loc.file) fprintf(o, "   "), cg_comment_text(o, cg_base_name(n->loc.file)), fprintf(o, ":%d", n->loc.line);
-    fprintf(o, "\n");
+    cg_begin(c, "// %%%d = %s", n->id, ir_op_name(n->op));
+    if (n->name) {
+        cg_put(c, " ");
+        cg_comment_text(o, n->name);
+    }
+    for (int i = 0; i < n->n_in; i++) cg_put(c, "%s%%%d", i ? ", " : "(", n->in[i]->id);
+    cg_put(c, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
+    if (n->layout == LAYOUT_NHWC) cg_put(c, " nhwc");
+    if (n->loc.file) {
+        cg_put(c, "   ");
+        cg_comment_text(o, cg_base_name(n->loc.file));
+        cg_put(c, ":%d", n->loc.line);
+    }
+    cg_end(c, "%s", "");
 }
 
 /* ---- printing the generated code */
@@ -236,6 +240,7 @@ void cg_close(Cg *c, const char *fmt, ...) {
 void cg_begin(Cg *c, const char *fmt, ...) { CG_PRINT(indent(c), (void)0); }
 void cg_put(Cg *c, const char *fmt, ...) { CG_PRINT((void)0, (void)0); }
 void cg_end(Cg *c, const char *fmt, ...) { CG_PRINT((void)0, fputc('\n', c->out)); }
+void cg_blank(Cg *c) { fputc('\n', c->out); }
 
 /* ---- element-wise */
 
@@ -259,15 +264,15 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
         return;
     }
     if (c->group && x->group == c->group) { /* computed earlier in this iteration */
-        fprintf(o, "t%d", x->id);
+        cg_put(c, "t%d", x->id);
         return;
     }
     CgAxis ax[IR_MAX_RANK];
     int k = cg_broadcast_axes(x, n, ax);
     if (!raw) cg_load_open(o, x);
-    fprintf(o, "v%d[", x->id);
+    cg_put(c, "v%d[", x->id);
     cg_index_expr(o, "i", ax, k, c->inner);
-    fprintf(o, "]");
+    cg_put(c, "]");
     if (!raw) cg_load_close(o, x);
 }
 
@@ -275,17 +280,17 @@ void cg_elem(Cg *c, const IrNode *x, const IrNode *n) { cg_elem_as(c, x, n, 0); 
 
 /* f(a), f(a, b), f(a, b, c) over the node's operands. */
 static void call(Cg *c, const char *f, const IrNode *n) {
-    fprintf(c->out, "%s(", f);
+    cg_put(c, "%s(", f);
     for (int k = 0; k < n->n_in; k++) {
-        if (k) fprintf(c->out, ", ");
+        if (k) cg_put(c, ", ");
         cg_elem(c, n->in[k], n);
     }
-    fprintf(c->out, ")");
+    cg_put(c, ")");
 }
 
 static void infix(Cg *c, const IrNode *n, const char *op) {
     cg_elem(c, n->in[0], n);
-    fprintf(c->out, " %s ", op);
+    cg_put(c, " %s ", op);
     cg_elem(c, n->in[1], n);
 }
 
@@ -299,20 +304,19 @@ static void logical_index(Cg *c, const IrNode *n) {
 }
 
 static void dropout(Cg *c, const IrNode *n) {
-    FILE *o = c->out;
     if (c->eval) {
         cg_elem(c, n->in[0], n);
         return;
     }
-    fprintf(o, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
+    cg_put(c, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
     logical_index(c, n); /* the mask follows the logical element, whatever the layout */
-    fprintf(o, ", ");
-    cg_dbl(o, n->attr.p);
-    fprintf(o, ") ? ");
+    cg_put(c, ", ");
+    cg_dbl(c->out, n->attr.p);
+    cg_put(c, ") ? ");
     cg_elem(c, n->in[0], n);
-    fprintf(o, " * ");
-    cg_lit(o, 1.0 / (1.0 - n->attr.p));
-    fprintf(o, " : 0.0f");
+    cg_put(c, " * ");
+    cg_lit(c->out, 1.0 / (1.0 - n->attr.p));
+    cg_put(c, " : 0.0f");
 }
 
 /* The channel (axis 1) of element i of n, as an index expression. */
@@ -327,41 +331,55 @@ static void chan(Cg *c, const IrNode *n) {
 
 /* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
 static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
-    fprintf(c->out, "v%d[", x->id);
-    if (row) fprintf(c->out, "%" PRId64 " + ", n->shape.dim[1]);
+    cg_put(c, "v%d[", x->id);
+    if (row) cg_put(c, "%" PRId64 " + ", n->shape.dim[1]);
     chan(c, n);
-    fprintf(c->out, "]");
+    cg_put(c, "]");
 }
 
 /* x normalised: (x - mean[c]) * invstd[c] */
 static void xhat(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0], *stats = n->in[1];
-    fprintf(c->out, "(");
+    cg_put(c, "(");
     cg_elem(c, x, n);
-    fprintf(c->out, " - "), chan_elem(c, n, stats, 0), fprintf(c->out, ") * "), chan_elem(c, n, stats, 1);
+    cg_put(c, " - ");
+    chan_elem(c, n, stats, 0);
+    cg_put(c, ") * ");
+    chan_elem(c, n, stats, 1);
 }
 
 static void bn_apply(Cg *c, const IrNode *n) {
     if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
         cg_elem(c, n->in[0], n);
-        fprintf(c->out, " + fold_b%d[", n->in[0]->id), chan(c, n), fprintf(c->out, "]");
+        cg_put(c, " + fold_b%d[", n->in[0]->id);
+        chan(c, n);
+        cg_put(c, "]");
         return;
     }
     xhat(c, n);
-    fprintf(c->out, " * "), chan_elem(c, n, n->in[2], 0);
-    fprintf(c->out, " + "), chan_elem(c, n, n->in[3], 0);
+    cg_put(c, " * ");
+    chan_elem(c, n, n->in[2], 0);
+    cg_put(c, " + ");
+    chan_elem(c, n, n->in[3], 0);
 }
 
 /* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
 static void bn_bwd_data(Cg *c, const IrNode *n) {
     const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
-    FILE *o = c->out;
-    chan_elem(c, n, w, 0), fprintf(o, " * "), chan_elem(c, n, stats, 1), fprintf(o, " * (");
+    chan_elem(c, n, w, 0);
+    cg_put(c, " * ");
+    chan_elem(c, n, stats, 1);
+    cg_put(c, " * (");
     cg_elem(c, dy, n);
-    fprintf(o, " - ("), chan_elem(c, n, sums, 0), fprintf(o, " + ");
+    cg_put(c, " - (");
+    chan_elem(c, n, sums, 0);
+    cg_put(c, " + ");
     xhat(c, n);
-    fprintf(o, " * "), chan_elem(c, n, sums, 1);
-    fprintf(o, ") * "), cg_lit(o, (double)n->shape.dim[1] / (double)ir_numel(&n->shape)), fprintf(o, ")");
+    cg_put(c, " * ");
+    chan_elem(c, n, sums, 1);
+    cg_put(c, ") * ");
+    cg_lit(c->out, (double)n->shape.dim[1] / (double)ir_numel(&n->shape));
+    cg_put(c, ")");
 }
 
 /* The float expression of one element-wise node at index i. */
@@ -372,7 +390,9 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_MUL: infix(c, n, "*"); break;
     case OP_DIV: infix(c, n, "/"); break;
     case OP_NEG: /* -(x): a negative literal after '-' would read as '--' */
-        fprintf(c->out, "-("), cg_elem(c, n->in[0], n), fprintf(c->out, ")");
+        cg_put(c, "-(");
+        cg_elem(c, n->in[0], n);
+        cg_put(c, ")");
         break;
     case OP_RELU: call(c, "relu", n); break;
     case OP_SIGMOID: call(c, "sigmoid", n); break;
@@ -473,23 +493,29 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
 
 int cg_state_slots(const IrTrain *t) { return rt_optimizer(t->optim)->slots(t->hyper); }
 
-void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step) {
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step) {
     const RtOptimizer *opt = rt_optimizer(t->optim);
     const RtOptimParams *h = &t->hyper;
-    fprintf(o, "    // optimizer = %s(...): %s and %s in rt_recipe.h\n", opt->name, opt->step_fn, opt->update_fn);
+    cg_line(c, "// optimizer = %s(...): %s and %s in rt_recipe.h", opt->name, opt->step_fn, opt->update_fn);
     /* every hyperparameter, named in a comment and then valued, in RtOptimParams' order */
-#define NAME(name) fprintf(o, "%s" #name, sep), sep = ", ";
-#define VALUE(name) fprintf(o, "%s", sep), cg_dbl(o, h->name), sep = ", ";
+#define NAME(name)                  \
+    cg_put(c, "%s" #name, sep);     \
+    sep = ", ";
+#define VALUE(name)                 \
+    cg_put(c, "%s", sep);           \
+    cg_dbl(c->out, h->name);        \
+    sep = ", ";
     const char *sep = "";
-    fprintf(o, "    // {");
+    cg_begin(c, "// {");
     RT_OPTIM_PARAMS(NAME)
-    fprintf(o, "}\n    const RtOptimParams h = {");
+    cg_end(c, "}");
+    cg_begin(c, "const RtOptimParams h = {");
     sep = "";
     RT_OPTIM_PARAMS(VALUE)
-    fprintf(o, "};\n");
+    cg_end(c, "};");
 #undef NAME
 #undef VALUE
-    fprintf(o, "    const RtOptimStep s = %s(h, %s, %s);\n", opt->step_fn, lr, step);
+    cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);
 }
 
 /* ---- the model description */
@@ -536,40 +562,54 @@ static int64_t input_classes(const IrGraph *g, const IrNode *input) {
 void cg_emit_description(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
-    if (g->n_inputs)
-        fprintf(o, "// per-sample shapes: the batch axis is not counted; classes: the range of labels (0: none)\n"
-                   "static const RtInput inputs[] = {\n");
-    for (int i = 0; i < g->n_inputs; i++) {
-        const IrNode *n = g->inputs[i].node;
-        fprintf(o, "    {"), cg_cstr(o, n->name);
-        fprintf(o, ", %s, %d, ", cg_dtype_enums[n->dtype], n->shape.rank - 1);
-        cg_dims(o, &n->shape, 1);
-        fprintf(o, ", %" PRId64 "},\n", input_classes(g, n));
+    if (g->n_inputs) {
+        cg_line(c, "// per-sample shapes: the batch axis is not counted; classes: the range of labels (0: none)");
+        cg_open(c, "static const RtInput inputs[] = {");
+        for (int i = 0; i < g->n_inputs; i++) {
+            const IrNode *n = g->inputs[i].node;
+            cg_begin(c, "{");
+            cg_cstr(o, n->name);
+            cg_put(c, ", %s, %d, ", cg_dtype_enums[n->dtype], n->shape.rank - 1);
+            cg_dims(o, &n->shape, 1);
+            cg_end(c, ", %" PRId64 "},", input_classes(g, n));
+        }
+        cg_close(c, "};");
+        cg_blank(c);
     }
-    if (g->n_inputs) fprintf(o, "};\n\n");
-    if (g->n_params)
-        fprintf(o, "static const RtParam params[] = {\n"
-                   "    // name, rank, shape, offset, grad_offset, init, init_a, file dtype, buffer\n");
-    for (int i = 0; i < g->n_params; i++) {
-        const IrParam *p = &g->params[i];
-        fprintf(o, "    {"), cg_cstr(o, p->name);
-        fprintf(o, ", %d, ", p->node->shape.rank);
-        cg_dims(o, &p->node->shape, 0);
-        fprintf(o, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, cg_init_enums[p->init]);
-        cg_lit(o, p->init_a);
-        fprintf(o, ", %s, %d", cg_dtype_enums[p->file_dtype], p->buffer);
-        fprintf(o, "},\n");
+    if (g->n_params) {
+        cg_open(c, "static const RtParam params[] = {");
+        cg_line(c, "// name, rank, shape, offset, grad_offset, init, init_a, file dtype, buffer");
+        for (int i = 0; i < g->n_params; i++) {
+            const IrParam *p = &g->params[i];
+            cg_begin(c, "{");
+            cg_cstr(o, p->name);
+            cg_put(c, ", %d, ", p->node->shape.rank);
+            cg_dims(o, &p->node->shape, 0);
+            cg_put(c, ", %" PRId64 ", %" PRId64 ", %s, ", p->offset, p->grad_offset, cg_init_enums[p->init]);
+            cg_lit(o, p->init_a);
+            cg_end(c, ", %s, %d},", cg_dtype_enums[p->file_dtype], p->buffer);
+        }
+        cg_close(c, "};");
+        cg_blank(c);
     }
-    if (g->n_params) fprintf(o, "};\n\n");
 }
 
-void cg_emit_schedule(FILE *o, const IrTrain *t) {
-    fprintf(o, "    .schedule = {.kind = %s, .base_lr = ", cg_sched_enums[t->sched]), cg_dbl(o, t->lr);
-    fprintf(o, ", .warmup_epochs = "), cg_dbl(o, t->warmup_epochs);
-    fprintf(o, ", .step_epochs = "), cg_dbl(o, t->step_epochs);
-    fprintf(o, ",\n                 .gamma = "), cg_dbl(o, t->gamma);
-    fprintf(o, ", .min_lr = "), cg_dbl(o, t->min_lr);
-    fprintf(o, "},\n");
+/* The .schedule member of the RtModel initializer, on two lines. */
+void cg_emit_schedule(Cg *c, const IrTrain *t) {
+    static const char member[] = ".schedule = {";
+    FILE *o = c->out;
+    cg_begin(c, "%s.kind = %s, .base_lr = ", member, cg_sched_enums[t->sched]);
+    cg_dbl(o, t->lr);
+    cg_put(c, ", .warmup_epochs = ");
+    cg_dbl(o, t->warmup_epochs);
+    cg_put(c, ", .step_epochs = ");
+    cg_dbl(o, t->step_epochs);
+    cg_end(c, ",");
+    cg_begin(c, "%*s.gamma = ", (int)strlen(member), ""); /* aligned under .kind */
+    cg_dbl(o, t->gamma);
+    cg_put(c, ", .min_lr = ");
+    cg_dbl(o, t->min_lr);
+    cg_end(c, "},");
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */
@@ -618,25 +658,24 @@ void cg_emit_helpers(Cg *c) {
     for (size_t h = 0; h < sizeof helpers / sizeof *helpers; h++)
         for (int i = 0; i < g->n; i++)
             if (g->nodes[i]->op == helpers[h].op) {
-                if (!any++) fprintf(c->out, "// ---- element-wise functions\n");
+                if (!any++) cg_line(c, "// ---- element-wise functions");
                 put_helper(c, helpers[h].code);
                 break;
             }
-    if (any) fprintf(c->out, "\n");
+    if (any) cg_blank(c);
 }
 
 /* `v<id>[i] = <the node's value at i>;` (v<id>[0] when `scalar`), converted to its dtype: a
  * half type by rounding, an integer by value (truncating). */
 void cg_ew_store(Cg *c, const IrNode *n, int scalar) {
-    FILE *o = c->out;
     cg_begin(c, "v%d[%s] = ", n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
     if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
-        fprintf(o, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
+        cg_put(c, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
-        fprintf(o, ")");
+        cg_put(c, ")");
     } else if (!ir_dtype_is_float(n->dtype)) {
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));
-        fprintf(o, "(%s)", ir_dtype_ctype(n->dtype));
+        cg_put(c, "(%s)", ir_dtype_ctype(n->dtype));
         cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
     } else {
         cg_ew_expr(c, n);
@@ -706,20 +745,23 @@ void cg_pool_kind(const IrNode *n, int *max, int *bwd) {
     }
 }
 
-/* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h). */
-void cg_conv_geometry(FILE *o, const IrNode *n, const char *name) {
+/* `static const RtConv NAME<id> = {...};`: the geometry of convolution node n (netrt.h), on two
+ * lines. */
+void cg_conv_geometry(Cg *c, const IrNode *n, const char *name) {
     int which = cg_conv_which(n);
     const IrShape *x = which == CG_CONV_BWD_DATA ? &n->shape : &n->in[0]->shape;
     const IrShape *w = which == CG_CONV_BWD_FILTER ? &n->shape : &n->in[1]->shape;
     const IrShape *y = which == CG_CONV_FWD ? &n->shape
                      : which == CG_CONV_BWD_DATA ? &n->in[0]->shape : &n->in[1]->shape;
     const IrAttrs *a = &n->attr;
-    fprintf(o, "    static const RtConv %s%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64
-               ", .W = %" PRId64 ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64
-               ", .Q = %" PRId64 ",\n        .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d"
-               ", .dil_h = %d, .dil_w = %d, .groups = %d};\n",
+    cg_line(c, "static const RtConv %s%d = {.N = %" PRId64 ", .C = %" PRId64 ", .H = %" PRId64 ", .W = %" PRId64
+               ", .K = %" PRId64 ", .R = %" PRId64 ", .S = %" PRId64 ", .P = %" PRId64 ", .Q = %" PRId64 ",",
             name, n->id, x->dim[0], x->dim[1], x->dim[2], x->dim[3], w->dim[0], w->dim[2], w->dim[3], y->dim[2],
-            y->dim[3], a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+            y->dim[3]);
+    c->depth++; /* the initializer's second line */
+    cg_line(c, ".stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d, .dil_h = %d, .dil_w = %d, .groups = %d};",
+            a->stride[0], a->stride[1], a->pad[0], a->pad[1], a->dil[0], a->dil[1], a->groups);
+    c->depth--;
 }
 
 /* The library kernels of both backends take float tensors (labels: int64) in the layouts

@@ -52,14 +52,17 @@ typedef struct CgAxis {
  * around. cg_line prints one whole line; cg_open prints a line that opens a block and indents
  * what follows; cg_close takes the indentation back and prints the closing line. A line made of
  * pieces starts with cg_begin (the indentation and the first piece), goes on with cg_put (or
- * cg_lit, cg_dbl, ... on c->out) and ends with cg_end (the last piece and the newline). The
- * format strings are printf's, without the newline. */
+ * cg_lit, cg_dbl, ... on c->out) and ends with cg_end (the last piece and the newline); a line
+ * whose first or last piece another printer writes begins or ends with the format "%s" and "".
+ * The format strings are printf's, without the newline. cg_blank prints an empty line, which
+ * has no indentation. */
 void cg_line(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_open(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_close(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_begin(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_put(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_end(Cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_blank(Cg *c);
 
 /* Look-up tables from IR enums to the runtime's names. */
 extern const char *const cg_init_enums[];
@@ -97,13 +100,13 @@ void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
  * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
-void cg_emit_optim_step(FILE *o, const IrTrain *t, const char *lr, const char *step);
-void cg_emit_schedule(FILE *o, const IrTrain *t);
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step);
+void cg_emit_schedule(Cg *c, const IrTrain *t);
 void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar);
 void cg_sum_to_base(FILE *o, const IrNode *n);
 void cg_sum_to_elem(FILE *o, const IrNode *n);
-void cg_conv_geometry(FILE *o, const IrNode *n, const char *name);
+void cg_conv_geometry(Cg *c, const IrNode *n, const char *name);
 /* Which of the three convolutions n is (the runtimes' order); any other operator is a bug. */
 enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };
 int cg_conv_which(const IrNode *n);

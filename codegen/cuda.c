@@ -138,6 +138,7 @@ static void kernel_open(Cu *u) {
     u->c.out = open_memstream(&u->buf, &u->buf_size);
     if (!u->c.out) ICE("cuda: out of memory");
     memset(u->c.decl, 0, (size_t)u->g->n + 1);
+    u->c.depth = 1; /* the body, which kernel_close puts between the kernel's braces */
 }
 
 /* Finish the kernel being written: write it to the .cu file unless an identical one exists,
@@ -413,7 +414,7 @@ static void emit_conv(Cu *u, const IrNode *n) {
             nhwc ? "NHWC" : "NCHW");
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        cg_conv_geometry(u->plan, n, "geom");
+        cg_conv_geometry(&(Cg){.g = u->g, .out = u->plan, .depth = 1}, n, "geom");
         fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which, nhwc,
                 rt_dtype(n));
     }
@@ -617,7 +618,7 @@ static void emit_optimizer(Cu *u) {
     kernel_open(u);
     FILE *o = u->c.out;
     fprintf(o, "    const RtDevState *st = ctx->state;\n    if (st->nonfinite_step) return;\n");
-    cg_emit_optim_step(o, t, "st->lr", "st->step");
+    cg_emit_optim_step(&u->c, t, "st->lr", "st->step");
     fprintf(o, "    float *p = ctx->params, *state = ctx->optstate;\n    const float *g = ctx->grads;\n");
     fprintf(o, "    NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);\n", n,
             rt_optimizer(t->optim)->update_fn, n);
@@ -756,7 +757,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
             g->n_grad_floats);
     fprintf(o, "    .n_state_slots = %d,\n    .arena_bytes = 64,\n", cg_state_slots(t));
     fprintf(o, "    .optim = %s,\n", rt_optimizer(t->optim)->enum_name);
-    cg_emit_schedule(o, t);
+    cg_emit_schedule(&(Cg){.g = g, .out = o, .depth = 1}, t);
     fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n", t->epochs,
             t->eval_every, t->log_every);
     fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, cg_loss_names[t->loss_kind]);
