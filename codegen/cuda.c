@@ -55,13 +55,16 @@ typedef struct Kernel {
     char *body; /* the text between the braces, to find twins */
 } Kernel;
 
+/* Every text being written has its own printer, a Cg whose out is that text and whose depth
+ * follows its blocks: c, the emitter's state, prints the kernel being written; cu, step and plan
+ * (whose other fields stay zero) print the kernels file and the bodies of the host functions. */
 typedef struct Cu {
-    Cg c;              /* c.out: the kernel body being written */
+    Cg c;              /* c.out: the body of the kernel being written, at depth 1 in its braces */
     const IrGraph *g;
     Map map;
-    FILE *cu;          /* the kernels file */
-    FILE *step;        /* the host function being written (train or eval) */
-    FILE *plan;        /* the host plan() function */
+    Cg cu;             /* the kernels, in launch order */
+    Cg step;           /* the body of the host function being written (train or eval) */
+    Cg plan;           /* the body of the host plan() function */
     unsigned char *planned; /* planned[id]: node id's library plan exists */
     int *readers;      /* readers[id]: nodes of the training step that read node id */
     Kernel *kernels;
@@ -128,8 +131,8 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
 
 /* The host expression for a node's device pointer: (const float *)(base + 4096). */
 static void host_ptr(Cu *u, const IrNode *n, int writable) {
-    fprintf(u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
-            dev_offset(u, n));
+    cg_put(&u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
+           dev_offset(u, n));
 }
 
 /* ---- kernels */
@@ -137,12 +140,14 @@ static void host_ptr(Cu *u, const IrNode *n, int writable) {
 static void kernel_open(Cu *u) {
     u->c.out = open_memstream(&u->buf, &u->buf_size);
     if (!u->c.out) ICE("cuda: out of memory");
+    u->c.depth = 1; /* kernel_close prints the braces around the body */
     memset(u->c.decl, 0, (size_t)u->g->n + 1);
 }
 
 /* Finish the kernel being written: write it to the .cu file unless an identical one exists,
  * and launch it from the host step with `grid` blocks of `block` threads. */
 static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+    if (u->c.depth != 1) ICE("cuda: kernel %s ends inside a block", name);
     fclose(u->c.out);
     u->c.out = NULL;
     int k = 0;
@@ -156,13 +161,15 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
         Kernel *kn = &u->kernels[u->n_kernels++];
         snprintf(kn->name, sizeof kn->name, "%s", name);
         kn->body = u->buf;
-        fprintf(u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {\n    NETC_CTX(base);\n%s}\n\n",
-                BLOCK, name, u->buf);
+        cg_open(&u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {", BLOCK, name);
+        cg_line(&u->cu, "NETC_CTX(base);");
+        fputs(u->buf, u->cu.out); /* printed at depth 1 */
+        cg_close(&u->cu, "}\n");
     } else {
         free(u->buf);
     }
     u->buf = NULL;
-    fprintf(u->step, "    rt_cuda_launch(cu, K_%s, %u, %u); // %s\n", u->kernels[k].name, grid, block, what);
+    cg_line(&u->step, "rt_cuda_launch(cu, K_%s, %u, %u); // %s", u->kernels[k].name, grid, block, what);
 }
 
 /* A kernel's name, for the profile (Nsight, ncu) as much as for the code: k (training step) or
@@ -242,11 +249,9 @@ static void emit_group(Cu *u, const IrNode *head) {
         if (largest_operand(n) > largest) largest = largest_operand(n);
     }
     c->group = 0;
-    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest), total);
-    c->depth = 2;
+    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest), total);
     cg_group_body(c, head);
-    c->depth = 0;
-    fprintf(c->out, "    }\n");
+    cg_close(c, "}");
     kernel_name(u, head, "", name, sizeof name);
     snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
     kernel_close(u, name, grid_for(total), BLOCK, what);
@@ -260,11 +265,9 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_comment(c, n);
     declare_operands(u, n);
     cg_declare(c, n);
-    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest_operand(n)), total);
-    c->depth = 2;
+    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest_operand(n)), total);
     cg_ew_store(c, n, 0);
-    c->depth = 0;
-    fprintf(c->out, "    }\n");
+    cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
 }
@@ -273,22 +276,26 @@ static void emit_ew(Cu *u, const IrNode *n) {
  * summed in double by a fixed tree (rt_block_sum), so every run gives the same bits. */
 static void emit_sum_to(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
-    FILE *o;
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     char name[KERNEL_NAME];
     kernel_open(u);
-    o = c->out;
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
-    fprintf(o, "    for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {\n        ", out_n);
-    cg_sum_to_base(o, n);
-    fprintf(o, "\n        double acc = 0;\n");
-    fprintf(o, "        for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)\n            acc += ", red_n);
-    cg_sum_to_elem(o, n);
-    fprintf(o, ";\n        acc = rt_block_sum(acc);\n");
-    fprintf(o, "        if (threadIdx.x == 0) v%d[o] = (float)acc;\n    }\n", n->id);
+    cg_open(c, "for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {", out_n);
+    cg_begin(c, "%s", ""); /* cg_sum_to_base prints the whole line's text */
+    cg_sum_to_base(c->out, n);
+    cg_end(c, "%s", "");
+    cg_line(c, "double acc = 0;");
+    cg_open(c, "for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)", red_n);
+    cg_begin(c, "acc += ");
+    cg_sum_to_elem(c->out, n);
+    cg_end(c, ";");
+    c->depth--; /* the loop's one statement, without braces */
+    cg_line(c, "acc = rt_block_sum(acc);");
+    cg_line(c, "if (threadIdx.x == 0) v%d[o] = (float)acc;", n->id);
+    cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, rows_grid(out_n), BLOCK, "sum_to");
 }
@@ -308,12 +315,9 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
-    if (masked)
-        fprintf(c->out, "    const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only\n",
-                total / x->shape.dim[0]);
-    else fprintf(c->out, "    const int64_t count = %" PRId64 ";\n", total);
-    fprintf(c->out, "    rt_k_mean(count, v%d, %d, v%d);\n", x->id, n->op == OP_MEAN,
-            n->id);
+    if (masked) cg_line(c, "const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only", total / x->shape.dim[0]);
+    else cg_line(c, "const int64_t count = %" PRId64 ";", total);
+    cg_line(c, "rt_k_mean(count, v%d, %d, v%d);", x->id, n->op == OP_MEAN, n->id);
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));
 }
@@ -343,7 +347,7 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
         const IrNode *x = k < n->n_in ? n->in[k] : n;
         if (mentions(call, x->id)) cg_declare(c, x);
     }
-    fprintf(c->out, "    %s\n", call);
+    cg_line(c, "%s", call);
     kernel_name(u, n, suffix, name, sizeof name);
     kernel_close(u, name, grid, block, ir_op_name(n->op));
 }
@@ -386,20 +390,23 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1], batch = r == 3 ? n->shape.dim[0] : 1;
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        fprintf(u->plan, "    gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", %s, %s);\n",
+        cg_line(&u->plan, "gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                          ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %s);",
                 n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi, rt_dtype(n));
     }
     if (last)
-        fprintf(u->step, "    // with its epilogue, fused group %d (%s): cuBLASLt writes %%%d\n", n->epilogue,
+        cg_line(&u->step, "// with its epilogue, fused group %d (%s): cuBLASLt writes %%%d", n->epilogue,
                 epilogue_kind(u->g, n), last->id);
-    fprintf(u->step, "    rt_cuda_gemm(cu, gemm%d, ", n->id);
-    host_ptr(u, a, 0), fprintf(u->step, ", "), host_ptr(u, b, 0), fprintf(u->step, ", "), host_ptr(u, out, 1);
-    fprintf(u->step, ", ");
+    cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d, ", n->id);
+    host_ptr(u, a, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, b, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, out, 1);
+    cg_put(&u->step, ", ");
     if (bias) host_ptr(u, bias, 0);
-    else fprintf(u->step, "NULL");
-    fprintf(u->step, ");\n");
+    else cg_put(&u->step, "NULL");
+    cg_end(&u->step, ");");
 }
 
 /* cuDNN takes the filter in the activations' format: KRSC beside NHWC (the layout pass's
@@ -413,13 +420,16 @@ static void emit_conv(Cu *u, const IrNode *n) {
             nhwc ? "NHWC" : "NCHW");
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        cg_conv_geometry(u->plan, n, "geom");
-        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which, nhwc,
-                rt_dtype(n));
+        cg_conv_geometry(u->plan.out, n, "geom"); /* a line at depth 1, as the plan's */
+        cg_line(&u->plan, "conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);", n->id, n->id, which, nhwc, rt_dtype(n));
     }
-    fprintf(u->step, "    rt_cuda_conv(cu, conv%d, ", n->id);
-    host_ptr(u, n->in[0], 0), fprintf(u->step, ", "), host_ptr(u, n->in[1], 0), fprintf(u->step, ", ");
-    host_ptr(u, n, 1), fprintf(u->step, ");\n");
+    cg_begin(&u->step, "rt_cuda_conv(cu, conv%d, ", n->id);
+    host_ptr(u, n->in[0], 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, n->in[1], 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, n, 1);
+    cg_end(&u->step, ");");
 }
 
 static void emit_pool(Cu *u, const IrNode *n) {
@@ -626,10 +636,12 @@ static void emit_optimizer(Cu *u) {
 
 /* ---- the two step functions */
 
-static FILE *open_step(char **buf, size_t *size) {
+/* A printer into a growing buffer whose text begins at `depth`: 1 for a host function's body,
+ * which emit_host prints inside the function's braces. */
+static Cg open_buffer(char **buf, size_t *size, int depth) {
     FILE *f = open_memstream(buf, size);
     if (!f) ICE("cuda: out of memory");
-    return f;
+    return (Cg){.out = f, .depth = depth};
 }
 
 /* One pass's kernels and launches: the training step up to its update, or (eval) the forward
@@ -641,7 +653,7 @@ static void walk(Cu *u, int eval) {
     int end = eval ? g->n_fwd : g->n;
     if (!eval) emit_step_begin(u);
     for (int i = 0; i < end; i++) {
-        if (i == g->n_fwd) fprintf(u->step, "    // ---- backward\n");
+        if (i == g->n_fwd) cg_line(&u->step, "// ---- backward");
         emit_node(u, g->nodes[i]);
     }
     if (!eval) emit_grad_copies(u);
@@ -792,9 +804,9 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     for (int i = 0; i < g->n; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++) u->readers[g->nodes[i]->in[k]->id]++;
     u->map = plan_memory(g);
-    u->cu = open_step(&e->kbuf, &e->ksize);
-    u->plan = open_step(&e->pbuf, &e->psize);
-    u->step = open_step(&e->tbuf, &e->tsize);
+    u->cu = open_buffer(&e->kbuf, &e->ksize, 0);
+    u->plan = open_buffer(&e->pbuf, &e->psize, 1);
+    u->step = open_buffer(&e->tbuf, &e->tsize, 1);
     return e;
 }
 
@@ -807,16 +819,16 @@ static void cuda_optimizer(CgEmit *e) {
 }
 
 static void cuda_eval(CgEmit *e) {
-    fclose(e->u.step);
-    e->u.step = open_step(&e->ebuf, &e->esize);
+    fclose(e->u.step.out);
+    e->u.step = open_buffer(&e->ebuf, &e->esize, 1);
     walk(&e->u, 1);
 }
 
 static int cuda_model(CgEmit *e) {
     Cu *u = &e->u;
-    fclose(u->step);
-    fclose(u->plan);
-    fclose(u->cu);
+    fclose(u->step.out);
+    fclose(u->plan.out);
+    fclose(u->cu.out);
     if (e->kernels) {
         emit_cu_prologue(u, e->kernels);
         fputs(e->kbuf, e->kernels);
