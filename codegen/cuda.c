@@ -550,68 +550,72 @@ static void emit_node(Cu *u, const IrNode *n) {
 
 /* ---- the step's bookkeeping on the device */
 
-/* A kernel whose body is `text`, launched on one thread. */
-static void small_kernel(Cu *u, const char *name, const char *text, const char *what) {
-    kernel_open(u);
-    fputs(text, u->c.out);
-    kernel_close(u, name, 1, 1, what);
-}
-
 /* The learning rate at st->step: rt_lr_at, as on the host, on the model's schedule. */
 static void emit_step_begin(Cu *u) {
     const IrTrain *t = &u->g->train;
+    Cg *c = &u->c;
     kernel_open(u);
-    FILE *o = u->c.out;
-    fprintf(o, "    RtDevState *st = ctx->state;\n");
-    fprintf(o, "    st->step_seed = rt_step_seed(st->seed, st->step);\n");
-    fprintf(o, "    // {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}\n");
-    fprintf(o, "    const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]), cg_dbl(o, t->lr);
-    fprintf(o, ", "), cg_dbl(o, t->warmup_epochs), fprintf(o, ", "), cg_dbl(o, t->step_epochs);
-    fprintf(o, ", "), cg_dbl(o, t->gamma), fprintf(o, ", "), cg_dbl(o, t->min_lr), fprintf(o, "};\n");
-    fprintf(o, "    st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);\n");
+    cg_line(c, "RtDevState *st = ctx->state;");
+    cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
+    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}");
+    cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
+    cg_dbl(c->out, t->lr);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->warmup_epochs);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->step_epochs);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->gamma);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->min_lr);
+    cg_end(c, "};");
+    cg_line(c, "st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);");
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
 }
 
 /* Loss and accuracy into the sums; a non-finite loss stops every later update. */
 static void emit_step_end(Cu *u, int eval) {
     const IrGraph *g = u->g;
-    char text[1024];
+    Cg *c = &u->c;
     char correct[64] = "0.0f";
     if (g->correct) snprintf(correct, sizeof correct, "*(const float *)(base + %" PRId64 ")", dev_offset(u, g->correct));
-    if (eval)
-        snprintf(text, sizeof text,
-                 "    RtDevState *st = ctx->state;\n"
-                 "    st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;\n"
-                 "    st->eval_correct += (double)%s;\n",
-                 dev_offset(u, g->loss), correct);
-    else
-        snprintf(text, sizeof text,
-                 "    RtDevState *st = ctx->state;\n"
-                 "    const float loss = *(const float *)(base + %" PRId64 ");\n"
-                 "    st->loss = loss;\n    st->correct = %s;\n"
-                 "    if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;\n"
-                 "    st->loss_sum += (double)loss;\n    st->loss_steps += 1;\n",
-                 dev_offset(u, g->loss), correct);
-    small_kernel(u, eval ? "eval_end" : "step_end", text, eval ? "evaluation sums" : "loss sums, non-finite check");
+    kernel_open(u);
+    cg_line(c, "RtDevState *st = ctx->state;");
+    if (eval) {
+        cg_line(c, "st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;",
+                dev_offset(u, g->loss));
+        cg_line(c, "st->eval_correct += (double)%s;", correct);
+        kernel_close(u, "eval_end", 1, 1, "evaluation sums");
+        return;
+    }
+    cg_line(c, "const float loss = *(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
+    cg_line(c, "st->loss = loss;");
+    cg_line(c, "st->correct = %s;", correct);
+    cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
+    cg_line(c, "st->loss_sum += (double)loss;");
+    cg_line(c, "st->loss_steps += 1;");
+    kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
 }
 
 /* Gradients the memory plan could not place in the gradient buffer are copied there. */
 static void emit_grad_copies(Cu *u) {
     const IrGraph *g = u->g;
+    Cg *c = &u->c;
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
         if (!p->trainable || (p->grad && cg_in_place(p))) continue;
         int64_t n = ir_numel(&p->node->shape);
         char name[32], what[160];
         kernel_open(u);
-        FILE *o = u->c.out;
-        fprintf(o, "    // d "), cg_comment_text(o, p->name), fprintf(o, "\n");
-        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(&u->c, p->grad);
-        fprintf(o, "    NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-        if (!p->grad) fprintf(o, "0.0f");
-        else if (p->grad->storage == ST_INLINE) cg_lit(o, cg_const_value(p->grad));
-        else fprintf(o, "v%d[i]", p->grad->id);
-        fprintf(o, ";\n");
+        cg_begin(c, "// d ");
+        cg_comment_text(c->out, p->name);
+        cg_end(c, "%s", ""); /* the name ends the line */
+        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(c, p->grad);
+        cg_begin(c, "NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
+        if (!p->grad) cg_put(c, "0.0f");
+        else if (p->grad->storage == ST_INLINE) cg_lit(c->out, cg_const_value(p->grad));
+        else cg_put(c, "v%d[i]", p->grad->id);
+        cg_end(c, ";");
         snprintf(name, sizeof name, "grad%d", i);
         snprintf(what, sizeof what, "gradient of %.120s", p->name);
         kernel_close(u, name, grid_for(n), BLOCK, what);
@@ -624,13 +628,14 @@ static void emit_optimizer(Cu *u) {
     const IrTrain *t = &u->g->train;
     int64_t n = u->g->n_grad_floats;
     if (n == 0) return;
+    Cg *c = &u->c;
     kernel_open(u);
-    FILE *o = u->c.out;
-    fprintf(o, "    const RtDevState *st = ctx->state;\n    if (st->nonfinite_step) return;\n");
-    cg_emit_optim_step(o, t, "st->lr", "st->step");
-    fprintf(o, "    float *p = ctx->params, *state = ctx->optstate;\n    const float *g = ctx->grads;\n");
-    fprintf(o, "    NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);\n", n,
-            rt_optimizer(t->optim)->update_fn, n);
+    cg_line(c, "const RtDevState *st = ctx->state;");
+    cg_line(c, "if (st->nonfinite_step) return;");
+    cg_emit_optim_step(c->out, t, "st->lr", "st->step"); /* lines at depth 1, as the kernel's */
+    cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
+    cg_line(c, "const float *g = ctx->grads;");
+    cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n, rt_optimizer(t->optim)->update_fn, n);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 
@@ -814,8 +819,11 @@ static void cuda_step(CgEmit *e) { walk(&e->u, 0); }
 
 /* The update, then the step counter: the last kernels of the training step. */
 static void cuda_optimizer(CgEmit *e) {
-    emit_optimizer(&e->u);
-    small_kernel(&e->u, "step_advance", "    ctx->state->step += 1;\n", "the step counter");
+    Cu *u = &e->u;
+    emit_optimizer(u);
+    kernel_open(u);
+    cg_line(&u->c, "ctx->state->step += 1;");
+    kernel_close(u, "step_advance", 1, 1, "the step counter");
 }
 
 static void cuda_eval(CgEmit *e) {
