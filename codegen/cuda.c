@@ -55,13 +55,20 @@ typedef struct Kernel {
     char *body; /* the text between the braces, to find twins */
 } Kernel;
 
+/* Every text being written has its own printer, a Cg whose out is that text and whose depth
+ * follows its blocks: c, the emitter's state, prints the kernel being written; cu, step and plan
+ * (whose other fields stay zero) print the kernels and the bodies of the host functions, which
+ * the two files' printers (emit_cu_prologue, emit_host) copy in at the depth they were printed at.
+ * A format that ends in "\n" leaves a blank line after its line; cg_blank prints one alone, and
+ * an empty piece of a line is "%s", "" (the printers' formats are checked, and an empty one is
+ * refused). */
 typedef struct Cu {
-    Cg c;              /* c.out: the kernel body being written */
+    Cg c;              /* c.out: the body of the kernel being written, at depth 1 in its braces */
     const IrGraph *g;
     Map map;
-    FILE *cu;          /* the kernels file */
-    FILE *step;        /* the host function being written (train or eval) */
-    FILE *plan;        /* the host plan() function */
+    Cg cu;             /* the kernels, in launch order */
+    Cg step;           /* the body of the host function being written (train or eval) */
+    Cg plan;           /* the body of the host plan() function */
     unsigned char *planned; /* planned[id]: node id's library plan exists */
     int *readers;      /* readers[id]: nodes of the training step that read node id */
     Kernel *kernels;
@@ -128,8 +135,8 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
 
 /* The host expression for a node's device pointer: (const float *)(base + 4096). */
 static void host_ptr(Cu *u, const IrNode *n, int writable) {
-    fprintf(u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
-            dev_offset(u, n));
+    cg_put(&u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
+           dev_offset(u, n));
 }
 
 /* ---- kernels */
@@ -144,6 +151,7 @@ static void kernel_open(Cu *u) {
 /* Finish the kernel being written: write it to the .cu file unless an identical one exists,
  * and launch it from the host step with `grid` blocks of `block` threads. */
 static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+    if (u->c.depth != 1) ICE("cuda: kernel %s ends inside a block", name);
     fclose(u->c.out);
     u->c.out = NULL;
     int k = 0;
@@ -157,13 +165,15 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
         Kernel *kn = &u->kernels[u->n_kernels++];
         snprintf(kn->name, sizeof kn->name, "%s", name);
         kn->body = u->buf;
-        fprintf(u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {\n    NETC_CTX(base);\n%s}\n\n",
-                BLOCK, name, u->buf);
+        cg_open(&u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {", BLOCK, name);
+        cg_line(&u->cu, "NETC_CTX(base);");
+        fputs(u->buf, u->cu.out); /* printed at depth 1 */
+        cg_close(&u->cu, "}\n");
     } else {
         free(u->buf);
     }
     u->buf = NULL;
-    fprintf(u->step, "    rt_cuda_launch(cu, K_%s, %u, %u); // %s\n", u->kernels[k].name, grid, block, what);
+    cg_line(&u->step, "rt_cuda_launch(cu, K_%s, %u, %u); // %s", u->kernels[k].name, grid, block, what);
 }
 
 /* A kernel's name, for the profile (Nsight, ncu) as much as for the code: k (training step) or
@@ -243,11 +253,9 @@ static void emit_group(Cu *u, const IrNode *head) {
         if (largest_operand(n) > largest) largest = largest_operand(n);
     }
     c->group = 0;
-    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest), total);
-    c->depth = 2;
+    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest), total);
     cg_group_body(c, head);
-    c->depth = 0;
-    fprintf(c->out, "    }\n");
+    cg_close(c, "}");
     kernel_name(u, head, "", name, sizeof name);
     snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
     kernel_close(u, name, grid_for(total), BLOCK, what);
@@ -261,11 +269,9 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_comment(c, n);
     declare_operands(u, n);
     cg_declare(c, n);
-    fprintf(c->out, "    %s(i, %" PRId64 ") {\n", loop_macro(total, largest_operand(n)), total);
-    c->depth = 2;
+    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest_operand(n)), total);
     cg_ew_store(c, n, 0);
-    c->depth = 0;
-    fprintf(c->out, "    }\n");
+    cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
 }
@@ -274,22 +280,26 @@ static void emit_ew(Cu *u, const IrNode *n) {
  * summed in double by a fixed tree (rt_block_sum), so every run gives the same bits. */
 static void emit_sum_to(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
-    FILE *o;
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     char name[KERNEL_NAME];
     kernel_open(u);
-    o = c->out;
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
-    fprintf(o, "    for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {\n        ", out_n);
-    cg_sum_to_base(o, n);
-    fprintf(o, "\n        double acc = 0;\n");
-    fprintf(o, "        for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)\n            acc += ", red_n);
-    cg_sum_to_elem(o, n);
-    fprintf(o, ";\n        acc = rt_block_sum(acc);\n");
-    fprintf(o, "        if (threadIdx.x == 0) v%d[o] = (float)acc;\n    }\n", n->id);
+    cg_open(c, "for (int64_t o = blockIdx.x; o < %" PRId64 "; o += gridDim.x) {", out_n);
+    cg_begin(c, "%s", ""); /* cg_sum_to_base prints the whole line's text */
+    cg_sum_to_base(c->out, n);
+    cg_end(c, "%s", "");
+    cg_line(c, "double acc = 0;");
+    cg_open(c, "for (int64_t j = threadIdx.x; j < %" PRId64 "; j += blockDim.x)", red_n);
+    cg_begin(c, "acc += ");
+    cg_sum_to_elem(c->out, n);
+    cg_end(c, ";");
+    c->depth--; /* the loop's one statement, without braces */
+    cg_line(c, "acc = rt_block_sum(acc);");
+    cg_line(c, "if (threadIdx.x == 0) v%d[o] = (float)acc;", n->id);
+    cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, rows_grid(out_n), BLOCK, "sum_to");
 }
@@ -310,11 +320,9 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     cg_declare(c, x);
     cg_declare(c, n);
     if (masked)
-        fprintf(c->out, "    const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only\n",
-                total / x->shape.dim[0]);
-    else fprintf(c->out, "    const int64_t count = %" PRId64 ";\n", total);
-    fprintf(c->out, "    rt_k_mean(count, v%d, %d, v%d);\n", x->id, n->op == OP_MEAN,
-            n->id);
+        cg_line(c, "const int64_t count = ctx->n_valid * %" PRId64 "; // valid rows only", total / x->shape.dim[0]);
+    else cg_line(c, "const int64_t count = %" PRId64 ";", total);
+    cg_line(c, "rt_k_mean(count, v%d, %d, v%d);", x->id, n->op == OP_MEAN, n->id);
     kernel_name(u, n, "", name, sizeof name);
     kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));
 }
@@ -344,7 +352,7 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
         const IrNode *x = k < n->n_in ? n->in[k] : n;
         if (mentions(call, x->id)) cg_declare(c, x);
     }
-    fprintf(c->out, "    %s\n", call);
+    cg_line(c, "%s", call);
     kernel_name(u, n, suffix, name, sizeof name);
     kernel_close(u, name, grid, block, ir_op_name(n->op));
 }
@@ -387,20 +395,23 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1], batch = r == 3 ? n->shape.dim[0] : 1;
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        fprintf(u->plan, "    gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         ", %s, %s);\n",
+        cg_line(&u->plan, "gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                          ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %s);",
                 n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi, rt_dtype(n));
     }
     if (last)
-        fprintf(u->step, "    // with its epilogue, fused group %d (%s): cuBLASLt writes %%%d\n", n->epilogue,
+        cg_line(&u->step, "// with its epilogue, fused group %d (%s): cuBLASLt writes %%%d", n->epilogue,
                 epilogue_kind(u->g, n), last->id);
-    fprintf(u->step, "    rt_cuda_gemm(cu, gemm%d, ", n->id);
-    host_ptr(u, a, 0), fprintf(u->step, ", "), host_ptr(u, b, 0), fprintf(u->step, ", "), host_ptr(u, out, 1);
-    fprintf(u->step, ", ");
+    cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d, ", n->id);
+    host_ptr(u, a, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, b, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, out, 1);
+    cg_put(&u->step, ", ");
     if (bias) host_ptr(u, bias, 0);
-    else fprintf(u->step, "NULL");
-    fprintf(u->step, ");\n");
+    else cg_put(&u->step, "NULL");
+    cg_end(&u->step, ");");
 }
 
 /* cuDNN takes the filter in the activations' format: KRSC beside NHWC (the layout pass's
@@ -414,13 +425,17 @@ static void emit_conv(Cu *u, const IrNode *n) {
             nhwc ? "NHWC" : "NCHW");
     if (!u->planned[n->id]) {
         u->planned[n->id] = 1;
-        cg_conv_geometry(&(Cg){.g = u->g, .out = u->plan, .depth = 1}, n, "geom");
-        fprintf(u->plan, "    conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);\n", n->id, n->id, which, nhwc,
+        cg_conv_geometry(&u->plan, n, "geom");
+        cg_line(&u->plan, "conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);", n->id, n->id, which, nhwc,
                 rt_dtype(n));
     }
-    fprintf(u->step, "    rt_cuda_conv(cu, conv%d, ", n->id);
-    host_ptr(u, n->in[0], 0), fprintf(u->step, ", "), host_ptr(u, n->in[1], 0), fprintf(u->step, ", ");
-    host_ptr(u, n, 1), fprintf(u->step, ");\n");
+    cg_begin(&u->step, "rt_cuda_conv(cu, conv%d, ", n->id);
+    host_ptr(u, n->in[0], 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, n->in[1], 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, n, 1);
+    cg_end(&u->step, ");");
 }
 
 static void emit_pool(Cu *u, const IrNode *n) {
@@ -541,68 +556,72 @@ static void emit_node(Cu *u, const IrNode *n) {
 
 /* ---- the step's bookkeeping on the device */
 
-/* A kernel whose body is `text`, launched on one thread. */
-static void small_kernel(Cu *u, const char *name, const char *text, const char *what) {
-    kernel_open(u);
-    fputs(text, u->c.out);
-    kernel_close(u, name, 1, 1, what);
-}
-
 /* The learning rate at st->step: rt_lr_at, as on the host, on the model's schedule. */
 static void emit_step_begin(Cu *u) {
     const IrTrain *t = &u->g->train;
+    Cg *c = &u->c;
     kernel_open(u);
-    FILE *o = u->c.out;
-    fprintf(o, "    RtDevState *st = ctx->state;\n");
-    fprintf(o, "    st->step_seed = rt_step_seed(st->seed, st->step);\n");
-    fprintf(o, "    // {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}\n");
-    fprintf(o, "    const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]), cg_dbl(o, t->lr);
-    fprintf(o, ", "), cg_dbl(o, t->warmup_epochs), fprintf(o, ", "), cg_dbl(o, t->step_epochs);
-    fprintf(o, ", "), cg_dbl(o, t->gamma), fprintf(o, ", "), cg_dbl(o, t->min_lr), fprintf(o, "};\n");
-    fprintf(o, "    st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);\n");
+    cg_line(c, "RtDevState *st = ctx->state;");
+    cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
+    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}");
+    cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
+    cg_dbl(c->out, t->lr);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->warmup_epochs);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->step_epochs);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->gamma);
+    cg_put(c, ", ");
+    cg_dbl(c->out, t->min_lr);
+    cg_end(c, "};");
+    cg_line(c, "st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);");
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
 }
 
 /* Loss and accuracy into the sums; a non-finite loss stops every later update. */
 static void emit_step_end(Cu *u, int eval) {
     const IrGraph *g = u->g;
-    char text[1024];
+    Cg *c = &u->c;
     char correct[64] = "0.0f";
     if (g->correct) snprintf(correct, sizeof correct, "*(const float *)(base + %" PRId64 ")", dev_offset(u, g->correct));
-    if (eval)
-        snprintf(text, sizeof text,
-                 "    RtDevState *st = ctx->state;\n"
-                 "    st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;\n"
-                 "    st->eval_correct += (double)%s;\n",
-                 dev_offset(u, g->loss), correct);
-    else
-        snprintf(text, sizeof text,
-                 "    RtDevState *st = ctx->state;\n"
-                 "    const float loss = *(const float *)(base + %" PRId64 ");\n"
-                 "    st->loss = loss;\n    st->correct = %s;\n"
-                 "    if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;\n"
-                 "    st->loss_sum += (double)loss;\n    st->loss_steps += 1;\n",
-                 dev_offset(u, g->loss), correct);
-    small_kernel(u, eval ? "eval_end" : "step_end", text, eval ? "evaluation sums" : "loss sums, non-finite check");
+    kernel_open(u);
+    cg_line(c, "RtDevState *st = ctx->state;");
+    if (eval) {
+        cg_line(c, "st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;",
+                dev_offset(u, g->loss));
+        cg_line(c, "st->eval_correct += (double)%s;", correct);
+        kernel_close(u, "eval_end", 1, 1, "evaluation sums");
+        return;
+    }
+    cg_line(c, "const float loss = *(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
+    cg_line(c, "st->loss = loss;");
+    cg_line(c, "st->correct = %s;", correct);
+    cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
+    cg_line(c, "st->loss_sum += (double)loss;");
+    cg_line(c, "st->loss_steps += 1;");
+    kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
 }
 
 /* Gradients the memory plan could not place in the gradient buffer are copied there. */
 static void emit_grad_copies(Cu *u) {
     const IrGraph *g = u->g;
+    Cg *c = &u->c;
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
         if (!p->trainable || (p->grad && cg_in_place(p))) continue;
         int64_t n = ir_numel(&p->node->shape);
         char name[32], what[160];
         kernel_open(u);
-        FILE *o = u->c.out;
-        fprintf(o, "    // d "), cg_comment_text(o, p->name), fprintf(o, "\n");
-        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(&u->c, p->grad);
-        fprintf(o, "    NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-        if (!p->grad) fprintf(o, "0.0f");
-        else if (p->grad->storage == ST_INLINE) cg_lit(o, cg_const_value(p->grad));
-        else fprintf(o, "v%d[i]", p->grad->id);
-        fprintf(o, ";\n");
+        cg_begin(c, "// d ");
+        cg_comment_text(c->out, p->name);
+        cg_end(c, "%s", ""); /* the name ends the line */
+        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(c, p->grad);
+        cg_begin(c, "NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
+        if (!p->grad) cg_put(c, "0.0f");
+        else if (p->grad->storage == ST_INLINE) cg_lit(c->out, cg_const_value(p->grad));
+        else cg_put(c, "v%d[i]", p->grad->id);
+        cg_end(c, ";");
         snprintf(name, sizeof name, "grad%d", i);
         snprintf(what, sizeof what, "gradient of %.120s", p->name);
         kernel_close(u, name, grid_for(n), BLOCK, what);
@@ -615,22 +634,26 @@ static void emit_optimizer(Cu *u) {
     const IrTrain *t = &u->g->train;
     int64_t n = u->g->n_grad_floats;
     if (n == 0) return;
+    Cg *c = &u->c;
     kernel_open(u);
-    FILE *o = u->c.out;
-    fprintf(o, "    const RtDevState *st = ctx->state;\n    if (st->nonfinite_step) return;\n");
-    cg_emit_optim_step(&u->c, t, "st->lr", "st->step");
-    fprintf(o, "    float *p = ctx->params, *state = ctx->optstate;\n    const float *g = ctx->grads;\n");
-    fprintf(o, "    NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);\n", n,
+    cg_line(c, "const RtDevState *st = ctx->state;");
+    cg_line(c, "if (st->nonfinite_step) return;");
+    cg_emit_optim_step(c, t, "st->lr", "st->step");
+    cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
+    cg_line(c, "const float *g = ctx->grads;");
+    cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
             rt_optimizer(t->optim)->update_fn, n);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 
 /* ---- the two step functions */
 
-static FILE *open_step(char **buf, size_t *size) {
+/* A printer into a growing buffer whose text begins at `depth`: 1 for a host function's body,
+ * which emit_host prints inside the function's braces. */
+static Cg open_buffer(char **buf, size_t *size, int depth) {
     FILE *f = open_memstream(buf, size);
     if (!f) ICE("cuda: out of memory");
-    return f;
+    return (Cg){.out = f, .depth = depth};
 }
 
 /* One pass's kernels and launches: the training step up to its update, or (eval) the forward
@@ -642,7 +665,7 @@ static void walk(Cu *u, int eval) {
     int end = eval ? g->n_fwd : g->n;
     if (!eval) emit_step_begin(u);
     for (int i = 0; i < end; i++) {
-        if (i == g->n_fwd) fprintf(u->step, "    // ---- backward\n");
+        if (i == g->n_fwd) cg_line(&u->step, "// ---- backward");
         emit_node(u, g->nodes[i]);
     }
     if (!eval) emit_grad_copies(u);
@@ -652,117 +675,207 @@ static void walk(Cu *u, int eval) {
 
 /* ---- the .cu file */
 
+/* Where each region of the device allocation lives, and the context every kernel builds from it. */
+static void emit_cu_context(Cu *u, Cg *c) {
+    const IrGraph *g = u->g;
+    cg_line(c, "#define NETC_OFF_STATE %" PRId64 "LL", u->map.state);
+    cg_line(c, "#define NETC_OFF_BATCH %" PRId64 "LL", u->map.batch);
+    cg_line(c, "#define NETC_OFF_PARAMS %" PRId64 "LL", u->map.params);
+    cg_line(c, "#define NETC_OFF_GRADS %" PRId64 "LL", u->map.grads);
+    cg_line(c, "#define NETC_OFF_OPTSTATE %" PRId64 "LL", u->map.optstate);
+    cg_line(c, "#define NETC_OFF_ARENA %" PRId64 "LL", u->map.arena);
+    cg_line(c, "#define NETC_OFF_PART %" PRId64 "LL\n", u->map.part);
+    cg_line(c, "// The names the shared C expressions use: ctx->arena, ctx->params, ctx->inputs[k], ...");
+    cg_open(c, "struct NetCtx {");
+    cg_line(c, "unsigned char *arena;");
+    cg_line(c, "float *params, *grads, *optstate;");
+    cg_line(c, "const void *inputs[%d];", g->n_inputs > 0 ? g->n_inputs : 1);
+    cg_line(c, "RtDevState *state;");
+    cg_line(c, "uint64_t seed;   // this step's dropout seed");
+    cg_line(c, "int64_t n_valid; // rows of the batch that are real samples");
+    cg_close(c, "};\n");
+    cg_open(c, "static __device__ __forceinline__ NetCtx netc_ctx(unsigned char *base) {");
+    cg_line(c, "NetCtx c;");
+    cg_line(c, "c.arena = base + NETC_OFF_ARENA;");
+    cg_line(c, "c.params = (float *)(base + NETC_OFF_PARAMS);");
+    cg_line(c, "c.grads = (float *)(base + NETC_OFF_GRADS);");
+    cg_line(c, "c.optstate = (float *)(base + NETC_OFF_OPTSTATE);");
+    for (int i = 0; i < g->n_inputs; i++)
+        cg_line(c, "c.inputs[%d] = base + NETC_OFF_BATCH + %" PRId64 ";", i, u->map.input[i]);
+    if (!g->n_inputs) cg_line(c, "c.inputs[0] = 0;");
+    cg_line(c, "c.state = (RtDevState *)(base + NETC_OFF_STATE);");
+    cg_line(c, "c.seed = c.state->step_seed;");
+    cg_line(c, "c.n_valid = ((const RtBatchHeader *)(base + NETC_OFF_BATCH))->n_valid;");
+    cg_line(c, "return c;");
+    cg_close(c, "}\n");
+    cg_line(c, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx");
+    cg_line(c, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
+               "i += (int64_t)gridDim.x * blockDim.x)");
+    cg_line(c, "// the same with a 32-bit index, for kernels whose tensors all have fewer than 2^31 - 2^28 elements");
+    cg_line(c, "#define NETC_FOR32(i, n) for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < (n); "
+               "i += (int32_t)(gridDim.x * blockDim.x))\n");
+}
+
 static void emit_cu_prologue(Cu *u, FILE *o) {
     const IrGraph *g = u->g;
-    fprintf(o, "// "), cg_comment_text(o, g->model_name);
-    fprintf(o, ".cu - the GPU kernels of model '"), cg_comment_text(o, g->model_name);
-    fprintf(o, "', generated by netc.\n// Do not edit: change the .net file and run netc again. netc compiles this file\n"
-               "// with NVRTC and embeds the result in the trainer.\n//\n");
-    fprintf(o, "// Every kernel takes the base of the trainer's one device allocation; NETC_CTX finds\n"
-               "// the regions in it (offsets from the memory plan), so the launches never change.\n\n");
-    fprintf(o, "#include \"rt_devstate.h\"\n#include \"netrt_kernels.cuh\"\n\n");
-    fprintf(o, "#define NETC_OFF_STATE %" PRId64 "LL\n#define NETC_OFF_BATCH %" PRId64 "LL\n", u->map.state, u->map.batch);
-    fprintf(o, "#define NETC_OFF_PARAMS %" PRId64 "LL\n#define NETC_OFF_GRADS %" PRId64 "LL\n", u->map.params,
-            u->map.grads);
-    fprintf(o, "#define NETC_OFF_OPTSTATE %" PRId64 "LL\n#define NETC_OFF_ARENA %" PRId64 "LL\n", u->map.optstate,
-            u->map.arena);
-    fprintf(o, "#define NETC_OFF_PART %" PRId64 "LL\n\n", u->map.part);
-    fprintf(o, "// The names the shared C expressions use: ctx->arena, ctx->params, ctx->inputs[k], ...\n");
-    fprintf(o, "struct NetCtx {\n    unsigned char *arena;\n    float *params, *grads, *optstate;\n"
-               "    const void *inputs[%d];\n    RtDevState *state;\n    uint64_t seed;   // this step's dropout seed\n"
-               "    int64_t n_valid; // rows of the batch that are real samples\n};\n\n",
-            g->n_inputs > 0 ? g->n_inputs : 1);
-    fprintf(o, "static __device__ __forceinline__ NetCtx netc_ctx(unsigned char *base) {\n    NetCtx c;\n"
-               "    c.arena = base + NETC_OFF_ARENA;\n    c.params = (float *)(base + NETC_OFF_PARAMS);\n"
-               "    c.grads = (float *)(base + NETC_OFF_GRADS);\n    c.optstate = (float *)(base + NETC_OFF_OPTSTATE);\n");
-    for (int i = 0; i < g->n_inputs; i++)
-        fprintf(o, "    c.inputs[%d] = base + NETC_OFF_BATCH + %" PRId64 ";\n", i, u->map.input[i]);
-    if (!g->n_inputs) fprintf(o, "    c.inputs[0] = 0;\n");
-    fprintf(o, "    c.state = (RtDevState *)(base + NETC_OFF_STATE);\n    c.seed = c.state->step_seed;\n"
-               "    c.n_valid = ((const RtBatchHeader *)(base + NETC_OFF_BATCH))->n_valid;\n    return c;\n}\n\n");
-    fprintf(o, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx\n");
-    fprintf(o, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
-               "i += (int64_t)gridDim.x * blockDim.x)\n");
-    fprintf(o, "// the same with a 32-bit index, for kernels whose tensors all have fewer than 2^31 - 2^28 elements\n"
-               "#define NETC_FOR32(i, n) for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < (n); "
-               "i += (int32_t)(gridDim.x * blockDim.x))\n\n");
     Cg c = {.g = g, .out = o, .fn_qual = "__device__ __forceinline__ "}; /* not static: unused ones stay silent */
+    cg_begin(&c, "// ");
+    cg_comment_text(o, g->model_name);
+    cg_put(&c, ".cu - the GPU kernels of model '");
+    cg_comment_text(o, g->model_name);
+    cg_end(&c, "', generated by netc.");
+    cg_line(&c, "// Do not edit: change the .net file and run netc again. netc compiles this file");
+    cg_line(&c, "// with NVRTC and embeds the result in the trainer.");
+    cg_line(&c, "//");
+    cg_line(&c, "// Every kernel takes the base of the trainer's one device allocation; NETC_CTX finds");
+    cg_line(&c, "// the regions in it (offsets from the memory plan), so the launches never change.\n");
+    cg_line(&c, "#include \"rt_devstate.h\"");
+    cg_line(&c, "#include \"netrt_kernels.cuh\"\n");
+    emit_cu_context(u, &c);
     cg_emit_helpers(&c);
-    fprintf(o, "// ---- kernels, in the order the step launches them\n\n");
+    cg_line(&c, "// ---- kernels, in the order the step launches them\n");
 }
 
 /* ---- the host program */
 
-static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const char *eval) {
+/* The prose header (what the file is, the device allocation's regions) and the includes. */
+static void emit_host_header(Cu *u, Cg *c) {
+    const IrGraph *g = u->g;
+    cg_begin(c, "// ");
+    cg_comment_text(c->out, g->model_name);
+    cg_put(c, ".c - the GPU trainer for model '");
+    cg_comment_text(c->out, g->model_name);
+    cg_put(c, "', generated by netc from ");
+    cg_comment_text(c->out, g->source_path);
+    cg_end(c, ".");
+    cg_line(c, "// Do not edit: change the .net file and run netc again.");
+    cg_line(c, "//");
+    cg_line(c, "// The training step runs on the GPU. train() and eval() enqueue one step's kernels and");
+    cg_line(c, "// library calls on the stream; libnetrt_cuda captures each once as a CUDA Graph and");
+    cg_line(c, "// replays it every step (or launches them one by one with --no-graph). The kernels are");
+    cg_line(c, "// in the .cu file beside this one, compiled by netc with NVRTC; their images are linked in.");
+    cg_line(c, "//");
+    cg_line(c, "// Device memory, one allocation of %" PRId64 " bytes:", u->map.total);
+    cg_line(c, "//   %12" PRId64 "  step state (RtDevState)", u->map.state);
+    cg_line(c, "//   %12" PRId64 "  the staged batch (%" PRId64 " bytes)", u->map.batch, u->map.batch_bytes);
+    cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params, g->n_param_floats);
+    cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats)", u->map.grads, g->n_grad_floats);
+    cg_line(c, "//   %12" PRId64 "  optimizer state", u->map.optstate);
+    cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
+            g->arena_bytes);
+    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums\n", u->map.part);
+    cg_line(c, "#include <stddef.h>");
+    cg_line(c, "#include <stdint.h>\n");
+    cg_line(c, "#include \"netrt.h\"");
+    cg_line(c, "#include \"netrt_cuda.h\"\n");
+    cg_line(c, "// The arithmetic of matrix products and convolutions: netc --precision tf32 defines this");
+    cg_line(c, "// as RT_MATH_TF32.");
+    cg_line(c, "#ifndef NETC_MATH");
+    cg_line(c, "#define NETC_MATH RT_MATH_FP32");
+    cg_line(c, "#endif\n");
+}
+
+/* The kernels' enum and names, in the order of the images' table. */
+static void emit_kernel_table(Cu *u, Cg *c) {
+    cg_line(c, "// ---- kernels\n");
+    cg_line(c, "// Their cubins and PTX, one per architecture of netc --arch, in NAME_images.c (NVRTC's");
+    cg_line(c, "// output, written by netc), ending with a NULL entry.");
+    cg_line(c, "extern const RtCudaImage netc_images[];\n");
+    cg_open(c, "enum {");
+    for (int k = 0; k < u->n_kernels; k++) cg_line(c, "K_%s,", u->kernels[k].name);
+    cg_line(c, "N_KERNELS");
+    cg_close(c, "};\n");
+    cg_open(c, "static const char *const kernel_names[N_KERNELS] = {");
+    for (int k = 0; k < u->n_kernels; k++) cg_line(c, "\"%s\",", u->kernels[k].name);
+    cg_close(c, "};\n");
+}
+
+/* train() or eval(): `name`, whose body, the step's launches printed at depth 1, is `body`. */
+static void emit_host_step(Cg *c, const char *name, const char *body) {
+    cg_open(c, "static void %s(RtCuda *cu) {", name);
+    cg_line(c, "unsigned char *const base = rt_cuda_base(cu);");
+    cg_line(c, "(void)base;");
+    fputs(body, c->out);
+    cg_close(c, "}\n");
+}
+
+/* The two descriptions rt_main reads: the device's (regions, kernels, step functions) and the model's. */
+static void emit_host_models(Cu *u, Cg *c) {
     const IrGraph *g = u->g;
     const IrTrain *t = &g->train;
-    fprintf(o, "// "), cg_comment_text(o, g->model_name);
-    fprintf(o, ".c - the GPU trainer for model '"), cg_comment_text(o, g->model_name);
-    fprintf(o, "', generated by netc from "), cg_comment_text(o, g->source_path);
-    fprintf(o, ".\n// Do not edit: change the .net file and run netc again.\n//\n");
-    fprintf(o, "// The training step runs on the GPU. train() and eval() enqueue one step's kernels and\n"
-               "// library calls on the stream; libnetrt_cuda captures each once as a CUDA Graph and\n"
-               "// replays it every step (or launches them one by one with --no-graph). The kernels are\n"
-               "// in the .cu file beside this one, compiled by netc with NVRTC; their images are linked in.\n//\n");
-    fprintf(o, "// Device memory, one allocation of %" PRId64 " bytes:\n", u->map.total);
-    fprintf(o, "//   %12" PRId64 "  step state (RtDevState)\n//   %12" PRId64 "  the staged batch (%" PRId64
-               " bytes)\n//   %12" PRId64 "  parameters (%" PRId64 " floats)\n//   %12" PRId64
-               "  gradients (%" PRId64 " floats)\n//   %12" PRId64 "  optimizer state\n//   %12" PRId64
-               "  activations and temporaries, from the memory plan (%" PRId64 " bytes)\n//   %12" PRId64
-               "  batch-norm partial sums\n\n",
-            u->map.state, u->map.batch, u->map.batch_bytes, u->map.params, g->n_param_floats, u->map.grads,
-            g->n_grad_floats, u->map.optstate, u->map.arena, g->arena_bytes, u->map.part);
-    fprintf(o, "#include <stddef.h>\n#include <stdint.h>\n\n#include \"netrt.h\"\n#include \"netrt_cuda.h\"\n\n");
-    fprintf(o, "// The arithmetic of matrix products and convolutions: netc --precision tf32 defines this\n"
-               "// as RT_MATH_TF32.\n#ifndef NETC_MATH\n#define NETC_MATH RT_MATH_FP32\n#endif\n\n");
-    fprintf(o, "// ---- model description\n\n");
+    cg_open(c, "static const RtCudaModel cuda_model = {");
+    cg_line(c, ".images = netc_images,");
+    cg_line(c, ".kernel_names = kernel_names,");
+    cg_line(c, ".n_kernels = N_KERNELS,");
+    cg_line(c, ".device_bytes = %" PRId64 ",", u->map.total);
+    cg_line(c, ".off_params = %" PRId64 ",", u->map.params);
+    cg_line(c, ".off_grads = %" PRId64 ",", u->map.grads);
+    cg_line(c, ".off_optstate = %" PRId64 ",", u->map.optstate);
+    cg_line(c, ".off_state = %" PRId64 ",", u->map.state);
+    cg_line(c, ".off_batch = %" PRId64 ",", u->map.batch);
+    cg_line(c, ".batch_bytes = %" PRId64 ",", u->map.batch_bytes);
+    cg_begin(c, ".off_input = {");
+    for (int i = 0; i < g->n_inputs; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", u->map.input[i]);
+    cg_end(c, "%s},", g->n_inputs ? "" : "0");
+    cg_line(c, ".math = NETC_MATH,");
+    cg_line(c, ".plan = plan,");
+    cg_line(c, ".train = train,");
+    cg_line(c, ".eval = eval,");
+    cg_close(c, "};\n");
+    cg_open(c, "static const RtModel model = {");
+    cg_begin(c, ".name = ");
+    cg_cstr(c->out, g->model_name);
+    cg_end(c, ",");
+    cg_begin(c, ".source = ");
+    cg_cstr(c->out, g->source_path);
+    cg_end(c, ",");
+    cg_line(c, ".batch = %" PRId64 ",", g->batch);
+    cg_line(c, ".n_inputs = %d,", g->n_inputs);
+    cg_line(c, ".inputs = %s,", g->n_inputs ? "inputs" : "NULL");
+    cg_line(c, ".n_params = %d,", g->n_params);
+    cg_line(c, ".params = %s,", g->n_params ? "params" : "NULL");
+    cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
+    cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
+    cg_line(c, ".n_state_slots = %d,", cg_state_slots(t));
+    cg_line(c, ".arena_bytes = 64,");
+    cg_line(c, ".optim = %s,", rt_optimizer(t->optim)->enum_name);
+    cg_emit_schedule(c, t);
+    cg_line(c, ".epochs = %" PRId64 ",", t->epochs);
+    cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
+    cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
+    cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
+    cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    cg_line(c, ".device = &rt_cuda_device,");
+    cg_line(c, ".device_model = &cuda_model,");
+    cg_close(c, "};\n");
+}
+
+static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const char *eval) {
+    const IrGraph *g = u->g;
     Cg c = {.g = g, .out = o};
+    emit_host_header(u, &c);
+    cg_line(&c, "// ---- model description\n");
     cg_emit_description(&c);
-    fprintf(o, "// ---- kernels\n\n// Their cubins and PTX, one per architecture of netc --arch, in NAME_images.c (NVRTC's\n"
-               "// output, written by netc), ending with a NULL entry.\nextern const RtCudaImage netc_images[];\n\n");
-    fprintf(o, "enum {\n");
-    for (int k = 0; k < u->n_kernels; k++) fprintf(o, "    K_%s,\n", u->kernels[k].name);
-    fprintf(o, "    N_KERNELS\n};\n\nstatic const char *const kernel_names[N_KERNELS] = {\n");
-    for (int k = 0; k < u->n_kernels; k++) fprintf(o, "    \"%s\",\n", u->kernels[k].name);
-    fprintf(o, "};\n\n// ---- library plans, built once at start-up\n\n");
+    emit_kernel_table(u, &c);
+    cg_line(&c, "// ---- library plans, built once at start-up\n");
     for (int i = 0; i < g->n; i++) {
         if (!u->planned[g->nodes[i]->id]) continue;
         const IrNode *n = g->nodes[i];
-        if (n->op == OP_MATMUL) fprintf(o, "static RtGemmPlan *gemm%d;\n", n->id);
-        else fprintf(o, "static RtCudaConvPlan *conv%d;\n", n->id);
+        if (n->op == OP_MATMUL) cg_line(&c, "static RtGemmPlan *gemm%d;", n->id);
+        else cg_line(&c, "static RtCudaConvPlan *conv%d;", n->id);
     }
-    fprintf(o, "\nstatic void plan(RtCuda *cu) {\n    (void)cu;\n%s}\n\n", plan);
-    fprintf(o, "// ---- the training step: forward, backward, sums, optimizer\n\n");
-    fprintf(o, "static void train(RtCuda *cu) {\n    unsigned char *const base = rt_cuda_base(cu);\n    (void)base;\n%s}\n\n",
-            train);
-    fprintf(o, "// ---- evaluation: the forward pass with running statistics, dropout off\n\n");
-    fprintf(o, "static void eval(RtCuda *cu) {\n    unsigned char *const base = rt_cuda_base(cu);\n    (void)base;\n%s}\n\n",
-            eval);
-    fprintf(o, "// ---- entry point\n\nstatic const RtCudaModel cuda_model = {\n");
-    fprintf(o, "    .images = netc_images,\n    .kernel_names = kernel_names,\n    .n_kernels = N_KERNELS,\n");
-    fprintf(o, "    .device_bytes = %" PRId64 ",\n    .off_params = %" PRId64 ",\n    .off_grads = %" PRId64
-               ",\n    .off_optstate = %" PRId64 ",\n    .off_state = %" PRId64 ",\n    .off_batch = %" PRId64
-               ",\n    .batch_bytes = %" PRId64 ",\n    .off_input = {",
-            u->map.total, u->map.params, u->map.grads, u->map.optstate, u->map.state, u->map.batch,
-            u->map.batch_bytes);
-    for (int i = 0; i < g->n_inputs; i++) fprintf(o, "%s%" PRId64, i ? ", " : "", u->map.input[i]);
-    fprintf(o, "%s},\n    .math = NETC_MATH,\n    .plan = plan,\n    .train = train,\n    .eval = eval,\n};\n\n",
-            g->n_inputs ? "" : "0");
-    fprintf(o, "static const RtModel model = {\n    .name = "), cg_cstr(o, g->model_name);
-    fprintf(o, ",\n    .source = "), cg_cstr(o, g->source_path);
-    fprintf(o, ",\n    .batch = %" PRId64 ",\n", g->batch);
-    fprintf(o, "    .n_inputs = %d,\n    .inputs = %s,\n", g->n_inputs, g->n_inputs ? "inputs" : "NULL");
-    fprintf(o, "    .n_params = %d,\n    .params = %s,\n", g->n_params, g->n_params ? "params" : "NULL");
-    fprintf(o, "    .n_param_floats = %" PRId64 ",\n    .n_grad_floats = %" PRId64 ",\n", g->n_param_floats,
-            g->n_grad_floats);
-    fprintf(o, "    .n_state_slots = %d,\n    .arena_bytes = 64,\n", cg_state_slots(t));
-    fprintf(o, "    .optim = %s,\n", rt_optimizer(t->optim)->enum_name);
-    cg_emit_schedule(&(Cg){.g = g, .out = o, .depth = 1}, t);
-    fprintf(o, "    .epochs = %" PRId64 ",\n    .eval_every = %" PRId64 ",\n    .log_every = %" PRId64 ",\n", t->epochs,
-            t->eval_every, t->log_every);
-    fprintf(o, "    .has_accuracy = %d,\n    .loss_name = \"%s\",\n", g->correct != NULL, cg_loss_names[t->loss_kind]);
-    fprintf(o, "    .device = &rt_cuda_device,\n    .device_model = &cuda_model,\n};\n\n");
-    fprintf(o, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }\n");
+    cg_blank(&c); /* whether or not plans were declared */
+    cg_open(&c, "static void plan(RtCuda *cu) {");
+    cg_line(&c, "(void)cu;");
+    fputs(plan, o); /* printed at depth 1 */
+    cg_close(&c, "}\n");
+    cg_line(&c, "// ---- the training step: forward, backward, sums, optimizer\n");
+    emit_host_step(&c, "train", train);
+    cg_line(&c, "// ---- evaluation: the forward pass with running statistics, dropout off\n");
+    emit_host_step(&c, "eval", eval);
+    cg_line(&c, "// ---- entry point\n");
+    emit_host_models(u, &c);
+    cg_line(&c, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }");
 }
 
 /* ---- the emit phases (codegen.h)
@@ -793,9 +906,9 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     for (int i = 0; i < g->n; i++)
         for (int k = 0; k < g->nodes[i]->n_in; k++) u->readers[g->nodes[i]->in[k]->id]++;
     u->map = plan_memory(g);
-    u->cu = open_step(&e->kbuf, &e->ksize);
-    u->plan = open_step(&e->pbuf, &e->psize);
-    u->step = open_step(&e->tbuf, &e->tsize);
+    u->cu = open_buffer(&e->kbuf, &e->ksize, 0);
+    u->plan = open_buffer(&e->pbuf, &e->psize, 1);
+    u->step = open_buffer(&e->tbuf, &e->tsize, 1);
     return e;
 }
 
@@ -803,21 +916,24 @@ static void cuda_step(CgEmit *e) { walk(&e->u, 0); }
 
 /* The update, then the step counter: the last kernels of the training step. */
 static void cuda_optimizer(CgEmit *e) {
-    emit_optimizer(&e->u);
-    small_kernel(&e->u, "step_advance", "    ctx->state->step += 1;\n", "the step counter");
+    Cu *u = &e->u;
+    emit_optimizer(u);
+    kernel_open(u);
+    cg_line(&u->c, "ctx->state->step += 1;");
+    kernel_close(u, "step_advance", 1, 1, "the step counter");
 }
 
 static void cuda_eval(CgEmit *e) {
-    fclose(e->u.step);
-    e->u.step = open_step(&e->ebuf, &e->esize);
+    fclose(e->u.step.out);
+    e->u.step = open_buffer(&e->ebuf, &e->esize, 1);
     walk(&e->u, 1);
 }
 
 static int cuda_model(CgEmit *e) {
     Cu *u = &e->u;
-    fclose(u->step);
-    fclose(u->plan);
-    fclose(u->cu);
+    fclose(u->step.out);
+    fclose(u->plan.out);
+    fclose(u->cu.out);
     if (e->kernels) {
         emit_cu_prologue(u, e->kernels);
         fputs(e->kbuf, e->kernels);
