@@ -18,8 +18,6 @@ double cg_const_value(const IrNode *n) {
     return n->attr.scalar;
 }
 
-int cg_is_half(IrDtype dt) { return dt == DT_F16 || dt == DT_BF16; }
-
 /* ---- literals */
 
 /* A float literal that reads back exactly, in as few digits as that takes: 0.01f, 1.0f. */
@@ -253,7 +251,7 @@ void cg_load_open(FILE *o, const IrNode *x) {
 }
 
 void cg_load_close(FILE *o, const IrNode *x) {
-    if (cg_is_half(x->dtype)) fprintf(o, ")");
+    if (ir_dtype_is_half(x->dtype)) fprintf(o, ")");
 }
 
 /* Operand x of element-wise node n at output index i, as a float (raw: in x's own type). */
@@ -443,7 +441,7 @@ void cg_group_body(Cg *c, const IrNode *head) {
     const IrNode *n;
     c->group = head->group;
     FOR_MEMBERS(n, head) {
-        if (cg_is_half(n->dtype)) { /* a cast to a half type: t, if read, is the rounded value */
+        if (ir_dtype_is_half(n->dtype)) { /* a cast to a half type: t, if read, is the rounded value */
             const char *h = ir_dtype_name(n->dtype);
             cg_begin(c, "const uint16_t h%d = rt_f32_to_%s(", n->id, h);
             cg_ew_expr(c, n);
@@ -669,14 +667,14 @@ void cg_emit_helpers(Cg *c) {
  * half type by rounding, an integer by value (truncating). */
 void cg_ew_store(Cg *c, const IrNode *n, int scalar) {
     cg_begin(c, "v%d[%s] = ", n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
-    if (n->dtype == DT_F16 || n->dtype == DT_BF16) {
+    if (ir_dtype_is_half(n->dtype)) {
         cg_put(c, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
         cg_put(c, ")");
     } else if (!ir_dtype_is_float(n->dtype)) {
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));
         cg_put(c, "(%s)", ir_dtype_ctype(n->dtype));
-        cg_elem_as(c, n->in[0], n, !cg_is_half(n->in[0]->dtype));
+        cg_elem_as(c, n->in[0], n, !ir_dtype_is_half(n->in[0]->dtype));
     } else {
         cg_ew_expr(c, n);
     }

@@ -72,7 +72,6 @@ extern const char *const cg_loss_names[];
 
 const IrNode *cg_root(const IrNode *n);
 double cg_const_value(const IrNode *n);
-int cg_is_half(IrDtype dt);
 void cg_lit(FILE *o, double v);
 void cg_dbl(FILE *o, double v);
 void cg_cstr(FILE *o, const char *s);

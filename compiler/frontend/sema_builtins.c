@@ -140,7 +140,7 @@ static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
 static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
     Value v = A->a[i];
     if (v.k == V_ERR) return NULL;
-    if (v.k != V_TENSOR || v.t->dtype == DT_F32 || v.t->dtype == DT_F16 || v.t->dtype == DT_BF16) {
+    if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype)) {
         diag_error(loc_of(A, i), "'%s' of %s must be an integer tensor of class indices, found %s",
                    A->b->params[i], A->b->name, sema_value_desc(A->S, v));
         A->ok = 0;

@@ -77,16 +77,18 @@ static const struct {
     const char *name, *ctype;
     int size;
     int is_float;
+    int is_half; /* a 16-bit float, stored as uint16_t and computed in float */
 } dtype_table[DT__COUNT] = {
-    [DT_F32] = {"f32", "float", 4, 1},     [DT_F16] = {"f16", "uint16_t", 2, 1},
-    [DT_BF16] = {"bf16", "uint16_t", 2, 1}, [DT_I32] = {"i32", "int32_t", 4, 0},
-    [DT_I64] = {"i64", "int64_t", 8, 0},   [DT_U8] = {"u8", "uint8_t", 1, 0},
+    [DT_F32] = {"f32", "float", 4, 1, 0},     [DT_F16] = {"f16", "uint16_t", 2, 1, 1},
+    [DT_BF16] = {"bf16", "uint16_t", 2, 1, 1}, [DT_I32] = {"i32", "int32_t", 4, 0, 0},
+    [DT_I64] = {"i64", "int64_t", 8, 0, 0},   [DT_U8] = {"u8", "uint8_t", 1, 0, 0},
 };
 
 const char *ir_dtype_name(IrDtype dt) { return dtype_table[dt].name; }
 const char *ir_dtype_ctype(IrDtype dt) { return dtype_table[dt].ctype; }
 int ir_dtype_size(IrDtype dt) { return dtype_table[dt].size; }
 int ir_dtype_is_float(IrDtype dt) { return dtype_table[dt].is_float; }
+int ir_dtype_is_half(IrDtype dt) { return dtype_table[dt].is_half; }
 
 int ir_dtype_from_name(const char *name, IrDtype *out) {
     for (int i = 0; i < DT__COUNT; i++)

@@ -234,6 +234,7 @@ const char *ir_dtype_name(IrDtype dt);   /* "f32" */
 const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
 int ir_dtype_size(IrDtype dt);
 int ir_dtype_is_float(IrDtype dt);       /* f32, f16, bf16 */
+int ir_dtype_is_half(IrDtype dt);        /* f16, bf16 */
 int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
 
 /* ---- physical layouts */

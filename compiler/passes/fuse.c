@@ -22,7 +22,7 @@
 static int is_f32_elementwise(const IrNode *n) {
     /* scalars keep their one-statement form; a half type joins only as a cast (the rounding
      * to bf16 before a product), which the group rounds where it is computed */
-    int half_cast = n->op == OP_CAST && (n->dtype == DT_BF16 || n->dtype == DT_F16);
+    int half_cast = n->op == OP_CAST && ir_dtype_is_half(n->dtype);
     return ir_op_kind(n->op) == OPK_EW && (n->dtype == DT_F32 || half_cast) && ir_numel(&n->shape) > 1;
 }
 
