@@ -593,7 +593,7 @@ void cg_emit_description(Cg *c) {
 }
 
 /* The .schedule member of the RtModel initializer, on two lines. */
-void cg_emit_schedule(Cg *c, const IrTrain *t) {
+static void emit_schedule(Cg *c, const IrTrain *t) {
     static const char member[] = ".schedule = {";
     FILE *o = c->out;
     cg_begin(c, "%s.kind = %s, .base_lr = ", member, cg_sched_enums[t->sched]);
@@ -608,6 +608,39 @@ void cg_emit_schedule(Cg *c, const IrTrain *t) {
     cg_put(c, ", .min_lr = ");
     cg_dbl(o, t->min_lr);
     cg_end(c, "},");
+}
+
+/* The RtModel initializer's members both targets write the same way: the model and its
+ * buffers, up to the state slots. */
+void cg_emit_model_head(Cg *c) {
+    const IrGraph *g = c->g;
+    cg_begin(c, ".name = ");
+    cg_cstr(c->out, g->model_name);
+    cg_end(c, ",");
+    cg_begin(c, ".source = ");
+    cg_cstr(c->out, g->source_path);
+    cg_end(c, ",");
+    cg_line(c, ".batch = %" PRId64 ",", g->batch);
+    cg_line(c, ".n_inputs = %d,", g->n_inputs);
+    cg_line(c, ".inputs = %s,", g->n_inputs ? "inputs" : "NULL");
+    cg_line(c, ".n_params = %d,", g->n_params);
+    cg_line(c, ".params = %s,", g->n_params ? "params" : "NULL");
+    cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
+    cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
+    cg_line(c, ".n_state_slots = %d,", cg_state_slots(&g->train));
+}
+
+/* ... and the training recipe: optimizer, schedule, epochs, logging, loss. */
+void cg_emit_model_recipe(Cg *c) {
+    const IrGraph *g = c->g;
+    const IrTrain *t = &g->train;
+    cg_line(c, ".optim = %s,", rt_optimizer(t->optim)->enum_name);
+    emit_schedule(c, t);
+    cg_line(c, ".epochs = %" PRId64 ",", t->epochs);
+    cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
+    cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
+    cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
+    cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */

@@ -100,7 +100,10 @@ void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
  * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
 void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step);
-void cg_emit_schedule(Cg *c, const IrTrain *t);
+/* The members of the RtModel initializer that every target writes alike, at c->depth: the
+ * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
+void cg_emit_model_head(Cg *c);
+void cg_emit_model_recipe(Cg *c);
 void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar);
 void cg_sum_to_base(FILE *o, const IrNode *n);

@@ -522,32 +522,11 @@ static void emit_optimizer(Cg *c) {
 
 static void emit_model(Cg *c) {
     const IrGraph *g = c->g;
-    const IrTrain *t = &g->train;
-    FILE *o = c->out;
     cg_open(c, "static const RtModel model = {");
-    cg_begin(c, ".name = ");
-    cg_cstr(o, g->model_name);
-    cg_end(c, ",");
-    cg_begin(c, ".source = ");
-    cg_cstr(o, g->source_path);
-    cg_end(c, ",");
-    cg_line(c, ".batch = %" PRId64 ",", g->batch);
-    cg_line(c, ".n_inputs = %d,", g->n_inputs);
-    cg_line(c, ".inputs = %s,", g->n_inputs ? "inputs" : "NULL");
-    cg_line(c, ".n_params = %d,", g->n_params);
-    cg_line(c, ".params = %s,", g->n_params ? "params" : "NULL");
-    cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
-    cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
-    cg_line(c, ".n_state_slots = %d,", cg_state_slots(t));
+    cg_emit_model_head(c);
     cg_line(c, ".arena_bytes = %" PRId64 ",", g->arena_bytes > 64 ? g->arena_bytes : 64);
     cg_line(c, ".scratch_per_thread = %" PRId64 ",", g->scratch_per_thread);
-    cg_line(c, ".optim = %s,", rt_optimizer(t->optim)->enum_name);
-    cg_emit_schedule(c, t);
-    cg_line(c, ".epochs = %" PRId64 ",", t->epochs);
-    cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
-    cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
-    cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
-    cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    cg_emit_model_recipe(c);
     cg_line(c, ".forward_backward = forward_backward,");
     cg_line(c, ".optimizer_step = optimizer_step,");
     cg_line(c, ".eval_step = eval_step,");

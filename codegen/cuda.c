@@ -802,7 +802,6 @@ static void emit_host_step(Cg *c, const char *name, const char *body) {
 /* The two descriptions rt_main reads: the device's (regions, kernels, step functions) and the model's. */
 static void emit_host_models(Cu *u, Cg *c) {
     const IrGraph *g = u->g;
-    const IrTrain *t = &g->train;
     cg_open(c, "static const RtCudaModel cuda_model = {");
     cg_line(c, ".images = netc_images,");
     cg_line(c, ".kernel_names = kernel_names,");
@@ -823,28 +822,9 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".eval = eval,");
     cg_close(c, "};\n");
     cg_open(c, "static const RtModel model = {");
-    cg_begin(c, ".name = ");
-    cg_cstr(c->out, g->model_name);
-    cg_end(c, ",");
-    cg_begin(c, ".source = ");
-    cg_cstr(c->out, g->source_path);
-    cg_end(c, ",");
-    cg_line(c, ".batch = %" PRId64 ",", g->batch);
-    cg_line(c, ".n_inputs = %d,", g->n_inputs);
-    cg_line(c, ".inputs = %s,", g->n_inputs ? "inputs" : "NULL");
-    cg_line(c, ".n_params = %d,", g->n_params);
-    cg_line(c, ".params = %s,", g->n_params ? "params" : "NULL");
-    cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
-    cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
-    cg_line(c, ".n_state_slots = %d,", cg_state_slots(t));
+    cg_emit_model_head(c);
     cg_line(c, ".arena_bytes = 64,");
-    cg_line(c, ".optim = %s,", rt_optimizer(t->optim)->enum_name);
-    cg_emit_schedule(c, t);
-    cg_line(c, ".epochs = %" PRId64 ",", t->epochs);
-    cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
-    cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
-    cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
-    cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    cg_emit_model_recipe(c);
     cg_line(c, ".device = &rt_cuda_device,");
     cg_line(c, ".device_model = &cuda_model,");
     cg_close(c, "};\n");
