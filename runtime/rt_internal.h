@@ -37,7 +37,8 @@ typedef struct RtArray {
     size_t mapping_len;
     int fd;                      /* with a mapping: the file, kept open to notice changes */
     int64_t mtime_ns;            /* its modification time when it was opened */
-    void *heap;                  /* decompressed or read file (IDX) or NULL */
+    void *heap;                  /* decompressed or read file (IDX, CSV, CIFAR) or NULL */
+    int csv_first_line;          /* a CSV file: the line of sample 0 (2 after a header); else 0 */
 } RtArray;
 
 int rt_array_load(const char *path, RtArray *a, RtError *err);
@@ -60,6 +61,12 @@ void rt_guard_disarm(void);
 int rt_guard_failed(RtError *err); /* disarms; the message names the file being read */
 /* Element i (flat, across samples) as a double. */
 double rt_array_elem(const RtArray *a, int64_t i);
+/* A CSV file of numbers as f64 [lines, values per line] (rt_csv.c). */
+int rt_csv_load(const char *path, RtArray *a, RtError *err);
+/* CIFAR-10 binary files, spec "F1,F2,..." (after "cifar:"; at most RT_CIFAR_MAX_FILES): the labels
+ * as u8 [N] or the images as u8 [N, 3, 32, 32] (rt_cifar.c). */
+enum { RT_CIFAR_MAX_FILES = 8 };
+int rt_cifar_load(const char *spec, int labels, RtArray *a, RtError *err);
 const char *rt_file_type_name(RtFileType t);
 
 /* ---- a set of files bound to the model's inputs, and batches (rt_data.c) */

@@ -122,7 +122,8 @@ static void usage(const RtModel *m) {
         printf("]\n");
     }
     printf("\noptions:\n"
-           "  --data NAME=FILE       training data for input NAME (.npy or IDX, optionally gzipped)\n"
+           "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
+           "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
            "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
            "  --epochs N             epochs to train (default %lld)\n"
            "  --steps N              stop after N optimizer steps (overrides --epochs)\n"
@@ -710,7 +711,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = 2 * RT_MAX_INPUTS + 4 };
+enum { MAX_FILES = 2 * RT_MAX_INPUTS * RT_CIFAR_MAX_FILES + 4 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -726,12 +727,26 @@ static int add_file(NamedFile *files, int n, int follow, const char *path, const
     return n + 1;
 }
 
+/* A data argument: one file, or each file of a `cifar:F1,F2,...` list. */
+static int add_data(NamedFile *files, int n, const char *spec, const char *fmt, const char *arg) {
+    if (!spec || strncmp(spec, "cifar:", 6) != 0) return add_file(files, n, 1, spec, fmt, arg);
+    for (const char *p = spec + 6; *p && n < MAX_FILES;) {
+        size_t len = strcspn(p, ",");
+        char file[PATH_MAX];
+        snprintf(file, sizeof file, "%.*s", (int)(len < sizeof file ? len : sizeof file - 1), p);
+        n = add_file(files, n, 1, file, fmt, arg);
+        files[n - 1].path = spec; /* the argument as given; `file` is gone after this loop */
+        p += len + (p[len] == ',');
+    }
+    return n;
+}
+
 static int list_inputs(const Trainer *t, NamedFile *in) {
     const Options *o = &t->o;
     int n = 0;
     for (int i = 0; i < t->m->n_inputs; i++) {
-        n = add_file(in, n, 1, o->data[i], "--data %s=%s", t->m->inputs[i].name);
-        n = add_file(in, n, 1, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
+        n = add_data(in, n, o->data[i], "--data %s=%s", t->m->inputs[i].name);
+        n = add_data(in, n, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
