@@ -252,7 +252,10 @@ static void *prefetch_main(void *arg) {
         }
         pthread_mutex_unlock(&p->mu);
         RtError err;
-        int rc = rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2], &err);
+        const int64_t *idx = p->order + k * p->model->batch;
+        int rc = rt_gather(p->model, p->ds, idx, p->model->batch, p->slots[k % 2], &err);
+        if (!rc && p->aug)
+            rc = rt_augment_batch(p->aug, p->model, p->seed, p->epoch, idx, p->model->batch, p->slots[k % 2], &err);
         pthread_mutex_lock(&p->mu);
         if (rc) { /* the consumer takes the batches before this one, then the error */
             p->failed = 1, p->err = err;
@@ -268,12 +271,13 @@ static void *prefetch_main(void *arg) {
 }
 
 void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
-                       int64_t n_batches) {
+                       int64_t n_batches, const RtAugment *aug, uint64_t seed, int64_t epoch) {
     memset(p, 0, sizeof *p);
     p->model = m;
     p->ds = ds;
     p->order = order;
     p->n_batches = n_batches;
+    p->aug = aug, p->seed = seed, p->epoch = epoch;
     p->ready[0] = p->ready[1] = -1;
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < m->n_inputs; i++) {

@@ -90,12 +90,38 @@ int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t
 /* rt_array_unchanged() for every file of the data set. */
 int rt_dataset_unchanged(const RtDataset *ds, RtError *err);
 
+/* ---- augmentation of training batches (rt_augment.c) */
+
+typedef struct RtAugment {
+    int any;                   /* some input is augmented */
+    int crop[RT_MAX_INPUTS];   /* per input: the padding P of a random crop, 0 = no crop */
+    int flip[RT_MAX_INPUTS];   /* per input: a random horizontal flip */
+} RtAugment;
+
+/* specs[i]: input i's `--augment` OPS ("crop:4,flip"), or NULL. Refuses inputs that are not
+ * images [C, H, W] per sample and unknown or out-of-range operations. */
+int rt_augment_parse(const RtModel *m, const char *const *specs, RtAugment *aug, RtError *err);
+/* The augmentation as text, "NAME=crop:P,flip;NAME=..." in input order ("" for none), as a
+ * checkpoint records it. */
+void rt_augment_text(const RtModel *m, const RtAugment *aug, char *buf, size_t size);
+/* A resumed run's augmentation: the one the checkpoint recorded (text from rt_augment_text) when
+ * *aug is none, else *aug, which must then equal it. */
+int rt_augment_resume(const RtModel *m, RtAugment *aug, const char *recorded, const char *ckpt, RtError *err);
+/* The 64-bit draw of sample `sample` (its index in the file) in epoch `epoch` (from 1). */
+uint64_t rt_augment_draw(uint64_t seed, int64_t epoch, int64_t sample);
+/* Crop and flip, in place, rows 0..count-1 of the batch buffers that rt_gather filled. */
+int rt_augment_batch(const RtAugment *aug, const RtModel *m, uint64_t seed, int64_t epoch, const int64_t *idx,
+                     int64_t count, void *const *bufs, RtError *err);
+
 /* Prepares batch k+1 on a thread while the caller trains on batch k. */
 typedef struct RtPrefetch {
     const RtModel *model;
     const RtDataset *ds;
     const int64_t *order; /* sample indices, batch after batch */
     int64_t n_batches;
+    const RtAugment *aug;  /* augments each batch, or NULL */
+    uint64_t seed;         /* the run's seed and this epoch: the augmentation's draws */
+    int64_t epoch;
     void *slots[2][RT_MAX_INPUTS];
     int64_t ready[2];      /* batch number held by each slot, -1 = none */
     int64_t next_fill, next_take;
@@ -108,7 +134,7 @@ typedef struct RtPrefetch {
 } RtPrefetch;
 
 void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
-                       int64_t n_batches);
+                       int64_t n_batches, const RtAugment *aug, uint64_t seed, int64_t epoch);
 /* The next batch's buffers; valid until the following call. NULL when the loader failed
  * (p->err says why). */
 void *const *rt_prefetch_next(RtPrefetch *p);
@@ -142,6 +168,7 @@ typedef struct RtTrainState {
     uint64_t seed;
     int shuffle;
     int threads;          /* recorded so a resume can warn: bit-identity needs the same count */
+    char augment[256];    /* --augment as rt_augment_text writes it; "" = none */
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state

@@ -1,7 +1,7 @@
-"""More data (docs/trainer.md, "Data"): each case compiles the small models in
+"""More data (docs/trainer.md, "Data" and "Augmentation"): each case compiles the small models in
 this folder, writes its files with numpy, and drives the trainers.
 
-usage: data_test.py CASE NETC WORKDIR
+usage: data_test.py CASE NETC WORKDIR AUGMENT_DRIVER
   npy_gz    a .npy.gz written by numpy and gzip trains to the same weights as the plain .npy;
             truncated, corrupt and over-long ones are refused naming the file
   csv       a CSV file (with and without a header) trains to the same weights as the same
@@ -10,6 +10,11 @@ usage: data_test.py CASE NETC WORKDIR
   cifar     synthetic CIFAR-10 files (two concatenated) train to the same weights as the same
             images and labels in .npy; a size that is not a multiple of 3073, an input that is
             neither images nor labels, and --save naming one of the files are refused
+  augment   the loader's crops and flips equal a numpy reference of the documented draws, for
+            u8 and f32; with the same --init, the same seed gives identical weights and another
+            seed different ones (without --augment the seed then changes nothing); a run stopped
+            and resumed gives the bits of an uninterrupted one, with --augment repeated or taken
+            from the checkpoint; another --augment at --resume and bad --augment are refused (2)
 """
 import gzip
 import os
@@ -160,7 +165,79 @@ def case_cifar(netc, work):
             "nope.bin")
 
 
-CASES = {"npy_gz": case_npy_gz, "csv": case_csv, "cifar": case_cifar}
+def mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def reference(x, pad, flip, seed, epoch, samples):
+    """docs/trainer.md's crop and flip with the documented draws, in numpy."""
+    out = np.empty_like(x)
+    c, h, w = x.shape[1:]
+    for r, s in enumerate(samples):
+        d = mix(mix(mix(seed ^ 0xA06) ^ epoch) ^ s)
+        dy, dx = d % (2 * pad + 1), (d >> 20) % (2 * pad + 1)
+        padded = np.pad(x[r], ((0, 0), (pad, pad), (pad, pad)))
+        crop = padded[:, dy:dy + h, dx:dx + w]
+        out[r] = crop[:, :, ::-1] if flip and (d >> 40) & 1 else crop
+    return out
+
+
+def driver_matches(driver, work, dtype, ops, pad, flip, seed, epoch):
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(0, 256, (9, 3, 7, 6)) if dtype == "u8" else rng.standard_normal((9, 3, 7, 6)))
+    x = x.astype(np.uint8 if dtype == "u8" else np.float32)
+    samples = [int(s) for s in rng.integers(0, 50000, 9)]
+    x.tofile(f"{work}/in.raw")
+    subprocess.run([driver, dtype, "3", "7", "6", ops, str(seed), str(epoch), f"{work}/in.raw", f"{work}/out.raw",
+                    *map(str, samples)], check=True)
+    got = np.fromfile(f"{work}/out.raw", x.dtype).reshape(x.shape)
+    want = reference(x, pad, flip, seed, epoch, samples)
+    return np.array_equal(got, want) and not np.array_equal(got, x)
+
+
+def case_augment(netc, work):
+    driver = sys.argv[4]
+    for dtype in ("u8", "f32"):
+        for ops, pad, flip in (("crop:3,flip", 3, True), ("crop:1", 1, False), ("flip", 0, True)):
+            for seed, epoch in ((0, 1), (12345678901, 7)):
+                check(driver_matches(driver, work, dtype, ops, pad, flip, seed, epoch),
+                      f"{dtype} {ops} seed {seed} epoch {epoch}: the loader's batch equals the numpy reference")
+    exe = compile_model(netc, work, "tiny_image")
+    image_data(work, n=16)
+    data = ["--data", f"image={work}/x.npy", "--data", f"label={work}/y.npy", "--epochs", "3"]
+    init = trains(exe, work, "init", *data, "--steps", "1")
+    open(f"{work}/init.safetensors", "wb").write(init or b"")
+    fixed = [*data, "--init", f"{work}/init.safetensors", "--no-shuffle"]
+    aug = ["--augment", "image=crop:2,flip"]
+    a1, a1b = trains(exe, work, "a1", *fixed, *aug, "--seed", "1"), trains(exe, work, "a1b", *fixed, *aug, "--seed", "1")
+    a2 = trains(exe, work, "a2", *fixed, *aug, "--seed", "2")
+    p1, p2 = trains(exe, work, "p1", *fixed, "--seed", "1"), trains(exe, work, "p2", *fixed, "--seed", "2")
+    check(a1 is not None and a1 == a1b, "--augment: the same seed gives identical weights")
+    check(a1 is not None and a1 != a2, "--augment: another seed gives different weights")
+    check(p1 is not None and p1 == p2, "without --augment the seed changes nothing here (so the difference is the crops)")
+    check(a1 is not None and a1 != p1, "--augment changes the weights")
+    full = trains(exe, work, "full", *data, *aug, "--seed", "5")
+    ckpt = f"{work}/run.ckpt"
+    r = run(exe, *data, *aug, "--seed", "5", "--checkpoint", ckpt, "--stop-at", "6")
+    check(r.returncode == 4, f"stopped run: exit {r.returncode}\n{r.stderr}")
+    resumed = trains(exe, work, "resumed", *data, *aug, "--resume", ckpt, "--checkpoint", ckpt)
+    check(full is not None and full == resumed, "--augment: a stopped and resumed run is bit-identical")
+    r = run(exe, *data, *aug, "--seed", "5", "--checkpoint", ckpt, "--stop-at", "6")
+    check(r.returncode == 4, f"stopped run: exit {r.returncode}\n{r.stderr}")
+    refused(exe, "--resume with another --augment", [*data, "--augment", "image=flip", "--resume", ckpt],
+            "image=flip", "image=crop:2,flip", ckpt, status=2)
+    recorded = trains(exe, work, "recorded", *data, "--resume", ckpt)
+    check(full is not None and full == recorded, "--resume without --augment takes the checkpoint's augmentation")
+    refused(exe, "--augment on a label", [*data, "--augment", "label=flip"], "'label'", "rank 1", status=2)
+    refused(exe, "--augment crop too large", [*data, "--augment", "image=crop:9"], "from 1 to 8", "'9'", status=2)
+    refused(exe, "--augment unknown op", [*data, "--augment", "image=crop:2,flop"], "'flop'", status=2)
+    refused(exe, "--augment unknown input", [*data, "--augment", "img=flip"], "no input 'img'", status=2)
+
+
+CASES = {"npy_gz": case_npy_gz, "csv": case_csv, "cifar": case_cifar, "augment": case_augment}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "data", check, sys.argv))
