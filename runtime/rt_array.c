@@ -266,6 +266,21 @@ static int64_t gz_read_exact(gzFile f, const char *path, unsigned char *buf, siz
     return (int64_t)done;
 }
 
+/* Read the `need` element bytes a header declared into dst, and one byte more to see whether the
+ * stream goes on: a file holding fewer or more is refused. `format` names the header. */
+static int gz_read_declared(gzFile f, const char *path, unsigned char *dst, size_t need, const char *format,
+                            RtError *err) {
+    int64_t got = gz_read_exact(f, path, dst, need + 1, err);
+    if (got < 0) return -1;
+    if ((size_t)got < need)
+        return rt_fail(err, "%s: truncated: the %s header declares %zu bytes of elements but the file holds %lld", path,
+                       format, need, (long long)got);
+    if ((size_t)got > need)
+        return rt_fail(err, "%s: holds more data than the %zu bytes of elements its %s header declares", path, need,
+                       format);
+    return 0;
+}
+
 /* Read an IDX file, plain or gzipped (gzread passes a plain file through), inflating only what
  * its header declares: the header first, then exactly the element bytes it promises into one
  * allocation of that size, then a check that the stream ends there. A small file that inflates
@@ -296,13 +311,7 @@ static int idx_read(RtArray *a, off_t file_size, unsigned char **out, size_t *le
         rc = rt_fail(err, "%s: out of memory for the %zu bytes its IDX header declares", a->path, hlen + need);
     if (!rc) {
         memcpy(buf, head, hlen);
-        got = gz_read_exact(f, a->path, buf + hlen, need + 1, err); /* one byte more: is there more? */
-        if (got < 0) rc = -1;
-        else if ((size_t)got < need)
-            rc = rt_fail(err, "%s: truncated: the IDX header declares %zu bytes of elements but the file holds %lld",
-                         a->path, need, (long long)got);
-        else if ((size_t)got > need)
-            rc = rt_fail(err, "%s: holds more data than the %zu bytes of elements its IDX header declares", a->path, need);
+        rc = gz_read_declared(f, a->path, buf + hlen, need, "IDX", err);
     }
     int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
     if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
@@ -340,46 +349,43 @@ static int npy_declared_bytes(RtArray *a, const char *h, size_t *bytes, RtError 
     return 0;
 }
 
+/* The preamble (*start bytes) and header of a gzipped .npy into a new allocation *buf of *head
+ * bytes, plus a NUL after the header's text. */
+static int npy_gz_header(gzFile f, const char *path, unsigned char **buf, size_t *start_out, size_t *head,
+                         RtError *err) {
+    unsigned char pre[12];
+    size_t start = 10;
+    int64_t got = gz_read_exact(f, path, pre, 10, err);
+    if (got == 10 && pre[6] >= 2) { /* versions 2 and 3: a 4-byte header length */
+        int64_t more = gz_read_exact(f, path, pre + 10, 2, err);
+        start = 12, got = more < 0 ? -1 : 10 + more;
+    }
+    if (got < 0) return -1;
+    if ((size_t)got < start) return rt_fail(err, "%s: truncated .npy header", path);
+    size_t hlen = start == 12 ? (size_t)load_le(pre + 8, 4) : (size_t)load_le(pre + 8, 2);
+    if (!(*buf = malloc(start + hlen + 1))) return rt_fail(err, "%s: out of memory for its .npy header", path);
+    memcpy(*buf, pre, start);
+    got = gz_read_exact(f, path, *buf + start, hlen, err);
+    if (got < 0 || (size_t)got < hlen) {
+        free(*buf);
+        return got < 0 ? -1 : rt_fail(err, "%s: truncated .npy header", path);
+    }
+    (*buf)[start + hlen] = 0;
+    *start_out = start, *head = start + hlen;
+    return 0;
+}
+
 static int npy_gz_read(RtArray *a, unsigned char **out, size_t *len, RtError *err) {
     gzFile f = gzopen(a->path, "rb");
     if (!f) return rt_fail(err, "%s: cannot open: %s", a->path, strerror(errno));
-    unsigned char pre[12];
-    unsigned char *buf = NULL;
-    size_t start = 10, hlen = 0, need = 0;
-    int64_t got = gz_read_exact(f, a->path, pre, 10, err);
-    int rc = got < 0 ? -1 : got < 10 ? rt_fail(err, "%s: truncated .npy header", a->path) : 0;
-    if (!rc && pre[6] >= 2) {
-        start = 12;
-        got = gz_read_exact(f, a->path, pre + 10, 2, err);
-        rc = got < 0 ? -1 : got < 2 ? rt_fail(err, "%s: truncated .npy header", a->path) : 0;
-    }
-    if (!rc) {
-        hlen = start == 12 ? (size_t)load_le(pre + 8, 4) : (size_t)load_le(pre + 8, 2);
-        if (!(buf = malloc(start + hlen + 1))) rc = rt_fail(err, "%s: out of memory for its .npy header", a->path);
-    }
-    if (!rc) {
-        memcpy(buf, pre, start);
-        got = gz_read_exact(f, a->path, buf + start, hlen, err);
-        rc = got < 0 ? -1 : (size_t)got < hlen ? rt_fail(err, "%s: truncated .npy header", a->path) : 0;
-    }
-    if (!rc) {
-        buf[start + hlen] = 0;
-        rc = npy_declared_bytes(a, (const char *)buf + start, &need, err);
-    }
-    unsigned char *grown = rc ? NULL : realloc(buf, start + hlen + need + 1);
-    if (!rc && !grown)
+    unsigned char *buf = NULL, *grown = NULL;
+    size_t start = 0, head = 0, need = 0;
+    int rc = npy_gz_header(f, a->path, &buf, &start, &head, err);
+    if (!rc) rc = npy_declared_bytes(a, (const char *)buf + start, &need, err);
+    if (!rc && !(grown = realloc(buf, head + need + 1)))
         rc = rt_fail(err, "%s: out of memory for the %zu bytes its .npy header declares", a->path, need);
     if (grown) buf = grown;
-    if (!rc) {
-        got = gz_read_exact(f, a->path, buf + start + hlen, need + 1, err); /* one byte more: is there more? */
-        if (got < 0) rc = -1;
-        else if ((size_t)got < need)
-            rc = rt_fail(err, "%s: truncated: the .npy header declares %zu bytes of elements but the file holds %lld",
-                         a->path, need, (long long)got);
-        else if ((size_t)got > need)
-            rc = rt_fail(err, "%s: holds more data than the %zu bytes of elements its .npy header declares", a->path,
-                         need);
-    }
+    if (!rc) rc = gz_read_declared(f, a->path, buf + head, need, ".npy", err);
     int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
     if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
     if (rc) {
@@ -387,7 +393,7 @@ static int npy_gz_read(RtArray *a, unsigned char **out, size_t *len, RtError *er
         return -1;
     }
     *out = buf;
-    *len = start + hlen + need;
+    *len = head + need;
     return 0;
 }
 

@@ -2,7 +2,8 @@
 this folder, writes its files with numpy, and drives the trainers.
 
 usage: data_test.py CASE NETC WORKDIR AUGMENT_DRIVER
-  npy_gz    a .npy.gz written by numpy and gzip trains to the same weights as the plain .npy;
+  npy_gz    a .npy.gz written by numpy and gzip (format versions 1 and 2) trains to the same
+            weights as the plain .npy;
             truncated, corrupt and over-long ones are refused naming the file
   csv       a CSV file (with and without a header) trains to the same weights as the same
             numbers in .npy; a bad value, a wrong column count, an empty file, a row that does
@@ -88,6 +89,10 @@ def case_npy_gz(netc, work):
           "--steps", "4"]
     a, b = trains(exe, work, "plain", *plain), trains(exe, work, "gz", *gz)
     check(a is not None and a == b, ".npy.gz trains to the same weights as .npy")
+    with gzip.open(f"{work}/x2.npy.gz", "wb") as f:  # format version 2: a 4-byte header length
+        np.lib.format.write_array(f, x, version=(2, 0))
+    c = trains(exe, work, "gz2", "--data", f"image={work}/x2.npy.gz", *gz[2:])
+    check(a is not None and a == c, ".npy.gz of format version 2 trains to the same weights")
     raw = open(f"{work}/x.npy.gz", "rb").read()
     mid = len(raw) // 2
     damaged = {"truncated": (raw[:mid], "truncated"), "corrupt": (raw[:mid] + bytes([raw[mid] ^ 0xFF]) + raw[mid + 1:],
