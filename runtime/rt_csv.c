@@ -14,7 +14,7 @@
 #include "rt_internal.h"
 
 /* Read the whole file; NUL-terminated. */
-static int read_text(const char *path, char **text, size_t *len, RtError *err) {
+static int read_text(const char *path, char **text, RtError *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return rt_fail(err, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -34,7 +34,7 @@ static int read_text(const char *path, char **text, size_t *len, RtError *err) {
         return rt_fail(err, "%s: cannot read", path);
     }
     buf[n] = 0;
-    *text = buf, *len = n;
+    *text = buf;
     return 0;
 }
 
@@ -113,8 +113,7 @@ static int parse_rows(RtArray *a, const char *p, int64_t first_line, double *val
 
 int rt_csv_load(const char *path, RtArray *a, RtError *err) {
     char *text = NULL;
-    size_t len = 0;
-    if (read_text(path, &text, &len, err)) return -1;
+    if (read_text(path, &text, err)) return -1;
     const char *p = text, *next, *e = line_end(p, &next);
     a->csv_first_line = 1;
     if (*p && is_header(p, e)) p = next, a->csv_first_line = 2;
