@@ -1,9 +1,11 @@
-/* rt_array.c - data files as arrays: NumPy .npy (memory-mapped) and IDX (the MNIST family;
+/* rt_array.c - data files as arrays: NumPy .npy (memory-mapped, or gzipped and inflated) and IDX (the MNIST family;
  * plain or gzipped, decompressed through zlib).
  *
  * .npy: magic "\x93NUMPY", version 1.x (2-byte header length) or 2.x/3.x (4-byte), then a
  * Python dict literal with 'descr', 'fortran_order' and 'shape'. Only C order, little-endian
  * (or byte-sized) element types are accepted.
+ * A gzipped .npy (recognised by content: gzip data that inflates to the .npy magic) is inflated
+ * into memory and read the same way.
  * IDX: two zero bytes, a type code (0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64),
  * the number of dimensions, then each dimension as a big-endian u32; elements big-endian.
  * Every size is checked against the file's length before anything is read.
@@ -264,6 +266,21 @@ static int64_t gz_read_exact(gzFile f, const char *path, unsigned char *buf, siz
     return (int64_t)done;
 }
 
+/* Read the `need` element bytes a header declared into dst, and one byte more to see whether the
+ * stream goes on: a file holding fewer or more is refused. `format` names the header. */
+static int gz_read_declared(gzFile f, const char *path, unsigned char *dst, size_t need, const char *format,
+                            RtError *err) {
+    int64_t got = gz_read_exact(f, path, dst, need + 1, err);
+    if (got < 0) return -1;
+    if ((size_t)got < need)
+        return rt_fail(err, "%s: truncated: the %s header declares %zu bytes of elements but the file holds %lld", path,
+                       format, need, (long long)got);
+    if ((size_t)got > need)
+        return rt_fail(err, "%s: holds more data than the %zu bytes of elements its %s header declares", path, need,
+                       format);
+    return 0;
+}
+
 /* Read an IDX file, plain or gzipped (gzread passes a plain file through), inflating only what
  * its header declares: the header first, then exactly the element bytes it promises into one
  * allocation of that size, then a check that the stream ends there. A small file that inflates
@@ -294,13 +311,7 @@ static int idx_read(RtArray *a, off_t file_size, unsigned char **out, size_t *le
         rc = rt_fail(err, "%s: out of memory for the %zu bytes its IDX header declares", a->path, hlen + need);
     if (!rc) {
         memcpy(buf, head, hlen);
-        got = gz_read_exact(f, a->path, buf + hlen, need + 1, err); /* one byte more: is there more? */
-        if (got < 0) rc = -1;
-        else if ((size_t)got < need)
-            rc = rt_fail(err, "%s: truncated: the IDX header declares %zu bytes of elements but the file holds %lld",
-                         a->path, need, (long long)got);
-        else if ((size_t)got > need)
-            rc = rt_fail(err, "%s: holds more data than the %zu bytes of elements its IDX header declares", a->path, need);
+        rc = gz_read_declared(f, a->path, buf + hlen, need, "IDX", err);
     }
     int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
     if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
@@ -310,6 +321,79 @@ static int idx_read(RtArray *a, off_t file_size, unsigned char **out, size_t *le
     }
     *out = buf;
     *len = hlen + need;
+    return 0;
+}
+
+/* ---- .npy.gz
+ *
+ * A gzipped .npy is inflated as an IDX file is: the preamble and header first, then exactly the
+ * element bytes the header declares into one allocation, then a check that the stream ends
+ * there. The whole file in memory is then read by npy_load, as a mapped .npy is. */
+
+static int gz_is_npy(const char *path) {
+    gzFile f = gzopen(path, "rb");
+    unsigned char magic[6] = {0};
+    int is = f && gzread(f, magic, 6) == 6 && !gzdirect(f) && memcmp(magic, "\x93NUMPY", 6) == 0;
+    if (f) gzclose(f);
+    return is;
+}
+
+/* The element bytes a .npy header declares, with overflow checked. */
+static int npy_declared_bytes(RtArray *a, const char *h, size_t *bytes, RtError *err) {
+    if (npy_descr(h, a, err) || npy_shape(h, a, err)) return -1;
+    uint64_t n = (uint64_t)type_size[a->type];
+    for (int i = 0; i < a->rank; i++)
+        if (__builtin_mul_overflow(n, (uint64_t)a->shape[i], &n) || n > (uint64_t)INT64_MAX / 16)
+            return rt_fail(err, "%s: the shape in the header is too large", a->path);
+    *bytes = (size_t)n;
+    return 0;
+}
+
+/* The preamble (*start bytes) and header of a gzipped .npy into a new allocation *buf of *head
+ * bytes, plus a NUL after the header's text. */
+static int npy_gz_header(gzFile f, const char *path, unsigned char **buf, size_t *start_out, size_t *head,
+                         RtError *err) {
+    unsigned char pre[12];
+    size_t start = 10;
+    int64_t got = gz_read_exact(f, path, pre, 10, err);
+    if (got == 10 && pre[6] >= 2) { /* versions 2 and 3: a 4-byte header length */
+        int64_t more = gz_read_exact(f, path, pre + 10, 2, err);
+        start = 12, got = more < 0 ? -1 : 10 + more;
+    }
+    if (got < 0) return -1;
+    if ((size_t)got < start) return rt_fail(err, "%s: truncated .npy header", path);
+    size_t hlen = start == 12 ? (size_t)load_le(pre + 8, 4) : (size_t)load_le(pre + 8, 2);
+    if (!(*buf = malloc(start + hlen + 1))) return rt_fail(err, "%s: out of memory for its .npy header", path);
+    memcpy(*buf, pre, start);
+    got = gz_read_exact(f, path, *buf + start, hlen, err);
+    if (got < 0 || (size_t)got < hlen) {
+        free(*buf);
+        return got < 0 ? -1 : rt_fail(err, "%s: truncated .npy header", path);
+    }
+    (*buf)[start + hlen] = 0;
+    *start_out = start, *head = start + hlen;
+    return 0;
+}
+
+static int npy_gz_read(RtArray *a, unsigned char **out, size_t *len, RtError *err) {
+    gzFile f = gzopen(a->path, "rb");
+    if (!f) return rt_fail(err, "%s: cannot open: %s", a->path, strerror(errno));
+    unsigned char *buf = NULL, *grown = NULL;
+    size_t start = 0, head = 0, need = 0;
+    int rc = npy_gz_header(f, a->path, &buf, &start, &head, err);
+    if (!rc) rc = npy_declared_bytes(a, (const char *)buf + start, &need, err);
+    if (!rc && !(grown = realloc(buf, head + need + 1)))
+        rc = rt_fail(err, "%s: out of memory for the %zu bytes its .npy header declares", a->path, need);
+    if (grown) buf = grown;
+    if (!rc) rc = gz_read_declared(f, a->path, buf + head, need, ".npy", err);
+    int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
+    if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = head + need;
     return 0;
 }
 
@@ -329,6 +413,10 @@ int rt_array_load(const char *path, RtArray *a, RtError *err) {
     if (got < 0 || S_ISDIR(st.st_mode)) {
         close(fd);
         return rt_fail(err, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "is a directory");
+    }
+    if (ends_with(path, ".csv")) {
+        close(fd);
+        return rt_csv_load(path, a, err);
     }
     if (got == 6 && memcmp(magic, "\x93NUMPY", 6) == 0) {
         void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
@@ -353,6 +441,11 @@ int rt_array_load(const char *path, RtArray *a, RtError *err) {
     if (ends_with(path, ".npy")) return rt_fail(err, "%s: not a .npy file (bad magic number)", path);
     unsigned char *buf = NULL;
     size_t len = 0;
+    if (gz_is_npy(path)) {
+        if (npy_gz_read(a, &buf, &len, err)) return -1;
+        a->heap = buf;
+        return npy_load(a, buf, len, err);
+    }
     if (idx_read(a, st.st_size, &buf, &len, err)) return -1;
     a->heap = buf;
     return idx_load(a, buf, len, err);

@@ -190,6 +190,7 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
     cJSON_AddStringToObject(meta, "seed", buf);
     meta_int(meta, "shuffle", s->shuffle);
     meta_int(meta, "threads", s->threads);
+    if (s->augment[0]) cJSON_AddStringToObject(meta, "augment", s->augment); /* only when augmenting */
 }
 
 /* The header (unpadded JSON) for these buffers; the checksum needs the tensor bytes first. */
@@ -460,6 +461,10 @@ static int read_state(const Ckpt *c, const RtModel *m, RtTrainState *s, RtError 
         meta_u64(c, "seed", 0, &s->seed, err))
         return -1;
     s->eval_done = eval_done != 0, s->shuffle = shuffle != 0, s->threads = threads > 1024 ? 1024 : (int)threads;
+    const char *augment = meta_str(c, "augment");
+    if (augment && strlen(augment) >= sizeof s->augment)
+        return rt_fail(err, "checkpoint '%s': metadata 'augment' is too long", c->path);
+    snprintf(s->augment, sizeof s->augment, "%s", augment ? augment : "");
     int64_t per_epoch = s->samples / m->batch, at;
     /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
     int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);

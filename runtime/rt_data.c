@@ -119,6 +119,9 @@ static int check_values(const RtInput *in, const RtArray *a, RtError *err) {
         rt_guard_disarm();
         char at[64] = "", detail[200];
         if (a->sample_elems > 1) snprintf(at, sizeof at, ", element %lld", (long long)(i % a->sample_elems));
+        if (a->csv_first_line) /* a CSV file's samples are lines, its elements columns */
+            snprintf(at, sizeof at, " (line %lld, column %lld)", (long long)(i / a->sample_elems + a->csv_first_line),
+                     (long long)(i % a->sample_elems + 1));
         if (strcmp(why, "outside") == 0) snprintf(detail, sizeof detail, "outside %s", r.what);
         else snprintf(detail, sizeof detail, "%s, and input '%s' is %s", why, in->name, dtype_names[in->dtype]);
         /* the shortest digits that read back as the file's value (f32: 2.9, not 2.9000001) */
@@ -131,12 +134,36 @@ static int check_values(const RtInput *in, const RtArray *a, RtError *err) {
     return 0;
 }
 
+/* A file for input `in`: `cifar:FILES` (rt_cifar.c) gives the part the input holds, a CSV file's
+ * rows of numbers take the input's per-sample shape when the counts agree; other files are read
+ * as they are (rt_array.c). */
+static int load_file(const RtInput *in, const char *file, RtArray *a, RtError *err) {
+    int64_t per = input_sample_elems(in);
+    if (strncmp(file, "cifar:", 6) == 0) {
+        if (per != 1 && per != 3 * 32 * 32)
+            return rt_fail(err, "'%s': CIFAR-10 files feed an input of 3072 values per sample (the images, "
+                                "[3, 32, 32]) or of one (the labels), but '%s' has %lld", file, in->name, (long long)per);
+        return rt_cifar_load(file + 6, per == 1, a, err);
+    }
+    if (rt_array_load(file, a, err)) return -1;
+    if (!a->csv_first_line) return 0;
+    if (a->sample_elems != per) {
+        char want[256];
+        shape_text(in->shape, in->rank, want, sizeof want);
+        return rt_fail(err, "%s, line %d: %lld value(s) per line, but input '%s' needs %lld per sample (shape %s)",
+                       file, a->csv_first_line, (long long)a->sample_elems, in->name, (long long)per, want);
+    }
+    a->rank = in->rank + 1;
+    memcpy(a->shape + 1, in->shape, (size_t)in->rank * sizeof *in->shape);
+    return 0;
+}
+
 int rt_dataset_open(const RtModel *m, const char *const *files, RtDataset *ds, RtError *err) {
     memset(ds, 0, sizeof *ds);
     ds->n = m->n_inputs;
     for (int i = 0; i < m->n_inputs; i++) {
         RtError e;
-        if (rt_array_load(files[i], &ds->arrays[i], &e)) {
+        if (load_file(&m->inputs[i], files[i], &ds->arrays[i], &e)) {
             rt_dataset_close(ds);
             return rt_fail(err, "input '%s': %s", m->inputs[i].name, e.msg);
         }
@@ -225,7 +252,10 @@ static void *prefetch_main(void *arg) {
         }
         pthread_mutex_unlock(&p->mu);
         RtError err;
-        int rc = rt_gather(p->model, p->ds, p->order + k * p->model->batch, p->model->batch, p->slots[k % 2], &err);
+        const int64_t *idx = p->order + k * p->model->batch;
+        int rc = rt_gather(p->model, p->ds, idx, p->model->batch, p->slots[k % 2], &err);
+        if (!rc && p->aug)
+            rc = rt_augment_batch(p->aug, p->model, p->seed, p->epoch, idx, p->model->batch, p->slots[k % 2], &err);
         pthread_mutex_lock(&p->mu);
         if (rc) { /* the consumer takes the batches before this one, then the error */
             p->failed = 1, p->err = err;
@@ -241,12 +271,13 @@ static void *prefetch_main(void *arg) {
 }
 
 void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
-                       int64_t n_batches) {
+                       int64_t n_batches, const RtAugment *aug, uint64_t seed, int64_t epoch) {
     memset(p, 0, sizeof *p);
     p->model = m;
     p->ds = ds;
     p->order = order;
     p->n_batches = n_batches;
+    p->aug = aug, p->seed = seed, p->epoch = epoch;
     p->ready[0] = p->ready[1] = -1;
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < m->n_inputs; i++) {

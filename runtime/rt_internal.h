@@ -37,7 +37,8 @@ typedef struct RtArray {
     size_t mapping_len;
     int fd;                      /* with a mapping: the file, kept open to notice changes */
     int64_t mtime_ns;            /* its modification time when it was opened */
-    void *heap;                  /* decompressed or read file (IDX) or NULL */
+    void *heap;                  /* decompressed or read file (IDX, CSV, CIFAR) or NULL */
+    int csv_first_line;          /* a CSV file: the line of sample 0 (2 after a header); else 0 */
 } RtArray;
 
 int rt_array_load(const char *path, RtArray *a, RtError *err);
@@ -60,6 +61,12 @@ void rt_guard_disarm(void);
 int rt_guard_failed(RtError *err); /* disarms; the message names the file being read */
 /* Element i (flat, across samples) as a double. */
 double rt_array_elem(const RtArray *a, int64_t i);
+/* A CSV file of numbers as f64 [lines, values per line] (rt_csv.c). */
+int rt_csv_load(const char *path, RtArray *a, RtError *err);
+/* CIFAR-10 binary files, spec "F1,F2,..." (after "cifar:"; at most RT_CIFAR_MAX_FILES): the labels
+ * as u8 [N] or the images as u8 [N, 3, 32, 32] (rt_cifar.c). */
+enum { RT_CIFAR_MAX_FILES = 8 };
+int rt_cifar_load(const char *spec, int labels, RtArray *a, RtError *err);
 const char *rt_file_type_name(RtFileType t);
 
 /* ---- a set of files bound to the model's inputs, and batches (rt_data.c) */
@@ -83,12 +90,38 @@ int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t
 /* rt_array_unchanged() for every file of the data set. */
 int rt_dataset_unchanged(const RtDataset *ds, RtError *err);
 
+/* ---- augmentation of training batches (rt_augment.c) */
+
+typedef struct RtAugment {
+    int any;                   /* some input is augmented */
+    int crop[RT_MAX_INPUTS];   /* per input: the padding P of a random crop, 0 = no crop */
+    int flip[RT_MAX_INPUTS];   /* per input: a random horizontal flip */
+} RtAugment;
+
+/* specs[i]: input i's `--augment` OPS ("crop:4,flip"), or NULL. Refuses inputs that are not
+ * images [C, H, W] per sample and unknown or out-of-range operations. */
+int rt_augment_parse(const RtModel *m, const char *const *specs, RtAugment *aug, RtError *err);
+/* The augmentation as text, "NAME=crop:P,flip;NAME=..." in input order ("" for none), as a
+ * checkpoint records it. */
+void rt_augment_text(const RtModel *m, const RtAugment *aug, char *buf, size_t size);
+/* A resumed run's augmentation: the one the checkpoint recorded (text from rt_augment_text) when
+ * *aug is none, else *aug, which must then equal it. */
+int rt_augment_resume(const RtModel *m, RtAugment *aug, const char *recorded, const char *ckpt, RtError *err);
+/* The 64-bit draw of sample `sample` (its index in the file) in epoch `epoch` (from 1). */
+uint64_t rt_augment_draw(uint64_t seed, int64_t epoch, int64_t sample);
+/* Crop and flip, in place, rows 0..count-1 of the batch buffers that rt_gather filled. */
+int rt_augment_batch(const RtAugment *aug, const RtModel *m, uint64_t seed, int64_t epoch, const int64_t *idx,
+                     int64_t count, void *const *bufs, RtError *err);
+
 /* Prepares batch k+1 on a thread while the caller trains on batch k. */
 typedef struct RtPrefetch {
     const RtModel *model;
     const RtDataset *ds;
     const int64_t *order; /* sample indices, batch after batch */
     int64_t n_batches;
+    const RtAugment *aug;  /* augments each batch, or NULL */
+    uint64_t seed;         /* the run's seed and this epoch: the augmentation's draws */
+    int64_t epoch;
     void *slots[2][RT_MAX_INPUTS];
     int64_t ready[2];      /* batch number held by each slot, -1 = none */
     int64_t next_fill, next_take;
@@ -101,7 +134,7 @@ typedef struct RtPrefetch {
 } RtPrefetch;
 
 void rt_prefetch_start(RtPrefetch *p, const RtModel *m, const RtDataset *ds, const int64_t *order,
-                       int64_t n_batches);
+                       int64_t n_batches, const RtAugment *aug, uint64_t seed, int64_t epoch);
 /* The next batch's buffers; valid until the following call. NULL when the loader failed
  * (p->err says why). */
 void *const *rt_prefetch_next(RtPrefetch *p);
@@ -135,6 +168,7 @@ typedef struct RtTrainState {
     uint64_t seed;
     int shuffle;
     int threads;          /* recorded so a resume can warn: bit-identity needs the same count */
+    char augment[256];    /* --augment as rt_augment_text writes it; "" = none */
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state

@@ -33,7 +33,7 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
 
 typedef struct Options {
-    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS];
+    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS];
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
@@ -52,6 +52,7 @@ typedef struct Trainer {
     RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
     int ckpt_current;         /* the checkpoint file holds exactly this position */
     const RtDevice *dev;      /* the step runs there (m->device), or NULL */
+    RtAugment aug;            /* --augment: crops and flips of training batches */
     double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
     int64_t dev_steps;
 } Trainer;
@@ -122,8 +123,11 @@ static void usage(const RtModel *m) {
         printf("]\n");
     }
     printf("\noptions:\n"
-           "  --data NAME=FILE       training data for input NAME (.npy or IDX, optionally gzipped)\n"
+           "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
+           "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
            "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
+           "  --augment NAME=OPS     augment training images NAME [C,H,W] in the loader, OPS from crop:P\n"
+           "                         (random crop after zero-padding P) and flip (horizontal); e.g. crop:4,flip\n"
            "  --epochs N             epochs to train (default %lld)\n"
            "  --steps N              stop after N optimizer steps (overrides --epochs)\n"
            "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
@@ -199,6 +203,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(m), exit(0);
         else if (strcmp(a, "--data") == 0) bind(m, a, VALUE(), o->data);
         else if (strcmp(a, "--eval-data") == 0) bind(m, a, VALUE(), o->eval);
+        else if (strcmp(a, "--augment") == 0) bind(m, a, VALUE(), o->augment);
         else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1), o->epochs_given = 1;
         else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1), o->steps_given = 1;
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
@@ -461,6 +466,7 @@ static int write_checkpoint(Trainer *t) {
     RtTrainState s = t->pos; /* the position, and the number of samples */
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
     s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads;
+    rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
     RtError err;
     if (rt_ckpt_save(t->o.checkpoint, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) {
         fprintf(stderr, "%serror: %s\n", t->tty ? "\n" : "", err.msg);
@@ -591,7 +597,8 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
     int64_t first = p->batch, since = 0;
     RtPrefetch pf;
-    rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first);
+    rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first, t->aug.any ? &t->aug : NULL, t->o.seed,
+                      p->epoch);
     double t0 = now(), t_log = t0, last = 0, loss_sum = 0;
     int rc = 0;
     void *const *batch;
@@ -710,7 +717,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = 2 * RT_MAX_INPUTS + 4 };
+enum { MAX_FILES = 2 * RT_MAX_INPUTS * RT_CIFAR_MAX_FILES + 4 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -726,12 +733,26 @@ static int add_file(NamedFile *files, int n, int follow, const char *path, const
     return n + 1;
 }
 
+/* A data argument: one file, or each file of a `cifar:F1,F2,...` list. */
+static int add_data(NamedFile *files, int n, const char *spec, const char *fmt, const char *arg) {
+    if (!spec || strncmp(spec, "cifar:", 6) != 0) return add_file(files, n, 1, spec, fmt, arg);
+    for (const char *p = spec + 6; *p && n < MAX_FILES;) {
+        size_t len = strcspn(p, ",");
+        char file[PATH_MAX];
+        snprintf(file, sizeof file, "%.*s", (int)(len < sizeof file ? len : sizeof file - 1), p);
+        n = add_file(files, n, 1, file, fmt, arg);
+        files[n - 1].path = spec; /* the argument as given; `file` is gone after this loop */
+        p += len + (p[len] == ',');
+    }
+    return n;
+}
+
 static int list_inputs(const Trainer *t, NamedFile *in) {
     const Options *o = &t->o;
     int n = 0;
     for (int i = 0; i < t->m->n_inputs; i++) {
-        n = add_file(in, n, 1, o->data[i], "--data %s=%s", t->m->inputs[i].name);
-        n = add_file(in, n, 1, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
+        n = add_data(in, n, o->data[i], "--data %s=%s", t->m->inputs[i].name);
+        n = add_data(in, n, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
@@ -897,6 +918,7 @@ static void resume(Trainer *t, const RtDataset *ds) {
     if (!t->o.shuffle && s.shuffle)
         die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
     t->o.seed = s.seed, t->o.shuffle = s.shuffle;
+    if (rt_augment_resume(t->m, &t->aug, s.augment, f, &err)) die_usage("%s", err.msg);
     resume_target(t, &s);
     if (s.threads != t->o.threads && !t->o.quiet)
         printf("note: checkpoint '%s' was written with --threads %d; with %d the results may differ in the last bits\n",
@@ -931,6 +953,8 @@ int rt_main(int argc, char **argv, const RtModel *m) {
         die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, m, &t.o);
     if (t.o.list_params) return list_params(m), 0;
+    RtError aug_err;
+    if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
     check_outputs(&t);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";

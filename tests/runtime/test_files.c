@@ -152,7 +152,7 @@ static void test_dataset_binding_and_gather(void **state) {
     assert_true(lab[0] == 4 && lab[1] == 0);
     int64_t order[4] = {3, 2, 1, 0};
     RtPrefetch pf;
-    rt_prefetch_start(&pf, &model, &ds, order, 2);
+    rt_prefetch_start(&pf, &model, &ds, order, 2, NULL, 0, 1);
     for (int b = 0; b < 2; b++) {
         void *const *got = rt_prefetch_next(&pf);
         assert_true(((int64_t *)got[1])[0] == labels[order[2 * b]]);
@@ -204,7 +204,7 @@ static void test_file_shrinks_under_gather(void **state) {
     assert_non_null(strstr(err.msg, "changed"));
     int64_t order[8] = {0, 1, 2, 3, N - 4, N - 3, N - 2, N - 1};
     RtPrefetch pf;
-    rt_prefetch_start(&pf, &model, &ds, order, 4);
+    rt_prefetch_start(&pf, &model, &ds, order, 4, NULL, 0, 1);
     int taken = 0;
     while (rt_prefetch_next(&pf)) taken++;
     assert_true(taken < 4); /* batches past the end of the file fail */
