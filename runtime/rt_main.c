@@ -490,7 +490,8 @@ static int write_checkpoint(Trainer *t) {
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
 static int stopping(const Trainer *t) {
-    return stop_signal || t->log_failed || t->ml.failed || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
+    return stop_signal || t->log_failed || t->ml.failed ||
+           (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
 /* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
