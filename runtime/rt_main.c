@@ -302,7 +302,7 @@ static void json_number(FILE *f, const char *key, double v) {
     else fprintf(f, ", \"%s\": null", key);
 }
 
-/* acc is the training accuracy over the interval, or NAN where the model has no metric. */
+/* acc is the interval's training accuracy, logged only where the model has a metric. */
 static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate) {
     if (t->log) {
         fprintf(t->log, "{\"step\": %lld, \"epoch\": %lld", (long long)step, (long long)epoch);
@@ -833,7 +833,7 @@ static int finish(Trainer *t, int rc) {
     }
     t->log = NULL;
     if (rt_mllog_close(&t->ml, rc == 0) && !rc) rc = 1; /* a failed save is an aborted run too */
-    if ((t->log_failed || t->ml.failed) && !rc) rc = 1;
+    if (t->log_failed && !rc) rc = 1;
     if ((fflush(stdout) != 0 || ferror(stdout)) && !rc) {
         fprintf(stderr, "error: cannot write to the standard output: %s\n", strerror(errno));
         rc = 1;

@@ -7,8 +7,9 @@
             the JSON log, equal to the fraction the loss's own predictions get right; a model
             without one logs none
   mllog     --mllog FILE: every line is ':::MLLOG ' and a JSON object with mlperf_logging's keys,
-            the events come in order, and their values agree with the JSON log; an --mllog that
-            names an input is refused
+            the events come in order, and their values agree with the JSON log; a stopped run's
+            run_stop is aborted; an --mllog that names an input or a directory is refused, and a
+            failed write ends the run with status 1
 
 usage: watch_test.py CASE NETC WORKDIR
 """
@@ -206,6 +207,9 @@ def mllog(netc, work):
     before = open(x, "rb").read()
     r = subprocess.run([exe, *data(work), "--mllog", x], capture_output=True, text=True, timeout=300)
     check(r.returncode == 2 and "--mllog" in r.stderr and open(x, "rb").read() == before, f"mllog input: {r.stderr}")
+    # a failed write (a full device) stops the run with status 1
+    r = subprocess.run([exe, *data(work), "--mllog", "/dev/full"], capture_output=True, text=True, timeout=300)
+    check(r.returncode == 1 and "cannot write the MLPerf log '/dev/full'" in r.stderr, f"mllog full: {r.stderr}")
     d = os.path.join(work, "adir")
     os.makedirs(d, exist_ok=True)
     r = subprocess.run([exe, *data(work), "--mllog", d], capture_output=True, text=True, timeout=300)
