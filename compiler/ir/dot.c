@@ -3,12 +3,14 @@
  * One box per node: its operator and attributes, dtype and shape, and for an input or a
  * parameter its name (inputs are ellipses, parameters grey boxes); one edge per operand, from
  * the operand to its user. The loss and the metric are drawn bold. Nodes of one fused
- * element-wise group sit in a dashed cluster named after the group, so the picture shows what
- * each generated kernel computes. Scalar constants are folded into their users' boxes instead
- * of drawn as boxes of their own, which would crowd the picture. With whole_step the backward
- * pass follows the forward one, its boxes drawn in blue. A matrix product whose
- * epilogue applies a group, and batch-norm sums accumulated in a group's loop, are drawn in that
- * group's cluster.
+ * element-wise group sit in a dashed cluster named after the group, with the matrix product
+ * whose epilogue applies the group and batch-norm sums accumulated in its loop, so the picture
+ * shows what each generated kernel computes. With whole_step the backward pass follows the
+ * forward one, its boxes drawn in blue.
+ *
+ * Left out, since they would crowd the picture: scalar constants, which are written into their
+ * users' boxes instead, and inputs and parameters that no drawn node reads (batch norm's running
+ * statistics, in the forward graph).
  *
  * Names come from the user's .net file and are quoted for DOT; everything else is the
  * compiler's own text.
@@ -25,9 +27,22 @@ static void dot_text(const char *s, FILE *out) {
     }
 }
 
-static int drawn(const IrGraph *g, const IrNode *n, int whole_step) {
-    (void)g;
+static int in_picture(const IrNode *n, int whole_step) {
     return n->op != OP_CONST && (whole_step || n->phase == PHASE_FWD);
+}
+
+/* Whether n is drawn: a node of the picture, and for an input or a parameter, one that some node
+ * of the picture reads (batch norm's running statistics are not read by the forward pass). */
+static int drawn(const IrGraph *g, const IrNode *n, int whole_step) {
+    if (!in_picture(n, whole_step)) return 0;
+    if (n->op != OP_INPUT && n->op != OP_PARAM) return 1;
+    for (int i = 0; i < g->n; i++) {
+        const IrNode *user = g->nodes[i];
+        if (!in_picture(user, whole_step)) continue;
+        for (int k = 0; k < user->n_in; k++)
+            if (user->in[k] == n) return 1;
+    }
+    return 0;
 }
 
 static void node_box(const IrGraph *g, const IrNode *n, FILE *out) {

@@ -1,7 +1,8 @@
 """netc --dump=dot and --dump=dot-step (docs/compiler.md, "Drawing the network"): for every model in
 models/, the DOT text must be accepted by Graphviz (dot -Tsvg, which scripts/setup.sh installs),
 and it must draw exactly the graph that --dump=fused prints: a node for every forward node (every
-node with dot-step) but the scalar constants, labelled with its operator, dtype and shape and an
+node with dot-step) but the scalar constants and the inputs and parameters nothing drawn reads,
+labelled with its operator, dtype and shape and an
 input's or parameter's name; an edge for every operand that is not a constant; and each fused
 group as a cluster holding the group's nodes, the matrix product whose epilogue it is, and
 batch-norm sums accumulated in its loop.
@@ -60,6 +61,8 @@ def models(netc, work):
             want = fused_graph(netc, model, stage == "dot-step")
             boxes, edges, clusters, text = drawn(netc, model, stage)
             ids = {i for i, n in want.items() if n[0] != "const"}
+            read = {a for i in ids for a in want[i][2]}
+            ids -= {i for i in ids if want[i][0] in ("input", "param") and i not in read}
             check(set(boxes) == ids, f"{base} {stage}: boxes {sorted(set(boxes) ^ ids)} differ from --dump=fused")
             for i in ids & set(boxes):
                 op, name, _, shape, _ = want[i]
