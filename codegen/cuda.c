@@ -600,6 +600,7 @@ static void emit_step_end(Cu *u, int eval) {
     cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
     cg_line(c, "st->loss_sum += (double)loss;");
     cg_line(c, "st->loss_steps += 1;");
+    if (g->correct) cg_line(c, "st->correct_sum += (double)%s;", correct);
     kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
 }
 

@@ -73,6 +73,7 @@ typedef struct RtModel RtModel;
 
 typedef struct RtDeviceSums {
     double loss;             /* training loss summed over `steps` steps */
+    double correct;          /* correct predictions summed over them (0 without a metric) */
     int64_t steps;
     int64_t nonfinite_step;  /* the first step (1-based) whose loss was NaN or Inf, 0 if none */
 } RtDeviceSums;

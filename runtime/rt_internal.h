@@ -187,4 +187,47 @@ int rt_ckpt_is_checkpoint(const char *path);
 /* Fail early, before training, when checkpoints cannot be written to path (rt_out_probe). */
 int rt_ckpt_check_writable(const char *path, RtError *err);
 
+/* ---- what a run shows (rt_log.c) */
+
+/* The standard output: permanent lines, and on a terminal a progress line redrawn between
+ * them (never over them). */
+typedef struct RtConsole {
+    int tty, quiet;
+    int shown;   /* width of the progress line on the screen, 0 when none is */
+    double last; /* when it was last drawn (a monotonic clock, seconds) */
+} RtConsole;
+
+/* A whole line, ending in a newline; blanks the progress line first. */
+void rt_console_line(RtConsole *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Redraw the progress line in place (terminals only, at most five times a second). */
+void rt_console_progress(RtConsole *c, double now, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Blank the progress line: the output then ends with the last whole line and its newline. */
+void rt_console_end(RtConsole *c);
+
+/* MLPerf's :::MLLOG lines (--mllog). A failed write is reported once, closes the file and sets
+ * `failed`; later events are dropped. */
+typedef struct RtMllog {
+    FILE *f;
+    const char *path;
+    int failed;
+} RtMllog;
+
+typedef enum { RT_ML_START, RT_ML_END, RT_ML_POINT } RtMlEvent;
+
+/* `value` and `meta` are JSON text or NULL: the value (null when NULL), and fields added to the
+ * metadata after the file and line. */
+void rt_mllog_event(RtMllog *ml, RtMlEvent type, const char *key, const char *value, const char *meta,
+                    const char *file, int line);
+#define RT_MLLOG(ml, type, key, value, meta) rt_mllog_event(ml, type, key, value, meta, __FILE__, __LINE__)
+/* The events of a run: init_start when the file is opened; the run's constants
+ * (global_batch_size, opt_base_learning_rate, train_samples), init_stop and run_start before the
+ * first step; epoch_start and epoch_stop (type RT_ML_START or RT_ML_END); run_stop with status
+ * "success" or "aborted" when it is closed. Close returns -1 when the file could not be written. */
+void rt_mllog_open(RtMllog *ml, FILE *f, const char *path);
+void rt_mllog_run_start(RtMllog *ml, int64_t batch, double base_lr, int64_t samples);
+void rt_mllog_epoch(RtMllog *ml, RtMlEvent type, int64_t epoch);
+int rt_mllog_close(RtMllog *ml, int success);
+/* v as JSON in buf, or "null" when it is not finite. */
+const char *rt_json_num(char *buf, size_t size, double v);
+
 #endif

@@ -38,7 +38,7 @@ typedef struct Options {
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
-    const char *init, *save, *log, *checkpoint, *resume;
+    const char *init, *save, *log, *checkpoint, *resume, *mllog;
 } Options;
 
 typedef struct Trainer {
@@ -48,12 +48,15 @@ typedef struct Trainer {
     FILE *log;
     int log_failed;           /* a write to the log failed: the run stops and ends with status 1 */
     int tty;
+    RtConsole con;            /* the standard output: log lines and the progress line (rt_log.c) */
+    RtMllog ml;               /* --mllog */
     int64_t per_epoch, total; /* steps per epoch, and in the whole run */
     RtTrainState pos;         /* step, epoch, batch, eval_done: where the run stands */
     int ckpt_current;         /* the checkpoint file holds exactly this position */
     const RtDevice *dev;      /* the step runs there (m->device), or NULL */
     RtAugment aug;            /* --augment: crops and flips of training batches */
     double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
+    double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
 } Trainer;
 
@@ -143,6 +146,7 @@ static void usage(const RtModel *m) {
            "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
+           "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
            "  --quiet                print nothing but errors\n",
@@ -216,6 +220,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--resume") == 0) o->resume = VALUE();
         else if (strcmp(a, "--stop-at") == 0) o->stop_at = number(a, VALUE(), 1);
         else if (strcmp(a, "--log") == 0) o->log = VALUE();
+        else if (strcmp(a, "--mllog") == 0) o->mllog = VALUE();
         else if (strcmp(a, "--no-shuffle") == 0) o->shuffle = 0;
         else if (strcmp(a, "--quiet") == 0) o->quiet = 1;
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
@@ -302,19 +307,21 @@ static void json_number(FILE *f, const char *key, double v) {
     else fprintf(f, ", \"%s\": null", key);
 }
 
-static void log_interval(Trainer *t, int64_t step, int64_t epoch, int64_t of, double loss, double lr, double rate) {
+/* acc is the interval's training accuracy, logged only where the model has a metric. */
+static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate) {
     if (t->log) {
         fprintf(t->log, "{\"step\": %lld, \"epoch\": %lld", (long long)step, (long long)epoch);
         json_number(t->log, "loss", loss);
+        if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         json_number(t->log, "lr", lr);
         json_number(t->log, "samples_per_s", rate);
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    if (t->o.quiet) return;
-    printf("%sepoch %lld step %lld/%lld loss %.4f lr %.4g %.0f samples/s%s", t->tty ? "\r" : "",
-           (long long)epoch, (long long)step, (long long)of, loss, lr, rate, t->tty ? "   " : "\n");
-    fflush(stdout);
+    char accuracy[32] = "";
+    if (t->m->has_accuracy) snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
+    rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g %.0f samples/s", (long long)epoch,
+                    (long long)step, (long long)t->total, loss, accuracy, lr, rate);
 }
 
 static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
@@ -325,22 +332,23 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    if (t->o.quiet) return;
-    printf("%seval epoch %lld: loss %.4f", t->tty ? "\n" : "", (long long)epoch, loss);
-    if (t->m->has_accuracy) printf(" accuracy %.4f", acc);
-    printf("\n");
+    char accuracy[32] = "", num[32], meta[48];
+    if (t->m->has_accuracy) {
+        snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
+        snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
+        RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc), meta);
+    }
+    rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
 }
 
-/* A progress line on a terminal: rate and time left, at most five times a second. */
-static void progress(Trainer *t, int64_t epoch, int64_t done, int64_t total, double t0, double *last) {
+/* The progress line on a terminal: the step counted as the log lines count it (of the whole
+ * run), the rate over `done` steps since t0, and the time the rest of the run needs at it. */
+static void progress(Trainer *t, int64_t done, double t0) {
     double tn = now();
-    if (!t->tty || t->o.quiet || tn - *last < 0.2) return;
-    *last = tn;
     double rate = (double)done * (double)t->m->batch / (tn - t0);
-    double eta = rate > 0 ? (double)(total - done) * (double)t->m->batch / rate : 0;
-    printf("\repoch %lld  %lld/%lld steps  %.0f samples/s  ETA %.0fs   ", (long long)epoch, (long long)done,
-           (long long)total, rate, eta);
-    fflush(stdout);
+    double eta = rate > 0 ? (double)(t->total - t->pos.step) * (double)t->m->batch / rate : 0;
+    rt_console_progress(&t->con, tn, "epoch %lld step %lld/%lld  %.0f samples/s  ETA %.0fs", (long long)t->pos.epoch,
+                        (long long)t->pos.step, (long long)t->total, rate, eta);
 }
 
 /* ---- evaluation */
@@ -352,6 +360,9 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     const RtModel *m = t->m;
     RtError err;
     if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
+    char meta[48];
+    snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
+    RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "evaluation indices");
     double loss = 0, correct = 0;
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
@@ -375,6 +386,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
     log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
+    RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
     return 0;
 }
 
@@ -484,17 +496,19 @@ static int write_checkpoint(Trainer *t) {
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
 static int stopping(const Trainer *t) {
-    return stop_signal || t->log_failed || (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
+    return stop_signal || t->log_failed || t->ml.failed ||
+           (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
 /* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
  * with status 1 (an I/O error), a signal or --stop-at with 4. */
 static int stop_run(Trainer *t) {
-    const char *name = t->log_failed        ? "the failed log write"
+    int log_failed = t->log_failed || t->ml.failed;
+    const char *name = log_failed           ? "the failed log write"
                        : stop_signal == SIGINT ? "SIGINT"
                        : stop_signal           ? "SIGTERM"
                                                : "--stop-at";
-    int status = t->log_failed ? 1 : EXIT_STOPPED;
+    int status = log_failed ? 1 : EXIT_STOPPED;
     long long step = (long long)t->pos.step, total = (long long)t->total;
     if (!t->o.checkpoint) {
         fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
@@ -551,7 +565,7 @@ static int check_finite(Trainer *t, int64_t step) {
 static int device_sums(Trainer *t) {
     RtDeviceSums s;
     t->dev->read_train(&s);
-    t->dev_loss += s.loss, t->dev_steps += s.steps;
+    t->dev_loss += s.loss, t->dev_correct += s.correct, t->dev_steps += s.steps;
     return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
 
@@ -599,7 +613,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first, t->aug.any ? &t->aug : NULL, t->o.seed,
                       p->epoch);
-    double t0 = now(), t_log = t0, last = 0, loss_sum = 0;
+    double t0 = now(), t_log = t0, loss_sum = 0, correct = 0;
     int rc = 0;
     void *const *batch;
     while (p->batch < n && !stopping(t)) {
@@ -608,17 +622,18 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             break;
         }
         if ((rc = train_step(t, batch))) break;
-        loss_sum += t->ctx.loss, since++;
-        progress(t, p->epoch, p->batch - first, n - first, t0, &last);
+        loss_sum += t->ctx.loss, correct += t->ctx.correct, since++;
+        progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double mean = loss_sum / (double)since;
+            double mean = loss_sum / (double)since, acc = correct / (double)(since * m->batch);
             if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
                 if ((rc = device_sums(t))) break;
-                mean = t->dev_loss / (double)t->dev_steps, t->dev_loss = 0, t->dev_steps = 0;
+                mean = t->dev_loss / (double)t->dev_steps, acc = t->dev_correct / (double)(t->dev_steps * m->batch);
+                t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
             }
             double tn = now();
-            log_interval(t, p->step, p->epoch, t->total, mean, t->ctx.lr, (double)(since * m->batch) / (tn - t_log));
-            t_log = tn, loss_sum = 0, since = 0;
+            log_interval(t, p->step, p->epoch, mean, acc, t->ctx.lr, (double)(since * m->batch) / (tn - t_log));
+            t_log = tn, loss_sum = 0, correct = 0, since = 0;
         }
         if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
     }
@@ -637,7 +652,10 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
     catch_stop_signals(t->o.quiet);
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
+        int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
+        if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_START, p->epoch);
         if ((rc = run_batches(t, train_ds, order, n)) || stopping(t)) break;
+        if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
             if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total) &&
                 (rc = evaluate(t, eval_ds, eval_bufs, p->epoch)))
@@ -779,16 +797,18 @@ static void check_log(const char *path) {
 
 static void check_outputs(const Trainer *t) {
     const Options *o = &t->o;
-    NamedFile in[MAX_FILES], out[3];
+    NamedFile in[MAX_FILES], out[4];
     int n_in = list_inputs(t, in), n_out = 0;
     char why[RT_WHY_MAX];
     if (o->save && rt_out_probe(o->save, why, sizeof why) != 0) die("cannot save weights to '%s': %s", o->save, why);
     RtError err;
     if (o->checkpoint && rt_ckpt_check_writable(o->checkpoint, &err)) die("%s", err.msg);
     if (o->log) check_log(o->log);
+    if (o->mllog) check_log(o->mllog);
     n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
     n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
     n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
+    n_out = add_file(out, n_out, 1, o->mllog, "--mllog%s %s", "");
     for (int k = 0; k < n_out; k++) {
         for (int i = 0; i < n_in; i++) {
             int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
@@ -803,13 +823,13 @@ static void check_outputs(const Trainer *t) {
 
 /* A fresh run replaces a regular log, a resumed run appends to it; a pipe or a device is written
  * as it is. The file is truncated only after it is open, and only when it is a regular file. */
-static FILE *open_log(const Trainer *t) {
-    int fd = open(t->o.log, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | (t->o.resume ? O_APPEND : 0), 0666);
+static FILE *open_log(const Trainer *t, const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | (t->o.resume ? O_APPEND : 0), 0666);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || (S_ISREG(st.st_mode) && !t->o.resume && ftruncate(fd, 0) != 0))
-        die("cannot write the log '%s': %s", t->o.log, strerror(errno));
+        die("cannot write the log '%s': %s", path, strerror(errno));
     FILE *f = fdopen(fd, t->o.resume ? "a" : "w");
-    if (!f) die("cannot write the log '%s': %s", t->o.log, strerror(errno));
+    if (!f) die("cannot write the log '%s': %s", path, strerror(errno));
     return f;
 }
 
@@ -817,6 +837,7 @@ static FILE *open_log(const Trainer *t) {
  * with their errors reported. Returns the run's exit status. */
 static int finish(Trainer *t, int rc) {
     RtError err;
+    rt_console_end(&t->con);
     const char *bad = rc || t->o.gradcheck || !t->o.save ? NULL : nonfinite_params(t);
     if (bad) {
         fprintf(stderr, "error: %s holds NaN or Inf at the end of the run; '%s' is not written (the old file, if "
@@ -832,6 +853,7 @@ static int finish(Trainer *t, int rc) {
         rc = 1;
     }
     t->log = NULL;
+    if (rt_mllog_close(&t->ml, rc == 0) && !rc) rc = 1; /* a failed save is an aborted run too */
     if (t->log_failed && !rc) rc = 1;
     if ((fflush(stdout) != 0 || ferror(stdout)) && !rc) {
         fprintf(stderr, "error: cannot write to the standard output: %s\n", strerror(errno));
@@ -952,10 +974,12 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     if (m->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
         die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, m, &t.o);
+    t.con = (RtConsole){.tty = t.tty, .quiet = t.o.quiet};
     if (t.o.list_params) return list_params(m), 0;
     RtError aug_err;
     if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
     check_outputs(&t);
+    if (t.o.mllog) rt_mllog_open(&t.ml, open_log(&t, t.o.mllog), t.o.mllog);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";
         if (m->device->open(m, !t.o.no_graph, why, sizeof why)) {
@@ -975,7 +999,8 @@ int rt_main(int argc, char **argv, const RtModel *m) {
         if (t.o.resume) resume(&t, &train_ds);
     }
     /* a resumed run adds to the log of the run it continues */
-    if (t.o.log) t.log = open_log(&t);
+    if (t.o.log) t.log = open_log(&t, t.o.log);
+    rt_mllog_run_start(&t.ml, m->batch, m->schedule.base_lr, train_ds.n_samples);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
         t.dev->start(t.pos.step, t.per_epoch, t.total, t.o.seed);

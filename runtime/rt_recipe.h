@@ -38,7 +38,7 @@ typedef enum {
 typedef struct RtSchedule {
     RtSchedKind kind;
     double base_lr;
-    double warmup_epochs; /* linear ramp from 0 to base_lr over this many epochs */
+    double warmup_epochs; /* linear ramp to the schedule's rate over this many epochs (see rt_lr_at) */
     double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
     double gamma;
     double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */

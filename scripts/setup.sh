@@ -15,6 +15,8 @@ packages=(
   libcmocka-dev                      # C unit tests
   clang valgrind                     # the libFuzzer run of the front end, memcheck over training
   python3 python3-numpy python3-torch python3-torchvision # test data and the PyTorch cross-checks
+  python3-matplotlib                 # scripts/plot.py, the curves of a run's log
+  graphviz                           # renders netc --dump=dot in its test
   dataset-fashion-mnist              # the real data the examples and tests train on
 )
 missing=()

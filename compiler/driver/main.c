@@ -39,11 +39,14 @@ extern char **environ;
 
 enum { MAX_DEFINES = 256, MAX_ARCHS = 8 };
 
-typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_MEMPLAN, DUMP_C, DUMP_CU } DumpStage;
+/* The dot stages draw the graph as fused (the forward pass, or the whole step) for Graphviz. */
+typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_DOT, DUMP_DOT_STEP, DUMP_MEMPLAN,
+               DUMP_C, DUMP_CU } DumpStage;
 
 static const char *const dump_names[] = {
     [DUMP_NONE] = "", [DUMP_AST] = "ast", [DUMP_IR] = "ir", [DUMP_GRAD] = "grad", [DUMP_LAYOUT] = "layout",
-    [DUMP_FUSED] = "fused", [DUMP_MEMPLAN] = "memplan", [DUMP_C] = "c", [DUMP_CU] = "cu",
+    [DUMP_FUSED] = "fused", [DUMP_DOT] = "dot", [DUMP_DOT_STEP] = "dot-step", [DUMP_MEMPLAN] = "memplan",
+    [DUMP_C] = "c", [DUMP_CU] = "cu",
 };
 
 typedef struct Options {
@@ -79,7 +82,8 @@ static void usage(FILE *out) {
             "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
             "  --emit-dir DIR       keep the generated C source in DIR\n"
             "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, layout, fused, memplan, c,\n"
-            "                       cu (the CUDA kernels of --backend cuda)\n"
+            "                       cu (the CUDA kernels of --backend cuda); dot draws the network for Graphviz\n"
+            "                       (dot -Tsvg), dot-step the whole training step\n"
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
@@ -125,7 +129,8 @@ static int parse_dump(Options *o, const char *stage) {
             o->dump = (DumpStage)i;
             return 0;
         }
-    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, layout, fused, memplan, c, cu)", stage);
+    return usage_error("unknown stage '%s' for --dump (ast, ir, grad, layout, fused, dot, dot-step, memplan, c, cu)",
+                       stage);
 }
 
 /* The value of an option written `--opt VALUE` or `--opt=VALUE`; NULL if this arg is not it. */
@@ -555,6 +560,7 @@ static int compile(const Options *o, Arena *arena) {
     if (!o->no_fuse && be->fuse_reductions) fuse_reductions(g);
     verify(g, "reductions");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
+    if (o->dump == DUMP_DOT || o->dump == DUMP_DOT_STEP) return ir_print_dot(g, o->dump == DUMP_DOT_STEP, stdout), 0;
     mp_plan(g, be->node_scratch);
     verify(g, "memplan");
     if (o->report) return fuse_report(g, stdout), 0;

@@ -505,7 +505,7 @@ static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
 }
 
 /* The attributes n's operator reads (ops.def), in the order of the ATTR_* bits. */
-static void print_attrs(const IrNode *n, FILE *out) {
+void ir_print_attrs(const IrNode *n, FILE *out) {
     for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
         if (op_attrs(n->op) & bit) print_attr(bit, &n->attr, out);
 }
@@ -521,7 +521,7 @@ static void print_node(const IrNode *n, FILE *out) {
     }
     fprintf(out, " %s%s", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
     if (n->layout == LAYOUT_NHWC) fprintf(out, " nhwc");
-    print_attrs(n, out);
+    ir_print_attrs(n, out);
     if (n->group) fprintf(out, " group=%d%s", n->group, n->internal ? " internal" : "");
     if (n->epilogue) fprintf(out, " epilogue=%d", n->epilogue);
     if (n->fused_into) fprintf(out, " in_group=%d", n->fused_into);

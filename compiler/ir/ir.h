@@ -283,6 +283,12 @@ int ir_verify(const IrGraph *g, const char *stage);
 /* --dump=ir / --dump=grad: one line per node, stable for golden tests:
  *   %7 = conv2d(%3, %6) f32[64,6,28,28] stride=1,1 pad=2,2   # lenet.net:9 */
 void ir_print(const IrGraph *g, FILE *out);
+/* The attributes a node's operator reads, as ir_print writes them (" stride=1,1 pad=2,2"). */
+void ir_print_attrs(const IrNode *n, FILE *out);
+/* --dump=dot (dot.c): the forward graph, or with whole_step the forward and backward passes, in
+ * Graphviz's DOT language: a box per node (operator, attributes, dtype and shape, the input's or
+ * parameter's name), an edge per operand, a cluster per fused group. */
+void ir_print_dot(const IrGraph *g, int whole_step, FILE *out);
 /* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
 void ir_print_ops(FILE *out);
 

@@ -602,9 +602,11 @@ static void cuda_read_train(RtDeviceSums *sums) {
     RtCuda *cu = &g_cu;
     const RtDevState *st = read_state(cu);
     sums->loss = st->loss_sum;
+    sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
     ZERO_STATE_FIELD(cu, loss_sum);
+    ZERO_STATE_FIELD(cu, correct_sum);
     ZERO_STATE_FIELD(cu, loss_steps);
 }
 

@@ -25,6 +25,7 @@ typedef struct RtDevState {
     /* sums the host reads and resets */
     double loss_sum;          /* training loss summed over the steps since the last read */
     long long loss_steps;     /* steps in loss_sum */
+    double correct_sum;       /* correct predictions summed over those steps */
     long long nonfinite_step; /* the first step (1-based) whose loss was NaN or Inf, 0 if none;
                                  from that step on the optimizer leaves the parameters alone */
     double eval_loss;         /* evaluation: loss * valid rows, summed over batches */

@@ -574,9 +574,10 @@ static RtDevState *state(RtCuda *cu) { return (RtDevState *)(cu->base + cu->dm->
 static void emu_read_train(RtDeviceSums *sums) {
     RtDevState *st = state(&g_cu);
     sums->loss = st->loss_sum;
+    sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
-    st->loss_sum = 0, st->loss_steps = 0;
+    st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
 }
 
 static void emu_read_eval(double *loss_sum, double *correct) {
