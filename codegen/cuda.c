@@ -632,17 +632,22 @@ static void emit_grad_copies(Cu *u) {
  * not finite. */
 static void emit_optimizer(Cu *u) {
     const IrTrain *t = &u->g->train;
-    int64_t n = u->g->n_grad_floats;
+    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
     if (n == 0) return;
     Cg *c = &u->c;
     kernel_open(u);
     cg_line(c, "const RtDevState *st = ctx->state;");
     cg_line(c, "if (st->nonfinite_step) return;");
     cg_emit_optim_step(c, t, "st->lr", "st->step");
+    if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");
-    cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
-            rt_optimizer(t->optim)->update_fn, n);
+    if (nd == n)
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
+                rt_optimizer(t->optim)->update_fn, n);
+    else /* the two parameter groups are two ranges of one grid */
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(i < %" PRId64 " ? h : h_nd, i < %" PRId64 " ? s : s_nd, p, g, state, %"
+                PRId64 ", i);", n, rt_optimizer(t->optim)->update_fn, nd, nd, n);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 

@@ -803,6 +803,51 @@ static void train_freeze(Sema *S, const AstStmt *s) {
     }
 }
 
+/* A parameter of a batch-norm layer: X.weight or X.bias beside the buffer X.running_mean. */
+static int is_norm_param(const IrGraph *g, const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return 0;
+    for (int p = 0; p < g->n_params; p++) {
+        const char *other = g->params[p].name;
+        if (strncmp(other, name, (size_t)(dot - name)) == 0 && strcmp(other + (dot - name), ".running_mean") == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether entry `what` of no_decay names parameter p: "biases" every X.bias, "norms" every
+ * batch-norm weight and bias, anything else a name or prefix as in freeze. */
+static int no_decay_matches(const IrGraph *g, const IrParam *p, const char *what) {
+    size_t n = strlen(what), len = strlen(p->name);
+    if (p->buffer) return 0;
+    if (strcmp(what, "biases") == 0) return len > 5 && strcmp(p->name + len - 5, ".bias") == 0;
+    if (strcmp(what, "norms") == 0) return is_norm_param(g, p->name);
+    return strncmp(p->name, what, n) == 0 && (p->name[n] == 0 || p->name[n] == '.');
+}
+
+/* no_decay = ["biases", "norms", "NAME", ...]: parameters trained without weight decay, the
+ * second parameter group of a PyTorch recipe. */
+static void train_no_decay(Sema *S, const AstStmt *s) {
+    Value one = sema_eval(S, S->global, s->value), v = one;
+    if (one.k == V_STR) v = (Value){.k = V_LIST, .items = &one, .n = 1};
+    if (v.k != V_LIST) {
+        if (v.k != V_ERR) diag_error(s->value->loc, "no_decay takes a list of strings, e.g. [\"biases\", \"norms\"]");
+        return;
+    }
+    for (int i = 0; i < v.n; i++) {
+        if (v.items[i].k != V_STR) {
+            diag_error(s->value->loc, "no_decay takes strings, found %s", sema_value_desc(S, v.items[i]));
+            continue;
+        }
+        int hits = 0;
+        for (int p = 0; p < S->g->n_params; p++)
+            if (no_decay_matches(S->g, &S->g->params[p], v.items[i].s)) S->g->params[p].no_decay = 1, hits++;
+        if (!hits)
+            diag_error(s->value->loc, "no_decay: no parameter matches '%s' (\"biases\", \"norms\", or a parameter "
+                       "name or prefix)", v.items[i].s);
+    }
+}
+
 static IrLossKind loss_kind(const AstExpr *e) {
     while (e->kind == AST_LABELED) e = e->lhs;
     if (e->kind == AST_CALL && strcmp(e->name, "mse") == 0) return LOSS_MSE;
@@ -844,10 +889,11 @@ static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
+    else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else {
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
-                  "log_every, freeze");
+                  "log_every, freeze, no_decay");
     }
 }
 

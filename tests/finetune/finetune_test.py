@@ -5,6 +5,9 @@ usage: finetune_test.py CASE NETC WORKDIR
   strict     a file with a misshapen head, a missing bias and an extra tensor: every mismatch is
              listed with its name and both shapes in one run, exit status 1; a DDP file (names
              starting with "module.") gets the --init-prefix hint
+  no_decay   train { no_decay = ["biases", "norms"] } places biases and batch-norm weights after
+             the decayed weights (--dump=memplan) and the trainer trains; the update itself is
+             checked against torch.optim parameter groups in tests/optimizer
   rules      --init-skip keeps the head's initialisation (whatever the file's shapes), loads the
              body exactly; --init-partial loads what fits and lists what it left alone;
              --init-prefix strips "module."; the same from a netc checkpoint; usage errors
@@ -14,6 +17,7 @@ the loaded ones bit for bit, the others as the seed initialises them (compared w
 without --init).
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -143,8 +147,29 @@ def case_rules(netc, work):
     expect(run(exe, *common, "--init-partial"), 2, "rules without --init", "need --init FILE")
 
 
+def param_offsets(netc, model):
+    """The flat offset of every parameter in declaration order, from --dump=memplan."""
+    out = subprocess.run([netc, model, "--dump=memplan"], capture_output=True, text=True, check=True).stdout
+    return [int(m) for m in re.findall(r"^%\d+\s+param\s+\w+\s+\[[^]]*\]\s+param\s+(\d+)", out, re.M)]
+
+
+def case_no_decay(netc, work):
+    model = os.path.join(HERE, "no_decay.net")
+    # declaration order: conv1.weight [108], bn1.weight, bn1.bias, running_mean, running_var,
+    # num_batches_tracked, fc.weight [720], fc.bias
+    offs = param_offsets(netc, model)
+    check(offs == [0, 828, 832, 841, 845, 849, 108, 836], f"no_decay group placement: {offs}")
+    exe = os.path.join(work, "no_decay")
+    subprocess.run([netc, model, "-o", exe], check=True)
+    rng = np.random.default_rng(0)
+    np.save(os.path.join(work, "x.npy"), rng.standard_normal((8, 3, 8, 8)).astype(np.float32))
+    np.save(os.path.join(work, "y.npy"), rng.integers(0, 5, 8).astype(np.int64))
+    expect(run(exe, "--threads", "1", "--steps", "2", "--data", f"x={work}/x.npy", "--data",
+               f"label={work}/y.npy"), 0, "no_decay trainer")
+
+
 def main():
-    cases = {"strict": case_strict, "rules": case_rules}
+    cases = {"strict": case_strict, "rules": case_rules, "no_decay": case_no_decay}
     return run_cases(cases, "finetune", check, sys.argv)
 
 
