@@ -384,7 +384,7 @@ static void emit_bn(Cg *c, const IrNode *n) {
     cg_dbl(o, n->attr.eps);
     cg_put(c, ", ");
     cg_dbl(o, n->attr.momentum);
-    cg_put(c, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval);
+    cg_put(c, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval && !n->attr.bn_frozen);
     cg_comment_text(o, rm->name);
     cg_end(c, "%s", "");
 }

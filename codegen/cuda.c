@@ -513,7 +513,8 @@ static void emit_bn(Cu *u, const IrNode *n) {
     char eps[48], mom[48];
     snprintf(eps, sizeof eps, "%.17g", n->attr.eps);
     snprintf(mom, sizeof mom, "%.17g", n->attr.momentum);
-    if (!u->c.eval) {
+    int batch_stats = !u->c.eval && !n->attr.bn_frozen; /* else the running statistics, unchanged */
+    if (batch_stats) {
         snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW,
                  nhwc, x->id, part);
         lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
@@ -521,7 +522,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
     snprintf(call, sizeof call,
              "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, ctx->params + %" PRId64
              ", %d);",
-             M, C, nb, part, n->id, eps, mom, rm->offset, !u->c.eval);
+             M, C, nb, part, n->id, eps, mom, rm->offset, batch_stats);
     lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 

@@ -310,12 +310,15 @@ static IrParam *new_buffer(Sema *S, const char *name, IrShape shape, IrInit init
 
 /* torch.nn.BatchNorm2d: y = (x - mean) / sqrt(var + eps) * weight + bias per channel, with the
  * batch's statistics in training (updating running_mean/var with `momentum`) and the running
- * statistics in evaluation. Two IR nodes: BN_STATS (per-channel mean and 1/std) and BN_APPLY
- * (element-wise, so the fusion pass can merge it with a following add and ReLU). */
+ * statistics in evaluation; frozen=true (PyTorch's bn.eval() during training) takes the running
+ * statistics in training too and leaves them alone. Two IR nodes: BN_STATS (per-channel mean
+ * and 1/std) and BN_APPLY (element-wise, so the fusion pass can merge it with a following add
+ * and ReLU). */
 static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_tensor(A, 0, 4, 4);
     double eps = arg_num(A, 1, 1e-5, 1e-12, 1), momentum = arg_num(A, 2, 0.1, 0, 1);
+    int frozen = arg_bool(A, 3, 0);
     if (!A->ok) return sema_error();
     int64_t C = x->shape.dim[1];
     const char *name = sema_layer_name(S, label, "batchnorm2d");
@@ -331,6 +334,7 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     stats->attr.eps = eps;
     stats->attr.momentum = momentum;
     stats->attr.stat_param = rm->node->index;
+    stats->attr.bn_frozen = frozen;
     IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
     y->in[3] = b->node;
     y->n_in = 4;
@@ -586,7 +590,7 @@ static const SemaBuiltin builtins[] = {
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
     {"avgpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
-    {"batchnorm2d", "x, eps=1e-5, momentum=0.1", b_batchnorm2d, 1, 3, {"x", "eps", "momentum"}},
+    {"batchnorm2d", "x, eps=1e-5, momentum=0.1, frozen=false", b_batchnorm2d, 1, 4, {"x", "eps", "momentum", "frozen"}},
     {"adaptive_avgpool2d", "x, out=1", b_adaptive_avgpool2d, 1, 2, {"x", "out"}},
     {"flatten", "x", b_flatten, 1, 1, {"x"}},
     {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},

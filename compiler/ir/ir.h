@@ -112,6 +112,8 @@ typedef struct IrAttrs {
     double eps, momentum;                     /* batch norm (PyTorch's momentum convention) */
     int stat_param;                           /* bn_stats: index of running_mean; running_var
                                                * and num_batches_tracked follow it */
+    int bn_frozen;                            /* bn_stats: the running statistics in training
+                                               * too, never updated (batchnorm2d frozen=true) */
     int row;                                  /* row: which row of operand 0 */
     double smoothing;                         /* xent: label smoothing */
 } IrAttrs;
