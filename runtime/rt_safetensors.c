@@ -299,9 +299,12 @@ static int count_hits(const Load *l) {
     return n;
 }
 
-/* Write what the load found: the notes, and the problems as one error. */
+/* Write what the load found: the notes, and the problems as one error. A non-strict load that
+ * loaded nothing is a problem too: the file is not the model's, or its names need a prefix. */
 static int finish_load(Load *l, const cJSON *root, RtError *err) {
     const char *hint = prefix_hint(l, root);
+    if (!l->n_problems && l->m->n_params && !count_hits(l))
+        problem(l, "no tensor of the file is a parameter of model '%s'", l->m->name);
     fflush(l->problems), fflush(l->notes);
     if (l->n_problems && l->r->report)
         fprintf(l->r->report, "%s: %d mismatch%s with model '%s':\n%s", l->path, l->n_problems,
@@ -318,6 +321,8 @@ static int finish_load(Load *l, const cJSON *root, RtError *err) {
                 count_hits(l), l->m->n_params, l->note_text);
     return 0;
 }
+
+/* Every tensor of the file, then every parameter the file did not fill. */
 static int load_all(Load *l, const cJSON *root, RtError *err) {
     int rc = 0;
     const cJSON *t;

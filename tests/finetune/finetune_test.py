@@ -130,6 +130,8 @@ def case_rules(netc, work):
     st_save(os.path.join(work, "ddp.st"), {"module." + k: v for k, v in full.items()})
     got = trained(exe, common, work, "prefix", "--init", os.path.join(work, "ddp.st"), "--init-prefix", "module.")
     same(got, full, body + head, "--init-prefix")
+    expect(run(exe, *common, "--init", os.path.join(work, "ddp.st"), "--init-partial"), 1,
+           "a partial load that loads nothing", "no tensor of the file is a parameter", "add --init-prefix module.")
 
     # a netc checkpoint with a 10-class head: its optimizer state is not a parameter
     exe10 = os.path.join(work, "head10")
