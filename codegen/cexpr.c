@@ -516,6 +516,13 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
     cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);
 }
 
+void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char *step) {
+    cg_line(c, "// the parameters of no_decay: the same update without weight decay");
+    cg_line(c, "RtOptimParams h_nd = h;");
+    cg_line(c, "h_nd.weight_decay = 0;");
+    cg_line(c, "const RtOptimStep s_nd = %s(h_nd, %s, %s);", rt_optimizer(t->optim)->step_fn, lr, step);
+}
+
 /* ---- the model description */
 
 const char *const cg_init_enums[] = {

@@ -100,6 +100,9 @@ void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
  * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
 void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step);
+/* After cg_emit_optim_step, for a model with no_decay parameters: `h_nd` and `s_nd`, the same
+ * with weight_decay 0, for the range [n_decay_floats, n_grad_floats). */
+void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char *step);
 /* The members of the RtModel initializer that every target writes alike, at c->depth: the
  * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
 void cg_emit_model_head(Cg *c);

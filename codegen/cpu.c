@@ -384,7 +384,7 @@ static void emit_bn(Cg *c, const IrNode *n) {
     cg_dbl(o, n->attr.eps);
     cg_put(c, ", ");
     cg_dbl(o, n->attr.momentum);
-    cg_put(c, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval);
+    cg_put(c, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval && !n->attr.bn_frozen);
     cg_comment_text(o, rm->name);
     cg_end(c, "%s", "");
 }
@@ -506,16 +506,22 @@ static void emit_eval(Cg *c) {
 
 static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
-    int64_t n = c->g->n_grad_floats;
+    int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
     cg_line(c, "// One fused update of every trainable parameter, params[i] from grads[i], with");
     cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
     cg_emit_optim_step(c, t, "ctx->lr", "ctx->step");
+    if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");
-    flat_pragma(c, n);
-    cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s(h, s, p, g, state, %" PRId64 ", i);", n,
+    flat_pragma(c, nd);
+    cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s(h, s, p, g, state, %" PRId64 ", i);", nd,
             rt_optimizer(t->optim)->update_fn, n);
+    if (nd < n) {
+        flat_pragma(c, n - nd);
+        cg_line(c, "for (int64_t i = %" PRId64 "; i < %" PRId64 "; i++) %s(h_nd, s_nd, p, g, state, %" PRId64 ", i);",
+                nd, n, rt_optimizer(t->optim)->update_fn, n);
+    }
     cg_close(c, "}");
     cg_blank(c);
 }

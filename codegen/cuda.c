@@ -513,7 +513,8 @@ static void emit_bn(Cu *u, const IrNode *n) {
     char eps[48], mom[48];
     snprintf(eps, sizeof eps, "%.17g", n->attr.eps);
     snprintf(mom, sizeof mom, "%.17g", n->attr.momentum);
-    if (!u->c.eval) {
+    int batch_stats = !u->c.eval && !n->attr.bn_frozen; /* else the running statistics, unchanged */
+    if (batch_stats) {
         snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW,
                  nhwc, x->id, part);
         lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
@@ -521,7 +522,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
     snprintf(call, sizeof call,
              "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, ctx->params + %" PRId64
              ", %d);",
-             M, C, nb, part, n->id, eps, mom, rm->offset, !u->c.eval);
+             M, C, nb, part, n->id, eps, mom, rm->offset, batch_stats);
     lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 
@@ -633,17 +634,22 @@ static void emit_grad_copies(Cu *u) {
  * not finite. */
 static void emit_optimizer(Cu *u) {
     const IrTrain *t = &u->g->train;
-    int64_t n = u->g->n_grad_floats;
+    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
     if (n == 0) return;
     Cg *c = &u->c;
     kernel_open(u);
     cg_line(c, "const RtDevState *st = ctx->state;");
     cg_line(c, "if (st->nonfinite_step) return;");
     cg_emit_optim_step(c, t, "st->lr", "st->step");
+    if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");
-    cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
-            rt_optimizer(t->optim)->update_fn, n);
+    if (nd == n)
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
+                rt_optimizer(t->optim)->update_fn, n);
+    else /* the two parameter groups are two ranges of one grid */
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(i < %" PRId64 " ? h : h_nd, i < %" PRId64 " ? s : s_nd, p, g, state, %"
+                PRId64 ", i);", n, rt_optimizer(t->optim)->update_fn, nd, nd, n);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 

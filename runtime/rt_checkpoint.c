@@ -493,9 +493,9 @@ int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optst
     return rc ? -1 : 0;
 }
 
-int rt_ckpt_load_params(const char *path, const RtModel *m, float *params, RtError *err) {
+int rt_ckpt_verify(const char *path, RtError *err) {
     Ckpt c;
-    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) || copy_params(&c, m, params, err);
+    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err);
     ckpt_close(&c);
     return rc ? -1 : 0;
 }

@@ -148,6 +148,22 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
 /* Read every parameter of the model from a safetensors file; all names must match exactly. */
 int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
 
+/* How --init matches a file's tensors to the model's parameters (docs/trainer.md, Fine-tuning).
+ * All zero: strictly, every parameter exactly once with its shape and nothing else. */
+typedef struct RtInitRules {
+    const char *skip;   /* comma-separated names, prefixes or globs: these keep their initialisation */
+    const char *prefix; /* stripped from the file's names that start with it ("module.") */
+    int partial;        /* load what the model has; missing and unexpected tensors are only listed */
+    int checkpoint;     /* the file is a verified netc checkpoint: its optimizer state is ignored */
+    FILE *report;       /* every mismatch is listed here (stderr), or only the first in the error */
+    FILE *notes;        /* what a non-strict load left alone is listed here (stdout), or nowhere */
+} RtInitRules;
+
+/* Read the parameters under the rules; every mismatch is found before the error is returned. */
+int rt_st_load_rules(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err);
+/* --init: a weight file, or a checkpoint (its checksum checked, its optimizer state ignored). */
+int rt_st_init(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err);
+
 /* ---- randomness (rt_main.c; the learning-rate schedule, rt_lr_at, is in rt_recipe.h) */
 
 void rt_init_params(const RtModel *m, float *params, uint64_t seed);
@@ -179,9 +195,8 @@ int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const 
  * position before it copies anything into params, optstate and *s. */
 int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optstate, RtTrainState *s,
                  RtError *err);
-/* Read only the parameters of a checkpoint (for --init): any build of a model with the same
- * parameter names and shapes. */
-int rt_ckpt_load_params(const char *path, const RtModel *m, float *params, RtError *err);
+/* Check a checkpoint's size and checksum, for reading its parameters as a weight file. */
+int rt_ckpt_verify(const char *path, RtError *err);
 /* 1 when the file is a safetensors file whose __metadata__ marks it as a netc checkpoint. */
 int rt_ckpt_is_checkpoint(const char *path);
 /* Fail early, before training, when checkpoints cannot be written to path (rt_out_probe). */

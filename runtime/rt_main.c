@@ -39,6 +39,7 @@ typedef struct Options {
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
+    RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
 } Options;
 
 typedef struct Trainer {
@@ -137,6 +138,9 @@ static void usage(const RtModel *m) {
            "  --no-shuffle           visit the samples in file order every epoch\n"
            "  --threads N            threads for the kernels (default: all cores)\n"
            "  --init FILE            initial parameters from a safetensors file\n"
+           "  --init-skip NAME,...   keep the initialisation of these parameters (names, prefixes, globs)\n"
+           "  --init-partial         load the tensors the model has, keep the initialisation of the rest\n"
+           "  --init-prefix P        strip P from the file's tensor names (module. from DDP)\n"
            "  --save FILE            write the trained parameters as safetensors\n"
            "  --checkpoint FILE      write parameters, optimizer state and position to FILE at the end,\n"
            "                         on SIGINT/SIGTERM or --stop-at, and every --checkpoint-every N steps\n"
@@ -214,6 +218,9 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
+        else if (strcmp(a, "--init-skip") == 0) o->init_rules.skip = VALUE();
+        else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
+        else if (strcmp(a, "--init-partial") == 0) o->init_rules.partial = 1;
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
         else if (strcmp(a, "--checkpoint") == 0) o->checkpoint = VALUE();
         else if (strcmp(a, "--checkpoint-every") == 0) o->checkpoint_every = number(a, VALUE(), 1);
@@ -232,6 +239,8 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
+    if (!o->init && (o->init_rules.skip || o->init_rules.prefix || o->init_rules.partial))
+        die_usage("--init-skip, --init-prefix and --init-partial need --init FILE");
     if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
@@ -883,10 +892,9 @@ static void setup_context(Trainer *t) {
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
-    /* a checkpoint also serves as a weight file; its optimizer state is not wanted here */
-    int (*load)(const char *, const RtModel *, float *, RtError *) =
-        t->o.init && rt_ckpt_is_checkpoint(t->o.init) ? rt_ckpt_load_params : rt_st_load;
-    if (t->o.init && load(t->o.init, m, c->params, &err)) die("--init %s", err.msg);
+    t->o.init_rules.report = stderr;
+    t->o.init_rules.notes = t->o.quiet ? NULL : stdout;
+    if (t->o.init && rt_st_init(t->o.init, m, c->params, &t->o.init_rules, &err)) die("--init %s", err.msg);
 }
 
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */

@@ -10,12 +10,16 @@
  * directory flushed, so FILE is either the old file or the complete new one, and after a
  * successful save the new one survives a crash.
  *
- * Loading refuses a tensor that is not a parameter, "netc:optimizer_state" included: a file
- * holding one is a checkpoint, which the trainer reads with rt_ckpt_load_params instead (it
- * checks the checksum first), so one that reaches here has lost its checkpoint metadata.
+ * Loading finds every mismatch before it fails, so one run lists them all. It refuses a tensor
+ * that is not a parameter, "netc:optimizer_state" included, unless the file is a checkpoint whose
+ * checksum rt_st_init has verified: a file holding that tensor without its checkpoint metadata
+ * has lost it. RtInitRules relax the match for fine-tuning (--init-skip, --init-partial,
+ * --init-prefix).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fnmatch.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -136,44 +140,203 @@ static void shape_text(const cJSON *shape, char *buf, size_t size) {
     if (n < size) snprintf(buf + n, size - n, "]");
 }
 
-/* Check one tensor entry against the model and copy it into params. */
-static int load_tensor(const char *path, const RtModel *m, const cJSON *t, const unsigned char *data,
-                       size_t data_len, float *params, RtError *err) {
-    const RtParam *p = find_param(m, t->string);
-    if (!p) return rt_fail(err, "%s: tensor '%s' is not a parameter of model '%s'", path, t->string, m->name);
+/* The model's shape of p as text, "[10, 84]". */
+static void param_shape_text(const RtParam *p, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < p->rank && n < size; d++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", d ? ", " : "", (long long)p->shape[d]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+/* One load in progress. A mismatch (a missing, unexpected, misshapen or unreadable tensor) is
+ * not an error at once: every one is listed in `problems`, so one run shows them all. What a
+ * non-strict load leaves alone (RtInitRules) is listed in `notes`. */
+typedef struct Load {
+    const char *path;
+    const RtModel *m;
+    const RtInitRules *r;
+    const unsigned char *data;
+    size_t data_len;
+    float *params;
+    char *hit;         /* per parameter: 1 loaded from the file, 2 found there but refused */
+    char *skip_used;   /* per --init-skip pattern: it matched a parameter */
+    FILE *problems, *notes; /* open_memstream()s over problem_text and note_text */
+    char *problem_text, *note_text;
+    size_t problem_len, note_len;
+    int n_problems, n_notes;
+    char first[512];   /* the first problem, repeated in the error message */
+} Load;
+
+static void problem(Load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(Load *l, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (!l->n_problems++) vsnprintf(l->first, sizeof l->first, fmt, ap);
+    va_end(ap);
+    va_start(ap, fmt);
+    fputs("  ", l->problems), vfprintf(l->problems, fmt, ap), fputc('\n', l->problems);
+    va_end(ap);
+}
+
+static void note(Load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(Load *l, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    l->n_notes++;
+    fputs("  ", l->notes), vfprintf(l->notes, fmt, ap), fputc('\n', l->notes);
+    va_end(ap);
+}
+
+/* A parameter matches an --init-skip pattern as `freeze` names do (the name itself, or a prefix
+ * followed by '.'), or as a shell glob when the pattern holds '*', '?' or '['. */
+static int pattern_matches(const char *pat, size_t len, const char *name) {
+    char buf[256];
+    if (len >= sizeof buf) return 0;
+    memcpy(buf, pat, len), buf[len] = 0;
+    if (strpbrk(buf, "*?[")) return fnmatch(buf, name, 0) == 0;
+    return strncmp(name, buf, len) == 0 && (name[len] == 0 || name[len] == '.');
+}
+
+static int skipped(Load *l, const char *name) {
+    const char *s = l->r->skip;
+    int hit = 0;
+    for (int k = 0; s && *s; k++) {
+        size_t len = strcspn(s, ",");
+        if (len && pattern_matches(s, len, name)) l->skip_used[k] = 1, hit = 1;
+        s += len + (s[len] == ',');
+    }
+    return hit;
+}
+
+/* Check one tensor entry against parameter p and copy it into params. A malformed entry or
+ * offsets outside the file mean a broken file: an error at once. */
+static int load_tensor(Load *l, const RtParam *p, const cJSON *t, RtError *err) {
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
     if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return rt_fail(err, "%s: tensor '%s' has a malformed header entry", path, t->string);
+        return rt_fail(err, "%s: tensor '%s' has a malformed header entry", l->path, t->string);
     int es = elem_size(dt->valuestring);
-    if (!es) return rt_fail(err, "%s: tensor '%s' has dtype %s (F32, F16, BF16, F64 or I64 expected)", path, t->string, dt->valuestring);
     int fits = cJSON_GetArraySize(shape) == p->rank;
     for (int d = 0; fits && d < p->rank; d++) {
         const cJSON *x = cJSON_GetArrayItem(shape, d);
         fits = cJSON_IsNumber(x) && x->valuedouble == (double)p->shape[d];
     }
-    if (!fits) {
-        char got[256], want[256] = "[";
-        shape_text(shape, got, sizeof got);
-        for (int d = 0; d < p->rank; d++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
-        strcat(want, "]");
-        return rt_fail(err, "%s: tensor '%s' has shape %s but the model's parameter is %s", path, t->string, got, want);
-    }
+    char got[256], want[256];
+    shape_text(shape, got, sizeof got);
+    param_shape_text(p, want, sizeof want);
+    if (!es)
+        problem(l, "tensor '%s' %s has dtype %s (F32, F16, BF16, F64 or I64 expected)", t->string, got,
+                dt->valuestring);
+    if (!fits) problem(l, "tensor '%s' has shape %s but the model's parameter is %s", t->string, got, want);
+    l->hit[p - l->m->params] = es && fits ? 1 : 2;
+    if (!es || !fits) return 0;
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
     int64_t n = param_numel(p);
-    if (!(b >= 0 && e <= (double)data_len && e - b == (double)(n * es)))
+    if (!(b >= 0 && e <= (double)l->data_len && e - b == (double)(n * es)))
         return rt_fail(err, "%s: tensor '%s' has data offsets [%.0f, %.0f] outside the file or not matching its shape",
-                       path, t->string, b, e);
-    const unsigned char *src = data + (size_t)b;
-    float *dst = params + p->offset;
+                       l->path, t->string, b, e);
+    const unsigned char *src = l->data + (size_t)b;
+    float *dst = l->params + p->offset;
     for (int64_t i = 0; i < n; i++) dst[i] = load_elem(src + i * es, dt->valuestring);
     return 0;
 }
 
+/* One tensor of the file: its name with --init-prefix stripped names the parameter it fills. */
+static int file_tensor(Load *l, const cJSON *root, const cJSON *t, RtError *err) {
+    for (const cJSON *u = root->child; u != t; u = u->next)
+        if (strcmp(u->string, t->string) == 0)
+            return rt_fail(err, "%s: tensor '%s' appears twice in the header", l->path, t->string);
+    const char *name = t->string, *pre = l->r->prefix;
+    if (pre && strncmp(name, pre, strlen(pre)) == 0) name += strlen(pre);
+    const RtParam *p = find_param(l->m, name);
+    char got[256] = "";
+    shape_text(cJSON_GetObjectItemCaseSensitive(t, "shape"), got, sizeof got);
+    if (p && skipped(l, name)) {
+        note(l, "ignored tensor '%s' %s of the file (--init-skip)", t->string, got);
+        return 0;
+    }
+    if (!p && l->r->partial) note(l, "ignored tensor '%s' %s: not a parameter of the model", t->string, got);
+    else if (!p) problem(l, "unexpected tensor '%s' %s: not a parameter of model '%s'", t->string, got, l->m->name);
+    else if (l->hit[p - l->m->params]) problem(l, "tensor '%s' fills parameter '%s' a second time", t->string, name);
+    return p ? load_tensor(l, p, t, err) : 0;
+}
+
+/* The model's parameters that no tensor filled keep their initialisation when skipped or in a
+ * partial load; otherwise each is missing. */
+static void unfilled_params(Load *l) {
+    for (int i = 0; i < l->m->n_params; i++) {
+        const RtParam *p = &l->m->params[i];
+        char want[256];
+        param_shape_text(p, want, sizeof want);
+        if (l->hit[i]) continue;
+        if (skipped(l, p->name) || l->r->partial)
+            note(l, "kept the initialisation of '%s' %s", p->name, want);
+        else
+            problem(l, "missing tensor '%s' %s", p->name, want);
+    }
+    const char *s = l->r->skip;
+    for (int k = 0; s && *s; k++) {
+        size_t len = strcspn(s, ",");
+        if (!l->skip_used[k]) problem(l, "--init-skip '%.*s' matches no parameter of model '%s'", (int)len, s, l->m->name);
+        s += len + (s[len] == ',');
+    }
+}
+
+/* A hint for the commonest reason names do not match: a file saved from a model wrapped in
+ * torch.nn.parallel.DistributedDataParallel, whose names all start with "module.". */
+static const char *prefix_hint(const Load *l, const cJSON *root) {
+    if (l->r->prefix || !root->child) return "";
+    for (const cJSON *t = root->child; t; t = t->next)
+        if (strcmp(t->string, "__metadata__") && strncmp(t->string, "module.", 7)) return "";
+    return "\n  hint: the file's names start with 'module.' (saved from DistributedDataParallel): "
+           "add --init-prefix module.";
+}
+
+static int count_hits(const Load *l) {
+    int n = 0;
+    for (int i = 0; i < l->m->n_params; i++) n += l->hit[i] == 1;
+    return n;
+}
+
+/* Write what the load found: the notes, and the problems as one error. A non-strict load that
+ * loaded nothing is a problem too: the file is not the model's, or its names need a prefix. */
+static int finish_load(Load *l, const cJSON *root, RtError *err) {
+    const char *hint = prefix_hint(l, root);
+    if (!l->n_problems && l->m->n_params && !count_hits(l))
+        problem(l, "no tensor of the file is a parameter of model '%s'", l->m->name);
+    fflush(l->problems), fflush(l->notes);
+    if (l->n_problems && l->r->report)
+        fprintf(l->r->report, "%s: %d mismatch%s with model '%s':\n%s", l->path, l->n_problems,
+                l->n_problems > 1 ? "es" : "", l->m->name, l->problem_text);
+    if (l->n_problems)
+        return rt_fail(err, "%s: %d mismatch%s with model '%s'%s: %s%s%s%s", l->path, l->n_problems,
+                       l->n_problems > 1 ? "es" : "", l->m->name, l->r->report ? " (listed above)" : "",
+                       l->n_problems > 1 ? "the first is " : "", l->first, hint,
+                       l->r->partial || l->r->skip ? ""
+                       : "\n  hint: --init-skip NAME,... keeps the initialisation of the named parameters (a new "
+                         "head); --init-partial loads only the tensors the model has");
+    if (l->n_notes && l->r->notes)
+        fprintf(l->r->notes, "%s: loaded %d of %d parameters; not loaded:\n%s", l->path,
+                count_hits(l), l->m->n_params, l->note_text);
+    return 0;
+}
+
+/* Every tensor of the file, then every parameter the file did not fill. */
+static int load_all(Load *l, const cJSON *root, RtError *err) {
+    int rc = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, root) {
+        if (strcmp(t->string, "__metadata__") == 0) continue;
+        if (l->r->checkpoint && strcmp(t->string, "netc:optimizer_state") == 0) continue;
+        if ((rc = file_tensor(l, root, t, err))) return rc;
+    }
+    unfilled_params(l);
+    return finish_load(l, root, err);
+}
+
 static int parse_and_load(const char *path, const RtModel *m, const unsigned char *buf, size_t len,
-                          float *params, RtError *err) {
+                          float *params, const RtInitRules *r, RtError *err) {
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
     if (hlen > MAX_HEADER || hlen > len - 8)
@@ -184,25 +347,22 @@ static int parse_and_load(const char *path, const RtModel *m, const unsigned cha
         cJSON_Delete(root);
         return rt_fail(err, "%s: the safetensors header is not valid JSON", path);
     }
-    int rc = 0, found = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, root) {
-        if (strcmp(t->string, "__metadata__") == 0) continue;
-        for (const cJSON *u = root->child; u != t && !rc; u = u->next)
-            if (strcmp(u->string, t->string) == 0)
-                rc = rt_fail(err, "%s: tensor '%s' appears twice in the header", path, t->string);
-        if (rc || (rc = load_tensor(path, m, t, buf + 8 + hlen, len - 8 - (size_t)hlen, params, err))) break;
-        found++;
-    }
-    for (int i = 0; !rc && i < m->n_params; i++)
-        if (!cJSON_GetObjectItemCaseSensitive(root, m->params[i].name))
-            rc = rt_fail(err, "%s: parameter '%s' of model '%s' is missing", path, m->params[i].name, m->name);
-    (void)found;
+    Load l = {.path = path, .m = m, .r = r, .data = buf + 8 + hlen, .data_len = len - 8 - (size_t)hlen,
+              .params = params, .hit = calloc((size_t)m->n_params + 1, 1),
+              .skip_used = calloc(r->skip ? strlen(r->skip) + 1 : 1, 1)};
+    l.problems = open_memstream(&l.problem_text, &l.problem_len);
+    l.notes = open_memstream(&l.note_text, &l.note_len);
+    int rc = !l.hit || !l.skip_used || !l.problems || !l.notes
+                 ? rt_fail(err, "out of memory reading weights '%s'", path)
+                 : load_all(&l, root, err);
+    if (l.problems) fclose(l.problems);
+    if (l.notes) fclose(l.notes);
+    free(l.problem_text), free(l.note_text), free(l.hit), free(l.skip_used);
     cJSON_Delete(root);
     return rc;
 }
 
-int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err) {
+int rt_st_load_rules(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return rt_fail(err, "cannot open weights '%s': %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) {
@@ -218,8 +378,21 @@ int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err) 
     unsigned char *buf = malloc((size_t)size);
     size_t got = buf ? fread(buf, 1, (size_t)size, f) : 0;
     fclose(f);
-    int rc = got == (size_t)size ? parse_and_load(path, m, buf, (size_t)size, params, err)
+    int rc = got == (size_t)size ? parse_and_load(path, m, buf, (size_t)size, params, r, err)
                                  : rt_fail(err, "cannot read weights '%s'", path);
     free(buf);
     return rc;
+}
+
+int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err) {
+    return rt_st_load_rules(path, m, params, &(RtInitRules){0}, err);
+}
+
+/* A checkpoint also serves as a weight file: its checksum is checked, and its optimizer state is
+ * not wanted here. */
+int rt_st_init(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err) {
+    if (!rt_ckpt_is_checkpoint(path)) return rt_st_load_rules(path, m, params, r, err);
+    RtInitRules ck = *r;
+    ck.checkpoint = 1;
+    return rt_ckpt_verify(path, err) || rt_st_load_rules(path, m, params, &ck, err) ? -1 : 0;
 }

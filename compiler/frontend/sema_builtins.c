@@ -310,12 +310,15 @@ static IrParam *new_buffer(Sema *S, const char *name, IrShape shape, IrInit init
 
 /* torch.nn.BatchNorm2d: y = (x - mean) / sqrt(var + eps) * weight + bias per channel, with the
  * batch's statistics in training (updating running_mean/var with `momentum`) and the running
- * statistics in evaluation. Two IR nodes: BN_STATS (per-channel mean and 1/std) and BN_APPLY
- * (element-wise, so the fusion pass can merge it with a following add and ReLU). */
+ * statistics in evaluation; frozen=true (PyTorch's bn.eval() during training) takes the running
+ * statistics in training too and leaves them alone. Two IR nodes: BN_STATS (per-channel mean
+ * and 1/std) and BN_APPLY (element-wise, so the fusion pass can merge it with a following add
+ * and ReLU). */
 static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_tensor(A, 0, 4, 4);
     double eps = arg_num(A, 1, 1e-5, 1e-12, 1), momentum = arg_num(A, 2, 0.1, 0, 1);
+    int frozen = arg_bool(A, 3, 0);
     if (!A->ok) return sema_error();
     int64_t C = x->shape.dim[1];
     const char *name = sema_layer_name(S, label, "batchnorm2d");
@@ -331,6 +334,7 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     stats->attr.eps = eps;
     stats->attr.momentum = momentum;
     stats->attr.stat_param = rm->node->index;
+    stats->attr.bn_frozen = frozen;
     IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
     y->in[3] = b->node;
     y->n_in = 4;
@@ -586,7 +590,7 @@ static const SemaBuiltin builtins[] = {
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
     {"avgpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
-    {"batchnorm2d", "x, eps=1e-5, momentum=0.1", b_batchnorm2d, 1, 3, {"x", "eps", "momentum"}},
+    {"batchnorm2d", "x, eps=1e-5, momentum=0.1, frozen=false", b_batchnorm2d, 1, 4, {"x", "eps", "momentum", "frozen"}},
     {"adaptive_avgpool2d", "x, out=1", b_adaptive_avgpool2d, 1, 2, {"x", "out"}},
     {"flatten", "x", b_flatten, 1, 1, {"x"}},
     {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},
@@ -803,6 +807,51 @@ static void train_freeze(Sema *S, const AstStmt *s) {
     }
 }
 
+/* A parameter of a batch-norm layer: X.weight or X.bias beside the buffer X.running_mean. */
+static int is_norm_param(const IrGraph *g, const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return 0;
+    for (int p = 0; p < g->n_params; p++) {
+        const char *other = g->params[p].name;
+        if (strncmp(other, name, (size_t)(dot - name)) == 0 && strcmp(other + (dot - name), ".running_mean") == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether entry `what` of no_decay names parameter p: "biases" every X.bias, "norms" every
+ * batch-norm weight and bias, anything else a name or prefix as in freeze. */
+static int no_decay_matches(const IrGraph *g, const IrParam *p, const char *what) {
+    size_t n = strlen(what), len = strlen(p->name);
+    if (p->buffer) return 0;
+    if (strcmp(what, "biases") == 0) return len > 5 && strcmp(p->name + len - 5, ".bias") == 0;
+    if (strcmp(what, "norms") == 0) return is_norm_param(g, p->name);
+    return strncmp(p->name, what, n) == 0 && (p->name[n] == 0 || p->name[n] == '.');
+}
+
+/* no_decay = ["biases", "norms", "NAME", ...]: parameters trained without weight decay, the
+ * second parameter group of a PyTorch recipe. */
+static void train_no_decay(Sema *S, const AstStmt *s) {
+    Value one = sema_eval(S, S->global, s->value), v = one;
+    if (one.k == V_STR) v = (Value){.k = V_LIST, .items = &one, .n = 1};
+    if (v.k != V_LIST) {
+        if (v.k != V_ERR) diag_error(s->value->loc, "no_decay takes a list of strings, e.g. [\"biases\", \"norms\"]");
+        return;
+    }
+    for (int i = 0; i < v.n; i++) {
+        if (v.items[i].k != V_STR) {
+            diag_error(s->value->loc, "no_decay takes strings, found %s", sema_value_desc(S, v.items[i]));
+            continue;
+        }
+        int hits = 0;
+        for (int p = 0; p < S->g->n_params; p++)
+            if (no_decay_matches(S->g, &S->g->params[p], v.items[i].s)) S->g->params[p].no_decay = 1, hits++;
+        if (!hits)
+            diag_error(s->value->loc, "no_decay: no parameter matches '%s' (\"biases\", \"norms\", or a parameter "
+                       "name or prefix)", v.items[i].s);
+    }
+}
+
 static IrLossKind loss_kind(const AstExpr *e) {
     while (e->kind == AST_LABELED) e = e->lhs;
     if (e->kind == AST_CALL && strcmp(e->name, "mse") == 0) return LOSS_MSE;
@@ -844,10 +893,11 @@ static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
+    else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else {
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
-                  "log_every, freeze");
+                  "log_every, freeze, no_decay");
     }
 }
 

@@ -389,7 +389,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_FILTER: return a->filter == LAYOUT_ROW_MAJOR;
     case ATTR_DROPOUT: return a->p == 0 && !a->seed_id;
     case ATTR_BATCH_MASKED: return !a->batch_masked;
-    case ATTR_BN: return a->eps == 0 && a->momentum == 0 && !a->stat_param;
+    case ATTR_BN: return a->eps == 0 && a->momentum == 0 && !a->stat_param && !a->bn_frozen;
     case ATTR_ROW: return !a->row;
     case ATTR_SMOOTHING: return a->smoothing == 0;
     default: ICE("attr_is_default: attribute bit %#x", attr);
@@ -495,7 +495,9 @@ static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
     case ATTR_BATCH_MASKED:
         if (a->batch_masked) fprintf(out, " batch_masked");
         break;
-    case ATTR_BN: fprintf(out, " eps=%g momentum=%g running=%d", a->eps, a->momentum, a->stat_param); break;
+    case ATTR_BN:
+        fprintf(out, " eps=%g momentum=%g running=%d%s", a->eps, a->momentum, a->stat_param, a->bn_frozen ? " frozen" : "");
+        break;
     case ATTR_ROW: fprintf(out, " row=%d", a->row); break;
     case ATTR_SMOOTHING:
         if (a->smoothing != 0) fprintf(out, " smoothing=%g", a->smoothing);
@@ -565,7 +567,7 @@ static const char *const lib_names[] = {
 /* The attributes' names as --dump prints them, in the order of the ATTR_* bits. */
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
-    "p mask", "batch_masked", "eps momentum running", "row", "smoothing",
+    "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

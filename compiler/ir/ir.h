@@ -112,6 +112,8 @@ typedef struct IrAttrs {
     double eps, momentum;                     /* batch norm (PyTorch's momentum convention) */
     int stat_param;                           /* bn_stats: index of running_mean; running_var
                                                * and num_batches_tracked follow it */
+    int bn_frozen;                            /* bn_stats: the running statistics in training
+                                               * too, never updated (batchnorm2d frozen=true) */
     int row;                                  /* row: which row of operand 0 */
     double smoothing;                         /* xent: label smoothing */
 } IrAttrs;
@@ -162,6 +164,7 @@ typedef struct IrParam {
     IrNode *node;     /* the OP_PARAM node */
     IrNode *grad;     /* gradient node (set by autodiff); NULL when frozen or unused */
     int trainable;
+    int no_decay;     /* trained without weight decay (train { no_decay = ... }) */
     int buffer;       /* running statistics: saved and loaded like a parameter, never trained */
     IrDtype file_dtype; /* dtype in weight files (num_batches_tracked is i64); stored as f32 */
     IrInit init;
@@ -218,6 +221,7 @@ typedef struct IrGraph {
     int64_t unplanned_bytes;   /* sum of every arena buffer without reuse */
     int64_t n_param_floats;    /* flat parameter buffer */
     int64_t n_grad_floats;     /* flat gradient buffer = trainable parameters */
+    int64_t n_decay_floats;    /* the first n_decay_floats of them are decayed, the rest (no_decay) not */
     int64_t scratch_per_thread; /* floats of per-thread scratch the library kernels need */
 } IrGraph;
 

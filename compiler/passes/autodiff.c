@@ -228,14 +228,28 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* A frozen batch norm (fixed running statistics) is an affine map per channel:
+ * dx = dy * (weight * invstd)[c], the scale broadcast as [C, 1, 1] over [N, C, H, W]. */
+static IrNode *frozen_bn_dx(Ad *ad, IrNode *stats, IrNode *w, IrNode *dy) {
+    IrNode *invstd = emit(ad, OP_ROW, w->shape, DT_F32, 1, stats, NULL, NULL);
+    invstd->attr.row = 1;
+    IrNode *scale = emit(ad, OP_MUL, w->shape, DT_F32, 2, invstd, w, NULL);
+    IrShape per_c = ir_shape(3, w->shape.dim[0], (int64_t)1, (int64_t)1);
+    return emit(ad, OP_MUL, dy->shape, DT_F32, 2, dy, emit(ad, OP_RESHAPE, per_c, DT_F32, 1, scale, NULL, NULL), NULL);
+}
+
 /* Batch norm in training mode: the gradient with respect to x includes the path through the
  * batch statistics, so BN_STATS itself is never differentiated. One reduction gives the
  * per-channel sums of dy and dy * xhat: they are the bias and weight gradients, and dx needs
- * them too. */
+ * them too. A frozen batch norm's statistics are constants, and its dx is frozen_bn_dx. */
 static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *stats = y->in[1], *w = y->in[2], *b = y->in[3];
-    IrNode *sums = emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy);
-    if (wants(ad, x)) {
+    int frozen = stats->attr.bn_frozen;
+    IrNode *sums = !frozen || wants(ad, w) || wants(ad, b)
+                       ? emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy) : NULL;
+    if (wants(ad, x) && frozen) {
+        accumulate(ad, x, frozen_bn_dx(ad, stats, w, dy));
+    } else if (wants(ad, x)) {
         IrNodeSpec dx = {.op = OP_BN_BWD_DATA, .n_in = 5, .in = {x, stats, w, sums, dy}, .shape = x->shape,
                          .dtype = DT_F32};
         accumulate(ad, x, append(ad, dx));

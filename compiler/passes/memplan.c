@@ -3,7 +3,9 @@
  * Requires: a differentiated graph (autodiff has run), nodes in schedule order.
  * Guarantees: every node has a storage class and offset:
  *   - parameters in one flat f32 buffer, trainable ones first in declaration order, so that
- *     grads[i] belongs to params[i] and the optimizer is one loop over [0, n_grad_floats);
+ *     grads[i] belongs to params[i] and the optimizer is one loop over [0, n_grad_floats); the
+ *     trainable ones without weight decay (no_decay) after the others, so each of the two
+ *     parameter groups is one range, [0, n_decay_floats) and [n_decay_floats, n_grad_floats);
  *   - a trainable parameter's gradient node (or the node a view chain over it reads) is written
  *     straight into the gradient buffer when it can be (computed by its own backward kernel,
  *     not already the gradient of another parameter); otherwise the backend copies it there
@@ -31,20 +33,29 @@ static IrNode *root_of(IrNode *n) {
     return n;
 }
 
+/* The group of the flat buffer a parameter belongs to, in the order they are placed. */
+enum { GROUP_DECAY, GROUP_NO_DECAY, GROUP_FROZEN, N_GROUPS };
+
+static int param_group(const IrParam *p) {
+    return !p->trainable ? GROUP_FROZEN : p->no_decay ? GROUP_NO_DECAY : GROUP_DECAY;
+}
+
 static void place_params(IrGraph *g) {
     int64_t off = 0;
-    g->n_grad_floats = 0;
-    for (int pass = 1; pass >= 0; pass--) /* trainable first, then frozen */
+    g->n_grad_floats = g->n_decay_floats = 0;
+    for (int group = 0; group < N_GROUPS; group++) {
         for (int i = 0; i < g->n_params; i++) {
             IrParam *p = &g->params[i];
-            if (p->trainable != pass) continue;
+            if (param_group(p) != group) continue;
             p->offset = off;
             p->node->storage = ST_PARAM;
             p->node->offset = off;
-            p->grad_offset = pass ? off : -1;
+            p->grad_offset = group != GROUP_FROZEN ? off : -1;
             off += ir_numel(&p->node->shape);
-            if (pass) g->n_grad_floats = off;
         }
+        if (group == GROUP_DECAY) g->n_decay_floats = off;
+        if (group == GROUP_NO_DECAY) g->n_grad_floats = off;
+    }
     g->n_param_floats = off;
 }
 

@@ -95,6 +95,7 @@ class Interp:
 
     def __init__(self, nodes, inputs, params, dtype=torch.float64):
         self.nodes, self.inputs, self.params, self.dtype = nodes, inputs, params, dtype
+        self.param_order = list(params)  # the model's order: bn_stats' running=K indexes it
         self.masks = {}
 
     def mask(self, n, shape):
@@ -165,11 +166,16 @@ class Interp:
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     def batchnorm(self, n, x):
-        """Batch norm in training mode: the statistics are the batch's (biased variance)."""
+        """Batch norm in training mode: the statistics are the batch's (biased variance), or for a
+        frozen one (batchnorm2d frozen=true) the running statistics, constants of the step."""
         if n.op == "row": return x[0][int(n.attr["row"][0])]
         t = x[0]
         axes = tuple(i for i in range(t.dim()) if i != 1)
         per_c = lambda c: c.reshape((1, -1) + (1,) * (t.dim() - 2))  # noqa: E731
+        if n.op == "bn_stats" and n.attr.get("frozen"):
+            running = self.param_order[int(n.attr["running"][0])]
+            mean, var = self.params[running], self.params[running.replace("running_mean", "running_var")]
+            return torch.stack([mean, 1 / torch.sqrt(var + n.attr["eps"][0])])
         if n.op == "bn_stats":
             mean = t.mean(dim=axes)
             var = t.var(dim=axes, unbiased=False)
@@ -252,6 +258,9 @@ def main():
               for k, a in batch.items()}
     g = torch.Generator().manual_seed(1)
     pvals = {name: torch.randn(nodes[nid].shape, generator=g) for name, nid, _, _ in params}
+    for name in pvals:  # a variance, which a frozen batch norm divides by, is positive
+        if name.endswith(".running_var"):
+            pvals[name] = pvals[name].abs() + 0.5
     if trainer:  # the reference runs on the very float32 values the trainer starts from
         pvals = {k: v.float().double() for k, v in pvals.items()}
         inputs = {k: v if v.dtype == torch.long else v.float().double() for k, v in inputs.items()}

@@ -3,9 +3,11 @@
  *
  *   emit_optim OUT.c sgd MOMENTUM DAMPENING WEIGHT_DECAY NESTEROV
  *   emit_optim OUT.c adamw BETA1 BETA2 EPS WEIGHT_DECAY
+ *   ... no_decay     (either, then) the 600-float parameter trained without weight decay
  *
  * The graph has two trainable parameters (600 and 30 floats) and one frozen one (10 floats),
- * so the update must cover exactly the first 630 floats of the flat buffer.
+ * so the update must cover exactly the first 630 floats of the flat buffer. With no_decay the
+ * first parameter moves behind the second: 30 decayed floats, then 600 without decay.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +17,8 @@
 #include "passes.h"
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: emit_optim OUT.c sgd|adamw A B C D\n");
+    if (argc != 7 && !(argc == 8 && strcmp(argv[7], "no_decay") == 0)) {
+        fprintf(stderr, "usage: emit_optim OUT.c sgd|adamw A B C D [no_decay]\n");
         return 2;
     }
     SrcLoc loc = {"optim.net", 1, 1};
@@ -29,6 +31,7 @@ int main(int argc, char **argv) {
     IrParam *frozen = ir_add_param(g, "frozen", ir_shape(1, (int64_t)10), INIT_ONES, 0, loc);
     IrParam *b = ir_add_param(g, "b", ir_shape(1, (int64_t)30), INIT_ZEROS, 0, loc);
     frozen->trainable = 0;
+    w->no_decay = argc == 8;
     IrNode *x = ir_add_input(g, "x", ir_shape(2, (int64_t)2, (int64_t)30), DT_F32, loc);
     IrNode *h = ir_add(g, OP_MATMUL, ir_shape(2, (int64_t)2, (int64_t)20), DT_F32, loc, 2, x, w->node);
     h->attr.trans_b = 1;
