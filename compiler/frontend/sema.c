@@ -232,11 +232,11 @@ static Value compare(int op, Value a, Value b, SrcLoc loc) {
 int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what) {
     if (v.k == V_ERR) return 0;
     if (v.k != V_TENSOR) {
-        diag_error(loc, "%s must be a tensor, found %s", what, sema_value_desc(S, v));
+        diag_error(loc, "%s must be a tensor, found %s", what, sema_value_text(S, v));
         return 0;
     }
     if (!ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc, "%s must be a floating-point tensor, found %s", what, sema_value_desc(S, v));
+        diag_error(loc, "%s must be a floating-point tensor, found %s", what, sema_value_text(S, v));
         diag_hint("convert it first, e.g. f32(x)");
         return 0;
     }
@@ -340,7 +340,7 @@ static Value eval_unary(Sema *S, Env *env, const AstExpr *e) {
     if (a.k == V_ERR) return a;
     if (e->op == '!') {
         if (a.k == V_BOOL) return mk_bool(!a.i);
-        diag_error(e->loc, "'not' needs true or false, found %s", sema_value_desc(S, a));
+        diag_error(e->loc, "'not' needs true or false, found %s", sema_value_text(S, a));
         return sema_error();
     }
     if (a.k == V_INT) {
@@ -566,7 +566,7 @@ Value sema_call(Sema *S, Env *env, const AstExpr *call, const char *label) {
 
 static int want_bool(Sema *S, Value v, SrcLoc loc) {
     if (v.k == V_BOOL) return 1;
-    if (v.k != V_ERR) diag_error(loc, "a condition must be true or false, found %s", sema_value_desc(S, v));
+    if (v.k != V_ERR) diag_error(loc, "a condition must be true or false, found %s", sema_value_text(S, v));
     return 0;
 }
 
@@ -574,8 +574,8 @@ static void exec_for(Sema *S, Env *env, const AstStmt *s) {
     Value lo = sema_eval(S, env, s->lo), hi = sema_eval(S, env, s->hi);
     if (lo.k == V_ERR || hi.k == V_ERR) return;
     if (lo.k != V_INT || hi.k != V_INT) {
-        diag_error(s->loc, "a loop range needs integers, found %s .. %s", sema_value_desc(S, lo),
-                   sema_value_desc(S, hi));
+        diag_error(s->loc, "a loop range needs integers, found %s .. %s", sema_value_text(S, lo),
+                   sema_value_text(S, hi));
         return;
     }
     for (int64_t i = lo.i; i < hi.i && !diag_too_many() && !S->too_big; i++) {
@@ -631,7 +631,7 @@ static IrNode *declare_input(Sema *S, const AstStmt *s) {
         Value v = sema_eval(S, S->global, s->dims[i]);
         if (v.k == V_ERR) return NULL;
         if (v.k != V_INT) {
-            diag_error(s->dims[i]->loc, "a dimension must be an integer, found %s", sema_value_desc(S, v));
+            diag_error(s->dims[i]->loc, "a dimension must be an integer, found %s", sema_value_text(S, v));
             return NULL;
         }
         shape.dim[i] = v.i;

@@ -538,7 +538,7 @@ static Value b_cast(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (v.k == V_INT || v.k == V_FLOAT)
         return int_dt ? sema_int((int64_t)sema_num(v)) : sema_float(sema_num(v));
     if (v.k != V_TENSOR) {
-        diag_error(c->loc, "%s() converts a tensor or a number, found %s", c->name, sema_value_desc(S, v));
+        diag_error(c->loc, "%s() converts a tensor or a number, found %s", c->name, sema_value_text(S, v));
         return sema_error();
     }
     if (v.t->dtype == dt) return v;
@@ -876,7 +876,7 @@ static double train_num(Sema *S, const AstStmt *s, double min, double max, int i
     if (v.k == V_ERR) return min;
     if ((v.k != V_INT && (integer || v.k != V_FLOAT)) || !(sema_num(v) >= min && sema_num(v) <= max)) {
         diag_error(s->value->loc, "'%s' must be %s in [%g, %g], found %s", s->name,
-                   integer ? "an integer" : "a number", min, max, sema_value_desc(S, v));
+                   integer ? "an integer" : "a number", min, max, sema_value_text(S, v));
         return min;
     }
     return sema_num(v);
@@ -907,7 +907,7 @@ static void train_freeze(Sema *S, const AstStmt *s) {
     }
     for (int i = 0; i < v.n; i++) {
         if (v.items[i].k != V_STR) {
-            diag_error(s->value->loc, "freeze takes strings, found %s", sema_value_desc(S, v.items[i]));
+            diag_error(s->value->loc, "freeze takes strings, found %s", sema_value_text(S, v.items[i]));
             continue;
         }
         const char *pre = v.items[i].s;

@@ -32,6 +32,8 @@ NET
 check "-D value refused" 1 "$netc" "$work/drop.net" -D p=1.5 --check
 contains "'p' of dropout must be a number in [0, 1), found 1.5 (set by -D p=1.5)"
 lacks "freeze"
+check "-D value of an input dimension" 1 "$netc" "$work/drop.net" -D batch=2.5 --check
+contains "a dimension must be an integer, found 2.5 (set by -D batch=2.5)"
 check "bad -D value" 1 "$netc" "$work/drop.net" -D lr=abc --check
 contains "-D lr=abc: the value must be"
 lacks "'lr' is not defined"
