@@ -143,11 +143,11 @@ static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
     return v.t;
 }
 
-/* A float32 operand of a library kernel (matrix product, convolution, pooling, batch norm,
- * softmax rows): the CPU kernels and the CUDA target's fp32 path take float32 only, so f16 and
- * bf16 values are refused here rather than failing in the code generator. */
-static IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
-    IrNode *x = arg_tensor(A, i, rank, min_rank);
+/* x, argument i, unless it is f16 or bf16: a float32 operand of a library kernel (matrix
+ * product, convolution, pooling, batch norm, softmax rows, the mean squared error): the CPU
+ * kernels and the CUDA target's fp32 path take float32 only, so f16 and bf16 values are refused
+ * here, naming the layer, rather than failing in the code generator. */
+static IrNode *refuse_half(Args *A, int i, IrNode *x) {
     if (!x || !ir_dtype_is_half(x->dtype)) return x;
     const char *layer = A->label ? arena_printf(A->S->arena, "%s '%s'", A->b->name, A->label) : A->b->name;
     diag_error(loc_of(A, i), "'%s' of %s must be an f32 tensor, found %s", A->b->params[i], layer,
@@ -157,6 +157,10 @@ static IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
               "casts f32 values itself");
     A->ok = 0;
     return NULL;
+}
+
+static IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
+    return refuse_half(A, i, arg_tensor(A, i, rank, min_rank));
 }
 
 /* Logits [N, C] for a loss or metric. Logits of higher rank usually come from a dense layer fed
@@ -642,7 +646,7 @@ static Value b_mse(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
     IrNode *x, *t;
-    if (!loss_pair(A, &x, &t)) return sema_error();
+    if (!loss_pair(A, &x, &t) || !refuse_half(A, 0, x) || !refuse_half(A, 1, t)) return sema_error();
     IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, t, NULL);
     IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
     return sema_tensor(batch_mean(S, sq, c->loc));
