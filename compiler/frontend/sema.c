@@ -564,7 +564,8 @@ Value sema_call(Sema *S, Env *env, const AstExpr *call, const char *label) {
 
 /* ---- statements */
 
-static int want_bool(Sema *S, Value v, SrcLoc loc) {
+/* 1 for a condition that is true or false; 0 otherwise, with an error unless v is already V_ERR. */
+int sema_want_bool(Sema *S, Value v, SrcLoc loc) {
     if (v.k == V_BOOL) return 1;
     if (v.k != V_ERR) diag_error(loc, "a condition must be true or false, found %s", sema_value_text(S, v));
     return 0;
@@ -693,7 +694,7 @@ static void exec_stmt(Sema *S, Env *env, const AstStmt *s) {
     case STMT_FOR: exec_for(S, env, s); return;
     case STMT_IF: {
         Value c = sema_eval(S, env, s->value);
-        if (!want_bool(S, c, s->value->loc)) return;
+        if (!sema_want_bool(S, c, s->value->loc)) return;
         if (c.i) sema_exec_body(S, env, s->body, s->n_body);
         else sema_exec_body(S, env, s->else_body, s->n_else);
         return;

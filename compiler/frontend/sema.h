@@ -83,6 +83,7 @@ IrNode *sema_node(Sema *S, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n
                   IrNode *b, IrNode *c);
 int sema_check_shape(Sema *S, const IrShape *s, SrcLoc loc);
 int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what);
+int sema_want_bool(Sema *S, Value v, SrcLoc loc);
 const char *sema_layer_name(Sema *S, const char *label, const char *base);
 const char *sema_shape_str(Sema *S, const IrShape *s);
 const char *sema_value_desc(Sema *S, Value v);

@@ -991,12 +991,7 @@ static void train_body(Sema *S, AstStmt *const *body, int n, int *have_optim) {
         const AstStmt *s = body[i];
         if (s->kind == STMT_IF) {
             Value c = sema_eval(S, S->global, s->value);
-            if (c.k != V_BOOL) {
-                if (c.k != V_ERR)
-                    diag_error(s->value->loc, "a condition must be true or false, found %s",
-                               sema_value_text(S, c));
-                continue;
-            }
+            if (!sema_want_bool(S, c, s->value->loc)) continue;
             if (c.i) train_body(S, s->body, s->n_body, have_optim);
             else train_body(S, s->else_body, s->n_else, have_optim);
             continue;
