@@ -80,7 +80,7 @@ static void usage(FILE *out) {
             "options:\n"
             "  -o FILE              the trainer to write (default: FILE.net without .net)\n"
             "  -D NAME=VALUE        override the model constant NAME (repeatable)\n"
-            "  --emit-dir DIR       keep the generated C source in DIR\n"
+            "  --emit-dir DIR       keep the generated C source in DIR (created with its parents)\n"
             "  --dump=STAGE         print a stage to stdout and stop: ast, ir, grad, layout, fused, memplan, c,\n"
             "                       cu (the CUDA kernels of --backend cuda); dot draws the network for Graphviz\n"
             "                       (dot -Tsvg), dot-step the whole training step\n"
@@ -93,7 +93,7 @@ static void usage(FILE *out) {
             "                       (default: sm_90); PTX of the lowest is embedded too\n"
             "  --precision P        cuda: fp32 (default; no TF32), tf32, or bf16 (products and convolutions\n"
             "                       in bf16 with float32 master weights) for products and convolutions\n"
-            "  -O LEVEL             C compiler optimisation level for the trainer (default: 2)\n"
+            "  -O LEVEL, -OLEVEL    C compiler optimisation level for the trainer: 0, 1, 2, 3 or s (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
             "                       netc, or the build tree)\n"
@@ -226,8 +226,9 @@ static int parse_args(int argc, char **argv, Options *o) {
         } else if (strncmp(a, "-D", 2) == 0) {
             const char *d = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : "");
             if ((err = parse_define(o, d))) return err;
-        } else if (strncmp(a, "-O", 2) == 0 && a[2]) {
-            o->opt_level = a + 2;
+        } else if (strncmp(a, "-O", 2) == 0) { /* -O2, or -O 2 as the docs write it */
+            if (!a[2] && i + 1 == argc) return usage_error("-O needs a level: 0, 1, 2, 3 or s%s", "");
+            o->opt_level = a[2] ? a + 2 : argv[++i];
         } else if ((v = opt_value(argc, argv, &i, "--emit-dir", &err))) {
             o->emit_dir = v;
         } else if ((v = opt_value(argc, argv, &i, "--dump", &err))) {
@@ -384,16 +385,33 @@ static const Toolchain *tools(const Options *o) {
     return toolchain(o->cc, o->runtime_dir, o->opt_level, o->werror);
 }
 
+/* Creates the --emit-dir and any missing folders above it, as `mkdir -p`; 1 after an error. */
+static int make_emit_dir(const char *dir) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        fprintf(stderr, "netc: error: --emit-dir %s: the path is too long\n", dir);
+        return 1;
+    }
+    for (char *p = path + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "netc: error: cannot create %s (for --emit-dir %s): %s\n", path, dir,
+                    strerror(errno));
+            return 1;
+        }
+        if (!(*p = c)) return 0;
+    }
+}
+
 /* Where the generated sources go: --emit-dir/NAME.c (.cu, _images.c), or the private directory. */
 static int source_paths(const Options *o, const char *name, char paths[][4096]) {
     if (!o->emit_dir) {
         for (int i = WORK_C; i <= WORK_IMAGES; i++) snprintf(paths[i], 4096, "%s", work_files[i]);
         return 0;
     }
-    if (mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
-        return 1;
-    }
+    if (make_emit_dir(o->emit_dir)) return 1;
     snprintf(paths[WORK_C], 4096, "%s/%.255s.c", o->emit_dir, name);
     snprintf(paths[WORK_CU], 4096, "%s/%.255s.cu", o->emit_dir, name);
     snprintf(paths[WORK_IMAGES], 4096, "%s/%.255s_images.c", o->emit_dir, name);
@@ -488,8 +506,7 @@ static int check_outputs(const Options *o, const CgBackend *be) {
     const char *name = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     int n = 0, rc = 0;
     /* the --emit-dir first: -o may name a file in it */
-    if (o->emit_dir && mkdir(o->emit_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "netc: error: cannot create %s: %s\n", o->emit_dir, strerror(errno));
+    if (o->emit_dir && make_emit_dir(o->emit_dir)) {
         free(out);
         return 1;
     }

@@ -55,6 +55,27 @@ const char *sema_value_desc(Sema *S, Value v) {
     return kind_name(v.k);
 }
 
+/* A refused value as the error shows it: numbers, booleans and strings as written
+ * (`found 1.5`), anything else by its kind; with the -D it came from, if any, since the
+ * source line alone would not explain it. */
+const char *sema_value_text(Sema *S, Value v) {
+    const char *text;
+    switch (v.k) {
+    case V_INT: text = arena_printf(S->arena, "%lld", (long long)v.i); break;
+    case V_FLOAT: text = arena_printf(S->arena, "%g", v.f); break;
+    case V_BOOL: text = v.i ? "true" : "false"; break;
+    case V_STR: text = arena_printf(S->arena, "\"%s\"", v.s); break;
+    default: text = sema_value_desc(S, v); break;
+    }
+    if (!v.define) return text;
+    return arena_printf(S->arena, "%s (set by -D %s=%s)", text, v.define->name, v.define->value);
+}
+
+/* `  hint: did you mean 'conv1'?` when a candidate came close. */
+void sema_suggest_hint(const Suggest *s) {
+    if (s->best) diag_hint("did you mean '%s'?", s->best);
+}
+
 Value sema_error(void) { return (Value){.k = V_ERR}; }
 
 /* ---- environments */
@@ -211,11 +232,11 @@ static Value compare(int op, Value a, Value b, SrcLoc loc) {
 int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what) {
     if (v.k == V_ERR) return 0;
     if (v.k != V_TENSOR) {
-        diag_error(loc, "%s must be a tensor, found %s", what, sema_value_desc(S, v));
+        diag_error(loc, "%s must be a tensor, found %s", what, sema_value_text(S, v));
         return 0;
     }
     if (!ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc, "%s must be a floating-point tensor, found %s", what, sema_value_desc(S, v));
+        diag_error(loc, "%s must be a floating-point tensor, found %s", what, sema_value_text(S, v));
         diag_hint("convert it first, e.g. f32(x)");
         return 0;
     }
@@ -274,6 +295,15 @@ bad:
 
 /* ---- expressions */
 
+/* [a, b] + [c] is [a, b, c], as in Python. */
+static Value list_concat(Sema *S, Value a, Value b) {
+    Value v = {.k = V_LIST, .n = a.n + b.n};
+    v.items = arena_alloc(S->arena, (size_t)(v.n + 1) * sizeof *v.items);
+    for (int i = 0; i < a.n; i++) v.items[i] = a.items[i];
+    for (int i = 0; i < b.n; i++) v.items[a.n + i] = b.items[i];
+    return v;
+}
+
 static Value eval_binary(Sema *S, Env *env, const AstExpr *e) {
     if (e->op == BIN_AND || e->op == BIN_OR) {
         Value a = sema_eval(S, env, e->lhs);
@@ -293,8 +323,15 @@ static Value eval_binary(Sema *S, Env *env, const AstExpr *e) {
     if (e->op >= BIN_EQ && e->op <= BIN_GE) return compare(e->op, a, b, e->loc);
     if (a.k == V_TENSOR || b.k == V_TENSOR) return sema_tensor_binop(S, e->op, a, b, e->loc);
     if (is_num(a) && is_num(b)) return num_arith(e->op, a, b, e->loc);
+    if (a.k == V_LIST && b.k == V_LIST && e->op == BIN_ADD) return list_concat(S, a, b);
+    if (a.k == V_STR && b.k == V_STR && e->op == BIN_ADD)
+        return (Value){.k = V_STR, .s = arena_printf(S->arena, "%s%s", a.s, b.s)};
     diag_error(e->loc, "'%s' between %s and %s", ast_binop_name(e->op), sema_value_desc(S, a),
                sema_value_desc(S, b));
+    if (e->op == BIN_ADD && (a.k == V_STR || b.k == V_STR))
+        diag_hint("str() turns a number into text: \"layer\" + str(i)");
+    else if (e->op == BIN_ADD && (a.k == V_LIST || b.k == V_LIST))
+        diag_hint("a list joins only a list: [a, b] + [c]");
     return sema_error();
 }
 
@@ -303,7 +340,7 @@ static Value eval_unary(Sema *S, Env *env, const AstExpr *e) {
     if (a.k == V_ERR) return a;
     if (e->op == '!') {
         if (a.k == V_BOOL) return mk_bool(!a.i);
-        diag_error(e->loc, "'not' needs true or false, found %s", sema_value_desc(S, a));
+        diag_error(e->loc, "'not' needs true or false, found %s", sema_value_text(S, a));
         return sema_error();
     }
     if (a.k == V_INT) {
@@ -361,6 +398,16 @@ static Value eval_labeled(Sema *S, Env *env, const AstExpr *e) {
     return sema_call(S, env, e->lhs, label);
 }
 
+/* Suggests the name in scope nearest to a misspelt one. */
+static void suggest_name(Env *env, const char *name) {
+    Suggest sg;
+    suggest_init(&sg, name);
+    for (; env; env = env->parent)
+        for (int i = 0; i < env->vars.cap; i++)
+            if (env->vars.keys[i]) suggest_try(&sg, env->vars.keys[i]);
+    sema_suggest_hint(&sg);
+}
+
 Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
     if (S->too_big) return sema_error();
     switch (e->kind) {
@@ -372,6 +419,7 @@ Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
         Value *v = env_lookup(env, e->name);
         if (v) return *v;
         diag_error(e->loc, "'%s' is not defined", e->name);
+        suggest_name(env, e->name);
         return sema_error();
     }
     case AST_UNARY: return eval_unary(S, env, e);
@@ -421,6 +469,10 @@ int sema_bind_args(Sema *S, Env *env, const AstExpr *call, const char *const *na
                 if (strcmp(names[i], arg->kw) == 0) slot = i;
             if (slot < 0) {
                 diag_error(arg->loc, "'%s' has no argument named '%s'", call->name, arg->kw);
+                Suggest sg;
+                suggest_init(&sg, arg->kw);
+                for (int i = 0; i < n; i++) suggest_try(&sg, names[i]);
+                sema_suggest_hint(&sg);
                 ok = 0;
                 continue;
             }
@@ -491,6 +543,12 @@ Value sema_call(Sema *S, Env *env, const AstExpr *call, const char *label) {
     const SemaBuiltin *b = sema_find_builtin(call->name);
     if (!b) {
         diag_error(call->loc, "no layer, function or block named '%s'", call->name);
+        Suggest sg; /* the program's own blocks first: they win a tie */
+        suggest_init(&sg, call->name);
+        for (int i = 0; i < S->blocks.cap; i++)
+            if (S->blocks.keys[i]) suggest_try(&sg, S->blocks.keys[i]);
+        sema_suggest_builtin(&sg);
+        sema_suggest_hint(&sg);
         return sema_error();
     }
     Value args[SEMA_MAX_ARGS];
@@ -506,9 +564,10 @@ Value sema_call(Sema *S, Env *env, const AstExpr *call, const char *label) {
 
 /* ---- statements */
 
-static int want_bool(Sema *S, Value v, SrcLoc loc) {
+/* 1 for a condition that is true or false; 0 otherwise, with an error unless v is already V_ERR. */
+int sema_want_bool(Sema *S, Value v, SrcLoc loc) {
     if (v.k == V_BOOL) return 1;
-    if (v.k != V_ERR) diag_error(loc, "a condition must be true or false, found %s", sema_value_desc(S, v));
+    if (v.k != V_ERR) diag_error(loc, "a condition must be true or false, found %s", sema_value_text(S, v));
     return 0;
 }
 
@@ -516,8 +575,8 @@ static void exec_for(Sema *S, Env *env, const AstStmt *s) {
     Value lo = sema_eval(S, env, s->lo), hi = sema_eval(S, env, s->hi);
     if (lo.k == V_ERR || hi.k == V_ERR) return;
     if (lo.k != V_INT || hi.k != V_INT) {
-        diag_error(s->loc, "a loop range needs integers, found %s .. %s", sema_value_desc(S, lo),
-                   sema_value_desc(S, hi));
+        diag_error(s->loc, "a loop range needs integers, found %s .. %s", sema_value_text(S, lo),
+                   sema_value_text(S, hi));
         return;
     }
     for (int64_t i = lo.i; i < hi.i && !diag_too_many() && !S->too_big; i++) {
@@ -527,8 +586,11 @@ static void exec_for(Sema *S, Env *env, const AstStmt *s) {
             return;
         }
         env_set(S, env, s->name, sema_int(i));
+        int errors = diag_error_count();
         sema_exec_body(S, env, s->body, s->n_body);
         if (S->ret.k != V_NONE) return;
+        /* The same mistake would come back on every later iteration: one report is enough. */
+        if (diag_error_count() > errors) return;
     }
 }
 
@@ -538,16 +600,16 @@ static void exec_const(Sema *S, Env *env, const AstStmt *s) {
         SemaDefine *d = env == S->global ? sema_find_define(S, s->names[i]) : NULL;
         if (d) {
             v = sema_parse_define(S, d);
-            if (v.k == V_ERR) continue;
+            v.define = d;
         } else {
             v = sema_eval(S, env, s->values[i]);
         }
         if (v.k == V_TENSOR) {
             diag_error(s->name_locs[i], "constant '%s' must be known at compile time, found %s",
                        s->names[i], sema_value_desc(S, v));
-            continue;
+            v = sema_error();
         }
-        if (v.k != V_ERR) env_set(S, env, s->names[i], v);
+        env_set(S, env, s->names[i], v); /* V_ERR too, so later uses stay silent */
     }
 }
 
@@ -570,7 +632,7 @@ static IrNode *declare_input(Sema *S, const AstStmt *s) {
         Value v = sema_eval(S, S->global, s->dims[i]);
         if (v.k == V_ERR) return NULL;
         if (v.k != V_INT) {
-            diag_error(s->dims[i]->loc, "a dimension must be an integer, found %s", sema_value_desc(S, v));
+            diag_error(s->dims[i]->loc, "a dimension must be an integer, found %s", sema_value_text(S, v));
             return NULL;
         }
         shape.dim[i] = v.i;
@@ -632,7 +694,7 @@ static void exec_stmt(Sema *S, Env *env, const AstStmt *s) {
     case STMT_FOR: exec_for(S, env, s); return;
     case STMT_IF: {
         Value c = sema_eval(S, env, s->value);
-        if (!want_bool(S, c, s->value->loc)) return;
+        if (!sema_want_bool(S, c, s->value->loc)) return;
         if (c.i) sema_exec_body(S, env, s->body, s->n_body);
         else sema_exec_body(S, env, s->else_body, s->n_else);
         return;
@@ -715,7 +777,7 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
     if (!S.g->n_inputs && !diag_error_count()) diag_error(top, "the model declares no inputs");
     if (!S.seen_train && !diag_error_count()) {
         diag_error(top, "the model has no train section");
-        diag_hint("add `train { loss = cross_entropy(logits, label)  optimizer = sgd(0.01) }`");
+        diag_hint("add `train { loss = cross_entropy(logits, label); optimizer = sgd(0.01) }`");
     }
     if (diag_error_count()) return NULL;
     S.g->n_fwd = S.g->n;

@@ -36,6 +36,7 @@ typedef struct Value {
     IrNode *t;
     struct Value *items;
     int n;
+    const SemaDefine *define; /* the -D this value came from, for errors; NULL if none */
 } Value;
 
 typedef struct Env {
@@ -54,6 +55,7 @@ typedef struct Sema {
     const char *prefix; /* parameter name prefix in force ("" at the top) */
     StrMap counters;    /* automatic layer names: "prefix/base" -> int * next number */
     int depth, in_block, seen_train, too_big;
+    int errors_before_train; /* errors reported before the train section: layers may be missing */
     int64_t iterations;
     Value ret; /* the return value of the block being run; V_NONE until `return` */
 } Sema;
@@ -81,9 +83,12 @@ IrNode *sema_node(Sema *S, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n
                   IrNode *b, IrNode *c);
 int sema_check_shape(Sema *S, const IrShape *s, SrcLoc loc);
 int sema_want_float_tensor(Sema *S, Value v, SrcLoc loc, const char *what);
+int sema_want_bool(Sema *S, Value v, SrcLoc loc);
 const char *sema_layer_name(Sema *S, const char *label, const char *base);
 const char *sema_shape_str(Sema *S, const IrShape *s);
 const char *sema_value_desc(Sema *S, Value v);
+const char *sema_value_text(Sema *S, Value v);
+void sema_suggest_hint(const Suggest *s);
 SemaDefine *sema_find_define(Sema *S, const char *name);
 Value sema_parse_define(Sema *S, SemaDefine *d);
 Value sema_error(void);
@@ -94,6 +99,7 @@ double sema_num(Value v);
 
 /* sema_builtins.c */
 const SemaBuiltin *sema_find_builtin(const char *name);
+void sema_suggest_builtin(Suggest *s);
 void sema_train(Sema *S, const AstStmt *train);
 
 #endif

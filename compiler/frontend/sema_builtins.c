@@ -29,6 +29,7 @@ typedef struct {
     const SemaBuiltin *b;
     Value *a;
     int ok;
+    const char *label; /* the call's label, to name the layer in errors; NULL if none */
 } Args;
 
 static SrcLoc loc_of(Args *A, int i) { return arg_loc(A->call, A->b->params[i], i); }
@@ -41,9 +42,8 @@ static int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
         return def;
     }
     if (v.k != V_INT || v.i < min) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer >= %lld, found %s%s",
-                   A->b->params[i], A->b->name, (long long)min, sema_value_desc(A->S, v),
-                   v.k == V_INT ? arena_printf(A->S->arena, " %lld", (long long)v.i) : "");
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer >= %lld, found %s", A->b->params[i],
+                   A->b->name, (long long)min, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
     }
@@ -62,8 +62,8 @@ static void arg_pair(Args *A, int i, int def, int min, int out[2]) {
         return;
     }
     if (v.k == V_LIST) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer or [h, w] with integers >= %d",
-                   A->b->params[i], A->b->name, min);
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer or [h, w] with integers >= %d, "
+                   "found a list of %d", A->b->params[i], A->b->name, min, v.n);
         A->ok = 0;
         return;
     }
@@ -83,24 +83,31 @@ static int arg_bool(Args *A, int i, int def) {
     if (v.k != V_BOOL) {
         if (v.k != V_ERR)
             diag_error(loc_of(A, i), "'%s' of %s must be true or false, found %s", A->b->params[i],
-                       A->b->name, sema_value_desc(A->S, v));
+                       A->b->name, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
     }
     return (int)v.i;
 }
 
-static double arg_num(Args *A, int i, double def, double min, double max) {
+/* A number in [min, max], or in [min, max) when `open_max`. */
+static double arg_num_in(Args *A, int i, double def, double min, double max, int open_max) {
     Value v = A->a[i];
     if (v.k == V_NONE) return def;
-    if ((v.k != V_INT && v.k != V_FLOAT) || !(sema_num(v) >= min && sema_num(v) <= max)) {
+    double x = sema_num(v);
+    if ((v.k != V_INT && v.k != V_FLOAT) || !(x >= min && (open_max ? x < max : x <= max))) {
         if (v.k != V_ERR)
-            diag_error(loc_of(A, i), "'%s' of %s must be a number in [%g, %g], found %s",
-                       A->b->params[i], A->b->name, min, max, sema_value_desc(A->S, v));
+            diag_error(loc_of(A, i), "'%s' of %s must be a number in [%g, %g%c, found %s",
+                       A->b->params[i], A->b->name, min, max, open_max ? ')' : ']',
+                       sema_value_text(A->S, v));
         A->ok = 0;
         return def;
     }
-    return sema_num(v);
+    return x;
+}
+
+static double arg_num(Args *A, int i, double def, double min, double max) {
+    return arg_num_in(A, i, def, min, max, 0);
 }
 
 static const char *arg_str(Args *A, int i, const char *def) {
@@ -109,7 +116,7 @@ static const char *arg_str(Args *A, int i, const char *def) {
     if (v.k != V_STR) {
         if (v.k != V_ERR)
             diag_error(loc_of(A, i), "'%s' of %s must be a string, found %s", A->b->params[i],
-                       A->b->name, sema_value_desc(A->S, v));
+                       A->b->name, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
     }
@@ -134,6 +141,42 @@ static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
         return NULL;
     }
     return v.t;
+}
+
+/* x, argument i, unless it is f16 or bf16: a float32 operand of a library kernel (matrix
+ * product, convolution, pooling, batch norm, softmax rows, the mean squared error): the CPU
+ * kernels and the CUDA target's fp32 path take float32 only, so f16 and bf16 values are refused
+ * here, naming the layer, rather than failing in the code generator. */
+static IrNode *refuse_half(Args *A, int i, IrNode *x) {
+    if (!x || !ir_dtype_is_half(x->dtype)) return x;
+    const char *layer = A->label ? arena_printf(A->S->arena, "%s '%s'", A->b->name, A->label) : A->b->name;
+    diag_error(loc_of(A, i), "'%s' of %s must be an f32 tensor, found %s", A->b->params[i], layer,
+               sema_value_desc(A->S, sema_tensor(x)));
+    diag_hint("the CPU and CUDA fp32 kernels take f32 only: convert it with f32(x); for bf16 "
+              "products and convolutions compile with --backend cuda --precision bf16, which "
+              "casts f32 values itself");
+    A->ok = 0;
+    return NULL;
+}
+
+static IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
+    return refuse_half(A, i, arg_tensor(A, i, rank, min_rank));
+}
+
+/* Logits [N, C] for a loss or metric. Logits of higher rank usually come from a dense layer fed
+ * an unflattened image: dense acts on the last axis only, so the note points at that layer. */
+static IrNode *arg_logits(Args *A, int i) {
+    Value v = A->a[i];
+    if (v.k == V_TENSOR && v.t->shape.rank > 2 && ir_dtype_is_float(v.t->dtype)) {
+        diag_error(loc_of(A, i), "'%s' of %s must have 2 axes [N, classes], found shape %s",
+                   A->b->params[i], A->b->name, sema_shape_str(A->S, &v.t->shape));
+        diag_note(v.t->loc, "the %s value comes from here", sema_shape_str(A->S, &v.t->shape));
+        diag_hint("dense acts on the last axis and keeps the others: flatten its input first, "
+                  "e.g. dense(flatten(x), 10)");
+        A->ok = 0;
+        return NULL;
+    }
+    return arg_f32_tensor(A, i, 2, 2);
 }
 
 /* An integer tensor of class indices [N] matching `logits` [N, C], cast to i64 if needed. */
@@ -179,15 +222,16 @@ static IrNode *reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc) {
     return sema_node(S, OP_RESHAPE, shape, x->dtype, loc, 1, x, NULL, NULL);
 }
 
+/* The argument helpers of a built-in; its `label` parameter names the layer in errors. */
 #define BEGIN_ARGS(S, call, args)                                                        \
-    Args A_ = {S, call, sema_find_builtin(call->name), args, 1};                         \
+    Args A_ = {S, call, sema_find_builtin(call->name), args, 1, label};                  \
     Args *A = &A_
 
 /* ---- layers */
 
 static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 0, 2);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 2);
     int64_t out = arg_int(A, 1, 1, 1);
     int bias = arg_bool(A, 2, 1);
     if (!A->ok) return sema_error();
@@ -220,7 +264,7 @@ static int64_t window_out(int64_t in, int k, int stride, int pad, int dil) {
 
 static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 4, 4);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
     int64_t out = arg_int(A, 1, 1, 1);
     int k[2], st[2], pad[2], dil[2];
     arg_pair(A, 2, 1, 1, k);
@@ -271,7 +315,7 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
 static Value b_pool(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 4, 4);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
     int k[2], st[2], pad[2];
     arg_pair(A, 1, 1, 1, k);
     if (A->a[2].k == V_NONE) memcpy(st, k, sizeof st);
@@ -316,7 +360,7 @@ static IrParam *new_buffer(Sema *S, const char *name, IrShape shape, IrInit init
  * and ReLU). */
 static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 4, 4);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
     double eps = arg_num(A, 1, 1e-5, 1e-12, 1), momentum = arg_num(A, 2, 0.1, 0, 1);
     int frozen = arg_bool(A, 3, 0);
     if (!A->ok) return sema_error();
@@ -345,7 +389,7 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
 static Value b_adaptive_avgpool2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_tensor(A, 0, 4, 4);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
     int out[2];
     arg_pair(A, 1, 1, 1, out);
     if (!A->ok) return sema_error();
@@ -406,16 +450,46 @@ static Value b_reshape(Sema *S, const AstExpr *c, const char *label, Value *args
     return sema_tensor(reshape(S, x, s, c->loc));
 }
 
-/* The one-operand builtins: the operator each makes and the least rank of its operand
- * (softmax works along the last axis, so not on a scalar). */
+static double num_relu(double x) { return x > 0 ? x : 0; }
+static double num_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+static double num_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+
+/* The one-operand builtins: the operator each makes, the least rank of its operand (softmax
+ * works along the last axis, so not on a scalar), and what it computes on a compile-time number
+ * (`sqrt(2 * fan_in)`), with the numbers it is defined on there. */
+typedef enum {
+    DOMAIN_ALL,      /* every number */
+    DOMAIN_NONNEG,   /* x >= 0 */
+    DOMAIN_POSITIVE, /* x > 0 */
+} NumDomain;
+
 static const struct {
     const char *name;
     IrOp op;
     int min_rank;
+    double (*num)(double);
+    NumDomain domain;
 } unary_ops[] = {
-    {"relu", OP_RELU, 0}, {"sigmoid", OP_SIGMOID, 0}, {"tanh", OP_TANH, 0}, {"gelu", OP_GELU, 0},
-    {"exp", OP_EXP, 0},   {"log", OP_LOG, 0},         {"sqrt", OP_SQRT, 0}, {"softmax", OP_SOFTMAX, 1},
+    {"relu", OP_RELU, 0, num_relu, DOMAIN_ALL}, {"sigmoid", OP_SIGMOID, 0, num_sigmoid, DOMAIN_ALL},
+    {"tanh", OP_TANH, 0, tanh, DOMAIN_ALL},     {"gelu", OP_GELU, 0, num_gelu, DOMAIN_ALL},
+    {"exp", OP_EXP, 0, exp, DOMAIN_ALL},        {"log", OP_LOG, 0, log, DOMAIN_POSITIVE},
+    {"sqrt", OP_SQRT, 0, sqrt, DOMAIN_NONNEG},  {"softmax", OP_SOFTMAX, 1, NULL, DOMAIN_ALL},
 };
+
+/* A unary function of a compile-time number: a number, or an error naming the value. */
+static Value unary_number(Sema *S, const AstExpr *c, Value v, double (*fn)(double), NumDomain d) {
+    double x = sema_num(v);
+    if ((d == DOMAIN_NONNEG && !(x >= 0)) || (d == DOMAIN_POSITIVE && !(x > 0))) {
+        diag_error(c->loc, "%s of %s is not defined", c->name, sema_value_text(S, v));
+        return sema_error();
+    }
+    double y = fn(x);
+    if (!isfinite(y)) {
+        diag_error(c->loc, "%s of %s overflows", c->name, sema_value_text(S, v));
+        return sema_error();
+    }
+    return sema_float(y);
+}
 
 static Value b_unary(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
@@ -423,7 +497,11 @@ static Value b_unary(Sema *S, const AstExpr *c, const char *label, Value *args) 
     size_t i = 0, n = sizeof unary_ops / sizeof *unary_ops;
     while (i < n && strcmp(unary_ops[i].name, c->name) != 0) i++;
     if (i == n) ICE("b_unary: %s", c->name);
-    IrNode *x = arg_tensor(A, 0, 0, unary_ops[i].min_rank);
+    Value v = args[0];
+    if ((v.k == V_INT || v.k == V_FLOAT) && unary_ops[i].num)
+        return unary_number(S, c, v, unary_ops[i].num, unary_ops[i].domain);
+    IrNode *x = unary_ops[i].op == OP_SOFTMAX ? arg_f32_tensor(A, 0, 0, 1)
+                                              : arg_tensor(A, 0, 0, unary_ops[i].min_rank);
     if (!A->ok) return sema_error();
     return sema_tensor(sema_node(S, unary_ops[i].op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
 }
@@ -432,7 +510,7 @@ static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args
     (void)label;
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_tensor(A, 0, 0, 0);
-    double p = arg_num(A, 1, 0.5, 0, 0.999999);
+    double p = arg_num_in(A, 1, 0.5, 0, 1, 1);
     if (!A->ok) return sema_error();
     if (p == 0) return sema_tensor(x);
     IrNode *y = sema_node(S, OP_DROPOUT, x->shape, x->dtype, c->loc, 1, x, NULL, NULL);
@@ -444,7 +522,7 @@ static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args
 static Value b_matmul(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *a = arg_tensor(A, 0, 0, 2), *b = arg_tensor(A, 1, 0, 2);
+    IrNode *a = arg_f32_tensor(A, 0, 0, 2), *b = arg_f32_tensor(A, 1, 0, 2);
     if (!A->ok) return sema_error();
     int r = a->shape.rank;
     if (r > 3 || b->shape.rank != r || a->shape.dim[r - 1] != b->shape.dim[r - 2] ||
@@ -468,11 +546,28 @@ static Value b_cast(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (v.k == V_INT || v.k == V_FLOAT)
         return int_dt ? sema_int((int64_t)sema_num(v)) : sema_float(sema_num(v));
     if (v.k != V_TENSOR) {
-        diag_error(c->loc, "%s() converts a tensor or a number, found %s", c->name, sema_value_desc(S, v));
+        diag_error(c->loc, "%s() converts a tensor or a number, found %s", c->name, sema_value_text(S, v));
         return sema_error();
     }
     if (v.t->dtype == dt) return v;
     return sema_tensor(sema_node(S, OP_CAST, v.t->shape, dt, c->loc, 1, v.t, NULL, NULL));
+}
+
+/* str(x): a compile-time value as text, for names built in loops: "layer" + str(i). */
+static Value b_str(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    Value v = args[0];
+    switch (v.k) {
+    case V_ERR: return v;
+    case V_STR: return v;
+    case V_INT: return (Value){.k = V_STR, .s = arena_printf(S->arena, "%lld", (long long)v.i)};
+    case V_FLOAT: return (Value){.k = V_STR, .s = arena_printf(S->arena, "%.17g", v.f)};
+    case V_BOOL: return (Value){.k = V_STR, .s = v.i ? "true" : "false"};
+    default:
+        diag_error(c->loc, "str() converts an integer, a number, a boolean or a string, found %s",
+                   sema_value_desc(S, v));
+        return sema_error();
+    }
 }
 
 static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -526,7 +621,7 @@ static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
 static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *logits = arg_tensor(A, 0, 2, 2);
+    IrNode *logits = arg_logits(A, 0);
     if (!A->ok) return sema_error();
     IrNode *lab = arg_labels(A, 1, logits);
     if (!A->ok) return sema_error();
@@ -555,7 +650,7 @@ static Value b_mse(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
     IrNode *x, *t;
-    if (!loss_pair(A, &x, &t)) return sema_error();
+    if (!loss_pair(A, &x, &t) || !refuse_half(A, 0, x) || !refuse_half(A, 1, t)) return sema_error();
     IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, t, NULL);
     IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
     return sema_tensor(batch_mean(S, sq, c->loc));
@@ -573,7 +668,7 @@ static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
 static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *logits = arg_tensor(A, 0, 2, 2);
+    IrNode *logits = arg_logits(A, 0);
     if (!A->ok) return sema_error();
     IrNode *lab = arg_labels(A, 1, logits);
     if (!A->ok) return sema_error();
@@ -599,6 +694,7 @@ static const SemaBuiltin builtins[] = {
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
     {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
+    {"str", "x", b_str, 1, 1, {"x"}},
     {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},
     {"mean", "x", b_reduce, 1, 1, {"x"}},
     {"sum", "x", b_reduce, 1, 1, {"x"}},
@@ -614,6 +710,10 @@ const SemaBuiltin *sema_find_builtin(const char *name) {
     return NULL;
 }
 
+void sema_suggest_builtin(Suggest *s) {
+    for (size_t i = 0; i < sizeof builtins / sizeof *builtins; i++) suggest_try(s, builtins[i].name);
+}
+
 /* ---- the train section: optimizers and schedules */
 
 static const SemaBuiltin schedule_calls[] = {
@@ -623,11 +723,13 @@ static const SemaBuiltin schedule_calls[] = {
 };
 
 /* Bind a recipe call such as sgd(0.1, momentum=0.9) to `b`, the one of its kind named like the
- * call (NULL when none is: an error naming the `allowed` ones). NULL after an error. */
+ * call (NULL when none is: an error naming the `allowed` ones, and the nearest of them `sg`
+ * found). NULL after an error. */
 static const SemaBuiltin *recipe_call(Sema *S, const AstExpr *e, const SemaBuiltin *b, const char *allowed,
-                                      Value *args) {
+                                      const Suggest *sg, Value *args) {
     if (!b || e->kind != AST_CALL) {
         diag_error(e->loc, "expected one of: %s", allowed);
+        sema_suggest_hint(sg);
         return NULL;
     }
     if (!sema_bind_args(S, S->global, e, b->params, b->n_params, args)) return NULL;
@@ -733,14 +835,17 @@ static void train_optimizer(Sema *S, const AstExpr *e) {
     char allowed[256] = "";
     const SemaBuiltin *b = NULL;
     RtOptimKind kind = RT_OPTIM_SGD;
+    Suggest sg;
+    suggest_init(&sg, e->kind == AST_CALL ? e->name : "");
     for (int k = 0; k < RT_N_OPTIMS; k++) {
         optim_call(rt_optimizer((RtOptimKind)k), &calls[k]);
         snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s(...)", k ? " " : "",
                  calls[k].b.name);
         if (e->kind == AST_CALL && strcmp(calls[k].b.name, e->name) == 0) b = &calls[k].b, kind = (RtOptimKind)k;
+        suggest_try(&sg, calls[k].b.name);
     }
-    if (!(b = recipe_call(S, e, b, allowed, a))) return;
-    Args A_ = {S, e, b, a, 1}, *A = &A_;
+    if (!(b = recipe_call(S, e, b, allowed, &sg, a))) return;
+    Args A_ = {S, e, b, a, 1, NULL}, *A = &A_;
     IrTrain *t = &S->g->train;
     t->optim = kind;
     t->lr = arg_num(A, 0, 0.01, 0, 1e6);
@@ -753,10 +858,14 @@ static void train_optimizer(Sema *S, const AstExpr *e) {
 static void train_schedule(Sema *S, const AstExpr *e) {
     Value a[SEMA_MAX_ARGS];
     const SemaBuiltin *b = NULL;
-    for (size_t i = 0; i < sizeof schedule_calls / sizeof *schedule_calls; i++)
+    Suggest sg;
+    suggest_init(&sg, e->kind == AST_CALL ? e->name : "");
+    for (size_t i = 0; i < sizeof schedule_calls / sizeof *schedule_calls; i++) {
         if (e->kind == AST_CALL && strcmp(schedule_calls[i].name, e->name) == 0) b = &schedule_calls[i];
-    if (!(b = recipe_call(S, e, b, "constant() step(...) cosine(...)", a))) return;
-    Args A_ = {S, e, b, a, 1}, *A = &A_;
+        suggest_try(&sg, schedule_calls[i].name);
+    }
+    if (!(b = recipe_call(S, e, b, "constant() step(...) cosine(...)", &sg, a))) return;
+    Args A_ = {S, e, b, a, 1, NULL}, *A = &A_;
     IrTrain *t = &S->g->train;
     if (strcmp(b->name, "constant") == 0) t->sched = SCHED_CONSTANT;
     else if (strcmp(b->name, "step") == 0) {
@@ -775,13 +884,29 @@ static double train_num(Sema *S, const AstStmt *s, double min, double max, int i
     if (v.k == V_ERR) return min;
     if ((v.k != V_INT && (integer || v.k != V_FLOAT)) || !(sema_num(v) >= min && sema_num(v) <= max)) {
         diag_error(s->value->loc, "'%s' must be %s in [%g, %g], found %s", s->name,
-                   integer ? "an integer" : "a number", min, max, sema_value_desc(S, v));
+                   integer ? "an integer" : "a number", min, max, sema_value_text(S, v));
         return min;
     }
     return sema_num(v);
 }
 
+/* Suggests the parameter name, or name prefix ending before a '.', nearest to `pre`. */
+static void suggest_param(Sema *S, const char *pre) {
+    Suggest sg;
+    suggest_init(&sg, pre);
+    for (int p = 0; p < S->g->n_params; p++) {
+        const char *name = S->g->params[p].name;
+        for (const char *dot = strchr(name, '.'); dot; dot = strchr(dot + 1, '.'))
+            suggest_try(&sg, arena_printf(S->arena, "%.*s", (int)(dot - name), name));
+        suggest_try(&sg, name);
+    }
+    sema_suggest_hint(&sg);
+}
+
 static void train_freeze(Sema *S, const AstStmt *s) {
+    /* After an error before the train section a layer may be missing its parameters: a name
+     * that matches none then proves nothing, and saying so would be a false error. */
+    int complete = S->errors_before_train == 0;
     Value one = sema_eval(S, S->global, s->value), v = one;
     if (one.k == V_STR) v = (Value){.k = V_LIST, .items = &one, .n = 1}; /* not &v: v changes */
     if (v.k != V_LIST) {
@@ -790,7 +915,7 @@ static void train_freeze(Sema *S, const AstStmt *s) {
     }
     for (int i = 0; i < v.n; i++) {
         if (v.items[i].k != V_STR) {
-            diag_error(s->value->loc, "freeze takes strings, found %s", sema_value_desc(S, v.items[i]));
+            diag_error(s->value->loc, "freeze takes strings, found %s", sema_value_text(S, v.items[i]));
             continue;
         }
         const char *pre = v.items[i].s;
@@ -803,7 +928,10 @@ static void train_freeze(Sema *S, const AstStmt *s) {
                 hits++;
             }
         }
-        if (!hits) diag_error(s->value->loc, "freeze: no parameter is named '%s' or starts with '%s.'", pre, pre);
+        if (!hits && complete) {
+            diag_error(s->value->loc, "freeze: no parameter is named '%s' or starts with '%s.'", pre, pre);
+            suggest_param(S, pre);
+        }
     }
 }
 
@@ -895,22 +1023,41 @@ static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
     else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else {
+        static const char *const keys[] = {"loss",       "metrics",   "optimizer", "schedule", "warmup",
+                                           "epochs",     "eval_every", "log_every", "freeze"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
+        Suggest sg;
+        suggest_init(&sg, s->name);
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
+        sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
                   "log_every, freeze, no_decay");
     }
 }
 
-void sema_train(Sema *S, const AstStmt *train) {
-    int have_optim = 0;
-    for (int i = 0; i < train->n_body; i++) {
-        const AstStmt *s = train->body[i];
-        if (s->kind != STMT_ASSIGN) {
-            diag_error(s->loc, "the train section holds settings of the form `name = value`");
+/* The settings of a train body; an `if` chooses among settings at compile time. */
+static void train_body(Sema *S, AstStmt *const *body, int n, int *have_optim) {
+    for (int i = 0; i < n; i++) {
+        const AstStmt *s = body[i];
+        if (s->kind == STMT_IF) {
+            Value c = sema_eval(S, S->global, s->value);
+            if (!sema_want_bool(S, c, s->value->loc)) continue;
+            if (c.i) train_body(S, s->body, s->n_body, have_optim);
+            else train_body(S, s->else_body, s->n_else, have_optim);
             continue;
         }
-        train_setting(S, s, &have_optim);
+        if (s->kind != STMT_ASSIGN) {
+            diag_error(s->loc, "the train section holds settings of the form `name = value` and `if`");
+            continue;
+        }
+        train_setting(S, s, have_optim);
     }
+}
+
+void sema_train(Sema *S, const AstStmt *train) {
+    int have_optim = 0;
+    S->errors_before_train = diag_error_count();
+    train_body(S, train->body, train->n_body, &have_optim);
     if (!S->g->loss && !diag_error_count()) {
         diag_error(train->loc, "the train section has no loss");
         diag_hint("add e.g. `loss = cross_entropy(logits, label)`");

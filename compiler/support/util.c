@@ -180,3 +180,44 @@ void strmap_put(Arena *a, StrMap *m, const char *key, void *val) {
     if (!m->keys[i]) m->keys[i] = key, m->len++;
     m->vals[i] = val;
 }
+
+/* ---- "did you mean" */
+
+enum { SUGGEST_MAX_LEN = 64 }; /* longer names are not compared */
+
+void suggest_init(Suggest *s, const char *name) {
+    size_t len = strlen(name);
+    *s = (Suggest){.name = name, .dist = len > 5 ? (int)len / 3 + 1 : 2};
+    if ((size_t)s->dist > len) s->dist = (int)len; /* 'y' is no typo of 'x' */
+}
+
+/* Edit distance with transpositions ("imgae" is one edit from "image"): the optimal string
+ * alignment distance, over three rows of the table; `limit` when the lengths alone exceed it. */
+static int edit_distance(const char *a, const char *b, int limit) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > SUGGEST_MAX_LEN || lb > SUGGEST_MAX_LEN) return limit;
+    if ((la > lb ? la - lb : lb - la) >= (size_t)limit) return limit;
+    int rows[3][SUGGEST_MAX_LEN + 1];
+    int *two = rows[0], *prev = rows[1], *cur = rows[2];
+    for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int best = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            if (prev[j] + 1 < best) best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && two[j - 2] + 1 < best)
+                best = two[j - 2] + 1;
+            cur[j] = best;
+        }
+        int *t = two;
+        two = prev, prev = cur, cur = t;
+    }
+    return prev[lb];
+}
+
+void suggest_try(Suggest *s, const char *candidate) {
+    if (strcmp(candidate, s->name) == 0) return;
+    int d = edit_distance(s->name, candidate, s->dist);
+    if (d < s->dist) s->dist = d, s->best = candidate;
+}

@@ -51,6 +51,18 @@ typedef struct StrMap {
 void *strmap_get(const StrMap *m, const char *key);   /* NULL when absent */
 void strmap_put(Arena *a, StrMap *m, const char *key, void *val); /* insert or replace */
 
+/* "Did you mean": the candidate nearest to a misspelt name by edit distance (insertions,
+ * deletions, substitutions), if it is near enough to be a likely typo: one edit for names of up
+ * to 5 characters (none for one character), a third of the length for longer ones. Feed every candidate in scope to suggest_try; best stays
+ * NULL when none is close. */
+typedef struct Suggest {
+    const char *name; /* the misspelt name */
+    const char *best; /* the nearest candidate so far, or NULL */
+    int dist;         /* its distance */
+} Suggest;
+void suggest_init(Suggest *s, const char *name);
+void suggest_try(Suggest *s, const char *candidate);
+
 /* Checked 64-bit arithmetic: return false on overflow. */
 static inline bool checked_mul(int64_t a, int64_t b, int64_t *out) {
     return !__builtin_mul_overflow(a, b, out);

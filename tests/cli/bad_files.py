@@ -133,6 +133,11 @@ def main():
     with open(f"{work}/json.safetensors", "wb") as f:
         f.write(struct.pack("<Q", 8) + b"{not js}")
     expect_fail("--init bad JSON", train("--init", f"{work}/json.safetensors"), "json.safetensors")
+    # torch.save's zip archive (PyTorch >= 1.6) and its older bare pickle are named as such
+    for name, head in (("zip.pt", b"PK\x03\x04"), ("pickle.pt", b"\x80\x02")):
+        with open(f"{work}/{name}", "wb") as f:
+            f.write(head + bytes(64))
+        expect_fail(f"--init {name}", train("--init", f"{work}/{name}"), "PyTorch pickle", "safetensors.torch")
 
     # a failed save leaves the old file untouched
     ro = f"{work}/readonly"
