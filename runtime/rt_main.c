@@ -37,6 +37,8 @@ typedef struct Options {
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
+    int eval_only;            /* one evaluation of the --init or --resume weights, no training */
+    RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume;
 } Options;
@@ -141,6 +143,7 @@ static void usage(const RtModel *m) {
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
+           "  --eval-only            evaluate the --init or --resume weights on --eval-data once and exit\n"
            "  --quiet                print nothing but errors\n",
            (long long)m->epochs, (long long)m->log_every);
     if (m->device)
@@ -152,6 +155,7 @@ static void usage(const RtModel *m) {
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
            "or --stop-at; the checkpoint, if any, holds the run)%s\n",
            m->device ? ", 5 no usable device" : "");
+    if (!m->device) rt_hparam_usage(m);
 }
 
 static int find_input(const RtModel *m, const char *name, size_t len) {
@@ -190,8 +194,19 @@ static int64_t number_at_most(const char *flag, const char *s, int64_t min, int6
     return v;
 }
 
+/* --eval-only reads weights and evaluation data, and writes nothing but the log. */
+static void check_eval_only(const RtModel *m, const Options *o) {
+    if (!o->init && !o->resume) die_usage("--eval-only needs the weights to evaluate: add --init FILE or --resume FILE");
+    if (o->save || o->checkpoint || o->gradcheck || o->stop_at)
+        die_usage("--eval-only trains nothing: leave out --save, --checkpoint, --stop-at and --gradcheck");
+    for (int i = 0; i < m->n_inputs; i++)
+        if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
+                                   m->inputs[i].name, m->inputs[i].name);
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs()};
+    *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs(),
+                   .schedule = m->schedule};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -216,6 +231,8 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
+        else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
+        else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, a, VALUE());
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
@@ -226,8 +243,9 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
     if (o->list_params) return;
+    if (o->eval_only) check_eval_only(m, o);
     for (int i = 0; i < m->n_inputs; i++) {
-        if (!o->data[i]) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
+        if (!o->data[i] && !o->eval_only) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
         o->n_eval += o->eval[i] != NULL;
     }
     if (o->n_eval && o->n_eval != m->n_inputs)
@@ -312,16 +330,19 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, int64_t of, do
     fflush(stdout);
 }
 
+/* Epoch 0: the one evaluation of --eval-only, outside any training. */
 static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
     if (t->log) {
-        fprintf(t->log, "{\"eval\": true, \"epoch\": %lld", (long long)epoch);
+        fprintf(t->log, "{\"eval\": true");
+        if (epoch) fprintf(t->log, ", \"epoch\": %lld", (long long)epoch);
         json_number(t->log, "loss", loss);
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
     if (t->o.quiet) return;
-    printf("%seval epoch %lld: loss %.4f", t->tty ? "\n" : "", (long long)epoch, loss);
+    if (epoch) printf("%seval epoch %lld: loss %.4f", t->tty ? "\n" : "", (long long)epoch, loss);
+    else printf("eval: loss %.4f", loss);
     if (t->m->has_accuracy) printf(" accuracy %.4f", acc);
     printf("\n");
 }
@@ -840,10 +861,12 @@ static void setup_context(Trainer *t) {
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
+    /* --eval-only --resume FILE evaluates the checkpoint's parameters; its position is not needed */
+    const char *file = t->o.init ? t->o.init : t->o.eval_only ? t->o.resume : NULL;
     /* a checkpoint also serves as a weight file; its optimizer state is not wanted here */
     int (*load)(const char *, const RtModel *, float *, RtError *) =
-        t->o.init && rt_ckpt_is_checkpoint(t->o.init) ? rt_ckpt_load_params : rt_st_load;
-    if (t->o.init && load(t->o.init, m, c->params, &err)) die("--init %s", err.msg);
+        file && rt_ckpt_is_checkpoint(file) ? rt_ckpt_load_params : rt_st_load;
+    if (file && load(file, m, c->params, &err)) die("%s %s", t->o.init ? "--init" : "--resume", err.msg);
 }
 
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
@@ -913,11 +936,34 @@ static void **batch_buffers(const RtModel *m) {
     return bufs;
 }
 
+static void free_buffers(const RtModel *m, void **bufs) {
+    for (int i = 0; i < m->n_inputs; i++) free(bufs[i]);
+    free(bufs);
+}
+
+/* --eval-only: the weights, one evaluation printed and logged as the periodic ones are, and no
+ * training data, steps or saved files. */
+static int eval_only(Trainer *t) {
+    const RtModel *m = t->m;
+    RtDataset ds;
+    open_data(m, t->o.eval, &ds);
+    setup_context(t);
+    if (t->o.log) t->log = open_log(t);
+    if (t->dev) t->dev->upload(t->ctx.params, t->ctx.optstate);
+    void **bufs = batch_buffers(m);
+    int rc = finish(t, evaluate(t, &ds, bufs, 0));
+    free_buffers(m, bufs);
+    RtCtx *c = &t->ctx;
+    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    rt_dataset_close(&ds);
+    if (t->dev) t->dev->close();
+    return rc;
+}
+
 /* Everything rt_main allocated, returned before it does, so that a leak checker (ASan's, or
  * valgrind's) reports only real leaks. */
 static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eval_ds) {
-    for (int i = 0; i < t->m->n_inputs; i++) free(bufs[i]);
-    free(bufs);
+    free_buffers(t->m, bufs);
     RtCtx *c = &t->ctx;
     free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
     rt_dataset_close(train_ds);
@@ -925,11 +971,16 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
     if (t->dev) t->dev->close();
 }
 
-int rt_main(int argc, char **argv, const RtModel *m) {
-    Trainer t = {.m = m, .tty = isatty(STDOUT_FILENO)};
-    if (m->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
-        die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
-    parse_options(argc, argv, m, &t.o);
+int rt_main(int argc, char **argv, const RtModel *model) {
+    Trainer t = {.tty = isatty(STDOUT_FILENO)};
+    if (model->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
+        die("model '%s' has %d inputs; this trainer holds at most %d", model->name, model->n_inputs, RT_MAX_INPUTS);
+    parse_options(argc, argv, model, &t.o);
+    /* the run's model: the compiled one with the command line's schedule, which the checkpoint
+     * fingerprint then covers */
+    RtModel run_model = *model;
+    run_model.schedule = t.o.schedule;
+    const RtModel *m = t.m = &run_model;
     if (t.o.list_params) return list_params(m), 0;
     check_outputs(&t);
     if (m->device) { /* before any data is read: a machine without the device stops here */
@@ -942,6 +993,7 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     }
     omp_set_num_threads(t.o.threads);
     if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
+    if (t.o.eval_only) return eval_only(&t);
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
