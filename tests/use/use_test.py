@@ -1,0 +1,160 @@
+"""Using a trained model, and changing a run without recompiling (docs/trainer.md).
+
+usage: use_test.py CASE NETC WORKDIR
+  eval_only  --eval-only on the weights a run saved (and on its checkpoint) prints and logs
+             exactly the loss and accuracy of that run's final evaluation, without --data; the
+             options it cannot use are refused
+  hparams    --lr X trains the same bits as the model compiled with -D lr=X (SGD, SGD with
+             momentum, weight decay and a cosine schedule, AdamW with a step schedule); --lr 0
+             leaves the weights as --init gave them; --help lists each value with the model's
+             default; values the schedule does not have and bad numbers are refused; a checkpoint
+             records the overrides, so resuming it without them is refused
+
+Every run uses --threads 1 so that runs compare bit for bit.
+"""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import Checks, run_cases  # noqa: E402
+
+check = Checks()
+
+
+def run(*argv):
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def compile_model(netc, net, exe, *defines):
+    rc, out = run(netc, net, *defines, "-o", exe)
+    assert rc == 0, out
+    return exe
+
+
+def mnist_like(work, n=40, rows=28):
+    """Random images and labels of the given sample count (n is not a multiple of the batch, so
+    the last evaluation batch is padded)."""
+    rng = np.random.default_rng(1)
+    img, lab = os.path.join(work, f"img{rows}.npy"), os.path.join(work, "lab.npy")
+    np.save(img, rng.random((n, 1, rows, rows), dtype=np.float32))
+    np.save(lab, rng.integers(0, 10, n).astype(np.int64))
+    return img, lab
+
+
+def last_eval(log):
+    lines = [json.loads(x) for x in open(log)]
+    return [x for x in lines if x.get("eval")][-1]
+
+
+def case_eval_only(netc, work):
+    exe = compile_model(netc, os.path.join(ROOT, "models", "lenet.net"), os.path.join(work, "lenet"),
+                        "-D", "batch=16")
+    img, lab = mnist_like(work)
+    data = ["--data", f"image={img}", "--data", f"label={lab}"]
+    ev = ["--eval-data", f"image={img}", "--eval-data", f"label={lab}"]
+    w, ck, log = (os.path.join(work, f) for f in ("w.safetensors", "run.ckpt", "train.jsonl"))
+    rc, out = run(exe, *data, *ev, "--threads", "1", "--steps", "4", "--save", w, "--checkpoint", ck, "--log", log)
+    check(rc == 0, f"training run: {out}")
+    final = last_eval(log)
+    printed = [x for x in out.splitlines() if x.startswith("eval epoch")][-1].split(": ", 1)[1]
+    for flag, f in (("--init", w), ("--resume", ck)):
+        elog = os.path.join(work, f"eval{flag}.jsonl")
+        rc, out = run(exe, *ev, flag, f, "--eval-only", "--threads", "1", "--log", elog)
+        check(rc == 0, f"--eval-only {flag}: {out}")
+        check(out.strip() == "eval: " + printed, f"--eval-only {flag} printed {out!r}, the run {printed!r}")
+        got = [json.loads(x) for x in open(elog)]
+        check(len(got) == 1 and got[0]["loss"] == final["loss"] and got[0]["accuracy"] == final["accuracy"],
+              f"--eval-only {flag} logged {got}, the run's final evaluation {final}")
+    refused = [(["--eval-only", *ev], "add --init FILE or --resume FILE"),
+               (["--eval-only", "--init", w], "no evaluation data for input 'image'"),
+               (["--eval-only", "--init", w, *ev, "--save", os.path.join(work, "x.st")], "trains nothing")]
+    for args, words in refused:
+        rc, out = run(exe, *args)
+        check(rc == 2 and words in out, f"{args}: exit {rc}, want 2 and '{words}': {out}")
+
+
+# (model, its inputs' data, the -D of its lr, the value the command line sets)
+def hparam_models(work):
+    img, lab = mnist_like(work)
+    rng = np.random.default_rng(2)
+    x16, x244, lab4 = (os.path.join(work, f) for f in ("x16.npy", "x244.npy", "lab4.npy"))
+    np.save(x16, rng.standard_normal((32, 16), dtype=np.float32))
+    np.save(x244, rng.standard_normal((32, 2, 4, 4), dtype=np.float32))
+    np.save(lab4, rng.integers(0, 4, 32).astype(np.int64))
+    ck = os.path.join(ROOT, "tests", "checkpoint")
+    # adamw_bn.net writes its rate as a number; a copy names it, so that -D can set it
+    adamw = os.path.join(work, "adamw_bn.net")
+    with open(os.path.join(ck, "adamw_bn.net")) as f:
+        text = f.read().replace("const batch = 8", "const batch = 8, lr = 0.01").replace("adamw(0.01", "adamw(lr")
+    with open(adamw, "w") as f:
+        f.write(text)
+    return [(os.path.join(ROOT, "models", "mlp.net"), {"image": img, "label": lab}, ["-D", "batch=16"]),
+            (os.path.join(ck, "sgd_momentum.net"), {"x": x16, "label": lab4}, []),
+            (adamw, {"x": x244, "label": lab4}, [])]
+
+
+def case_hparams(netc, work):
+    for net, files, defs in hparam_models(work):
+        name = os.path.basename(net)[:-4]
+        data = [a for k, f in files.items() for a in ("--data", f"{k}={f}")]
+        train = [*data, "--threads", "1", "--steps", "6", "--seed", "3"]
+        exe = compile_model(netc, net, os.path.join(work, name), *defs)
+        ref = compile_model(netc, net, os.path.join(work, name + "_lr"), *defs, "-D", "lr=0.0123")
+        a, b = os.path.join(work, name + "_flag.st"), os.path.join(work, name + "_def.st")
+        rc1, out1 = run(exe, *train, "--lr", "0.0123", "--save", a)
+        rc2, out2 = run(ref, *train, "--save", b)
+        check(rc1 == rc2 == 0, f"{name}: {out1} {out2}")
+        check(filecmp.cmp(a, b, shallow=False), f"{name}: --lr 0.0123 differs from -D lr=0.0123")
+        plain = os.path.join(work, name + "_plain.st")
+        run(exe, *train, "--save", plain)
+        check(not filecmp.cmp(a, plain, shallow=False), f"{name}: --lr 0.0123 changed nothing")
+    mlp = os.path.join(work, "mlp")
+    img_lab = ["--data", f"image={files_of(work)[0]}", "--data", f"label={files_of(work)[1]}", "--threads", "1"]
+    w0, w1 = os.path.join(work, "w0.st"), os.path.join(work, "w1.st")
+    rc, out = run(mlp, *img_lab, "--steps", "1", "--save", w0)
+    rc, out = run(mlp, *img_lab, "--steps", "5", "--init", w0, "--lr", "0", "--save", w1)
+    check(rc == 0 and filecmp.cmp(w0, w1, shallow=False), f"--lr 0 changed the weights: {out}")
+    check_help_and_refusals(work)
+
+
+def files_of(work):
+    return os.path.join(work, "img28.npy"), os.path.join(work, "lab.npy")
+
+
+def check_help_and_refusals(work):
+    rc, out = run(os.path.join(work, "mlp"), "--help")
+    check(rc == 0 and "--lr X" in out and "(default 0.02)" in out and "--warmup-epochs X" in out,
+          f"mlp --help lacks the schedule's values: {out}")
+    check("--gamma" not in out, "mlp --help lists --gamma, which a constant schedule lacks")
+    rc, out = run(os.path.join(work, "sgd_momentum"), "--help")
+    check("--min-lr X" in out and "(default 0.001)" in out and "(default 0.5)" in out,
+          f"sgd_momentum --help lacks min_lr 0.001 or warm-up 0.5: {out}")
+    rc, out = run(os.path.join(work, "adamw_bn"), "--help")
+    check("--step-epochs X" in out and "--gamma X" in out and "(default 0.5)" in out, f"adamw_bn --help: {out}")
+    img, lab = files_of(work)
+    data = ["--data", f"image={img}", "--data", f"label={lab}", "--threads", "1"]
+    for args, words in ((["--gamma", "0.5"], "the model's schedule is constant(), which has no such value"),
+                        (["--lr", "-1"], "--lr needs a number >= 0, found '-1'"),
+                        (["--lr", "fast"], "--lr needs a number >= 0, found 'fast'")):
+        rc, out = run(os.path.join(work, "mlp"), *data, *args)
+        check(rc == 2 and words in out, f"{args}: exit {rc}, want 2 and '{words}': {out}")
+    ck = os.path.join(work, "lr.ckpt")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--steps", "4", "--stop-at", "2", "--lr", "0.05",
+                  "--checkpoint", ck)
+    check(rc == 4, f"stopped run: exit {rc}: {out}")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--resume", ck, "--checkpoint", ck)
+    check(rc == 1 and "schedule differ" in out, f"resume without the run's --lr: exit {rc}: {out}")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--resume", ck, "--checkpoint", ck, "--lr", "0.05")
+    check(rc == 0, f"resume with the run's --lr: exit {rc}: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams}, "use", check, sys.argv))
