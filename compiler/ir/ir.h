@@ -283,6 +283,9 @@ int ir_verify(const IrGraph *g, const char *stage);
 /* --dump=ir / --dump=grad: one line per node, stable for golden tests:
  *   %7 = conv2d(%3, %6) f32[64,6,28,28] stride=1,1 pad=2,2   # lenet.net:9 */
 void ir_print(const IrGraph *g, FILE *out);
+/* --summary: the forward graph as a table of layers (output shape, parameters, per-sample
+ * multiply-adds) and the totals, as torchinfo prints a model (summary.c). */
+void ir_summary(const IrGraph *g, FILE *out);
 /* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
 void ir_print_ops(FILE *out);
 

@@ -4,6 +4,9 @@ usage: use_test.py CASE NETC WORKDIR
   eval_only  --eval-only on the weights a run saved (and on its checkpoint) prints and logs
              exactly the loss and accuracy of that run's final evaluation, without --data; the
              options it cannot use are refused
+  summary    netc --summary: LeNet's layers, shapes, parameters and mult-adds against the
+             arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
+             trainer's --list-params and PyTorch's count
   hparams    --lr X trains the same bits as the model compiled with -D lr=X (SGD, SGD with
              momentum, weight decay and a cosine schedule, AdamW with a step schedule); --lr 0
              leaves the weights as --init gave them; --help lists each value with the model's
@@ -156,5 +159,49 @@ def check_help_and_refusals(work):
     check(rc == 0, f"resume with the run's --lr: exit {rc}: {out}")
 
 
+# LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
+#   conv1: 6 filters 1x5x5 + 6 biases = 156;    28*28 outputs * 6 channels * (1*5*5) = 117600
+#   conv2: 16 filters 6x5x5 + 16 biases = 2416; 10*10 outputs * 16 channels * (6*5*5) = 240000
+#   fc1: 400*120 + 120 = 48120;                 120 outputs * 400 inputs = 48000
+#   fc2: 120*84 + 84 = 10164;                   84 * 120 = 10080
+#   fc3: 84*10 + 10 = 850;                      10 * 84 = 840
+# totals: 156 + 2416 + 48120 + 10164 + 850 = 61706 parameters;
+#         117600 + 240000 + 48000 + 10080 + 840 = 416520 mult-adds, 833040 FLOPs
+LENET = [("conv1", "[64, 6, 28, 28]", 156, 117600), ("conv2", "[64, 16, 10, 10]", 2416, 240000),
+         ("fc1", "[64, 120]", 48120, 48000), ("fc2", "[64, 84]", 10164, 10080), ("fc3", "[64, 10]", 850, 840)]
+# torchvision-style ResNet-18 for CIFAR-10 (3x3 stem, no max-pool), as PyTorch counts it:
+# sum(p.numel() for p in model.parameters())
+RESNET18_CIFAR_PARAMS = 11173962
+
+
+def summary_rows(out):
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 8 and f[-2] == "line":  # name op [shape...] params macs line N
+            shape = line[41:64].strip()
+            rows.setdefault(f[0], (shape, int(f[-4]), int(f[-3])))
+    return rows
+
+
+def case_summary(netc, work):
+    models = os.path.join(ROOT, "models")
+    rc, out = run(netc, os.path.join(models, "lenet.net"), "--summary")
+    check(rc == 0, f"netc --summary lenet: {out}")
+    rows = summary_rows(out)
+    for name, shape, params, macs in LENET:
+        check(rows.get(name) == (shape, params, macs), f"lenet {name}: {rows.get(name)}, want {(shape, params, macs)}")
+    check("total params: 61706 (trainable 61706, frozen 0)" in out, f"lenet params total: {out}")
+    check("total mult-adds per sample: 416520 " in out and "= 833040" in out, f"lenet mult-adds total: {out}")
+    check(sum(r[1] for r in rows.values()) == 61706, f"lenet rows do not add up to the total: {rows}")
+    exe = compile_model(netc, os.path.join(models, "lenet.net"), os.path.join(work, "lenet"))
+    rc, listed = run(exe, "--list-params")
+    check("total 61706 parameters" in listed, f"lenet --list-params disagrees: {listed}")
+    rc, out = run(netc, os.path.join(models, "resnet18_cifar.net"), "--summary")
+    check(rc == 0 and f"total params: {RESNET18_CIFAR_PARAMS} " in out, f"resnet18_cifar params total: {out}")
+    check(summary_rows(out).get("layer4.1.conv2") == ("[128, 512, 4, 4]", 512 * 512 * 9, 4 * 4 * 512 * 512 * 9),
+          f"resnet18_cifar layer4.1.conv2: {summary_rows(out).get('layer4.1.conv2')}")
+
+
 if __name__ == "__main__":
-    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams}, "use", check, sys.argv))
+    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams, "summary": case_summary}, "use", check, sys.argv))
