@@ -485,6 +485,7 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
     }
     c->read[g->loss->id] = 1;
     if (g->correct) c->read[g->correct->id] = 1;
+    if (g->output) c->read[g->output->id] = 1;
     for (int i = 0; with_grads && i < g->n_params; i++)
         if (cg_needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
 }
@@ -630,6 +631,39 @@ void cg_emit_model_head(Cg *c) {
     cg_line(c, ".n_state_slots = %d,", cg_state_slots(&g->train));
 }
 
+int cg_has_output(const IrGraph *g) {
+    return g->output && g->output->shape.rank >= 1 && g->output->shape.dim[0] == g->batch;
+}
+
+/* The inputs the output depends on, as a bit mask over input numbers. */
+static uint32_t output_inputs(const IrGraph *g) {
+    unsigned char *needs = calloc((size_t)g->n + 1, 1);
+    uint32_t mask = 0;
+    if (!needs) ICE("out of memory");
+    needs[g->output->id] = 1;
+    for (int i = g->n_fwd - 1; i >= 0; i--) { /* operands come before their users */
+        const IrNode *n = g->nodes[i];
+        if (!needs[n->id]) continue;
+        if (n->op == OP_INPUT) mask |= 1u << n->index;
+        for (int k = 0; k < n->n_in; k++) needs[n->in[k]->id] = 1;
+    }
+    free(needs);
+    return mask;
+}
+
+/* The model's output for --predict: its per-sample shape and the inputs it reads. */
+static void emit_output_desc(Cg *c) {
+    const IrGraph *g = c->g;
+    if (!cg_has_output(g)) {
+        cg_line(c, ".output_rank = -1,");
+        return;
+    }
+    const IrShape *s = &g->output->shape;
+    cg_begin(c, ".output_rank = %d, .output_shape = {", s->rank - 1);
+    for (int d = 1; d < s->rank; d++) fprintf(c->out, "%s%" PRId64, d > 1 ? ", " : "", s->dim[d]);
+    cg_end(c, "}, .output_inputs = 0x%" PRIx32 ",", output_inputs(g));
+}
+
 /* ... and the training recipe: optimizer, schedule, epochs, logging, loss. */
 void cg_emit_model_recipe(Cg *c) {
     const IrGraph *g = c->g;
@@ -641,6 +675,7 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
     cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    emit_output_desc(c);
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */

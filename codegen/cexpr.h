@@ -95,6 +95,8 @@ int cg_in_place(const IrParam *p);
 int cg_needs_copy(const IrParam *p);
 void cg_mark_reads(Cg *c, int end, int with_grads);
 int cg_state_slots(const IrTrain *t);
+/* The graph has an output --predict can hand out: a value with the batch as its first axis. */
+int cg_has_output(const IrGraph *g);
 void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this

@@ -162,4 +162,13 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, const char *flag, const char
 /* The --help lines: each value the model's schedule has, with the model's value. */
 void rt_hparam_usage(const RtModel *m);
 
+/* ---- --predict (rt_predict.c) */
+
+/* 0 when files[] (per input, NULL for none) names exactly the inputs the model's output reads. */
+int rt_predict_check(const RtModel *m, const char *const *files, RtError *err);
+/* The output for every sample of files[], with the parameters in ctx, as a float32 .npy at path
+ * (written atomically); *n_out is the number of samples. */
+int rt_predict(const RtModel *m, RtCtx *ctx, const char *const *files, const char *path, int64_t *n_out,
+               RtError *err);
+
 #endif

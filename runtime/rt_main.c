@@ -33,11 +33,13 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
 
 typedef struct Options {
-    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS];
+    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
+    const char *predict_out;  /* --predict-out: the model's output for the --predict files */
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
+    int n_predict;            /* --predict files given */
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume;
@@ -144,6 +146,9 @@ static void usage(const RtModel *m) {
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
            "  --eval-only            evaluate the --init or --resume weights on --eval-data once and exit\n"
+           "  --predict NAME=FILE    with --predict-out OUT.npy: write the model's output (the value its loss\n"
+           "                         reads, e.g. the logits) for every sample of FILE as float32 .npy, using\n"
+           "                         the --init or --resume weights; only the inputs the output reads\n"
            "  --quiet                print nothing but errors\n",
            (long long)m->epochs, (long long)m->log_every);
     if (m->device)
@@ -194,11 +199,25 @@ static int64_t number_at_most(const char *flag, const char *s, int64_t min, int6
     return v;
 }
 
-/* --eval-only reads weights and evaluation data, and writes nothing but the log. */
+/* --predict reads weights and the files of the inputs the output reads, and writes the output. */
+static void check_predict(const RtModel *m, const Options *o) {
+    if (!o->n_predict) die_usage("--predict-out needs the samples to predict: add --predict NAME=FILE");
+    if (!o->predict_out) die_usage("--predict needs --predict-out OUT.npy, the file to write");
+    if (m->device)
+        die_usage("--predict runs in CPU trainers only: build one from the same .net with netc --backend cpu "
+                  "(it reads the same weight files)");
+    RtError err;
+    if (rt_predict_check(m, o->predict, &err)) die_usage("%s", err.msg);
+}
+
+/* --eval-only and --predict read weights and data, and write nothing but their own output. */
 static void check_eval_only(const RtModel *m, const Options *o) {
-    if (!o->init && !o->resume) die_usage("--eval-only needs the weights to evaluate: add --init FILE or --resume FILE");
+    const char *what = o->eval_only ? "--eval-only" : "--predict";
+    if (o->eval_only && o->predict_out) die_usage("--eval-only and --predict: give one");
+    if (!o->init && !o->resume) die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
     if (o->save || o->checkpoint || o->gradcheck || o->stop_at)
-        die_usage("--eval-only trains nothing: leave out --save, --checkpoint, --stop-at and --gradcheck");
+        die_usage("%s trains nothing: leave out --save, --checkpoint, --stop-at and --gradcheck", what);
+    if (!o->eval_only) return check_predict(m, o);
     for (int i = 0; i < m->n_inputs; i++)
         if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
                                    m->inputs[i].name, m->inputs[i].name);
@@ -232,6 +251,8 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
+        else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
+        else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
         else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, a, VALUE());
         else die_usage("unknown option '%s'", a);
 #undef VALUE
@@ -243,9 +264,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
     if (o->list_params) return;
-    if (o->eval_only) check_eval_only(m, o);
+    int using = o->eval_only || o->predict_out || o->n_predict;
+    if (using) check_eval_only(m, o);
     for (int i = 0; i < m->n_inputs; i++) {
-        if (!o->data[i] && !o->eval_only) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
+        if (!o->data[i] && !using) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
         o->n_eval += o->eval[i] != NULL;
     }
     if (o->n_eval && o->n_eval != m->n_inputs)
@@ -731,7 +753,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = 2 * RT_MAX_INPUTS + 4 };
+enum { MAX_FILES = 3 * RT_MAX_INPUTS + 4 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -753,6 +775,7 @@ static int list_inputs(const Trainer *t, NamedFile *in) {
     for (int i = 0; i < t->m->n_inputs; i++) {
         n = add_file(in, n, 1, o->data[i], "--data %s=%s", t->m->inputs[i].name);
         n = add_file(in, n, 1, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
+        n = add_file(in, n, 1, o->predict[i], "--predict %s=%s", t->m->inputs[i].name);
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
@@ -779,16 +802,19 @@ static void check_log(const char *path) {
 
 static void check_outputs(const Trainer *t) {
     const Options *o = &t->o;
-    NamedFile in[MAX_FILES], out[3];
+    NamedFile in[MAX_FILES], out[4];
     int n_in = list_inputs(t, in), n_out = 0;
     char why[RT_WHY_MAX];
     if (o->save && rt_out_probe(o->save, why, sizeof why) != 0) die("cannot save weights to '%s': %s", o->save, why);
     RtError err;
     if (o->checkpoint && rt_ckpt_check_writable(o->checkpoint, &err)) die("%s", err.msg);
     if (o->log) check_log(o->log);
+    if (o->predict_out && rt_out_probe(o->predict_out, why, sizeof why) != 0)
+        die("cannot write the predictions to '%s': %s", o->predict_out, why);
     n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
     n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
     n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
+    n_out = add_file(out, n_out, 0, o->predict_out, "--predict-out%s %s", "");
     for (int k = 0; k < n_out; k++) {
         for (int i = 0; i < n_in; i++) {
             int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
@@ -960,6 +986,19 @@ static int eval_only(Trainer *t) {
     return rc;
 }
 
+/* --predict: the weights, then the output for every sample (rt_predict.c). */
+static int predict(Trainer *t) {
+    setup_context(t);
+    RtError err;
+    int64_t n = 0;
+    int rc = rt_predict(t->m, &t->ctx, t->o.predict, t->o.predict_out, &n, &err);
+    if (rc) fprintf(stderr, "error: %s\n", err.msg);
+    else if (!t->o.quiet) printf("wrote the output of %lld samples to '%s'\n", (long long)n, t->o.predict_out);
+    RtCtx *c = &t->ctx;
+    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    return finish(t, rc ? 1 : 0);
+}
+
 /* Everything rt_main allocated, returned before it does, so that a leak checker (ASan's, or
  * valgrind's) reports only real leaks. */
 static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eval_ds) {
@@ -994,6 +1033,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     omp_set_num_threads(t.o.threads);
     if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
     if (t.o.eval_only) return eval_only(&t);
+    if (t.o.predict_out) return predict(&t);
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);

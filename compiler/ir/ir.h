@@ -210,6 +210,9 @@ typedef struct IrGraph {
     StrMap param_index; /* name -> 1 + its index in params */
     IrNode *loss;      /* scalar f32 */
     IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
+    IrNode *output;    /* the model's output: the value the loss function reads first (the
+                        * logits, mse's prediction), which eval_step hands out; NULL when the
+                        * loss is written without a loss function */
     IrTrain train;
     int n_dropout;     /* seed ids handed out so far */
     int n_groups;      /* fused element-wise groups */
