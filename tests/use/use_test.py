@@ -4,6 +4,10 @@ usage: use_test.py CASE NETC WORKDIR
   eval_only  --eval-only on the weights a run saved (and on its checkpoint) prints and logs
              exactly the loss and accuracy of that run's final evaluation, without --data; the
              options it cannot use are refused
+  predict    --predict/--predict-out on a padded last batch: as many rows as the file has samples,
+             equal to a float64 numpy forward pass of MLP on the same weights and to PyTorch's
+             LeNet (channels-last convolutions inside); LeNet's argmax gives the accuracy
+             --eval-only prints; labels are not needed; the output is refused as an input
   summary    netc --summary: LeNet's layers, shapes, parameters and mult-adds against the
              arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
              trainer's --list-params and PyTorch's count
@@ -26,7 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import Checks, run_cases  # noqa: E402
+from netc_testlib import Checks, run_cases, st_load  # noqa: E402
 
 check = Checks()
 
@@ -159,6 +163,73 @@ def check_help_and_refusals(work):
     check(rc == 0, f"resume with the run's --lr: exit {rc}: {out}")
 
 
+def st_tensors(path):
+    return {k: np.asarray(v, dtype=np.float64) for k, v in st_load(path).items()}
+
+
+def trained(netc, work, net, name, img, lab, *defs):
+    """A trainer for `net` and the weights of a few steps of it."""
+    exe = compile_model(netc, net, os.path.join(work, name), *defs)
+    w = os.path.join(work, name + ".safetensors")
+    rc, out = run(exe, "--data", f"image={img}", "--data", f"label={lab}", "--threads", "1", "--steps", "3",
+                  "--save", w)
+    assert rc == 0, out
+    return exe, w
+
+
+def predict(exe, w, img, out_npy, *extra):
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", out_npy, "--threads", "1", *extra)
+    check(rc == 0, f"{exe} --predict: {out}")
+    return np.load(out_npy) if rc == 0 else None
+
+
+# Float32 against a float64 reference: each output sums a few hundred products of values of
+# order 1 (pixels/255, weights ~0.05), so float32 rounding leaves a few 1e-6 relative; 1e-4 of
+# the output's scale is far above that and far below any wrong weight, row or layout.
+def close(got, want):
+    return got is not None and got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * max(1, np.abs(want).max())
+
+
+def case_predict(netc, work):
+    img, lab = mnist_like(work, n=40)  # 40 = 2 batches of 16 and a padded one of 8
+    exe, w = trained(netc, work, os.path.join(ROOT, "models", "mlp.net"), "mlp", img, lab, "-D", "batch=16")
+    got = predict(exe, w, img, os.path.join(work, "mlp_out.npy"))
+    t = st_tensors(w)
+    x = np.load(img).astype(np.float64).reshape(40, -1) / 255
+    h = np.maximum(x @ t["fc1.weight"].T + t["fc1.bias"], 0)
+    want = h @ t["fc2.weight"].T + t["fc2.bias"]
+    check(got is not None and got.dtype == np.float32 and got.shape == (40, 10), f"mlp predictions: {got}")
+    check(close(got, want), f"mlp predictions differ from numpy: {got} {want}")
+    check_lenet(netc, work, img, lab)
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", img)
+    check(rc == 2 and "would destroy that input" in out, f"--predict-out naming its input: exit {rc}: {out}")
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict", f"label={lab}", "--predict-out",
+                  os.path.join(work, "x.npy"))
+    check(rc == 2 and "does not depend on input 'label'" in out, f"--predict label: exit {rc}: {out}")
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}")
+    check(rc == 2 and "--predict-out" in out, f"--predict without --predict-out: exit {rc}: {out}")
+
+
+def check_lenet(netc, work, img, lab):
+    import torch
+    exe, w = trained(netc, work, os.path.join(ROOT, "models", "lenet.net"), "lenet", img, lab, "-D", "batch=16")
+    got = predict(exe, w, img, os.path.join(work, "lenet_out.npy"))
+    t = {k: torch.tensor(v) for k, v in st_tensors(w).items()}
+    F = torch.nn.functional
+    x = torch.tensor(np.load(img).astype(np.float64)) / 255
+    x = F.max_pool2d(F.relu(F.conv2d(x, t["conv1.weight"], t["conv1.bias"], padding=2)), 2)
+    x = F.max_pool2d(F.relu(F.conv2d(x, t["conv2.weight"], t["conv2.bias"])), 2).flatten(1)
+    x = F.relu(F.linear(x, t["fc1.weight"], t["fc1.bias"]))
+    x = F.relu(F.linear(x, t["fc2.weight"], t["fc2.bias"]))
+    want = F.linear(x, t["fc3.weight"], t["fc3.bias"]).numpy()
+    check(close(got, want), f"lenet predictions differ from PyTorch (float64): {got} {want}")
+    rc, out = run(exe, "--init", w, "--eval-only", "--eval-data", f"image={img}", "--eval-data", f"label={lab}",
+                  "--threads", "1")
+    acc = float(out.split("accuracy ")[1]) if rc == 0 else -1
+    mine = float((got.argmax(1) == np.load(lab)).mean()) if got is not None else -2
+    check(abs(acc - mine) < 5e-5, f"lenet: --eval-only accuracy {acc}, argmax of the predictions {mine}")
+
+
 # LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
 #   conv1: 6 filters 1x5x5 + 6 biases = 156;    28*28 outputs * 6 channels * (1*5*5) = 117600
 #   conv2: 16 filters 6x5x5 + 16 biases = 2416; 10*10 outputs * 16 channels * (6*5*5) = 240000
@@ -204,4 +275,5 @@ def case_summary(netc, work):
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams, "summary": case_summary}, "use", check, sys.argv))
+    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams, "summary": case_summary,
+                           "predict": case_predict}, "use", check, sys.argv))
