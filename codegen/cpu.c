@@ -505,6 +505,8 @@ static void emit_output_copy(Cg *c) {
         cg_line(c, "                ctx->output[((n * %" PRId64 " + ch) * %" PRId64 " + h) * %" PRId64 " + w] = "
                    "%s(v%d[((n * %" PRId64 " + h) * %" PRId64 " + w) * %" PRId64 " + ch]);",
                 d[1], d[2], d[3], conv, y->id, d[2], d[3], d[1]);
+    } else if (y->dtype == DT_F32) {
+        cg_line(c, "memcpy(ctx->output, v%d, %" PRId64 " * sizeof(float));", y->id, ir_numel(&y->shape));
     } else {
         cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) ctx->output[i] = %s(v%d[i]);", ir_numel(&y->shape),
                 conv, y->id);

@@ -146,9 +146,10 @@ static void usage(const RtModel *m) {
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
            "  --eval-only            evaluate the --init or --resume weights on --eval-data once and exit\n"
-           "  --predict NAME=FILE    with --predict-out OUT.npy: write the model's output (the value its loss\n"
-           "                         reads, e.g. the logits) for every sample of FILE as float32 .npy, using\n"
-           "                         the --init or --resume weights; only the inputs the output reads\n"
+           "  --predict NAME=FILE    samples of input NAME (only the inputs the model's output reads) to predict\n"
+           "  --predict-out FILE     write the model's output (the value its loss reads first, e.g. the logits)\n"
+           "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
+           "                         weights, and exit\n"
            "  --quiet                print nothing but errors\n",
            (long long)m->epochs, (long long)m->log_every);
     if (m->device)
@@ -887,8 +888,8 @@ static void setup_context(Trainer *t) {
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
-    /* --eval-only --resume FILE evaluates the checkpoint's parameters; its position is not needed */
-    const char *file = t->o.init ? t->o.init : t->o.eval_only ? t->o.resume : NULL;
+    /* --eval-only or --predict with --resume FILE use the checkpoint's parameters, not its position */
+    const char *file = t->o.init ? t->o.init : t->o.eval_only || t->o.predict_out ? t->o.resume : NULL;
     /* a checkpoint also serves as a weight file; its optimizer state is not wanted here */
     int (*load)(const char *, const RtModel *, float *, RtError *) =
         file && rt_ckpt_is_checkpoint(file) ? rt_ckpt_load_params : rt_st_load;
@@ -975,7 +976,10 @@ static int eval_only(Trainer *t) {
     open_data(m, t->o.eval, &ds);
     setup_context(t);
     if (t->o.log) t->log = open_log(t);
-    if (t->dev) t->dev->upload(t->ctx.params, t->ctx.optstate);
+    if (t->dev) { /* the parameters, and a device state whose sums are zero */
+        t->dev->upload(t->ctx.params, t->ctx.optstate);
+        t->dev->start(0, 1, 1, t->o.seed);
+    }
     void **bufs = batch_buffers(m);
     int rc = finish(t, evaluate(t, &ds, bufs, 0));
     free_buffers(m, bufs);

@@ -6,7 +6,8 @@ usage: use_test.py CASE NETC WORKDIR
              options it cannot use are refused
   predict    --predict/--predict-out on a padded last batch: as many rows as the file has samples,
              equal to a float64 numpy forward pass of MLP on the same weights and to PyTorch's
-             LeNet (channels-last convolutions inside); LeNet's argmax gives the accuracy
+             LeNet (channels-last convolutions inside) and to PyTorch's channels_last_output.net (a
+             channels-last output, transposed back as it is written); LeNet's argmax gives the accuracy
              --eval-only prints; labels are not needed; the output is refused as an input
   summary    netc --summary: LeNet's layers, shapes, parameters and mult-adds against the
              arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
@@ -201,6 +202,7 @@ def case_predict(netc, work):
     check(got is not None and got.dtype == np.float32 and got.shape == (40, 10), f"mlp predictions: {got}")
     check(close(got, want), f"mlp predictions differ from numpy: {got} {want}")
     check_lenet(netc, work, img, lab)
+    check_channels_last(netc, work)
     rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", img)
     check(rc == 2 and "would destroy that input" in out, f"--predict-out naming its input: exit {rc}: {out}")
     rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict", f"label={lab}", "--predict-out",
@@ -228,6 +230,25 @@ def check_lenet(netc, work, img, lab):
     acc = float(out.split("accuracy ")[1]) if rc == 0 else -1
     mine = float((got.argmax(1) == np.load(lab)).mean()) if got is not None else -2
     check(abs(acc - mine) < 5e-5, f"lenet: --eval-only accuracy {acc}, argmax of the predictions {mine}")
+
+
+def check_channels_last(netc, work):
+    import torch
+    rng = np.random.default_rng(3)
+    x, t = os.path.join(work, "cl_x.npy"), os.path.join(work, "cl_t.npy")
+    np.save(x, rng.standard_normal((10, 3, 6, 6), dtype=np.float32))  # 10 = 2 batches of 4 and a padded one
+    np.save(t, rng.standard_normal((10, 8, 6, 6), dtype=np.float32))
+    exe = compile_model(netc, os.path.join(HERE, "channels_last_output.net"), os.path.join(work, "cl"))
+    w, out = os.path.join(work, "cl.safetensors"), os.path.join(work, "cl_out.npy")
+    rc, msg = run(exe, "--data", f"x={x}", "--data", f"t={t}", "--threads", "1", "--steps", "2", "--save", w)
+    check(rc == 0, f"channels_last_output training: {msg}")
+    rc, msg = run(exe, "--init", w, "--predict", f"x={x}", "--predict-out", out, "--threads", "1")
+    check(rc == 0, f"channels_last_output --predict: {msg}")
+    p = {k: torch.tensor(v) for k, v in st_tensors(w).items()}
+    F = torch.nn.functional
+    h = F.relu(F.conv2d(torch.tensor(np.load(x).astype(np.float64)), p["c1.weight"], p["c1.bias"], padding=1))
+    want = F.conv2d(h, p["c2.weight"], p["c2.bias"], padding=1).numpy()
+    check(close(np.load(out) if rc == 0 else None, want), "channels_last_output predictions differ from PyTorch")
 
 
 # LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
