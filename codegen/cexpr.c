@@ -492,7 +492,7 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
 
 int cg_state_slots(const IrTrain *t) { return rt_optimizer(t->optim)->slots(t->hyper); }
 
-void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step) {
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step, const char *hyper) {
     const RtOptimizer *opt = rt_optimizer(t->optim);
     const RtOptimParams *h = &t->hyper;
     cg_line(c, "// optimizer = %s(...): %s and %s in rt_recipe.h", opt->name, opt->step_fn, opt->update_fn);
@@ -508,10 +508,11 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
     cg_begin(c, "// {");
     RT_OPTIM_PARAMS(NAME)
     cg_end(c, "}");
-    cg_begin(c, "const RtOptimParams h = {");
+    cg_begin(c, hyper ? "// the model's values, which the trainer's options may change: {" : "const RtOptimParams h = {");
     sep = "";
     RT_OPTIM_PARAMS(VALUE)
-    cg_end(c, "};");
+    cg_end(c, hyper ? "}" : "};");
+    if (hyper) cg_line(c, "const RtOptimParams h = *%s;", hyper);
 #undef NAME
 #undef VALUE
     cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);
@@ -676,6 +677,15 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
     cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
     emit_output_desc(c);
+    cg_begin(c, ".hyper = {");
+    const char *sep = "";
+#define VALUE(name)                 \
+    cg_put(c, "%s." #name " = ", sep); \
+    cg_dbl(c->out, t->hyper.name);  \
+    sep = ", ";
+    RT_OPTIM_PARAMS(VALUE)
+#undef VALUE
+    cg_end(c, "},");
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */

@@ -101,7 +101,7 @@ void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
  * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
-void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step);
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step, const char *hyper);
 /* The members of the RtModel initializer that every target writes alike, at c->depth: the
  * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
 void cg_emit_model_head(Cg *c);

@@ -536,9 +536,9 @@ static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
     int64_t n = c->g->n_grad_floats;
     cg_line(c, "// One fused update of every trainable parameter, params[i] from grads[i], with");
-    cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.");
+    cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied), step and hyperparameters come from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step");
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");
     flat_pragma(c, n);

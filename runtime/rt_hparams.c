@@ -1,12 +1,13 @@
 /* rt_hparams.c - the training recipe's values a user may change on the trainer's command line
- * (--lr, --warmup-epochs, --step-epochs, --gamma, --min-lr) without recompiling.
+ * (--lr, --weight-decay, --warmup-epochs, --step-epochs, --gamma, --min-lr) without recompiling.
  *
- * They are the learning-rate schedule's, which the runtime computes itself (rt_lr_at reads
- * RtModel.schedule and hands the rate to the generated optimizer through RtCtx.lr), so an
- * override changes nothing but that number: --lr X gives the same bits as a model compiled with
- * -D lr=X. The trainer applies the overrides to its own copy of the RtModel, which the checkpoint
- * fingerprint is computed from, so a checkpoint records them: resuming it needs the same flags.
- * A GPU trainer bakes the schedule into its kernels, so it refuses these flags.
+ * The runtime computes the learning-rate schedule itself (rt_lr_at reads RtModel.schedule and
+ * hands the rate to the generated optimizer through RtCtx.lr), and a CPU trainer's optimizer
+ * reads its hyperparameters through RtCtx.hyper, so an override changes nothing but that number:
+ * --lr X gives the same bits as a model compiled with -D lr=X. The trainer applies the overrides
+ * to its own copy of the RtModel, which the checkpoint fingerprint is computed from, so a
+ * checkpoint records them: resuming it needs the same flags. A GPU trainer bakes the recipe into
+ * its kernels, so it refuses these flags.
  */
 #include <errno.h>
 #include <math.h>
@@ -18,18 +19,20 @@
 typedef struct HParam {
     const char *flag;
     int kind;          /* the schedule it belongs to, or -1 for every schedule */
-    size_t offset;     /* of its double in RtSchedule */
+    int optim;         /* 1: a field of RtOptimParams, 0: of RtSchedule */
+    size_t offset;     /* of its double there */
     double min;        /* smallest value accepted */
     int min_open;      /* min itself is refused */
     const char *meaning;
 } HParam;
 
 static const HParam hparams[] = {
-    {"--lr", -1, offsetof(RtSchedule, base_lr), 0, 0, "base learning rate"},
-    {"--warmup-epochs", -1, offsetof(RtSchedule, warmup_epochs), 0, 0, "epochs of linear warm-up"},
-    {"--step-epochs", RT_SCHED_STEP, offsetof(RtSchedule, step_epochs), 0, 1, "step(): epochs between decays"},
-    {"--gamma", RT_SCHED_STEP, offsetof(RtSchedule, gamma), 0, 0, "step(): factor of each decay"},
-    {"--min-lr", RT_SCHED_COSINE, offsetof(RtSchedule, min_lr), 0, 0, "cosine(): learning rate at the end"},
+    {"--lr", -1, 0, offsetof(RtSchedule, base_lr), 0, 0, "base learning rate"},
+    {"--weight-decay", -1, 1, offsetof(RtOptimParams, weight_decay), 0, 0, "the optimizer's weight decay"},
+    {"--warmup-epochs", -1, 0, offsetof(RtSchedule, warmup_epochs), 0, 0, "epochs of linear warm-up"},
+    {"--step-epochs", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_epochs), 0, 1, "step(): epochs between decays"},
+    {"--gamma", RT_SCHED_STEP, 0, offsetof(RtSchedule, gamma), 0, 0, "step(): factor of each decay"},
+    {"--min-lr", RT_SCHED_COSINE, 0, offsetof(RtSchedule, min_lr), 0, 0, "cosine(): learning rate at the end"},
 };
 enum { N_HPARAMS = sizeof hparams / sizeof hparams[0] };
 
@@ -51,7 +54,12 @@ static const HParam *find(const char *flag) {
 int rt_hparam_is_flag(const char *flag) { return find(flag) != NULL; }
 
 /* A value for a schedule the model does not use would be ignored without a word: refused. */
-void rt_hparam_set(const RtModel *m, RtSchedule *s, const char *flag, const char *value) {
+/* The double h names in the schedule s or the hyperparameters o. */
+static double *field(const HParam *h, RtSchedule *s, RtOptimParams *o) {
+    return (double *)((h->optim ? (char *)o : (char *)s) + h->offset);
+}
+
+void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value) {
     const HParam *h = find(flag);
     if (m->device)
         usage_error("%s: this %s trainer computes its learning-rate schedule in its kernels; compile the model "
@@ -64,7 +72,7 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, const char *flag, const char
     if (!*value || *end || errno || !isfinite(v) || v < h->min || (h->min_open && v == h->min))
         usage_error(h->min_open ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
                     value);
-    *(double *)((char *)s + h->offset) = v;
+    *field(h, s, o) = v;
 }
 
 void rt_hparam_usage(const RtModel *m) {
@@ -74,6 +82,8 @@ void rt_hparam_usage(const RtModel *m) {
         if (h->kind >= 0 && (int)m->schedule.kind != h->kind) continue;
         char left[40];
         snprintf(left, sizeof left, "%s X", h->flag);
-        printf("  %-22s %s (default %.9g)\n", left, h->meaning, *(const double *)((const char *)&m->schedule + h->offset));
+        RtSchedule s = m->schedule;
+        RtOptimParams o = m->hyper;
+        printf("  %-22s %s (default %.9g)\n", left, h->meaning, *field(h, &s, &o));
     }
 }

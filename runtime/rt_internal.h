@@ -156,9 +156,9 @@ int rt_ckpt_check_writable(const char *path, RtError *err);
 /* ---- the recipe's values the command line may change (rt_hparams.c) */
 
 int rt_hparam_is_flag(const char *flag);
-/* Sets the value `flag` names in `s` (a copy of m->schedule); a bad value, a value the model's
- * schedule does not have, or a GPU trainer is a usage error (exit 2). */
-void rt_hparam_set(const RtModel *m, RtSchedule *s, const char *flag, const char *value);
+/* Sets the value `flag` names in `s` or `o` (copies of m->schedule and m->hyper); a bad value, a
+ * value the model's schedule does not have, or a GPU trainer is a usage error (exit 2). */
+void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value);
 /* The --help lines: each value the model's schedule has, with the model's value. */
 void rt_hparam_usage(const RtModel *m);
 

@@ -41,6 +41,7 @@ typedef struct Options {
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
     int n_predict;            /* --predict files given */
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
+    RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume;
 } Options;
@@ -226,7 +227,7 @@ static void check_eval_only(const RtModel *m, const Options *o) {
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs(),
-                   .schedule = m->schedule};
+                   .schedule = m->schedule, .hyper = m->hyper};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -254,7 +255,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
         else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
         else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
-        else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, a, VALUE());
+        else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
@@ -885,6 +886,7 @@ static void setup_context(Trainer *t) {
     c->optstate = alloc_or_die((size_t)(m->n_state_slots * m->n_grad_floats) * sizeof(float), "optimizer state");
     c->arena = alloc_or_die((size_t)m->arena_bytes, "activations");
     c->scratch_per_thread = m->scratch_per_thread;
+    c->hyper = &m->hyper;
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
@@ -1019,10 +1021,10 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (model->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
         die("model '%s' has %d inputs; this trainer holds at most %d", model->name, model->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, model, &t.o);
-    /* the run's model: the compiled one with the command line's schedule, which the checkpoint
+    /* the run's model: the compiled one with the command line's recipe, which the checkpoint
      * fingerprint then covers */
     RtModel run_model = *model;
-    run_model.schedule = t.o.schedule;
+    run_model.schedule = t.o.schedule, run_model.hyper = t.o.hyper;
     const RtModel *m = t.m = &run_model;
     if (t.o.list_params) return list_params(m), 0;
     check_outputs(&t);

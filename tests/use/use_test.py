@@ -13,7 +13,8 @@ usage: use_test.py CASE NETC WORKDIR
              arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
              trainer's --list-params and PyTorch's count
   hparams    --lr X trains the same bits as the model compiled with -D lr=X (SGD, SGD with
-             momentum, weight decay and a cosine schedule, AdamW with a step schedule); --lr 0
+             momentum, weight decay and a cosine schedule, AdamW with a step schedule), and
+             --weight-decay X as -D weight_decay=X; --lr 0
              leaves the weights as --init gave them; --help lists each value with the model's
              default; values the schedule does not have and bad numbers are refused; a checkpoint
              records the overrides, so resuming it without them is refused
@@ -124,6 +125,7 @@ def case_hparams(netc, work):
         plain = os.path.join(work, name + "_plain.st")
         run(exe, *train, "--save", plain)
         check(not filecmp.cmp(a, plain, shallow=False), f"{name}: --lr 0.0123 changed nothing")
+    check_weight_decay(netc, work)
     mlp = os.path.join(work, "mlp")
     img_lab = ["--data", f"image={files_of(work)[0]}", "--data", f"label={files_of(work)[1]}", "--threads", "1"]
     w0, w1 = os.path.join(work, "w0.st"), os.path.join(work, "w1.st")
@@ -133,13 +135,28 @@ def case_hparams(netc, work):
     check_help_and_refusals(work)
 
 
+def check_weight_decay(netc, work):
+    """--weight-decay X against -D weight_decay=X (mlp.net names it), from 0 in the model."""
+    img, lab = files_of(work)
+    train = ["--data", f"image={img}", "--data", f"label={lab}", "--threads", "1", "--steps", "6"]
+    ref = compile_model(netc, os.path.join(ROOT, "models", "mlp.net"), os.path.join(work, "mlp_wd"),
+                        "-D", "batch=16", "-D", "weight_decay=0.05")
+    a, b, plain = (os.path.join(work, f"wd_{x}.st") for x in ("flag", "def", "plain"))
+    rc1, out1 = run(os.path.join(work, "mlp"), *train, "--weight-decay", "0.05", "--save", a)
+    rc2, out2 = run(ref, *train, "--save", b)
+    run(os.path.join(work, "mlp"), *train, "--save", plain)
+    check(rc1 == rc2 == 0 and filecmp.cmp(a, b, shallow=False), f"--weight-decay 0.05 differs from -D: {out1} {out2}")
+    check(not filecmp.cmp(a, plain, shallow=False), "--weight-decay 0.05 changed nothing")
+
+
 def files_of(work):
     return os.path.join(work, "img28.npy"), os.path.join(work, "lab.npy")
 
 
 def check_help_and_refusals(work):
     rc, out = run(os.path.join(work, "mlp"), "--help")
-    check(rc == 0 and "--lr X" in out and "(default 0.02)" in out and "--warmup-epochs X" in out,
+    check(rc == 0 and "--lr X" in out and "(default 0.02)" in out and "--warmup-epochs X" in out and
+          "--weight-decay X" in out,
           f"mlp --help lacks the schedule's values: {out}")
     check("--gamma" not in out, "mlp --help lists --gamma, which a constant schedule lacks")
     rc, out = run(os.path.join(work, "sgd_momentum"), "--help")
