@@ -21,18 +21,17 @@ typedef struct HParam {
     int kind;          /* the schedule it belongs to, or -1 for every schedule */
     int optim;         /* 1: a field of RtOptimParams, 0: of RtSchedule */
     size_t offset;     /* of its double there */
-    double min;        /* smallest value accepted */
-    int min_open;      /* min itself is refused */
+    int positive;      /* 0 is refused too (every value must be >= 0) */
     const char *meaning;
 } HParam;
 
 static const HParam hparams[] = {
-    {"--lr", -1, 0, offsetof(RtSchedule, base_lr), 0, 0, "base learning rate"},
-    {"--weight-decay", -1, 1, offsetof(RtOptimParams, weight_decay), 0, 0, "the optimizer's weight decay"},
-    {"--warmup-epochs", -1, 0, offsetof(RtSchedule, warmup_epochs), 0, 0, "epochs of linear warm-up"},
-    {"--step-epochs", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_epochs), 0, 1, "step(): epochs between decays"},
-    {"--gamma", RT_SCHED_STEP, 0, offsetof(RtSchedule, gamma), 0, 0, "step(): factor of each decay"},
-    {"--min-lr", RT_SCHED_COSINE, 0, offsetof(RtSchedule, min_lr), 0, 0, "cosine(): learning rate at the end"},
+    {"--lr", -1, 0, offsetof(RtSchedule, base_lr), 0, "base learning rate"},
+    {"--weight-decay", -1, 1, offsetof(RtOptimParams, weight_decay), 0, "the optimizer's weight decay"},
+    {"--warmup-epochs", -1, 0, offsetof(RtSchedule, warmup_epochs), 0, "epochs of linear warm-up"},
+    {"--step-epochs", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_epochs), 1, "step(): epochs between decays"},
+    {"--gamma", RT_SCHED_STEP, 0, offsetof(RtSchedule, gamma), 0, "step(): factor of each decay"},
+    {"--min-lr", RT_SCHED_COSINE, 0, offsetof(RtSchedule, min_lr), 0, "cosine(): learning rate at the end"},
 };
 enum { N_HPARAMS = sizeof hparams / sizeof hparams[0] };
 
@@ -53,12 +52,12 @@ static const HParam *find(const char *flag) {
 
 int rt_hparam_is_flag(const char *flag) { return find(flag) != NULL; }
 
-/* A value for a schedule the model does not use would be ignored without a word: refused. */
 /* The double h names in the schedule s or the hyperparameters o. */
 static double *field(const HParam *h, RtSchedule *s, RtOptimParams *o) {
     return (double *)((h->optim ? (char *)o : (char *)s) + h->offset);
 }
 
+/* A value for a schedule the model does not use would be ignored without a word: refused. */
 void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value) {
     const HParam *h = find(flag);
     if (m->device)
@@ -69,8 +68,8 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char
     char *end;
     errno = 0;
     double v = strtod(value, &end);
-    if (!*value || *end || errno || !isfinite(v) || v < h->min || (h->min_open && v == h->min))
-        usage_error(h->min_open ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
+    if (!*value || *end || errno || !isfinite(v) || v < 0 || (h->positive && v == 0))
+        usage_error(h->positive ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
                     value);
     *field(h, s, o) = v;
 }
