@@ -485,13 +485,14 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
     }
     c->read[g->loss->id] = 1;
     if (g->correct) c->read[g->correct->id] = 1;
+    if (g->output) c->read[g->output->id] = 1;
     for (int i = 0; with_grads && i < g->n_params; i++)
         if (cg_needs_copy(&g->params[i])) c->read[g->params[i].grad->id] = 1;
 }
 
 int cg_state_slots(const IrTrain *t) { return rt_optimizer(t->optim)->slots(t->hyper); }
 
-void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step) {
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step, const char *hyper) {
     const RtOptimizer *opt = rt_optimizer(t->optim);
     const RtOptimParams *h = &t->hyper;
     cg_line(c, "// optimizer = %s(...): %s and %s in rt_recipe.h", opt->name, opt->step_fn, opt->update_fn);
@@ -507,10 +508,11 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
     cg_begin(c, "// {");
     RT_OPTIM_PARAMS(NAME)
     cg_end(c, "}");
-    cg_begin(c, "const RtOptimParams h = {");
+    cg_begin(c, hyper ? "// the model's values, which the trainer's options may change: {" : "const RtOptimParams h = {");
     sep = "";
     RT_OPTIM_PARAMS(VALUE)
-    cg_end(c, "};");
+    cg_end(c, hyper ? "}" : "};");
+    if (hyper) cg_line(c, "const RtOptimParams h = *%s;", hyper);
 #undef NAME
 #undef VALUE
     cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);
@@ -637,6 +639,39 @@ void cg_emit_model_head(Cg *c) {
     cg_line(c, ".n_state_slots = %d,", cg_state_slots(&g->train));
 }
 
+int cg_has_output(const IrGraph *g) {
+    return g->output && g->output->shape.rank >= 1 && g->output->shape.dim[0] == g->batch;
+}
+
+/* The inputs the output depends on, as a bit mask over input numbers. */
+static uint32_t output_inputs(const IrGraph *g) {
+    unsigned char *needs = calloc((size_t)g->n + 1, 1);
+    uint32_t mask = 0;
+    if (!needs) ICE("out of memory");
+    needs[g->output->id] = 1;
+    for (int i = g->n_fwd - 1; i >= 0; i--) { /* operands come before their users */
+        const IrNode *n = g->nodes[i];
+        if (!needs[n->id]) continue;
+        if (n->op == OP_INPUT) mask |= 1u << n->index;
+        for (int k = 0; k < n->n_in; k++) needs[n->in[k]->id] = 1;
+    }
+    free(needs);
+    return mask;
+}
+
+/* The model's output for --predict: its per-sample shape and the inputs it reads. */
+static void emit_output_desc(Cg *c) {
+    const IrGraph *g = c->g;
+    if (!cg_has_output(g)) {
+        cg_line(c, ".output_rank = -1,");
+        return;
+    }
+    const IrShape *s = &g->output->shape;
+    cg_begin(c, ".output_rank = %d, .output_shape = {", s->rank - 1);
+    for (int d = 1; d < s->rank; d++) fprintf(c->out, "%s%" PRId64, d > 1 ? ", " : "", s->dim[d]);
+    cg_end(c, "}, .output_inputs = 0x%" PRIx32 ",", output_inputs(g));
+}
+
 /* ... and the training recipe: optimizer, schedule, epochs, logging, loss. */
 void cg_emit_model_recipe(Cg *c) {
     const IrGraph *g = c->g;
@@ -648,6 +683,16 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
     cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    emit_output_desc(c);
+    cg_begin(c, ".hyper = {");
+    const char *sep = "";
+#define VALUE(name)                 \
+    cg_put(c, "%s." #name " = ", sep); \
+    cg_dbl(c->out, t->hyper.name);  \
+    sep = ", ";
+    RT_OPTIM_PARAMS(VALUE)
+#undef VALUE
+    cg_end(c, "},");
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */

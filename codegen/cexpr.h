@@ -95,11 +95,13 @@ int cg_in_place(const IrParam *p);
 int cg_needs_copy(const IrParam *p);
 void cg_mark_reads(Cg *c, int end, int with_grads);
 int cg_state_slots(const IrTrain *t);
+/* The graph has an output --predict can hand out: a value with the batch as its first axis. */
+int cg_has_output(const IrGraph *g);
 void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
  * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
-void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step);
+void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step, const char *hyper);
 /* After cg_emit_optim_step, for a model with no_decay parameters: `h_nd` and `s_nd`, the same
  * with weight_decay 0, for the range [n_decay_floats, n_grad_floats). */
 void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char *step);

@@ -487,16 +487,44 @@ static void emit_forward_backward(Cg *c) {
     cg_blank(c);
 }
 
+/* --predict: the model's output, as float32 in logical (row-major) order, when ctx->output asks
+ * for it; a channels-last output is transposed back as it is copied. */
+static void emit_output_copy(Cg *c) {
+    const IrNode *y = c->g->output;
+    if (!cg_has_output(c->g)) return;
+    static const char *const to_f32[DT__COUNT] = {[DT_F16] = "rt_f16_to_f32", [DT_BF16] = "rt_bf16_to_f32"};
+    const char *conv = to_f32[y->dtype] ? to_f32[y->dtype] : y->dtype == DT_F32 ? "" : "(float)";
+    const int64_t *d = y->shape.dim;
+    cg_blank(c);
+    cg_open(c, "if (ctx->output) { // the model's output, for --predict");
+    if (y->layout == LAYOUT_NHWC && ir_layout_matters(&y->shape)) {
+        cg_line(c, "for (int64_t n = 0; n < %" PRId64 "; n++)", d[0]);
+        cg_line(c, "    for (int64_t h = 0; h < %" PRId64 "; h++)", d[2]);
+        cg_line(c, "        for (int64_t w = 0; w < %" PRId64 "; w++)", d[3]);
+        cg_line(c, "            for (int64_t ch = 0; ch < %" PRId64 "; ch++)", d[1]);
+        cg_line(c, "                ctx->output[((n * %" PRId64 " + ch) * %" PRId64 " + h) * %" PRId64 " + w] = "
+                   "%s(v%d[((n * %" PRId64 " + h) * %" PRId64 " + w) * %" PRId64 " + ch]);",
+                d[1], d[2], d[3], conv, y->id, d[2], d[3], d[1]);
+    } else if (y->dtype == DT_F32) {
+        cg_line(c, "memcpy(ctx->output, v%d, %" PRId64 " * sizeof(float));", y->id, ir_numel(&y->shape));
+    } else {
+        cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) ctx->output[i] = %s(v%d[i]);", ir_numel(&y->shape),
+                conv, y->id);
+    }
+    cg_close(c, "}");
+}
+
 static void emit_eval(Cg *c) {
     const IrGraph *g = c->g;
     cg_mark_reads(c, g->n_fwd, 0);
     c->eval = 1;
     find_folds(c);
     cg_line(c, "// The forward pass in evaluation mode (dropout off), with the same buffers as the");
-    cg_line(c, "// training step: loss and metrics only.");
+    cg_line(c, "// training step: loss and metrics, and the model's output when ctx->output is set.");
     cg_open(c, "static void eval_step(RtCtx *ctx) {");
     for (int i = 0; i < g->n_fwd; i++) emit_node(c, g->nodes[i]);
     emit_outputs(c);
+    emit_output_copy(c);
     cg_close(c, "}");
     cg_blank(c);
     c->eval = 0;
@@ -508,9 +536,9 @@ static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
     int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
     cg_line(c, "// One fused update of every trainable parameter, params[i] from grads[i], with");
-    cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied) and step come from ctx.");
+    cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied), step and hyperparameters come from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step");
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
     if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");

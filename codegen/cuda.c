@@ -640,7 +640,7 @@ static void emit_optimizer(Cu *u) {
     kernel_open(u);
     cg_line(c, "const RtDevState *st = ctx->state;");
     cg_line(c, "if (st->nonfinite_step) return;");
-    cg_emit_optim_step(c, t, "st->lr", "st->step");
+    cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
     if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "const float *g = ctx->grads;");

@@ -64,6 +64,10 @@ typedef struct RtCtx {
     int64_t n_valid;           /* rows of the batch that hold real samples (eval tail) */
     float loss;                /* out: mean loss over the valid rows */
     float correct;             /* out: correct predictions among the valid rows */
+    const RtOptimParams *hyper; /* the optimizer's hyperparameters (RtModel.hyper, or the command
+                                * line's); optimizer_step reads them */
+    float *output;             /* eval_step, when not NULL: out, the model's output for the whole
+                                * batch, float32 [batch, RtModel.output_shape] row-major */
 } RtCtx;
 
 /* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
@@ -121,6 +125,14 @@ typedef struct RtModel {
     int64_t log_every;         /* steps */
     int has_accuracy;
     const char *loss_name;     /* "cross_entropy", "mse", "bce_logits" */
+    /* The model's output, the value its loss function reads first (the logits): per-sample
+     * rank (-1 when the loss is written without a loss function) and shape, and a bit per
+     * input it depends on (the others, such as labels, are not needed to compute it). */
+    int output_rank;
+    int64_t output_shape[RT_MAX_RANK];
+    uint32_t output_inputs;
+    RtOptimParams hyper;       /* the optimizer's hyperparameters as the .net gives them; a CPU
+                                * trainer's optimizer_step reads them through RtCtx.hyper */
     /* forward + backward: sets ctx->loss, ctx->correct and fills ctx->grads (overwrites) */
     void (*forward_backward)(RtCtx *ctx);
     /* one optimizer update of ctx->params from ctx->grads at ctx->lr, ctx->step */

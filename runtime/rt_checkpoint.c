@@ -72,6 +72,9 @@ static uint64_t fingerprint(const RtModel *m) {
     const RtSchedule *s = &m->schedule;
     h = fnv_text(h, "schedule %d %a %a %a %a %a;", (int)s->kind, s->base_lr, s->warmup_epochs,
                  s->step_epochs, s->gamma, s->min_lr);
+#define HYPER(name) h = fnv_text(h, #name " %a;", m->hyper.name);
+    RT_OPTIM_PARAMS(HYPER)
+#undef HYPER
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
         h = fnv_text(h, "param %s %" PRId64 " %" PRId64 " %d %d", p->name, p->offset, p->grad_offset,

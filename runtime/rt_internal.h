@@ -245,4 +245,22 @@ int rt_mllog_close(RtMllog *ml, int success);
 /* v as JSON in buf, or "null" when it is not finite. */
 const char *rt_json_num(char *buf, size_t size, double v);
 
+/* ---- the recipe's values the command line may change (rt_hparams.c) */
+
+int rt_hparam_is_flag(const char *flag);
+/* Sets the value `flag` names in `s` or `o` (copies of m->schedule and m->hyper); a bad value, a
+ * value the model's schedule does not have, or a GPU trainer is a usage error (exit 2). */
+void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value);
+/* The --help lines: each value the model's schedule has, with the model's value. */
+void rt_hparam_usage(const RtModel *m);
+
+/* ---- --predict (rt_predict.c) */
+
+/* 0 when files[] (per input, NULL for none) names exactly the inputs the model's output reads. */
+int rt_predict_check(const RtModel *m, const char *const *files, RtError *err);
+/* The output for every sample of files[], with the parameters in ctx, as a float32 .npy at path
+ * (written atomically); *n_out is the number of samples. */
+int rt_predict(const RtModel *m, RtCtx *ctx, const char *const *files, const char *path, int64_t *n_out,
+               RtError *err);
+
 #endif

@@ -33,10 +33,15 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
 
 typedef struct Options {
-    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS];
+    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
+    const char *predict_out;  /* --predict-out: the model's output for the --predict files */
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
+    int eval_only;            /* one evaluation of the --init or --resume weights, no training */
+    int n_predict;            /* --predict files given */
+    RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
+    RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
     RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
@@ -153,6 +158,11 @@ static void usage(const RtModel *m) {
            "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
            "  --list-params          list the parameters and exit\n"
            "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
+           "  --eval-only            evaluate the --init or --resume weights on --eval-data once and exit\n"
+           "  --predict NAME=FILE    samples of input NAME (only the inputs the model's output reads) to predict\n"
+           "  --predict-out FILE     write the model's output (the value its loss reads first, e.g. the logits)\n"
+           "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
+           "                         weights, and exit\n"
            "  --quiet                print nothing but errors\n",
            (long long)m->epochs, (long long)m->log_every);
     if (m->device)
@@ -164,6 +174,7 @@ static void usage(const RtModel *m) {
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
            "or --stop-at; the checkpoint, if any, holds the run)%s\n",
            m->device ? ", 5 no usable device" : "");
+    if (!m->device) rt_hparam_usage(m);
 }
 
 static int find_input(const RtModel *m, const char *name, size_t len) {
@@ -202,8 +213,33 @@ static int64_t number_at_most(const char *flag, const char *s, int64_t min, int6
     return v;
 }
 
+/* --predict reads weights and the files of the inputs the output reads, and writes the output. */
+static void check_predict(const RtModel *m, const Options *o) {
+    if (!o->n_predict) die_usage("--predict-out needs the samples to predict: add --predict NAME=FILE");
+    if (!o->predict_out) die_usage("--predict needs --predict-out OUT.npy, the file to write");
+    if (m->device)
+        die_usage("--predict runs in CPU trainers only: build one from the same .net with netc --backend cpu "
+                  "(it reads the same weight files)");
+    RtError err;
+    if (rt_predict_check(m, o->predict, &err)) die_usage("%s", err.msg);
+}
+
+/* --eval-only and --predict read weights and data, and write nothing but their own output. */
+static void check_eval_only(const RtModel *m, const Options *o) {
+    const char *what = o->eval_only ? "--eval-only" : "--predict";
+    if (o->eval_only && o->predict_out) die_usage("--eval-only and --predict: give one");
+    if (!o->init && !o->resume) die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
+    if (o->save || o->checkpoint || o->gradcheck || o->stop_at)
+        die_usage("%s trains nothing: leave out --save, --checkpoint, --stop-at and --gradcheck", what);
+    if (!o->eval_only) return check_predict(m, o);
+    for (int i = 0; i < m->n_inputs; i++)
+        if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
+                                   m->inputs[i].name, m->inputs[i].name);
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs()};
+    *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs(),
+                   .schedule = m->schedule, .hyper = m->hyper};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -233,6 +269,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
+        else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
+        else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
+        else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
+        else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
@@ -245,8 +285,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
     if (o->list_params) return;
+    int using = o->eval_only || o->predict_out || o->n_predict;
+    if (using) check_eval_only(m, o);
     for (int i = 0; i < m->n_inputs; i++) {
-        if (!o->data[i]) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
+        if (!o->data[i] && !using) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
         o->n_eval += o->eval[i] != NULL;
     }
     if (o->n_eval && o->n_eval != m->n_inputs)
@@ -333,9 +375,11 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
                     (long long)step, (long long)t->total, loss, accuracy, lr, rate);
 }
 
+/* Epoch 0: the one evaluation of --eval-only, outside any training. */
 static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
     if (t->log) {
-        fprintf(t->log, "{\"eval\": true, \"epoch\": %lld", (long long)epoch);
+        fprintf(t->log, "{\"eval\": true");
+        if (epoch) fprintf(t->log, ", \"epoch\": %lld", (long long)epoch);
         json_number(t->log, "loss", loss);
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         fprintf(t->log, "}\n");
@@ -347,7 +391,8 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
         snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
         RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc), meta);
     }
-    rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
+    if (epoch) rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
+    else rt_console_line(&t->con, "eval: loss %.4f%s", loss, accuracy); /* --eval-only */
 }
 
 /* The progress line on a terminal: the step counted as the log lines count it (of the whole
@@ -744,7 +789,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = 2 * RT_MAX_INPUTS * RT_CIFAR_MAX_FILES + 4 };
+enum { MAX_FILES = (2 * RT_CIFAR_MAX_FILES + 1) * RT_MAX_INPUTS + 4 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -767,8 +812,10 @@ static int add_data(NamedFile *files, int n, const char *spec, const char *fmt, 
         size_t len = strcspn(p, ",");
         char file[PATH_MAX];
         snprintf(file, sizeof file, "%.*s", (int)(len < sizeof file ? len : sizeof file - 1), p);
-        n = add_file(files, n, 1, file, fmt, arg);
-        files[n - 1].path = spec; /* the argument as given; `file` is gone after this loop */
+        /* named by the argument as given: `file` is gone after this loop */
+        snprintf(files[n].what, sizeof files[n].what, fmt, arg, spec);
+        files[n].path = spec;
+        rt_file_id(file, 1, &files[n++].id);
         p += len + (p[len] == ',');
     }
     return n;
@@ -780,6 +827,7 @@ static int list_inputs(const Trainer *t, NamedFile *in) {
     for (int i = 0; i < t->m->n_inputs; i++) {
         n = add_data(in, n, o->data[i], "--data %s=%s", t->m->inputs[i].name);
         n = add_data(in, n, o->eval[i], "--eval-data %s=%s", t->m->inputs[i].name);
+        n = add_file(in, n, 1, o->predict[i], "--predict %s=%s", t->m->inputs[i].name);
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
@@ -814,10 +862,13 @@ static void check_outputs(const Trainer *t) {
     if (o->checkpoint && rt_ckpt_check_writable(o->checkpoint, &err)) die("%s", err.msg);
     if (o->log) check_log(o->log);
     if (o->mllog) check_log(o->mllog);
+    if (o->predict_out && rt_out_probe(o->predict_out, why, sizeof why) != 0)
+        die("cannot write the predictions to '%s': %s", o->predict_out, why);
     n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
     n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
     n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
     n_out = add_file(out, n_out, 1, o->mllog, "--mllog%s %s", "");
+    n_out = add_file(out, n_out, 0, o->predict_out, "--predict-out%s %s", "");
     for (int k = 0; k < n_out; k++) {
         for (int i = 0; i < n_in; i++) {
             int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
@@ -889,12 +940,17 @@ static void setup_context(Trainer *t) {
     c->optstate = alloc_or_die((size_t)(m->n_state_slots * m->n_grad_floats) * sizeof(float), "optimizer state");
     c->arena = alloc_or_die((size_t)m->arena_bytes, "activations");
     c->scratch_per_thread = m->scratch_per_thread;
+    c->hyper = &m->hyper;
     c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
+    /* --eval-only or --predict with --resume FILE use the checkpoint's parameters, not its position
+     * (rt_st_init takes a checkpoint as a weight file, without its optimizer state) */
+    const char *file = t->o.init ? t->o.init : t->o.eval_only || t->o.predict_out ? t->o.resume : NULL;
     t->o.init_rules.report = stderr;
     t->o.init_rules.notes = t->o.quiet ? NULL : stdout;
-    if (t->o.init && rt_st_init(t->o.init, m, c->params, &t->o.init_rules, &err)) die("--init %s", err.msg);
+    if (file && rt_st_init(file, m, c->params, &t->o.init_rules, &err))
+        die("%s %s", t->o.init ? "--init" : "--resume", err.msg);
 }
 
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
@@ -965,11 +1021,50 @@ static void **batch_buffers(const RtModel *m) {
     return bufs;
 }
 
+static void free_buffers(const RtModel *m, void **bufs) {
+    for (int i = 0; i < m->n_inputs; i++) free(bufs[i]);
+    free(bufs);
+}
+
+/* --eval-only: the weights, one evaluation printed and logged as the periodic ones are, and no
+ * training data, steps or saved files. */
+static int eval_only(Trainer *t) {
+    const RtModel *m = t->m;
+    RtDataset ds;
+    open_data(m, t->o.eval, &ds);
+    setup_context(t);
+    if (t->o.log) t->log = open_log(t, t->o.log);
+    if (t->dev) { /* the parameters, and a device state whose sums are zero */
+        t->dev->upload(t->ctx.params, t->ctx.optstate);
+        t->dev->start(0, 1, 1, t->o.seed);
+    }
+    void **bufs = batch_buffers(m);
+    int rc = finish(t, evaluate(t, &ds, bufs, 0));
+    free_buffers(m, bufs);
+    RtCtx *c = &t->ctx;
+    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    rt_dataset_close(&ds);
+    if (t->dev) t->dev->close();
+    return rc;
+}
+
+/* --predict: the weights, then the output for every sample (rt_predict.c). */
+static int predict(Trainer *t) {
+    setup_context(t);
+    RtError err;
+    int64_t n = 0;
+    int rc = rt_predict(t->m, &t->ctx, t->o.predict, t->o.predict_out, &n, &err);
+    if (rc) fprintf(stderr, "error: %s\n", err.msg);
+    else if (!t->o.quiet) printf("wrote the output of %lld samples to '%s'\n", (long long)n, t->o.predict_out);
+    RtCtx *c = &t->ctx;
+    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    return finish(t, rc ? 1 : 0);
+}
+
 /* Everything rt_main allocated, returned before it does, so that a leak checker (ASan's, or
  * valgrind's) reports only real leaks. */
 static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eval_ds) {
-    for (int i = 0; i < t->m->n_inputs; i++) free(bufs[i]);
-    free(bufs);
+    free_buffers(t->m, bufs);
     RtCtx *c = &t->ctx;
     free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
     rt_dataset_close(train_ds);
@@ -977,12 +1072,17 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
     if (t->dev) t->dev->close();
 }
 
-int rt_main(int argc, char **argv, const RtModel *m) {
-    Trainer t = {.m = m, .tty = isatty(STDOUT_FILENO)};
-    if (m->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
-        die("model '%s' has %d inputs; this trainer holds at most %d", m->name, m->n_inputs, RT_MAX_INPUTS);
-    parse_options(argc, argv, m, &t.o);
+int rt_main(int argc, char **argv, const RtModel *model) {
+    Trainer t = {.tty = isatty(STDOUT_FILENO)};
+    if (model->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
+        die("model '%s' has %d inputs; this trainer holds at most %d", model->name, model->n_inputs, RT_MAX_INPUTS);
+    parse_options(argc, argv, model, &t.o);
     t.con = (RtConsole){.tty = t.tty, .quiet = t.o.quiet};
+    /* the run's model: the compiled one with the command line's recipe, which the checkpoint
+     * fingerprint then covers */
+    RtModel run_model = *model;
+    run_model.schedule = t.o.schedule, run_model.hyper = t.o.hyper;
+    const RtModel *m = t.m = &run_model;
     if (t.o.list_params) return list_params(m), 0;
     RtError aug_err;
     if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
@@ -998,6 +1098,8 @@ int rt_main(int argc, char **argv, const RtModel *m) {
     }
     omp_set_num_threads(t.o.threads);
     if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
+    if (t.o.eval_only) return eval_only(&t);
+    if (t.o.predict_out) return predict(&t);
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);

@@ -62,6 +62,7 @@ typedef struct Options {
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
+    int summary;    /* --summary: print the table of layers and stop */
     int sms[MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
     int n_sms;
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
@@ -85,6 +86,7 @@ static void usage(FILE *out) {
             "                       cu (the CUDA kernels of --backend cuda); dot draws the network for Graphviz\n"
             "                       (dot -Tsvg), dot-step the whole training step\n"
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
+            "  --summary            print each layer's output shape, parameters and mult-adds, and the totals\n"
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
@@ -221,6 +223,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->print_toolchain = 1;
         } else if (strcmp(a, "--report") == 0) {
             o->report = 1;
+        } else if (strcmp(a, "--summary") == 0) {
+            o->summary = 1;
         } else if ((v = opt_value(argc, argv, &i, "-o", &err))) {
             o->output = v;
         } else if (strncmp(a, "-D", 2) == 0) {
@@ -552,7 +556,7 @@ static int compile(const Options *o, Arena *arena) {
         return usage_error("%s", msg);
     }
     const CgBackend *be = tg->cg;
-    int builds = o->dump == DUMP_NONE && !o->check_only && !o->report;
+    int builds = o->dump == DUMP_NONE && !o->check_only && !o->report && !o->summary;
     int rc = builds ? check_outputs(o, be) : 0;
     if (rc) return rc;
     AstProgram *prog = parse_file(arena, o->input);
@@ -562,6 +566,7 @@ static int compile(const Options *o, Arena *arena) {
     if (!g) return 1;
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
+    if (o->summary) return ir_summary(g, stdout), 0;
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;

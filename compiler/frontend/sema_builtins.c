@@ -630,6 +630,7 @@ static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value
     IrNode *l = sema_node(S, OP_XENT, ir_shape(1, logits->shape.dim[0]), DT_F32, c->loc, 2,
                           logits, lab, NULL);
     l->attr.smoothing = smoothing;
+    S->g->output = logits;
     return sema_tensor(batch_mean(S, l, c->loc));
 }
 
@@ -653,6 +654,7 @@ static Value b_mse(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (!loss_pair(A, &x, &t) || !refuse_half(A, 0, x) || !refuse_half(A, 1, t)) return sema_error();
     IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, t, NULL);
     IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
+    S->g->output = x;
     return sema_tensor(batch_mean(S, sq, c->loc));
 }
 
@@ -662,6 +664,7 @@ static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
     IrNode *x, *t;
     if (!loss_pair(A, &x, &t)) return sema_error();
     IrNode *l = sema_node(S, OP_BCE_LOGITS, x->shape, DT_F32, c->loc, 2, x, t, NULL);
+    S->g->output = x;
     return sema_tensor(batch_mean(S, l, c->loc));
 }
 

@@ -213,6 +213,9 @@ typedef struct IrGraph {
     StrMap param_index; /* name -> 1 + its index in params */
     IrNode *loss;      /* scalar f32 */
     IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
+    IrNode *output;    /* the model's output: the value the loss function reads first (the
+                        * logits, mse's prediction), which eval_step hands out; NULL when the
+                        * loss is written without a loss function */
     IrTrain train;
     int n_dropout;     /* seed ids handed out so far */
     int n_groups;      /* fused element-wise groups */
@@ -293,6 +296,9 @@ void ir_print_attrs(const IrNode *n, FILE *out);
  * Graphviz's DOT language: a box per node (operator, attributes, dtype and shape, the input's or
  * parameter's name), an edge per operand, a cluster per fused group. */
 void ir_print_dot(const IrGraph *g, int whole_step, FILE *out);
+/* --summary: the forward graph as a table of layers (output shape, parameters, per-sample
+ * multiply-adds) and the totals, as torchinfo prints a model (summary.c). */
+void ir_summary(const IrGraph *g, FILE *out);
 /* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
 void ir_print_ops(FILE *out);
 

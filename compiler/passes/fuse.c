@@ -36,6 +36,7 @@ static int joins(const IrGraph *g, const IrNode *head, const IrNode *n) {
 static void mark_escaping(const IrGraph *g, unsigned char *escapes) {
     if (g->loss) escapes[g->loss->id] = 1;
     if (g->correct) escapes[g->correct->id] = 1;
+    if (g->output) escapes[g->output->id] = 1;
     for (int i = 0; i < g->n_params; i++)
         for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL)
             escapes[n->id] = 1;

@@ -103,6 +103,12 @@ static void keep_to_end(IrGraph *g, IrNode *n) {
     for (; n; n = n->storage == ST_ALIAS ? n->in[0] : NULL) n->last_use = g->n;
 }
 
+/* The evaluation step copies the model's output out after its last forward node. */
+static void keep_to_forward_end(IrGraph *g, IrNode *n) {
+    for (; n; n = n->storage == ST_ALIAS ? n->in[0] : NULL)
+        if (n->last_use < g->n_fwd) n->last_use = g->n_fwd;
+}
+
 /* first_use = defining position; last_use = last position reading it (through views).
  * A fused group runs as one loop over all its positions, so its members are defined at the
  * group's first position and everything they read is read until its last: no member's output
@@ -139,6 +145,7 @@ static void liveness(IrGraph *g) {
      * also run at the end */
     keep_to_end(g, g->loss);
     keep_to_end(g, g->correct);
+    keep_to_forward_end(g, g->output);
     for (int i = 0; i < g->n_params; i++) keep_to_end(g, g->params[i].grad);
 }
 

@@ -19,7 +19,9 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
   - with a NaN in one sample of the third batch, both stop with exit status 3 and name the same
     step (3, or later where the model drops the NaN from the loss, as a max-pooling may, and
     only the parameters it reached through the gradients carry it on): the device's on-device
-    non-finite check, read back at the next log interval.
+    non-finite check, read back at the next log interval;
+  - --eval-only on the emulated run's saved weights logs exactly its final evaluation (the
+    device path of rt_main's --eval-only).
 Prints the worst differences.
 
 With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
@@ -292,7 +294,8 @@ def main():
     data = write_data(cpu, work)
     init = os.path.join(work, "init.safetensors")
     write_init(cpu, init)
-    common = [*data, *write_eval_data(data, work), "--steps", str(steps), "--threads", "2", "--quiet",
+    evals = write_eval_data(data, work)
+    common = [*data, *evals, "--steps", str(steps), "--threads", "2", "--quiet",
               "--log-every", "2"]
     fresh = ["--init", init, "--no-shuffle", "--seed", "3"]
 
@@ -323,6 +326,15 @@ def main():
     assert records(os.path.join(work, "emu-resumed.jsonl")) == records(emu_log), \
         f"resumed at step {stop}: the log differs from the uninterrupted run's"
 
+    # --eval-only on the saved weights: the device evaluates them as the run's final evaluation did
+    eval_log = os.path.join(work, "emu-eval-only.jsonl")
+    r = subprocess.run([emu, *evals, "--threads", "2", "--init", emu_out, "--eval-only", "--log", eval_log],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"--eval-only: exit status {r.returncode}:\n{r.stderr}"
+    final = [x for x in records(emu_log) if x.get("eval")][-1]
+    final.pop("epoch")
+    assert records(eval_log) == [final], f"--eval-only logged {records(eval_log)}, the run's final evaluation {final}"
+
     # a NaN in the data: both stop at the same step, with the non-finite exit status
     nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
            *fresh]
@@ -334,7 +346,7 @@ def main():
           f"final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), "
           f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
           f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
-          f"NaN found by both at step {at[0]}")
+          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation")
 
 
 if __name__ == "__main__":

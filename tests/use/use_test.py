@@ -1,0 +1,317 @@
+"""Using a trained model, and changing a run without recompiling (docs/trainer.md).
+
+usage: use_test.py CASE NETC WORKDIR
+  eval_only  --eval-only on the weights a run saved (and on its checkpoint) prints and logs
+             exactly the loss and accuracy of that run's final evaluation, without --data; the
+             options it cannot use are refused
+  predict    --predict/--predict-out on a padded last batch: as many rows as the file has samples,
+             equal to a float64 numpy forward pass of MLP on the same weights and to PyTorch's
+             LeNet (channels-last convolutions inside) and to PyTorch's channels_last_output.net (a
+             channels-last output, transposed back as it is written); LeNet's argmax gives the accuracy
+             --eval-only prints; labels are not needed; the output is refused as an input
+  summary    netc --summary: LeNet's layers, shapes, parameters and mult-adds against the
+             arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
+             trainer's --list-params and PyTorch's count
+  hparams    --lr X trains the same bits as the model compiled with -D lr=X (SGD, SGD with
+             momentum, weight decay and a cosine schedule, AdamW with a step schedule), and
+             --weight-decay X as -D weight_decay=X; --lr 0
+             leaves the weights as --init gave them; --help lists each value with the model's
+             default; values the schedule does not have and bad numbers are refused; a checkpoint
+             records the overrides, so resuming it without them is refused
+
+Every run uses --threads 1 so that runs compare bit for bit.
+"""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import Checks, run_cases, st_load  # noqa: E402
+
+check = Checks()
+
+
+def run(*argv):
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def compile_model(netc, net, exe, *defines):
+    rc, out = run(netc, net, *defines, "-o", exe)
+    assert rc == 0, out
+    return exe
+
+
+def mnist_like(work, n=40, rows=28):
+    """Random images and labels of the given sample count (n is not a multiple of the batch, so
+    the last evaluation batch is padded)."""
+    rng = np.random.default_rng(1)
+    img, lab = os.path.join(work, f"img{rows}.npy"), os.path.join(work, "lab.npy")
+    np.save(img, rng.random((n, 1, rows, rows), dtype=np.float32))
+    np.save(lab, rng.integers(0, 10, n).astype(np.int64))
+    return img, lab
+
+
+def last_eval(log):
+    lines = [json.loads(x) for x in open(log)]
+    return [x for x in lines if x.get("eval")][-1]
+
+
+def case_eval_only(netc, work):
+    exe = compile_model(netc, os.path.join(ROOT, "models", "lenet.net"), os.path.join(work, "lenet"),
+                        "-D", "batch=16")
+    img, lab = mnist_like(work)
+    data = ["--data", f"image={img}", "--data", f"label={lab}"]
+    ev = ["--eval-data", f"image={img}", "--eval-data", f"label={lab}"]
+    w, ck, log = (os.path.join(work, f) for f in ("w.safetensors", "run.ckpt", "train.jsonl"))
+    rc, out = run(exe, *data, *ev, "--threads", "1", "--steps", "4", "--save", w, "--checkpoint", ck, "--log", log)
+    check(rc == 0, f"training run: {out}")
+    final = last_eval(log)
+    printed = [x for x in out.splitlines() if x.startswith("eval epoch")][-1].split(": ", 1)[1]
+    for flag, f in (("--init", w), ("--resume", ck)):
+        elog = os.path.join(work, f"eval{flag}.jsonl")
+        rc, out = run(exe, *ev, flag, f, "--eval-only", "--threads", "1", "--log", elog)
+        check(rc == 0, f"--eval-only {flag}: {out}")
+        check(out.strip() == "eval: " + printed, f"--eval-only {flag} printed {out!r}, the run {printed!r}")
+        got = [json.loads(x) for x in open(elog)]
+        check(len(got) == 1 and got[0]["loss"] == final["loss"] and got[0]["accuracy"] == final["accuracy"],
+              f"--eval-only {flag} logged {got}, the run's final evaluation {final}")
+    refused = [(["--eval-only", *ev], "add --init FILE or --resume FILE"),
+               (["--eval-only", "--init", w], "no evaluation data for input 'image'"),
+               (["--eval-only", "--init", w, *ev, "--save", os.path.join(work, "x.st")], "trains nothing")]
+    for args, words in refused:
+        rc, out = run(exe, *args)
+        check(rc == 2 and words in out, f"{args}: exit {rc}, want 2 and '{words}': {out}")
+
+
+# (model, its inputs' data, the -D of its lr, the value the command line sets)
+def hparam_models(work):
+    img, lab = mnist_like(work)
+    rng = np.random.default_rng(2)
+    x16, x244, lab4 = (os.path.join(work, f) for f in ("x16.npy", "x244.npy", "lab4.npy"))
+    np.save(x16, rng.standard_normal((32, 16), dtype=np.float32))
+    np.save(x244, rng.standard_normal((32, 2, 4, 4), dtype=np.float32))
+    np.save(lab4, rng.integers(0, 4, 32).astype(np.int64))
+    ck = os.path.join(ROOT, "tests", "checkpoint")
+    # adamw_bn.net writes its rate as a number; a copy names it, so that -D can set it
+    adamw = os.path.join(work, "adamw_bn.net")
+    with open(os.path.join(ck, "adamw_bn.net")) as f:
+        text = f.read().replace("const batch = 8", "const batch = 8, lr = 0.01").replace("adamw(0.01", "adamw(lr")
+    with open(adamw, "w") as f:
+        f.write(text)
+    return [(os.path.join(ROOT, "models", "mlp.net"), {"image": img, "label": lab}, ["-D", "batch=16"]),
+            (os.path.join(ck, "sgd_momentum.net"), {"x": x16, "label": lab4}, []),
+            (adamw, {"x": x244, "label": lab4}, [])]
+
+
+def case_hparams(netc, work):
+    for net, files, defs in hparam_models(work):
+        name = os.path.basename(net)[:-4]
+        data = [a for k, f in files.items() for a in ("--data", f"{k}={f}")]
+        train = [*data, "--threads", "1", "--steps", "6", "--seed", "3"]
+        exe = compile_model(netc, net, os.path.join(work, name), *defs)
+        ref = compile_model(netc, net, os.path.join(work, name + "_lr"), *defs, "-D", "lr=0.0123")
+        a, b = os.path.join(work, name + "_flag.st"), os.path.join(work, name + "_def.st")
+        rc1, out1 = run(exe, *train, "--lr", "0.0123", "--save", a)
+        rc2, out2 = run(ref, *train, "--save", b)
+        check(rc1 == rc2 == 0, f"{name}: {out1} {out2}")
+        check(filecmp.cmp(a, b, shallow=False), f"{name}: --lr 0.0123 differs from -D lr=0.0123")
+        plain = os.path.join(work, name + "_plain.st")
+        run(exe, *train, "--save", plain)
+        check(not filecmp.cmp(a, plain, shallow=False), f"{name}: --lr 0.0123 changed nothing")
+    check_weight_decay(netc, work)
+    mlp = os.path.join(work, "mlp")
+    img_lab = ["--data", f"image={files_of(work)[0]}", "--data", f"label={files_of(work)[1]}", "--threads", "1"]
+    w0, w1 = os.path.join(work, "w0.st"), os.path.join(work, "w1.st")
+    rc, out = run(mlp, *img_lab, "--steps", "1", "--save", w0)
+    rc, out = run(mlp, *img_lab, "--steps", "5", "--init", w0, "--lr", "0", "--save", w1)
+    check(rc == 0 and filecmp.cmp(w0, w1, shallow=False), f"--lr 0 changed the weights: {out}")
+    check_help_and_refusals(work)
+
+
+def check_weight_decay(netc, work):
+    """--weight-decay X against -D weight_decay=X (mlp.net names it), from 0 in the model."""
+    img, lab = files_of(work)
+    train = ["--data", f"image={img}", "--data", f"label={lab}", "--threads", "1", "--steps", "6"]
+    ref = compile_model(netc, os.path.join(ROOT, "models", "mlp.net"), os.path.join(work, "mlp_wd"),
+                        "-D", "batch=16", "-D", "weight_decay=0.05")
+    a, b, plain = (os.path.join(work, f"wd_{x}.st") for x in ("flag", "def", "plain"))
+    rc1, out1 = run(os.path.join(work, "mlp"), *train, "--weight-decay", "0.05", "--save", a)
+    rc2, out2 = run(ref, *train, "--save", b)
+    run(os.path.join(work, "mlp"), *train, "--save", plain)
+    check(rc1 == rc2 == 0 and filecmp.cmp(a, b, shallow=False), f"--weight-decay 0.05 differs from -D: {out1} {out2}")
+    check(not filecmp.cmp(a, plain, shallow=False), "--weight-decay 0.05 changed nothing")
+
+
+def files_of(work):
+    return os.path.join(work, "img28.npy"), os.path.join(work, "lab.npy")
+
+
+def check_help_and_refusals(work):
+    rc, out = run(os.path.join(work, "mlp"), "--help")
+    check(rc == 0 and "--lr X" in out and "(default 0.02)" in out and "--warmup-epochs X" in out and
+          "--weight-decay X" in out,
+          f"mlp --help lacks the schedule's values: {out}")
+    check("--gamma" not in out, "mlp --help lists --gamma, which a constant schedule lacks")
+    rc, out = run(os.path.join(work, "sgd_momentum"), "--help")
+    check("--min-lr X" in out and "(default 0.001)" in out and "(default 0.5)" in out,
+          f"sgd_momentum --help lacks min_lr 0.001 or warm-up 0.5: {out}")
+    rc, out = run(os.path.join(work, "adamw_bn"), "--help")
+    check("--step-epochs X" in out and "--gamma X" in out and "(default 0.5)" in out, f"adamw_bn --help: {out}")
+    img, lab = files_of(work)
+    data = ["--data", f"image={img}", "--data", f"label={lab}", "--threads", "1"]
+    for args, words in ((["--gamma", "0.5"], "the model's schedule is constant(), which has no such value"),
+                        (["--lr", "-1"], "--lr needs a number >= 0, found '-1'"),
+                        (["--lr", "fast"], "--lr needs a number >= 0, found 'fast'")):
+        rc, out = run(os.path.join(work, "mlp"), *data, *args)
+        check(rc == 2 and words in out, f"{args}: exit {rc}, want 2 and '{words}': {out}")
+    ck = os.path.join(work, "lr.ckpt")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--steps", "4", "--stop-at", "2", "--lr", "0.05",
+                  "--checkpoint", ck)
+    check(rc == 4, f"stopped run: exit {rc}: {out}")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--resume", ck, "--checkpoint", ck)
+    check(rc == 1 and "schedule differ" in out, f"resume without the run's --lr: exit {rc}: {out}")
+    rc, out = run(os.path.join(work, "mlp"), *data, "--resume", ck, "--checkpoint", ck, "--lr", "0.05")
+    check(rc == 0, f"resume with the run's --lr: exit {rc}: {out}")
+
+
+def st_tensors(path):
+    return {k: np.asarray(v, dtype=np.float64) for k, v in st_load(path).items()}
+
+
+def trained(netc, work, net, name, img, lab, *defs):
+    """A trainer for `net` and the weights of a few steps of it."""
+    exe = compile_model(netc, net, os.path.join(work, name), *defs)
+    w = os.path.join(work, name + ".safetensors")
+    rc, out = run(exe, "--data", f"image={img}", "--data", f"label={lab}", "--threads", "1", "--steps", "3",
+                  "--save", w)
+    assert rc == 0, out
+    return exe, w
+
+
+def predict(exe, w, img, out_npy, *extra):
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", out_npy, "--threads", "1", *extra)
+    check(rc == 0, f"{exe} --predict: {out}")
+    return np.load(out_npy) if rc == 0 else None
+
+
+# Float32 against a float64 reference: each output sums a few hundred products of values of
+# order 1 (pixels/255, weights ~0.05), so float32 rounding leaves a few 1e-6 relative; 1e-4 of
+# the output's scale is far above that and far below any wrong weight, row or layout.
+def close(got, want):
+    return got is not None and got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * max(1, np.abs(want).max())
+
+
+def case_predict(netc, work):
+    img, lab = mnist_like(work, n=40)  # 40 = 2 batches of 16 and a padded one of 8
+    exe, w = trained(netc, work, os.path.join(ROOT, "models", "mlp.net"), "mlp", img, lab, "-D", "batch=16")
+    got = predict(exe, w, img, os.path.join(work, "mlp_out.npy"))
+    t = st_tensors(w)
+    x = np.load(img).astype(np.float64).reshape(40, -1) / 255
+    h = np.maximum(x @ t["fc1.weight"].T + t["fc1.bias"], 0)
+    want = h @ t["fc2.weight"].T + t["fc2.bias"]
+    check(got is not None and got.dtype == np.float32 and got.shape == (40, 10), f"mlp predictions: {got}")
+    check(close(got, want), f"mlp predictions differ from numpy: {got} {want}")
+    check_lenet(netc, work, img, lab)
+    check_channels_last(netc, work)
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", img)
+    check(rc == 2 and "would destroy that input" in out, f"--predict-out naming its input: exit {rc}: {out}")
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict", f"label={lab}", "--predict-out",
+                  os.path.join(work, "x.npy"))
+    check(rc == 2 and "does not depend on input 'label'" in out, f"--predict label: exit {rc}: {out}")
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}")
+    check(rc == 2 and "--predict-out" in out, f"--predict without --predict-out: exit {rc}: {out}")
+
+
+def check_lenet(netc, work, img, lab):
+    import torch
+    exe, w = trained(netc, work, os.path.join(ROOT, "models", "lenet.net"), "lenet", img, lab, "-D", "batch=16")
+    got = predict(exe, w, img, os.path.join(work, "lenet_out.npy"))
+    t = {k: torch.tensor(v) for k, v in st_tensors(w).items()}
+    F = torch.nn.functional
+    x = torch.tensor(np.load(img).astype(np.float64)) / 255
+    x = F.max_pool2d(F.relu(F.conv2d(x, t["conv1.weight"], t["conv1.bias"], padding=2)), 2)
+    x = F.max_pool2d(F.relu(F.conv2d(x, t["conv2.weight"], t["conv2.bias"])), 2).flatten(1)
+    x = F.relu(F.linear(x, t["fc1.weight"], t["fc1.bias"]))
+    x = F.relu(F.linear(x, t["fc2.weight"], t["fc2.bias"]))
+    want = F.linear(x, t["fc3.weight"], t["fc3.bias"]).numpy()
+    check(close(got, want), f"lenet predictions differ from PyTorch (float64): {got} {want}")
+    rc, out = run(exe, "--init", w, "--eval-only", "--eval-data", f"image={img}", "--eval-data", f"label={lab}",
+                  "--threads", "1")
+    acc = float(out.split("accuracy ")[1]) if rc == 0 else -1
+    mine = float((got.argmax(1) == np.load(lab)).mean()) if got is not None else -2
+    check(abs(acc - mine) < 5e-5, f"lenet: --eval-only accuracy {acc}, argmax of the predictions {mine}")
+
+
+def check_channels_last(netc, work):
+    import torch
+    rng = np.random.default_rng(3)
+    x, t = os.path.join(work, "cl_x.npy"), os.path.join(work, "cl_t.npy")
+    np.save(x, rng.standard_normal((10, 3, 6, 6), dtype=np.float32))  # 10 = 2 batches of 4 and a padded one
+    np.save(t, rng.standard_normal((10, 8, 6, 6), dtype=np.float32))
+    exe = compile_model(netc, os.path.join(HERE, "channels_last_output.net"), os.path.join(work, "cl"))
+    w, out = os.path.join(work, "cl.safetensors"), os.path.join(work, "cl_out.npy")
+    rc, msg = run(exe, "--data", f"x={x}", "--data", f"t={t}", "--threads", "1", "--steps", "2", "--save", w)
+    check(rc == 0, f"channels_last_output training: {msg}")
+    rc, msg = run(exe, "--init", w, "--predict", f"x={x}", "--predict-out", out, "--threads", "1")
+    check(rc == 0, f"channels_last_output --predict: {msg}")
+    p = {k: torch.tensor(v) for k, v in st_tensors(w).items()}
+    F = torch.nn.functional
+    h = F.relu(F.conv2d(torch.tensor(np.load(x).astype(np.float64)), p["c1.weight"], p["c1.bias"], padding=1))
+    want = F.conv2d(h, p["c2.weight"], p["c2.bias"], padding=1).numpy()
+    check(close(np.load(out) if rc == 0 else None, want), "channels_last_output predictions differ from PyTorch")
+
+
+# LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
+#   conv1: 6 filters 1x5x5 + 6 biases = 156;    28*28 outputs * 6 channels * (1*5*5) = 117600
+#   conv2: 16 filters 6x5x5 + 16 biases = 2416; 10*10 outputs * 16 channels * (6*5*5) = 240000
+#   fc1: 400*120 + 120 = 48120;                 120 outputs * 400 inputs = 48000
+#   fc2: 120*84 + 84 = 10164;                   84 * 120 = 10080
+#   fc3: 84*10 + 10 = 850;                      10 * 84 = 840
+# totals: 156 + 2416 + 48120 + 10164 + 850 = 61706 parameters;
+#         117600 + 240000 + 48000 + 10080 + 840 = 416520 mult-adds, 833040 FLOPs
+LENET = [("conv1", "[64, 6, 28, 28]", 156, 117600), ("conv2", "[64, 16, 10, 10]", 2416, 240000),
+         ("fc1", "[64, 120]", 48120, 48000), ("fc2", "[64, 84]", 10164, 10080), ("fc3", "[64, 10]", 850, 840)]
+# torchvision-style ResNet-18 for CIFAR-10 (3x3 stem, no max-pool), as PyTorch counts it:
+# sum(p.numel() for p in model.parameters())
+RESNET18_CIFAR_PARAMS = 11173962
+
+
+def summary_rows(out):
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 8 and f[-2] == "line":  # name op [shape...] params macs line N
+            shape = line[41:64].strip()
+            rows.setdefault(f[0], (shape, int(f[-4]), int(f[-3])))
+    return rows
+
+
+def case_summary(netc, work):
+    models = os.path.join(ROOT, "models")
+    rc, out = run(netc, os.path.join(models, "lenet.net"), "--summary")
+    check(rc == 0, f"netc --summary lenet: {out}")
+    rows = summary_rows(out)
+    for name, shape, params, macs in LENET:
+        check(rows.get(name) == (shape, params, macs), f"lenet {name}: {rows.get(name)}, want {(shape, params, macs)}")
+    check("total params: 61706 (trainable 61706, frozen 0)" in out, f"lenet params total: {out}")
+    check("total mult-adds per sample: 416520 " in out and "= 833040" in out, f"lenet mult-adds total: {out}")
+    check(sum(r[1] for r in rows.values()) == 61706, f"lenet rows do not add up to the total: {rows}")
+    exe = compile_model(netc, os.path.join(models, "lenet.net"), os.path.join(work, "lenet"))
+    rc, listed = run(exe, "--list-params")
+    check("total 61706 parameters" in listed, f"lenet --list-params disagrees: {listed}")
+    rc, out = run(netc, os.path.join(models, "resnet18_cifar.net"), "--summary")
+    check(rc == 0 and f"total params: {RESNET18_CIFAR_PARAMS} " in out, f"resnet18_cifar params total: {out}")
+    check(summary_rows(out).get("layer4.1.conv2") == ("[128, 512, 4, 4]", 512 * 512 * 9, 4 * 4 * 512 * 512 * 9),
+          f"resnet18_cifar layer4.1.conv2: {summary_rows(out).get('layer4.1.conv2')}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams, "summary": case_summary,
+                           "predict": case_predict}, "use", check, sys.argv))
