@@ -58,6 +58,7 @@ typedef struct Sema {
     int errors_before_train; /* errors reported before the train section: layers may be missing */
     int64_t iterations;
     Value ret; /* the return value of the block being run; V_NONE until `return` */
+    IrNode *named_output; /* train { output = x }: the value --predict writes instead of the loss's */
 } Sema;
 
 struct SemaBuiltin;

@@ -1013,6 +1013,20 @@ static void train_metrics(Sema *S, const AstStmt *s) {
     S->g->correct = v.t;
 }
 
+/* output = x: the value --predict writes, instead of the one the loss function reads first; a
+ * float tensor with one row per sample. sema_train applies it once every loss is built. */
+static void train_output(Sema *S, const AstStmt *s) {
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_ERR || !sema_want_float_tensor(S, v, s->value->loc, "output")) return;
+    const IrShape *sh = &v.t->shape;
+    if (sh->rank < 1 || sh->dim[0] != S->g->batch) {
+        diag_error(s->value->loc, "output must have one row per sample, [batch (%lld), ...], found shape %s",
+                   (long long)S->g->batch, sema_shape_str(S, sh));
+        return;
+    }
+    S->named_output = v.t;
+}
+
 static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
     IrTrain *t = &S->g->train;
     if (strcmp(s->name, "loss") == 0) train_loss(S, s);
@@ -1025,16 +1039,17 @@ static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
     else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
+    else if (strcmp(s->name, "output") == 0) train_output(S, s);
     else {
-        static const char *const keys[] = {"loss",       "metrics",   "optimizer", "schedule", "warmup",
-                                           "epochs",     "eval_every", "log_every", "freeze"};
+        static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup", "epochs",
+                                           "eval_every", "log_every", "freeze",    "no_decay", "output"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
-                  "log_every, freeze, no_decay");
+                  "log_every, freeze, no_decay, output");
     }
 }
 
@@ -1061,6 +1076,7 @@ void sema_train(Sema *S, const AstStmt *train) {
     int have_optim = 0;
     S->errors_before_train = diag_error_count();
     train_body(S, train->body, train->n_body, &have_optim);
+    if (S->named_output) S->g->output = S->named_output;
     if (!S->g->loss && !diag_error_count()) {
         diag_error(train->loc, "the train section has no loss");
         diag_hint("add e.g. `loss = cross_entropy(logits, label)`");

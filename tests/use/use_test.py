@@ -220,6 +220,7 @@ def case_predict(netc, work):
     check(close(got, want), f"mlp predictions differ from numpy: {got} {want}")
     check_lenet(netc, work, img, lab)
     check_channels_last(netc, work)
+    check_named_output(netc, work, img, lab)
     rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", img)
     check(rc == 2 and "would destroy that input" in out, f"--predict-out naming its input: exit {rc}: {out}")
     rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict", f"label={lab}", "--predict-out",
@@ -266,6 +267,25 @@ def check_channels_last(netc, work):
     h = F.relu(F.conv2d(torch.tensor(np.load(x).astype(np.float64)), p["c1.weight"], p["c1.bias"], padding=1))
     want = F.conv2d(h, p["c2.weight"], p["c2.bias"], padding=1).numpy()
     check(close(np.load(out) if rc == 0 else None, want), "channels_last_output predictions differ from PyTorch")
+
+
+def check_named_output(netc, work, img, lab):
+    """train { output = probs }: --predict writes that value instead of the logits."""
+    exe, w = trained(netc, work, os.path.join(HERE, "named_output.net"), "named", img, lab)
+    got = predict(exe, w, img, os.path.join(work, "named_out.npy"))
+    t = st_tensors(w)
+    x = np.load(img).astype(np.float64).reshape(40, -1) / 255
+    z = np.maximum(x @ t["fc1.weight"].T + t["fc1.bias"], 0) @ t["fc2.weight"].T + t["fc2.bias"]
+    e = np.exp(z - z.max(1, keepdims=True))
+    check(close(got, e / e.sum(1, keepdims=True)), f"named output: not the softmax of the logits: {got}")
+    bad = os.path.join(work, "bad_output.net")
+    with open(os.path.join(HERE, "named_output.net")) as f:
+        text = f.read().replace("output    = probs", "output    = mean(probs)")
+    with open(bad, "w") as f:
+        f.write(text)
+    rc, out = run(netc, bad, "--check")
+    check(rc == 1 and "bad_output.net:16:" in out and "output must have one row per sample, [batch (16), ...], "
+          "found shape []" in out, f"an output without a row per sample: exit {rc}: {out}")
 
 
 # LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
