@@ -336,21 +336,24 @@ static int load_all(Load *l, const cJSON *root, RtError *err) {
 }
 
 /* torch.save writes a zip archive ("PK\3\4", PyTorch 1.6 on) or, before, a bare pickle
- * (0x80 and the protocol number 2 to 5): a common mistake worth naming, with the way out. */
+ * (0x80 and the protocol number 2 to 5): a common mistake worth naming, with the way out. A
+ * safetensors file can start with the same bytes (a header of 0x280 bytes begins 80 02), so this
+ * is asked only of a file that is not a safetensors file. */
 static int is_torch_pickle(const unsigned char *buf) {
     return memcmp(buf, "PK\3\4", 4) == 0 || (buf[0] == 0x80 && buf[1] >= 2 && buf[1] <= 5);
 }
 
 static int parse_and_load(const char *path, const RtModel *m, const unsigned char *buf, size_t len,
                           float *params, const RtInitRules *r, RtError *err) {
-    if (is_torch_pickle(buf))
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
+    int header_fits = hlen <= MAX_HEADER && hlen <= len - 8;
+    if ((!header_fits || hlen == 0 || buf[8] != '{') && is_torch_pickle(buf))
         return rt_fail(err, "%s: a PyTorch pickle (torch.save), not a safetensors file\n"
                        "  hint: convert it: python3 -c \"import torch, safetensors.torch as st; "
                        "st.save_file(torch.load('%s', map_location='cpu'), 'weights.safetensors')\"",
                        path, path);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
-    if (hlen > MAX_HEADER || hlen > len - 8)
+    if (!header_fits)
         return rt_fail(err, "%s: not a safetensors file, or truncated (header length %llu, file %zu bytes)",
                        path, (unsigned long long)hlen, len);
     cJSON *root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hlen);

@@ -56,6 +56,16 @@ def expect_fail(what, cmd, *needles, env=None):
         print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
 
 
+def expect_ok(what, cmd):
+    global cases
+    cases += 1
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        failures.append(f"{what}: exit status {r.returncode} (want 0)\n{r.stderr}{r.stdout}")
+    else:
+        print(f"ok   {what}")
+
+
 def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -138,6 +148,14 @@ def main():
         with open(f"{work}/{name}", "wb") as f:
             f.write(head + bytes(64))
         expect_fail(f"--init {name}", train("--init", f"{work}/{name}"), "PyTorch pickle", "safetensors.torch")
+    # ... but a safetensors file may begin with the same two bytes: a header of 0x280 bytes
+    # (JSON padded with spaces, as the format allows) starts 80 02, and must load as weights
+    raw = open(saved, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    assert n <= 0x280, n
+    with open(f"{work}/h640.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", 0x280) + raw[8:8 + n] + b" " * (0x280 - n) + raw[8 + n:])
+    expect_ok("--init a safetensors file whose header is 0x280 bytes", train("--init", f"{work}/h640.safetensors"))
 
     # a failed save leaves the old file untouched
     ro = f"{work}/readonly"
