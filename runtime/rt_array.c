@@ -281,6 +281,22 @@ static int gz_read_declared(gzFile f, const char *path, unsigned char *dst, size
     return 0;
 }
 
+/* The end of reading a compressed file into buf (total bytes) with status rc so far: close it,
+ * then hand buf over, or free it on an error, the close's own included (Z_BUF_ERROR: the
+ * stream ended early, i.e. a truncated file). */
+static int gz_finish(gzFile f, const char *path, int rc, unsigned char *buf, size_t total, unsigned char **out,
+                     size_t *len, RtError *err) {
+    int closed = gzclose(f);
+    if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", path);
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = total;
+    return 0;
+}
+
 /* Read an IDX file, plain or gzipped (gzread passes a plain file through), inflating only what
  * its header declares: the header first, then exactly the element bytes it promises into one
  * allocation of that size, then a check that the stream ends there. A small file that inflates
@@ -313,15 +329,7 @@ static int idx_read(RtArray *a, off_t file_size, unsigned char **out, size_t *le
         memcpy(buf, head, hlen);
         rc = gz_read_declared(f, a->path, buf + hlen, need, "IDX", err);
     }
-    int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
-    if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
-    if (rc) {
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *len = hlen + need;
-    return 0;
+    return gz_finish(f, a->path, rc, buf, hlen + need, out, len, err);
 }
 
 /* ---- .npy.gz
@@ -386,15 +394,7 @@ static int npy_gz_read(RtArray *a, unsigned char **out, size_t *len, RtError *er
         rc = rt_fail(err, "%s: out of memory for the %zu bytes its .npy header declares", a->path, need);
     if (grown) buf = grown;
     if (!rc) rc = gz_read_declared(f, a->path, buf + head, need, ".npy", err);
-    int closed = gzclose(f); /* Z_BUF_ERROR: the stream ended early, i.e. a truncated file */
-    if (!rc && closed != Z_OK) rc = rt_fail(err, "%s: corrupt or truncated compressed data", a->path);
-    if (rc) {
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *len = head + need;
-    return 0;
+    return gz_finish(f, a->path, rc, buf, head + need, out, len, err);
 }
 
 static int ends_with(const char *s, const char *suffix) {
