@@ -61,7 +61,7 @@ def expect_ok(what, cmd):
     cases += 1
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        failures.append(f"{what}: exit status {r.returncode} (want 0)\n{r.stderr}{r.stdout}")
+        failures.append(f"{what}: exit status {r.returncode}, want 0\n{r.stderr}{r.stdout}")
     else:
         print(f"ok   {what}")
 

@@ -18,18 +18,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bad_files  # noqa: E402
-from bad_files import expect_fail, idx, npy  # noqa: E402
+from bad_files import expect_fail, expect_ok, idx, npy  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def expect_ok(what, cmd):
-    bad_files.cases += 1
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        bad_files.failures.append(f"{what}: exit status {r.returncode}, want 0\n{r.stderr}{r.stdout}")
-    else:
-        print(f"ok   {what}")
 
 
 def counts(exe, train):
