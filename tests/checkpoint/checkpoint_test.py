@@ -30,7 +30,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import Checks, run_cases, st_load  # noqa: E402
+from netc_testlib import Checks, compile_model, run_cases, st_load  # noqa: E402
 
 META_KEYS = {"format", "netc_checkpoint", "model", "fingerprint", "optimizer", "batch", "step", "epoch",
              "batch_in_epoch", "eval_done", "total_steps", "epochs", "steps", "samples", "seed", "shuffle",
@@ -38,6 +38,7 @@ META_KEYS = {"format", "netc_checkpoint", "model", "fingerprint", "optimizer", "
 STOPPED = 4  # exit status of a run stopped before its end (signal or --stop-at)
 
 check = Checks()
+expect = check.expect
 
 
 # ---- the checkpoint format, read independently of the C code
@@ -88,15 +89,6 @@ def rewrite(path, out, meta_changes=None, body=None):
 
 # ---- models, data and runs
 
-def compile_model(netc, work, name, *defines):
-    exe = os.path.join(work, name + "".join("_" + d.replace("=", "") for d in defines))
-    cmd = [netc, os.path.join(HERE, name + ".net"), "-o", exe]
-    for d in defines:
-        cmd += ["-D", d]
-    subprocess.run(cmd, check=True)
-    return exe
-
-
 def make_data(work, tag, shape, n, seed=0, nan_at=None):
     """--data arguments for n random samples of per-sample `shape` and 4 classes."""
     rng = np.random.default_rng(seed)
@@ -121,16 +113,6 @@ def args(train, evaluation=None):
 
 def run(exe, *argv, timeout=120):
     return subprocess.run([exe, *argv], capture_output=True, text=True, timeout=timeout)
-
-
-def expect(r, status, what, *needles):
-    msg = r.stdout + r.stderr
-    if not check(r.returncode == status, f"{what}: exit {r.returncode}, want {status}\n{msg}"):
-        return False
-    missing = [s for s in needles if s not in msg]
-    if status and not missing:
-        print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
-    return check(not missing, f"{what}: output lacks {missing}:\n{msg}")
 
 
 def same_file(a, b, what):
@@ -161,7 +143,7 @@ def segments(exe, common, first, ck, stops, *final):
 
 
 def resume_model(netc, work, name, shape, first):
-    exe = compile_model(netc, work, name)
+    exe = compile_model(netc, HERE, work, name)
     common = args(make_data(work, name, shape, 100), make_data(work, name + "_eval", shape, 20, seed=1))
     common += ["--quiet", "--log", os.path.join(work, name + ".jsonl")]
     full, full_ck = os.path.join(work, name + "_full.st"), os.path.join(work, name + "_full.ckpt")
@@ -196,7 +178,7 @@ def case_resume(netc, work):
         resume_model(netc, work, name, shape, first)
     # a finished run resumed with a longer one equals that longer run (the step schedule does not
     # depend on the length); with a cosine schedule a different length is refused
-    exe = compile_model(netc, work, "adamw_bn")
+    exe = compile_model(netc, HERE, work, "adamw_bn")
     common = args(make_data(work, "adamw_bn", (2, 4, 4), 100)) + ["--quiet"]
     ck, longer, ref = (os.path.join(work, f) for f in ("short.ckpt", "longer.st", "ref30.st"))
     expect(run(exe, *common, "--steps", "20", "--checkpoint", ck), 0, "--steps 20")
@@ -204,7 +186,7 @@ def case_resume(netc, work):
     expect(run(exe, *common, "--steps", "30", "--save", ref), 0, "--steps 30 uninterrupted")
     same_file(ref, longer, "20 steps resumed to 30 vs 30 uninterrupted")
     expect(run(exe, *common, "--steps", "10", "--resume", ck), 2, "resume past the new length", "step 20")
-    cos = compile_model(netc, work, "sgd_momentum")
+    cos = compile_model(netc, HERE, work, "sgd_momentum")
     common = args(make_data(work, "sgd_momentum", (16,), 100)) + ["--quiet"]
     ck = os.path.join(work, "cos.ckpt")
     expect(run(cos, *common, "--checkpoint", ck, "--stop-at", "7"), STOPPED, "cosine --stop-at 7")
@@ -242,7 +224,7 @@ def signalled_run(exe, common, work, tag, needle, sig, *extra):
 
 
 def case_signals(netc, work):
-    exe = compile_model(netc, work, "wide")
+    exe = compile_model(netc, HERE, work, "wide")
     train = make_data(work, "wide", (16,), 64)  # 8 steps an epoch
     # SIGTERM during training steps: exit 4, a checkpoint, and a resume equal to the whole run
     common = args(train) + ["--steps", "800", "--log-every", "20"]
@@ -319,7 +301,7 @@ def last_logged_checkpoint(log):
 
 
 def case_kill9(netc, work, trials=20):
-    exe = compile_model(netc, work, "wide")
+    exe = compile_model(netc, HERE, work, "wide")
     common = args(make_data(work, "wide", (16,), 64)) + ["--steps", "3000"]
     ck, log = os.path.join(work, "k.ckpt"), os.path.join(work, "k.jsonl")
     rng = random.Random(20261123)
@@ -355,7 +337,7 @@ def case_kill9(netc, work, trials=20):
 # ---- bad checkpoints and destinations
 
 def case_bad_files(netc, work):
-    exe = compile_model(netc, work, "sgd_momentum")
+    exe = compile_model(netc, HERE, work, "sgd_momentum")
     train = make_data(work, "m", (16,), 100)
     common = args(train) + ["--quiet"]
     good = os.path.join(work, "good.ckpt")
@@ -434,11 +416,11 @@ def random_damage(exe, common, work, blob, trials=100):
 
 def foreign_models(netc, work, exe, common, bad):
     """Checkpoints of another model, another batch, another build of the same model."""
-    other = compile_model(netc, work, "dropout")
+    other = compile_model(netc, HERE, work, "dropout")
     run(other, *common, "--checkpoint", os.path.join(work, "other-model.ckpt"), "--steps", "2")
     bad("other-model.ckpt", needles=["model 'ckpt_dropout', not 'ckpt_sgd_momentum'"])
     for define, needles in [("batch=4", ["batch 4", "-D batch=4"]), ("lr=0.1", ["different build"])]:
-        variant = compile_model(netc, work, "sgd_momentum", define)
+        variant = compile_model(netc, HERE, work, "sgd_momentum", define)
         name = f"build-{define.replace('=', '')}.ckpt"
         run(variant, *common, "--checkpoint", os.path.join(work, name), "--steps", "2")
         bad(name, needles=needles)
@@ -467,7 +449,7 @@ def destinations(exe, common, work, good):
 
 def nan_loss(netc, work):
     """A NaN loss stops with 3 and no checkpoint after it: the last good one stays."""
-    exe = compile_model(netc, work, "sgd_momentum")
+    exe = compile_model(netc, HERE, work, "sgd_momentum")
     # sample 45 is in batch 6 (steps count from 1) without shuffling
     common = args(make_data(work, "nan", (16,), 100, nan_at=45)) + ["--no-shuffle", "--quiet"]
     ck = os.path.join(work, "nan.ckpt")

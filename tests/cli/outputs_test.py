@@ -35,20 +35,11 @@ MODEL = os.path.join(HERE, "..", "checkpoint", "sgd_momentum.net")
 NONFINITE = 3
 
 check = Checks()
+expect = check.expect
 
 
 def run(argv, cwd=None, env=None):
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-
-
-def expect(r, status, what, *needles):
-    msg = r.stdout + r.stderr
-    if not check(r.returncode == status, f"{what}: exit {r.returncode}, want {status}\n{msg}"):
-        return False
-    missing = [s for s in needles if s not in msg]
-    if status and not missing:
-        print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
-    return check(not missing, f"{what}: output lacks {missing}:\n{msg}")
 
 
 def snapshot(work):

@@ -26,19 +26,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import Checks, run_cases  # noqa: E402
+from netc_testlib import Checks, compile_model, run_cases  # noqa: E402
 
 check = Checks()
 M64 = (1 << 64) - 1
-
-
-def compile_model(netc, work, name, *defines):
-    exe = os.path.join(work, name + "".join("_" + d.replace("=", "") for d in defines))
-    cmd = [netc, os.path.join(HERE, name + ".net"), "-o", exe]
-    for d in defines:
-        cmd += ["-D", d]
-    subprocess.run(cmd, check=True)
-    return exe
 
 
 def run(exe, *argv):
@@ -82,7 +73,7 @@ def image_data(work, n=16, size=8, seed=0):
 # ---- cases
 
 def case_npy_gz(netc, work):
-    exe = compile_model(netc, work, "tiny_image")
+    exe = compile_model(netc, HERE, work, "tiny_image")
     x, y = image_data(work)
     plain = ["--data", f"image={work}/x.npy", "--data", f"label={work}/y.npy", "--steps", "4"]
     gz = ["--data", "image=" + save_gz(f"{work}/x.npy.gz", x), "--data", "label=" + save_gz(f"{work}/y.npy.gz", y),
@@ -112,7 +103,7 @@ def case_npy_gz(netc, work):
 
 
 def case_csv(netc, work):
-    exe = compile_model(netc, work, "tiny_table")
+    exe = compile_model(netc, HERE, work, "tiny_table")
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, 5)).astype(np.float32)
     y = np.array([0, 1, 2, 0, 1, 2, 2, 1], np.int64)
@@ -142,7 +133,7 @@ def case_csv(netc, work):
 
 
 def case_cifar(netc, work):
-    exe = compile_model(netc, work, "tiny_image", "size=32")
+    exe = compile_model(netc, HERE, work, "tiny_image", "size=32")
     rng = np.random.default_rng(2)
     labels = rng.integers(0, 10, 12).astype(np.uint8)
     images = rng.integers(0, 256, (12, 3, 32, 32)).astype(np.uint8)
@@ -163,7 +154,7 @@ def case_cifar(netc, work):
     refused(exe, "--save naming a CIFAR-10 input", ["--data", f"image={files}", "--data", f"label={files}", "--save",
                                                      f"{work}/data_batch_2.bin"], "data_batch_2.bin", status=2)
     check(open(f"{work}/data_batch_2.bin", "rb").read() == before, "a CIFAR-10 input named as --save is untouched")
-    small = compile_model(netc, work, "tiny_image")
+    small = compile_model(netc, HERE, work, "tiny_image")
     refused(small, "CIFAR for an input of another size",
             ["--data", f"image=cifar:{work}/data_batch_1.bin", "--data", f"label={work}/y.npy"], "'image'", "3072")
     refused(exe, "CIFAR missing file", ["--data", f"image=cifar:{work}/nope.bin", "--data", f"label={work}/y.npy"],
@@ -210,7 +201,7 @@ def case_augment(netc, work):
             for seed, epoch in ((0, 1), (12345678901, 7)):
                 check(driver_matches(driver, work, dtype, ops, pad, flip, seed, epoch),
                       f"{dtype} {ops} seed {seed} epoch {epoch}: the loader's batch equals the numpy reference")
-    exe = compile_model(netc, work, "tiny_image")
+    exe = compile_model(netc, HERE, work, "tiny_image")
     image_data(work, n=16)
     data = ["--data", f"image={work}/x.npy", "--data", f"label={work}/y.npy", "--epochs", "3"]
     init = trains(exe, work, "init", *data, "--steps", "1")

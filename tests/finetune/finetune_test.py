@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 from netc_testlib import Checks, run_cases, st_load, st_save  # noqa: E402
 
 check = Checks()
+expect = check.expect
 
 
 def pretrained(classes):
@@ -53,13 +54,6 @@ def setup(netc, work):
 
 def run(exe, *argv):
     return subprocess.run([exe, *argv], capture_output=True, text=True, timeout=120)
-
-
-def expect(r, status, what, *needles):
-    msg = r.stdout + r.stderr
-    missing = [s for s in needles if s not in msg]
-    ok = check(r.returncode == status, f"{what}: exit {r.returncode}, want {status}\n{msg}")
-    return check(not missing, f"{what}: output lacks {missing}:\n{msg}") and ok
 
 
 def trained(exe, common, work, what, *argv, status=0, needles=()):

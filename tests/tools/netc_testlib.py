@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 
 import numpy as np
 
@@ -31,6 +32,27 @@ class Checks:
             self.failures.append(what)
             print("FAIL", what)
         return ok
+
+    def expect(self, r, status, what, *needles):
+        """A finished command (subprocess.CompletedProcess) exited with `status` and its output
+        holds every needle; a refusal that does prints its first line. Returns ok."""
+        msg = r.stdout + r.stderr
+        if not self(r.returncode == status, f"{what}: exit {r.returncode}, want {status}\n{msg}"):
+            return False
+        missing = [s for s in needles if s not in msg]
+        if status and not missing:
+            print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
+        return self(not missing, f"{what}: output lacks {missing}:\n{msg}")
+
+
+def compile_model(netc, here, work, name, *defines):
+    """A trainer of here/NAME.net with each -D of `defines`, as work/NAME_<defines>."""
+    exe = os.path.join(work, name + "".join("_" + d.replace("=", "") for d in defines))
+    cmd = [netc, os.path.join(here, name + ".net"), "-o", exe]
+    for d in defines:
+        cmd += ["-D", d]
+    subprocess.run(cmd, check=True)
+    return exe
 
 
 def run_cases(cases, label, check, argv):
