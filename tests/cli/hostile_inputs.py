@@ -6,7 +6,6 @@ never a signal, a wrong answer or exit 0.
 
 usage: hostile_inputs.py NETC WORKDIR
 """
-import gzip
 import os
 import struct
 import subprocess
