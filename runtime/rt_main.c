@@ -953,6 +953,11 @@ static void setup_context(Trainer *t) {
         die("%s %s", t->o.init ? "--init" : "--resume", err.msg);
 }
 
+/* What setup_context allocated. */
+static void free_context(RtCtx *c) {
+    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+}
+
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
 static void plan_run(Trainer *t, const RtDataset *ds) {
     t->per_epoch = ds->n_samples / t->m->batch;
@@ -1041,8 +1046,7 @@ static int eval_only(Trainer *t) {
     void **bufs = batch_buffers(m);
     int rc = finish(t, evaluate(t, &ds, bufs, 0));
     free_buffers(m, bufs);
-    RtCtx *c = &t->ctx;
-    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    free_context(&t->ctx);
     rt_dataset_close(&ds);
     if (t->dev) t->dev->close();
     return rc;
@@ -1056,8 +1060,7 @@ static int predict(Trainer *t) {
     int rc = rt_predict(t->m, &t->ctx, t->o.predict, t->o.predict_out, &n, &err);
     if (rc) fprintf(stderr, "error: %s\n", err.msg);
     else if (!t->o.quiet) printf("wrote the output of %lld samples to '%s'\n", (long long)n, t->o.predict_out);
-    RtCtx *c = &t->ctx;
-    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    free_context(&t->ctx);
     return finish(t, rc ? 1 : 0);
 }
 
@@ -1065,8 +1068,7 @@ static int predict(Trainer *t) {
  * valgrind's) reports only real leaks. */
 static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eval_ds) {
     free_buffers(t->m, bufs);
-    RtCtx *c = &t->ctx;
-    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    free_context(&t->ctx);
     rt_dataset_close(train_ds);
     if (t->o.n_eval) rt_dataset_close(eval_ds);
     if (t->dev) t->dev->close();
