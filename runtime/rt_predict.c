@@ -1,13 +1,13 @@
 /* rt_predict.c - --predict NAME=FILE ... --predict-out OUT.npy: the model's output for every
  * sample of the files, written as one float32 .npy array [samples, output shape...].
  *
- * The output is the value the model's loss function reads first (the logits); the generated
- * eval_step copies it, in logical row-major order, into RtCtx.output. Only the inputs it depends
- * on (RtModel.output_inputs) are read: the others, such as the labels, are fed as zeros, which
- * change the loss the step computes but not the output. The samples are visited in file order in
- * batches of the compiled size; the last batch is padded with zero rows, which are not written.
- * The file goes through rt_out_open/rt_out_commit (rt_file.c), so OUT is either as it was or
- * complete.
+ * The output is the value the train section names (output = x), else the one the model's loss
+ * function reads first (the logits); the generated eval_step copies it, in logical row-major
+ * order, into RtCtx.output. Only the inputs it depends on (RtModel.output_inputs) are read: the
+ * others, such as the labels, are fed as zeros, which change the loss the step computes but not
+ * the output. The samples are visited in file order in batches of the compiled size; the last
+ * batch is padded with zero rows, which are not written. The file goes through
+ * rt_out_open/rt_out_commit (rt_file.c), so OUT is either as it was or complete.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -18,8 +18,9 @@
 /* What --predict must be given: a file for every input the output reads, and no other. */
 int rt_predict_check(const RtModel *m, const char *const *files, RtError *err) {
     if (m->output_rank < 0)
-        return rt_fail(err, "--predict: model '%s' has no output: its loss is not written with a loss function "
-                            "(cross_entropy, mse, bce_with_logits) whose first operand would be it", m->name);
+        return rt_fail(err, "--predict: model '%s' has no output: its train section names none (output = x) and "
+                            "its loss is not written with a loss function (cross_entropy, mse, bce_with_logits) "
+                            "whose first operand would be it", m->name);
     for (int i = 0; i < m->n_inputs; i++) {
         const char *name = m->inputs[i].name;
         int needed = (m->output_inputs >> i) & 1;

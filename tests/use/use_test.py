@@ -286,6 +286,15 @@ def check_named_output(netc, work, img, lab):
     rc, out = run(netc, bad, "--check")
     check(rc == 1 and "bad_output.net:16:" in out and "output must have one row per sample, [batch (16), ...], "
           "found shape []" in out, f"an output without a row per sample: exit {rc}: {out}")
+    # a loss written without a loss function, and no output named: --predict has nothing to write
+    none = os.path.join(work, "no_output.net")
+    with open(os.path.join(HERE, "named_output.net")) as f:
+        text = f.read().replace("output    = probs\n", "").replace("cross_entropy(logits, label)", "mean(logits * logits)")
+    with open(none, "w") as f:
+        f.write(text)
+    exe = compile_model(netc, none, os.path.join(work, "no_output"))
+    rc, out = run(exe, "--init", w, "--predict", f"image={img}", "--predict-out", os.path.join(work, "none.npy"))
+    check(rc == 2 and "has no output" in out and "output = x" in out, f"--predict without an output: exit {rc}: {out}")
 
 
 # LeNet (models/lenet.net) by hand, per sample: (layer, output shape, parameters, mult-adds).
