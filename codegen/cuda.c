@@ -526,6 +526,11 @@ static void emit_bn(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 
+static void emit_axes(Cu *u, const IrNode *n) {
+    (void)u;
+    ICE("cuda: %s has no kernel yet", ir_op_name(n->op));
+}
+
 static void emit_lib(Cu *u, const IrNode *n) {
     IrLibClass cls = ir_op_lib(n->op);
     if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
@@ -536,6 +541,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
     case LIB_POOL: emit_pool(u, n); break;
     case LIB_ROWS: emit_rows(u, n); break;
     case LIB_BN: emit_bn(u, n); break;
+    case LIB_AXES: emit_axes(u, n); break;
     case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }
