@@ -319,10 +319,11 @@ static void drop(Expected *x, bool (*pred)(int), bool keep_one) {
         if (!pred(x->syms[i])) x->syms[j++] = x->syms[i];
     if (j > 0 || !keep_one) x->n = j;
 }
-/* After a name: an operator, a label's '.' or ':', a call's '(' or a keyword argument's '='. */
+/* After a name: an operator, a label's '.' or ':', a call's '(', an index's '[' or a keyword
+ * argument's '='. */
 static bool sym_continues(int k) {
     return sym_is_binop(k) || k == YYSYMBOL_DOT || k == YYSYMBOL_COLON || k == YYSYMBOL_LPAREN ||
-           k == YYSYMBOL_ASSIGN;
+           k == YYSYMBOL_LBRACKET || k == YYSYMBOL_ASSIGN;
 }
 static bool sym_is_semi_or_else(int k) { return k == YYSYMBOL_SEMI || k == YYSYMBOL_K_ELSE; }
 

@@ -556,10 +556,14 @@ IrNode *sema_matmul(Sema *S, IrNode *a, IrNode *b, SrcLoc loc) {
     IrShape ba = {.rank = ra - 2}, bb = {.rank = rb - 2}, batch;
     for (int i = 0; i < ra - 2; i++) ba.dim[i] = a->shape.dim[i];
     for (int i = 0; i < rb - 2; i++) bb.dim[i] = b->shape.dim[i];
-    if (K != b->shape.dim[rb - 2] || !ir_broadcast(&ba, &bb, &batch)) {
-        diag_error(loc, "matmul of shapes %s and %s: %s", sema_shape_str(S, &a->shape), sema_shape_str(S, &b->shape),
-                   K != b->shape.dim[rb - 2] ? "the last axis of a must equal the second-to-last of b"
-                                             : "the batch axes (all but the last two) do not broadcast");
+    if (K != b->shape.dim[rb - 2]) {
+        diag_error(loc, "matmul of shapes %s and %s: need [M,K]@[K,N] or [B,M,K]@[B,K,N]", sema_shape_str(S, &a->shape),
+                   sema_shape_str(S, &b->shape));
+        return NULL;
+    }
+    if (!ir_broadcast(&ba, &bb, &batch)) {
+        diag_error(loc, "matmul of shapes %s and %s: the batch axes (all but the last two) do not broadcast",
+                   sema_shape_str(S, &a->shape), sema_shape_str(S, &b->shape));
         diag_hint("a [..., M, K] @ b [..., K, N], batch axes equal or 1 (numpy broadcasting)");
         return NULL;
     }
