@@ -756,7 +756,7 @@ static Value b_permute(Sema *S, const AstExpr *c, const char *label, Value *args
         int a = sema_axis(S, axes.items[i], arg_loc(c, "axes", 1), "each entry of permute's axes", &x->shape);
         if (a < 0) return sema_error();
         if (seen[a]++) {
-            diag_error(arg_loc(c, "axes", 1), "permute's axes %s name axis %d twice", sema_value_text(S, axes), a);
+            diag_error(arg_loc(c, "axes", 1), "permute's axes name axis %d twice", a);
             diag_hint("the axes must be a reordering of 0 .. %d", r - 1);
             return sema_error();
         }
@@ -887,7 +887,7 @@ static Value b_concat(Sema *S, const AstExpr *c, const char *label, Value *args)
         int same = b->shape.rank == s.rank && b->dtype == xs.items[0].t->dtype;
         for (int d = 0; same && d < s.rank; d++) same = d == axis || b->shape.dim[d] == s.dim[d];
         if (!same) {
-            diag_error(c->loc, "concat along axis %d: item %d of shape %s %s does not fit %s %s", axis, i,
+            diag_error(c->loc, "concat along axis %d: item %d, %s%s, does not fit item 0, %s%s", axis, i,
                        ir_dtype_name(b->dtype), sema_shape_str(S, &b->shape), ir_dtype_name(xs.items[0].t->dtype),
                        sema_shape_str(S, s0));
             diag_hint("every axis but the one joined must be equal, and the dtypes too");
