@@ -6,6 +6,8 @@
  * take the element size in bytes, so they move f32 and i64 alike.
  */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "netrt.h"
@@ -24,15 +26,16 @@ static inline void copy1(char *y, int64_t j, const char *x, int64_t i, int64_t e
 void rt_permute(int rank, const int64_t *dims, const int *perm, int64_t elem, const void *xv, void *yv) {
     const char *x = xv;
     char *y = yv;
-    int64_t istride[8] = {0}, od[8] = {0}, os[8] = {0}, total = 1;
-    if (rank < 1 || rank > 8) rank = rank < 1 ? 0 : 8; /* the IR's ranks are 1 .. IR_MAX_RANK */
+    enum { MAX_RANK = 8 }; /* above the IR's IR_MAX_RANK */
+    int64_t istride[MAX_RANK] = {0}, od[MAX_RANK] = {0}, os[MAX_RANK] = {0}, total = 1;
+    if (rank < 1 || rank > MAX_RANK) { /* not made by netc */
+        fprintf(stderr, "error: rt_permute of rank %d\n", rank);
+        exit(1);
+    }
     int64_t s = 1;
     for (int i = rank - 1; i >= 0; i--) istride[i] = s, s *= dims[i];
     for (int i = 0; i < rank; i++) od[i] = dims[perm[i]], os[i] = istride[perm[i]], total *= od[i];
-    if (rank == 0 || total == 0) {
-        if (total) memcpy(y, x, (size_t)elem);
-        return;
-    }
+    if (total == 0) return;
     int64_t Q = od[rank - 1], sQ = os[rank - 1];
     int64_t P = rank >= 2 ? od[rank - 2] : 1, sP = rank >= 2 ? os[rank - 2] : 0;
     int64_t batches = total / (P * Q);
