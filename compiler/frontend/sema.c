@@ -381,6 +381,13 @@ static int64_t index_in(Sema *S, Value v, SrcLoc loc, int64_t n, const char *wha
  * item are kept. */
 static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
     if (base.k == V_ERR) return base;
+    for (int i = 0; i < e->n_items; i++) /* `a:b` parses as a label; a range is not an index */
+        if (e->items[i] && e->items[i]->kind == AST_LABELED) {
+            diag_error(e->items[i]->loc, "ranges a:b are not indices");
+            diag_hint("take a range with slice(x, axis, start, end); inside brackets only an integer or ':' "
+                      "stands for an axis");
+            return sema_error();
+        }
     if (base.k == V_LIST) {
         if (e->n_items != 1 || !e->items[0]) {
             diag_error(e->loc, "a list takes one integer index, l[i]");
