@@ -389,6 +389,60 @@ static void emit_bn(Cg *c, const IrNode *n) {
     cg_end(c, "%s", "");
 }
 
+/* Copies and reductions along an axis see a tensor as [outer, n, inner] around that axis. */
+static void axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
+    *outer = *inner = 1;
+    for (int i = 0; i < axis; i++) *outer *= s->dim[i];
+    for (int i = axis + 1; i < s->rank; i++) *inner *= s->dim[i];
+}
+
+static void emit_axes(Cg *c, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    int axis = n->attr.axis, elem = ir_dtype_size(n->dtype);
+    int64_t outer, inner;
+    switch (n->op) {
+    case OP_PERMUTE: {
+        const IrShape *s = &x->shape;
+        cg_begin(c, "static const int64_t dims%d[] = {", n->id);
+        for (int i = 0; i < s->rank; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", s->dim[i]);
+        cg_put(c, "};");
+        cg_end(c, "%s", "");
+        cg_begin(c, "static const int perm%d[] = {", n->id);
+        for (int i = 0; i < s->rank; i++) cg_put(c, "%s%d", i ? ", " : "", n->attr.perm[i]);
+        cg_put(c, "};");
+        cg_end(c, "%s", "");
+        cg_line(c, "rt_permute(%d, dims%d, perm%d, %d, v%d, v%d);", s->rank, n->id, n->id, elem, x->id, n->id);
+        return;
+    }
+    case OP_SLICE:
+        axis_split(&x->shape, axis, &outer, &inner);
+        cg_line(c, "rt_slice(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d);", outer,
+                x->shape.dim[axis], n->shape.dim[axis], inner, n->attr.start, elem, x->id, n->id);
+        return;
+    case OP_SLICE_BWD:
+        axis_split(&n->shape, axis, &outer, &inner);
+        cg_line(c, "rt_slice_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d);",
+                outer, n->shape.dim[axis], x->shape.dim[axis], inner, n->attr.start, elem, x->id, n->id);
+        return;
+    case OP_CONCAT:
+        axis_split(&n->shape, axis, &outer, &inner);
+        cg_line(c, "rt_concat(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d);", outer,
+                x->shape.dim[axis], n->in[1]->shape.dim[axis], inner, elem, x->id, n->in[1]->id, n->id);
+        return;
+    case OP_MAX:
+        axis_split(&x->shape, axis, &outer, &inner);
+        cg_line(c, "rt_max_axis(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer, x->shape.dim[axis], inner,
+                x->id, n->id);
+        return;
+    case OP_MAX_BWD:
+        axis_split(&x->shape, axis, &outer, &inner);
+        cg_line(c, "rt_max_axis_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", outer,
+                x->shape.dim[axis], inner, x->id, n->in[1]->id, n->id);
+        return;
+    default: ICE("cpu: %s is not a copy along axes", ir_op_name(n->op));
+    }
+}
+
 static void emit_lib(Cg *c, const IrNode *n) {
     cg_check_lib_operands(n, "cpu");
     switch (ir_op_lib(n->op)) {
@@ -397,6 +451,7 @@ static void emit_lib(Cg *c, const IrNode *n) {
     case LIB_POOL: emit_pool(c, n); break;
     case LIB_ROWS: emit_rows(c, n); break;
     case LIB_BN: emit_bn(c, n); break;
+    case LIB_AXES: emit_axes(c, n); break;
     case LIB_NONE: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }

@@ -526,6 +526,64 @@ static void emit_bn(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 
+/* Copies and reductions along an axis see a tensor as [outer, n, inner] around that axis;
+ * one grid-stride loop over the outputs (netrt_views.cuh). */
+static void axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
+    *outer = *inner = 1;
+    for (int i = 0; i < axis; i++) *outer *= s->dim[i];
+    for (int i = axis + 1; i < s->rank; i++) *inner *= s->dim[i];
+}
+
+static void emit_axes(Cu *u, const IrNode *n) {
+    const IrNode *x = n->in[0];
+    int axis = n->attr.axis, at = 0;
+    int64_t outer, inner, total = ir_numel(&n->shape), threads = total;
+    char call[768];
+    switch (n->op) {
+    case OP_PERMUTE: {
+        int64_t stride[IR_MAX_RANK], s = 1;
+        int r = x->shape.rank;
+        for (int i = r - 1; i >= 0; i--) stride[i] = s, s *= x->shape.dim[i];
+        at = snprintf(call, sizeof call, "rt_k_permute(RtKPermute{{");
+        for (int i = 0; i < r; i++) at += snprintf(call + at, sizeof call - (size_t)at, "%s%" PRId64, i ? ", " : "", n->shape.dim[i]);
+        at += snprintf(call + at, sizeof call - (size_t)at, "}, {");
+        for (int i = 0; i < r; i++)
+            at += snprintf(call + at, sizeof call - (size_t)at, "%s%" PRId64, i ? ", " : "", stride[n->attr.perm[i]]);
+        snprintf(call + at, sizeof call - (size_t)at, "}, %d}, %" PRId64 ", v%d, v%d);", r, total, x->id, n->id);
+        break;
+    }
+    case OP_SLICE:
+        axis_split(&x->shape, axis, &outer, &inner);
+        snprintf(call, sizeof call, "rt_k_slice(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);",
+                 outer, x->shape.dim[axis], n->shape.dim[axis], inner, n->attr.start, x->id, n->id);
+        break;
+    case OP_SLICE_BWD:
+        axis_split(&n->shape, axis, &outer, &inner);
+        snprintf(call, sizeof call,
+                 "rt_k_slice_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer,
+                 n->shape.dim[axis], x->shape.dim[axis], inner, n->attr.start, x->id, n->id);
+        break;
+    case OP_CONCAT:
+        axis_split(&n->shape, axis, &outer, &inner);
+        snprintf(call, sizeof call, "rt_k_concat(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);",
+                 outer, x->shape.dim[axis], n->in[1]->shape.dim[axis], inner, x->id, n->in[1]->id, n->id);
+        break;
+    case OP_MAX:
+    case OP_MAX_BWD:
+        axis_split(&x->shape, axis, &outer, &inner);
+        threads = outer * inner; /* one thread per column along the axis */
+        if (n->op == OP_MAX)
+            snprintf(call, sizeof call, "rt_k_max_axis(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer,
+                     x->shape.dim[axis], inner, x->id, n->id);
+        else
+            snprintf(call, sizeof call, "rt_k_max_axis_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);",
+                     outer, x->shape.dim[axis], inner, x->id, n->in[1]->id, n->id);
+        break;
+    default: ICE("cuda: %s is not a copy along axes", ir_op_name(n->op));
+    }
+    lib_kernel(u, n, call, "", grid_for(threads), BLOCK);
+}
+
 static void emit_lib(Cu *u, const IrNode *n) {
     IrLibClass cls = ir_op_lib(n->op);
     if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
@@ -536,6 +594,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
     case LIB_POOL: emit_pool(u, n); break;
     case LIB_ROWS: emit_rows(u, n); break;
     case LIB_BN: emit_bn(u, n); break;
+    case LIB_AXES: emit_axes(u, n); break;
     case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }

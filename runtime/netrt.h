@@ -201,6 +201,24 @@ void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, flo
 void rt_avgpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y);
 void rt_avgpool2d_nhwc_bwd(const RtPool *p, const float *dy, float *dx);
 
+/* ---- copies and reductions along axes (rt_views.c); the copies move elements of `elem`
+ * bytes, reductions are float32. A tensor seen along one axis is [outer, n, inner]. */
+/* y = x with its axes permuted: output axis i is input axis perm[i]; dims are x's. */
+void rt_permute(int rank, const int64_t *dims, const int *perm, int64_t elem, const void *x, void *y);
+/* y [outer, n_out, inner] = x [outer, n_in, inner][:, start : start + n_out, :] */
+void rt_slice(int64_t outer, int64_t n_in, int64_t n_out, int64_t inner, int64_t start, int64_t elem,
+              const void *x, void *y);
+/* dx [outer, n_full, inner]: zeros, with dy [outer, n_part, inner] at start along the axis */
+void rt_slice_bwd(int64_t outer, int64_t n_full, int64_t n_part, int64_t inner, int64_t start, int64_t elem,
+                  const void *dy, void *dx);
+/* y [outer, na + nb, inner] = a [outer, na, inner] then b [outer, nb, inner] along the axis */
+void rt_concat(int64_t outer, int64_t na, int64_t nb, int64_t inner, int64_t elem, const void *a, const void *b,
+               void *y);
+/* y [outer, 1, inner] = the maximum of x [outer, n, inner] along the axis; the gradient puts
+ * dy at the first maximal element and zeros elsewhere. */
+void rt_max_axis(int64_t outer, int64_t n, int64_t inner, const float *x, float *y);
+void rt_max_axis_bwd(int64_t outer, int64_t n, int64_t inner, const float *x, const float *dy, float *dx);
+
 /* Softmax over the last axis of a [rows, cols] matrix. */
 void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y);
 void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy, float *dx);

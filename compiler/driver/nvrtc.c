@@ -86,10 +86,11 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
-    enum { N_HDR = 4 };
-    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "", ""}; /* under rt_dir */
-    char *hdr[N_HDR] = {NULL, NULL, NULL, NULL};
+    enum { N_HDR = 5 };
+    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh", "rt_bits.h",
+                                             "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "/cuda", "", ""}; /* under rt_dir */
+    char *hdr[N_HDR] = {NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;
     if (!src) {

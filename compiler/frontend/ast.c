@@ -143,6 +143,16 @@ AstExpr *ast_list(Parser *P, SrcLoc loc, ExprList *items) {
     return e;
 }
 
+AstExpr *ast_index(Parser *P, AstExpr *base, ExprList *items) {
+    int depth = depth_of(base);
+    for (int i = 0; i < items->n; i++) depth = max_int(depth, depth_of(items->items[i]));
+    AstExpr *e = new_expr(P, AST_INDEX, base->loc, depth);
+    e->lhs = base;
+    e->items = items->items;
+    e->n_items = items->n;
+    return e;
+}
+
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target) {
     int depth = depth_of(target);
     for (int i = 0; i < label->n; i++) depth = max_int(depth, depth_of(label->items[i].expr));
@@ -500,6 +510,16 @@ static void print_expr(const AstExpr *e, FILE *out) {
             print_expr(e->items[i], out);
         }
         fputc(']', out);
+        return;
+    case AST_INDEX:
+        fputs("(index ", out);
+        print_expr(e->lhs, out);
+        for (int i = 0; i < e->n_items; i++) {
+            fputc(' ', out);
+            if (e->items[i]) print_expr(e->items[i], out);
+            else fputc(':', out);
+        }
+        fputc(')', out);
         return;
     }
     ICE("unknown expression kind %d", (int)e->kind);

@@ -26,6 +26,7 @@ typedef enum {
     AST_CALL,    /* name(args): builtin layer, block call or cast */
     AST_LABELED, /* label: expr -- names the parameters the call creates (conv1: conv2d(...)) */
     AST_LIST,    /* [a, b, c]: shapes and string lists */
+    AST_INDEX,   /* lhs[i, :, j]: items, a NULL item for ':' (the whole axis) */
 } AstExprKind;
 
 typedef enum {
@@ -63,7 +64,7 @@ struct AstExpr {
     int n_args;
     AstLabelSeg *label; /* AST_LABELED: label segments; the labeled expression is lhs */
     int n_label;
-    AstExpr **items; /* AST_LIST */
+    AstExpr **items; /* AST_LIST, AST_INDEX */
     int n_items;
 };
 

@@ -104,6 +104,8 @@ AstExpr *ast_unary(Parser *P, SrcLoc loc, int op, AstExpr *operand);
 AstExpr *ast_binary(Parser *P, int op, AstExpr *lhs, AstExpr *rhs);
 AstExpr *ast_call(Parser *P, SrcLoc loc, const char *name, ArgList *args);
 AstExpr *ast_list(Parser *P, SrcLoc loc, ExprList *items);
+/* base[items]: an item NULL stands for ':' */
+AstExpr *ast_index(Parser *P, AstExpr *base, ExprList *items);
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target);
 
 ExprList *ast_exprs_add(Parser *P, ExprList *l, AstExpr *e);

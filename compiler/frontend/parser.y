@@ -78,8 +78,9 @@ static void yyerror(SrcLoc *loc, yyscan_t scanner, Parser *P, const char *msg);
 %type <stmt> stmt if_stmt
 %type <stmts> lines body
 %type <pairs> const_defs params param_list
-%type <expr> expr primary default_opt
-%type <exprs> items item_list
+%type <expr> expr primary postfix default_opt
+%type <exprs> items item_list index_list
+%type <expr> index
 %type <args> args arg_list
 %type <label> label
 
@@ -171,6 +172,12 @@ expr:
   ;
 
 primary:
+    postfix
+  | label ":" primary                    { $$ = ast_labeled(P, $1, $3); }
+  ;
+
+/* A value and its indexing; `name: f(x)[0]` labels the call and indexes its result. */
+postfix:
     INT                                  { $$ = ast_int(P, @1, $1); }
   | FLOAT                                { $$ = ast_float(P, @1, $1); }
   | STRING                               { $$ = ast_string(P, @1, $1); }
@@ -180,7 +187,19 @@ primary:
   | IDENT "(" args ")"                   { $$ = ast_call(P, @1, $1.text, $3); }
   | "(" expr ")"                         { $$ = $2; }
   | "[" items "]"                        { $$ = ast_list(P, @1, $2); }
-  | label ":" primary                    { $$ = ast_labeled(P, $1, $3); }
+  | postfix "[" index_list "]"           { $$ = ast_index(P, $1, $3); }
+  ;
+
+/* l[i], x[:, -1]: an integer picks an element (an axis of a tensor away), ':' keeps an axis.
+ * Ranges a:b are written slice(x, axis, a, b): inside brackets `a: b` reads as a label. */
+index_list:
+    index                                { $$ = ast_exprs_add(P, NULL, $1); }
+  | index_list "," index                 { $$ = ast_exprs_add(P, $1, $3); }
+  ;
+
+index:
+    expr
+  | ":"                                  { $$ = NULL; }
   ;
 
 /* call arguments: positional, then keyword (`k=5`); the builder reports the wrong order */
@@ -300,10 +319,11 @@ static void drop(Expected *x, bool (*pred)(int), bool keep_one) {
         if (!pred(x->syms[i])) x->syms[j++] = x->syms[i];
     if (j > 0 || !keep_one) x->n = j;
 }
-/* After a name: an operator, a label's '.' or ':', a call's '(' or a keyword argument's '='. */
+/* After a name: an operator, a label's '.' or ':', a call's '(', an index's '[' or a keyword
+ * argument's '='. */
 static bool sym_continues(int k) {
     return sym_is_binop(k) || k == YYSYMBOL_DOT || k == YYSYMBOL_COLON || k == YYSYMBOL_LPAREN ||
-           k == YYSYMBOL_ASSIGN;
+           k == YYSYMBOL_LBRACKET || k == YYSYMBOL_ASSIGN;
 }
 static bool sym_is_semi_or_else(int k) { return k == YYSYMBOL_SEMI || k == YYSYMBOL_K_ELSE; }
 

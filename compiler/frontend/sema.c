@@ -365,6 +365,81 @@ static Value eval_list(Sema *S, Env *env, const AstExpr *e) {
     return v;
 }
 
+/* An index i into n things, negative from the end; -1 after an error naming `what`. */
+static int64_t index_in(Sema *S, Value v, SrcLoc loc, int64_t n, const char *what) {
+    if (v.k == V_ERR) return -1;
+    if (v.k != V_INT || v.i < -n || v.i >= n) {
+        diag_error(loc, "%s must be an integer in [%lld, %lld], found %s", what, (long long)-n, (long long)(n - 1),
+                   sema_value_text(S, v));
+        return -1;
+    }
+    return v.i < 0 ? v.i + n : v.i;
+}
+
+/* l[i] on a compile-time list; x[i, :, j] on a tensor: an integer selects along its axis and
+ * drops it (a slice of one, then a reshape view), ':' keeps the axis, and axes past the last
+ * item are kept. */
+static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
+    if (base.k == V_ERR) return base;
+    for (int i = 0; i < e->n_items; i++) /* `a:b` parses as a label; a range is not an index */
+        if (e->items[i] && e->items[i]->kind == AST_LABELED) {
+            diag_error(e->items[i]->loc, "ranges a:b are not indices");
+            diag_hint("take a range with slice(x, axis, start, end); inside brackets only an integer or ':' "
+                      "stands for an axis");
+            return sema_error();
+        }
+    if (base.k == V_LIST) {
+        if (e->n_items != 1 || !e->items[0]) {
+            diag_error(e->loc, "a list takes one integer index, l[i]");
+            return sema_error();
+        }
+        Value i = sema_eval(S, env, e->items[0]);
+        char what[80];
+        snprintf(what, sizeof what, "the index into a list of %d", base.n);
+        int64_t k = index_in(S, i, e->items[0]->loc, base.n, what);
+        return k < 0 ? sema_error() : base.items[k];
+    }
+    if (base.k != V_TENSOR) {
+        diag_error(e->loc, "only lists and tensors can be indexed, found %s", sema_value_desc(S, base));
+        return sema_error();
+    }
+    IrNode *x = base.t;
+    const IrShape shape = x->shape;
+    if (e->n_items > shape.rank) {
+        diag_error(e->loc, "%d indices into a tensor of shape %s", e->n_items, sema_shape_str(S, &shape));
+        return sema_error();
+    }
+    IrShape out = {0};
+    for (int a = 0; a < shape.rank; a++) {
+        const AstExpr *it = a < e->n_items ? e->items[a] : NULL;
+        if (!it) {
+            out.dim[out.rank++] = shape.dim[a];
+            continue;
+        }
+        Value i = sema_eval(S, env, it);
+        char what[96];
+        snprintf(what, sizeof what, "the index into axis %d of shape %s", a, sema_shape_str(S, &shape));
+        int64_t k = index_in(S, i, it->loc, shape.dim[a], what);
+        if (k < 0) return sema_error();
+        if (!ir_dtype_is_float(x->dtype) && x->dtype != DT_I64) {
+            diag_error(e->loc, "indexing takes an f32 or i64 tensor, found %s", sema_value_desc(S, base));
+            return sema_error();
+        }
+        x = sema_slice(S, x, a, k, 1, e->loc);
+    }
+    return sema_tensor(sema_reshape(S, x, out, e->loc));
+}
+
+static Value eval_index(Sema *S, Env *env, const AstExpr *e) {
+    return index_value(S, env, e, sema_eval(S, env, e->lhs));
+}
+
+/* `label: f(x)[i][j]`: the label names the call, whose result is then indexed. */
+static Value labeled_index(Sema *S, Env *env, const AstExpr *e, const char *label) {
+    if (e->kind != AST_INDEX) return sema_call(S, env, e, label);
+    return index_value(S, env, e, labeled_index(S, env, e->lhs, label));
+}
+
 /* The label path `layer1.{i}.conv` as text; NULL after an error. */
 static const char *eval_label(Sema *S, Env *env, const AstExpr *e) {
     const char *path = "";
@@ -390,6 +465,9 @@ static const char *eval_label(Sema *S, Env *env, const AstExpr *e) {
 static Value eval_labeled(Sema *S, Env *env, const AstExpr *e) {
     const char *label = eval_label(S, env, e);
     if (!label) return sema_error();
+    const AstExpr *target = e->lhs;
+    while (target->kind == AST_INDEX) target = target->lhs;
+    if (target->kind == AST_CALL && e->lhs->kind == AST_INDEX) return labeled_index(S, env, e->lhs, label);
     if (e->lhs->kind != AST_CALL) {
         diag_error(e->loc, "a label names a layer or block call, not an expression");
         diag_hint("write `name: dense(x, 10)`");
@@ -427,6 +505,7 @@ Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
     case AST_CALL: return sema_call(S, env, e, NULL);
     case AST_LABELED: return eval_labeled(S, env, e);
     case AST_LIST: return eval_list(S, env, e);
+    case AST_INDEX: return eval_index(S, env, e);
     }
     ICE("sema_eval: expression kind %d", e->kind);
 }
@@ -760,6 +839,29 @@ static void collect_blocks(Sema *S) {
     }
 }
 
+/* Drop the permutes and slices nothing reads: a transpose that a matrix product took as its
+ * trans flag (sema_matmul) is never computed, nor a part of split() that is not used. Only
+ * these: any other unread value stays as written. */
+static void drop_unread_copies(Sema *S) {
+    IrGraph *g = S->g;
+    int *readers = arena_alloc(S->arena, ((size_t)g->n + 1) * sizeof *readers);
+    for (int i = 0; i < g->n; i++) g->nodes[i]->id = i;
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) readers[g->nodes[i]->in[k]->id]++;
+    IrNode *kept[] = {g->loss, g->correct, g->output, S->named_output};
+    for (size_t k = 0; k < sizeof kept / sizeof *kept; k++)
+        if (kept[k]) readers[kept[k]->id]++;
+    int n = 0;
+    for (int i = g->n - 1; i >= 0; i--) {
+        IrNode *x = g->nodes[i];
+        if ((x->op == OP_PERMUTE || x->op == OP_SLICE) && !readers[i]) readers[x->in[0]->id]--, x->id = -1;
+    }
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->id >= 0) g->nodes[n++] = g->nodes[i];
+    g->n = n;
+    ir_renumber(g);
+}
+
 IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int n_defs) {
     Sema S = {.arena = arena, .prog = prog, .defs = defs, .n_defs = n_defs, .prefix = ""};
     S.g = ir_graph_new(arena);
@@ -780,6 +882,7 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
         diag_hint("add `train { loss = cross_entropy(logits, label); optimizer = sgd(0.01) }`");
     }
     if (diag_error_count()) return NULL;
+    drop_unread_copies(&S);
     S.g->n_fwd = S.g->n;
     if (!ir_verify(S.g, "sema")) ICE("sema produced an invalid graph");
     return S.g;

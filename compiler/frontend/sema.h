@@ -102,5 +102,10 @@ double sema_num(Value v);
 const SemaBuiltin *sema_find_builtin(const char *name);
 void sema_suggest_builtin(Suggest *s);
 void sema_train(Sema *S, const AstStmt *train);
+int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *shape);
+IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc);
+IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, SrcLoc loc);
+IrNode *sema_reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc);
+IrNode *sema_matmul(Sema *S, IrNode *a, IrNode *b, SrcLoc loc);
 
 #endif

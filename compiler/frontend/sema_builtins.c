@@ -233,14 +233,15 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_f32_tensor(A, 0, 0, 2);
     int64_t out = arg_int(A, 1, 1, 1);
-    int bias = arg_bool(A, 2, 1);
+    int bias = arg_bool(A, 2, 1), transposed = arg_bool(A, 3, 0);
     if (!A->ok) return sema_error();
     int r = x->shape.rank;
     int64_t in = x->shape.dim[r - 1], rows = ir_numel(&x->shape) / in;
     const char *name = sema_layer_name(S, label, "dense");
     double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, out, in),
-                           INIT_UNIFORM, bound, c->loc);
+    /* transposed = true: the weight stored [in, out], as Hugging Face's Conv1D (GPT-2) */
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
+                           transposed ? ir_shape(2, in, out) : ir_shape(2, out, in), INIT_UNIFORM, bound, c->loc);
     if (!w) return sema_error();
     IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   INIT_UNIFORM, bound, c->loc)
@@ -248,7 +249,7 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     if (bias && !b) return sema_error();
     IrNode *x2 = reshape(S, x, ir_shape(2, rows, in), c->loc);
     IrNode *y = sema_node(S, OP_MATMUL, ir_shape(2, rows, out), DT_F32, c->loc, 2, x2, w->node, NULL);
-    y->attr.trans_b = 1;
+    y->attr.trans_b = !transposed;
     if (b) y = sema_node(S, OP_ADD, y->shape, DT_F32, c->loc, 2, y, b->node, NULL);
     IrShape ys = x->shape;
     ys.dim[r - 1] = out;
@@ -519,21 +520,86 @@ static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args
     return sema_tensor(y);
 }
 
+/* x, unless it is a permute that swaps exactly its last two axes (transpose(w)): then that
+ * permute's operand, with *t = 1, so that the product reads it transposed (trans_a/trans_b)
+ * instead of a copy. A permute no product or other node reads is dropped at the end of sema. */
+static IrNode *untranspose(IrNode *x, int *t) {
+    int r = x->shape.rank;
+    *t = 0;
+    if (x->op != OP_PERMUTE) return x;
+    for (int i = 0; i < r - 2; i++)
+        if (x->attr.perm[i] != i) return x;
+    if (x->attr.perm[r - 2] != r - 1 || x->attr.perm[r - 1] != r - 2) return x;
+    *t = 1;
+    return x->in[0];
+}
+
+/* The node x broadcast to batch axes `batch` followed by its own last two axes: x itself when
+ * it has them already, else an EXPAND, which materialises the copy (a product's operand must be
+ * a plain row-major matrix per batch; broadcast batch axes that differ are rare enough). */
+static IrNode *to_batch(Sema *S, IrNode *x, const IrShape *batch, SrcLoc loc) {
+    IrShape s = *batch;
+    s.rank = batch->rank + 2;
+    s.dim[s.rank - 2] = x->shape.dim[x->shape.rank - 2];
+    s.dim[s.rank - 1] = x->shape.dim[x->shape.rank - 1];
+    if (ir_shape_eq(&s, &x->shape)) return x;
+    return sema_node(S, OP_EXPAND, s, x->dtype, loc, 1, x, NULL, NULL);
+}
+
+/* a @ b with numpy's rules: a [..., M, K], b [..., K, N] with batch axes that broadcast, both
+ * of rank 2 or more. b of rank 2: a's leading axes fold into M around one rank-2 product
+ * (reshape views, no copy); else the batch axes fold into one around the rank-3 batched
+ * product. A transpose of an operand's last two axes becomes the product's trans flag. */
+IrNode *sema_matmul(Sema *S, IrNode *a, IrNode *b, SrcLoc loc) {
+    int ra = a->shape.rank, rb = b->shape.rank;
+    int64_t K = a->shape.dim[ra - 1], M = a->shape.dim[ra - 2], N = b->shape.dim[rb - 1];
+    IrShape ba = {.rank = ra - 2}, bb = {.rank = rb - 2}, batch;
+    for (int i = 0; i < ra - 2; i++) ba.dim[i] = a->shape.dim[i];
+    for (int i = 0; i < rb - 2; i++) bb.dim[i] = b->shape.dim[i];
+    if (K != b->shape.dim[rb - 2]) {
+        diag_error(loc, "matmul of shapes %s and %s: need [M,K]@[K,N] or [B,M,K]@[B,K,N]", sema_shape_str(S, &a->shape),
+                   sema_shape_str(S, &b->shape));
+        return NULL;
+    }
+    if (!ir_broadcast(&ba, &bb, &batch)) {
+        diag_error(loc, "matmul of shapes %s and %s: the batch axes (all but the last two) do not broadcast",
+                   sema_shape_str(S, &a->shape), sema_shape_str(S, &b->shape));
+        diag_hint("a [..., M, K] @ b [..., K, N], batch axes equal or 1 (numpy broadcasting)");
+        return NULL;
+    }
+    IrShape ys = batch;
+    ys.rank = batch.rank + 2;
+    ys.dim[ys.rank - 2] = M;
+    ys.dim[ys.rank - 1] = N;
+    if (!sema_check_shape(S, &ys, loc)) return NULL;
+    int ta, tb;
+    IrNode *a0 = untranspose(a, &ta), *b0 = untranspose(b, &tb);
+    if (rb == 2 && (ra == 2 || !ta)) { /* [..., M, K] @ [K, N]: one product of rows * M */
+        int64_t rows = ir_numel(&a->shape) / K;
+        IrNode *y = sema_node(S, OP_MATMUL, ir_shape(2, rows, N), DT_F32, loc, 2,
+                              reshape(S, a0, ir_shape(2, ta ? K : rows, ta ? rows : K), loc), b0, NULL);
+        y->attr.trans_a = ta;
+        y->attr.trans_b = tb;
+        return reshape(S, y, ys, loc);
+    }
+    int64_t nb = ir_numel(&batch);
+    IrNode *xa = to_batch(S, a0, &batch, loc), *xb = to_batch(S, b0, &batch, loc);
+    const int64_t *da = &xa->shape.dim[xa->shape.rank - 2], *db = &xb->shape.dim[xb->shape.rank - 2];
+    IrNode *y = sema_node(S, OP_MATMUL, ir_shape(3, nb, M, N), DT_F32, loc, 2,
+                          reshape(S, xa, ir_shape(3, nb, da[0], da[1]), loc),
+                          reshape(S, xb, ir_shape(3, nb, db[0], db[1]), loc), NULL);
+    y->attr.trans_a = ta;
+    y->attr.trans_b = tb;
+    return reshape(S, y, ys, loc);
+}
+
 static Value b_matmul(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
     IrNode *a = arg_f32_tensor(A, 0, 0, 2), *b = arg_f32_tensor(A, 1, 0, 2);
     if (!A->ok) return sema_error();
-    int r = a->shape.rank;
-    if (r > 3 || b->shape.rank != r || a->shape.dim[r - 1] != b->shape.dim[r - 2] ||
-        (r == 3 && a->shape.dim[0] != b->shape.dim[0])) {
-        diag_error(c->loc, "matmul of shapes %s and %s: need [M,K]@[K,N] or [B,M,K]@[B,K,N]",
-                   sema_shape_str(S, &a->shape), sema_shape_str(S, &b->shape));
-        return sema_error();
-    }
-    IrShape s = a->shape;
-    s.dim[r - 1] = b->shape.dim[r - 1];
-    return sema_tensor(sema_node(S, OP_MATMUL, s, DT_F32, c->loc, 2, a, b, NULL));
+    IrNode *y = sema_matmul(S, a, b, c->loc);
+    return y ? sema_tensor(y) : sema_error();
 }
 
 static Value b_cast(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -601,13 +667,361 @@ static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) 
     return p ? sema_tensor(p->node) : sema_error();
 }
 
+/* ---- views, copies along axes and reductions over chosen axes */
+
+/* An axis number for a tensor of `rank` axes, negative from the end; -1 after an error naming
+ * `what`, the shape and the value. */
+int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *shape) {
+    if (v.k == V_ERR) return -1;
+    int r = shape->rank;
+    if (v.k != V_INT || v.i < -r || v.i >= r) {
+        if (r == 0) diag_error(loc, "%s: a scalar has no axes, found %s", what, sema_value_text(S, v));
+        else
+            diag_error(loc, "%s must be an axis of shape %s: an integer in [%d, %d], found %s", what,
+                       sema_shape_str(S, shape), -r, r - 1, sema_value_text(S, v));
+        return -1;
+    }
+    return (int)(v.i < 0 ? v.i + r : v.i);
+}
+
+static int arg_axis(Args *A, int i, const IrShape *shape) {
+    char what[64];
+    snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
+    int axis = sema_axis(A->S, A->a[i], loc_of(A, i), what, shape);
+    if (axis < 0) A->ok = 0;
+    return axis;
+}
+
+/* x with its axes permuted (output axis i is x's axis perm[i]): x itself for the identity. */
+IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc) {
+    int identity = 1;
+    IrShape s = x->shape;
+    for (int i = 0; i < x->shape.rank; i++) {
+        s.dim[i] = x->shape.dim[perm[i]];
+        identity &= perm[i] == i;
+    }
+    if (identity) return x;
+    IrNode *y = sema_node(S, OP_PERMUTE, s, x->dtype, loc, 1, x, NULL, NULL);
+    memcpy(y->attr.perm, perm, sizeof y->attr.perm);
+    return y;
+}
+
+/* x[..., start : start + len, ...] along axis: x itself for the whole axis. */
+IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, SrcLoc loc) {
+    if (start == 0 && len == x->shape.dim[axis]) return x;
+    IrShape s = x->shape;
+    s.dim[axis] = len;
+    IrNode *y = sema_node(S, OP_SLICE, s, x->dtype, loc, 1, x, NULL, NULL);
+    y->attr.axis = axis;
+    y->attr.start = start;
+    return y;
+}
+
+IrNode *sema_reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc) { return reshape(S, x, shape, loc); }
+
+/* The tensor argument of a copy along axes: f32 or i64 (the dtypes the kernels move). */
+static IrNode *arg_copy_tensor(Args *A, int i, int min_rank) {
+    Value v = A->a[i];
+    if (v.k == V_TENSOR && !ir_dtype_is_float(v.t->dtype)) {
+        if (v.t->dtype != DT_I64) {
+            diag_error(loc_of(A, i), "'%s' of %s must be an f32 or i64 tensor, found %s", A->b->params[i], A->b->name,
+                       sema_value_desc(A->S, v));
+            A->ok = 0;
+            return NULL;
+        }
+        if (v.t->shape.rank < min_rank) {
+            diag_error(loc_of(A, i), "'%s' of %s must have at least %d axes, found shape %s", A->b->params[i],
+                       A->b->name, min_rank, sema_shape_str(A->S, &v.t->shape));
+            A->ok = 0;
+            return NULL;
+        }
+        return v.t;
+    }
+    return arg_f32_tensor(A, i, 0, min_rank);
+}
+
+static Value b_permute(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_copy_tensor(A, 0, 1);
+    if (!A->ok) return sema_error();
+    Value axes = A->a[1];
+    int r = x->shape.rank, perm[IR_MAX_RANK] = {0}, seen[IR_MAX_RANK] = {0};
+    if (axes.k != V_LIST || axes.n != r) {
+        diag_error(arg_loc(c, "axes", 1), "the axes of permute must be a list of %d axes of shape %s, found %s", r,
+                   sema_shape_str(S, &x->shape), sema_value_text(S, axes));
+        return sema_error();
+    }
+    for (int i = 0; i < r; i++) {
+        int a = sema_axis(S, axes.items[i], arg_loc(c, "axes", 1), "each entry of permute's axes", &x->shape);
+        if (a < 0) return sema_error();
+        if (seen[a]++) {
+            diag_error(arg_loc(c, "axes", 1), "permute's axes name axis %d twice", a);
+            diag_hint("the axes must be a reordering of 0 .. %d", r - 1);
+            return sema_error();
+        }
+        perm[i] = a;
+    }
+    return sema_tensor(sema_permute(S, x, perm, c->loc));
+}
+
+static Value b_transpose(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_copy_tensor(A, 0, 2);
+    if (!A->ok) return sema_error();
+    if (A->a[1].k == V_NONE) A->a[1] = sema_int(-2);
+    if (A->a[2].k == V_NONE) A->a[2] = sema_int(-1);
+    int a = arg_axis(A, 1, &x->shape), b = arg_axis(A, 2, &x->shape);
+    if (!A->ok) return sema_error();
+    int perm[IR_MAX_RANK] = {0};
+    for (int i = 0; i < x->shape.rank; i++) perm[i] = i;
+    perm[a] = b;
+    perm[b] = a;
+    return sema_tensor(sema_permute(S, x, perm, c->loc));
+}
+
+/* An index along an axis of extent n, negative from the end, in [0, n] when `end` (an
+ * exclusive end) or [0, n) otherwise; -1 after an error. */
+static int64_t slice_index(Args *A, int i, int64_t n, int64_t def, int end) {
+    Value v = A->a[i];
+    if (v.k == V_NONE) return def;
+    if (v.k == V_ERR) return A->ok = 0, -1;
+    int64_t hi = end ? n : n - 1;
+    if (v.k != V_INT || v.i < -n || v.i > hi) {
+        diag_error(loc_of(A, i), "'%s' of slice must be an integer in [%lld, %lld] for an axis of %lld, found %s",
+                   A->b->params[i], (long long)-n, (long long)hi, (long long)n, sema_value_text(A->S, v));
+        A->ok = 0;
+        return -1;
+    }
+    return v.i < 0 ? v.i + n : v.i;
+}
+
+static Value b_slice(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_copy_tensor(A, 0, 1);
+    if (!A->ok) return sema_error();
+    int axis = arg_axis(A, 1, &x->shape);
+    if (!A->ok) return sema_error();
+    int64_t n = x->shape.dim[axis];
+    int64_t start = slice_index(A, 2, n, 0, 0), end = slice_index(A, 3, n, n, 1);
+    if (!A->ok) return sema_error();
+    if (end <= start) {
+        diag_error(c->loc, "slice of shape %s along axis %d from %lld to %lld is empty", sema_shape_str(S, &x->shape),
+                   axis, (long long)start, (long long)end);
+        diag_hint("the end is exclusive and must lie after the start");
+        return sema_error();
+    }
+    return sema_tensor(sema_slice(S, x, axis, start, end - start, c->loc));
+}
+
+static Value b_split(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_copy_tensor(A, 0, 1);
+    if (!A->ok) return sema_error();
+    if (A->a[2].k == V_NONE) A->a[2] = sema_int(-1);
+    int axis = arg_axis(A, 2, &x->shape);
+    if (!A->ok) return sema_error();
+    Value parts = A->a[1];
+    int64_t n = x->shape.dim[axis], sizes[256];
+    int k = 0;
+    if (parts.k == V_INT) {
+        if (parts.i < 1 || parts.i > 256 || n % parts.i) {
+            diag_error(arg_loc(c, "parts", 1), "split of shape %s into %s parts along axis %d: the axis (%lld) must "
+                       "be a multiple of a count in [1, 256]", sema_shape_str(S, &x->shape), sema_value_text(S, parts),
+                       axis, (long long)n);
+            return sema_error();
+        }
+        for (k = 0; k < parts.i; k++) sizes[k] = n / parts.i;
+    } else {
+        int64_t total = 0;
+        int ok = parts.k == V_LIST && parts.n >= 1 && parts.n <= 256;
+        for (k = 0; ok && k < parts.n; k++) {
+            ok = parts.items[k].k == V_INT && parts.items[k].i >= 1 && parts.items[k].i <= n;
+            if (ok) sizes[k] = parts.items[k].i, total += sizes[k];
+        }
+        if (!ok || total != n) {
+            diag_error(arg_loc(c, "parts", 1), "split of shape %s along axis %d takes a number of equal parts or a "
+                       "list of positive sizes adding up to %lld, found %s", sema_shape_str(S, &x->shape), axis,
+                       (long long)n, sema_value_text(S, parts));
+            return sema_error();
+        }
+        k = parts.n;
+    }
+    Value v = {.k = V_LIST, .n = k};
+    v.items = arena_alloc(S->arena, (size_t)(k + 1) * sizeof *v.items);
+    int64_t start = 0;
+    for (int i = 0; i < k; i++) {
+        v.items[i] = sema_tensor(sema_slice(S, x, axis, start, sizes[i], c->loc));
+        start += sizes[i];
+    }
+    return v;
+}
+
+static Value b_concat(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    Value xs = args[0];
+    if (xs.k == V_ERR) return xs;
+    if (xs.k != V_LIST || xs.n < 1) {
+        diag_error(arg_loc(c, "xs", 0), "concat takes a list of tensors, found %s", sema_value_text(S, xs));
+        return sema_error();
+    }
+    IrNode *y = NULL;
+    for (int i = 0; i < xs.n; i++) {
+        Value v = xs.items[i];
+        if (v.k != V_TENSOR || (!ir_dtype_is_float(v.t->dtype) && v.t->dtype != DT_I64) ||
+            ir_dtype_is_half(v.t->dtype) || v.t->shape.rank < 1) {
+            diag_error(arg_loc(c, "xs", 0), "concat joins f32 or i64 tensors of at least one axis, found %s as "
+                       "item %d", sema_value_desc(S, v), i);
+            return sema_error();
+        }
+        if (i == 0) continue;
+        IrNode *b = v.t;
+        const IrShape *s0 = &xs.items[0].t->shape;
+        int axis = 0;
+        if (args[1].k != V_NONE && (axis = sema_axis(S, args[1], arg_loc(c, "axis", 1), "'axis' of concat", s0)) < 0)
+            return sema_error();
+        IrShape s = y ? y->shape : *s0;
+        int same = b->shape.rank == s.rank && b->dtype == xs.items[0].t->dtype;
+        for (int d = 0; same && d < s.rank; d++) same = d == axis || b->shape.dim[d] == s.dim[d];
+        if (!same) {
+            diag_error(c->loc, "concat along axis %d: item %d, %s%s, does not fit item 0, %s%s", axis, i,
+                       ir_dtype_name(b->dtype), sema_shape_str(S, &b->shape), ir_dtype_name(xs.items[0].t->dtype),
+                       sema_shape_str(S, s0));
+            diag_hint("every axis but the one joined must be equal, and the dtypes too");
+            return sema_error();
+        }
+        s.dim[axis] += b->shape.dim[axis];
+        if (!sema_check_shape(S, &s, c->loc)) return sema_error();
+        y = sema_node(S, OP_CONCAT, s, b->dtype, c->loc, 2, y ? y : xs.items[0].t, b, NULL);
+        y->attr.axis = axis;
+    }
+    if (!y && args[1].k != V_NONE && sema_axis(S, args[1], arg_loc(c, "axis", 1), "'axis' of concat",
+                                                &xs.items[0].t->shape) < 0)
+        return sema_error();
+    return sema_tensor(y ? y : xs.items[0].t);
+}
+
+/* The axes a reduction runs over: none = all, an int, or a list of ints; mask[i] set for each.
+ * Returns the number of axes, or -1 after an error. */
+static int arg_axes(Args *A, int i, const IrShape *shape, int mask[IR_MAX_RANK]) {
+    Value v = A->a[i];
+    memset(mask, 0, IR_MAX_RANK * sizeof *mask);
+    if (v.k == V_NONE) {
+        for (int d = 0; d < shape->rank; d++) mask[d] = 1;
+        return shape->rank;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "'axis' of %s", A->b->name);
+    Value one = v;
+    int n = v.k == V_LIST ? v.n : 1;
+    if (v.k == V_LIST && n == 0) {
+        diag_error(loc_of(A, i), "%s: an empty list of axes", what);
+        return A->ok = 0, -1;
+    }
+    for (int k = 0; k < n; k++) {
+        if (v.k == V_LIST) one = v.items[k];
+        int a = sema_axis(A->S, one, loc_of(A, i), what, shape);
+        if (a < 0) return A->ok = 0, -1;
+        if (mask[a]++) {
+            diag_error(loc_of(A, i), "%s names axis %d twice", what, a);
+            return A->ok = 0, -1;
+        }
+    }
+    return n;
+}
+
+/* x summed over the masked axes, kept as axes of 1 (keepdim) or dropped, in f32 or the IR of
+ * the whole-tensor SUM when every axis goes and none is kept. */
+static IrNode *sum_axes(Sema *S, IrNode *x, const int *mask, int keepdim, SrcLoc loc) {
+    IrShape kept = x->shape, dropped = {0};
+    for (int d = 0; d < x->shape.rank; d++) {
+        if (mask[d]) kept.dim[d] = 1;
+        else dropped.dim[dropped.rank++] = x->shape.dim[d];
+    }
+    IrNode *y = ir_shape_eq(&kept, &x->shape) ? x : sema_node(S, OP_SUM_TO, kept, x->dtype, loc, 1, x, NULL, NULL);
+    return keepdim ? y : reshape(S, y, dropped, loc);
+}
+
+static int64_t masked_count(const IrShape *s, const int *mask) {
+    int64_t n = 1;
+    for (int d = 0; d < s->rank; d++)
+        if (mask[d]) n *= s->dim[d];
+    return n;
+}
+
+static IrNode *scale(Sema *S, IrNode *x, double k, SrcLoc loc) {
+    return sema_node(S, OP_MUL, x->shape, x->dtype, loc, 2, x, ir_const(S->g, k, x->dtype, loc), NULL);
+}
+
+/* sum(x) and mean(x) of every element keep their one-node IR (SUM, MEAN); with axis or
+ * keepdim they are a SUM_TO (and a scale) with reshape views around it. */
 static Value b_reduce(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_tensor(A, 0, 0, 0);
+    int keepdim = arg_bool(A, 2, 0);
     if (!A->ok) return sema_error();
-    IrOp op = strcmp(c->name, "mean") == 0 ? OP_MEAN : OP_SUM;
-    return sema_tensor(sema_node(S, op, ir_scalar_shape(), x->dtype, c->loc, 1, x, NULL, NULL));
+    int mean = strcmp(c->name, "mean") == 0;
+    IrOp op = mean ? OP_MEAN : OP_SUM;
+    if (A->a[1].k == V_NONE && !keepdim)
+        return sema_tensor(sema_node(S, op, ir_scalar_shape(), x->dtype, c->loc, 1, x, NULL, NULL));
+    int mask[IR_MAX_RANK];
+    if (arg_axes(A, 1, &x->shape, mask) < 0 || !refuse_half(A, 0, x)) return sema_error();
+    IrNode *y = sum_axes(S, x, mask, keepdim, c->loc);
+    if (mean) y = scale(S, y, 1.0 / (double)masked_count(&x->shape, mask), c->loc);
+    return sema_tensor(y);
+}
+
+/* var(x, axis, keepdim, correction): sum((x - mean)^2) / (n - correction) over the axes. */
+static Value b_var(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
+    int keepdim = arg_bool(A, 2, 0);
+    int64_t correction = arg_int(A, 3, 1, 0);
+    int mask[IR_MAX_RANK];
+    if (!A->ok || arg_axes(A, 1, &x->shape, mask) < 0) return sema_error();
+    int64_t n = masked_count(&x->shape, mask);
+    if (n - correction <= 0) {
+        diag_error(c->loc, "var over %lld elements of shape %s with correction=%lld divides by %lld", (long long)n,
+                   sema_shape_str(S, &x->shape), (long long)correction, (long long)(n - correction));
+        diag_hint("the variance needs more elements than the correction (correction=0 is the biased variance)");
+        return sema_error();
+    }
+    IrNode *m = scale(S, sum_axes(S, x, mask, 1, c->loc), 1.0 / (double)n, c->loc);
+    IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, m, NULL);
+    IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
+    return sema_tensor(scale(S, sum_axes(S, sq, mask, keepdim, c->loc), 1.0 / (double)(n - correction), c->loc));
+}
+
+/* max(x, axis, keepdim=false) of a tensor along one axis; of two numbers, the larger. */
+static Value b_max(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    Value a = args[0], b = args[1];
+    if ((a.k == V_INT || a.k == V_FLOAT) && (b.k == V_INT || b.k == V_FLOAT) && args[2].k == V_NONE) {
+        if (a.k == V_INT && b.k == V_INT) return sema_int(a.i > b.i ? a.i : b.i);
+        return sema_float(sema_num(a) > sema_num(b) ? sema_num(a) : sema_num(b));
+    }
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    int keepdim = arg_bool(A, 2, 0);
+    if (!A->ok) return sema_error();
+    int axis = arg_axis(A, 1, &x->shape);
+    if (!A->ok) return sema_error();
+    IrShape kept = x->shape;
+    kept.dim[axis] = 1;
+    IrNode *y = sema_node(S, OP_MAX, kept, DT_F32, c->loc, 1, x, NULL, NULL);
+    y->attr.axis = axis;
+    if (!keepdim) {
+        IrShape s = {.rank = 0};
+        for (int d = 0; d < x->shape.rank; d++)
+            if (d != axis) s.dim[s.rank++] = x->shape.dim[d];
+        y = reshape(S, y, s, c->loc);
+    }
+    return sema_tensor(y);
 }
 
 /* ---- losses and metrics: the mean over the batch's valid rows */
@@ -683,7 +1097,7 @@ static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *arg
 #define CAST(n) {n, "x", b_cast, 1, 1, {"x"}}
 #define UNARY(n) {n, "x", b_unary, 1, 1, {"x"}}
 static const SemaBuiltin builtins[] = {
-    {"dense", "x, out, bias=true", b_dense, 2, 3, {"x", "out", "bias"}},
+    {"dense", "x, out, bias=true, transposed=false", b_dense, 2, 4, {"x", "out", "bias", "transposed"}},
     {"conv2d", "x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true", b_conv2d, 3, 8,
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
@@ -699,8 +1113,15 @@ static const SemaBuiltin builtins[] = {
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
     {"str", "x", b_str, 1, 1, {"x"}},
     {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},
-    {"mean", "x", b_reduce, 1, 1, {"x"}},
-    {"sum", "x", b_reduce, 1, 1, {"x"}},
+    {"mean", "x, axis=none, keepdim=false", b_reduce, 1, 3, {"x", "axis", "keepdim"}},
+    {"sum", "x, axis=none, keepdim=false", b_reduce, 1, 3, {"x", "axis", "keepdim"}},
+    {"max", "x, axis, keepdim=false", b_max, 2, 3, {"x", "axis", "keepdim"}},
+    {"var", "x, axis=none, keepdim=false, correction=1", b_var, 1, 4, {"x", "axis", "keepdim", "correction"}},
+    {"permute", "x, axes", b_permute, 2, 2, {"x", "axes"}},
+    {"transpose", "x, a=-2, b=-1", b_transpose, 1, 3, {"x", "a", "b"}},
+    {"slice", "x, axis, start, end=none", b_slice, 3, 4, {"x", "axis", "start", "end"}},
+    {"split", "x, parts, axis=-1", b_split, 2, 3, {"x", "parts", "axis"}},
+    {"concat", "xs, axis=0", b_concat, 1, 2, {"xs", "axis"}},
     {"cross_entropy", "logits, label, smoothing=0", b_cross_entropy, 2, 3, {"logits", "label", "smoothing"}},
     {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
     {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},

@@ -367,6 +367,63 @@ static int shape_bn_sums(const IrNode *n, IrShape *want) {
     return shape_bn_stats(n, want) && ir_shape_eq(&n->in[2]->shape, &n->in[0]->shape);
 }
 
+/* Permute: perm is a permutation of the operand's axes and the node's axis i is its perm[i]. */
+static int shape_permute(const IrNode *n, IrShape *want) {
+    const IrShape *x = &n->in[0]->shape;
+    int seen[IR_MAX_RANK] = {0};
+    *want = n->shape;
+    if (x->rank != n->shape.rank) return 0;
+    for (int i = 0; i < x->rank; i++) {
+        int p = n->attr.perm[i];
+        if (p < 0 || p >= x->rank || seen[p]++) return 0;
+        want->dim[i] = x->dim[p];
+    }
+    return 1;
+}
+
+/* `small` is `big` but for a part [start, start + small's extent) of axis `axis`. */
+static int part_along(const IrShape *small, const IrShape *big, int axis, int64_t start) {
+    if (small->rank != big->rank || axis < 0 || axis >= big->rank || start < 0 ||
+        start + small->dim[axis] > big->dim[axis])
+        return 0;
+    for (int i = 0; i < big->rank; i++)
+        if (i != axis && small->dim[i] != big->dim[i]) return 0;
+    return 1;
+}
+
+static int shape_slice(const IrNode *n, IrShape *want) {
+    *want = n->shape;
+    return part_along(&n->shape, &n->in[0]->shape, n->attr.axis, n->attr.start);
+}
+
+static int shape_slice_bwd(const IrNode *n, IrShape *want) {
+    *want = n->shape;
+    return part_along(&n->in[0]->shape, &n->shape, n->attr.axis, n->attr.start);
+}
+
+static int shape_concat(const IrNode *n, IrShape *want) {
+    const IrShape *a = &n->in[0]->shape, *b = &n->in[1]->shape;
+    int axis = n->attr.axis;
+    *want = *a;
+    if (axis < 0 || axis >= a->rank) return 0;
+    want->dim[axis] += b->dim[axis];
+    return part_along(a, want, axis, 0) && part_along(b, want, axis, a->dim[axis]);
+}
+
+/* Max along an axis: the operand's shape with that axis 1. */
+static int shape_max_axis(const IrNode *n, IrShape *want) {
+    *want = n->in[0]->shape;
+    if (n->attr.axis < 0 || n->attr.axis >= want->rank) return 0;
+    want->dim[n->attr.axis] = 1;
+    return 1;
+}
+
+static int shape_max_bwd(const IrNode *n, IrShape *want) {
+    IrShape y;
+    *want = n->in[0]->shape;
+    return shape_max_axis(n, &y) && ir_shape_eq(&y, &n->in[1]->shape);
+}
+
 /* ---- verifier */
 
 static int verify_fail(const char *stage, const IrNode *n, const char *what) {
@@ -392,6 +449,12 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_BN: return a->eps == 0 && a->momentum == 0 && !a->stat_param && !a->bn_frozen;
     case ATTR_ROW: return !a->row;
     case ATTR_SMOOTHING: return a->smoothing == 0;
+    case ATTR_PERM:
+        for (int i = 0; i < IR_MAX_RANK; i++)
+            if (a->perm[i]) return 0;
+        return 1;
+    case ATTR_AXIS: return !a->axis;
+    case ATTR_SLICE: return !a->start;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
@@ -476,7 +539,8 @@ int ir_verify(const IrGraph *g, const char *stage) {
 /* ---- printer */
 
 /* One attribute as --dump prints it: flags and label smoothing only when set. */
-static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
+static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
+    const IrAttrs *a = &n->attr;
     switch (attr) {
     case ATTR_VALUE: fprintf(out, " value=%.9g", a->scalar); break;
     case ATTR_TRANS:
@@ -502,6 +566,11 @@ static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
     case ATTR_SMOOTHING:
         if (a->smoothing != 0) fprintf(out, " smoothing=%g", a->smoothing);
         break;
+    case ATTR_PERM:
+        for (int i = 0; i < n->shape.rank; i++) fprintf(out, "%s%d", i ? "," : " perm=", a->perm[i]);
+        break;
+    case ATTR_AXIS: fprintf(out, " axis=%d", a->axis); break;
+    case ATTR_SLICE: fprintf(out, " start=%lld", (long long)a->start); break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
 }
@@ -509,7 +578,7 @@ static void print_attr(unsigned attr, const IrAttrs *a, FILE *out) {
 /* The attributes n's operator reads (ops.def), in the order of the ATTR_* bits. */
 void ir_print_attrs(const IrNode *n, FILE *out) {
     for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
-        if (op_attrs(n->op) & bit) print_attr(bit, &n->attr, out);
+        if (op_attrs(n->op) & bit) print_attr(bit, n, out);
 }
 
 static void print_node(const IrNode *n, FILE *out) {
@@ -561,13 +630,13 @@ static const char *const kind_names[] = {
 
 static const char *const lib_names[] = {
     [LIB_NONE] = "", [LIB_MATMUL] = " (matmul)", [LIB_CONV] = " (conv)", [LIB_POOL] = " (pool)",
-    [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)",
+    [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)", [LIB_AXES] = " (axes)",
 };
 
 /* The attributes' names as --dump prints them, in the order of the ATTR_* bits. */
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
-    "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing",
+    "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

@@ -45,6 +45,7 @@ typedef enum {
     LIB_POOL,   /* max and average pooling, forward and backward */
     LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
     LIB_BN,     /* batch-norm statistics and backward sums */
+    LIB_AXES,   /* copies and reductions along chosen axes: permute, slice, concat, max */
 } IrLibClass;
 
 /* The attributes an operator reads (ops.def's attrs column), one bit per IrAttrs field or pair
@@ -64,7 +65,10 @@ enum {
     ATTR_BN = 1 << 10,           /* eps, momentum, stat_param */
     ATTR_ROW = 1 << 11,          /* row */
     ATTR_SMOOTHING = 1 << 12,    /* smoothing */
-    ATTR__END = 1 << 13,
+    ATTR_PERM = 1 << 13,         /* perm[IR_MAX_RANK]: permute */
+    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd */
+    ATTR_SLICE = 1 << 15,        /* start: slice, slice_bwd */
+    ATTR__END = 1 << 16,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -116,6 +120,9 @@ typedef struct IrAttrs {
                                                * too, never updated (batchnorm2d frozen=true) */
     int row;                                  /* row: which row of operand 0 */
     double smoothing;                         /* xent: label smoothing */
+    int perm[IR_MAX_RANK];                    /* permute: output axis i is input axis perm[i] */
+    int axis; /* the axis an operator works along (ATTR_AXIS) */
+    int64_t start;                            /* slice, slice_bwd: the first index along axis */
 } IrAttrs;
 
 typedef enum {

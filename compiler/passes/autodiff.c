@@ -228,6 +228,47 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* The copies along axes: each gradient is the opposite copy of dy.
+ *   permute by p          dx = permute(dy) by the inverse of p
+ *   slice at start        dx = slice_bwd(dy): zeros with dy placed at start
+ *   concat(a, b)          da, db = the two slices of dy
+ *   max along an axis     dx = max_bwd(x, dy): dy at the first maximal element */
+static IrNode *axis_node(Ad *ad, IrOp op, const IrShape *shape, IrDtype dt, int n_in, IrNode *a, IrNode *b,
+                         int axis, int64_t start) {
+    IrNode *n = emit(ad, op, *shape, dt, n_in, a, b, NULL);
+    n->attr.axis = axis;
+    n->attr.start = start;
+    return n;
+}
+
+static void grad_axes(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0];
+    int axis = y->attr.axis;
+    switch (y->op) {
+    case OP_PERMUTE: {
+        if (!wants(ad, x)) return;
+        IrNode *dx = emit(ad, OP_PERMUTE, x->shape, x->dtype, 1, dy, NULL, NULL);
+        for (int i = 0; i < y->shape.rank; i++) dx->attr.perm[y->attr.perm[i]] = i;
+        accumulate(ad, x, dx);
+        break;
+    }
+    case OP_SLICE:
+        if (wants(ad, x)) accumulate(ad, x, axis_node(ad, OP_SLICE_BWD, &x->shape, x->dtype, 1, dy, NULL, axis, y->attr.start));
+        break;
+    case OP_CONCAT: {
+        IrNode *b = y->in[1];
+        if (wants(ad, x)) accumulate(ad, x, axis_node(ad, OP_SLICE, &x->shape, x->dtype, 1, dy, NULL, axis, 0));
+        if (wants(ad, b))
+            accumulate(ad, b, axis_node(ad, OP_SLICE, &b->shape, b->dtype, 1, dy, NULL, axis, x->shape.dim[axis]));
+        break;
+    }
+    case OP_MAX:
+        if (wants(ad, x)) accumulate(ad, x, axis_node(ad, OP_MAX_BWD, &x->shape, x->dtype, 2, x, dy, axis, 0));
+        break;
+    default: ICE("grad_axes: %s", ir_op_name(y->op));
+    }
+}
+
 /* A frozen batch norm (fixed running statistics) is an affine map per channel:
  * dx = dy * (weight * invstd)[c], the scale broadcast as [C, 1, 1] over [N, C, H, W]. */
 static IrNode *frozen_bn_dx(Ad *ad, IrNode *stats, IrNode *w, IrNode *dy) {
@@ -275,6 +316,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
         grad_shape(ad, y, dy);
         break;
     case OP_BCE_LOGITS: grad_bce(ad, y, dy); break;
+    case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_MAX: grad_axes(ad, y, dy); break;
     case OP_MATMUL: grad_matmul(ad, y, dy); break;
     case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT:
         grad_lib(ad, y, dy);
@@ -283,6 +325,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
     case OP_XENT_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
+    case OP_SLICE_BWD: case OP_MAX_BWD:
     case OP__COUNT:
         ICE("autodiff: backward-only or post-autodiff operator %s in the forward graph (%%%d)", ir_op_name(y->op),
             y->id);

@@ -484,4 +484,6 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
     }
 }
 
+#include "netrt_views.cuh" /* permute, slice, concat, max along an axis */
+
 #endif

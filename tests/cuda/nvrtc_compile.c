@@ -16,7 +16,8 @@
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
-    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe)
+    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe) \
+    X(k_views)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -81,6 +82,16 @@ static const char source[] =
     "    rt_k_bn_bwd_part(8 * 32 * 32, 64, 32 * 32, 0, F(0), F(1 << 21), F(1 << 22), D(1 << 23));\n"
     "    rt_k_bn_bwd_final(64, 32, D(1 << 23), F(1 << 24));\n"
     "}\n"
+    "extern \"C\" __global__ void k_views(unsigned char *base) {\n"
+    "    rt_k_permute(RtKPermute{{8, 12, 64, 64}, {49152, 64, 1, 768}, 4}, 8 * 12 * 64 * 64, F(0), F(1 << 22));\n"
+    "    rt_k_permute(RtKPermute{{8, 4}, {1, 8}, 2}, 32, (const int64_t *)L(0), (int64_t *)(base + (1 << 22)));\n"
+    "    rt_k_slice(8, 2304, 768, 64, 768, F(0), F(1 << 22));\n"
+    "    rt_k_slice(8, 16, 15, 1, 1, L(0), (int64_t *)(base + (1 << 22)));\n"
+    "    rt_k_slice_bwd(8, 2304, 768, 64, 768, F(0), F(1 << 22));\n"
+    "    rt_k_concat(8, 3, 5, 64, F(0), F(1 << 20), F(1 << 22));\n"
+    "    rt_k_max_axis(8, 64, 12, F(0), F(1 << 20));\n"
+    "    rt_k_max_axis_bwd(8, 64, 12, F(0), F(1 << 20), F(1 << 22));\n"
+    "}\n"
     "extern \"C\" __global__ void k_recipe(unsigned char *base) {\n"
     "    const RtDevState *st = (const RtDevState *)base;\n"
     "    const RtSchedule sched = {RT_SCHED_COSINE, 0.1, 0.5, 0, 0.1, 0.001};\n"
@@ -132,7 +143,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 4, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 5, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -173,11 +184,11 @@ int main(int argc, char **argv) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
-    const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]),
+    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh", "rt_bits.h", "rt_recipe.h"};
+    const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]), read_file(argv[1], names[2]),
                              read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h")};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    for (int h = 0; h < 4; h++) free((void *)headers[h]);
+    for (int h = 0; h < 5; h++) free((void *)headers[h]);
     return failed;
 }

@@ -147,6 +147,18 @@ class Interp:
             if "trans_a" in a: p = p.transpose(-1, -2)
             if "trans_b" in a: q = q.transpose(-1, -2)
             return p @ q
+        if op == "permute": return x[0].permute(ints(a["perm"]))
+        if op == "slice": return x[0].narrow(int(a["axis"][0]), int(a["start"][0]), n.shape[int(a["axis"][0])])
+        if op == "slice_bwd":
+            dx = torch.zeros(n.shape, dtype=x[0].dtype)
+            dx.narrow(int(a["axis"][0]), int(a["start"][0]), x[0].shape[int(a["axis"][0])]).copy_(x[0])
+            return dx
+        if op == "concat": return torch.cat([x[0], x[1]], int(a["axis"][0]))
+        if op == "max": return x[0].amax(int(a["axis"][0]), keepdim=True)
+        if op == "max_bwd":  # dy at the first maximal element (argmax returns the first)
+            axis = int(a["axis"][0])
+            first = x[0].argmax(axis, keepdim=True)
+            return torch.zeros(n.shape, dtype=x[1].dtype).scatter(axis, first, x[1])
         if op == "conv2d": return F.conv2d(x[0], x[1], **self.conv_args(n))
         if op == "conv2d_bwd_data": return torch.nn.grad.conv2d_input(n.shape, x[1], x[0], **self.conv_args(n))
         if op == "conv2d_bwd_filter": return torch.nn.grad.conv2d_weight(x[0], n.shape, x[1], **self.conv_args(n))
