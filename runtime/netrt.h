@@ -248,7 +248,10 @@ float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t
  * the scaled scores (RT_ATTN_ADD), or u8 where 0 leaves the key out (RT_ATTN_KEEP). A row with
  * no key left gives 0 and no gradient. */
 enum { RT_ATTN_NO_MASK, RT_ATTN_ADD, RT_ATTN_KEEP };
-enum { RT_ATTN_BLOCK = 64 }; /* query rows per task; keys per block of the forward's online softmax */
+enum {
+    RT_ATTN_BLOCK = 64, /* query rows per task */
+    RT_ATTN_KEYS = 256, /* keys per block of the forward's online softmax */
+};
 typedef struct RtAttn {
     int64_t BH, T, S, D, E;
     float scale;
@@ -263,7 +266,7 @@ typedef struct RtAttn {
  * and the row statistics; the backward the probabilities and their gradient for a block of
  * query rows against every key. The compiler sizes RtModel.scratch_per_thread with it. */
 static inline int64_t rt_attention_scratch(const RtAttn *a) {
-    int64_t fwd = RT_ATTN_BLOCK * (RT_ATTN_BLOCK + a->E + 2), bwd = RT_ATTN_BLOCK * (2 * a->S + 1);
+    int64_t fwd = RT_ATTN_BLOCK * (RT_ATTN_KEYS + a->E + 2), bwd = RT_ATTN_BLOCK * (2 * a->S + 1);
     return fwd > bwd ? fwd : bwd;
 }
 /* FlashAttention-2's forward: tiled, online softmax, no [T, S] matrix stored. */

@@ -6,7 +6,7 @@
  * mask (RtAttn) read through strides, broadcast where its stride is 0.
  *
  * Forward (FlashAttention-2): one task per (slice, block of RT_ATTN_BLOCK query rows); the keys
- * in blocks of RT_ATTN_BLOCK, each block's scores S = q k^T * scale by one small product
+ * in blocks of RT_ATTN_KEYS, each block's scores S = q k^T * scale by one small product
  * (OpenBLAS, single-threaded inside the parallel region), masked, then the online softmax: the
  * row's running maximum m and sum l, the accumulated o rescaled by exp(m_old - m_new) and
  * o += P v. No [T, S] matrix exists; a thread's scratch is one block of scores and one of o.
@@ -61,18 +61,18 @@ static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
 
 void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask, float *out,
                       float *scratch, int64_t scratch_per_thread) {
-    const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E;
+    const int64_t B = RT_ATTN_BLOCK, BK = RT_ATTN_KEYS, T = a->T, S = a->S, D = a->D, E = a->E;
     const int64_t nqb = (T + B - 1) / B;
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < a->BH * nqb; task++) {
         const int64_t bh = task / nqb, i0 = task % nqb * B, rows = T - i0 < B ? T - i0 : B;
         const int64_t kend = keys_seen(a, i0, rows), mbase = mask_base(a, bh);
-        float *sc = scratch + omp_get_thread_num() * scratch_per_thread, *o = sc + B * B, *m = o + B * E, *l = m + B;
+        float *sc = scratch + omp_get_thread_num() * scratch_per_thread, *o = sc + B * BK, *m = o + B * E, *l = m + B;
         const float *qi = q + (bh * T + i0) * D, *kb = k + bh * S * D, *vb = v + bh * S * E;
         memset(o, 0, (size_t)(rows * E) * sizeof *o);
         for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
-        for (int64_t j0 = 0; j0 < kend; j0 += B) {
-            const int64_t cols = kend - j0 < B ? kend - j0 : B;
+        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            const int64_t cols = kend - j0 < BK ? kend - j0 : BK;
             rt_gemm(0, 1, rows, cols, D, a->scale, qi, D, kb + j0 * D, D, 0.0f, sc, cols);
             for (int64_t r = 0; r < rows; r++) {
                 float *s = sc + r * cols, mx = m[r], sum = 0;
