@@ -53,6 +53,10 @@ static void mask_row(const RtAttn *a, const void *mask, int64_t mbase, int64_t i
     }
 }
 
+/* The larger of m and s, NaN once either is: a NaN score makes its row NaN, as in PyTorch (fmaxf
+ * would skip it), and only a row whose scores are all -INFINITY has no key. */
+static inline float nan_max(float m, float s) { return s > m || s != s ? s : m; }
+
 /* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last
  * row's diagonal (top-left aligned, as PyTorch's is_causal). */
 static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
@@ -77,7 +81,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
             for (int64_t r = 0; r < rows; r++) {
                 float *s = sc + r * cols, mx = m[r], sum = 0;
                 mask_row(a, mask, mbase, i0 + r, j0, cols, s);
-                for (int64_t c = 0; c < cols; c++) mx = fmaxf(mx, s[c]);
+                for (int64_t c = 0; c < cols; c++) mx = nan_max(mx, s[c]);
                 if (mx == -INFINITY) { /* no key of this row so far: nothing to add */
                     memset(s, 0, (size_t)cols * sizeof *s);
                     continue;
@@ -93,7 +97,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
         }
         for (int64_t r = 0; r < rows; r++) {
             float *y = out + (bh * T + i0 + r) * E;
-            const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+            const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];
             for (int64_t e = 0; e < E; e++) y[e] = o[r * E + e] * inv;
         }
     }
@@ -118,7 +122,7 @@ void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const flo
             for (int64_t r = 0; r < rows; r++) {
                 float *p = P + r * n, mx = -INFINITY;
                 mask_row(a, mask, mbase, i0 + r, 0, n, p);
-                for (int64_t c = 0; c < n; c++) mx = fmaxf(mx, p[c]);
+                for (int64_t c = 0; c < n; c++) mx = nan_max(mx, p[c]);
                 if (mx == -INFINITY) { /* no key: no probability, no gradient */
                     memset(p, 0, (size_t)n * sizeof *p);
                 } else {

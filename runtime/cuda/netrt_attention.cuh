@@ -35,8 +35,8 @@ struct RtKAttn {
     int64_t mask_t, mask_s;
 };
 
-/* Key (or query) rows per shared-memory tile: as many as fit 8192 floats, at most 32. */
-#define RT_K_ATTN_TILE(D, E) ((D) + (E) >= 256 ? ((8192 / ((D) + (E))) > 0 ? 8192 / ((D) + (E)) : 1) : 32)
+/* Key (or query) rows per shared-memory tile: 32, or as many as fit 4096 floats (16 KiB). */
+#define RT_K_ATTN_TILE(D, E) ((D) + (E) <= 128 ? 32 : 4096 / ((D) + (E)) > 0 ? 4096 / ((D) + (E)) : 1)
 
 static __device__ __forceinline__ int64_t rt_attn_mask_base(const RtKAttn &a, int64_t bh) {
     int64_t off = 0;
@@ -56,6 +56,9 @@ static __device__ __forceinline__ float rt_attn_score(const RtKAttn &a, const vo
     if (a.mask == 2 && !((const uint8_t *)mask)[at]) return -INFINITY;
     return s;
 }
+
+/* The larger of m and s, NaN once either is (fmaxf would skip a NaN score): as the CPU's. */
+static __device__ __forceinline__ float rt_attn_max(float m, float s) { return s > m || s != s ? s : m; }
 
 /* Copy rows [r0, r0 + n) of a [.., W] slice into shared s, the block's threads together. */
 template <int W>
@@ -89,7 +92,7 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
                 float dot = 0;
                 for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qr[d], ks[c * D + d]));
                 s[c] = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
-                mx = fmaxf(mx, s[c]);
+                mx = rt_attn_max(mx, s[c]);
             }
             if (mx == -INFINITY) continue; /* no key of this row so far */
             const float alpha = expf(m - mx);
@@ -103,7 +106,7 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
             m = mx;
         }
         if (live)
-            for (int e = 0; e < E; e++) out[(bh * a.T + i) * E + e] = l > 0 ? __fdiv_rn(o[e], l) : 0.0f;
+            for (int e = 0; e < E; e++) out[(bh * a.T + i) * E + e] = l == 0 ? 0.0f : __fdiv_rn(o[e], l);
     }
 }
 
@@ -145,7 +148,7 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
                     const float s = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
                     if (!pass) { /* online: m, l */
                         if (s == -INFINITY) continue;
-                        if (s > m) l = __fmul_rn(l, expf(m - s)), m = s;
+                        if (s > m || s != s) l = __fmul_rn(l, expf(m - s)), m = s;
                         l = __fadd_rn(l, expf(s - m));
                         continue;
                     }
