@@ -53,9 +53,42 @@ static void mask_row(const RtAttn *a, const void *mask, int64_t mbase, int64_t i
     }
 }
 
-/* The larger of m and s, NaN once either is: a NaN score makes its row NaN, as in PyTorch (fmaxf
- * would skip it), and only a row whose scores are all -INFINITY has no key. */
-static inline float nan_max(float m, float s) { return s > m || s != s ? s : m; }
+/* The largest of m and s[0, n), NaN if any is: a NaN score makes its row NaN, as in PyTorch
+ * (fmaxf would skip it), and only a row whose scores are all -INFINITY has no key. */
+static inline float row_max(float m, const float *s, int64_t n) {
+    int nan = m != m;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t c = 0; c < n; c++) {
+        m = s[c] > m ? s[c] : m;
+        nan |= s[c] != s[c];
+    }
+    return nan ? NAN : m;
+}
+
+/* exp(x) for the x <= 0 the softmax takes (scores less their row's maximum), NaN kept, within
+ * 2 ulp of expf, in arithmetic that GCC vectorizes (libm's expf is a call per element, a sixth of
+ * the time): n = round(x / ln 2) by the 1.5 * 2^23 trick, r = x - n ln 2 in two parts (Cody and
+ * Waite), exp(r) by Cephes' degree-6 polynomial, times 2^n built in the exponent bits. Below -87
+ * (exp < 1.7e-38, nothing beside the row maximum's exp(0) = 1) it is 0, -INFINITY included. */
+static inline float exp_le0(float x) {
+    const float big = 12582912.0f;
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float t = xc * 1.44269504088896341f + big, n = t - big;
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits;
+    float scale;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits - 0x4B400000 + 127) << 23; /* t's low mantissa bits hold n */
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : p * scale;
+}
 
 /* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last
  * row's diagonal (top-left aligned, as PyTorch's is_causal). */
@@ -79,15 +112,20 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
             const int64_t cols = kend - j0 < BK ? kend - j0 : BK;
             rt_gemm(0, 1, rows, cols, D, a->scale, qi, D, kb + j0 * D, D, 0.0f, sc, cols);
             for (int64_t r = 0; r < rows; r++) {
-                float *s = sc + r * cols, mx = m[r], sum = 0;
+                float *s = sc + r * cols, sum = 0;
                 mask_row(a, mask, mbase, i0 + r, j0, cols, s);
-                for (int64_t c = 0; c < cols; c++) mx = nan_max(mx, s[c]);
+                const float mx = row_max(m[r], s, cols);
                 if (mx == -INFINITY) { /* no key of this row so far: nothing to add */
                     memset(s, 0, (size_t)cols * sizeof *s);
                     continue;
                 }
-                const float alpha = expf(m[r] - mx);
-                for (int64_t c = 0; c < cols; c++) sum += s[c] = expf(s[c] - mx);
+                const float alpha = exp_le0(m[r] - mx);
+#pragma omp simd reduction(+ : sum)
+                for (int64_t c = 0; c < cols; c++) {
+                    const float e = exp_le0(s[c] - mx);
+                    s[c] = e;
+                    sum += e;
+                }
                 l[r] = l[r] * alpha + sum;
                 m[r] = mx;
                 if (alpha != 1.0f)
@@ -120,14 +158,19 @@ void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const flo
             const float *qi = q + (bh * T + i0) * D, *oi = out + (bh * T + i0) * E, *gi = dout + (bh * T + i0) * E;
             rt_gemm(0, 1, rows, n, D, a->scale, qi, D, kb, D, 0.0f, P, n);
             for (int64_t r = 0; r < rows; r++) {
-                float *p = P + r * n, mx = -INFINITY;
+                float *p = P + r * n;
                 mask_row(a, mask, mbase, i0 + r, 0, n, p);
-                for (int64_t c = 0; c < n; c++) mx = nan_max(mx, p[c]);
+                const float mx = row_max(-INFINITY, p, n);
                 if (mx == -INFINITY) { /* no key: no probability, no gradient */
                     memset(p, 0, (size_t)n * sizeof *p);
                 } else {
                     double sum = 0;
-                    for (int64_t c = 0; c < n; c++) sum += p[c] = expf(p[c] - mx);
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t c = 0; c < n; c++) {
+                        const float e = exp_le0(p[c] - mx);
+                        p[c] = e;
+                        sum += e;
+                    }
                     const float inv = (float)(1.0 / sum);
                     for (int64_t c = 0; c < n; c++) p[c] *= inv;
                 }
