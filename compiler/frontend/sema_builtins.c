@@ -751,7 +751,7 @@ static const SemaBuiltin builtins[] = {
     UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("softmax"),
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
     {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
-    {"attention", "q, k, v, causal=false, mask=none, scale=1/sqrt(d)", b_attention, 3, 6,
+    {"attention", "q, k, v, causal=false, mask, scale=1/sqrt(d)", b_attention, 3, 6,
      {"q", "k", "v", "causal", "mask", "scale"}},
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
     {"str", "x", b_str, 1, 1, {"x"}},
