@@ -166,6 +166,7 @@ void cg_ptr(Cg *c, const IrNode *n) {
     int64_t elems = 0; /* a row view starts inside its root */
     for (const IrNode *v = n; v != r; v = v->in[0])
         if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
+        else if (v->op == OP_PART) elems += v->attr.part;
     switch (r->storage) {
     case ST_ARENA:
         cg_put(c, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
@@ -847,6 +848,29 @@ void cg_conv_geometry(Cg *c, const IrNode *n, const char *name) {
     c->depth--;
 }
 
+void cg_attention_dims(const IrNode *n, CgAttn *a) {
+    const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2];
+    const IrNode *m = n->op == OP_ATTENTION_MASKED ? n->in[3] : n->op == OP_ATTENTION_MASKED_BWD ? n->in[5] : NULL;
+    int r = q->shape.rank;
+    *a = (CgAttn){.T = q->shape.dim[r - 2], .S = k->shape.dim[r - 2], .D = q->shape.dim[r - 1],
+                  .E = v->shape.dim[r - 1], .n_lead = r - 2, .BH = 1, .mask_node = m};
+    for (int i = 0; i < r - 2; i++) a->lead[i] = q->shape.dim[i], a->BH *= q->shape.dim[i];
+    if (!m) return;
+    a->mask = m->dtype == DT_U8 ? 2 : 1;
+    int64_t stride = 1, st[IR_MAX_RANK] = {0};
+    for (int i = m->shape.rank - 1; i >= 0; i--) {
+        st[i] = m->shape.dim[i] == 1 ? 0 : stride; /* an axis of 1 broadcasts */
+        stride *= m->shape.dim[i];
+    }
+    for (int ax = 0; ax < r; ax++) { /* the scores' axes, the mask right-aligned to them */
+        int ma = ax - (r - m->shape.rank);
+        int64_t s = ma < 0 ? 0 : st[ma];
+        if (ax < r - 2) a->mask_lead[ax] = s;
+        else if (ax == r - 2) a->mask_t = s;
+        else a->mask_s = s;
+    }
+}
+
 /* The library kernels of both backends take float tensors (labels: int64) in the layouts
  * ir_operand_layout names; anything else is a compiler bug. */
 void cg_check_lib_operands(const IrNode *n, const char *backend) {
@@ -855,6 +879,7 @@ void cg_check_lib_operands(const IrNode *n, const char *backend) {
         int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
         if (want >= 0 && !ir_stored_as(x, (IrLayout)want))
             ICE("%s: %s on a tensor in another layout", backend, ir_op_name(n->op));
+        if (x->dtype == DT_U8 && ir_op_lib(n->op) == LIB_ATTN) continue; /* a boolean mask */
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));
     }
 }

@@ -117,6 +117,18 @@ void cg_conv_geometry(Cg *c, const IrNode *n, const char *name);
 /* Which of the three convolutions n is (the runtimes' order); any other operator is a bug. */
 enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };
 int cg_conv_which(const IrNode *n);
+/* An attention node's geometry (forward or backward): the BH slices (the leading axes lead[0,
+ * n_lead) flattened), q [T, D], k [S, D], v [S, E]; mask 0 none, 1 f32 added, 2 u8 keep, read at
+ * the strides mask_lead (leading axes), mask_t and mask_s, 0 where it broadcasts. */
+typedef struct CgAttn {
+    int64_t BH, T, S, D, E;
+    int n_lead;
+    int64_t lead[IR_MAX_RANK], mask_lead[IR_MAX_RANK], mask_t, mask_s;
+    int mask;
+    const IrNode *mask_node;
+} CgAttn;
+void cg_attention_dims(const IrNode *n, CgAttn *a);
+
 /* Which pooling n is: max or average, forward or backward; any other operator is a bug. */
 void cg_pool_kind(const IrNode *n, int *max, int *bwd);
 void cg_check_lib_operands(const IrNode *n, const char *backend);

@@ -443,6 +443,36 @@ static void emit_axes(Cg *c, const IrNode *n) {
     }
 }
 
+/* Attention and its gradient: the geometry as a constant RtAttn, one call of the fused kernel. */
+static void emit_attention(Cg *c, const IrNode *n) {
+    CgAttn a;
+    cg_attention_dims(n, &a);
+    static const char *const masks[] = {"RT_ATTN_NO_MASK", "RT_ATTN_ADD", "RT_ATTN_KEEP"};
+    cg_begin(c, "static const RtAttn attn%d = {.BH = %" PRId64 ", .T = %" PRId64 ", .S = %" PRId64 ", .D = %" PRId64
+             ", .E = %" PRId64 ", .scale = ", n->id, a.BH, a.T, a.S, a.D, a.E);
+    cg_lit(c->out, n->attr.attn_scale);
+    cg_end(c, ", .causal = %d,", n->attr.causal);
+    c->depth++; /* the initializer's second line */
+    cg_begin(c, ".mask = %s, .n_lead = %d, .lead = {", masks[a.mask], a.n_lead);
+    for (int i = 0; i < a.n_lead; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", a.lead[i]);
+    cg_put(c, "}, .mask_lead = {");
+    for (int i = 0; i < a.n_lead; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", a.mask_lead[i]);
+    cg_end(c, "}, .mask_t = %" PRId64 ", .mask_s = %" PRId64 "};", a.mask_t, a.mask_s);
+    c->depth--;
+    char mask[16] = "NULL";
+    if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
+    const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
+    if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
+        cg_line(c, "rt_attention_fwd(&attn%d, v%d, v%d, v%d, %s, v%d, ctx->scratch, ctx->scratch_per_thread);", n->id, q,
+                k, v, mask, n->id);
+        return;
+    }
+    int64_t nq = a.BH * a.T * a.D, nk = a.BH * a.S * a.D;
+    cg_line(c, "rt_attention_bwd(&attn%d, v%d, v%d, v%d, %s, v%d, v%d, v%d, v%d + %" PRId64 ", v%d + %" PRId64
+               ", ctx->scratch, ctx->scratch_per_thread); // dq, dk, dv",
+            n->id, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq, n->id, nq + nk);
+}
+
 static void emit_lib(Cg *c, const IrNode *n) {
     cg_check_lib_operands(n, "cpu");
     switch (ir_op_lib(n->op)) {
@@ -452,6 +482,7 @@ static void emit_lib(Cg *c, const IrNode *n) {
     case LIB_ROWS: emit_rows(c, n); break;
     case LIB_BN: emit_bn(c, n); break;
     case LIB_AXES: emit_axes(c, n); break;
+    case LIB_ATTN: emit_attention(c, n); break;
     case LIB_NONE: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }
@@ -749,6 +780,15 @@ static int64_t conv_scratch(const IrNode *n) {
     return rt_conv2d_scratch(&c);
 }
 
+/* Per-thread scratch of the library kernels: the im2col convolutions' and attention's. */
+static int64_t node_scratch(const IrNode *n) {
+    if (ir_op_lib(n->op) != LIB_ATTN) return conv_scratch(n);
+    CgAttn a;
+    cg_attention_dims(n, &a);
+    RtAttn r = {.BH = a.BH, .T = a.T, .S = a.S, .D = a.D, .E = a.E};
+    return rt_attention_scratch(&r);
+}
+
 const CgBackend cg_cpu = {
     .name = "cpu",
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
@@ -756,7 +796,7 @@ const CgBackend cg_cpu = {
     .precision_note = "the CPU backend computes in float32",
     .fuse_reductions = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
-    .node_scratch = conv_scratch,
+    .node_scratch = node_scratch,
     .emit_begin = cpu_begin,
     .emit_step = cpu_step,
     .emit_optimizer = cpu_optimizer,

@@ -123,6 +123,7 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
     int64_t elems = 0;
     for (const IrNode *v = n; v != r; v = v->in[0])
         if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
+        else if (v->op == OP_PART) elems += v->attr.part;
     int64_t bytes = elems * ir_dtype_size(n->dtype);
     switch (r->storage) {
     case ST_ARENA: return u->map.arena + r->offset + bytes;
@@ -584,6 +585,44 @@ static void emit_axes(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", grid_for(threads), BLOCK);
 }
 
+/* Attention (netrt_attention.cuh): the forward one kernel, a block per (slice, tile of 256 query
+ * rows); the gradient two, the rows' (dq, and the log-sum-exp and delta into the packed
+ * result's tail) and then the keys' (dk, dv), a block per (slice, tile of 256 keys). */
+static void emit_attention(Cu *u, const IrNode *n) {
+    CgAttn a;
+    cg_attention_dims(n, &a);
+    char geom[512], lit[48], mask[32] = "(const void *)0", call[1024];
+    FILE *f = fmemopen(lit, sizeof lit, "w");
+    cg_lit(f, n->attr.attn_scale);
+    fclose(f);
+    int at = snprintf(geom, sizeof geom, "RtKAttn{%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                      ", %s, %d, %d, %d, {", a.BH, a.T, a.S, a.D, a.E, lit, n->attr.causal, a.mask, a.n_lead);
+    for (int i = 0; i < 4; i++) at += snprintf(geom + at, sizeof geom - (size_t)at, "%s%" PRId64, i ? ", " : "",
+                                               i < a.n_lead ? a.lead[i] : 1);
+    at += snprintf(geom + at, sizeof geom - (size_t)at, "}, {");
+    for (int i = 0; i < 4; i++) at += snprintf(geom + at, sizeof geom - (size_t)at, "%s%" PRId64, i ? ", " : "",
+                                               i < a.n_lead ? a.mask_lead[i] : 0);
+    snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64 "}", a.mask_t, a.mask_s);
+    if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
+    const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
+    const int64_t q_tiles = a.BH * ((a.T + BLOCK - 1) / BLOCK), k_tiles = a.BH * ((a.S + BLOCK - 1) / BLOCK);
+    if (a.n_lead > 4) ICE("cuda: attention with %d leading axes", a.n_lead);
+    if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
+        snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d);", a.D,
+                 a.E, geom, q, k, v, mask, n->id);
+        lib_kernel(u, n, call, "", rows_grid(q_tiles), BLOCK);
+        return;
+    }
+    const int64_t nq = a.BH * a.T * a.D, nk = a.BH * a.S * a.D, nv = a.BH * a.S * a.E;
+    snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d, v%d, "
+             "v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq + nk + nv);
+    lib_kernel(u, n, call, "_rows", rows_grid(q_tiles), BLOCK);
+    snprintf(call, sizeof call, "rt_k_attention_bwd_keys<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d + %"
+             PRId64 ", v%d + %" PRId64 ", v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[4]->id, n->id,
+             nq + nk + nv, n->id, nq, n->id, nq + nk);
+    lib_kernel(u, n, call, "_keys", rows_grid(k_tiles), BLOCK);
+}
+
 static void emit_lib(Cu *u, const IrNode *n) {
     IrLibClass cls = ir_op_lib(n->op);
     if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
@@ -595,6 +634,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
     case LIB_ROWS: emit_rows(u, n); break;
     case LIB_BN: emit_bn(u, n); break;
     case LIB_AXES: emit_axes(u, n); break;
+    case LIB_ATTN: emit_attention(u, n); break;
     case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }

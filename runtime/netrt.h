@@ -257,6 +257,50 @@ void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, co
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);
 
+/* ---- scaled dot-product attention (rt_attention.c)
+ *
+ * BH independent slices (the leading axes of q, k and v, flattened): q [T, D], k [S, D],
+ * v [S, E] -> out [T, E] = softmax(q k^T * scale + mask) v, keys j > query i left out when
+ * `causal`. The mask is read at mask[base(bh) + i * mask_t + j * mask_s] (a stride 0 broadcasts),
+ * base(bh) the sum over the leading axes of the index along each times mask_lead: f32 added to
+ * the scaled scores (RT_ATTN_ADD), or u8 where 0 leaves the key out (RT_ATTN_KEEP). A row with
+ * no key left gives 0 and no gradient. */
+enum { RT_ATTN_NO_MASK, RT_ATTN_ADD, RT_ATTN_KEEP };
+enum {
+    RT_ATTN_BLOCK = 64, /* query rows per task */
+    RT_ATTN_KEYS = 256, /* keys per block of the forward's online softmax */
+};
+typedef struct RtAttn {
+    int64_t BH, T, S, D, E;
+    float scale;
+    int causal;
+    int mask;                           /* RT_ATTN_NO_MASK, RT_ATTN_ADD, RT_ATTN_KEEP */
+    int n_lead;                         /* leading axes (rank - 2) */
+    int64_t lead[RT_MAX_RANK - 2];      /* their extents */
+    int64_t mask_lead[RT_MAX_RANK - 2]; /* the mask's strides along them */
+    int64_t mask_t, mask_s;             /* ... and along T and S */
+} RtAttn;
+/* Floats of per-thread scratch the two kernels need: the forward one block of scores, one of o
+ * and the row statistics; the backward the probabilities and their gradient for a block of
+ * query rows against every key. The compiler sizes RtModel.scratch_per_thread with it. */
+static inline int64_t rt_attention_scratch(const RtAttn *a) {
+    int64_t fwd = RT_ATTN_BLOCK * (RT_ATTN_KEYS + a->E + 2), bwd = RT_ATTN_BLOCK * (2 * a->S + 1);
+    return fwd > bwd ? fwd : bwd;
+}
+/* FlashAttention-2's forward: tiled, online softmax, no [T, S] matrix stored. */
+void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask, float *out,
+                      float *scratch, int64_t scratch_per_thread);
+/* dq, dk, dv from the forward's operands and result and the result's gradient dout; one slice
+ * per thread, the same bits for any number of threads. */
+void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                      const float *out, const float *dout, float *dq, float *dk, float *dv, float *scratch,
+                      int64_t scratch_per_thread);
+/* The unfused reference the tests compare with: whole [T, S] matrices, in double. */
+void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                          double *out);
+void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                          const float *dout, double *dq, double *dk, double *dv);
+
 /* rt_mix, rt_step_seed, rt_dropout_keep and the f16/bf16 conversions: rt_bits.h; the learning-rate
  * schedule and the optimizers' updates: rt_recipe.h. Both are shared with the CUDA kernels so both
  * backends compute the same bits. */

@@ -602,6 +602,61 @@ static Value b_matmul(Sema *S, const AstExpr *c, const char *label, Value *args)
     return y ? sema_tensor(y) : sema_error();
 }
 
+/* Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention):
+ * softmax(q k^T * scale + mask) v over the last two axes, one fused kernel (ATTENTION, or
+ * ATTENTION_MASKED with the mask as a fourth operand). */
+static Value b_attention(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *q = arg_f32_tensor(A, 0, 0, 2), *k = arg_f32_tensor(A, 1, 0, 2), *v = arg_f32_tensor(A, 2, 0, 2);
+    int causal = arg_bool(A, 3, 0);
+    Value mv = A->a[4];
+    double scale = 0;
+    if (A->a[5].k != V_NONE) scale = arg_num(A, 5, 1, -1e30, 1e30);
+    if (!A->ok) return sema_error();
+    int r = q->shape.rank;
+    int lead_ok = k->shape.rank == r && v->shape.rank == r;
+    for (int i = 0; lead_ok && i < r - 2; i++) lead_ok = k->shape.dim[i] == q->shape.dim[i] && v->shape.dim[i] == q->shape.dim[i];
+    if (!lead_ok || k->shape.dim[r - 1] != q->shape.dim[r - 1] || v->shape.dim[r - 2] != k->shape.dim[r - 2]) {
+        diag_error(c->loc, "attention of q %s, k %s and v %s: need q [..., T, d], k [..., S, d] and v [..., S, e] "
+                   "with the same leading axes", sema_shape_str(S, &q->shape), sema_shape_str(S, &k->shape),
+                   sema_shape_str(S, &v->shape));
+        return sema_error();
+    }
+    if (A->a[5].k != V_NONE && !(scale != 0 && isfinite(scale))) {
+        diag_error(arg_loc(c, "scale", 5), "'scale' of attention must be a finite number other than 0, found %s",
+                   sema_value_text(S, A->a[5]));
+        return sema_error();
+    }
+    int64_t Sk = k->shape.dim[r - 2];
+    IrNode *mask = NULL;
+    if (mv.k == V_ERR) return sema_error();
+    if (mv.k != V_NONE) {
+        IrShape scores = q->shape, s;
+        scores.dim[r - 1] = Sk;
+        if (mv.k != V_TENSOR || (mv.t->dtype != DT_F32 && mv.t->dtype != DT_U8)) {
+            diag_error(arg_loc(c, "mask", 4), "'mask' of attention must be an f32 tensor (added to the scores) or a u8 "
+                       "tensor (0 leaves a key out), found %s", sema_value_desc(S, mv));
+            return sema_error();
+        }
+        if (mv.t->shape.rank > r || !ir_broadcast(&mv.t->shape, &scores, &s) || !ir_shape_eq(&s, &scores)) {
+            diag_error(arg_loc(c, "mask", 4), "a mask of shape %s does not broadcast to the scores' shape %s "
+                       "([..., T, S] of q %s and k %s)", sema_shape_str(S, &mv.t->shape),
+                       sema_shape_str(S, &scores), sema_shape_str(S, &q->shape), sema_shape_str(S, &k->shape));
+            return sema_error();
+        }
+        mask = mv.t;
+    }
+    if (A->a[5].k == V_NONE) scale = 1.0 / sqrt((double)q->shape.dim[r - 1]);
+    IrShape ys = q->shape;
+    ys.dim[r - 1] = v->shape.dim[r - 1];
+    if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
+    IrNode *y = sema_node(S, mask ? OP_ATTENTION_MASKED : OP_ATTENTION, ys, DT_F32, c->loc, 3, q, k, v);
+    if (mask) y->in[3] = mask, y->n_in = 4;
+    y->attr.causal = causal;
+    y->attr.attn_scale = scale;
+    return sema_tensor(y);
+}
+
 static Value b_cast(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     IrDtype dt;
@@ -1110,6 +1165,8 @@ static const SemaBuiltin builtins[] = {
     UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("softmax"),
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
     {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
+    {"attention", "q, k, v, causal=false, mask, scale=1/sqrt(d)", b_attention, 3, 6,
+     {"q", "k", "v", "causal", "mask", "scale"}},
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
     {"str", "x", b_str, 1, 1, {"x"}},
     {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},

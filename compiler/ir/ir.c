@@ -269,6 +269,11 @@ static int shape_row(const IrNode *n, IrShape *want) {
            ir_numel(a) == a->dim[0] * ir_numel(&n->shape);
 }
 
+static int shape_part(const IrNode *n, IrShape *want) {
+    *want = n->shape;
+    return n->attr.part >= 0 && n->attr.part + ir_numel(&n->shape) <= ir_numel(&n->in[0]->shape);
+}
+
 /* Element-wise: the operands broadcast together. */
 static int shape_broadcast(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
@@ -424,6 +429,45 @@ static int shape_max_bwd(const IrNode *n, IrShape *want) {
     return shape_max_axis(n, &y) && ir_shape_eq(&y, &n->in[1]->shape);
 }
 
+/* Attention: q [..., T, d], k [..., S, d], v [..., S, e] with the same leading axes, f32; the
+ * result [..., T, e]; a mask (operand 3) f32 or u8 and broadcast to [..., T, S]. */
+int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask) {
+    const IrShape *a = &q->shape, *b = &k->shape, *c = &v->shape;
+    int r = a->rank;
+    if (r < 2 || b->rank != r || c->rank != r || q->dtype != DT_F32 || k->dtype != DT_F32 || v->dtype != DT_F32)
+        return 0;
+    for (int i = 0; i < r - 2; i++)
+        if (b->dim[i] != a->dim[i] || c->dim[i] != a->dim[i]) return 0;
+    if (b->dim[r - 1] != a->dim[r - 1] || c->dim[r - 2] != b->dim[r - 2]) return 0;
+    if (!mask) return 1;
+    IrShape scores = *a, s;
+    scores.dim[r - 1] = b->dim[r - 2];
+    return (mask->dtype == DT_F32 || mask->dtype == DT_U8) && mask->shape.rank <= r &&
+           ir_broadcast(&mask->shape, &scores, &s) && ir_shape_eq(&s, &scores);
+}
+
+static int shape_attention(const IrNode *n, IrShape *want) {
+    const IrNode *q = n->in[0], *v = n->in[2];
+    *want = q->shape;
+    want->dim[want->rank - 1] = v->shape.dim[v->shape.rank - 1];
+    return ir_attention_ok(q, n->in[1], v, n->n_in > 3 ? n->in[3] : NULL);
+}
+
+/* The packed gradient: dq, dk, dv, then two floats per query row (lse, delta). */
+int64_t ir_attention_bwd_numel(const IrNode *q, const IrNode *k, const IrNode *v) {
+    return ir_numel(&q->shape) + ir_numel(&k->shape) + ir_numel(&v->shape) +
+           2 * (ir_numel(&q->shape) / q->shape.dim[q->shape.rank - 1]);
+}
+
+static int shape_attention_bwd(const IrNode *n, IrShape *want) {
+    const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *out = n->in[3], *dout = n->in[4];
+    if (!ir_attention_ok(q, k, v, n->n_in > 5 ? n->in[5] : NULL)) return 0;
+    *want = ir_shape(1, ir_attention_bwd_numel(q, k, v));
+    IrShape o = q->shape;
+    o.dim[o.rank - 1] = v->shape.dim[v->shape.rank - 1];
+    return ir_shape_eq(&out->shape, &o) && ir_shape_eq(&dout->shape, &o);
+}
+
 /* ---- verifier */
 
 static int verify_fail(const char *stage, const IrNode *n, const char *what) {
@@ -455,6 +499,8 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
         return 1;
     case ATTR_AXIS: return !a->axis;
     case ATTR_SLICE: return !a->start;
+    case ATTR_ATTN: return !a->causal && a->attn_scale == 0;
+    case ATTR_PART: return !a->part;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
@@ -462,7 +508,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
 /* Every attribute n's operator does not read (ops.def) holds its default. */
 static int attrs_unused_default(const IrNode *n) {
     for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
-        if (!(op_attrs(n->op) & bit) && !attr_is_default(bit, &n->attr)) return 0;
+        if (!(bit & ATTR__UNASSIGNED) && !(op_attrs(n->op) & bit) && !attr_is_default(bit, &n->attr)) return 0;
     return 1;
 }
 
@@ -571,6 +617,11 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
         break;
     case ATTR_AXIS: fprintf(out, " axis=%d", a->axis); break;
     case ATTR_SLICE: fprintf(out, " start=%lld", (long long)a->start); break;
+    case ATTR_ATTN:
+        if (a->causal) fprintf(out, " causal");
+        fprintf(out, " scale=%.9g", a->attn_scale);
+        break;
+    case ATTR_PART: fprintf(out, " part=%lld", (long long)a->part); break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
 }
@@ -630,13 +681,14 @@ static const char *const kind_names[] = {
 
 static const char *const lib_names[] = {
     [LIB_NONE] = "", [LIB_MATMUL] = " (matmul)", [LIB_CONV] = " (conv)", [LIB_POOL] = " (pool)",
-    [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)", [LIB_AXES] = " (axes)",
+    [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)", [LIB_AXES] = " (axes)", [LIB_ATTN] = " (attention)",
 };
 
 /* The attributes' names as --dump prints them, in the order of the ATTR_* bits. */
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
+    [17] = "causal scale", [19] = "part", /* 16 and 18: ATTR__UNASSIGNED */
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

@@ -46,6 +46,7 @@ typedef enum {
     LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
     LIB_BN,     /* batch-norm statistics and backward sums */
     LIB_AXES,   /* copies and reductions along chosen axes: permute, slice, concat, max */
+    LIB_ATTN,   /* scaled dot-product attention and its gradient */
 } IrLibClass;
 
 /* The attributes an operator reads (ops.def's attrs column), one bit per IrAttrs field or pair
@@ -68,7 +69,12 @@ enum {
     ATTR_PERM = 1 << 13,         /* perm[IR_MAX_RANK]: permute */
     ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd */
     ATTR_SLICE = 1 << 15,        /* start: slice, slice_bwd */
-    ATTR__END = 1 << 16,
+    /* bits 16 and 18 belong to the other branches of issue 16 (norm_eps, ignore_index); until
+     * they are merged nothing reads or prints them */
+    ATTR_ATTN = 1 << 17,         /* causal, attn_scale */
+    ATTR_PART = 1 << 19,         /* part */
+    ATTR__END = 1 << 20,
+    ATTR__UNASSIGNED = 1 << 16 | 1 << 18,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -89,7 +95,7 @@ typedef enum {
     LAYOUT_NHWC,      /* rank-4 [N,C,H,W] stored channels-last */
 } IrLayout;
 
-enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 5 };
+enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 6 };
 
 /* Every tensor is at most 2^40 elements; larger shapes are a compile error (also keeps every
  * size computation far from int64 overflow). */
@@ -123,6 +129,9 @@ typedef struct IrAttrs {
     int perm[IR_MAX_RANK];                    /* permute: output axis i is input axis perm[i] */
     int axis; /* the axis an operator works along (ATTR_AXIS) */
     int64_t start;                            /* slice, slice_bwd: the first index along axis */
+    int causal; double attn_scale;            /* attention: key j > query i masked out; the
+                                               * scores' factor (1/sqrt(d) by default) */
+    int64_t part;                             /* part: element offset into operand 0 */
 } IrAttrs;
 
 typedef enum {
@@ -276,6 +285,12 @@ IrShape ir_scalar_shape(void);
 int ir_broadcast(const IrShape *a, const IrShape *b, IrShape *out);
 /* "[64, 1, 28, 28]" into buf */
 const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
+
+/* attention's operands agree (ops.def): q [..., T, d], k [..., S, d], v [..., S, e] f32 with the
+ * same leading axes, and mask (NULL: none) f32 or u8, broadcast to [..., T, S]. */
+int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask);
+/* Elements of attention_bwd's packed result: dq, dk, dv, and lse and delta per query row. */
+int64_t ir_attention_bwd_numel(const IrNode *q, const IrNode *k, const IrNode *v);
 
 /* ---- building */
 IrGraph *ir_graph_new(Arena *arena);

@@ -10,7 +10,8 @@
  *
  * Multiply-adds are counted per sample for the products, as fvcore and the papers count them:
  * a convolution's output elements times its input channels per group times the kernel's size,
- * a matrix product's output elements times its inner size. Element-wise work, pooling and
+ * a matrix product's output elements times its inner size, attention's two products (q k^T and
+ * P v, all of them even where causal masking leaves half out, as fvcore). Element-wise work, pooling and
  * normalisation count 0 (torchinfo also counts one per bias and batch-norm weight element per
  * output position). FLOPs are twice the multiply-adds.
  */
@@ -54,6 +55,11 @@ static int64_t node_macs(const IrGraph *g, const IrNode *n) {
     if (n->op == OP_MATMUL) {
         const IrShape *a = &n->in[0]->shape;
         return per_sample * a->dim[a->rank - (n->attr.trans_a ? 2 : 1)];
+    }
+    if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) { /* q k^T and P v, causal or not */
+        const IrShape *k = &n->in[1]->shape;
+        int64_t e = n->shape.dim[n->shape.rank - 1], S = k->dim[k->rank - 2], d = k->dim[k->rank - 1];
+        return per_sample / e * S * (d + e);
     }
     return 0;
 }

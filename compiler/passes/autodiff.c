@@ -304,6 +304,28 @@ static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* Attention: one backward node computes dq, dk and dv together (packed, with the kernels'
+ * scratch after them), and PART views project the three. The mask gets no gradient: a mask
+ * that would need one is an error (ad_differentiate reports it before any rule runs). */
+static void grad_attention(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *q = y->in[0], *k = y->in[1], *v = y->in[2];
+    int masked = y->op == OP_ATTENTION_MASKED;
+    IrNodeSpec spec = {.op = masked ? OP_ATTENTION_MASKED_BWD : OP_ATTENTION_BWD, .n_in = masked ? 6 : 5,
+                       .in = {q, k, v, y, dy, masked ? y->in[3] : NULL},
+                       .shape = ir_shape(1, ir_attention_bwd_numel(q, k, v)), .dtype = DT_F32, .attr = &y->attr};
+    IrNode *packed = append(ad, spec);
+    int64_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        IrNode *x = y->in[i];
+        if (wants(ad, x)) {
+            IrNode *d = emit(ad, OP_PART, x->shape, DT_F32, 1, packed, NULL, NULL);
+            d->attr.part = at;
+            accumulate(ad, x, d);
+        }
+        at += ir_numel(&x->shape);
+    }
+}
+
 /* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
@@ -321,11 +343,13 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT:
         grad_lib(ad, y, dy);
         break;
+    case OP_ATTENTION: case OP_ATTENTION_MASKED: grad_attention(ad, y, dy); break;
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
     case OP_XENT_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
     case OP_SLICE_BWD: case OP_MAX_BWD:
+    case OP_ATTENTION_BWD: case OP_ATTENTION_MASKED_BWD: case OP_PART:
     case OP__COUNT:
         ICE("autodiff: backward-only or post-autodiff operator %s in the forward graph (%%%d)", ir_op_name(y->op),
             y->id);
@@ -364,6 +388,21 @@ static void mark_needed(Ad *ad) {
     for (int i = 0; i < n; i++) ad->need[i] = from_param[i] && to_loss[i];
 }
 
+/* An attention mask that would need a gradient (it depends on a trainable parameter and the
+ * loss on the attention): an error at the mask, since the fused kernels never form dS. */
+static int check_masks(const Ad *ad) {
+    int bad = 0;
+    for (int i = 0; i < ad->g->n_fwd; i++) {
+        const IrNode *y = ad->g->nodes[i];
+        if (y->op == OP_ATTENTION_MASKED && ad->need[i] && ad->need[y->in[3]->id]) {
+            diag_error(y->loc, "attention's mask gets no gradient, but this one depends on a trainable parameter");
+            diag_hint("build the mask from inputs and constants, or freeze the parameters it is made from");
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
 /* ---- parameters' gradients */
 
 static void set_param_grads(Ad *ad) {
@@ -390,6 +429,7 @@ int ad_differentiate(IrGraph *g) {
     ad.adj = arena_alloc(g->arena, ((size_t)g->n_fwd + 1) * sizeof *ad.adj);
     ad.need = arena_alloc(g->arena, (size_t)g->n_fwd + 1);
     mark_needed(&ad);
+    if (check_masks(&ad)) return 1;
     if (ad.need[g->loss->id]) {
         ad.loc = g->loss->loc;
         ad.adj[g->loss->id] = constant(&ad, 1.0, g->loss->dtype);

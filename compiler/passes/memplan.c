@@ -67,7 +67,7 @@ static void place_params(IrGraph *g) {
 static IrNode *grad_home(IrParam *p) {
     IrNode *n = p->grad;
     for (; n && ir_op_kind(n->op) == OPK_VIEW; n = n->in[0])
-        if (n->op == OP_ROW) return NULL; /* a part of a larger buffer: copied */
+        if (n->op == OP_ROW || n->op == OP_PART) return NULL; /* a part of a larger buffer: copied */
     if (!n || n->storage != ST_NONE || n->phase != PHASE_BWD) return NULL;
     if (ir_op_kind(n->op) == OPK_SOURCE || n->dtype != DT_F32) return NULL;
     return n;

@@ -18,6 +18,7 @@
  *   grid-stride over T         pooling, batch-norm partial and final sums
  *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
  *   one block of 256           accuracy, mean
+ *   one block per tile of 256 rows (or keys), a thread each: attention (netrt_attention.cuh)
  */
 #ifndef NETRT_KERNELS_CUH
 #define NETRT_KERNELS_CUH
@@ -485,5 +486,8 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
 }
 
 #include "netrt_views.cuh" /* permute, slice, concat, max along an axis */
+// ---- scaled dot-product attention: its own file
+
+#include "netrt_attention.cuh"
 
 #endif

@@ -3,7 +3,7 @@
  * The gradcheck suite (tests/gradcheck) checks the numbers end to end; these tests pin down the
  * shape of the backward pass on small hand-built graphs: how uses accumulate, what frozen and
  * unused parameters get, the trans flags of matrix-product gradients, the reductions that undo
- * broadcasting, and that integer values never get gradients. Every test also checks the
+ * broadcasting, that integer values never get gradients, and attention's packed gradient. Every test also checks the
  * invariants of the whole pass (phase, n_fwd, ir_verify).
  */
 #include <setjmp.h>
@@ -245,6 +245,60 @@ static void test_conv2d(void **state) {
     assert_int_equal(db->in[0]->op, OP_SUM_TO);
 }
 
+/* Attention: one ATTENTION_BWD node gives dq, dk and dv, packed, and PART views at their
+ * offsets project the gradients of the operands that need them (v is an input here). */
+static void test_attention(void **state) {
+    IrGraph *g = graph(state);
+    IrShape sq = ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)5, (int64_t)4);
+    IrShape sk = ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)7, (int64_t)4);
+    IrShape sv = ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)7, (int64_t)6);
+    IrNode *q = param(g, "q", sq), *k = param(g, "k", sk), *v = ir_add_input(g, "v", sv, DT_F32, loc);
+    IrShape sy = ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)5, (int64_t)6);
+    IrNode *y = ir_add(g, OP_ATTENTION, sy, DT_F32, loc, 3, q, k, v);
+    y->attr.causal = 1, y->attr.attn_scale = 0.5;
+    differentiate(g, mean(g, y));
+    IrNode *dq = g->params[0].grad, *dk = g->params[1].grad;
+    assert_int_equal(count_bwd(g, OP_ATTENTION_BWD), 1);
+    assert_int_equal(count_bwd(g, OP_PART), 2);
+    assert_int_equal(dq->op, OP_PART);
+    assert_int_equal(dk->op, OP_PART);
+    assert_ptr_equal(dq->in[0], dk->in[0]);
+    const IrNode *bwd = dq->in[0];
+    assert_int_equal(bwd->op, OP_ATTENTION_BWD);
+    assert_ptr_equal(bwd->in[3], y); /* the forward's result */
+    assert_int_equal(bwd->attr.causal, 1);
+    assert_true(bwd->attr.attn_scale == 0.5);
+    assert_int_equal(dq->attr.part, 0);
+    assert_int_equal(dk->attr.part, ir_numel(&sq));
+    /* dq, dk, dv, then the log-sum-exp and delta of each of the 2 * 3 * 5 query rows */
+    assert_int_equal(ir_numel(&bwd->shape), ir_numel(&sq) + ir_numel(&sk) + ir_numel(&sv) + 2 * 30);
+}
+
+/* A mask that depends on a trainable parameter would need a gradient: an error, no graph. */
+static void test_attention_mask_gradient(void **state) {
+    IrGraph *g = graph(state);
+    IrShape s = ir_shape(3, (int64_t)2, (int64_t)5, (int64_t)4);
+    IrNode *q = param(g, "q", s), *m = param(g, "m", ir_shape(2, (int64_t)5, (int64_t)5));
+    IrNode *y = ir_add(g, OP_ATTENTION_MASKED, s, DT_F32, loc, 3, q, q, q);
+    y->in[3] = m, y->n_in = 4, y->attr.attn_scale = 0.5;
+    g->loss = mean(g, y);
+    assert_int_not_equal(ad_differentiate(g), 0);
+}
+
+/* The same mask frozen: q's gradient through attention_masked_bwd, which reads the mask. */
+static void test_attention_frozen_mask(void **state) {
+    IrGraph *g = graph(state);
+    IrShape s = ir_shape(3, (int64_t)2, (int64_t)5, (int64_t)4);
+    IrNode *q = param(g, "q", s), *m = param(g, "m", ir_shape(2, (int64_t)5, (int64_t)5));
+    g->params[1].trainable = 0;
+    IrNode *y = ir_add(g, OP_ATTENTION_MASKED, s, DT_F32, loc, 3, q, q, q);
+    y->in[3] = m, y->n_in = 4, y->attr.attn_scale = 0.5;
+    differentiate(g, mean(g, y));
+    assert_int_equal(count_bwd(g, OP_ATTENTION_MASKED_BWD), 1);
+    assert_int_equal(count_bwd(g, OP_PART), 3); /* q is q, k and v: three contributions */
+    assert_int_equal(g->params[0].grad->op, OP_ADD);
+}
+
 /* Each backward node points at the .net line of the forward node it differentiates. */
 static void test_locations(void **state) {
     IrGraph *g = graph(state);
@@ -276,6 +330,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_integer_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_conv2d, setup, teardown),
         cmocka_unit_test_setup_teardown(test_locations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_mask_gradient, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_frozen_mask, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

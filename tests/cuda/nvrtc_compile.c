@@ -1,4 +1,5 @@
-/* nvrtc_compile.c - does runtime/cuda/netrt_kernels.cuh compile under NVRTC, warning-free?
+/* nvrtc_compile.c - does runtime/cuda/netrt_kernels.cuh (with the netrt_*.cuh it includes) compile
+ * under NVRTC, warning-free?
  *
  * Usage: nvrtc_compile DIR     (DIR holds netrt_kernels.cuh and rt_devstate.h; DIR/.. rt_bits.h
  *                              and rt_recipe.h)
@@ -14,10 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { N_HDR = 6 }; /* the headers below */
+
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
     X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe) \
-    X(k_views)
+    X(k_views) \
+    X(k_attention) X(k_attention_rows) X(k_attention_keys) X(k_attention_masked) X(k_attention_masked_keys) \
+    X(k_attention_wide)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -92,6 +97,36 @@ static const char source[] =
     "    rt_k_max_axis(8, 64, 12, F(0), F(1 << 20));\n"
     "    rt_k_max_axis_bwd(8, 64, 12, F(0), F(1 << 20), F(1 << 22));\n"
     "}\n"
+    "#define ATTN const RtKAttn a = {48, 256, 256, 64, 64, 0.125f, 1, 0, 2, {4, 12, 1, 1}, {0, 0, 0, 0}, 0, 0}\n"
+    "#define ATTN_MASKED const RtKAttn a = {8, 100, 77, 16, 24, 0.25f, 0, 2, 2, {4, 2, 1, 1}, {77, 0, 0, 0}, 0, 1}\n"
+    "extern \"C\" __global__ void k_attention(unsigned char *base) {\n"
+    "    ATTN;\n"
+    "    rt_k_attention_fwd<64, 64>(a, F(0), F(1 << 22), F(1 << 23), (const void *)0, F(1 << 24));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_attention_rows(unsigned char *base) {\n"
+    "    ATTN;\n"
+    "    rt_k_attention_bwd_rows<64, 64>(a, F(0), F(1 << 22), F(1 << 23), (const void *)0, F(1 << 24), F(1 << 25),\n"
+    "                                    F(1 << 26), F(1 << 27));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_attention_keys(unsigned char *base) {\n"
+    "    ATTN;\n"
+    "    rt_k_attention_bwd_keys<64, 64>(a, F(0), F(1 << 22), F(1 << 23), (const void *)0, F(1 << 25), F(1 << 27),\n"
+    "                                    F(1 << 28), F(1 << 29));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_attention_masked(unsigned char *base) {\n"
+    "    ATTN_MASKED;\n"
+    "    rt_k_attention_fwd<16, 24>(a, F(0), F(1 << 22), F(1 << 23), (const uint8_t *)(base + (1 << 30)), F(1 << 24));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_attention_masked_keys(unsigned char *base) {\n"
+    "    ATTN_MASKED;\n"
+    "    rt_k_attention_bwd_keys<16, 24>(a, F(0), F(1 << 22), F(1 << 23), (const uint8_t *)(base + (1 << 30)),\n"
+    "                                    F(1 << 25), F(1 << 27), F(1 << 28), F(1 << 29));\n"
+    "}\n"
+    "extern \"C\" __global__ void k_attention_wide(unsigned char *base) {\n"
+    "    const RtKAttn a = {8, 100, 77, 200, 200, 0.5f, 1, 1, 1, {8, 1, 1, 1}, {7700, 0, 0, 0}, 77, 1};\n"
+    "    rt_k_attention_bwd_rows<200, 200>(a, F(0), F(1 << 22), F(1 << 23), F(1 << 21), F(1 << 24), F(1 << 25),\n"
+    "                                      F(1 << 26), F(1 << 27));\n"
+    "}\n"
     "extern \"C\" __global__ void k_recipe(unsigned char *base) {\n"
     "    const RtDevState *st = (const RtDevState *)base;\n"
     "    const RtSchedule sched = {RT_SCHED_COSINE, 0.1, 0.5, 0, 0.1, 0.001};\n"
@@ -143,7 +178,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 5, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", N_HDR, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -184,11 +219,18 @@ int main(int argc, char **argv) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh", "rt_bits.h", "rt_recipe.h"};
-    const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]), read_file(argv[1], names[2]),
-                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h")};
+    /* the headers the kernels include: those in DIR, and rt_bits.h and rt_recipe.h above it */
+    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh",
+                                             "netrt_attention.cuh", "rt_bits.h", "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"", "", "", "", "../", "../"};
+    const char *headers[N_HDR];
+    for (int h = 0; h < N_HDR; h++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "%s%s", dirs[h], names[h]);
+        headers[h] = read_file(argv[1], rel);
+    }
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    for (int h = 0; h < 5; h++) free((void *)headers[h]);
+    for (int h = 0; h < N_HDR; h++) free((void *)headers[h]);
     return failed;
 }

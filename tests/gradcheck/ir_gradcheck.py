@@ -174,8 +174,44 @@ class Interp:
             target = (1 - smoothing) * F.one_hot(x[1], classes).to(self.dtype) + smoothing / classes
             return x[2][:, None] * (torch.softmax(x[0], -1) - target)
         if op.startswith("bn_") or op == "row": return self.batchnorm(n, x)
+        if op.startswith("attention"): return self.attention(n, x)
+        if op == "part":
+            at = int(a["part"][0])
+            return x[0].reshape(-1)[at:at + math.prod(n.shape)].reshape(n.shape)
         if op == "accuracy": return (x[0].argmax(-1) == x[1]).to(self.dtype).sum()
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
+
+    @staticmethod
+    def sdpa(q, k, v, mask, causal, scale):
+        """softmax(q k^T * scale + mask) v as torch composes it (torch.nn.functional's
+        scaled_dot_product_attention is newer than this torch); causal is top-left aligned (key j
+        > query i out), an integer mask keeps where it is not 0; a row with no key left is 0."""
+        s = q @ k.transpose(-1, -2) * scale
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool)
+        if causal:
+            keep = keep.tril()
+        keep = keep.expand(s.shape)
+        if mask is not None and mask.is_floating_point():
+            s = s + mask
+        elif mask is not None:
+            keep = keep & (mask != 0)
+        s = s.masked_fill(~keep, -math.inf)
+        live = torch.isfinite(s).any(-1, keepdim=True)
+        p = torch.softmax(torch.where(live, s, torch.zeros_like(s)), -1)
+        return torch.where(live, p, torch.zeros_like(p)) @ v
+
+    def attention(self, n, x):
+        """attention and attention_masked; their gradient packs dq, dk, dv and the kernels'
+        scratch (2 floats per query row, zeros here: nothing reads them)."""
+        causal, scale = "causal" in n.attr, n.attr["scale"][0]
+        if not n.op.endswith("_bwd"):
+            return self.sdpa(x[0], x[1], x[2], x[3] if len(x) > 3 else None, causal, scale)
+        q, k, v, _, dy = x[:5]
+        mask = x[5] if len(x) > 5 else None
+        qkv = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        grads = torch.autograd.grad(self.sdpa(*qkv, mask, causal, scale), qkv, dy)
+        rows = q.numel() // q.shape[-1]
+        return torch.cat([g.reshape(-1) for g in grads] + [torch.zeros(2 * rows, dtype=q.dtype)])
 
     def batchnorm(self, n, x):
         """Batch norm in training mode: the statistics are the batch's (biased variance), or for a

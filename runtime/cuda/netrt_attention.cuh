@@ -1,0 +1,220 @@
+/* netrt_attention.cuh - scaled dot-product attention on the GPU: a deterministic kernel in the
+ * manner of FlashAttention-2, of our own (included by netrt_kernels.cuh).
+ *
+ * NOTE: this code compiles under NVRTC (tests/cuda: cuda_kernels_nvrtc) and runs in the CPU
+ * emulation (tests/cuda/emu/attention.net), but it has never run on a GPU; it is written for
+ * correctness and determinism first, not speed (no tensor cores, one thread per row).
+ *
+ * The geometry is runtime/netrt.h's RtAttn: BH independent slices, q [T, D], k [S, D], v [S, E],
+ * out [T, E] = softmax(q k^T * scale + mask) v, keys j > query i left out when causal; the mask
+ * f32 (added) or u8 (0 leaves the key out), read through strides. D and E are template
+ * parameters, so each thread keeps its query row and accumulator in registers.
+ *
+ *   forward          one block per (slice, tile of 256 query rows), a thread per row; the keys
+ *                    and values in tiles of KT rows through shared memory, the online softmax
+ *                    per tile (running maximum m and sum l, o rescaled by exp(m_old - m_new)).
+ *                    Under causal masking the tiles past the block's last row are not visited.
+ *   backward, rows   the same grid: a thread per query row recomputes its log-sum-exp (one pass
+ *                    over the keys), delta = dout . out, and dq (a second pass); lse and delta
+ *                    go to the packed result's scratch tail for the next kernel.
+ *   backward, keys   one block per (slice, tile of 256 keys), a thread per key: dk and dv summed
+ *                    over the query rows in order, the rows in tiles through shared memory.
+ * No atomics: every sum has one owner and a fixed order, so replays give the same bits. The CPU
+ * kernels (rt_attention.c) sum in another order (block products), so the two agree to float
+ * rounding, not bit for bit. A row with no key left gives 0 and no gradient, as on the CPU.
+ */
+#ifndef NETRT_ATTENTION_CUH
+#define NETRT_ATTENTION_CUH
+
+/* netrt.h's RtAttn, as the generated kernels write it. */
+struct RtKAttn {
+    int64_t BH, T, S, D, E;
+    float scale;
+    int causal, mask, n_lead; /* mask: 0 none, 1 f32 added, 2 u8 keep */
+    int64_t lead[4], mask_lead[4];
+    int64_t mask_t, mask_s;
+};
+
+/* Key (or query) rows per shared-memory tile: 32, or as many as fit 4096 floats (16 KiB). */
+#define RT_K_ATTN_TILE(D, E) ((D) + (E) <= 128 ? 32 : 4096 / ((D) + (E)) > 0 ? 4096 / ((D) + (E)) : 1)
+
+static __device__ __forceinline__ int64_t rt_attn_mask_base(const RtKAttn &a, int64_t bh) {
+    int64_t off = 0;
+    for (int i = a.n_lead - 1; i >= 0; i--) {
+        off += bh % a.lead[i] * a.mask_lead[i];
+        bh /= a.lead[i];
+    }
+    return off;
+}
+
+/* The scaled score s of query i and key j with causal masking and the mask applied. */
+static __device__ __forceinline__ float rt_attn_score(const RtKAttn &a, const void *mask, int64_t mbase, int64_t i,
+                                                      int64_t j, float s) {
+    if (a.causal && j > i) return -INFINITY;
+    const int64_t at = mbase + i * a.mask_t + j * a.mask_s;
+    if (a.mask == 1) return s + ((const float *)mask)[at];
+    if (a.mask == 2 && !((const uint8_t *)mask)[at]) return -INFINITY;
+    return s;
+}
+
+/* The larger of m and s, NaN once either is (fmaxf would skip a NaN score): as the CPU's. */
+static __device__ __forceinline__ float rt_attn_max(float m, float s) { return s > m || s != s ? s : m; }
+
+/* Copy rows [r0, r0 + n) of a [.., W] slice into shared s, the block's threads together. */
+template <int W>
+static __device__ __forceinline__ void rt_attn_load(float *s, const float *x, int64_t r0, int64_t n) {
+    for (int64_t t = threadIdx.x; t < n * W; t += blockDim.x) s[t] = x[r0 * W + t];
+}
+
+template <int D, int E>
+static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const float *q, const float *k, const float *v,
+                                                          const void *mask, float *out) {
+    enum { KT = RT_K_ATTN_TILE(D, E) };
+    __shared__ float ks[KT * D], vs[KT * E];
+    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK;
+    for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) { /* uniform across the block */
+        const int64_t bh = b / tiles, i0 = b % tiles * RT_K_BLOCK, i = i0 + threadIdx.x;
+        const int64_t last = i0 + RT_K_BLOCK < a.T ? i0 + RT_K_BLOCK : a.T;
+        const int64_t kend = a.causal && last < a.S ? last : a.S, mbase = rt_attn_mask_base(a, bh);
+        const bool live = i < a.T;
+        float qr[D], o[E], m = -INFINITY, l = 0;
+        for (int d = 0; d < D; d++) qr[d] = live ? q[(bh * a.T + i) * D + d] : 0.0f;
+        for (int e = 0; e < E; e++) o[e] = 0;
+        for (int64_t j0 = 0; j0 < kend; j0 += KT) {
+            const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
+            __syncthreads(); /* the previous tile is used up */
+            rt_attn_load<D>(ks, k + bh * a.S * D, j0, cols);
+            rt_attn_load<E>(vs, v + bh * a.S * E, j0, cols);
+            __syncthreads();
+            if (!live) continue;
+            float s[KT], mx = m;
+            for (int c = 0; c < cols; c++) {
+                float dot = 0;
+                for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qr[d], ks[c * D + d]));
+                s[c] = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
+                mx = rt_attn_max(mx, s[c]);
+            }
+            if (mx == -INFINITY) continue; /* no key of this row so far */
+            const float alpha = expf(m - mx);
+            l = __fmul_rn(l, alpha);
+            for (int e = 0; e < E; e++) o[e] = __fmul_rn(o[e], alpha);
+            for (int c = 0; c < cols; c++) {
+                const float p = expf(s[c] - mx);
+                l = __fadd_rn(l, p);
+                for (int e = 0; e < E; e++) o[e] = __fadd_rn(o[e], __fmul_rn(p, vs[c * E + e]));
+            }
+            m = mx;
+        }
+        if (live)
+            for (int e = 0; e < E; e++) out[(bh * a.T + i) * E + e] = l == 0 ? 0.0f : __fdiv_rn(o[e], l);
+    }
+}
+
+/* The backward's first kernel: per query row its log-sum-exp (+INFINITY when no key is left, so
+ * that every probability is exp(-inf) = 0), delta = dout . out, and dq. lse [BH * T] and delta
+ * [BH * T] follow each other at `stats`. */
+template <int D, int E>
+static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, const float *q, const float *k,
+                                                               const float *v, const void *mask, const float *out,
+                                                               const float *dout, float *dq, float *stats) {
+    enum { KT = RT_K_ATTN_TILE(D, E) };
+    __shared__ float ks[KT * D], vs[KT * E];
+    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK;
+    for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) {
+        const int64_t bh = b / tiles, i0 = b % tiles * RT_K_BLOCK, i = i0 + threadIdx.x, row = bh * a.T + i;
+        const int64_t last = i0 + RT_K_BLOCK < a.T ? i0 + RT_K_BLOCK : a.T;
+        const int64_t kend = a.causal && last < a.S ? last : a.S, mbase = rt_attn_mask_base(a, bh);
+        const bool live = i < a.T;
+        float qr[D], g[E], acc[D], m = -INFINITY, l = 0, delta = 0;
+        for (int d = 0; d < D; d++) qr[d] = live ? q[row * D + d] : 0.0f, acc[d] = 0;
+        double dd = 0;
+        for (int e = 0; e < E; e++) {
+            g[e] = live ? dout[row * E + e] : 0.0f;
+            if (live) dd = __dadd_rn(dd, __dmul_rn((double)g[e], (double)out[row * E + e]));
+        }
+        delta = (float)dd;
+        for (int pass = 0; pass < 2; pass++) { /* 0: the log-sum-exp; 1: dq */
+            const float lse = m == -INFINITY ? INFINITY : m + logf(l);
+            for (int64_t j0 = 0; j0 < kend; j0 += KT) {
+                const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
+                __syncthreads();
+                rt_attn_load<D>(ks, k + bh * a.S * D, j0, cols);
+                if (pass) rt_attn_load<E>(vs, v + bh * a.S * E, j0, cols);
+                __syncthreads();
+                if (!live) continue;
+                for (int c = 0; c < cols; c++) {
+                    float dot = 0;
+                    for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qr[d], ks[c * D + d]));
+                    const float s = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
+                    if (!pass) { /* online: m, l */
+                        if (s == -INFINITY) continue;
+                        if (s > m || s != s) l = __fmul_rn(l, expf(m - s)), m = s;
+                        l = __fadd_rn(l, expf(s - m));
+                        continue;
+                    }
+                    const float p = expf(s - lse);
+                    float dp = 0;
+                    for (int e = 0; e < E; e++) dp = __fadd_rn(dp, __fmul_rn(g[e], vs[c * E + e]));
+                    const float ds = __fmul_rn(p, dp - delta);
+                    for (int d = 0; d < D; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(ds, ks[c * D + d]));
+                }
+            }
+            if (pass && live) {
+                for (int d = 0; d < D; d++) dq[row * D + d] = __fmul_rn(acc[d], a.scale);
+                stats[row] = lse;
+                stats[a.BH * a.T + row] = delta;
+            }
+        }
+    }
+}
+
+/* The backward's second kernel: per key its dk and dv, summed over the query rows in order
+ * (under causal masking from the key tile's first row on), lse and delta from `stats`. */
+template <int D, int E>
+static __device__ __forceinline__ void rt_k_attention_bwd_keys(const RtKAttn a, const float *q, const float *k,
+                                                               const float *v, const void *mask, const float *dout,
+                                                               const float *stats, float *dk, float *dv) {
+    enum { QT = RT_K_ATTN_TILE(D, E) };
+    __shared__ float qs[QT * D], gs[QT * E], ls[QT], ds_[QT];
+    const int64_t tiles = (a.S + RT_K_BLOCK - 1) / RT_K_BLOCK;
+    for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) {
+        const int64_t bh = b / tiles, j0 = b % tiles * RT_K_BLOCK, j = j0 + threadIdx.x, key = bh * a.S + j;
+        const int64_t mbase = rt_attn_mask_base(a, bh), first = a.causal ? (j0 < a.T ? j0 : a.T) : 0;
+        const bool live = j < a.S;
+        float kr[D], vr[E], gk[D], gv[E];
+        for (int d = 0; d < D; d++) kr[d] = live ? k[key * D + d] : 0.0f, gk[d] = 0;
+        for (int e = 0; e < E; e++) vr[e] = live ? v[key * E + e] : 0.0f, gv[e] = 0;
+        for (int64_t r0 = first; r0 < a.T; r0 += QT) {
+            const int rows = (int)(a.T - r0 < QT ? a.T - r0 : QT);
+            __syncthreads();
+            rt_attn_load<D>(qs, q + bh * a.T * D, r0, rows);
+            rt_attn_load<E>(gs, dout + bh * a.T * E, r0, rows);
+            for (int t = threadIdx.x; t < rows; t += blockDim.x) {
+                ls[t] = stats[bh * a.T + r0 + t];
+                ds_[t] = stats[a.BH * a.T + bh * a.T + r0 + t];
+            }
+            __syncthreads();
+            if (!live) continue;
+            for (int r = 0; r < rows; r++) {
+                float dot = 0;
+                for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qs[r * D + d], kr[d]));
+                const float s = rt_attn_score(a, mask, mbase, r0 + r, j, __fmul_rn(dot, a.scale));
+                const float p = expf(s - ls[r]);
+                if (p == 0) continue;
+                float dp = 0;
+                for (int e = 0; e < E; e++) {
+                    gv[e] = __fadd_rn(gv[e], __fmul_rn(p, gs[r * E + e]));
+                    dp = __fadd_rn(dp, __fmul_rn(gs[r * E + e], vr[e]));
+                }
+                const float ds = __fmul_rn(p, dp - ds_[r]);
+                for (int d = 0; d < D; d++) gk[d] = __fadd_rn(gk[d], __fmul_rn(ds, qs[r * D + d]));
+            }
+        }
+        if (live) {
+            for (int d = 0; d < D; d++) dk[key * D + d] = __fmul_rn(gk[d], a.scale);
+            for (int e = 0; e < E; e++) dv[key * E + e] = gv[e];
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,267 @@
+/* rt_attention.c - scaled dot-product attention on the CPU: the fused kernels the generated
+ * code calls (rt_attention_fwd, rt_attention_bwd) and a plain reference (rt_attention_ref_*)
+ * that forms the whole [T, S] matrix in double, for the tests.
+ *
+ * Every (batch * head) slice is independent: q [T, D], k [S, D], v [S, E], out [T, E], with the
+ * mask (RtAttn) read through strides, broadcast where its stride is 0.
+ *
+ * Forward (FlashAttention-2): one task per (slice, block of RT_ATTN_BLOCK query rows); the keys
+ * in blocks of RT_ATTN_KEYS, each block's scores S = q k^T * scale by one small product
+ * (OpenBLAS, single-threaded inside the parallel region), masked, then the online softmax: the
+ * row's running maximum m and sum l, the accumulated o rescaled by exp(m_old - m_new) and
+ * o += P v. No [T, S] matrix exists; a thread's scratch is one block of scores and one of o.
+ * Under causal masking the key blocks past the query block's diagonal are never visited.
+ *
+ * Backward: one task per slice, so dk and dv accumulate in a fixed order without races (the
+ * result is the same bits for any number of threads). Per block of query rows, the scores of
+ * all the keys it sees are recomputed into scratch ([RT_ATTN_BLOCK, S]), their row maximum and
+ * sum give the probabilities P exactly (no statistics are saved by the forward), and
+ *   dP = dO v^T,  dS = P * (dP - delta),  delta = sum(dO * O) per row,
+ *   dv += P^T dO,  dq = scale * dS k,  dk += scale * dS^T q.
+ * A query row whose every key is masked out gives 0 and passes no gradient (PyTorch's math
+ * kernel gives NaN there).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "netrt.h"
+
+/* The mask's offset for slice bh: its strides along the leading axes, bh split into them. */
+static int64_t mask_base(const RtAttn *a, int64_t bh) {
+    int64_t off = 0;
+    for (int i = a->n_lead - 1; i >= 0; i--) {
+        off += bh % a->lead[i] * a->mask_lead[i];
+        bh /= a->lead[i];
+    }
+    return off;
+}
+
+/* Scores s[0, n) of query row i against keys j0 .. j0 + n: causal and mask applied in place
+ * (a key left out is -INFINITY, an additive mask added). */
+static void mask_row(const RtAttn *a, const void *mask, int64_t mbase, int64_t i, int64_t j0, int64_t n, float *s) {
+    if (a->causal)
+        for (int64_t c = i + 1 - j0 > 0 ? i + 1 - j0 : 0; c < n; c++) s[c] = -INFINITY;
+    if (a->mask == RT_ATTN_ADD) {
+        const float *m = (const float *)mask + mbase + i * a->mask_t + j0 * a->mask_s;
+        for (int64_t c = 0; c < n; c++) s[c] += m[c * a->mask_s];
+    } else if (a->mask == RT_ATTN_KEEP) {
+        const uint8_t *m = (const uint8_t *)mask + mbase + i * a->mask_t + j0 * a->mask_s;
+        for (int64_t c = 0; c < n; c++)
+            if (!m[c * a->mask_s]) s[c] = -INFINITY;
+    }
+}
+
+/* The largest of m and s[0, n), NaN if any is: a NaN score makes its row NaN, as in PyTorch
+ * (fmaxf would skip it), and only a row whose scores are all -INFINITY has no key. */
+static inline float row_max(float m, const float *s, int64_t n) {
+    int nan = m != m;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t c = 0; c < n; c++) {
+        m = s[c] > m ? s[c] : m;
+        nan |= s[c] != s[c];
+    }
+    return nan ? NAN : m;
+}
+
+/* exp(x) for the x <= 0 the softmax takes (scores less their row's maximum), NaN kept, within
+ * 2 ulp of expf, in arithmetic that GCC vectorizes (libm's expf is a call per element, a sixth of
+ * the time): n = round(x / ln 2) by the 1.5 * 2^23 trick, r = x - n ln 2 in two parts (Cody and
+ * Waite), exp(r) by Cephes' degree-6 polynomial, times 2^n built in the exponent bits. Below -87
+ * (exp < 1.7e-38, nothing beside the row maximum's exp(0) = 1) it is 0, -INFINITY included. */
+static inline float exp_le0(float x) {
+    const float big = 12582912.0f;
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float t = xc * 1.44269504088896341f + big, n = t - big;
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits;
+    float scale;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits - 0x4B400000 + 127) << 23; /* t's low mantissa bits hold n */
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+/* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last
+ * row's diagonal (top-left aligned, as PyTorch's is_causal). */
+static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
+    return a->causal && i0 + rows < a->S ? i0 + rows : a->S;
+}
+
+void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask, float *out,
+                      float *scratch, int64_t scratch_per_thread) {
+    const int64_t B = RT_ATTN_BLOCK, BK = RT_ATTN_KEYS, T = a->T, S = a->S, D = a->D, E = a->E;
+    const int64_t nqb = (T + B - 1) / B;
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < a->BH * nqb; task++) {
+        const int64_t bh = task / nqb, i0 = task % nqb * B, rows = T - i0 < B ? T - i0 : B;
+        const int64_t kend = keys_seen(a, i0, rows), mbase = mask_base(a, bh);
+        float *sc = scratch + omp_get_thread_num() * scratch_per_thread, *o = sc + B * BK, *m = o + B * E, *l = m + B;
+        const float *qi = q + (bh * T + i0) * D, *kb = k + bh * S * D, *vb = v + bh * S * E;
+        memset(o, 0, (size_t)(rows * E) * sizeof *o);
+        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
+        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            const int64_t cols = kend - j0 < BK ? kend - j0 : BK;
+            rt_gemm(0, 1, rows, cols, D, a->scale, qi, D, kb + j0 * D, D, 0.0f, sc, cols);
+            for (int64_t r = 0; r < rows; r++) {
+                float *s = sc + r * cols, sum = 0;
+                mask_row(a, mask, mbase, i0 + r, j0, cols, s);
+                const float mx = row_max(m[r], s, cols);
+                if (mx == -INFINITY) { /* no key of this row so far: nothing to add */
+                    memset(s, 0, (size_t)cols * sizeof *s);
+                    continue;
+                }
+                const float alpha = exp_le0(m[r] - mx);
+#pragma omp simd reduction(+ : sum)
+                for (int64_t c = 0; c < cols; c++) {
+                    const float e = exp_le0(s[c] - mx);
+                    s[c] = e;
+                    sum += e;
+                }
+                l[r] = l[r] * alpha + sum;
+                m[r] = mx;
+                if (alpha != 1.0f)
+                    for (int64_t e = 0; e < E; e++) o[r * E + e] *= alpha;
+            }
+            rt_gemm(0, 0, rows, E, cols, 1.0f, sc, cols, vb + j0 * E, E, 1.0f, o, E);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float *y = out + (bh * T + i0 + r) * E;
+            const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];
+            for (int64_t e = 0; e < E; e++) y[e] = o[r * E + e] * inv;
+        }
+    }
+}
+
+void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                      const float *out, const float *dout, float *dq, float *dk, float *dv, float *scratch,
+                      int64_t scratch_per_thread) {
+    const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E;
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < a->BH; bh++) {
+        float *P = scratch + omp_get_thread_num() * scratch_per_thread, *dP = P + B * S, *delta = dP + B * S;
+        const float *kb = k + bh * S * D, *vb = v + bh * S * E;
+        float *dkb = dk + bh * S * D, *dvb = dv + bh * S * E;
+        const int64_t mbase = mask_base(a, bh);
+        memset(dkb, 0, (size_t)(S * D) * sizeof *dkb);
+        memset(dvb, 0, (size_t)(S * E) * sizeof *dvb);
+        for (int64_t i0 = 0; i0 < T; i0 += B) {
+            const int64_t rows = T - i0 < B ? T - i0 : B, n = keys_seen(a, i0, rows);
+            const float *qi = q + (bh * T + i0) * D, *oi = out + (bh * T + i0) * E, *gi = dout + (bh * T + i0) * E;
+            rt_gemm(0, 1, rows, n, D, a->scale, qi, D, kb, D, 0.0f, P, n);
+            for (int64_t r = 0; r < rows; r++) {
+                float *p = P + r * n;
+                mask_row(a, mask, mbase, i0 + r, 0, n, p);
+                const float mx = row_max(-INFINITY, p, n);
+                if (mx == -INFINITY) { /* no key: no probability, no gradient */
+                    memset(p, 0, (size_t)n * sizeof *p);
+                } else {
+                    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t c = 0; c < n; c++) {
+                        const float e = exp_le0(p[c] - mx);
+                        p[c] = e;
+                        sum += e;
+                    }
+                    const float inv = (float)(1.0 / sum);
+                    for (int64_t c = 0; c < n; c++) p[c] *= inv;
+                }
+                double d = 0;
+                for (int64_t e = 0; e < E; e++) d += (double)gi[r * E + e] * oi[r * E + e];
+                delta[r] = (float)d;
+            }
+            rt_gemm(0, 1, rows, n, E, 1.0f, gi, E, vb, E, 0.0f, dP, n);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < n; c++) dP[r * n + c] = P[r * n + c] * (dP[r * n + c] - delta[r]);
+            rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, E, 1.0f, dvb, E);
+            rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, D, 0.0f, dq + (bh * T + i0) * D, D);
+            rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, D, 1.0f, dkb, D);
+        }
+    }
+}
+
+/* ---- the reference: the [T, S] matrices of one slice at a time, in double */
+
+/* Probabilities P [T, S] of slice bh in double; a row with no key left is 0. */
+static void ref_probs(const RtAttn *a, const float *q, const float *k, const void *mask, int64_t bh, double *P) {
+    const int64_t T = a->T, S = a->S, D = a->D, mbase = mask_base(a, bh);
+    for (int64_t i = 0; i < T; i++) {
+        double *p = P + i * S, mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += (double)q[(bh * T + i) * D + d] * k[(bh * S + j) * D + d];
+            s *= a->scale;
+            int64_t at = mbase + i * a->mask_t + j * a->mask_s;
+            if (a->mask == RT_ATTN_ADD) s += ((const float *)mask)[at];
+            if ((a->causal && j > i) || (a->mask == RT_ATTN_KEEP && !((const uint8_t *)mask)[at])) s = -INFINITY;
+            p[j] = s;
+            if (s > mx) mx = s;
+        }
+        for (int64_t j = 0; j < S; j++) sum += p[j] = mx == -INFINITY ? 0 : exp(p[j] - mx);
+        for (int64_t j = 0; j < S; j++) p[j] = sum > 0 ? p[j] / sum : 0;
+    }
+}
+
+void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                          double *out) {
+    const int64_t T = a->T, S = a->S, E = a->E;
+    double *P = malloc((size_t)(T * S) * sizeof *P);
+    for (int64_t bh = 0; bh < a->BH; bh++) {
+        ref_probs(a, q, k, mask, bh, P);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t e = 0; e < E; e++) {
+                double o = 0;
+                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * v[(bh * S + j) * E + e];
+                out[(bh * T + i) * E + e] = o;
+            }
+    }
+    free(P);
+}
+
+void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
+                          const float *dout, double *dq, double *dk, double *dv) {
+    const int64_t T = a->T, S = a->S, D = a->D, E = a->E;
+    double *P = malloc((size_t)(T * S) * sizeof *P), *dS = malloc((size_t)(T * S) * sizeof *dS);
+    for (int64_t bh = 0; bh < a->BH; bh++) {
+        const float *g = dout + bh * T * E;
+        ref_probs(a, q, k, mask, bh, P);
+        for (int64_t i = 0; i < T; i++) {
+            double rowdot = 0;
+            for (int64_t j = 0; j < S; j++) {
+                double dp = 0;
+                for (int64_t e = 0; e < E; e++) dp += (double)g[i * E + e] * v[(bh * S + j) * E + e];
+                dS[i * S + j] = dp;
+                rowdot += P[i * S + j] * dp;
+            }
+            for (int64_t j = 0; j < S; j++) dS[i * S + j] = P[i * S + j] * (dS[i * S + j] - rowdot);
+        }
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t d = 0; d < D; d++) {
+                double s = 0;
+                for (int64_t j = 0; j < S; j++) s += dS[i * S + j] * k[(bh * S + j) * D + d];
+                dq[(bh * T + i) * D + d] = s * a->scale;
+            }
+        for (int64_t j = 0; j < S; j++) {
+            for (int64_t d = 0; d < D; d++) {
+                double s = 0;
+                for (int64_t i = 0; i < T; i++) s += dS[i * S + j] * q[(bh * T + i) * D + d];
+                dk[(bh * S + j) * D + d] = s * a->scale;
+            }
+            for (int64_t e = 0; e < E; e++) {
+                double s = 0;
+                for (int64_t i = 0; i < T; i++) s += P[i * S + j] * g[i * E + e];
+                dv[(bh * S + j) * E + e] = s;
+            }
+        }
+    }
+    free(P);
+    free(dS);
+}
