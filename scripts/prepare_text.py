@@ -105,6 +105,7 @@ def main(argv=None):
                        help="the last fraction of the token stream for validation (default 0.1)")
     split.add_argument("--val-every", type=int, help="every K-th window for validation instead")
     ap.add_argument("--max-windows", type=int, help="keep at most this many training windows (the first)")
+    ap.add_argument("--max-val-windows", type=int, help="keep at most this many validation windows, evenly spread")
     a = ap.parse_args(argv)
     stride = a.stride or a.seq
     if a.seq < 1 or stride < 1:
@@ -130,6 +131,8 @@ def main(argv=None):
         train, val = windows(ids[:cut], a.seq, stride), windows(ids[cut:], a.seq, stride)
     if a.max_windows is not None:
         train = train[:a.max_windows]
+    if a.max_val_windows is not None and len(val) > a.max_val_windows:
+        val = val[np.linspace(0, len(val) - 1, a.max_val_windows).round().astype(np.int64)]
     if len(train) == 0:
         fail(f"{len(ids)} tokens make no training window of seq + 1 = {a.seq + 1} tokens")
 
