@@ -41,13 +41,20 @@ BATCH, LR, WD, CLIP, WARMUP, BETAS, EPS = 4, 1e-3, 0.1, 1.0, 2, (0.9, 0.95), 1e-
 # relative errors) and softmaxes over 16 keys: the logits differ by ~1e-6 of their size, and so do
 # the losses and the gradients. AdamW's update m / (sqrt(v) + eps) keeps a gradient's relative
 # error, so after STEPS steps each parameter tensor is off by ~1e-6 of its size, the same order
-# (the ResNet and MLP cross-checks measure 1e-7 .. 1e-6). The bounds leave a margin of 10 to 100
-# for the GPU machine's other BLAS and libm; a missing term (a bias, the tied head's gradient from
-# the embedding, a wrong causal mask, no clipping, decay applied to a norm) moves a tensor by
-# 1e-3 and more after one step at lr 1e-3 (Adam's steps are lr-sized).
-LOSS_TOL = 1e-5      # relative, per step (loss, grad_norm)
-PARAM_TOL = 1e-4     # ||netc - torch|| / ||torch|| per tensor
-LOGIT_TOL = 1e-5     # largest |difference| / largest |logit|
+# Measured (the branches merged, 6 steps): losses and norms 4e-8, parameters 5e-8 .. 3.3e-7,
+# the trained weights' logits 2e-7. The bounds leave a margin of 15 to 25 for another machine's
+# BLAS and libm; a missing term (a bias, the tied head's gradient from the embedding, a wrong
+# causal mask, no clipping, decay applied to a norm) moves a tensor by 1e-3 of its size and more
+# (Adam's steps are lr-sized: 1e-3, against parameters that moved 2e-2 .. 2e-1).
+#
+# One exception: the key part of attn.c_attn.bias (its middle third). Its gradient is 0 in exact
+# arithmetic (a query's scores all shift by q . b_k, which softmax ignores), so both sides see
+# rounding noise (1e-17 in float64, 1e-9 in float32) that AdamW normalises into updates of up to
+# lr each: no implementation can match another there. It is held to that, |diff| <= steps * lr,
+# and the query and value parts to PARAM_TOL.
+LOSS_TOL = 1e-6      # relative, per step (loss, grad_norm)
+PARAM_TOL = 5e-6     # ||netc - torch|| / ||torch|| per tensor
+LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|
 LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
 
 
@@ -167,11 +174,17 @@ def main():
     for name in sorted(ref):
         if name not in saved:
             continue
-        got, want = saved[name], ref[name]
+        got, want, start = saved[name], ref[name], init[name]
+        if name.endswith("attn.c_attn.bias"):  # the key bias: see the tolerances
+            C = CFG["n_embd"]
+            diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
+            check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
+            print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
+            got, want, start = (np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
         rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-        moved = np.linalg.norm(want - init[name]) / np.linalg.norm(want)
+        moved = np.linalg.norm(want - start) / np.linalg.norm(want)
         print(f"{name:40s} relative error {rel:.2e} (moved {moved:.2e})")
-        check(got.shape == want.shape and rel <= PARAM_TOL, f"{name}: relative error {rel:.2e} > {PARAM_TOL}")
+        check(saved[name].shape == ref[name].shape and rel <= PARAM_TOL, f"{name}: relative error {rel:.2e} > {PARAM_TOL}")
 
     # the trainer's own forward pass on its trained weights (--predict writes the logits), against
     # the reference's forward on the same weights in float64
