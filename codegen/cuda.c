@@ -567,7 +567,8 @@ static void emit_step_begin(Cu *u) {
     cg_line(c, "RtDevState *st = ctx->state;");
     cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
     int in_steps = t->warmup_steps || t->step_steps;
-    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s}", in_steps ? ", warmup_steps, step_steps" : "");
+    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s}",
+            in_steps ? ", warmup_steps, step_steps" : "");
     cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
     cg_dbl(c->out, t->lr);
     cg_put(c, ", ");
@@ -696,8 +697,9 @@ static void emit_optimizer(Cu *u) {
         cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(h, s, p, g, state, %" PRId64 ", i);%s", n, open,
                 rt_optimizer(t->optim)->update_fn, n, close);
     else /* the two parameter groups are two ranges of one grid */
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(i < %" PRId64 " ? h : h_nd, i < %" PRId64 " ? s : s_nd, p, g, state, %"
-                PRId64 ", i);%s", n, open, rt_optimizer(t->optim)->update_fn, nd, nd, n, close);
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(i < %" PRId64 " ? h : h_nd, i < %" PRId64
+                " ? s : s_nd, p, g, state, %" PRId64 ", i);%s", n, open, rt_optimizer(t->optim)->update_fn, nd, nd, n,
+                close);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 

@@ -239,8 +239,8 @@ static void check_eval_only(const RtModel *m, const Options *o) {
 }
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs(),
-                   .schedule = m->schedule, .hyper = m->hyper};
+    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
+                   .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;

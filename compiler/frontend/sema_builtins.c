@@ -1051,7 +1051,8 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "optimizer") == 0) train_optimizer(S, s->value), seen->have_optim = 1;
     else if (strcmp(s->name, "schedule") == 0) train_schedule(S, s->value);
     else if (strcmp(s->name, "warmup") == 0) t->warmup_epochs = train_num(S, s, 0, 1e6, 0), seen->warmup = s;
-    else if (strcmp(s->name, "warmup_steps") == 0) t->warmup_steps = train_num(S, s, 0, 1e12, 1), seen->warmup_steps = s;
+    else if (strcmp(s->name, "warmup_steps") == 0)
+        t->warmup_steps = train_num(S, s, 0, 1e12, 1), seen->warmup_steps = s;
     else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1), seen->epochs = s;
     else if (strcmp(s->name, "steps") == 0) t->steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->steps = s;
     else if (strcmp(s->name, "clip_grad_norm") == 0) t->clip_grad_norm = train_num(S, s, 0, 1e9, 0);
