@@ -17,10 +17,12 @@ Cases:
                  checkpoint ends with the same bits as the uninterrupted one (the step count
                  and the schedule's position are restored).
   clip_inactive  clip_grad_norm = 100 (every norm is below it: checked, so the update is
-                 AdamW's alone), warmup_steps = 2, step(every_steps = 4, gamma = 0.5), 10 steps.
-  clip_off       clip_grad_norm = 0: no clipping at all, same schedule as clip_active; the
-                 trainer's parameters equal the clip_inactive-style run's bit for bit where the
-                 scale is 1 (g * 1.0f == g), checked against a clip = 100 run.
+                 AdamW's alone), warmup_steps = 2, step(every_steps = 4, gamma = 0.5), 10 steps;
+                 and the trainer's --warmup-steps and --step-steps equal the compiled values.
+  clip_sgd       clip_grad_norm = 0.3 active with SGD (momentum 0.9, weight decay on the decay
+                 group), whose update is linear in the gradient, so the scale itself shows.
+  clip_off       clip_grad_norm = 0: no clipping at all, same schedule as clip_active; and a
+                 bound no norm reaches (1e6) trains the same bits (the scale is 1.0f, g * 1 == g).
 
 usage: recipe_crosscheck.py CASE NETC WORK
 """
@@ -196,6 +198,12 @@ def case_clip_inactive(netc, work):
     rows, ref = reference(x, y, init, **cfg)
     check(all(norm < cfg["clip"] for _, _, norm in rows), "clip_inactive: every norm is below the bound")
     compare("clip_inactive", params, log, rows, ref, cfg["clip"])
+    # --warmup-steps and --step-steps on the command line train the bits of -D warmup and -D every
+    flags, _ = run(exe, work, "flags", "--warmup-steps", "3", "--step-steps", "5")
+    compiled, _ = run(trainer(netc, work, "compiled", **dict(cfg, warmup=3, every=5)), work, "compiled")
+    check(all(np.array_equal(flags[k], compiled[k]) for k in flags) and
+          not all(np.array_equal(flags[k], params[k]) for k in flags),
+          "clip_inactive: --warmup-steps 3 --step-steps 5 equal -D warmup=3 -D every=5")
 
 
 def case_clip_sgd(netc, work):
