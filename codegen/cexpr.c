@@ -519,6 +519,15 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
     cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);
 }
 
+/* clip_grad_norm = C: the scale every gradient is multiplied by before the update, as the
+ * float `clip`, from the gradients' 2-norm `norm` (a double expression). */
+void cg_emit_clip_scale(Cg *c, const IrTrain *t, const char *norm) {
+    cg_line(c, "// clip_grad_norm: torch.nn.utils.clip_grad_norm_ before the update, g *= min(C / (norm + 1e-6), 1)");
+    cg_begin(c, "const float clip = rt_clip_scale(%s, ", norm);
+    cg_dbl(c->out, t->clip_grad_norm);
+    cg_end(c, ");");
+}
+
 void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char *step) {
     cg_line(c, "// the parameters of no_decay: the same update without weight decay");
     cg_line(c, "RtOptimParams h_nd = h;");
@@ -617,6 +626,15 @@ static void emit_schedule(Cg *c, const IrTrain *t) {
     cg_dbl(o, t->gamma);
     cg_put(c, ", .min_lr = ");
     cg_dbl(o, t->min_lr);
+    if (!t->warmup_steps && !t->step_steps) {
+        cg_end(c, "},");
+        return;
+    }
+    cg_end(c, ",");
+    cg_begin(c, "%*s.warmup_steps = ", (int)strlen(member), ""); /* in steps (only when given) */
+    cg_dbl(o, t->warmup_steps);
+    cg_put(c, ", .step_steps = ");
+    cg_dbl(o, t->step_steps);
     cg_end(c, "},");
 }
 
@@ -680,6 +698,12 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".optim = %s,", rt_optimizer(t->optim)->enum_name);
     emit_schedule(c, t);
     cg_line(c, ".epochs = %" PRId64 ",", t->epochs);
+    if (t->steps) cg_line(c, ".steps = %" PRId64 ",", t->steps);
+    if (t->clip_grad_norm > 0) {
+        cg_begin(c, ".clip_grad_norm = ");
+        cg_dbl(c->out, t->clip_grad_norm);
+        cg_end(c, ",");
+    }
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);

@@ -105,6 +105,9 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
 /* After cg_emit_optim_step, for a model with no_decay parameters: `h_nd` and `s_nd`, the same
  * with weight_decay 0, for the range [n_decay_floats, n_grad_floats). */
 void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char *step);
+/* With clip_grad_norm: `const float clip`, the factor rt_clip_scale gives for the gradients'
+ * 2-norm `norm` (a double expression), which the update loop multiplies each gradient by. */
+void cg_emit_clip_scale(Cg *c, const IrTrain *t, const char *norm);
 /* The members of the RtModel initializer that every target writes alike, at c->depth: the
  * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
 void cg_emit_model_head(Cg *c);

@@ -626,15 +626,20 @@ static void emit_optimizer(Cg *c) {
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
     cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
     if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
+    if (t->clip_grad_norm > 0) { /* the gradients are scaled in place, as torch's clip_grad_norm_ does */
+        cg_line(c, "ctx->grad_norm = rt_grad_norm(ctx->grads, %" PRId64 ");", n);
+        cg_emit_clip_scale(c, t, "ctx->grad_norm");
+    }
+    const char *clip = t->clip_grad_norm > 0 ? "g[i] *= clip; " : "";
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
-    cg_line(c, "const float *g = ctx->grads;");
+    cg_line(c, "%sfloat *g = ctx->grads;", t->clip_grad_norm > 0 ? "" : "const ");
     flat_pragma(c, nd);
-    cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s(h, s, p, g, state, %" PRId64 ", i);", nd,
-            rt_optimizer(t->optim)->update_fn, n);
+    cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s%s%s(h, s, p, g, state, %" PRId64 ", i);%s", nd,
+            *clip ? "{ " : "", clip, rt_optimizer(t->optim)->update_fn, n, *clip ? " }" : "");
     if (nd < n) {
         flat_pragma(c, n - nd);
-        cg_line(c, "for (int64_t i = %" PRId64 "; i < %" PRId64 "; i++) %s(h_nd, s_nd, p, g, state, %" PRId64 ", i);",
-                nd, n, rt_optimizer(t->optim)->update_fn, n);
+        cg_line(c, "for (int64_t i = %" PRId64 "; i < %" PRId64 "; i++) %s%s%s(h_nd, s_nd, p, g, state, %" PRId64
+                ", i);%s", nd, n, *clip ? "{ " : "", clip, rt_optimizer(t->optim)->update_fn, n, *clip ? " }" : "");
     }
     cg_close(c, "}");
     cg_blank(c);

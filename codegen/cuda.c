@@ -39,6 +39,7 @@ enum {
     MAX_GRID = 1 << 20,   /* blocks of a grid-stride kernel; more elements loop */
     BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
     ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
+    CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
 };
 
 /* Where everything lives in the device allocation, in bytes from its base. */
@@ -112,6 +113,7 @@ static Map plan_memory(const IrGraph *g) {
         bn_dims(n->in[0], &M, &C, &HW);
         if (bn_blocks(M) * 2 * C * 8 > part) part = bn_blocks(M) * 2 * C * 8;
     }
+    if (g->train.clip_grad_norm > 0 && part < CLIP_BLOCKS * 8) part = CLIP_BLOCKS * 8; /* emit_clip's sums */
     m.part = at, at = align_up(at + part);
     m.total = at;
     return m;
@@ -663,7 +665,9 @@ static void emit_step_begin(Cu *u) {
     kernel_open(u);
     cg_line(c, "RtDevState *st = ctx->state;");
     cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
-    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr}");
+    int in_steps = t->warmup_steps || t->step_steps;
+    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s}",
+            in_steps ? ", warmup_steps, step_steps" : "");
     cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
     cg_dbl(c->out, t->lr);
     cg_put(c, ", ");
@@ -674,6 +678,12 @@ static void emit_step_begin(Cu *u) {
     cg_dbl(c->out, t->gamma);
     cg_put(c, ", ");
     cg_dbl(c->out, t->min_lr);
+    if (in_steps) {
+        cg_put(c, ", ");
+        cg_dbl(c->out, t->warmup_steps);
+        cg_put(c, ", ");
+        cg_dbl(c->out, t->step_steps);
+    }
     cg_end(c, "};");
     cg_line(c, "st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);");
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
@@ -729,6 +739,41 @@ static void emit_grad_copies(Cu *u) {
     }
 }
 
+/* clip_grad_norm: the gradients' 2-norm in two kernels with fixed trees, no atomics, and the
+ * scale the optimizer kernel reads (st->clip_scale), all on the device. The first kernel's
+ * `nb` blocks each add the squares of elements b*256 + t, b*256 + t + nb*256, ... per thread
+ * in double, then the block's 256 threads by rt_block_sum's tree, into the partial-sum
+ * region; the second, one block, adds those nb sums the same way. */
+static void emit_clip(Cu *u) {
+    const IrTrain *t = &u->g->train;
+    int64_t n = u->g->n_grad_floats, nb = (n + BLOCK - 1) / BLOCK;
+    if (nb > CLIP_BLOCKS) nb = CLIP_BLOCKS;
+    Cg *c = &u->c;
+    kernel_open(u);
+    cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
+    cg_line(c, "double sq = 0;");
+    cg_line(c, "for (int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x; i < %" PRId64 "; i += %" PRId64 ") {", BLOCK,
+            n, nb * BLOCK);
+    cg_line(c, "    const double x = (double)ctx->grads[i];");
+    cg_line(c, "    sq += x * x;");
+    cg_line(c, "}");
+    cg_line(c, "sq = rt_block_sum(sq);");
+    cg_line(c, "if (threadIdx.x == 0) part[blockIdx.x] = sq;");
+    kernel_close(u, "clip_sums", (unsigned)nb, BLOCK, "clip_grad_norm: the squares' sums per block");
+    kernel_open(u);
+    cg_line(c, "RtDevState *st = ctx->state;");
+    cg_line(c, "const double *part = (const double *)(base + NETC_OFF_PART);");
+    cg_line(c, "double sq = 0;");
+    cg_line(c, "for (int b = (int)threadIdx.x; b < %" PRId64 "; b += %d) sq += part[b];", nb, BLOCK);
+    cg_line(c, "sq = rt_block_sum(sq);");
+    cg_open(c, "if (threadIdx.x == 0) {");
+    cg_line(c, "st->grad_norm = sqrt(sq);");
+    cg_emit_clip_scale(c, t, "st->grad_norm");
+    cg_line(c, "st->clip_scale = clip;");
+    cg_close(c, "}");
+    kernel_close(u, "clip_scale", 1, BLOCK, "clip_grad_norm: the norm and the scale");
+}
+
 /* One update of the flat parameter buffer with PyTorch's formulas, skipped once a loss was
  * not finite. */
 static void emit_optimizer(Cu *u) {
@@ -736,19 +781,24 @@ static void emit_optimizer(Cu *u) {
     int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
     if (n == 0) return;
     Cg *c = &u->c;
+    int clip = t->clip_grad_norm > 0;
+    if (clip) emit_clip(u);
     kernel_open(u);
     cg_line(c, "const RtDevState *st = ctx->state;");
     cg_line(c, "if (st->nonfinite_step) return;");
     cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
     if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
+    if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
-    cg_line(c, "const float *g = ctx->grads;");
+    cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
+    const char *open = clip ? "{ g[i] *= clip; " : "", *close = clip ? " }" : "";
     if (nd == n)
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(h, s, p, g, state, %" PRId64 ", i);", n,
-                rt_optimizer(t->optim)->update_fn, n);
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(h, s, p, g, state, %" PRId64 ", i);%s", n, open,
+                rt_optimizer(t->optim)->update_fn, n, close);
     else /* the two parameter groups are two ranges of one grid */
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s(i < %" PRId64 " ? h : h_nd, i < %" PRId64 " ? s : s_nd, p, g, state, %"
-                PRId64 ", i);", n, rt_optimizer(t->optim)->update_fn, nd, nd, n);
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(i < %" PRId64 " ? h : h_nd, i < %" PRId64
+                " ? s : s_nd, p, g, state, %" PRId64 ", i);%s", n, open, rt_optimizer(t->optim)->update_fn, nd, nd, n,
+                close);
     kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
 }
 

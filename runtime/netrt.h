@@ -68,6 +68,8 @@ typedef struct RtCtx {
                                 * line's); optimizer_step reads them */
     float *output;             /* eval_step, when not NULL: out, the model's output for the whole
                                 * batch, float32 [batch, RtModel.output_shape] row-major */
+    double grad_norm;          /* out, with clip_grad_norm: the gradients' global 2-norm before
+                                * clipping, set by optimizer_step */
 } RtCtx;
 
 /* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
@@ -80,6 +82,7 @@ typedef struct RtDeviceSums {
     double correct;          /* correct predictions summed over them (0 without a metric) */
     int64_t steps;
     int64_t nonfinite_step;  /* the first step (1-based) whose loss was NaN or Inf, 0 if none */
+    double grad_norm;        /* clip_grad_norm: the last step's gradient norm before clipping */
 } RtDeviceSums;
 
 typedef struct RtDevice {
@@ -142,12 +145,20 @@ typedef struct RtModel {
     /* NULL for a CPU trainer; else the step runs on this device (see RtDevice) */
     const RtDevice *device;
     const void *device_model; /* the backend's own description of the device step */
+    int64_t steps;             /* steps = N in the train section: the run's optimizer steps instead
+                                * of `epochs` whole epochs (0: not given) */
+    double clip_grad_norm;     /* clip_grad_norm = C: the gradients' global norm is clipped to C
+                                * before each update (0: off) */
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */
 int rt_main(int argc, char **argv, const RtModel *model);
 
 /* ---- library kernels called by generated steps (all float32, row-major logical layouts) */
+
+/* The 2-norm of g[0 .. n), for clip_grad_norm (rt_clip.c): squares summed in double over a
+ * fixed partition of blocks, the blocks' sums added in order, whatever the number of threads. */
+double rt_grad_norm(const float *g, int64_t n);
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_* (cblas semantics). */
 void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,

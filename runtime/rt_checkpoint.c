@@ -72,6 +72,9 @@ static uint64_t fingerprint(const RtModel *m) {
     const RtSchedule *s = &m->schedule;
     h = fnv_text(h, "schedule %d %a %a %a %a %a;", (int)s->kind, s->base_lr, s->warmup_epochs,
                  s->step_epochs, s->gamma, s->min_lr);
+    if (s->warmup_steps || s->step_steps) /* only when given: older checkpoints keep their fingerprint */
+        h = fnv_text(h, "in steps %a %a;", s->warmup_steps, s->step_steps);
+    if (m->clip_grad_norm > 0) h = fnv_text(h, "clip_grad_norm %a;", m->clip_grad_norm);
 #define HYPER(name) h = fnv_text(h, #name " %a;", m->hyper.name);
     RT_OPTIM_PARAMS(HYPER)
 #undef HYPER

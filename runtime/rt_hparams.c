@@ -29,7 +29,9 @@ static const HParam hparams[] = {
     {"--lr", -1, 0, offsetof(RtSchedule, base_lr), 0, "base learning rate"},
     {"--weight-decay", -1, 1, offsetof(RtOptimParams, weight_decay), 0, "the optimizer's weight decay"},
     {"--warmup-epochs", -1, 0, offsetof(RtSchedule, warmup_epochs), 0, "epochs of linear warm-up"},
+    {"--warmup-steps", -1, 0, offsetof(RtSchedule, warmup_steps), 0, "optimizer steps of linear warm-up"},
     {"--step-epochs", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_epochs), 1, "step(): epochs between decays"},
+    {"--step-steps", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_steps), 1, "step(): optimizer steps between decays"},
     {"--gamma", RT_SCHED_STEP, 0, offsetof(RtSchedule, gamma), 0, "step(): factor of each decay"},
     {"--min-lr", RT_SCHED_COSINE, 0, offsetof(RtSchedule, min_lr), 0, "cosine(): learning rate at the end"},
 };
@@ -72,6 +74,12 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char
         usage_error(h->positive ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
                     value);
     *field(h, s, o) = v;
+    /* a value in epochs takes the place of its twin in steps, and the reverse (rt_lr_at reads
+     * the one in steps when it is not 0) */
+    if (h->offset == offsetof(RtSchedule, warmup_epochs) && !h->optim) s->warmup_steps = 0;
+    if (h->offset == offsetof(RtSchedule, warmup_steps) && !h->optim) s->warmup_epochs = 0;
+    if (h->offset == offsetof(RtSchedule, step_epochs) && !h->optim) s->step_steps = 0;
+    if (h->offset == offsetof(RtSchedule, step_steps) && !h->optim) s->step_epochs = 0;
 }
 
 void rt_hparam_usage(const RtModel *m) {

@@ -64,6 +64,7 @@ typedef struct Trainer {
     double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
     double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
+    double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
 } Trainer;
 
 /* ---- small utilities */
@@ -238,8 +239,8 @@ static void check_eval_only(const RtModel *m, const Options *o) {
 }
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .log_every = m->log_every, .shuffle = 1, .threads = omp_get_num_procs(),
-                   .schedule = m->schedule, .hyper = m->hyper};
+    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
+                   .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -276,6 +277,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
+    if (o->epochs_given && !o->steps_given) o->steps = 0; /* --epochs takes the place of the model's steps = N */
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
@@ -365,14 +367,17 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
         json_number(t->log, "loss", loss);
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         json_number(t->log, "lr", lr);
+        if (t->m->clip_grad_norm > 0) json_number(t->log, "grad_norm", t->grad_norm);
         json_number(t->log, "samples_per_s", rate);
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
     char accuracy[32] = "";
     if (t->m->has_accuracy) snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
-    rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g %.0f samples/s", (long long)epoch,
-                    (long long)step, (long long)t->total, loss, accuracy, lr, rate);
+    char norm[40] = "";
+    if (t->m->clip_grad_norm > 0) snprintf(norm, sizeof norm, " grad_norm %.4g", t->grad_norm);
+    rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g%s %.0f samples/s", (long long)epoch,
+                    (long long)step, (long long)t->total, loss, accuracy, lr, norm, rate);
 }
 
 /* Epoch 0: the one evaluation of --eval-only, outside any training. */
@@ -620,6 +625,7 @@ static int device_sums(Trainer *t) {
     RtDeviceSums s;
     t->dev->read_train(&s);
     t->dev_loss += s.loss, t->dev_correct += s.correct, t->dev_steps += s.steps;
+    t->grad_norm = s.grad_norm;
     return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
 
@@ -648,6 +654,7 @@ static int train_step(Trainer *t, void *const *batch) {
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
     m->optimizer_step(&t->ctx);
+    t->grad_norm = t->ctx.grad_norm;
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
     t->ckpt_current = 0;
     return 0;

@@ -31,7 +31,7 @@
 
 typedef enum {
     RT_SCHED_CONSTANT, /* base_lr throughout */
-    RT_SCHED_STEP,     /* base_lr * gamma^floor(epoch / step_epochs) */
+    RT_SCHED_STEP,     /* base_lr * gamma^floor(epoch / step_epochs), or floor(step / step_steps) */
     RT_SCHED_COSINE,   /* from base_lr down to min_lr over the run, half a cosine */
 } RtSchedKind;
 
@@ -42,25 +42,49 @@ typedef struct RtSchedule {
     double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
     double gamma;
     double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */
+    /* the same two in optimizer steps instead of epochs (0: not given; the .net file gives one
+     * of each pair, and a value here takes the place of its epoch twin) */
+    double warmup_steps;  /* linear ramp over this many steps (warmup_steps = N) */
+    double step_steps;    /* RT_SCHED_STEP: lr *= gamma every step_steps steps (step(every_steps = S)) */
 } RtSchedule;
 
 /* The learning rate of the step taken after `step` steps, in a run of total_steps steps of
  * steps_per_epoch each (epochs may be fractional). The warm-up multiplies whatever the schedule
- * gives by (step + 1) / warm-up steps, so the first step's rate is not 0. */
+ * gives by (step + 1) / warm-up steps, so the first step's rate is not 0. With W warm-up steps
+ * (warmup_steps, or warmup_epochs * steps_per_epoch), S = step_steps and T = total_steps this
+ * is torch.optim.lr_scheduler.LambdaLR(opt, f) stepped once after every optimizer step, with
+ *   f(k) = g(k) * ((k + 1) / W if k < W else 1),
+ *   g(k) = 1 (constant), gamma^floor(k / S) (step), or
+ *          (min_lr + (base_lr - min_lr) * (1 + cos(pi * min(k / T, 1))) / 2) / base_lr (cosine). */
 RT_RECIPE_FN double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
     double e = (double)step / (double)steps_per_epoch, lr = s->base_lr;
     switch (s->kind) {
     case RT_SCHED_CONSTANT: break;
-    case RT_SCHED_STEP: lr = s->base_lr * pow(s->gamma, floor(e / s->step_epochs)); break;
+    case RT_SCHED_STEP:
+        if (s->step_steps > 0) lr = s->base_lr * pow(s->gamma, floor((double)step / s->step_steps));
+        else lr = s->base_lr * pow(s->gamma, floor(e / s->step_epochs));
+        break;
     case RT_SCHED_COSINE: {
         double total = (double)total_steps / (double)steps_per_epoch;
         lr = s->min_lr + (s->base_lr - s->min_lr) * (1 + cos(3.141592653589793 * fmin(e / total, 1.0))) / 2;
         break;
     }
     }
-    double warm = s->warmup_epochs * (double)steps_per_epoch;
+    double warm = s->warmup_steps > 0 ? s->warmup_steps : s->warmup_epochs * (double)steps_per_epoch;
     if (warm > 0 && (double)step < warm) lr *= ((double)step + 1) / warm;
     return lr;
+}
+
+// ---- gradient clipping
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm): every trainable gradient is multiplied by
+ * this factor before the update, given `norm`, the gradients' global 2-norm (summed in double
+ * by the backend: rt_grad_norm on the CPU, two fixed-tree kernels on the device). As torch's,
+ * min(max_norm / (norm + 1e-6), 1), and NaN when the norm is (the update then spreads it, as
+ * torch's does with error_if_nonfinite=False); formed in double, rounded once to float. */
+RT_RECIPE_FN float rt_clip_scale(double norm, double max_norm) {
+    const double c = max_norm / (norm + 1e-6);
+    return (float)(c > 1.0 ? 1.0 : c);
 }
 
 // ---- the optimizers

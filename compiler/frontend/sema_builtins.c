@@ -1199,7 +1199,7 @@ void sema_suggest_builtin(Suggest *s) {
 
 static const SemaBuiltin schedule_calls[] = {
     {"constant", "", NULL, 0, 0, {""}},
-    {"step", "every, gamma=0.1", NULL, 1, 2, {"every", "gamma"}},
+    {"step", "every, gamma=0.1, every_steps", NULL, 0, 3, {"every", "gamma", "every_steps"}},
     {"cosine", "min_lr=0", NULL, 0, 1, {"min_lr"}},
 };
 
@@ -1351,8 +1351,19 @@ static void train_schedule(Sema *S, const AstExpr *e) {
     if (strcmp(b->name, "constant") == 0) t->sched = SCHED_CONSTANT;
     else if (strcmp(b->name, "step") == 0) {
         t->sched = SCHED_STEP;
-        t->step_epochs = arg_num(A, 0, 1, 1e-9, 1e9);
         t->gamma = arg_num(A, 1, 0.1, 0, 1e6);
+        /* every (epochs, may be fractional) or every_steps (optimizer steps): one of the two */
+        if ((a[0].k == V_NONE) == (a[2].k == V_NONE)) {
+            diag_error(e->loc, "step(...) needs one of 'every' (epochs) and 'every_steps' (optimizer steps)%s",
+                       a[0].k == V_NONE ? "" : ", not both");
+            diag_hint("step(every = 30, gamma = 0.1) or step(every_steps = 1000, gamma = 0.1)");
+            return;
+        }
+        if (a[0].k != V_NONE) t->step_epochs = arg_num(A, 0, 1, 1e-9, 1e9);
+        else if (a[2].k != V_INT && a[2].k != V_ERR)
+            diag_error(arg_loc(e, "every_steps", 2), "'every_steps' of step must be an integer in [1, 1e+12], found %s",
+                       sema_value_text(S, a[2]));
+        else t->step_steps = arg_num(A, 2, 1, 1, 1e12);
     } else {
         t->sched = SCHED_COSINE;
         t->min_lr = arg_num(A, 0, 0, 0, 1e6);
@@ -1505,61 +1516,81 @@ static void train_output(Sema *S, const AstStmt *s) {
     S->named_output = v.t;
 }
 
-static void train_setting(Sema *S, const AstStmt *s, int *have_optim) {
+/* The settings a train body gave that exclude one another, and whether it has an optimizer. */
+typedef struct TrainSeen {
+    int have_optim;
+    const AstStmt *warmup, *warmup_steps, *epochs, *steps;
+} TrainSeen;
+
+static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     IrTrain *t = &S->g->train;
     if (strcmp(s->name, "loss") == 0) train_loss(S, s);
     else if (strcmp(s->name, "metrics") == 0) train_metrics(S, s);
-    else if (strcmp(s->name, "optimizer") == 0) train_optimizer(S, s->value), *have_optim = 1;
+    else if (strcmp(s->name, "optimizer") == 0) train_optimizer(S, s->value), seen->have_optim = 1;
     else if (strcmp(s->name, "schedule") == 0) train_schedule(S, s->value);
-    else if (strcmp(s->name, "warmup") == 0) t->warmup_epochs = train_num(S, s, 0, 1e6, 0);
-    else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1);
+    else if (strcmp(s->name, "warmup") == 0) t->warmup_epochs = train_num(S, s, 0, 1e6, 0), seen->warmup = s;
+    else if (strcmp(s->name, "warmup_steps") == 0)
+        t->warmup_steps = train_num(S, s, 0, 1e12, 1), seen->warmup_steps = s;
+    else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1), seen->epochs = s;
+    else if (strcmp(s->name, "steps") == 0) t->steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->steps = s;
+    else if (strcmp(s->name, "clip_grad_norm") == 0) t->clip_grad_norm = train_num(S, s, 0, 1e9, 0);
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
     else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else if (strcmp(s->name, "output") == 0) train_output(S, s);
     else {
-        static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup", "epochs",
-                                           "eval_every", "log_every", "freeze",    "no_decay", "output"};
+        static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup",
+                                           "warmup_steps", "epochs", "steps", "clip_grad_norm", "eval_every",
+                                           "log_every", "freeze", "no_decay", "output"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
-        diag_hint("settings are loss, metrics, optimizer, schedule, warmup, epochs, eval_every, "
-                  "log_every, freeze, no_decay, output");
+        diag_hint("settings are loss, metrics, optimizer, schedule, warmup, warmup_steps, epochs, steps, "
+                  "clip_grad_norm, eval_every, log_every, freeze, no_decay, output");
     }
 }
 
 /* The settings of a train body; an `if` chooses among settings at compile time. */
-static void train_body(Sema *S, AstStmt *const *body, int n, int *have_optim) {
+static void train_body(Sema *S, AstStmt *const *body, int n, TrainSeen *seen) {
     for (int i = 0; i < n; i++) {
         const AstStmt *s = body[i];
         if (s->kind == STMT_IF) {
             Value c = sema_eval(S, S->global, s->value);
             if (!sema_want_bool(S, c, s->value->loc)) continue;
-            if (c.i) train_body(S, s->body, s->n_body, have_optim);
-            else train_body(S, s->else_body, s->n_else, have_optim);
+            if (c.i) train_body(S, s->body, s->n_body, seen);
+            else train_body(S, s->else_body, s->n_else, seen);
             continue;
         }
         if (s->kind != STMT_ASSIGN) {
             diag_error(s->loc, "the train section holds settings of the form `name = value` and `if`");
             continue;
         }
-        train_setting(S, s, have_optim);
+        train_setting(S, s, seen);
     }
 }
 
+/* Two settings that say the same thing in different units: one of them. */
+static void train_either(const AstStmt *a, const AstStmt *b, const char *why) {
+    if (!a || !b) return;
+    diag_error(b->name_loc, "'%s' and '%s' (line %d) both give %s; give one of them", b->name, a->name,
+               a->name_loc.line, why);
+}
+
 void sema_train(Sema *S, const AstStmt *train) {
-    int have_optim = 0;
+    TrainSeen seen = {0};
     S->errors_before_train = diag_error_count();
-    train_body(S, train->body, train->n_body, &have_optim);
+    train_body(S, train->body, train->n_body, &seen);
+    train_either(seen.warmup, seen.warmup_steps, "the warm-up (in epochs and in optimizer steps)");
+    train_either(seen.epochs, seen.steps, "the run's length (in epochs and in optimizer steps)");
     if (S->named_output) S->g->output = S->named_output;
     if (!S->g->loss && !diag_error_count()) {
         diag_error(train->loc, "the train section has no loss");
         diag_hint("add e.g. `loss = cross_entropy(logits, label)`");
     }
-    if (!have_optim && !diag_error_count()) {
+    if (!seen.have_optim && !diag_error_count()) {
         diag_error(train->loc, "the train section has no optimizer");
         diag_hint("add e.g. `optimizer = sgd(0.01, momentum = 0.9)`");
     }

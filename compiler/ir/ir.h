@@ -212,6 +212,10 @@ typedef struct IrTrain {
     int64_t eval_every;   /* epochs between evaluations */
     int64_t log_every;    /* steps between log lines */
     IrLossKind loss_kind;
+    int64_t steps;        /* steps = N: optimizer steps instead of epochs (0: not given) */
+    double warmup_steps;  /* warmup_steps = N: the warm-up in steps instead of epochs (0: none) */
+    double step_steps;    /* SCHED_STEP with every_steps: multiply by gamma every step_steps steps */
+    double clip_grad_norm; /* clip_grad_norm = C: global-norm gradient clipping (0: off) */
 } IrTrain;
 
 typedef struct IrGraph {

@@ -605,6 +605,7 @@ static void cuda_read_train(RtDeviceSums *sums) {
     sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
+    sums->grad_norm = st->grad_norm;
     ZERO_STATE_FIELD(cu, loss_sum);
     ZERO_STATE_FIELD(cu, correct_sum);
     ZERO_STATE_FIELD(cu, loss_steps);

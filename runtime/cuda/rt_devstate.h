@@ -30,6 +30,10 @@ typedef struct RtDevState {
                                  from that step on the optimizer leaves the parameters alone */
     double eval_loss;         /* evaluation: loss * valid rows, summed over batches */
     double eval_correct;      /* evaluation: correct predictions, summed */
+    /* clip_grad_norm: this step's, written by the second clipping kernel, read by the optimizer */
+    double grad_norm;         /* the gradients' 2-norm before clipping */
+    float clip_scale;         /* rt_clip_scale(grad_norm, C): what every gradient is multiplied by */
+    float pad1;
 } RtDevState;
 
 /* The head of a staged batch: the inputs follow at offsets the generated code fixes. */

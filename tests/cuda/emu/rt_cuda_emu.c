@@ -577,6 +577,7 @@ static void emu_read_train(RtDeviceSums *sums) {
     sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
+    sums->grad_norm = st->grad_norm;
     st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
 }
 

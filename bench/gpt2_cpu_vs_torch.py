@@ -1,0 +1,146 @@
+"""GPT-2 (models/gpt2.net) training on the CPU: netc's trainer against the same model in PyTorch
+eager (tests/torch/gpt2_torch.py: Hugging Face's GPT-2 with the tied head), same sizes, batch,
+threads, recipe (AdamW betas (0.9, 0.95), weight decay on the decay group, clip_grad_norm 1.0)
+and synthetic tokens, in one run; prints tokens/s, peak memory and each side's FLOP utilisation.
+
+usage: /usr/bin/python3 bench/gpt2_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
+           [--vocab 256] [--seq 128] [--n-layer 4] [--n-head 4] [--n-embd 128] [--batch 16]
+           [--steps 10] [--repeat 3] [--python PYTHON]
+
+FLOP utilisation: the training FLOPs of a token, 6 N + 12 L T C (N the parameters, the tied
+embedding counted once; the second term attention's scores and weighted sums, forward and
+backward: PaLM's count, nanoGPT's estimate_mfu), times tokens/s, divided by a measured peak: the
+best rate of a float32 [2048 x 2048] @ [2048 x 2048] product in PyTorch with the same threads
+(printed; the BLAS PyTorch links, which for Debian's python3-torch is OpenBLAS, netc's too).
+
+Each run trains 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line per
+step; PyTorch: timed around its loop). Runs alternate netc / PyTorch so that noise on a shared
+machine hits both; the medians are compared. Peak memory is each process's maximum resident set.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+WARMUP = 2
+
+TORCH_LOOP = r"""
+import sys, time, resource, json
+import numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from gpt2_torch import GPT2, decay_groups
+cfg = json.loads(sys.argv[2])
+threads, batch, steps, data = cfg.pop("threads"), cfg.pop("batch"), cfg.pop("steps"), cfg.pop("data")
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+x_all = torch.from_numpy(np.load(data + "/tokens.npy").astype(np.int64))
+y_all = torch.from_numpy(np.load(data + "/targets.npy").astype(np.int64))
+net = GPT2(**cfg)
+decay, no_decay = decay_groups(net)
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                        lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+def step(s):
+    idx = slice(s * batch, (s + 1) * batch)
+    opt.zero_grad(set_to_none=True)
+    logits = net(x_all[idx])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_all[idx].reshape(-1)).backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+for s in range(%d):
+    step(s)
+t0 = time.perf_counter()
+for s in range(steps):
+    step(s)
+dt = time.perf_counter() - t0
+a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+best = 0.0
+for _ in range(5):
+    t = time.perf_counter()
+    a @ b
+    best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
+print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version": torch.__version__,
+                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "matmul_flops": best,
+                  "params": sum(p.numel() for p in net.parameters())}))
+""" % WARMUP
+
+
+def run_netc(exe, args, threads, steps, batch, seq, work):
+    log = os.path.join(work, "netc.jsonl")
+    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
+                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        sys.exit(f"bench: netc trainer failed with status {status}")
+    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
+    seconds = sum(batch / r for r in rates)
+    return {"tokens_per_s": steps * batch * seq / seconds, "peak_kib": usage.ru_maxrss}
+
+
+def run_torch(python, cfg):
+    out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
+    a = ap.parse_args()
+    sizes = dict(vocab=a.vocab, seq=a.seq, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd)
+    with tempfile.TemporaryDirectory() as work:
+        n = a.batch * (a.steps + WARMUP)
+        rng = np.random.default_rng(0)
+        stream = rng.integers(0, a.vocab, size=n * a.seq + 1)
+        idx = np.arange(n)[:, None] * a.seq + np.arange(a.seq + 1)[None, :]
+        np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
+        np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
+        exe = os.path.join(work, "gpt2")
+        cmd = [a.netc, os.path.join(ROOT, "models", "gpt2.net"), "-o", exe, "-D", f"batch={a.batch}", "-D", "dropout=0",
+               "-D", "grad_clip=1.0"]
+        for k, v in sizes.items():
+            cmd += ["-D", f"{k}={v}"]
+        subprocess.run(cmd, check=True)
+        args = ["--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy"]
+        cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work)
+        netc, torch = [], []
+        for _ in range(a.repeat):
+            netc.append(run_netc(exe, args, a.threads, a.steps, a.batch, a.seq, work))
+            torch.append(run_torch(a.python, cfg))
+    nt = statistics.median(r["tokens_per_s"] for r in netc)
+    tt = statistics.median(r["tokens_per_s"] for r in torch)
+    nm = max(r["peak_kib"] for r in netc) / 1024
+    tm = max(r["peak_kib"] for r in torch) / 1024
+    peak = max(r["matmul_flops"] for r in torch)
+    params = torch[0]["params"]
+    per_token = 6 * params + 12 * a.n_layer * a.seq * a.n_embd
+    print(f"gpt2 training ({a.n_layer} layers, {a.n_head} heads, width {a.n_embd}, context {a.seq}, vocab "
+          f"{a.vocab}: {params / 1e6:.2f}M parameters), batch {a.batch}, {a.threads} threads, {a.steps} timed "
+          f"steps, median of {a.repeat}")
+    print(f"PyTorch {torch[0]['version']} ({a.python}), eager; {per_token / 1e6:.1f} MFLOP per token "
+          f"(6 N + 12 L T C); float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
+    print("| | tokens/s | GFLOP/s | of the matmul peak | peak RSS |")
+    print("|---|---|---|---|---|")
+    for name, tps, mem in (("netc", nt, nm), ("PyTorch", tt, tm)):
+        print(f"| {name} | {tps:.0f} | {tps * per_token / 1e9:.1f} | {100 * tps * per_token / peak:.0f}% | "
+              f"{mem:.0f} MiB |")
+    print(f"netc / PyTorch: speed **{nt / tt:.2f}x**, memory {nm / tm:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

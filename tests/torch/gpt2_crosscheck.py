@@ -1,0 +1,211 @@
+"""models/gpt2.net against a GPT-2 in PyTorch (gpt2_torch.py: Hugging Face's parameter names), as
+nanoGPT trains it: a small configuration through -D (vocab 64, seq 16, 2 layers, 2 heads, width
+32, batch 4), the same initial weights (torch's, saved to safetensors, given to the trainer with
+--init), the same token windows in the same order (--no-shuffle), and STEPS AdamW steps with
+betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on the decay group only (no_decay = biases and
+layer norms, nanoGPT's split), clip_grad_norm 1.0 (active: checked), a cosine schedule over the
+run with warmup_steps = 2. The reference runs in float64.
+
+Checked: every step's loss, learning rate and gradient norm before clipping (the log, with
+--log-every 1); every parameter after the run; the trainer's logits (--predict) against the
+reference's forward on the trained weights; and netc's saved file loads into the PyTorch module
+with strict=True. When `transformers` is importable, the file also loads into
+transformers.GPT2LMHeadModel, whose logits must equal the module's; that part is skipped with a
+line when it is absent, and is not counted as a check then.
+
+usage: gpt2_crosscheck.py NETC WORK [STEPS]
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
+from gpt2_torch import GPT2, decay_groups  # noqa: E402
+from netc_testlib import Checks, st_load, st_save  # noqa: E402
+
+check = Checks()
+CFG = dict(vocab=64, seq=16, n_layer=2, n_head=2, n_embd=32)
+BATCH, LR, WD, CLIP, WARMUP, BETAS, EPS = 4, 1e-3, 0.1, 1.0, 2, (0.9, 0.95), 1e-8
+
+# Tolerances. netc computes in float32, the reference in float64. One forward pass rounds each
+# value a few times at float32's 2^-24 = 6e-8 relative, through sums of at most 4 * 32 = 128
+# terms (the MLP's second product), layer norms (which divide by a standard deviation and so keep
+# relative errors) and softmaxes over 16 keys: the logits differ by ~1e-6 of their size, and so do
+# the losses and the gradients. AdamW's update m / (sqrt(v) + eps) keeps a gradient's relative
+# error, so after STEPS steps each parameter tensor is off by ~1e-6 of its size, the same order
+# Measured (the branches merged, 6 steps): losses and norms 4e-8, parameters 5e-8 .. 3.3e-7,
+# the trained weights' logits 2e-7. The bounds leave a margin of 15 to 25 for another machine's
+# BLAS and libm; a missing term (a bias, the tied head's gradient from the embedding, a wrong
+# causal mask, no clipping, decay applied to a norm) moves a tensor by 1e-3 of its size and more
+# (Adam's steps are lr-sized: 1e-3, against parameters that moved 2e-2 .. 2e-1).
+#
+# One exception: the key part of attn.c_attn.bias (its middle third). Its gradient is 0 in exact
+# arithmetic (a query's scores all shift by q . b_k, which softmax ignores), so both sides see
+# rounding noise (1e-17 in float64, 1e-9 in float32) that AdamW normalises into updates of up to
+# lr each: no implementation can match another there. It is held to that, |diff| <= steps * lr,
+# and the query and value parts to PARAM_TOL.
+LOSS_TOL = 1e-6      # relative, per step (loss, grad_norm)
+PARAM_TOL = 5e-6     # ||netc - torch|| / ||torch|| per tensor
+LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|
+LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
+
+
+def lr_lambda(k, total):
+    """rt_lr_at for cosine(min_lr = 0) with warmup_steps = WARMUP, over `total` steps."""
+    g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
+    return g * ((k + 1) / WARMUP if k < WARMUP else 1.0)
+
+
+def windows(n, seed=5):
+    """n [seq] windows of a random token stream and the next tokens: prepare_text.py's layout."""
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(0, CFG["vocab"], size=n * CFG["seq"] + 1)
+    idx = np.arange(n)[:, None] * CFG["seq"] + np.arange(CFG["seq"] + 1)[None, :]
+    w = stream[idx]
+    return w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)
+
+
+def reference(init, tokens, targets, steps):
+    net = GPT2(**CFG).double()
+    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
+    decay, no_decay = decay_groups(net)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, steps))
+    rows = []
+    for k in range(steps):
+        x = torch.from_numpy(tokens[k * BATCH:(k + 1) * BATCH])
+        y = torch.from_numpy(targets[k * BATCH:(k + 1) * BATCH])
+        opt.zero_grad()
+        logits = net(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, CFG["vocab"]), y.reshape(-1))
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP))
+        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
+        opt.step()
+        sched.step()
+    return net, rows
+
+
+def transformers_check(saved, net64, tokens):
+    """The saved file in transformers.GPT2LMHeadModel, if there is one: logits equal the module's."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers is not installed: the GPT2LMHeadModel load and comparison are skipped "
+              "(not counted)")
+        return
+    conf = transformers.GPT2Config(vocab_size=CFG["vocab"], n_positions=CFG["seq"], n_embd=CFG["n_embd"],
+                                   n_layer=CFG["n_layer"], n_head=CFG["n_head"], activation_function="gelu_new",
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
+    hf = transformers.GPT2LMHeadModel(conf).double().eval()
+    res = hf.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=False)
+    missing = [k for k in res.missing_keys if k != "lm_head.weight" and not k.endswith((".attn.bias",
+                                                                                       ".attn.masked_bias"))]
+    check(not missing and not res.unexpected_keys,
+          f"transformers {transformers.__version__}: missing {missing}, unexpected {res.unexpected_keys}")
+    hf.tie_weights()
+    x = torch.from_numpy(tokens[:BATCH])
+    with torch.no_grad():
+        a, b = hf(x).logits, net64(x)
+    err = float((a - b).abs().max() / b.abs().max())
+    print(f"transformers {transformers.__version__} GPT2LMHeadModel: logits differ by {err:.2e}")
+    check(err < 1e-10, f"GPT2LMHeadModel's logits differ from the module's by {err:.2e} (both float64)")
+
+
+def main():
+    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(1234)
+    torch.set_num_threads(2)
+    tokens, targets = windows(BATCH * steps)
+    np.save(os.path.join(work, "tokens.npy"), tokens)
+    np.save(os.path.join(work, "targets.npy"), targets)
+    init_net = GPT2(**CFG)
+    with torch.no_grad():
+        # the embedding (and tied head) at std 0.05 instead of 0.02: gradient norms 1.1 .. 1.6 over
+        # the 6 steps (measured in the reference), so clip_grad_norm 1.0 acts in every step
+        torch.nn.init.normal_(init_net.transformer.wte.weight, 0, 0.05)
+        # biases and norms away from 0 and 1, so a missing one shows
+        for name, p in init_net.named_parameters():
+            if name.endswith(".bias") or ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    init = {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()}
+    init_file = os.path.join(work, "init.safetensors")
+    st_save(init_file, init)
+
+    exe = os.path.join(work, "gpt2")
+    defines = dict(CFG, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0)
+    cmd = [netc, os.path.join(ROOT, "models", "gpt2.net"), "-o", exe]
+    for k, v in defines.items():
+        cmd += ["-D", f"{k}={v}"]
+    subprocess.run(cmd, check=True)
+    saved_file, log = os.path.join(work, "gpt2.safetensors"), os.path.join(work, "gpt2.jsonl")
+    subprocess.run([exe, "--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy",
+                    "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1", "--log", log,
+                    "--save", saved_file, "--quiet"], check=True)
+    logged = [r for r in map(json.loads, open(log)) if "loss" in r and not r.get("eval")]
+
+    net64, rows = reference(init, tokens, targets, steps)
+    clipped = sum(norm > CLIP for _, _, norm in rows)
+    print(f"torch: gradient norms {[round(r[2], 4) for r in rows]}: clipped in {clipped} of {steps} steps")
+    check(clipped > 0, f"clip_grad_norm {CLIP} is never active (norms {[r[2] for r in rows]})")
+    check(len(logged) == steps, f"{len(logged)} log lines, want {steps}")
+    worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
+    for r, (loss, lr, norm) in zip(logged, rows):
+        for key, want in (("loss", loss), ("lr", lr), ("grad_norm", norm)):
+            worst[key] = max(worst[key], abs(r[key] - want) / abs(want))
+    print("per step, worst relative error: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    check(worst["loss"] <= LOSS_TOL and worst["grad_norm"] <= LOSS_TOL, f"losses or norms differ: {worst}")
+    check(worst["lr"] <= LR_TOL, f"learning rates differ: {worst['lr']:.2e}")
+
+    saved = st_load(saved_file)
+    ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
+    check(sorted(saved) == sorted(ref), f"names: netc {sorted(set(saved) - set(ref))} torch {sorted(set(ref) - set(saved))}")
+    for name in sorted(ref):
+        if name not in saved:
+            continue
+        got, want, start = saved[name], ref[name], init[name]
+        if name.endswith("attn.c_attn.bias"):  # the key bias: see the tolerances
+            C = CFG["n_embd"]
+            diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
+            check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
+            print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
+            got, want, start = (np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        moved = np.linalg.norm(want - start) / np.linalg.norm(want)
+        print(f"{name:40s} relative error {rel:.2e} (moved {moved:.2e})")
+        check(saved[name].shape == ref[name].shape and rel <= PARAM_TOL, f"{name}: relative error {rel:.2e} > {PARAM_TOL}")
+
+    # the trainer's own forward pass on its trained weights (--predict writes the logits), against
+    # the reference's forward on the same weights in float64
+    trained64 = GPT2(**CFG).double()
+    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    pred = os.path.join(work, "logits.npy")
+    subprocess.run([exe, "--init", saved_file, "--predict", f"tokens={work}/tokens.npy", "--predict-out", pred,
+                    "--quiet"], check=True)
+    with torch.no_grad():
+        want = trained64(torch.from_numpy(tokens)).numpy()
+    got = np.load(pred).reshape(want.shape)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
+    check(err <= LOGIT_TOL, f"the trainer's logits differ by {err:.2e} > {LOGIT_TOL}")
+
+    fresh = GPT2(**CFG)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
+    transformers_check(saved, trained64, tokens)
+    print(f"gpt2_crosscheck: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

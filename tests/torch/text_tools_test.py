@@ -1,0 +1,158 @@
+"""scripts/prepare_text.py and scripts/sample_gpt.py, on their own (they serve models/gpt2.net and
+examples/tiny_gpt.sh).
+
+Cases:
+  prepare_text  byte-level tokens of two files: the windows are the text's bytes (seq + 1 tokens
+                every stride), targets are tokens shifted by one, the validation part is the last
+                10% of the stream and no window crosses the cut, --val-every takes every K-th
+                window, the dtypes are integer .npy files, and a trainer with
+                `input tokens : i64[batch, seq]` and `input targets : i64[batch, seq]` reads them
+                (--data and --eval-data) and trains; --tokenizer gpt2 without tiktoken or
+                without a ranks file is refused with a message naming what is missing.
+  sample_gpt    sample_gpt.py's numpy forward against the PyTorch GPT-2 of gpt2_torch.py (Hugging
+                Face's names, random weights and biases) in float64: logits within 1e-10 relative
+                (both float64; only the summation orders differ); greedy generation picks each
+                argmax of torch's logits; the command line runs on a saved file with a byte-level
+                meta.json.
+
+usage: text_tools_test.py CASE NETC WORK
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, HERE)
+from netc_testlib import Checks, run_cases, st_save  # noqa: E402
+
+check = Checks()
+PREPARE = os.path.join(ROOT, "scripts", "prepare_text.py")
+SAMPLE = os.path.join(ROOT, "scripts", "sample_gpt.py")
+
+# A model that reads token files as gpt2.net does, without the transformer's operators: the
+# trainer's loading of the two inputs is what this checks.
+TOKENS_NET = """model tokens
+const batch = 4, seq = 16
+input tokens  : i64[batch, seq]
+input targets : i64[batch, seq]
+x = f32(tokens) / 255
+y = f32(targets) / 255
+p = fc: dense(x, seq)
+train {
+  loss      = mean((p - y) * (p - y))
+  optimizer = sgd(0.1)
+  epochs    = 1
+}
+"""
+
+
+def prep(work, *args):
+    return subprocess.run([sys.executable, PREPARE, *args], capture_output=True, text=True, cwd=work)
+
+
+def case_prepare_text(netc, work):
+    rng = np.random.default_rng(3)
+    texts = [bytes(rng.integers(32, 127, size=3000, dtype=np.uint8)), "héllo wörld\n".encode() * 50]
+    files = []
+    for i, t in enumerate(texts):
+        files.append(os.path.join(work, f"t{i}.txt"))
+        with open(files[-1], "wb") as f:
+            f.write(t)
+    stream = np.frombuffer(b"".join(texts), dtype=np.uint8).astype(np.int64)
+    seq, stride = 16, 8
+    out = os.path.join(work, "data")
+    r = prep(work, "--seq", str(seq), "--stride", str(stride), "-o", out, *files)
+    check(r.returncode == 0, f"prepare_text: exit {r.returncode}\n{r.stdout}{r.stderr}")
+    ld = {n: np.load(os.path.join(out, f"{n}.npy")) for n in ("train_tokens", "train_targets", "val_tokens",
+                                                            "val_targets")}
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    check(meta["vocab"] == 256 and meta["seq"] == seq and meta["tokens"] == len(stream), f"meta.json {meta}")
+    check(all(a.dtype.kind == "i" and a.ndim == 2 and a.shape[1] == seq for a in ld.values()),
+          f"dtypes and shapes {[(a.dtype, a.shape) for a in ld.values()]}")
+    cut = len(stream) - round(len(stream) * 0.1)
+    train, val = stream[:cut], stream[cut:]
+    n_train, n_val = (len(train) - seq - 1) // stride + 1, (len(val) - seq - 1) // stride + 1
+    check(ld["train_tokens"].shape[0] == n_train and ld["val_tokens"].shape[0] == n_val,
+          f"windows {ld['train_tokens'].shape[0]}, {ld['val_tokens'].shape[0]}; want {n_train}, {n_val}")
+    ok = all(np.array_equal(ld["train_tokens"][k], train[k * stride:k * stride + seq]) and
+             np.array_equal(ld["train_targets"][k], train[k * stride + 1:k * stride + seq + 1]) for k in range(n_train))
+    ok = ok and all(np.array_equal(ld["val_tokens"][k], val[k * stride:k * stride + seq]) and
+                    np.array_equal(ld["val_targets"][k], val[k * stride + 1:k * stride + seq + 1]) for k in range(n_val))
+    check(ok, "every window is the text's bytes, targets shifted by one, split at the last 10%")
+
+    out2 = os.path.join(work, "every")
+    r = prep(work, "--seq", str(seq), "--val-every", "4", "-o", out2, *files)
+    check(r.returncode == 0, f"--val-every: exit {r.returncode}\n{r.stderr}")
+    tr, va = np.load(os.path.join(out2, "train_tokens.npy")), np.load(os.path.join(out2, "val_tokens.npy"))
+    n = (len(stream) - seq - 1) // seq + 1
+    check(len(va) == n // 4 and len(tr) == n - n // 4 and np.array_equal(va[0], stream[3 * seq:4 * seq]),
+          f"--val-every 4: {len(tr)} + {len(va)} windows of {n}")
+
+    for args, needle in ((["--tokenizer", "gpt2"], "tiktoken"), (["--seq", "0"], "at least 1")):
+        a = ["--seq", "8", "-o", os.path.join(work, "bad"), *args, files[0]]
+        r = prep(work, *a)
+        has_tiktoken = subprocess.run([sys.executable, "-c", "import tiktoken"], capture_output=True).returncode == 0
+        if needle == "tiktoken" and has_tiktoken:
+            needle = "--gpt2-ranks"
+        check(r.returncode != 0 and needle in r.stderr, f"{args}: exit {r.returncode}, wants '{needle}':\n{r.stderr}")
+
+    # the trainer reads the files as they are
+    net = os.path.join(work, "tokens.net")
+    with open(net, "w") as f:
+        f.write(TOKENS_NET)
+    exe = os.path.join(work, "tokens")
+    subprocess.run([netc, net, "-o", exe], check=True)
+    r = subprocess.run([exe, "--data", f"tokens={out}/train_tokens.npy", "--data", f"targets={out}/train_targets.npy",
+                        "--eval-data", f"tokens={out}/val_tokens.npy", "--eval-data",
+                        f"targets={out}/val_targets.npy", "--quiet"], capture_output=True, text=True)
+    check(r.returncode == 0, f"the trainer reads the token files: exit {r.returncode}\n{r.stdout}{r.stderr}")
+
+
+def case_sample_gpt(netc, work):
+    import gpt2_torch
+    import sample_gpt
+    torch.manual_seed(7)
+    cfg = dict(vocab=256, seq=12, n_layer=2, n_head=2, n_embd=16)
+    ref = gpt2_torch.GPT2(**cfg).double()
+    with torch.no_grad():  # every parameter random, biases and norms included, at a visible scale
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    w = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    model = sample_gpt.GPT(w, cfg["n_head"])
+    check((model.n_layer, model.seq, model.vocab) == (2, 12, 256), "shapes read from the weights")
+    idx = np.random.default_rng(1).integers(0, 256, size=(3, 12))
+    got = model.logits(idx)
+    want = ref(torch.from_numpy(idx)).detach().numpy()
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"sample_gpt: logits' largest difference from torch, relative to the largest logit: {err:.2e}")
+    check(err < 1e-10, f"logits differ from torch's GPT-2 by {err:.2e}")
+    # greedy: each next token is torch's argmax after the sequence so far
+    ids = model.generate([65, 66], 14, temperature=0)
+    seqs_ok = True
+    for t in range(2, len(ids)):
+        ctx = torch.tensor([ids[max(0, t - 12):t]])
+        seqs_ok &= int(ref(ctx)[0, -1].argmax()) == ids[t]
+    check(seqs_ok and len(ids) == 16, "greedy generation follows torch's argmax, past the context length")
+    # the command line, on a float32 file and a byte-level meta.json
+    path = os.path.join(work, "gpt.safetensors")
+    st_save(path, w)
+    with open(os.path.join(work, "meta.json"), "w") as f:
+        json.dump({"tokenizer": "byte", "vocab": 256, "seq": 12}, f)
+    r = subprocess.run([sys.executable, SAMPLE, path, "--n-head", "2", "--meta", os.path.join(work, "meta.json"),
+                        "--prompt", "Hi", "--tokens", "20", "--samples", "2", "--seed", "3"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.count("---- sample") == 2 and "Hi" in r.stdout,
+          f"sample_gpt.py command line: exit {r.returncode}\n{r.stdout}{r.stderr}")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    sys.exit(run_cases({"prepare_text": case_prepare_text, "sample_gpt": case_sample_gpt}, "text_tools", check,
+                       sys.argv))
