@@ -536,6 +536,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
     case LIB_POOL: emit_pool(u, n); break;
     case LIB_ROWS: emit_rows(u, n); break;
     case LIB_BN: emit_bn(u, n); break;
+    case LIB_INDEX: ICE("cuda: %s is not implemented yet", ir_op_name(n->op));
     case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }

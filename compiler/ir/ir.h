@@ -45,6 +45,7 @@ typedef enum {
     LIB_POOL,   /* max and average pooling, forward and backward */
     LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
     LIB_BN,     /* batch-norm statistics and backward sums */
+    LIB_INDEX,  /* gather (embedding rows) and its scatter-add gradient */
 } IrLibClass;
 
 /* The attributes an operator reads (ops.def's attrs column), one bit per IrAttrs field or pair
@@ -64,7 +65,13 @@ enum {
     ATTR_BN = 1 << 10,           /* eps, momentum, stat_param */
     ATTR_ROW = 1 << 11,          /* row */
     ATTR_SMOOTHING = 1 << 12,    /* smoothing */
-    ATTR__END = 1 << 13,
+    ATTR_PERM    = 1 << 13,  /* perm[IR_MAX_RANK]: permute (branch A) */
+    ATTR_AXIS    = 1 << 14,  /* axis: slice, slice_bwd, concat, softmax/log_softmax, iota, reductions (A, B, E) */
+    ATTR_SLICE   = 1 << 15,  /* start: slice, slice_bwd (A) */
+    ATTR_NORM    = 1 << 16,  /* norm_eps: layernorm, rmsnorm and their gradients (B) */
+    ATTR_ATTN    = 1 << 17,  /* causal, attn_scale: attention and its gradient (C) */
+    ATTR_IGNORE  = 1 << 18,  /* ignore_index: xent, xent_bwd with an ignore index (E) */
+    ATTR__END    = 1 << 19,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -116,6 +123,9 @@ typedef struct IrAttrs {
                                                * too, never updated (batchnorm2d frozen=true) */
     int row;                                  /* row: which row of operand 0 */
     double smoothing;                         /* xent: label smoothing */
+    int axis; /* the axis an operator works along (ATTR_AXIS) */
+    int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
+    int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
 } IrAttrs;
 
 typedef enum {
@@ -237,6 +247,8 @@ IrLibClass ir_op_lib(IrOp op);  /* LIB_NONE unless op is a library kernel */
 /* op computes in the layout of its operands, reading each in its own (pooling): a layout flows
  * through it as through an element-wise operator. */
 int ir_op_follows_layout(IrOp op);
+/* op is a comparison (eq, ne, lt, le, gt, ge): a u8 0/1 result from operands of one dtype. */
+int ir_op_is_compare(IrOp op);
 const char *ir_dtype_name(IrDtype dt);   /* "f32" */
 const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
 int ir_dtype_size(IrDtype dt);
