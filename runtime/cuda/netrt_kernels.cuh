@@ -18,6 +18,7 @@
  *   grid-stride over T         pooling, batch-norm partial and final sums
  *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
  *   one block of 256           accuracy, mean
+ * (netrt_index.cuh, included at the end, says its own.)
  */
 #ifndef NETRT_KERNELS_CUH
 #define NETRT_KERNELS_CUH
@@ -483,5 +484,9 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
         if (threadIdx.x == 0) sums[j] = (float)s;
     }
 }
+
+// ---- indices and sequences: embedding rows, their gradient, cross-entropy with an ignore index
+
+#include "netrt_index.cuh"
 
 #endif

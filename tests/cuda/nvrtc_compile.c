@@ -16,7 +16,7 @@
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
-    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe)
+    X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe) X(k_index)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -92,6 +92,14 @@ static const char source[] =
     "        rt_sgd_update(sgd, s1, F(1 << 20), F(1 << 21), F(1 << 22), 1000, i);\n"
     "        rt_adamw_update(adamw, s2, F(1 << 23), F(1 << 21), F(1 << 24), 1000, i);\n"
     "    }\n"
+    "}\n"
+    "extern \"C\" __global__ void k_index(unsigned char *base) {\n"
+    "    rt_k_gather(512, 1000, 64, F(0), L(1 << 20), F(1 << 21));\n"
+    "    rt_k_gather_bwd_zero(1000, 64, F(1 << 22));\n"
+    "    rt_k_gather_bwd_add(512, 1000, 64, L(1 << 20), F(1 << 21), F(1 << 22));\n"
+    "    RtBatchHeader *b = (RtBatchHeader *)(base + 4096);\n"
+    "    rt_k_xent_ignore_fwd(128, 10, F(0), L(4096 + 256), 0.1f, -100, b->n_valid, F(1 << 20));\n"
+    "    rt_k_xent_ignore_bwd(128, 10, F(0), L(4096 + 256), 0.0f, -100, F(1 << 21), F(1 << 22));\n"
     "}\n";
 
 #define NAME(k) #k,
@@ -132,7 +140,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 4, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 5, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -173,11 +181,12 @@ int main(int argc, char **argv) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
+    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h", "netrt_index.cuh"};
     const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]),
-                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h")};
+                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h"),
+                             read_file(argv[1], names[4])};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    for (int h = 0; h < 4; h++) free((void *)headers[h]);
+    for (int h = 0; h < 5; h++) free((void *)headers[h]);
     return failed;
 }
