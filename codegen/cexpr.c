@@ -453,6 +453,9 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_BN_APPLY: bn_apply(c, n); break;
     case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
     case OP_WHERE: where(c, n); break;
+    case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: /* 0 or 1, in a group's float */
+        int_expr(c, n);
+        break;
     default: ICE("codegen: %s is not element-wise", ir_op_name(n->op));
     }
 }
