@@ -619,10 +619,16 @@ static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
 }
 
 /* Labels [...] for logits [..., C] of rank > 2 (a sequence: [B, T, C] with [B, T]), cast to i64;
- * NULL (no error) when `v` is not an integer tensor of rank logits - 1, which the [N, C] path
- * then reports. */
+ * NULL (no error) when `v` is not a tensor of rank logits - 1, which the [N, C] path then
+ * reports. */
 static IrNode *seq_labels(Args *A, Value v, const IrNode *logits) {
-    if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype) || v.t->shape.rank != logits->shape.rank - 1) return NULL;
+    if (v.k != V_TENSOR || v.t->shape.rank != logits->shape.rank - 1) return NULL;
+    if (ir_dtype_is_float(v.t->dtype)) {
+        diag_error(loc_of(A, 1), "'%s' of %s must be an integer tensor of class indices, found %s", A->b->params[1],
+                   A->b->name, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return NULL;
+    }
     for (int i = 0; i < v.t->shape.rank; i++) {
         if (v.t->shape.dim[i] == logits->shape.dim[i]) continue;
         diag_error(loc_of(A, 1), "labels of shape %s do not match logits of shape %s",
