@@ -774,6 +774,41 @@ static Value b_embedding(Sema *S, const AstExpr *c, const char *label, Value *ar
     return sema_tensor(sema_node(S, OP_GATHER, ys, DT_F32, c->loc, 2, w->node, idx, NULL));
 }
 
+/* A labeled call with a literal label path (no {expr} segment) in e, whose parameters' names
+ * would begin with it, so that `name` could be one of them: "late" for "late.weight". */
+static const AstExpr *label_of(Sema *S, const AstExpr *e, const char *name) {
+    if (!e) return NULL;
+    if (e->kind == AST_LABELED) {
+        const char *path = "";
+        int literal = 1;
+        for (int i = 0; i < e->n_label && literal; i++) {
+            literal = e->label[i].text != NULL;
+            if (literal) path = i ? arena_printf(S->arena, "%s.%s", path, e->label[i].text) : e->label[i].text;
+        }
+        size_t n = strlen(path);
+        if (literal && n && strncmp(name, path, n) == 0 && name[n] == '.') return e;
+    }
+    const AstExpr *hit = label_of(S, e->lhs, name);
+    if (!hit) hit = label_of(S, e->rhs, name);
+    for (int i = 0; !hit && i < e->n_args; i++) hit = label_of(S, e->args[i].value, name);
+    for (int i = 0; !hit && i < e->n_items; i++) hit = label_of(S, e->items[i], name);
+    return hit;
+}
+
+/* The same in statements (top level, loops and conditionals; not blocks, whose labels get the
+ * caller's prefix). */
+static const AstExpr *label_in(Sema *S, AstStmt *const *body, int n, const char *name) {
+    const AstExpr *hit = NULL;
+    for (int i = 0; i < n && !hit; i++) {
+        const AstStmt *st = body[i];
+        if (st->kind == STMT_BLOCK || st->kind == STMT_TRAIN) continue;
+        hit = label_of(S, st->value, name);
+        if (!hit) hit = label_in(S, st->body, st->n_body, name);
+        if (!hit) hit = label_in(S, st->else_body, st->n_else, name);
+    }
+    return hit;
+}
+
 /* weight("name"): the tensor of a parameter defined above, to read it again (tied weights: the
  * gradients of both readers add up). */
 static Value b_weight(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -787,6 +822,12 @@ static Value b_weight(Sema *S, const AstExpr *c, const char *label, Value *args)
     IrParam *p = ir_find_param(S->g, name);
     if (p) return sema_tensor(p->node);
     diag_error(loc_of(A, 0), "no parameter '%s' is defined before this point", name);
+    const AstExpr *later = S->prog ? label_in(S, S->prog->stmts, S->prog->n_stmts, name) : NULL;
+    if (later && later->loc.line > c->loc.line) {
+        diag_note(later->loc, "this layer creates it, further down");
+        diag_hint("weight() reads a parameter that exists when it runs: move that layer above this line");
+        return sema_error();
+    }
     Suggest sg;
     suggest_init(&sg, name);
     for (int i = 0; i < S->g->n_params; i++) suggest_try(&sg, S->g->params[i].name);
