@@ -368,9 +368,14 @@ static void emit_rows(Cg *c, const IrNode *n) {
         if (n->attr.has_ignore) cg_put(c, ", %" PRId64, n->attr.ignore_index);
         cg_end(c, ", v%d, v%d);", n->in[2]->id, n->id);
         break;
-    case OP_ACCURACY:
-        cg_line(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s);", n->id, rows, cols, a, b,
-                valid_rows(c, s, rows, valid, sizeof valid));
+    case OP_ACCURACY: /* of a sequence, the samples' fractions of correct positions */
+        cg_begin(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s)", n->id, rows, cols, a, b,
+                 valid_rows(c, s, rows, valid, sizeof valid));
+        if (s->rank > 2) {
+            cg_put(c, " / ");
+            cg_lit(c->out, (double)(rows / s->dim[0]));
+        }
+        cg_end(c, ";");
         break;
     default: ICE("cpu: %s is not a per-row kernel", ir_op_name(n->op));
     }

@@ -492,9 +492,18 @@ static void emit_rows(Cu *u, const IrNode *n) {
             snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows,
                      cols, a, b, lit, n->in[2]->id, n->id);
         break;
-    case OP_ACCURACY: /* one block counts */
-        snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d);", rows, cols, a, b,
-                 valid, n->id);
+    case OP_ACCURACY: /* one block counts; of a sequence, its thread 0 divides by the rows per sample */
+        if (s->rank > 2) {
+            FILE *fp = fmemopen(lit, sizeof lit, "w");
+            cg_lit(fp, (double)(rows / s->dim[0]));
+            fclose(fp);
+            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d); "
+                     "if (blockIdx.x == 0 && threadIdx.x == 0) v%d[0] = v%d[0] / %s;", rows, cols, a, b, valid, n->id,
+                     n->id, n->id, lit);
+        } else {
+            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d);", rows, cols, a,
+                     b, valid, n->id);
+        }
         lib_kernel(u, n, call, "", 1, BLOCK);
         return;
     default: ICE("cuda: %s is not a per-row kernel", ir_op_name(n->op));

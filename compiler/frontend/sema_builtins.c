@@ -725,10 +725,21 @@ static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
 static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *logits = arg_logits(A, 0);
-    if (!A->ok) return sema_error();
-    IrNode *lab = arg_labels(A, 1, logits);
-    if (!A->ok) return sema_error();
+    Value lv = A->a[0];
+    IrNode *logits = NULL, *lab = NULL;
+    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) { /* a sequence */
+        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
+        if (!A->ok) return sema_error();
+        lab = seq_labels(A, A->a[1], x);
+        if (!A->ok) return sema_error();
+        if (lab) logits = x;
+    }
+    if (!lab) {
+        logits = arg_logits(A, 0);
+        if (!A->ok) return sema_error();
+        lab = arg_labels(A, 1, logits);
+        if (!A->ok) return sema_error();
+    }
     return sema_tensor(sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL));
 }
 

@@ -180,7 +180,8 @@ class Interp:
         if op in compare: return compare[op](x[0], x[1]).to(torch.uint8)
         if op == "where": return torch.where(x[0] != 0, x[1], x[2]).expand(n.shape).clone()
         if op.startswith("bn_") or op == "row": return self.batchnorm(n, x)
-        if op == "accuracy": return (x[0].argmax(-1) == x[1]).to(self.dtype).sum()
+        if op == "accuracy":  # of a sequence, divided by the positions per sample
+            return (x[0].argmax(-1) == x[1]).to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     def batchnorm(self, n, x):
