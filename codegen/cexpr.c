@@ -381,6 +381,46 @@ static void bn_bwd_data(Cg *c, const IrNode *n) {
     cg_put(c, ")");
 }
 
+/* where(c, a, b): c tested against zero in its own type. */
+static void where(Cg *c, const IrNode *n) {
+    const IrNode *cond = n->in[0];
+    cg_put(c, "(");
+    cg_elem_as(c, cond, n, !ir_dtype_is_half(cond->dtype));
+    cg_put(c, " != 0 ? ");
+    cg_elem(c, n->in[1], n);
+    cg_put(c, " : ");
+    cg_elem(c, n->in[2], n);
+    cg_put(c, ")");
+}
+
+/* An operand of a comparison: a float one as a float, an integer one in its own type (exact;
+ * a constant as a double literal, which C compares exactly with any integer below 2^53). */
+static void cmp_operand(Cg *c, const IrNode *x, const IrNode *n) {
+    if (ir_dtype_is_float(x->dtype)) cg_elem(c, x, n);
+    else if (x->storage == ST_INLINE) cg_dbl(c->out, cg_const_value(x));
+    else cg_elem_as(c, x, n, 1);
+}
+
+/* The integer value of a comparison (0 or 1) or an iota at index i. */
+static void int_expr(Cg *c, const IrNode *n) {
+    static const char *const ops[] = {[OP_EQ] = "==", [OP_NE] = "!=", [OP_LT] = "<",
+                                      [OP_LE] = "<=", [OP_GT] = ">", [OP_GE] = ">="};
+    if (n->op == OP_IOTA) { /* the coordinate along attr.axis: the index with stride 1 there, 0 elsewhere */
+        int perm[IR_MAX_RANK];
+        CgAxis ax[IR_MAX_RANK];
+        int k = 0;
+        cg_phys_order(n, perm);
+        for (int j = n->shape.rank - 1; j >= 0; j--)
+            ax[k++] = (CgAxis){n->shape.dim[perm[j]], perm[j] == n->attr.axis ? 1 : 0};
+        cg_index_expr(c->out, "i", ax, k, c->inner);
+        return;
+    }
+    if (!ir_op_is_compare(n->op)) ICE("codegen: integer %s", ir_op_name(n->op));
+    cmp_operand(c, n->in[0], n);
+    cg_put(c, " %s ", ops[n->op]);
+    cmp_operand(c, n->in[1], n);
+}
+
 /* The float expression of one element-wise node at index i. */
 void cg_ew_expr(Cg *c, const IrNode *n) {
     switch (n->op) {
@@ -413,6 +453,10 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
     case OP_BN_APPLY: bn_apply(c, n); break;
     case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
+    case OP_WHERE: where(c, n); break;
+    case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: /* 0 or 1, in a group's float */
+        int_expr(c, n);
+        break;
     default: ICE("codegen: %s is not element-wise", ir_op_name(n->op));
     }
 }
@@ -569,8 +613,14 @@ static int64_t input_classes(const IrGraph *g, const IrNode *input) {
     int64_t classes = 0;
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
-        if ((n->op != OP_XENT && n->op != OP_XENT_BWD && n->op != OP_ACCURACY) || n->in[1] != input) continue;
-        int64_t c = n->in[0]->shape.dim[n->in[0]->shape.rank - 1];
+        int64_t c;
+        if (n->op == OP_GATHER && n->in[1] == input) { /* token ids: the table's rows */
+            c = n->in[0]->shape.dim[0];
+        } else {
+            if ((n->op != OP_XENT && n->op != OP_XENT_BWD && n->op != OP_ACCURACY) || n->in[1] != input) continue;
+            if (n->attr.has_ignore) return 0; /* ignore_index may lie outside: the kernel checks the others */
+            c = n->in[0]->shape.dim[n->in[0]->shape.rank - 1];
+        }
         if (!classes || c < classes) classes = c;
     }
     return classes;
@@ -780,6 +830,10 @@ void cg_ew_store(Cg *c, const IrNode *n, int scalar) {
     if (ir_dtype_is_half(n->dtype)) {
         cg_put(c, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);
+        cg_put(c, ")");
+    } else if (n->op == OP_IOTA || ir_op_is_compare(n->op)) {
+        cg_put(c, "(%s)(", ir_dtype_ctype(n->dtype));
+        int_expr(c, n);
         cg_put(c, ")");
     } else if (!ir_dtype_is_float(n->dtype)) {
         if (n->op != OP_CAST && n->op != OP_EXPAND) ICE("codegen: integer %s", ir_op_name(n->op));

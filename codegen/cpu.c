@@ -335,31 +335,70 @@ static void emit_pool(Cg *c, const IrNode *n) {
     cg_end(c, ", v%d);", n->id);
 }
 
+/* The rows of a loss or metric's logits [..., C] that count: ctx->n_valid for [N, C]; for more
+ * axes, the n_valid samples' rows when axis 0 is the batch, else all of them. */
+static const char *valid_rows(Cg *c, const IrShape *s, int64_t rows, char *buf, size_t size) {
+    if (s->rank <= 2) return "ctx->n_valid";
+    if (s->dim[0] == c->g->batch) snprintf(buf, size, "ctx->n_valid * %" PRId64, rows / s->dim[0]);
+    else snprintf(buf, size, "%" PRId64, rows);
+    return buf;
+}
+
 /* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
 static void emit_rows(Cg *c, const IrNode *n) {
     const IrShape *s = &n->in[0]->shape;
     int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
     int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
+    char valid[64];
+    const char *ign = n->attr.has_ignore ? "_ignore" : "";
     switch (n->op) {
     case OP_SOFTMAX: cg_line(c, "rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", rows, cols, a, n->id); break;
     case OP_SOFTMAX_BWD:
         cg_line(c, "rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", rows, cols, a, b, n->id);
         break;
     case OP_XENT:
-        cg_begin(c, "rt_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
+        cg_begin(c, "rt_xent%s_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", ign, rows, cols, a, b);
         cg_lit(c->out, n->attr.smoothing);
-        cg_end(c, ", ctx->n_valid, v%d);", n->id);
+        if (n->attr.has_ignore) cg_put(c, ", %" PRId64, n->attr.ignore_index);
+        cg_end(c, ", %s, v%d);", valid_rows(c, s, rows, valid, sizeof valid), n->id);
         break;
     case OP_XENT_BWD:
-        cg_begin(c, "rt_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, cols, a, b);
+        cg_begin(c, "rt_xent%s_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", ign, rows, cols, a, b);
         cg_lit(c->out, n->attr.smoothing);
+        if (n->attr.has_ignore) cg_put(c, ", %" PRId64, n->attr.ignore_index);
         cg_end(c, ", v%d, v%d);", n->in[2]->id, n->id);
         break;
-    case OP_ACCURACY:
-        cg_line(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid);", n->id, rows, cols, a, b);
+    case OP_ACCURACY: /* of a sequence, the samples' fractions of correct positions */
+        cg_begin(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s)", n->id, rows, cols, a, b,
+                 valid_rows(c, s, rows, valid, sizeof valid));
+        if (s->rank > 2) {
+            cg_put(c, " / ");
+            cg_lit(c->out, (double)(rows / s->dim[0]));
+        }
+        cg_end(c, ";");
         break;
     default: ICE("cpu: %s is not a per-row kernel", ir_op_name(n->op));
     }
+}
+
+/* Embedding rows and their gradient: the table [N, D], the indices any shape. */
+static void emit_index(Cg *c, const IrNode *n) {
+    const IrNode *table = n->op == OP_GATHER ? n->in[0] : NULL, *idx = n->in[n->op == OP_GATHER ? 1 : 0];
+    const IrShape *ts = table ? &table->shape : &n->shape;
+    int64_t count = ir_numel(&idx->shape), per = idx->shape.rank ? count / idx->shape.dim[0] : count;
+    if (n->op == OP_GATHER_BWD) {
+        cg_line(c, "rt_gather_rows_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count, ts->dim[0],
+                ts->dim[1], idx->id, n->in[1]->id, n->id);
+        return;
+    }
+    if (n->op != OP_GATHER) ICE("cpu: %s is not an index kernel", ir_op_name(n->op));
+    const IrNode *root = cg_root(table);
+    cg_begin(c, "rt_gather_rows(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d, %" PRId64 ", ", count, ts->dim[0],
+             ts->dim[1], table->id, idx->id, n->id, per);
+    cg_cstr(c->out, arena_printf(c->g->arena, "the rows of %s%s%s (%s:%d)", root->name ? "'" : "",
+                                 root->name ? root->name : "a table", root->name ? "'" : "",
+                                 n->loc.file ? cg_base_name(n->loc.file) : "?", n->loc.line));
+    cg_end(c, ");");
 }
 
 /* Batch-norm statistics and the backward sums: per channel, over N and the spatial axes. */
@@ -483,6 +522,7 @@ static void emit_lib(Cg *c, const IrNode *n) {
     case LIB_BN: emit_bn(c, n); break;
     case LIB_AXES: emit_axes(c, n); break;
     case LIB_ATTN: emit_attention(c, n); break;
+    case LIB_INDEX: emit_index(c, n); break;
     case LIB_NONE: ICE("cpu: no kernel for %s", ir_op_name(n->op));
     }
 }

@@ -464,10 +464,14 @@ static void emit_rows(Cu *u, const IrNode *n) {
     const IrShape *s = &n->in[0]->shape;
     int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
     int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
-    char call[512], lit[48];
+    char call[512], lit[48], valid[64] = "ctx->n_valid";
     FILE *f = fmemopen(lit, sizeof lit, "w");
     cg_lit(f, n->attr.smoothing);
     fclose(f);
+    /* the rows that count: of [..., C] logits with more axes, the n_valid samples' rows when
+     * axis 0 is the batch, else all */
+    if (s->rank > 2 && s->dim[0] == u->g->batch) snprintf(valid, sizeof valid, "ctx->n_valid * %" PRId64, rows / s->dim[0]);
+    else if (s->rank > 2) snprintf(valid, sizeof valid, "%" PRId64, rows);
     switch (n->op) {
     case OP_SOFTMAX:
         snprintf(call, sizeof call, "rt_k_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", rows, cols, a, n->id);
@@ -476,21 +480,60 @@ static void emit_rows(Cu *u, const IrNode *n) {
         snprintf(call, sizeof call, "rt_k_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", rows, cols, a, b, n->id);
         break;
     case OP_XENT:
-        snprintf(call, sizeof call, "rt_k_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, ctx->n_valid, v%d);", rows,
-                 cols, a, b, lit, n->id);
+        if (n->attr.has_ignore)
+            snprintf(call, sizeof call, "rt_k_xent_ignore_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %" PRId64
+                     ", %s, v%d);", rows, cols, a, b, lit, n->attr.ignore_index, valid, n->id);
+        else
+            snprintf(call, sizeof call, "rt_k_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, v%d);", rows, cols,
+                     a, b, lit, valid, n->id);
         break;
     case OP_XENT_BWD:
-        snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows, cols, a,
-                 b, lit, n->in[2]->id, n->id);
+        if (n->attr.has_ignore)
+            snprintf(call, sizeof call, "rt_k_xent_ignore_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %" PRId64
+                     ", v%d, v%d);", rows, cols, a, b, lit, n->attr.ignore_index, n->in[2]->id, n->id);
+        else
+            snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows,
+                     cols, a, b, lit, n->in[2]->id, n->id);
         break;
-    case OP_ACCURACY: /* one block counts */
-        snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, ctx->n_valid, v%d);", rows, cols,
-                 a, b, n->id);
+    case OP_ACCURACY: /* one block counts; of a sequence, its thread 0 divides by the rows per sample */
+        if (s->rank > 2) {
+            FILE *fp = fmemopen(lit, sizeof lit, "w");
+            cg_lit(fp, (double)(rows / s->dim[0]));
+            fclose(fp);
+            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d); "
+                     "if (blockIdx.x == 0 && threadIdx.x == 0) v%d[0] = v%d[0] / %s;", rows, cols, a, b, valid, n->id,
+                     n->id, n->id, lit);
+        } else {
+            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d);", rows, cols, a,
+                     b, valid, n->id);
+        }
         lib_kernel(u, n, call, "", 1, BLOCK);
         return;
     default: ICE("cuda: %s is not a per-row kernel", ir_op_name(n->op));
     }
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+}
+
+/* Embedding rows, and their gradient in two kernels: zero the table, then one thread per
+ * column adds dy's rows in index order (netrt_index.cuh). */
+static void emit_index(Cu *u, const IrNode *n) {
+    char call[512];
+    if (n->op == OP_GATHER) {
+        const IrNode *t = n->in[0], *idx = n->in[1];
+        int64_t count = ir_numel(&idx->shape);
+        snprintf(call, sizeof call, "rt_k_gather(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count,
+                 t->shape.dim[0], t->shape.dim[1], t->id, idx->id, n->id);
+        lib_kernel(u, n, call, "", grid_for(count * t->shape.dim[1]), BLOCK);
+        return;
+    }
+    if (n->op != OP_GATHER_BWD) ICE("cuda: %s is not an index kernel", ir_op_name(n->op));
+    const IrNode *idx = n->in[0], *dy = n->in[1];
+    int64_t count = ir_numel(&idx->shape), num = n->shape.dim[0], dim = n->shape.dim[1];
+    snprintf(call, sizeof call, "rt_k_gather_bwd_zero(%" PRId64 ", %" PRId64 ", v%d);", num, dim, n->id);
+    lib_kernel(u, n, call, "_zero", grid_for(num * dim), BLOCK);
+    snprintf(call, sizeof call, "rt_k_gather_bwd_add(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count,
+             num, dim, idx->id, dy->id, n->id);
+    lib_kernel(u, n, call, "_add", grid_for(dim), BLOCK);
 }
 
 /* Batch-norm statistics and backward sums: per fixed block of rows into the shared partial-sum
@@ -637,6 +680,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
     case LIB_BN: emit_bn(u, n); break;
     case LIB_AXES: emit_axes(u, n); break;
     case LIB_ATTN: emit_attention(u, n); break;
+    case LIB_INDEX: emit_index(u, n); break;
     case LIB_NONE: ICE("cuda: no kernel for %s", ir_op_name(n->op));
     }
 }

@@ -241,6 +241,22 @@ void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t 
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                  float smoothing, const float *dloss, float *dlogits);
 
+/* rt_index.c: embedding rows and the cross-entropy of sequences.
+ * out[t] = table[idx[t]] for t < n, rows of dim floats; an index outside [0, num) stops the
+ * trainer with a message naming `what`, the position within its sample (per_sample indices
+ * each) and the value. */
+void rt_gather_rows(int64_t n, int64_t num, int64_t dim, const float *table, const int64_t *idx, float *out,
+               int64_t per_sample, const char *what);
+/* dtable [num, dim] = sum over t with idx[t] == k of dy[t]: each thread owns a block of table
+ * rows and adds in t order, so the result does not depend on the number of threads. */
+void rt_gather_rows_bwd(int64_t n, int64_t num, int64_t dim, const int64_t *idx, const float *dy, float *dtable);
+/* rt_xent_fwd/bwd where a row whose label is `ignore` gives loss 0 and gradient 0; other labels
+ * outside [0, cols) abort with a message. */
+void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, int64_t n_valid, float *loss);
+void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, const float *dloss, float *dlogits);
+
 /* Batch-norm statistics of x [N, C, HW] (row-major): stats[0][c] = mean, stats[1][c] =
  * 1/sqrt(var + eps). Training: of this batch (biased variance), then running_mean/var (at
  * `running`, followed by running_var and num_batches_tracked) move by `momentum` toward the

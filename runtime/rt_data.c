@@ -61,7 +61,8 @@ static int check_input(const RtInput *in, const RtArray *a, RtError *err) {
  * Elements are converted by value as batches are gathered, so a value the input's dtype cannot
  * hold would change silently there: a float label 2.9 becoming class 2, NaN or 300 becoming
  * some u8. Such values are refused when the file is opened, with the sample and the value. An
- * input that a loss or metric reads as class indices must hold integers in [0, classes).
+ * input that a loss or metric reads as class indices, or an embedding as row indices, must hold
+ * integers in [0, classes).
  */
 
 typedef struct ValueRange {
@@ -87,7 +88,7 @@ static int value_range(const RtInput *in, RtFileType t, ValueRange *r, char *wha
     default: /* f32, bf16 */ *r = (ValueRange){-FLT_MAX, FLT_MAX, 0, "the finite range of f32"}; break;
     }
     if (in->classes > 0) {
-        snprintf(what, size, "the classes [0, %lld) of the loss or metric that reads '%s'", (long long)in->classes,
+        snprintf(what, size, "the classes [0, %lld) of the loss, metric or embedding that reads '%s'", (long long)in->classes,
                  in->name);
         *r = (ValueRange){0, (double)(in->classes - 1), 1, what};
     }

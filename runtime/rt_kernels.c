@@ -308,12 +308,14 @@ static double logsumexp(const float *x, int64_t cols) {
 
 void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                  float smoothing, int64_t n_valid, float *loss) {
+    for (int64_t r = 0; r < rows && r < n_valid; r++) check_label(label[r], cols, r);
+    /* each row on one thread, in the same order of operations: the same bits for any count */
+#pragma omp parallel for schedule(static) if (rows * cols >= 32768)
     for (int64_t r = 0; r < rows; r++) {
         if (r >= n_valid) {
             loss[r] = 0;
             continue;
         }
-        check_label(label[r], cols, r);
         const float *x = logits + r * cols;
         double mean = 0;
         if (smoothing != 0) {
@@ -328,10 +330,11 @@ void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t 
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                  float smoothing, const float *dloss, float *dlogits) {
     double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
+    for (int64_t r = 0; r < rows; r++) check_label(label[r], cols, r);
+#pragma omp parallel for schedule(static) if (rows * cols >= 32768)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * cols;
         float *d = dlogits + r * cols;
-        check_label(label[r], cols, r);
         double lse = logsumexp(x, cols);
         for (int64_t j = 0; j < cols; j++) {
             double target = off + (j == label[r] ? 1.0 - smoothing : 0.0);

@@ -4,9 +4,9 @@
  * driver can compile for newer GPUs. The images go into a C file as byte arrays
  * (`netc_images`, netrt_cuda.h's RtCudaImage, ending with a NULL entry), which the generated
  * host C points RtCudaModel.images at and the trainer links, so
- * the machine that trains needs neither nvcc nor NVRTC. The kernels include four runtime headers
- * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh and the cuda/netrt_*.cuh it includes, rt_bits.h, rt_recipe.h), handed to NVRTC from the
- * runtime directory.
+ * the machine that trains needs neither nvcc nor NVRTC. The kernels include the runtime headers
+ * named in compile_images (cuda/rt_devstate.h, cuda/netrt_kernels.cuh and the cuda/netrt_*.cuh
+ * it includes, rt_bits.h, rt_recipe.h), handed to NVRTC from the runtime directory.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -86,10 +86,10 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
-    enum { N_HDR = 6 };
+    enum { N_HDR = 7 };
     static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh",
-                                             "netrt_attention.cuh", "rt_bits.h", "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "/cuda", "/cuda", "", ""}; /* under rt_dir */
+                                             "netrt_attention.cuh", "netrt_index.cuh", "rt_bits.h", "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "/cuda", "/cuda", "/cuda", "", ""}; /* under rt_dir */
     char *hdr[N_HDR] = {NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;

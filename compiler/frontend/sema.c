@@ -293,6 +293,37 @@ bad:
     return sema_error();
 }
 
+/* a == b, a < b, ... with a tensor on either side: a u8 tensor of 0 and 1 (no gradient). Two
+ * tensors must have one dtype; a number is compared in the tensor's dtype (an integer tensor
+ * exactly, as an integer). */
+static Value tensor_compare(Sema *S, int op, Value a, Value b, SrcLoc loc) {
+    static const IrOp ops[] = {[BIN_EQ] = OP_EQ, [BIN_NE] = OP_NE, [BIN_LT] = OP_LT,
+                               [BIN_LE] = OP_LE, [BIN_GT] = OP_GT, [BIN_GE] = OP_GE};
+    IrNode *x = a.k == V_TENSOR ? a.t : NULL, *y = b.k == V_TENSOR ? b.t : NULL;
+    if ((!x && !is_num(a)) || (!y && !is_num(b))) {
+        diag_error(loc, "'%s' between %s and %s", ast_binop_name(op), sema_value_desc(S, a), sema_value_desc(S, b));
+        diag_hint("a tensor compares with a tensor or a number");
+        return sema_error();
+    }
+    IrDtype dt = x ? x->dtype : y->dtype;
+    if (!x) x = ir_const(S->g, sema_num(a), dt, loc);
+    if (!y) y = ir_const(S->g, sema_num(b), dt, loc);
+    if (x->dtype != y->dtype) {
+        diag_error(loc, "operands of '%s' have different dtypes: %s and %s", ast_binop_name(op),
+                   ir_dtype_name(x->dtype), ir_dtype_name(y->dtype));
+        diag_hint("convert one of them with a cast such as i64(x)");
+        return sema_error();
+    }
+    IrShape out;
+    if (!ir_broadcast(&x->shape, &y->shape, &out)) {
+        diag_error(loc, "shapes %s and %s do not broadcast for '%s'", sema_shape_str(S, &x->shape),
+                   sema_shape_str(S, &y->shape), ast_binop_name(op));
+        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
+        return sema_error();
+    }
+    return sema_tensor(sema_node(S, ops[op], out, DT_U8, loc, 2, x, y, NULL));
+}
+
 /* ---- expressions */
 
 /* [a, b] + [c] is [a, b, c], as in Python. */
@@ -320,6 +351,8 @@ static Value eval_binary(Sema *S, Env *env, const AstExpr *e) {
     }
     Value a = sema_eval(S, env, e->lhs), b = sema_eval(S, env, e->rhs);
     if (a.k == V_ERR || b.k == V_ERR) return sema_error();
+    if (e->op >= BIN_EQ && e->op <= BIN_GE && (a.k == V_TENSOR || b.k == V_TENSOR))
+        return tensor_compare(S, e->op, a, b, e->loc);
     if (e->op >= BIN_EQ && e->op <= BIN_GE) return compare(e->op, a, b, e->loc);
     if (a.k == V_TENSOR || b.k == V_TENSOR) return sema_tensor_binop(S, e->op, a, b, e->loc);
     if (is_num(a) && is_num(b)) return num_arith(e->op, a, b, e->loc);

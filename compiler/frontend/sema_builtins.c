@@ -1087,20 +1087,74 @@ static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
     return m;
 }
 
+/* Labels [...] for logits [..., C] of rank > 2 (a sequence: [B, T, C] with [B, T]), cast to i64;
+ * NULL (no error) when `v` is not a tensor of rank logits - 1, which the [N, C] path then
+ * reports. */
+static IrNode *seq_labels(Args *A, Value v, const IrNode *logits) {
+    if (v.k != V_TENSOR || v.t->shape.rank != logits->shape.rank - 1) return NULL;
+    if (ir_dtype_is_float(v.t->dtype)) {
+        diag_error(loc_of(A, 1), "'%s' of %s must be an integer tensor of class indices, found %s", A->b->params[1],
+                   A->b->name, sema_value_desc(A->S, v));
+        A->ok = 0;
+        return NULL;
+    }
+    for (int i = 0; i < v.t->shape.rank; i++) {
+        if (v.t->shape.dim[i] == logits->shape.dim[i]) continue;
+        diag_error(loc_of(A, 1), "labels of shape %s do not match logits of shape %s",
+                   sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
+        diag_hint("logits are [..., classes] and labels [...], the same leading axes");
+        A->ok = 0;
+        return NULL;
+    }
+    if (v.t->dtype == DT_I64) return v.t;
+    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
+}
+
+/* cross_entropy(logits [..., C], label [...], smoothing=0, ignore_index=none): the mean over
+ * every position of the valid samples, as PyTorch's reduction="mean"; with ignore_index, the
+ * positions whose label is it count for nothing and the mean is over the others (0/0 = NaN
+ * when every one is ignored, as PyTorch). */
 static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *logits = arg_logits(A, 0);
-    if (!A->ok) return sema_error();
-    IrNode *lab = arg_labels(A, 1, logits);
-    if (!A->ok) return sema_error();
+    Value lv = A->a[0];
+    IrNode *logits = NULL, *lab = NULL;
+    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) {
+        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
+        if (!A->ok) return sema_error();
+        lab = seq_labels(A, A->a[1], x);
+        if (!A->ok) return sema_error();
+        if (lab) logits = x;
+    }
+    if (!lab) { /* [N, C] with [N], or an error that says so */
+        logits = arg_logits(A, 0);
+        if (!A->ok) return sema_error();
+        lab = arg_labels(A, 1, logits);
+        if (!A->ok) return sema_error();
+    }
     double smoothing = arg_num(A, 2, 0, 0, 1);
     if (!A->ok) return sema_error();
-    IrNode *l = sema_node(S, OP_XENT, ir_shape(1, logits->shape.dim[0]), DT_F32, c->loc, 2,
-                          logits, lab, NULL);
+    Value iv = A->a[3];
+    if (iv.k == V_ERR) return sema_error();
+    if (iv.k != V_NONE && iv.k != V_INT) {
+        diag_error(loc_of(A, 3), "'ignore_index' of cross_entropy must be an integer, found %s",
+                   sema_value_text(S, iv));
+        diag_hint("PyTorch's usual value is -100: labels equal to it count for nothing");
+        return sema_error();
+    }
+    IrNode *l = sema_node(S, OP_XENT, lab->shape, DT_F32, c->loc, 2, logits, lab, NULL);
     l->attr.smoothing = smoothing;
     S->g->output = logits;
-    return sema_tensor(batch_mean(S, l, c->loc));
+    if (iv.k == V_NONE) return sema_tensor(batch_mean(S, l, c->loc));
+    l->attr.has_ignore = 1;
+    l->attr.ignore_index = iv.i;
+    /* sum(loss) / count(label != ignore_index), both over the valid samples: the ratio of two
+     * means, computed on the device */
+    IrNode *k = ir_const(S->g, (double)iv.i, DT_I64, c->loc);
+    IrNode *keep = sema_node(S, OP_NE, lab->shape, DT_U8, c->loc, 2, lab, k, NULL);
+    IrNode *keepf = sema_node(S, OP_CAST, lab->shape, DT_F32, c->loc, 1, keep, NULL, NULL);
+    IrNode *num = batch_mean(S, l, c->loc), *den = batch_mean(S, keepf, c->loc);
+    return sema_tensor(sema_node(S, OP_DIV, ir_scalar_shape(), DT_F32, c->loc, 2, num, den, NULL));
 }
 
 /* The two operands of an element-wise loss, which must have the same shape. */
@@ -1140,11 +1194,193 @@ static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
 static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    IrNode *logits = arg_logits(A, 0);
-    if (!A->ok) return sema_error();
-    IrNode *lab = arg_labels(A, 1, logits);
-    if (!A->ok) return sema_error();
+    Value lv = A->a[0];
+    IrNode *logits = NULL, *lab = NULL;
+    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) { /* a sequence */
+        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
+        if (!A->ok) return sema_error();
+        lab = seq_labels(A, A->a[1], x);
+        if (!A->ok) return sema_error();
+        if (lab) logits = x;
+    }
+    if (!lab) {
+        logits = arg_logits(A, 0);
+        if (!A->ok) return sema_error();
+        lab = arg_labels(A, 1, logits);
+        if (!A->ok) return sema_error();
+    }
     return sema_tensor(sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL));
+}
+
+/* ---- indices, masks and tied weights */
+
+/* An integer tensor of indices (any shape), cast to i64 if needed. */
+static IrNode *arg_indices(Args *A, int i) {
+    Value v = A->a[i];
+    if (v.k == V_ERR) {
+        A->ok = 0;
+        return NULL;
+    }
+    if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype)) {
+        diag_error(loc_of(A, i), "'%s' of %s must be an integer tensor of indices, found %s", A->b->params[i],
+                   A->b->name, sema_value_desc(A->S, v));
+        diag_hint("token ids are an i64 (or i32) input, e.g. `input tokens : i64[batch, seq]`");
+        A->ok = 0;
+        return NULL;
+    }
+    if (v.t->dtype == DT_I64) return v.t;
+    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
+}
+
+/* torch.nn.Embedding: weight [num, dim] ~ N(0, std^2); idx [...] -> [..., dim]. */
+static Value b_embedding(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *idx = arg_indices(A, 0);
+    int64_t num = arg_int(A, 1, 1, 1), dim = arg_int(A, 2, 1, 1);
+    double std = arg_num(A, 3, 1.0, 0, 1e6);
+    if (!A->ok) return sema_error();
+    if (idx->shape.rank >= IR_MAX_RANK) {
+        diag_error(loc_of(A, 0), "the indices of embedding have %d axes; at most %d fit, with the rows' axis",
+                   idx->shape.rank, IR_MAX_RANK - 1);
+        return sema_error();
+    }
+    IrShape ys = idx->shape;
+    ys.dim[ys.rank++] = dim;
+    if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
+    const char *name = sema_layer_name(S, label, "embedding");
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, num, dim), INIT_NORMAL, std,
+                           c->loc);
+    if (!w) return sema_error();
+    return sema_tensor(sema_node(S, OP_GATHER, ys, DT_F32, c->loc, 2, w->node, idx, NULL));
+}
+
+/* A labeled call with a literal label path (no {expr} segment) in e, whose parameters' names
+ * would begin with it, so that `name` could be one of them: "late" for "late.weight". */
+static const AstExpr *label_of(Sema *S, const AstExpr *e, const char *name) {
+    if (!e) return NULL;
+    if (e->kind == AST_LABELED) {
+        const char *path = "";
+        int literal = 1;
+        for (int i = 0; i < e->n_label && literal; i++) {
+            literal = e->label[i].text != NULL;
+            if (literal) path = i ? arena_printf(S->arena, "%s.%s", path, e->label[i].text) : e->label[i].text;
+        }
+        size_t n = strlen(path);
+        if (literal && n && strncmp(name, path, n) == 0 && name[n] == '.') return e;
+    }
+    const AstExpr *hit = label_of(S, e->lhs, name);
+    if (!hit) hit = label_of(S, e->rhs, name);
+    for (int i = 0; !hit && i < e->n_args; i++) hit = label_of(S, e->args[i].value, name);
+    for (int i = 0; !hit && i < e->n_items; i++) hit = label_of(S, e->items[i], name);
+    return hit;
+}
+
+/* The same in statements (top level, loops and conditionals; not blocks, whose labels get the
+ * caller's prefix). */
+static const AstExpr *label_in(Sema *S, AstStmt *const *body, int n, const char *name) {
+    const AstExpr *hit = NULL;
+    for (int i = 0; i < n && !hit; i++) {
+        const AstStmt *st = body[i];
+        if (st->kind == STMT_BLOCK || st->kind == STMT_TRAIN) continue;
+        hit = label_of(S, st->value, name);
+        if (!hit) hit = label_in(S, st->body, st->n_body, name);
+        if (!hit) hit = label_in(S, st->else_body, st->n_else, name);
+    }
+    return hit;
+}
+
+/* weight("name"): the tensor of a parameter defined above, to read it again (tied weights: the
+ * gradients of both readers add up). */
+static Value b_weight(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    const char *name = arg_str(A, 0, NULL);
+    if (!A->ok) return sema_error();
+    if (!name) {
+        diag_error(c->loc, "weight() takes the name of a parameter, e.g. weight(\"embed.weight\")");
+        return sema_error();
+    }
+    IrParam *p = ir_find_param(S->g, name);
+    if (p) return sema_tensor(p->node);
+    diag_error(loc_of(A, 0), "no parameter '%s' is defined before this point", name);
+    const AstExpr *later = S->prog ? label_in(S, S->prog->stmts, S->prog->n_stmts, name) : NULL;
+    if (later && later->loc.line > c->loc.line) {
+        diag_note(later->loc, "this layer creates it, further down");
+        diag_hint("weight() reads a parameter that exists when it runs: move that layer above this line");
+        return sema_error();
+    }
+    Suggest sg;
+    suggest_init(&sg, name);
+    for (int i = 0; i < S->g->n_params; i++) suggest_try(&sg, S->g->params[i].name);
+    sema_suggest_hint(&sg);
+    diag_hint("weight() reads a parameter that a layer above created; a layer's parameters are named "
+              "LABEL.weight, LABEL.bias (see --summary)");
+    return sema_error();
+}
+
+/* where(c, a, b): a where c is nonzero, else b; a and b float tensors or numbers. */
+static Value b_where(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    Value cv = A->a[0], av = A->a[1], bv = A->a[2];
+    if (cv.k == V_ERR || av.k == V_ERR || bv.k == V_ERR) return sema_error();
+    if (cv.k != V_TENSOR) {
+        diag_error(loc_of(A, 0), "the condition of where must be a tensor, found %s", sema_value_text(S, cv));
+        diag_hint("a mask such as iota([T, T], 0) >= iota([T, T], 1); a number is a compile-time `if`");
+        return sema_error();
+    }
+    IrNode *x[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        Value v = k ? bv : av;
+        if (v.k == V_TENSOR && !refuse_half(A, k + 1, arg_tensor(A, k + 1, 0, 0))) return sema_error();
+        if (v.k == V_TENSOR) x[k] = v.t;
+        else if (v.k != V_INT && v.k != V_FLOAT) {
+            diag_error(loc_of(A, k + 1), "'%s' of where must be a float tensor or a number, found %s",
+                       A->b->params[k + 1], sema_value_text(S, v));
+            return sema_error();
+        }
+    }
+    if (!x[0] && !x[1]) {
+        diag_error(c->loc, "where needs a tensor in 'a' or 'b'; both are numbers");
+        return sema_error();
+    }
+    for (int k = 0; k < 2; k++)
+        if (!x[k]) x[k] = ir_const(S->g, sema_num(k ? bv : av), DT_F32, c->loc);
+    IrShape s;
+    if (!ir_broadcast(&cv.t->shape, &x[0]->shape, &s) || !ir_broadcast(&s, &x[1]->shape, &s)) {
+        diag_error(c->loc, "where: shapes %s, %s and %s do not broadcast", sema_shape_str(S, &cv.t->shape),
+                   sema_shape_str(S, &x[0]->shape), sema_shape_str(S, &x[1]->shape));
+        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
+        return sema_error();
+    }
+    return sema_tensor(sema_node(S, OP_WHERE, s, DT_F32, c->loc, 3, cv.t, x[0], x[1]));
+}
+
+/* iota(shape, axis): i64 [shape], each element its index along axis (negative: from the end). */
+static Value b_iota(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    Value dims = A->a[0], av = A->a[1];
+    if (dims.k == V_ERR || av.k == V_ERR) return sema_error();
+    IrShape s = {.rank = dims.n};
+    int ok = dims.k == V_LIST && dims.n >= 1 && dims.n <= IR_MAX_RANK;
+    for (int i = 0; ok && i < dims.n; i++) {
+        ok = dims.items[i].k == V_INT && dims.items[i].i >= 1;
+        s.dim[i] = dims.items[i].i;
+    }
+    if (!ok) {
+        diag_error(loc_of(A, 0), "the shape of iota must be a list of 1 to %d positive integers, found %s",
+                   IR_MAX_RANK, sema_value_text(S, dims));
+        return sema_error();
+    }
+    if (av.k != V_INT || av.i < -s.rank || av.i >= s.rank) {
+        diag_error(loc_of(A, 1), "the axis of iota must be an integer in [%d, %d) for shape %s, found %s", -s.rank,
+                   s.rank, sema_shape_str(S, &s), sema_value_text(S, av));
+        return sema_error();
+    }
+    if (!sema_check_shape(S, &s, c->loc)) return sema_error();
+    IrNode *n = sema_node(S, OP_IOTA, s, DT_I64, c->loc, 0, NULL, NULL, NULL);
+    n->attr.axis = (int)(av.i < 0 ? av.i + s.rank : av.i);
+    return sema_tensor(n);
 }
 
 /* ---- the table */
@@ -1179,10 +1415,15 @@ static const SemaBuiltin builtins[] = {
     {"slice", "x, axis, start, end=none", b_slice, 3, 4, {"x", "axis", "start", "end"}},
     {"split", "x, parts, axis=-1", b_split, 2, 3, {"x", "parts", "axis"}},
     {"concat", "xs, axis=0", b_concat, 1, 2, {"xs", "axis"}},
-    {"cross_entropy", "logits, label, smoothing=0", b_cross_entropy, 2, 3, {"logits", "label", "smoothing"}},
+    {"cross_entropy", "logits, label, smoothing=0, ignore_index=none", b_cross_entropy, 2, 4,
+     {"logits", "label", "smoothing", "ignore_index"}},
     {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
     {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
     {"accuracy", "logits, label", b_accuracy, 2, 2, {"logits", "label"}},
+    {"embedding", "idx, num, dim, std=1", b_embedding, 3, 4, {"idx", "num", "dim", "std"}},
+    {"weight", "name", b_weight, 1, 1, {"name"}},
+    {"where", "c, a, b", b_where, 3, 3, {"c", "a", "b"}},
+    {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},
 };
 
 const SemaBuiltin *sema_find_builtin(const char *name) {

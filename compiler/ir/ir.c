@@ -73,6 +73,10 @@ int ir_op_follows_layout(IrOp op) {
     return ir_op_arity(op) > 0 && result_nhwc(op);
 }
 
+int ir_op_is_compare(IrOp op) {
+    return op == OP_EQ || op == OP_NE || op == OP_LT || op == OP_LE || op == OP_GT || op == OP_GE;
+}
+
 static const struct {
     const char *name, *ctype;
     int size;
@@ -344,20 +348,47 @@ static int shape_softmax_bwd(const IrNode *n, IrShape *want) {
     return ir_shape_eq(&n->in[0]->shape, &n->in[1]->shape);
 }
 
+/* Labels [...] (i64) index the classes of logits [..., C]: the same leading axes. */
+static int labels_match(const IrNode *logits, const IrNode *labels) {
+    const IrShape *a = &logits->shape, *b = &labels->shape;
+    if (a->rank < 2 || b->rank != a->rank - 1 || labels->dtype != DT_I64) return 0;
+    for (int i = 0; i < b->rank; i++)
+        if (a->dim[i] != b->dim[i]) return 0;
+    return 1;
+}
+
 static int shape_xent(const IrNode *n, IrShape *want) {
-    const IrNode *a = n->in[0], *b = n->in[1];
-    *want = ir_shape(1, a->shape.dim[0]);
-    return a->shape.rank == 2 && b->shape.rank == 1 && b->shape.dim[0] == a->shape.dim[0] && b->dtype == DT_I64;
+    *want = n->in[1]->shape;
+    return labels_match(n->in[0], n->in[1]);
 }
 
 static int shape_xent_bwd(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
-    return want->rank == 2;
+    return want->rank >= 2 && labels_match(n->in[0], n->in[1]) && ir_shape_eq(&n->in[2]->shape, &n->in[1]->shape);
 }
 
 static int shape_accuracy(const IrNode *n, IrShape *want) {
     *want = ir_scalar_shape();
-    return n->in[0]->shape.rank == 2 && n->in[1]->dtype == DT_I64;
+    return labels_match(n->in[0], n->in[1]);
+}
+
+/* gather(table [N, D], idx [...]) -> [..., D] */
+static int shape_gather(const IrNode *n, IrShape *want) {
+    const IrShape *t = &n->in[0]->shape, *idx = &n->in[1]->shape;
+    *want = *idx;
+    if (t->rank != 2 || idx->rank >= IR_MAX_RANK || n->in[1]->dtype != DT_I64) return 0;
+    want->dim[want->rank++] = t->dim[1];
+    return 1;
+}
+
+/* gather_bwd(idx [...], dy [..., D]) -> [N, D] */
+static int shape_gather_bwd(const IrNode *n, IrShape *want) {
+    const IrShape *idx = &n->in[0]->shape, *dy = &n->in[1]->shape;
+    *want = n->shape;
+    if (n->shape.rank != 2 || dy->rank != idx->rank + 1 || n->in[0]->dtype != DT_I64) return 0;
+    for (int i = 0; i < idx->rank; i++)
+        if (idx->dim[i] != dy->dim[i]) return 0;
+    return dy->dim[dy->rank - 1] == n->shape.dim[1];
 }
 
 static int shape_bn_stats(const IrNode *n, IrShape *want) {
@@ -501,6 +532,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_SLICE: return !a->start;
     case ATTR_ATTN: return !a->causal && a->attn_scale == 0;
     case ATTR_PART: return !a->part;
+    case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
@@ -553,7 +585,11 @@ static int verify_node(const IrGraph *g, const IrNode *n, int pos, const char *s
         return verify_fail(stage, n, "shape does not follow from the operands");
     if (!verify_layouts(n, stage)) return 0;
     if (!attrs_unused_default(n)) return verify_fail(stage, n, "an attribute the operator does not read is set");
-    int ew_float = ir_op_kind(n->op) == OPK_EW && n->op != OP_CAST;
+    int ew_float = ir_op_kind(n->op) == OPK_EW && n->op != OP_CAST && n->op != OP_IOTA && !ir_op_is_compare(n->op);
+    if (ir_op_is_compare(n->op) && (n->dtype != DT_U8 || n->in[0]->dtype != n->in[1]->dtype))
+        return verify_fail(stage, n, "a comparison is u8 of two operands of one dtype");
+    if (n->op == OP_IOTA && (n->dtype != DT_I64 || n->attr.axis < 0 || n->attr.axis >= n->shape.rank))
+        return verify_fail(stage, n, "iota is i64 with an axis of its shape");
     if ((ew_float || ir_op_kind(n->op) == OPK_REDUCE) && !ir_dtype_is_float(n->dtype))
         return verify_fail(stage, n, "arithmetic on a non-float dtype");
     return 1;
@@ -622,6 +658,9 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
         fprintf(out, " scale=%.9g", a->attn_scale);
         break;
     case ATTR_PART: fprintf(out, " part=%lld", (long long)a->part); break;
+    case ATTR_IGNORE:
+        if (a->has_ignore) fprintf(out, " ignore_index=%lld", (long long)a->ignore_index);
+        break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
 }
@@ -682,13 +721,14 @@ static const char *const kind_names[] = {
 static const char *const lib_names[] = {
     [LIB_NONE] = "", [LIB_MATMUL] = " (matmul)", [LIB_CONV] = " (conv)", [LIB_POOL] = " (pool)",
     [LIB_ROWS] = " (rows)", [LIB_BN] = " (bn)", [LIB_AXES] = " (axes)", [LIB_ATTN] = " (attention)",
+    [LIB_INDEX] = " (index)",
 };
 
 /* The attributes' names as --dump prints them, in the order of the ATTR_* bits. */
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
-    [17] = "causal scale", [19] = "part", /* 16 and 18: ATTR__UNASSIGNED */
+    [17] = "causal scale", "ignore_index", "part", /* 16: ATTR__UNASSIGNED */
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

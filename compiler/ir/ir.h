@@ -47,6 +47,7 @@ typedef enum {
     LIB_BN,     /* batch-norm statistics and backward sums */
     LIB_AXES,   /* copies and reductions along chosen axes: permute, slice, concat, max */
     LIB_ATTN,   /* scaled dot-product attention and its gradient */
+    LIB_INDEX,  /* gather (embedding rows) and its scatter-add gradient */
 } IrLibClass;
 
 /* The attributes an operator reads (ops.def's attrs column), one bit per IrAttrs field or pair
@@ -67,14 +68,15 @@ enum {
     ATTR_ROW = 1 << 11,          /* row */
     ATTR_SMOOTHING = 1 << 12,    /* smoothing */
     ATTR_PERM = 1 << 13,         /* perm[IR_MAX_RANK]: permute */
-    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd */
+    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd, iota */
     ATTR_SLICE = 1 << 15,        /* start: slice, slice_bwd */
-    /* bits 16 and 18 belong to the other branches of issue 16 (norm_eps, ignore_index); until
-     * they are merged nothing reads or prints them */
+    /* bit 16 belongs to another branch of issue 16 (norm_eps); until it is merged nothing
+     * reads or prints it */
     ATTR_ATTN = 1 << 17,         /* causal, attn_scale */
+    ATTR_IGNORE = 1 << 18,       /* has_ignore, ignore_index: xent, xent_bwd */
     ATTR_PART = 1 << 19,         /* part */
     ATTR__END = 1 << 20,
-    ATTR__UNASSIGNED = 1 << 16 | 1 << 18,
+    ATTR__UNASSIGNED = 1 << 16,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -132,6 +134,8 @@ typedef struct IrAttrs {
     int causal; double attn_scale;            /* attention: key j > query i masked out; the
                                                * scores' factor (1/sqrt(d) by default) */
     int64_t part;                             /* part: element offset into operand 0 */
+    int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
+    int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
 } IrAttrs;
 
 typedef enum {
@@ -257,6 +261,8 @@ IrLibClass ir_op_lib(IrOp op);  /* LIB_NONE unless op is a library kernel */
 /* op computes in the layout of its operands, reading each in its own (pooling): a layout flows
  * through it as through an element-wise operator. */
 int ir_op_follows_layout(IrOp op);
+/* op is a comparison (eq, ne, lt, le, gt, ge): a u8 0/1 result from operands of one dtype. */
+int ir_op_is_compare(IrOp op);
 const char *ir_dtype_name(IrDtype dt);   /* "f32" */
 const char *ir_dtype_ctype(IrDtype dt);  /* "float" */
 int ir_dtype_size(IrDtype dt);

@@ -224,6 +224,9 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_XENT: /* the labels (operand 1) are integers: no gradient */
         accumulate(ad, x, lib(ad, OP_XENT_BWD, y, &x->shape, 3, x, w, dy));
         break;
+    case OP_GATHER: /* a table read twice (tied weights) sums both: accumulate */
+        accumulate(ad, x, lib(ad, OP_GATHER_BWD, y, &x->shape, 2, w, dy, NULL));
+        break;
     default: ICE("grad_lib: %s", ir_op_name(y->op));
     }
 }
@@ -326,10 +329,28 @@ static void grad_attention(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* where(c, a, b): dy flows to a where c holds and to b elsewhere; c (a mask) gets none. */
+static void grad_where(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *c = y->in[0], *a = y->in[1], *b = y->in[2];
+    for (int k = 0; k < 2; k++) {
+        IrNode *x = k ? b : a;
+        if (!wants(ad, x)) continue;
+        IrNode *zero = constant(ad, 0.0, dy->dtype);
+        IrShape s;
+        if (!ir_broadcast(&c->shape, &dy->shape, &s)) ICE("grad_where: operands do not broadcast");
+        IrNode *d = append(ad, (IrNodeSpec){.op = OP_WHERE, .n_in = 3, .in = {c, k ? zero : dy, k ? dy : zero},
+                                            .shape = s, .dtype = dy->dtype});
+        accumulate(ad, x, d);
+    }
+}
+
 /* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
     case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_ACCURACY: case OP_BN_STATS: break;
+    case OP_IOTA: case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE:
+        break; /* integer results: never on a gradient's path */
+    case OP_WHERE: grad_where(ad, y, dy); break;
     case OP_BN_APPLY: grad_bn(ad, y, dy); break;
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
     case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_EXP: case OP_LOG:
@@ -340,14 +361,14 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_BCE_LOGITS: grad_bce(ad, y, dy); break;
     case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_MAX: grad_axes(ad, y, dy); break;
     case OP_MATMUL: grad_matmul(ad, y, dy); break;
-    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT:
+    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT: case OP_GATHER:
         grad_lib(ad, y, dy);
         break;
     case OP_ATTENTION: case OP_ATTENTION_MASKED: grad_attention(ad, y, dy); break;
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
-    case OP_XENT_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
+    case OP_XENT_BWD: case OP_GATHER_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
     case OP_SLICE_BWD: case OP_MAX_BWD:
     case OP_ATTENTION_BWD: case OP_ATTENTION_MASKED_BWD: case OP_PART:
     case OP__COUNT:
@@ -359,9 +380,10 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
 /* ---- which nodes need a gradient */
 
 /* Operand k of y carries a gradient back. Dead ends among float edges: ACCURACY, BN_STATS,
- * and the statistics operand of BN_APPLY (its rule differentiates through them itself). */
+ * the statistics operand of BN_APPLY (its rule differentiates through them itself) and the
+ * condition of WHERE. */
 static int differentiable_edge(const IrNode *y, int k) {
-    if (y->op == OP_ACCURACY || y->op == OP_BN_STATS) return 0;
+    if (y->op == OP_ACCURACY || y->op == OP_BN_STATS || (y->op == OP_WHERE && k == 0)) return 0;
     return ir_dtype_is_float(y->dtype) && !(y->op == OP_BN_APPLY && k == 1);
 }
 

@@ -21,9 +21,12 @@
 
 static int is_f32_elementwise(const IrNode *n) {
     /* scalars keep their one-statement form; a half type joins only as a cast (the rounding
-     * to bf16 before a product), which the group rounds where it is computed */
+     * to bf16 before a product), which the group rounds where it is computed; a comparison's
+     * u8 0 or 1 is exact in the group's float local (its integer operands are read from
+     * memory and compared as integers) */
     int half_cast = n->op == OP_CAST && ir_dtype_is_half(n->dtype);
-    return ir_op_kind(n->op) == OPK_EW && (n->dtype == DT_F32 || half_cast) && ir_numel(&n->shape) > 1;
+    int compare = ir_op_is_compare(n->op);
+    return ir_op_kind(n->op) == OPK_EW && (n->dtype == DT_F32 || half_cast || compare) && ir_numel(&n->shape) > 1;
 }
 
 /* n can join a group whose first member is `head`. */

@@ -19,6 +19,7 @@
  *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
  *   one block of 256           accuracy, mean
  *   one block per tile of 256 rows (or keys), a thread each: attention (netrt_attention.cuh)
+ * (netrt_index.cuh, included at the end, says its own.)
  */
 #ifndef NETRT_KERNELS_CUH
 #define NETRT_KERNELS_CUH
@@ -489,5 +490,9 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
 // ---- scaled dot-product attention: its own file
 
 #include "netrt_attention.cuh"
+
+// ---- indices and sequences: embedding rows, their gradient, cross-entropy with an ignore index
+
+#include "netrt_index.cuh"
 
 #endif

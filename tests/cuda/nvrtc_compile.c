@@ -15,14 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_HDR = 6 }; /* the headers below */
+enum { N_HDR = 7 }; /* the headers below */
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
     X(k_softmax) X(k_xent) X(k_accuracy) X(k_mean) X(k_bn_train_nhwc) X(k_bn_eval_nchw) X(k_bn_bwd) X(k_recipe) \
     X(k_views) \
     X(k_attention) X(k_attention_rows) X(k_attention_keys) X(k_attention_masked) X(k_attention_masked_keys) \
-    X(k_attention_wide)
+    X(k_attention_wide) X(k_index)
 
 static const char source[] =
     "#include \"rt_devstate.h\"\n"
@@ -138,6 +138,14 @@ static const char source[] =
     "        rt_sgd_update(sgd, s1, F(1 << 20), F(1 << 21), F(1 << 22), 1000, i);\n"
     "        rt_adamw_update(adamw, s2, F(1 << 23), F(1 << 21), F(1 << 24), 1000, i);\n"
     "    }\n"
+    "}\n"
+    "extern \"C\" __global__ void k_index(unsigned char *base) {\n"
+    "    rt_k_gather(512, 1000, 64, F(0), L(1 << 20), F(1 << 21));\n"
+    "    rt_k_gather_bwd_zero(1000, 64, F(1 << 22));\n"
+    "    rt_k_gather_bwd_add(512, 1000, 64, L(1 << 20), F(1 << 21), F(1 << 22));\n"
+    "    RtBatchHeader *b = (RtBatchHeader *)(base + 4096);\n"
+    "    rt_k_xent_ignore_fwd(128, 10, F(0), L(4096 + 256), 0.1f, -100, b->n_valid, F(1 << 20));\n"
+    "    rt_k_xent_ignore_bwd(128, 10, F(0), L(4096 + 256), 0.0f, -100, F(1 << 21), F(1 << 22));\n"
     "}\n";
 
 #define NAME(k) #k,
@@ -221,8 +229,9 @@ int main(int argc, char **argv) {
     printf("NVRTC %d.%d\n", major, minor);
     /* the headers the kernels include: those in DIR, and rt_bits.h and rt_recipe.h above it */
     static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh",
-                                             "netrt_attention.cuh", "rt_bits.h", "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"", "", "", "", "../", "../"};
+                                             "netrt_attention.cuh", "netrt_index.cuh", "rt_bits.h",
+                                             "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"", "", "", "", "", "../", "../"};
     const char *headers[N_HDR];
     for (int h = 0; h < N_HDR; h++) {
         char rel[64];

@@ -168,17 +168,36 @@ class Interp:
         if op == "avgpool2d_bwd":
             return vjp(lambda t: F.avg_pool2d(t, **self.pool_args(n)), torch.zeros(n.shape, dtype=self.dtype), x[0])
         smoothing = a.get("smoothing", [0.0])[0]
-        if op == "xent": return F.cross_entropy(x[0], x[1], reduction="none", label_smoothing=smoothing)
+        ignore = int(a["ignore_index"][0]) if "ignore_index" in a else -100  # PyTorch's default
+        if op == "xent":  # logits [..., C], labels [...]: PyTorch's per-position loss, 0 where ignored
+            classes = x[0].shape[-1]
+            return F.cross_entropy(x[0].reshape(-1, classes), x[1].reshape(-1), reduction="none",
+                                   label_smoothing=smoothing, ignore_index=ignore).reshape(x[1].shape)
         if op == "xent_bwd":
             classes = x[0].shape[-1]
-            target = (1 - smoothing) * F.one_hot(x[1], classes).to(self.dtype) + smoothing / classes
-            return x[2][:, None] * (torch.softmax(x[0], -1) - target)
+            keep = (x[1] != ignore).to(self.dtype)[..., None]
+            onehot = F.one_hot(torch.where(x[1] == ignore, 0, x[1]), classes).to(self.dtype)
+            target = (1 - smoothing) * onehot + smoothing / classes
+            return keep * x[2][..., None] * (torch.softmax(x[0], -1) - target)
+        if op == "gather": return F.embedding(x[1], x[0])
+        if op == "gather_bwd":
+            dim = n.shape[1]
+            return torch.zeros(n.shape, dtype=self.dtype).index_add_(0, x[0].reshape(-1), x[1].reshape(-1, dim))
+        if op == "iota":
+            axis = int(a["axis"][0])
+            view = [1] * len(n.shape)
+            view[axis] = n.shape[axis]
+            return torch.arange(n.shape[axis]).reshape(view).expand(n.shape).clone()
+        compare = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+        if op in compare: return compare[op](x[0], x[1]).to(torch.uint8)
+        if op == "where": return torch.where(x[0] != 0, x[1], x[2]).expand(n.shape).clone()
         if op.startswith("bn_") or op == "row": return self.batchnorm(n, x)
         if op.startswith("attention"): return self.attention(n, x)
         if op == "part":
             at = int(a["part"][0])
             return x[0].reshape(-1)[at:at + math.prod(n.shape)].reshape(n.shape)
-        if op == "accuracy": return (x[0].argmax(-1) == x[1]).to(self.dtype).sum()
+        if op == "accuracy":  # of a sequence, divided by the positions per sample
+            return (x[0].argmax(-1) == x[1]).to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     @staticmethod

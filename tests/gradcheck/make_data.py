@@ -18,6 +18,7 @@ Distributions (chosen per input to keep the checked function smooth near the dat
     perm       each sample a permutation of distinct values 0.1 apart, centred on 0 (max-pool
                inputs without near-ties)
     int:K      integers uniform in [0, K) (class labels)
+    int:A:K    integers uniform in [A, K) (labels with an ignore index A < 0 among them)
 Inputs without an entry are `normal` if they are float and an error if they are integers.
 """
 import argparse
@@ -82,8 +83,8 @@ def sample(rng, dist, dtype, shape):
     n = shape[0]
     per = int(np.prod(shape[1:], dtype=np.int64))
     if dist.startswith("int:"):
-        k = int(dist[4:])
-        return rng.integers(0, k, size=shape).astype(INT_DTYPES.get(dtype, np.int64))
+        lo, _, k = dist[4:].rpartition(":")
+        return rng.integers(int(lo or 0), int(k), size=shape).astype(INT_DTYPES.get(dtype, np.int64))
     if dtype not in FLOAT_DTYPES:
         sys.exit(f"make_data: integer input needs an int:K distribution, found '{dist}'")
     if dist == "normal":

@@ -1,0 +1,107 @@
+/* rt_index.c - the kernels of indices and sequences: embedding rows (gather) and their
+ * gradient (a scatter-add), and the cross-entropy of [..., C] logits with an ignore index.
+ *
+ * Every kernel is deterministic and bit-reproducible whatever the number of threads: a thread
+ * owns whole outputs (rows of the loss, rows of the table), and each output's additions happen
+ * in one fixed order (the indices' order). No float atomics.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_internal.h"
+
+/* ---- gather and its gradient */
+
+void rt_gather_rows(int64_t n, int64_t num, int64_t dim, const float *table, const int64_t *idx, float *out,
+               int64_t per_sample, const char *what) {
+    for (int64_t t = 0; t < n; t++) { /* checked on one thread first: the message names the first bad one */
+        if (idx[t] >= 0 && idx[t] < num) continue;
+        fprintf(stderr, "error: index %lld at position %lld (sample %lld) of %s is outside [0, %lld)\n"
+                        "  hint: the table has %lld rows; check the token ids of this input\n",
+                (long long)idx[t], (long long)(t % per_sample), (long long)(t / per_sample), what, (long long)num,
+                (long long)num);
+        exit(1);
+    }
+#pragma omp parallel for schedule(static) if (n * dim >= 32768)
+    for (int64_t t = 0; t < n; t++) memcpy(out + t * dim, table + idx[t] * dim, (size_t)dim * sizeof *out);
+}
+
+void rt_gather_rows_bwd(int64_t n, int64_t num, int64_t dim, const int64_t *idx, const float *dy, float *dtable) {
+#pragma omp parallel if (n * dim >= 32768)
+    {
+        /* each thread owns the table rows [r0, r1) and adds dy's rows into them in index order */
+        const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();
+        const int64_t r0 = num * th / nt, r1 = num * (th + 1) / nt;
+        memset(dtable + r0 * dim, 0, (size_t)((r1 - r0) * dim) * sizeof *dtable);
+        for (int64_t t = 0; t < n; t++) {
+            int64_t k = idx[t];
+            if (k < r0 || k >= r1) continue;
+            float *d = dtable + k * dim;
+            const float *g = dy + t * dim;
+            for (int64_t j = 0; j < dim; j++) d[j] += g[j];
+        }
+    }
+}
+
+/* ---- cross-entropy with an ignore index */
+
+static void check_labels(int64_t rows, int64_t cols, const int64_t *label, int64_t ignore) {
+    for (int64_t r = 0; r < rows; r++) {
+        if ((label[r] >= 0 && label[r] < cols) || label[r] == ignore) continue;
+        fprintf(stderr, "error: label %lld in row %lld of the batch is outside [0, %lld) and is not the ignore_index %lld\n"
+                        "  hint: the model's logits have %lld classes; check the label file\n",
+                (long long)label[r], (long long)r, (long long)cols, (long long)ignore, (long long)cols);
+        exit(1);
+    }
+}
+
+static double row_logsumexp(const float *x, int64_t cols) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < cols; j++) m = fmaxf(m, x[j]);
+    double s = 0;
+    for (int64_t j = 0; j < cols; j++) s += exp((double)x[j] - m);
+    return m + log(s);
+}
+
+void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, int64_t n_valid, float *loss) {
+    check_labels(rows < n_valid ? rows : n_valid, cols, label, ignore);
+#pragma omp parallel for schedule(static) if (rows * cols >= 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        if (r >= n_valid || label[r] == ignore) {
+            loss[r] = 0;
+            continue;
+        }
+        const float *x = logits + r * cols;
+        double mean = 0;
+        if (smoothing != 0) {
+            for (int64_t j = 0; j < cols; j++) mean += x[j];
+            mean /= (double)cols;
+        }
+        double lse = row_logsumexp(x, cols);
+        loss[r] = (float)(lse - (1.0 - smoothing) * x[label[r]] - smoothing * mean);
+    }
+}
+
+void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, const float *dloss, float *dlogits) {
+    double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
+    check_labels(rows, cols, label, ignore);
+#pragma omp parallel for schedule(static) if (rows * cols >= 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * cols;
+        float *d = dlogits + r * cols;
+        if (label[r] == ignore) { /* no contribution: the row's gradient is 0 */
+            memset(d, 0, (size_t)cols * sizeof *d);
+            continue;
+        }
+        double lse = row_logsumexp(x, cols);
+        for (int64_t j = 0; j < cols; j++) { /* one pass over the row: each element written once */
+            double target = off + (j == label[r] ? 1.0 - smoothing : 0.0);
+            d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
+        }
+    }
+}
