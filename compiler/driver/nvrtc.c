@@ -4,8 +4,9 @@
  * driver can compile for newer GPUs. The images go into a C file as byte arrays
  * (`netc_images`, netrt_cuda.h's RtCudaImage, ending with a NULL entry), which the generated
  * host C points RtCudaModel.images at and the trainer links, so
- * the machine that trains needs neither nvcc nor NVRTC. The kernels include four runtime headers
- * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h, rt_recipe.h), handed to NVRTC from the
+ * the machine that trains needs neither nvcc nor NVRTC. The kernels include five runtime headers
+ * (cuda/rt_devstate.h, cuda/netrt_kernels.cuh, cuda/netrt_rows.cuh, rt_bits.h, rt_recipe.h),
+ * handed to NVRTC from the
  * runtime directory.
  */
 #include <errno.h>
@@ -86,10 +87,11 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
-    enum { N_HDR = 4 };
-    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "", ""}; /* under rt_dir */
-    char *hdr[N_HDR] = {NULL, NULL, NULL, NULL};
+    enum { N_HDR = 5 };
+    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h",
+                                             "netrt_rows.cuh"};
+    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "", "", "/cuda"}; /* under rt_dir */
+    char *hdr[N_HDR] = {NULL, NULL, NULL, NULL, NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;
     if (!src) {

@@ -43,7 +43,8 @@ typedef enum {
     LIB_MATMUL, /* MATMUL */
     LIB_CONV,   /* CONV2D and its two gradients */
     LIB_POOL,   /* max and average pooling, forward and backward */
-    LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
+    LIB_ROWS,   /* softmax, log-softmax, cross-entropy, accuracy, layer and RMS norm: per row
+                 * of the last axis (softmax and log-softmax: of attr.axis) */
     LIB_BN,     /* batch-norm statistics and backward sums */
 } IrLibClass;
 
@@ -64,7 +65,13 @@ enum {
     ATTR_BN = 1 << 10,           /* eps, momentum, stat_param */
     ATTR_ROW = 1 << 11,          /* row */
     ATTR_SMOOTHING = 1 << 12,    /* smoothing */
-    ATTR__END = 1 << 13,
+    ATTR_PERM = 1 << 13,         /* perm[IR_MAX_RANK]: permute (branch A) */
+    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, softmax/log_softmax, iota, reductions (A, B, E) */
+    ATTR_SLICE = 1 << 15,        /* start: slice, slice_bwd (A) */
+    ATTR_NORM = 1 << 16,         /* norm_eps: layernorm, rmsnorm and their gradients (B) */
+    ATTR_ATTN = 1 << 17,         /* causal, attn_scale: attention and its gradient (C) */
+    ATTR_IGNORE = 1 << 18,       /* ignore_index: xent, xent_bwd with an ignore index (E) */
+    ATTR__END = 1 << 19,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -116,6 +123,8 @@ typedef struct IrAttrs {
                                                * too, never updated (batchnorm2d frozen=true) */
     int row;                                  /* row: which row of operand 0 */
     double smoothing;                         /* xent: label smoothing */
+    int axis; /* the axis an operator works along (ATTR_AXIS) */
+    double norm_eps;                          /* layernorm, rmsnorm: added to the variance */
 } IrAttrs;
 
 typedef enum {
@@ -165,6 +174,7 @@ typedef struct IrParam {
     IrNode *grad;     /* gradient node (set by autodiff); NULL when frozen or unused */
     int trainable;
     int no_decay;     /* trained without weight decay (train { no_decay = ... }) */
+    int norm;         /* a normalization layer's weight or bias (no_decay = ["norms"]) */
     int buffer;       /* running statistics: saved and loaded like a parameter, never trained */
     IrDtype file_dtype; /* dtype in weight files (num_batches_tracked is i64); stored as f32 */
     IrInit init;

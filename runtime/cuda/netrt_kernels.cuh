@@ -16,7 +16,8 @@
  *
  * Launch shapes (T = the count named; "grid-stride" loops cover any grid):
  *   grid-stride over T         pooling, batch-norm partial and final sums
- *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
+ *   one block of 256 per row   softmax, cross-entropy, log-softmax, layer and RMS norm (rows
+ *                              grid-stride over the blocks; netrt_rows.cuh)
  *   one block of 256           accuracy, mean
  */
 #ifndef NETRT_KERNELS_CUH
@@ -483,5 +484,9 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
         if (threadIdx.x == 0) sums[j] = (float)s;
     }
 }
+
+// ---- softmax and log-softmax along any axis, layer norm and RMS norm (per row)
+
+#include "netrt_rows.cuh"
 
 #endif

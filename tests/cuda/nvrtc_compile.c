@@ -132,7 +132,7 @@ static int compile(const char *arch, const char *const *headers, const char *con
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
     nvrtcProgram prog;
-    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 4, headers, names);
+    nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", 5, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
@@ -173,11 +173,12 @@ int main(int argc, char **argv) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     printf("NVRTC %d.%d\n", major, minor);
-    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h"};
+    const char *names[] = {"rt_devstate.h", "netrt_kernels.cuh", "rt_bits.h", "rt_recipe.h", "netrt_rows.cuh"};
     const char *headers[] = {read_file(argv[1], names[0]), read_file(argv[1], names[1]),
-                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h")};
+                             read_file(argv[1], "../rt_bits.h"), read_file(argv[1], "../rt_recipe.h"),
+                             read_file(argv[1], names[4])};
     int failed = compile("sm_80", headers, names);
     failed |= compile("sm_90", headers, names);
-    for (int h = 0; h < 4; h++) free((void *)headers[h]);
+    for (int h = 0; h < 5; h++) free((void *)headers[h]);
     return failed;
 }

@@ -57,7 +57,7 @@ rt_lib=$("$netc" --print-toolchain | awk '$1 == "runtime" && $2 != "headers" {pr
 rt_inc=$("$netc" --print-toolchain | awk '$1 == "runtime" && $2 == "headers" {print $3}')
 rt_inc=${rt_inc:-$rt_lib}
 cp "$rt_inc"/netrt.h "$rt_inc"/rt_bits.h "$rt_inc"/rt_recipe.h "$rt_lib"/libnetrt.a "$out/runtime/"
-cp "$rt_inc"/cuda/netrt_cuda.h "$rt_inc"/cuda/rt_devstate.h "$rt_inc"/cuda/netrt_kernels.cuh \
+cp "$rt_inc"/cuda/netrt_cuda.h "$rt_inc"/cuda/rt_devstate.h "$rt_inc"/cuda/netrt_kernels.cuh "$rt_inc"/cuda/netrt_rows.cuh \
    "$rt_lib"/cuda/libnetrt_cuda.a "$out/runtime/cuda/"
 cjson=$(readlink -f "$(field cJSON)")
 cp "$cjson" "$out/runtime/libcjson.so"
