@@ -133,7 +133,9 @@ void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *
 
 /* out[j] = sum over rows of dy * xhat (the weight's gradient) and, for layer norm, out[D + j] =
  * sum of dy (the bias's): over fixed blocks of RT_ROWS_BLOCK rows, each summed in double, then
- * the blocks in order, as the device's partial and final sums. */
+ * the blocks in order, as the device's partial and final sums. A thread takes a strip of
+ * NORM_COLS columns and walks the rows in order, reading each row's strip contiguously. */
+enum { NORM_COLS = 64 };
 void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const float *dy, double eps, float *out) {
     float *stats = malloc((size_t)(2 * rows) * sizeof *stats);
     if (!stats) {
@@ -143,22 +145,29 @@ void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const 
     }
     #pragma omp parallel for schedule(static) if (rows * D > 32768)
     for (int64_t r = 0; r < rows; r++) row_stats(x + r * D, D, rms, eps, &stats[2 * r], &stats[2 * r + 1]);
+    int64_t strips = (D + NORM_COLS - 1) / NORM_COLS;
     #pragma omp parallel for schedule(static) if (rows * D > 32768)
-    for (int64_t j = 0; j < D; j++) {
-        double tw = 0, tb = 0;
+    for (int64_t s = 0; s < strips; s++) {
+        int64_t j0 = s * NORM_COLS, nj = D - j0 < NORM_COLS ? D - j0 : NORM_COLS;
+        double tw[NORM_COLS] = {0}, tb[NORM_COLS] = {0};
         for (int64_t b0 = 0; b0 < rows; b0 += RT_ROWS_BLOCK) {
             int64_t b1 = b0 + RT_ROWS_BLOCK < rows ? b0 + RT_ROWS_BLOCK : rows;
-            double pw = 0, pb = 0;
+            double pw[NORM_COLS] = {0}, pb[NORM_COLS] = {0};
             for (int64_t r = b0; r < b1; r++) {
-                float g = dy[r * D + j], xh = (x[r * D + j] - stats[2 * r]) * stats[2 * r + 1];
-                pw += (double)g * xh;
-                pb += g;
+                const float *xr = x + r * D + j0, *gr = dy + r * D + j0;
+                float m = stats[2 * r], rs = stats[2 * r + 1];
+                for (int64_t j = 0; j < nj; j++) {
+                    float xh = (xr[j] - m) * rs;
+                    pw[j] += (double)gr[j] * xh;
+                    pb[j] += gr[j];
+                }
             }
-            tw += pw;
-            tb += pb;
+            for (int64_t j = 0; j < nj; j++) tw[j] += pw[j], tb[j] += pb[j];
         }
-        out[j] = (float)tw;
-        if (!rms) out[D + j] = (float)tb;
+        for (int64_t j = 0; j < nj; j++) {
+            out[j0 + j] = (float)tw[j];
+            if (!rms) out[D + j0 + j] = (float)tb[j];
+        }
     }
     free(stats);
 }
