@@ -391,10 +391,10 @@ static void emit_rows(Cg *c, const IrNode *n) {
                      n->op == OP_SOFTMAX ? "fwd" : "bwd", outer, len, inner, a);
             if (b >= 0) cg_put(c, "v%d, ", b);
             cg_end(c, "v%d);", n->id);
-        } else if (n->op == OP_SOFTMAX) {
-            cg_line(c, "rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", rows, cols, a, n->id);
+        } else if (n->op == OP_SOFTMAX) { /* rows of the axis's elements, contiguous */
+            cg_line(c, "rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", outer, len, a, n->id);
         } else {
-            cg_line(c, "rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", rows, cols, a, b, n->id);
+            cg_line(c, "rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", outer, len, a, b, n->id);
         }
         break;
     case OP_LOG_SOFTMAX:

@@ -329,7 +329,8 @@ static int shape_rank4(const IrNode *n, IrShape *want) {
     return n->in[0]->shape.rank == 4 && n->shape.rank == 4;
 }
 
-static int axis_ok(const IrNode *n);
+/* softmax and log_softmax (and their gradients): attr.axis is one of the operand's axes. */
+static int axis_ok(const IrNode *n) { return n->attr.axis >= 0 && n->attr.axis < n->in[0]->shape.rank; }
 
 static int shape_softmax(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
@@ -341,19 +342,17 @@ static int shape_softmax_bwd(const IrNode *n, IrShape *want) {
     return ir_shape_eq(&n->in[0]->shape, &n->in[1]->shape) && axis_ok(n);
 }
 
-/* softmax and log_softmax (and their gradients): attr.axis is one of the operand's axes. */
-static int axis_ok(const IrNode *n) { return n->attr.axis >= 0 && n->attr.axis < n->in[0]->shape.rank; }
-
-/* Layer and RMS norm over the last axis D of x (operand 0, the output's shape): every other
- * operand is [D] (weight, bias) or x's shape (dy). */
+/* Layer and RMS norm over the last axis D of x (operand 0, the output's shape): the weight and
+ * bias are [D], a gradient's dy (its last operand) has x's shape. */
 static int shape_norm(const IrNode *n, IrShape *want) {
     const IrShape *x = &n->in[0]->shape;
     *want = *x;
     if (x->rank < 1) return 0;
     int64_t D = x->dim[x->rank - 1];
+    int bwd = n->op == OP_LAYERNORM_BWD || n->op == OP_RMSNORM_BWD;
     for (int i = 1; i < n->n_in; i++) {
         const IrShape *s = &n->in[i]->shape;
-        if (!(s->rank == 1 && s->dim[0] == D) && !ir_shape_eq(s, x)) return 0;
+        if (bwd && i == n->n_in - 1 ? !ir_shape_eq(s, x) : !(s->rank == 1 && s->dim[0] == D)) return 0;
     }
     return 1;
 }
