@@ -459,9 +459,9 @@ static double num_gelu_tanh(double x) {
 }
 static double num_silu(double x) { return x * num_sigmoid(x); }
 
-/* The one-operand builtins: the operator each makes, the least rank of its operand (softmax
- * works along the last axis, so not on a scalar), and what it computes on a compile-time number
- * (`sqrt(2 * fan_in)`), with the numbers it is defined on there. */
+/* The one-operand element-wise builtins: the operator each makes, the least rank of its
+ * operand, and what it computes on a compile-time number (`sqrt(2 * fan_in)`), with the numbers
+ * it is defined on there. (softmax and log_softmax, along an axis, are b_softmax.) */
 typedef enum {
     DOMAIN_ALL,      /* every number */
     DOMAIN_NONNEG,   /* x >= 0 */
