@@ -437,6 +437,8 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_SIGMOID: call(c, "sigmoid", n); break;
     case OP_TANH: call(c, "tanhf", n); break;
     case OP_GELU: call(c, "gelu", n); break;
+    case OP_GELU_TANH: call(c, "gelu_tanh", n); break;
+    case OP_SILU: call(c, "silu", n); break;
     case OP_EXP: call(c, "expf", n); break;
     case OP_LOG: call(c, "logf", n); break;
     case OP_SQRT: call(c, "sqrtf", n); break;
@@ -450,6 +452,8 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_SIGMOID_GRAD: call(c, "sigmoid_grad", n); break;
     case OP_TANH_GRAD: call(c, "tanh_grad", n); break;
     case OP_GELU_GRAD: call(c, "gelu_grad", n); break;
+    case OP_GELU_TANH_GRAD: call(c, "gelu_tanh_grad", n); break;
+    case OP_SILU_GRAD: call(c, "silu_grad", n); break;
     case OP_BCE_LOGITS_GRAD: call(c, "bce_logits_grad", n); break;
     case OP_BN_APPLY: bn_apply(c, n); break;
     case OP_BN_BWD_DATA: bn_bwd_data(c, n); break;
@@ -791,6 +795,23 @@ static const struct {
                    "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
                    "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
+    {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's)\n"
+                   "static inline float gelu_tanh(float x) {\n"
+                   "    float u = 0.797884561f * (x + 0.044715f * (x * x * x));\n"
+                   "    return 0.5f * x * (1.0f + tanhf(u));\n}\n"},
+    {OP_GELU_TANH_GRAD, "// d/dx gelu_tanh = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)\n"
+                        "static inline float gelu_tanh_grad(float x, float dy) {\n"
+                        "    float t = tanhf(0.797884561f * (x + 0.044715f * (x * x * x)));\n"
+                        "    float du = 0.797884561f * (1.0f + 0.134145f * (x * x));\n"
+                        "    return dy * (0.5f * (1.0f + t) + (0.5f * x) * ((1.0f - t * t) * du));\n}\n"},
+    {OP_SILU, "// x * sigmoid(x), exp of a non-positive number only\n"
+              "static inline float silu(float x) {\n"
+              "    if (x >= 0.0f) return x / (1.0f + expf(-x));\n"
+              "    float e = expf(x);\n    return x * e / (1.0f + e);\n}\n"},
+    {OP_SILU_GRAD, "// d/dx x sigmoid(x) = s (1 + x (1 - s))\n"
+                   "static inline float silu_grad(float x, float dy) {\n"
+                   "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
+                   "    return dy * (s * (1.0f + x * (1.0f - s)));\n}\n"},
     {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
                     "static inline float bce_logits(float x, float t) {\n"
                     "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n"},

@@ -345,16 +345,80 @@ static const char *valid_rows(Cg *c, const IrShape *s, int64_t rows, char *buf, 
 }
 
 /* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
+/* softmax, log-softmax and their gradients: they read attr.axis. */
+static int op_has_axis(const IrNode *n) {
+    return n->op == OP_SOFTMAX || n->op == OP_SOFTMAX_BWD || n->op == OP_LOG_SOFTMAX || n->op == OP_LOG_SOFTMAX_BWD;
+}
+
+/* Layer norm and RMS norm over the last axis D of x, [rows, D]: the kernel's call with eps. */
+static void emit_norm(Cg *c, const IrNode *n, int64_t rows, int64_t D) {
+    int rms = n->op == OP_RMSNORM || n->op == OP_RMSNORM_BWD || n->op == OP_RMSNORM_BWD_PARAMS;
+    switch (n->op) {
+    case OP_LAYERNORM:
+        cg_begin(c, "rt_layernorm_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, ", rows, D, n->in[0]->id, n->in[1]->id,
+                 n->in[2]->id);
+        break;
+    case OP_RMSNORM:
+        cg_begin(c, "rt_rmsnorm_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, D, n->in[0]->id, n->in[1]->id);
+        break;
+    case OP_LAYERNORM_BWD:
+    case OP_RMSNORM_BWD:
+        cg_begin(c, "rt_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, ", rows, D, rms, n->in[0]->id,
+                 n->in[1]->id, n->in[2]->id);
+        break;
+    default:
+        cg_begin(c, "rt_norm_bwd_params(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, ", rows, D, rms, n->in[0]->id,
+                 n->in[1]->id);
+        break;
+    }
+    cg_dbl(c->out, n->attr.norm_eps);
+    cg_end(c, ", v%d);", n->id);
+}
+
+/* Softmax and log-softmax along attr.axis of x: [outer, len, inner]. */
+static void axis_dims(const IrNode *n, int64_t *outer, int64_t *len, int64_t *inner) {
+    const IrShape *s = &n->in[0]->shape;
+    *outer = *inner = 1;
+    for (int i = 0; i < s->rank; i++) {
+        if (i < n->attr.axis) *outer *= s->dim[i];
+        if (i > n->attr.axis) *inner *= s->dim[i];
+    }
+    *len = s->dim[n->attr.axis];
+}
+
+/* Softmax, cross-entropy, accuracy and the norms see their first operand as [rows, last axis];
+ * softmax and log-softmax along another axis as [outer, len, inner]. */
 static void emit_rows(Cg *c, const IrNode *n) {
     const IrShape *s = &n->in[0]->shape;
-    int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
+    int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols, outer = rows, len = cols, inner = 1;
     int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
     char valid[64];
     const char *ign = n->attr.has_ignore ? "_ignore" : "";
+    if (op_has_axis(n)) axis_dims(n, &outer, &len, &inner);
     switch (n->op) {
-    case OP_SOFTMAX: cg_line(c, "rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", rows, cols, a, n->id); break;
+    case OP_SOFTMAX:
     case OP_SOFTMAX_BWD:
-        cg_line(c, "rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", rows, cols, a, b, n->id);
+        if (inner > 1) {
+            cg_begin(c, "rt_softmax_axis_%s(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, ",
+                     n->op == OP_SOFTMAX ? "fwd" : "bwd", outer, len, inner, a);
+            if (b >= 0) cg_put(c, "v%d, ", b);
+            cg_end(c, "v%d);", n->id);
+        } else if (n->op == OP_SOFTMAX) { /* rows of the axis's elements, contiguous */
+            cg_line(c, "rt_softmax_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d);", outer, len, a, n->id);
+        } else {
+            cg_line(c, "rt_softmax_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", outer, len, a, b, n->id);
+        }
+        break;
+    case OP_LOG_SOFTMAX:
+        cg_line(c, "rt_log_softmax_fwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer, len, inner, a, n->id);
+        break;
+    case OP_LOG_SOFTMAX_BWD:
+        cg_line(c, "rt_log_softmax_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", outer, len, inner, a, b,
+                n->id);
+        break;
+    case OP_LAYERNORM: case OP_LAYERNORM_BWD: case OP_LAYERNORM_BWD_PARAMS:
+    case OP_RMSNORM: case OP_RMSNORM_BWD: case OP_RMSNORM_BWD_PARAMS:
+        emit_norm(c, n, rows, cols);
         break;
     case OP_XENT:
         cg_begin(c, "rt_xent%s_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", ign, rows, cols, a, b);

@@ -89,6 +89,16 @@ static void bn_dims(const IrNode *x, int64_t *M, int64_t *C, int64_t *HW) {
     *M = x->shape.dim[0] * *HW;
 }
 
+/* Rows and the last axis D of a norm's operand x. */
+static void norm_dims(const IrNode *x, int64_t *rows, int64_t *D) {
+    *D = x->shape.dim[x->shape.rank - 1];
+    *rows = ir_numel(&x->shape) / *D;
+}
+
+/* Bytes of a norm parameter gradient's [blocks, 2, D] double partial sums, before its row
+ * statistics in the partial-sum region. */
+static int64_t norm_part_bytes(int64_t rows, int64_t D) { return bn_blocks(rows) * 2 * D * 8; }
+
 static Map plan_memory(const IrGraph *g) {
     Map m = {0};
     int64_t at = align_up((int64_t)sizeof(RtDevState));
@@ -105,9 +115,15 @@ static Map plan_memory(const IrGraph *g) {
     m.grads = at, at = align_up(at + g->n_grad_floats * 4);
     m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
-    int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm */
+    int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
+                       * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
+        if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS) {
+            int64_t rows, D;
+            norm_dims(n->in[0], &rows, &D);
+            if (norm_part_bytes(rows, D) + rows * 2 * 4 > part) part = norm_part_bytes(rows, D) + rows * 2 * 4;
+        }
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
@@ -459,12 +475,96 @@ static void emit_pool(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", grid_for(ir_numel(&n->shape)), BLOCK); /* outputs, or inputs gathered */
 }
 
+/* Layer norm and RMS norm over the last axis D of [rows, D]: a block per row, or for the
+ * parameter gradients three kernels through the partial-sum region (netrt_rows.cuh). */
+static void emit_norm(Cu *u, const IrNode *n) {
+    int64_t rows, D;
+    norm_dims(n->in[0], &rows, &D);
+    int rms = n->op == OP_RMSNORM || n->op == OP_RMSNORM_BWD || n->op == OP_RMSNORM_BWD_PARAMS;
+    int x = n->in[0]->id, w = n->in[1]->id; /* the parameter gradients: w is dy */
+    char call[512], eps[48];
+    snprintf(eps, sizeof eps, "%.17g", n->attr.norm_eps);
+    switch (n->op) {
+    case OP_LAYERNORM:
+        snprintf(call, sizeof call, "rt_k_norm_fwd(%" PRId64 ", %" PRId64 ", 0, v%d, v%d, v%d, %s, v%d);", rows, D, x, w,
+                 n->in[2]->id, eps, n->id);
+        break;
+    case OP_RMSNORM: /* no bias */
+        snprintf(call, sizeof call, "rt_k_norm_fwd(%" PRId64 ", %" PRId64 ", 1, v%d, v%d, NULL, %s, v%d);", rows, D, x,
+                 w, eps, n->id);
+        break;
+    case OP_LAYERNORM_BWD:
+    case OP_RMSNORM_BWD:
+        snprintf(call, sizeof call, "rt_k_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s, v%d);", rows, D, rms,
+                 x, w, n->in[2]->id, eps, n->id);
+        break;
+    default: { /* the parameter gradients: dy is operand 1 */
+        char stats[96];
+        const char *part = "(double *)(base + NETC_OFF_PART)";
+        snprintf(stats, sizeof stats, "(float *)(base + NETC_OFF_PART + %" PRId64 "LL)", norm_part_bytes(rows, D));
+        snprintf(call, sizeof call, "rt_k_norm_stats(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", rows, D, rms, x, eps,
+                 stats);
+        lib_kernel(u, n, call, "_stats", rows_grid(rows), BLOCK);
+        snprintf(call, sizeof call, "rt_k_norm_params_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s);", rows, D, x, w,
+                 stats, part);
+        lib_kernel(u, n, call, "_part", grid_for(bn_blocks(rows) * D), BLOCK);
+        snprintf(call, sizeof call, "rt_k_norm_params_final(%" PRId64 ", %" PRId64 ", %d, %s, v%d);", D,
+                 bn_blocks(rows), rms, part, n->id);
+        lib_kernel(u, n, call, "_sum", grid_for(D), BLOCK);
+        return;
+    }
+    }
+    lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+}
+
+/* Softmax and log-softmax along attr.axis of x: [outer, len, inner]. */
+static void axis_dims(const IrNode *n, int64_t *outer, int64_t *len, int64_t *inner) {
+    const IrShape *s = &n->in[0]->shape;
+    *outer = *inner = 1;
+    for (int i = 0; i < s->rank; i++) {
+        if (i < n->attr.axis) *outer *= s->dim[i];
+        if (i > n->attr.axis) *inner *= s->dim[i];
+    }
+    *len = s->dim[n->attr.axis];
+}
+
+/* Softmax and log-softmax along any axis: a block per row of [outer * inner rows, len]. */
+static void emit_axis_rows(Cu *u, const IrNode *n) {
+    int64_t outer, len, inner;
+    axis_dims(n, &outer, &len, &inner);
+    int a = n->in[0]->id;
+    char call[512];
+    const char *fn = n->op == OP_SOFTMAX ? "softmax_axis_fwd" : n->op == OP_SOFTMAX_BWD ? "softmax_axis_bwd"
+                     : n->op == OP_LOG_SOFTMAX ? "log_softmax_fwd" : "log_softmax_bwd";
+    if (n->n_in > 1)
+        snprintf(call, sizeof call, "rt_k_%s(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", fn, outer, len,
+                 inner, a, n->in[1]->id, n->id);
+    else
+        snprintf(call, sizeof call, "rt_k_%s(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", fn, outer, len, inner,
+                 a, n->id);
+    lib_kernel(u, n, call, "", rows_grid(outer * inner), BLOCK);
+}
+
 /* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
 static void emit_rows(Cu *u, const IrNode *n) {
     const IrShape *s = &n->in[0]->shape;
     int64_t cols = s->rank ? s->dim[s->rank - 1] : 1, rows = ir_numel(s) / cols;
     int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
     char call[512], lit[48], valid[64] = "ctx->n_valid";
+    switch (n->op) {
+    case OP_LAYERNORM: case OP_LAYERNORM_BWD: case OP_LAYERNORM_BWD_PARAMS:
+    case OP_RMSNORM: case OP_RMSNORM_BWD: case OP_RMSNORM_BWD_PARAMS:
+        emit_norm(u, n);
+        return;
+    case OP_LOG_SOFTMAX: case OP_LOG_SOFTMAX_BWD: emit_axis_rows(u, n); return;
+    case OP_SOFTMAX: case OP_SOFTMAX_BWD:
+        if (n->attr.axis != s->rank - 1) {
+            emit_axis_rows(u, n);
+            return;
+        }
+        break;
+    default: break;
+    }
     FILE *f = fmemopen(lit, sizeof lit, "w");
     cg_lit(f, n->attr.smoothing);
     fclose(f);

@@ -233,6 +233,24 @@ void rt_max_axis_bwd(int64_t outer, int64_t n, int64_t inner, const float *x, co
 /* Softmax over the last axis of a [rows, cols] matrix. */
 void rt_softmax_fwd(int64_t rows, int64_t cols, const float *x, float *y);
 void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy, float *dx);
+/* rt_rows.c: softmax and log-softmax along the middle axis of [outer, n, inner] (inner = 1: the
+ * last axis), and layer norm and RMS norm over the last axis D of [rows, D]. */
+void rt_softmax_axis_fwd(int64_t outer, int64_t n, int64_t inner, const float *x, float *y);
+void rt_softmax_axis_bwd(int64_t outer, int64_t n, int64_t inner, const float *y, const float *dy, float *dx);
+/* y = x - max - log(sum(exp(x - max))); dx = dy - exp(y) * sum(dy). */
+void rt_log_softmax_fwd(int64_t outer, int64_t n, int64_t inner, const float *x, float *y);
+void rt_log_softmax_bwd(int64_t outer, int64_t n, int64_t inner, const float *y, const float *dy, float *dx);
+/* torch.nn.LayerNorm(D, eps): (x - mean) / sqrt(var + eps) * w + b (biased variance). */
+void rt_layernorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, const float *b, double eps, float *y);
+/* LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * w. */
+void rt_rmsnorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, double eps, float *y);
+/* dx of layer norm (rms = 0) or RMS norm (rms = 1), the row statistics recomputed from x. */
+void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *w, const float *dy, double eps,
+                 float *dx);
+/* The parameter gradients: out[j] = sum over rows of dy * xhat, and for layer norm out[D + j] =
+ * sum of dy; over fixed blocks of RT_ROWS_BLOCK rows, then the blocks in order. */
+enum { RT_ROWS_BLOCK = 256 };
+void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const float *dy, double eps, float *out);
 /* Per-row softmax cross-entropy with label smoothing s (PyTorch's label_smoothing):
  * loss[r] = logsumexp(x[r]) - (1 - s) x[r][label[r]] - s mean_j x[r][j].
  * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message. */

@@ -86,10 +86,11 @@ static unsigned char *compile_one(const char *src, const char *path, const char 
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
-    enum { N_HDR = 7 };
-    static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh",
-                                             "netrt_attention.cuh", "netrt_index.cuh", "rt_bits.h", "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "/cuda", "/cuda", "/cuda", "", ""}; /* under rt_dir */
+    enum { N_HDR = 8 };
+    static const char *const names[N_HDR] = {"rt_devstate.h",   "netrt_kernels.cuh", "netrt_views.cuh",
+                                             "netrt_attention.cuh", "netrt_index.cuh", "netrt_rows.cuh",
+                                             "rt_bits.h",       "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"/cuda", "/cuda", "/cuda", "/cuda", "/cuda", "/cuda", "", ""}; /* under rt_dir */
     char *hdr[N_HDR] = {NULL};
     char *src = read_all(cu_path, NULL);
     int rc = 1;

@@ -375,6 +375,7 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     IrParam *nb = rv ? new_buffer(S, arena_printf(S->arena, "%s.num_batches_tracked", name), ir_scalar_shape(),
                                   INIT_ZEROS, DT_I64, c->loc) : NULL;
     if (!nb) return sema_error();
+    w->norm = b->norm = 1;
     IrNode *stats = sema_node(S, OP_BN_STATS, ir_shape(2, (int64_t)2, C), DT_F32, c->loc, 1, x, NULL, NULL);
     stats->attr.eps = eps;
     stats->attr.momentum = momentum;
@@ -454,10 +455,14 @@ static Value b_reshape(Sema *S, const AstExpr *c, const char *label, Value *args
 static double num_relu(double x) { return x > 0 ? x : 0; }
 static double num_sigmoid(double x) { return 1 / (1 + exp(-x)); }
 static double num_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+static double num_gelu_tanh(double x) {
+    return 0.5 * x * (1 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
+}
+static double num_silu(double x) { return x * num_sigmoid(x); }
 
-/* The one-operand builtins: the operator each makes, the least rank of its operand (softmax
- * works along the last axis, so not on a scalar), and what it computes on a compile-time number
- * (`sqrt(2 * fan_in)`), with the numbers it is defined on there. */
+/* The one-operand element-wise builtins: the operator each makes, the least rank of its
+ * operand, and what it computes on a compile-time number (`sqrt(2 * fan_in)`), with the numbers
+ * it is defined on there. (softmax and log_softmax, along an axis, are b_softmax.) */
 typedef enum {
     DOMAIN_ALL,      /* every number */
     DOMAIN_NONNEG,   /* x >= 0 */
@@ -474,7 +479,7 @@ static const struct {
     {"relu", OP_RELU, 0, num_relu, DOMAIN_ALL}, {"sigmoid", OP_SIGMOID, 0, num_sigmoid, DOMAIN_ALL},
     {"tanh", OP_TANH, 0, tanh, DOMAIN_ALL},     {"gelu", OP_GELU, 0, num_gelu, DOMAIN_ALL},
     {"exp", OP_EXP, 0, exp, DOMAIN_ALL},        {"log", OP_LOG, 0, log, DOMAIN_POSITIVE},
-    {"sqrt", OP_SQRT, 0, sqrt, DOMAIN_NONNEG},  {"softmax", OP_SOFTMAX, 1, NULL, DOMAIN_ALL},
+    {"sqrt", OP_SQRT, 0, sqrt, DOMAIN_NONNEG},  {"silu", OP_SILU, 0, num_silu, DOMAIN_ALL},
 };
 
 /* A unary function of a compile-time number: a number, or an error naming the value. */
@@ -501,10 +506,81 @@ static Value b_unary(Sema *S, const AstExpr *c, const char *label, Value *args) 
     Value v = args[0];
     if ((v.k == V_INT || v.k == V_FLOAT) && unary_ops[i].num)
         return unary_number(S, c, v, unary_ops[i].num, unary_ops[i].domain);
-    IrNode *x = unary_ops[i].op == OP_SOFTMAX ? arg_f32_tensor(A, 0, 0, 1)
-                                              : arg_tensor(A, 0, 0, unary_ops[i].min_rank);
+    IrNode *x = arg_tensor(A, 0, 0, unary_ops[i].min_rank);
     if (!A->ok) return sema_error();
     return sema_tensor(sema_node(S, unary_ops[i].op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
+}
+
+/* gelu(x, approximate="none"): the exact form (OP_GELU, as torch.nn.GELU()), or with
+ * approximate="tanh" the tanh form (OP_GELU_TANH, GPT-2's, torch.nn.GELU(approximate='tanh')). */
+static Value b_gelu(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    const char *approx = arg_str(A, 1, "none");
+    if (!A->ok) return sema_error();
+    if (strcmp(approx, "none") == 0) return b_unary(S, c, label, args);
+    if (strcmp(approx, "tanh") != 0) {
+        diag_error(loc_of(A, 1), "'approximate' of gelu must be \"none\" or \"tanh\", found \"%s\"", approx);
+        return sema_error();
+    }
+    Value v = args[0];
+    if (v.k == V_INT || v.k == V_FLOAT) return unary_number(S, c, v, num_gelu_tanh, DOMAIN_ALL);
+    IrNode *x = arg_tensor(A, 0, 0, 0);
+    if (!A->ok) return sema_error();
+    return sema_tensor(sema_node(S, OP_GELU_TANH, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
+}
+
+static int arg_axis(Args *A, int i, const IrShape *shape);
+
+/* The axis argument i of a builtin on x (arg_axis), or def when it is not given. */
+static int arg_axis_or(Args *A, int i, const IrNode *x, int def) {
+    if (A->a[i].k == V_NONE) return def;
+    int axis = arg_axis(A, i, &x->shape);
+    return axis < 0 ? def : axis;
+}
+
+/* softmax(x, axis=-1) and log_softmax(x, axis=-1) along any axis of an f32 tensor. */
+static Value b_softmax(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    if (!A->ok) return sema_error();
+    int axis = arg_axis_or(A, 1, x, x->shape.rank - 1);
+    if (!A->ok) return sema_error();
+    IrOp op = strcmp(c->name, "log_softmax") == 0 ? OP_LOG_SOFTMAX : OP_SOFTMAX;
+    IrNode *y = sema_node(S, op, x->shape, x->dtype, c->loc, 1, x, NULL, NULL);
+    y->attr.axis = axis;
+    return sema_tensor(y);
+}
+
+/* layernorm(x, eps=1e-5, bias=true), torch.nn.LayerNorm(D) over the last axis D, and
+ * rmsnorm(x, eps=1e-6), LlamaRMSNorm: parameters <label>.weight [D] (ones) and, for layernorm
+ * with bias, <label>.bias [D] (zeros). One row kernel each (LAYERNORM, RMSNORM); a layernorm
+ * without a bias reads zeros as its bias. */
+static Value b_norm(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    int ln = strcmp(c->name, "layernorm") == 0;
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    double eps = arg_num(A, 1, ln ? 1e-5 : 1e-6, 0, 1);
+    int bias = ln ? arg_bool(A, 2, 1) : 0;
+    if (!A->ok) return sema_error();
+    int64_t D = x->shape.dim[x->shape.rank - 1];
+    const char *name = sema_layer_name(S, label, c->name);
+    IrShape per_d = ir_shape(1, D);
+    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), per_d, INIT_ONES, 0, c->loc);
+    if (!w) return sema_error();
+    w->norm = 1;
+    IrNode *b = NULL;
+    if (bias) {
+        IrParam *bp = new_param(S, arena_printf(S->arena, "%s.bias", name), per_d, INIT_ZEROS, 0, c->loc);
+        if (!bp) return sema_error();
+        bp->norm = 1;
+        b = bp->node;
+    } else if (ln) {
+        b = sema_node(S, OP_EXPAND, per_d, DT_F32, c->loc, 1, ir_const(S->g, 0.0, DT_F32, c->loc), NULL, NULL);
+    }
+    IrNode *y = sema_node(S, ln ? OP_LAYERNORM : OP_RMSNORM, x->shape, DT_F32, c->loc, ln ? 3 : 2, x, w->node, b);
+    y->attr.norm_eps = eps;
+    return sema_tensor(y);
 }
 
 static Value b_dropout(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -1397,8 +1473,13 @@ static const SemaBuiltin builtins[] = {
     {"adaptive_avgpool2d", "x, out=1", b_adaptive_avgpool2d, 1, 2, {"x", "out"}},
     {"flatten", "x", b_flatten, 1, 1, {"x"}},
     {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},
-    UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("gelu"),
-    UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("softmax"),
+    {"layernorm", "x, eps=1e-5, bias=true", b_norm, 1, 3, {"x", "eps", "bias"}},
+    {"rmsnorm", "x, eps=1e-6", b_norm, 1, 2, {"x", "eps"}},
+    UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("silu"),
+    {"gelu", "x, approximate=\"none\"", b_gelu, 1, 2, {"x", "approximate"}},
+    UNARY("exp"), UNARY("log"), UNARY("sqrt"),
+    {"softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
+    {"log_softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
     {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
     {"attention", "q, k, v, causal=false, mask, scale=1/sqrt(d)", b_attention, 3, 6,
@@ -1668,25 +1749,14 @@ static void train_freeze(Sema *S, const AstStmt *s) {
     }
 }
 
-/* A parameter of a batch-norm layer: X.weight or X.bias beside the buffer X.running_mean. */
-static int is_norm_param(const IrGraph *g, const char *name) {
-    const char *dot = strrchr(name, '.');
-    if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return 0;
-    for (int p = 0; p < g->n_params; p++) {
-        const char *other = g->params[p].name;
-        if (strncmp(other, name, (size_t)(dot - name)) == 0 && strcmp(other + (dot - name), ".running_mean") == 0)
-            return 1;
-    }
-    return 0;
-}
-
 /* Whether entry `what` of no_decay names parameter p: "biases" every X.bias, "norms" every
- * batch-norm weight and bias, anything else a name or prefix as in freeze. */
-static int no_decay_matches(const IrGraph *g, const IrParam *p, const char *what) {
+ * weight and bias of a batchnorm2d, layernorm or rmsnorm (IrParam.norm), anything else a name
+ * or prefix as in freeze. */
+static int no_decay_matches(const IrParam *p, const char *what) {
     size_t n = strlen(what), len = strlen(p->name);
     if (p->buffer) return 0;
     if (strcmp(what, "biases") == 0) return len > 5 && strcmp(p->name + len - 5, ".bias") == 0;
-    if (strcmp(what, "norms") == 0) return is_norm_param(g, p->name);
+    if (strcmp(what, "norms") == 0) return p->norm;
     return strncmp(p->name, what, n) == 0 && (p->name[n] == 0 || p->name[n] == '.');
 }
 
@@ -1706,7 +1776,7 @@ static void train_no_decay(Sema *S, const AstStmt *s) {
         }
         int hits = 0;
         for (int p = 0; p < S->g->n_params; p++)
-            if (no_decay_matches(S->g, &S->g->params[p], v.items[i].s)) S->g->params[p].no_decay = 1, hits++;
+            if (no_decay_matches(&S->g->params[p], v.items[i].s)) S->g->params[p].no_decay = 1, hits++;
         if (!hits)
             diag_error(s->value->loc, "no_decay: no parameter matches '%s' (\"biases\", \"norms\", or a parameter "
                        "name or prefix)", v.items[i].s);

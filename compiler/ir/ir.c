@@ -338,14 +338,43 @@ static int shape_rank4(const IrNode *n, IrShape *want) {
     return n->in[0]->shape.rank == 4 && n->shape.rank == 4;
 }
 
+/* softmax and log_softmax (and their gradients): attr.axis is one of the operand's axes. */
+static int axis_ok(const IrNode *n) { return n->attr.axis >= 0 && n->attr.axis < n->in[0]->shape.rank; }
+
 static int shape_softmax(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
-    return want->rank >= 1;
+    return want->rank >= 1 && axis_ok(n);
 }
 
 static int shape_softmax_bwd(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
-    return ir_shape_eq(&n->in[0]->shape, &n->in[1]->shape);
+    return ir_shape_eq(&n->in[0]->shape, &n->in[1]->shape) && axis_ok(n);
+}
+
+/* Layer and RMS norm over the last axis D of x (operand 0, the output's shape): the weight and
+ * bias are [D], a gradient's dy (its last operand) has x's shape. */
+static int shape_norm(const IrNode *n, IrShape *want) {
+    const IrShape *x = &n->in[0]->shape;
+    *want = *x;
+    if (x->rank < 1) return 0;
+    int64_t D = x->dim[x->rank - 1];
+    int bwd = n->op == OP_LAYERNORM_BWD || n->op == OP_RMSNORM_BWD;
+    for (int i = 1; i < n->n_in; i++) {
+        const IrShape *s = &n->in[i]->shape;
+        if (bwd && i == n->n_in - 1 ? !ir_shape_eq(s, x) : !(s->rank == 1 && s->dim[0] == D)) return 0;
+    }
+    return 1;
+}
+
+/* The parameter gradients of a norm over the last axis D of x: layernorm's [2, D] (weight,
+ * bias), rmsnorm's [D]; operand 1 (dy) has x's shape. */
+static int shape_norm_params(const IrNode *n, IrShape *want) {
+    const IrShape *x = &n->in[0]->shape;
+    *want = n->shape;
+    if (x->rank < 1 || !ir_shape_eq(x, &n->in[1]->shape)) return 0;
+    int64_t D = x->dim[x->rank - 1];
+    *want = n->op == OP_LAYERNORM_BWD_PARAMS ? ir_shape(2, (int64_t)2, D) : ir_shape(1, D);
+    return 1;
 }
 
 /* Labels [...] (i64) index the classes of logits [..., C]: the same leading axes. */
@@ -533,6 +562,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_ATTN: return !a->causal && a->attn_scale == 0;
     case ATTR_PART: return !a->part;
     case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
+    case ATTR_NORM: return a->norm_eps == 0;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
@@ -540,7 +570,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
 /* Every attribute n's operator does not read (ops.def) holds its default. */
 static int attrs_unused_default(const IrNode *n) {
     for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
-        if (!(bit & ATTR__UNASSIGNED) && !(op_attrs(n->op) & bit) && !attr_is_default(bit, &n->attr)) return 0;
+        if (!(op_attrs(n->op) & bit) && !attr_is_default(bit, &n->attr)) return 0;
     return 1;
 }
 
@@ -661,14 +691,23 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_IGNORE:
         if (a->has_ignore) fprintf(out, " ignore_index=%lld", (long long)a->ignore_index);
         break;
+    case ATTR_NORM: fprintf(out, " eps=%g", a->norm_eps); break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
+}
+
+/* softmax and log_softmax along their operand's last axis, which --dump does not print (as
+ * before softmax had an axis). */
+static int last_axis(const IrNode *n) {
+    int rows = n->op == OP_SOFTMAX || n->op == OP_SOFTMAX_BWD || n->op == OP_LOG_SOFTMAX ||
+               n->op == OP_LOG_SOFTMAX_BWD;
+    return rows && n->n_in > 0 && n->attr.axis == n->in[0]->shape.rank - 1;
 }
 
 /* The attributes n's operator reads (ops.def), in the order of the ATTR_* bits. */
 void ir_print_attrs(const IrNode *n, FILE *out) {
     for (unsigned bit = 1; bit < ATTR__END; bit <<= 1)
-        if (op_attrs(n->op) & bit) print_attr(bit, n, out);
+        if ((op_attrs(n->op) & bit) && !(bit == ATTR_AXIS && last_axis(n))) print_attr(bit, n, out);
 }
 
 static void print_node(const IrNode *n, FILE *out) {
@@ -728,7 +767,7 @@ static const char *const lib_names[] = {
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
-    [17] = "causal scale", "ignore_index", "part", /* 16: ATTR__UNASSIGNED */
+    "eps", "causal scale", "ignore_index", "part",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

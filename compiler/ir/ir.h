@@ -43,7 +43,8 @@ typedef enum {
     LIB_MATMUL, /* MATMUL */
     LIB_CONV,   /* CONV2D and its two gradients */
     LIB_POOL,   /* max and average pooling, forward and backward */
-    LIB_ROWS,   /* softmax, cross-entropy, accuracy: per row of the last axis */
+    LIB_ROWS,   /* softmax, log-softmax, cross-entropy, accuracy, layer and RMS norm: per row
+                 * of the last axis (softmax and log-softmax: of attr.axis) */
     LIB_BN,     /* batch-norm statistics and backward sums */
     LIB_AXES,   /* copies and reductions along chosen axes: permute, slice, concat, max */
     LIB_ATTN,   /* scaled dot-product attention and its gradient */
@@ -68,15 +69,13 @@ enum {
     ATTR_ROW = 1 << 11,          /* row */
     ATTR_SMOOTHING = 1 << 12,    /* smoothing */
     ATTR_PERM = 1 << 13,         /* perm[IR_MAX_RANK]: permute */
-    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd, iota */
+    ATTR_AXIS = 1 << 14,         /* axis: slice, slice_bwd, concat, max, max_bwd, iota, softmax, log_softmax */
     ATTR_SLICE = 1 << 15,        /* start: slice, slice_bwd */
-    /* bit 16 belongs to another branch of issue 16 (norm_eps); until it is merged nothing
-     * reads or prints it */
+    ATTR_NORM = 1 << 16,         /* norm_eps: layernorm, rmsnorm and their gradients */
     ATTR_ATTN = 1 << 17,         /* causal, attn_scale */
     ATTR_IGNORE = 1 << 18,       /* has_ignore, ignore_index: xent, xent_bwd */
     ATTR_PART = 1 << 19,         /* part */
     ATTR__END = 1 << 20,
-    ATTR__UNASSIGNED = 1 << 16,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -136,6 +135,7 @@ typedef struct IrAttrs {
     int64_t part;                             /* part: element offset into operand 0 */
     int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
     int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
+    double norm_eps;                          /* layernorm, rmsnorm: added to the variance */
 } IrAttrs;
 
 typedef enum {
@@ -185,6 +185,7 @@ typedef struct IrParam {
     IrNode *grad;     /* gradient node (set by autodiff); NULL when frozen or unused */
     int trainable;
     int no_decay;     /* trained without weight decay (train { no_decay = ... }) */
+    int norm;         /* a normalization layer's weight or bias (no_decay = ["norms"]) */
     int buffer;       /* running statistics: saved and loaded like a parameter, never trained */
     IrDtype file_dtype; /* dtype in weight files (num_batches_tracked is i64); stored as f32 */
     IrInit init;

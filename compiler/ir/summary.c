@@ -64,12 +64,16 @@ static int64_t node_macs(const IrGraph *g, const IrNode *n) {
     return 0;
 }
 
-/* Adds n's parameter (each counted once, at its first reader) to the layer. */
+/* Adds the parameters n reads (each counted once, at its first reader) to the layer: every
+ * parameter operand (a norm's weight and bias), not buffers. */
 static void count_param(const IrGraph *g, const IrNode *n, Layer *l, char *seen) {
-    const IrParam *p = param_read(g, n);
-    if (!p || p->buffer || seen[p->node->index]) return;
-    seen[p->node->index] = 1;
-    l->params += ir_numel(&p->node->shape);
+    for (int k = 0; k < n->n_in; k++) {
+        if (n->in[k]->op != OP_PARAM) continue;
+        const IrParam *p = &g->params[n->in[k]->index];
+        if (p->buffer || seen[p->node->index]) continue;
+        seen[p->node->index] = 1;
+        l->params += ir_numel(&p->node->shape);
+    }
 }
 
 /* Splits the forward nodes into layers; returns how many (at most g->n_fwd). */

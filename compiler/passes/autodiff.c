@@ -117,6 +117,8 @@ static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_SIGMOID: dx = ew2(ad, OP_SIGMOID_GRAD, y, dy); break;
     case OP_TANH: dx = ew2(ad, OP_TANH_GRAD, y, dy); break;
     case OP_GELU: dx = ew2(ad, OP_GELU_GRAD, x, dy); break;
+    case OP_GELU_TANH: dx = ew2(ad, OP_GELU_TANH_GRAD, x, dy); break;
+    case OP_SILU: dx = ew2(ad, OP_SILU_GRAD, x, dy); break;
     case OP_EXP: dx = ew2(ad, OP_MUL, dy, y); break;
     case OP_LOG: dx = ew2(ad, OP_DIV, dy, x); break;
     case OP_SQRT: /* d sqrt(x) = 1 / (2 sqrt(x)) */
@@ -221,6 +223,7 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
         accumulate(ad, x, lib(ad, OP_AVGPOOL2D_BWD, y, &x->shape, 1, dy, NULL, NULL));
         break;
     case OP_SOFTMAX: accumulate(ad, x, lib(ad, OP_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
+    case OP_LOG_SOFTMAX: accumulate(ad, x, lib(ad, OP_LOG_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
     case OP_XENT: /* the labels (operand 1) are integers: no gradient */
         accumulate(ad, x, lib(ad, OP_XENT_BWD, y, &x->shape, 3, x, w, dy));
         break;
@@ -344,6 +347,32 @@ static void grad_where(Ad *ad, IrNode *y, IrNode *dy) {
     }
 }
 
+/* Layer norm and RMS norm over the last axis: dx recomputes the row statistics from x
+ * (*NORM_BWD), and one reduction over the rows gives the parameters' gradients: layernorm's
+ * [2, D] (row 0 the weight's, row 1 the bias's, read through ROW views as batch norm's sums),
+ * rmsnorm's [D]. A layernorm without a bias has zeros as its bias operand, which wants no
+ * gradient. */
+static void grad_norm(Ad *ad, IrNode *y, IrNode *dy) {
+    IrNode *x = y->in[0], *w = y->in[1], *b = y->op == OP_LAYERNORM ? y->in[2] : NULL;
+    int ln = y->op == OP_LAYERNORM;
+    if (wants(ad, w) || (b && wants(ad, b))) {
+        IrShape ps = ir_shape(1, w->shape.dim[0]);
+        if (ln) ps = ir_shape(2, (int64_t)2, w->shape.dim[0]);
+        IrNode *sums = lib(ad, ln ? OP_LAYERNORM_BWD_PARAMS : OP_RMSNORM_BWD_PARAMS, y, &ps, 2, x, dy, NULL);
+        for (int r = 0; r < (ln ? 2 : 1); r++) {
+            IrNode *p = r ? b : w;
+            if (!wants(ad, p)) continue;
+            IrNode *g = sums;
+            if (ln) {
+                g = emit(ad, OP_ROW, p->shape, DT_F32, 1, sums, NULL, NULL);
+                g->attr.row = r;
+            }
+            accumulate(ad, p, g);
+        }
+    }
+    if (wants(ad, x)) accumulate(ad, x, lib(ad, ln ? OP_LAYERNORM_BWD : OP_RMSNORM_BWD, y, &x->shape, 3, x, w, dy));
+}
+
 /* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
@@ -353,24 +382,28 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_WHERE: grad_where(ad, y, dy); break;
     case OP_BN_APPLY: grad_bn(ad, y, dy); break;
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
-    case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_EXP: case OP_LOG:
-    case OP_SQRT: case OP_DROPOUT: grad_unary(ad, y, dy); break;
+    case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_GELU_TANH: case OP_SILU:
+    case OP_EXP: case OP_LOG: case OP_SQRT: case OP_DROPOUT: grad_unary(ad, y, dy); break;
     case OP_CAST: case OP_EXPAND: case OP_RESHAPE: case OP_SUM_TO: case OP_SUM: case OP_MEAN:
         grad_shape(ad, y, dy);
         break;
     case OP_BCE_LOGITS: grad_bce(ad, y, dy); break;
     case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_MAX: grad_axes(ad, y, dy); break;
     case OP_MATMUL: grad_matmul(ad, y, dy); break;
-    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_XENT: case OP_GATHER:
+    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_LOG_SOFTMAX:
+    case OP_XENT: case OP_GATHER:
         grad_lib(ad, y, dy);
         break;
     case OP_ATTENTION: case OP_ATTENTION_MASKED: grad_attention(ad, y, dy); break;
+    case OP_LAYERNORM: case OP_RMSNORM: grad_norm(ad, y, dy); break;
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
     case OP_XENT_BWD: case OP_GATHER_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
     case OP_SLICE_BWD: case OP_MAX_BWD:
     case OP_ATTENTION_BWD: case OP_ATTENTION_MASKED_BWD: case OP_PART:
+    case OP_GELU_TANH_GRAD: case OP_SILU_GRAD: case OP_LOG_SOFTMAX_BWD: case OP_LAYERNORM_BWD:
+    case OP_LAYERNORM_BWD_PARAMS: case OP_RMSNORM_BWD: case OP_RMSNORM_BWD_PARAMS:
     case OP__COUNT:
         ICE("autodiff: backward-only or post-autodiff operator %s in the forward graph (%%%d)", ir_op_name(y->op),
             y->id);

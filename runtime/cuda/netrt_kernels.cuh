@@ -16,7 +16,8 @@
  *
  * Launch shapes (T = the count named; "grid-stride" loops cover any grid):
  *   grid-stride over T         pooling, batch-norm partial and final sums
- *   one block of 256 per row   softmax, cross-entropy (rows grid-stride over the blocks)
+ *   one block of 256 per row   softmax, cross-entropy, log-softmax, layer and RMS norm (rows
+ *                              grid-stride over the blocks; netrt_rows.cuh)
  *   one block of 256           accuracy, mean
  *   one block per tile of 256 rows (or keys), a thread each: attention (netrt_attention.cuh)
  * (netrt_index.cuh, included at the end, says its own.)
@@ -494,5 +495,9 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
 // ---- indices and sequences: embedding rows, their gradient, cross-entropy with an ignore index
 
 #include "netrt_index.cuh"
+
+// ---- softmax and log-softmax along any axis, layer norm and RMS norm (per row)
+
+#include "netrt_rows.cuh"
 
 #endif

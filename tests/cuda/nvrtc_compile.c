@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_HDR = 7 }; /* the headers below */
+enum { N_HDR = 8 }; /* the headers below */
 
 #define KERNELS(X) \
     X(k_bits) X(k_maxpool_nchw_2x2) X(k_maxpool_nhwc_3x3) X(k_avgpool_nchw) X(k_avgpool_nhwc) \
@@ -229,9 +229,9 @@ int main(int argc, char **argv) {
     printf("NVRTC %d.%d\n", major, minor);
     /* the headers the kernels include: those in DIR, and rt_bits.h and rt_recipe.h above it */
     static const char *const names[N_HDR] = {"rt_devstate.h", "netrt_kernels.cuh", "netrt_views.cuh",
-                                             "netrt_attention.cuh", "netrt_index.cuh", "rt_bits.h",
-                                             "rt_recipe.h"};
-    static const char *const dirs[N_HDR] = {"", "", "", "", "", "../", "../"};
+                                             "netrt_attention.cuh", "netrt_index.cuh", "netrt_rows.cuh",
+                                             "rt_bits.h", "rt_recipe.h"};
+    static const char *const dirs[N_HDR] = {"", "", "", "", "", "", "../", "../"};
     const char *headers[N_HDR];
     for (int h = 0; h < N_HDR; h++) {
         char rel[64];

@@ -5,7 +5,8 @@ usage: finetune_test.py CASE NETC WORKDIR
   strict     a file with a misshapen head, a missing bias and an extra tensor: every mismatch is
              listed with its name and both shapes in one run, exit status 1; a DDP file (names
              starting with "module.") gets the --init-prefix hint
-  no_decay   train { no_decay = ["biases", "norms"] } places biases and batch-norm weights after
+  no_decay   train { no_decay = ["biases", "norms"] } places biases and batch-norm weights (and
+             layernorm's and rmsnorm's, no_decay_norms.net) after
              the decayed weights (--dump=memplan) and the trainer trains; the update itself is
              checked against torch.optim parameter groups in tests/optimizer
   rules      --init-skip keeps the head's initialisation (whatever the file's shapes), loads the
@@ -162,6 +163,11 @@ def case_no_decay(netc, work):
     np.save(os.path.join(work, "y.npy"), rng.integers(0, 5, 8).astype(np.int64))
     expect(run(exe, "--threads", "1", "--steps", "2", "--data", f"x={work}/x.npy", "--data",
                f"label={work}/y.npy"), 0, "no_decay trainer")
+    # "norms" names layernorm's and rmsnorm's weights and biases too: declaration order ln.weight,
+    # ln.bias, fc1.weight [36], fc1.bias, ln2.weight (no bias), rms.weight, fc.weight [30],
+    # fc.bias; the decayed 77 floats first, the norms after them in declaration order
+    offs = param_offsets(netc, os.path.join(HERE, "no_decay_norms.net"))
+    check(offs == [77, 83, 0, 36, 89, 95, 42, 72], f"no_decay norms placement: {offs}")
 
 
 def main():

@@ -117,6 +117,7 @@ class Interp:
     def eval_node(self, n, v):
         x = [v[i] for i in n.ins]
         op, a = n.op, n.attr
+        axis = int(a["axis"][0]) if "axis" in a else -1  # printed only when not the last axis
         if op == "input": return self.inputs[n.name]
         if op == "param": return self.params[n.name]
         if op == "const": return torch.tensor(a["value"][0], dtype=self.dtype)
@@ -135,8 +136,15 @@ class Interp:
             "tanh_grad": lambda: x[1] * (1 - x[0] * x[0]),
             "gelu_grad": lambda: vjp(F.gelu, x[0], x[1]),
             "bce_logits_grad": lambda: x[2] * (torch.sigmoid(x[0]) - x[1]),
-            "softmax": lambda: torch.softmax(x[0], -1),
-            "softmax_bwd": lambda: x[0] * (x[1] - (x[1] * x[0]).sum(-1, keepdim=True)),
+            "gelu_tanh": lambda: F.gelu(x[0], approximate="tanh"),
+            "gelu_tanh_grad": lambda: vjp(lambda t: F.gelu(t, approximate="tanh"), x[0], x[1]),
+            "silu": lambda: F.silu(x[0]), "silu_grad": lambda: vjp(F.silu, x[0], x[1]),
+            "softmax": lambda: torch.softmax(x[0], axis),
+            "softmax_bwd": lambda: x[0] * (x[1] - (x[1] * x[0]).sum(axis, keepdim=True)),
+            "log_softmax": lambda: F.log_softmax(x[0], axis),
+            # log_softmax's Jacobian depends on its input t only through softmax(t) = exp(y), and
+            # log_softmax(y) = y, so torch's vjp at y is the one at t
+            "log_softmax_bwd": lambda: vjp(lambda t: F.log_softmax(t, axis), x[0], x[1]),
         }
         if op in simple: return simple[op]()
         if op == "cast": return x[0].long() if n.dtype in INT_DTYPES else x[0].to(self.dtype)
@@ -196,6 +204,7 @@ class Interp:
         if op == "part":
             at = int(a["part"][0])
             return x[0].reshape(-1)[at:at + math.prod(n.shape)].reshape(n.shape)
+        if "norm" in op: return self.norm(n, x)
         if op == "accuracy":  # of a sequence, divided by the positions per sample
             return (x[0].argmax(-1) == x[1]).to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
@@ -231,6 +240,27 @@ class Interp:
         grads = torch.autograd.grad(self.sdpa(*qkv, mask, causal, scale), qkv, dy)
         rows = q.numel() // q.shape[-1]
         return torch.cat([g.reshape(-1) for g in grads] + [torch.zeros(2 * rows, dtype=q.dtype)])
+
+    def norm(self, n, x):
+        """Layer norm (torch's F.layer_norm) and RMS norm (LlamaRMSNorm's formula) over the last
+        axis; their gradients as torch's autograd computes them (vjp), the reference the
+        backward operators must match."""
+        eps = n.attr["eps"][0]
+        D = x[0].shape[-1]
+        ln = lambda t, w, b: F.layer_norm(t, (D,), w, b, eps)  # noqa: E731
+        rms = lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w  # noqa: E731
+        if n.op == "layernorm": return ln(*x)
+        if n.op == "rmsnorm": return rms(*x)
+        if n.op == "layernorm_bwd": return vjp(lambda t: ln(t, x[1], None), x[0], x[2])
+        if n.op == "rmsnorm_bwd": return vjp(lambda t: rms(t, x[1]), x[0], x[2])
+        ones = torch.ones(D, dtype=self.dtype)
+        if n.op == "layernorm_bwd_params":
+            w = ones.clone().requires_grad_(True)
+            b = torch.zeros(D, dtype=self.dtype, requires_grad=True)
+            gw, gb = torch.autograd.grad(ln(x[0], w, b), (w, b), x[1])
+            return torch.stack([gw, gb])
+        if n.op == "rmsnorm_bwd_params": return vjp(lambda w: rms(x[0], w), ones, x[1])
+        raise SystemExit(f"ir_gradcheck: no reference for operator '{n.op}'")
 
     def batchnorm(self, n, x):
         """Batch norm in training mode: the statistics are the batch's (biased variance), or for a

@@ -23,7 +23,7 @@ static float *randv(int64_t n) {
 }
 
 /* An N x C x H x (H + 1) input, K filters of k x k, and the output size that follows. */
-static RtConv geometry(int64_t N, int64_t C, int64_t H, int64_t K, int k, int stride, int pad, int dil, int groups) {
+static inline RtConv geometry(int64_t N, int64_t C, int64_t H, int64_t K, int k, int stride, int pad, int dil, int groups) {
     RtConv c = {.N = N, .C = C, .H = H, .W = H + 1, .K = K, .R = k, .S = k, .stride_h = stride,
                 .stride_w = stride, .pad_h = pad, .pad_w = pad, .dil_h = dil, .dil_w = dil, .groups = groups};
     c.P = (c.H + 2 * pad - dil * (k - 1) - 1) / stride + 1;
