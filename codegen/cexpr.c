@@ -795,15 +795,18 @@ static const struct {
                    "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
                    "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
-    {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's)\n"
+    {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's):\n"
+                   "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one expf instead of libm's much slower tanhf\n"
+                   "// (exp(-2u) = inf for very negative u gives x * 0, as tanh(u) = -1 does)\n"
                    "static inline float gelu_tanh(float x) {\n"
                    "    float u = 0.797884561f * (x + 0.044715f * (x * x * x));\n"
-                   "    return 0.5f * x * (1.0f + tanhf(u));\n}\n"},
-    {OP_GELU_TANH_GRAD, "// d/dx gelu_tanh = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)\n"
+                   "    return x / (1.0f + expf(-2.0f * u));\n}\n"},
+    {OP_GELU_TANH_GRAD, "// d/dx gelu_tanh = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u); with s = sigmoid(2u),\n"
+                        "// 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s): s (1 + 2 x (1 - s) du/dx)\n"
                         "static inline float gelu_tanh_grad(float x, float dy) {\n"
-                        "    float t = tanhf(0.797884561f * (x + 0.044715f * (x * x * x)));\n"
+                        "    float s = 1.0f / (1.0f + expf(-1.595769122f * (x + 0.044715f * (x * x * x))));\n"
                         "    float du = 0.797884561f * (1.0f + 0.134145f * (x * x));\n"
-                        "    return dy * (0.5f * (1.0f + t) + (0.5f * x) * ((1.0f - t * t) * du));\n}\n"},
+                        "    return dy * (s * (1.0f + (2.0f * x) * ((1.0f - s) * du)));\n}\n"},
     {OP_SILU, "// x * sigmoid(x), exp of a non-positive number only\n"
               "static inline float silu(float x) {\n"
               "    if (x >= 0.0f) return x / (1.0f + expf(-x));\n"
