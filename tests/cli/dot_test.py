@@ -20,13 +20,16 @@ from netc_testlib import Checks, run_cases  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = sorted(glob.glob(os.path.join(HERE, "..", "..", "models", "*.net")))
+# GPT-2 at its real size is 12 layers of ~100 nodes each way: Graphviz takes minutes to lay it
+# out. One small layer has every operator of it.
+DEFINES = {"gpt2.net": ["-D", "n_layer=1", "-D", "vocab=64", "-D", "seq=16", "-D", "n_embd=32", "-D", "n_head=2"]}
 check = Checks()
 NODE = re.compile(r'  %(\d+) = (\w+)(?: "([^"]*)")?(?:\(([^)]*)\))? (\w+\[[^\]]*\])(.*?)(?:   #.*)?$')
 
 
 def fused_graph(netc, model, whole_step):
     """Nodes {id: (op, name, operands, dtype+shape, cluster)} of --dump=fused."""
-    out = subprocess.run([netc, model, "--dump=fused"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([netc, model, "--dump=fused", *DEFINES.get(os.path.basename(model), [])], capture_output=True, text=True, check=True).stdout
     nodes, phase = {}, None
     for line in out.splitlines():
         if line in ("forward:", "backward:"):
@@ -44,7 +47,7 @@ def fused_graph(netc, model, whole_step):
 
 def drawn(netc, model, stage):
     """Boxes {id: label}, edges {(a, b)} and clusters {k: {ids}} of the DOT text, and the text."""
-    text = subprocess.run([netc, model, f"--dump={stage}"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run([netc, model, f"--dump={stage}", *DEFINES.get(os.path.basename(model), [])], capture_output=True, text=True, check=True).stdout
     boxes = {int(i): lab for i, lab in re.findall(r'^  n(\d+) \[label="((?:[^"\\]|\\.)*)"', text, re.M)}
     edges = {(int(a), int(b)) for a, b in re.findall(r"^  n(\d+) -> n(\d+);$", text, re.M)}
     clusters = {}
