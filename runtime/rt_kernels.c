@@ -289,12 +289,19 @@ void rt_softmax_bwd(int64_t rows, int64_t cols, const float *y, const float *dy,
     }
 }
 
-static void check_label(int64_t label, int64_t cols, int64_t row) {
-    if (label >= 0 && label < cols) return;
-    fprintf(stderr, "error: label %lld in row %lld of the batch is outside [0, %lld)\n"
-                    "  hint: the model's logits have %lld classes; check the label file\n",
-            (long long)label, (long long)row, (long long)cols, (long long)cols);
-    exit(1);
+/* Labels of the rows that count: in [0, cols), or the ignore index when there is one. */
+static void check_labels(int64_t rows, int64_t cols, const int64_t *label, const int64_t *ignore) {
+    for (int64_t r = 0; r < rows; r++) {
+        if ((label[r] >= 0 && label[r] < cols) || (ignore && label[r] == *ignore)) continue;
+        if (ignore)
+            fprintf(stderr, "error: label %lld in row %lld of the batch is outside [0, %lld) and is not the "
+                            "ignore_index %lld\n", (long long)label[r], (long long)r, (long long)cols, (long long)*ignore);
+        else
+            fprintf(stderr, "error: label %lld in row %lld of the batch is outside [0, %lld)\n", (long long)label[r],
+                    (long long)r, (long long)cols);
+        fprintf(stderr, "  hint: the model's logits have %lld classes; check the label file\n", (long long)cols);
+        exit(1);
+    }
 }
 
 /* log(sum(exp(x))) of one row, stable. */
@@ -306,13 +313,14 @@ static double logsumexp(const float *x, int64_t cols) {
     return m + log(s);
 }
 
-void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 float smoothing, int64_t n_valid, float *loss) {
-    for (int64_t r = 0; r < rows && r < n_valid; r++) check_label(label[r], cols, r);
+/* Cross-entropy of rows, and its gradient, with an optional ignore index (NULL: none). */
+static void xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                     const int64_t *ignore, int64_t n_valid, float *loss) {
+    check_labels(rows < n_valid ? rows : n_valid, cols, label, ignore);
     /* each row on one thread, in the same order of operations: the same bits for any count */
 #pragma omp parallel for schedule(static) if (rows * cols >= 32768)
     for (int64_t r = 0; r < rows; r++) {
-        if (r >= n_valid) {
+        if (r >= n_valid || (ignore && label[r] == *ignore)) {
             loss[r] = 0;
             continue;
         }
@@ -327,20 +335,44 @@ void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t 
     }
 }
 
-void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 float smoothing, const float *dloss, float *dlogits) {
+static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                     const int64_t *ignore, const float *dloss, float *dlogits) {
     double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
-    for (int64_t r = 0; r < rows; r++) check_label(label[r], cols, r);
+    check_labels(rows, cols, label, ignore);
 #pragma omp parallel for schedule(static) if (rows * cols >= 32768)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * cols;
         float *d = dlogits + r * cols;
+        if (ignore && label[r] == *ignore) { /* no contribution: the row's gradient is 0 */
+            memset(d, 0, (size_t)cols * sizeof *d);
+            continue;
+        }
         double lse = logsumexp(x, cols);
-        for (int64_t j = 0; j < cols; j++) {
+        for (int64_t j = 0; j < cols; j++) { /* one pass over the row: each element written once */
             double target = off + (j == label[r] ? 1.0 - smoothing : 0.0);
             d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
         }
     }
+}
+
+void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                 int64_t n_valid, float *loss) {
+    xent_fwd(rows, cols, logits, label, smoothing, NULL, n_valid, loss);
+}
+
+void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                 const float *dloss, float *dlogits) {
+    xent_bwd(rows, cols, logits, label, smoothing, NULL, dloss, dlogits);
+}
+
+void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, int64_t n_valid, float *loss) {
+    xent_fwd(rows, cols, logits, label, smoothing, &ignore, n_valid, loss);
+}
+
+void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
+                        int64_t ignore, const float *dloss, float *dlogits) {
+    xent_bwd(rows, cols, logits, label, smoothing, &ignore, dloss, dlogits);
 }
 
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,

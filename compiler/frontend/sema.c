@@ -175,6 +175,25 @@ static Value int_arith(int op, int64_t a, int64_t b, SrcLoc loc) {
     return sema_int(r);
 }
 
+/* The broadcast shape of a binary operator's tensor operands x and y, which must have one dtype;
+ * 0 after an error (the hint names `cast`, a conversion that would fix it). */
+static int operand_shape(Sema *S, int op, const IrNode *x, const IrNode *y, const char *cast, SrcLoc loc,
+                         IrShape *out) {
+    if (x->dtype != y->dtype) {
+        diag_error(loc, "operands of '%s' have different dtypes: %s and %s", ast_binop_name(op),
+                   ir_dtype_name(x->dtype), ir_dtype_name(y->dtype));
+        diag_hint("convert one of them with a cast such as %s", cast);
+        return 0;
+    }
+    if (!ir_broadcast(&x->shape, &y->shape, out)) {
+        diag_error(loc, "shapes %s and %s do not broadcast for '%s'", sema_shape_str(S, &x->shape),
+                   sema_shape_str(S, &y->shape), ast_binop_name(op));
+        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
+        return 0;
+    }
+    return 1;
+}
+
 static Value num_arith(int op, Value a, Value b, SrcLoc loc) {
     if (a.k == V_INT && b.k == V_INT && op != BIN_DIV) return int_arith(op, a.i, b.i, loc);
     double x = sema_num(a), y = sema_num(b);
@@ -273,19 +292,8 @@ Value sema_tensor_binop(Sema *S, int op, Value a, Value b, SrcLoc loc) {
         if (!is_num(b)) goto bad;
         y = ir_const(S->g, sema_num(b), dt, loc);
     }
-    if (x->dtype != y->dtype) {
-        diag_error(loc, "operands of '%s' have different dtypes: %s and %s", ast_binop_name(op),
-                   ir_dtype_name(x->dtype), ir_dtype_name(y->dtype));
-        diag_hint("convert one of them with a cast such as f32(x)");
-        return sema_error();
-    }
     IrShape out;
-    if (!ir_broadcast(&x->shape, &y->shape, &out)) {
-        diag_error(loc, "shapes %s and %s do not broadcast for '%s'", sema_shape_str(S, &x->shape),
-                   sema_shape_str(S, &y->shape), ast_binop_name(op));
-        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
-        return sema_error();
-    }
+    if (!operand_shape(S, op, x, y, "f32(x)", loc, &out)) return sema_error();
     return sema_tensor(sema_node(S, iop, out, dt, loc, 2, x, y, NULL));
 bad:
     diag_error(loc, "'%s' between %s and %s", ast_binop_name(op), sema_value_desc(S, a),
@@ -308,19 +316,8 @@ static Value tensor_compare(Sema *S, int op, Value a, Value b, SrcLoc loc) {
     IrDtype dt = x ? x->dtype : y->dtype;
     if (!x) x = ir_const(S->g, sema_num(a), dt, loc);
     if (!y) y = ir_const(S->g, sema_num(b), dt, loc);
-    if (x->dtype != y->dtype) {
-        diag_error(loc, "operands of '%s' have different dtypes: %s and %s", ast_binop_name(op),
-                   ir_dtype_name(x->dtype), ir_dtype_name(y->dtype));
-        diag_hint("convert one of them with a cast such as i64(x)");
-        return sema_error();
-    }
     IrShape out;
-    if (!ir_broadcast(&x->shape, &y->shape, &out)) {
-        diag_error(loc, "shapes %s and %s do not broadcast for '%s'", sema_shape_str(S, &x->shape),
-                   sema_shape_str(S, &y->shape), ast_binop_name(op));
-        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
-        return sema_error();
-    }
+    if (!operand_shape(S, op, x, y, "i64(x)", loc, &out)) return sema_error();
     return sema_tensor(sema_node(S, ops[op], out, DT_U8, loc, 2, x, y, NULL));
 }
 

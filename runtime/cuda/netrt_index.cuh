@@ -44,48 +44,4 @@ static __device__ __forceinline__ void rt_k_gather_bwd_add(int64_t n, int64_t nu
     }
 }
 
-/* rt_k_xent_fwd where a row whose label is `ignore` gives 0. One block per row. */
-static __device__ __forceinline__ void rt_k_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits,
-                                                            const int64_t *label, float smoothing, int64_t ignore,
-                                                            int64_t n_valid, float *loss) {
-    RT_K_ROWS(r, rows) {
-        int64_t y = r < n_valid ? label[r] : ignore;
-        if (y == ignore || y < 0 || y >= cols) { /* the same branch for the whole block */
-            if (threadIdx.x == 0) loss[r] = y == ignore ? 0.0f : NAN;
-            continue;
-        }
-        const float *x = logits + r * cols;
-        double mean = 0;
-        if (smoothing != 0) {
-            RT_K_COLS(j, cols) mean += x[j];
-            mean = rt_block_sum(mean) / (double)cols;
-        }
-        double lse = rt_row_logsumexp(x, cols);
-        if (threadIdx.x == 0)
-            loss[r] = (float)__dsub_rn(__dsub_rn(lse, __dmul_rn(1.0 - smoothing, (double)x[y])),
-                                       __dmul_rn((double)smoothing, mean));
-    }
-}
-
-/* rt_k_xent_bwd where a row whose label is `ignore` gets 0. One block per row. */
-static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits,
-                                                            const int64_t *label, float smoothing, int64_t ignore,
-                                                            const float *dloss, float *dlogits) {
-    const double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
-    RT_K_ROWS(r, rows) {
-        const float *x = logits + r * cols;
-        float *d = dlogits + r * cols;
-        int64_t y = label[r];
-        if (y == ignore || y < 0 || y >= cols) {
-            RT_K_COLS(j, cols) d[j] = y == ignore ? 0.0f : NAN;
-            continue;
-        }
-        double lse = rt_row_logsumexp(x, cols);
-        RT_K_COLS(j, cols) {
-            double target = off + (j == y ? 1.0 - smoothing : 0.0);
-            d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
-        }
-    }
-}
-
 #endif

@@ -297,17 +297,23 @@ static __device__ __forceinline__ double rt_row_logsumexp(const float *x, int64_
     return m + log(rt_block_sum(s));
 }
 
-/* Softmax cross-entropy with label smoothing s, as rt_xent_fwd:
+/* Softmax cross-entropy with label smoothing s, as rt_xent_ignore_fwd:
  *   loss[r] = logsumexp(x[r]) - (1 - s) x[r][label[r]] - s mean_j x[r][j],
- * 0 for rows at or after n_valid. A label outside [0, cols) gives NaN (the device cannot stop
- * the trainer; the host sees a non-finite loss). One block per row. */
-static __device__ __forceinline__ void rt_k_xent_fwd(int64_t rows, int64_t cols, const float *logits,
-                                                     const int64_t *label, float smoothing, int64_t n_valid,
-                                                     float *loss) {
+ * 0 for rows at or after n_valid and rows whose label is `ignore` (RT_K_NO_IGNORE: none). A
+ * label outside [0, cols) gives NaN (the device cannot stop the trainer; the host sees a
+ * non-finite loss). One block per row. */
+#define RT_K_NO_IGNORE ((int64_t)(-9223372036854775807LL - 1)) /* no label is this: rt_k_xent_fwd/bwd */
+static __device__ __forceinline__ void rt_k_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits,
+                                                            const int64_t *label, float smoothing, int64_t ignore,
+                                                            int64_t n_valid, float *loss) {
     RT_K_ROWS(r, rows) {
-        int64_t y = r < n_valid ? label[r] : 0;
-        if (r >= n_valid || y < 0 || y >= cols) { /* the same branch for the whole block */
-            if (threadIdx.x == 0) loss[r] = r >= n_valid ? 0.0f : NAN;
+        if (r >= n_valid || label[r] == ignore) {
+            if (threadIdx.x == 0) loss[r] = 0.0f;
+            continue;
+        }
+        int64_t y = label[r];
+        if (y < 0 || y >= cols) { /* the same branch for the whole block */
+            if (threadIdx.x == 0) loss[r] = NAN;
             continue;
         }
         const float *x = logits + r * cols;
@@ -323,18 +329,25 @@ static __device__ __forceinline__ void rt_k_xent_fwd(int64_t rows, int64_t cols,
     }
 }
 
+static __device__ __forceinline__ void rt_k_xent_fwd(int64_t rows, int64_t cols, const float *logits,
+                                                     const int64_t *label, float smoothing, int64_t n_valid,
+                                                     float *loss) {
+    rt_k_xent_ignore_fwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, n_valid, loss);
+}
+
 /* dlogits[r][j] = dloss[r] * (softmax(x[r])[j] - target[j]), target = s / cols + (1 - s) at the
- * label, as rt_xent_bwd; a row whose label is outside [0, cols) gets NaN. One block per row. */
-static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols, const float *logits,
-                                                     const int64_t *label, float smoothing, const float *dloss,
-                                                     float *dlogits) {
+ * label, as rt_xent_ignore_bwd; 0 for a row whose label is `ignore`, NaN for one whose label is
+ * outside [0, cols). One block per row. */
+static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits,
+                                                            const int64_t *label, float smoothing, int64_t ignore,
+                                                            const float *dloss, float *dlogits) {
     const double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
     RT_K_ROWS(r, rows) {
         const float *x = logits + r * cols;
         float *d = dlogits + r * cols;
         int64_t y = label[r];
-        if (y < 0 || y >= cols) {
-            RT_K_COLS(j, cols) d[j] = NAN;
+        if (y == ignore || y < 0 || y >= cols) {
+            RT_K_COLS(j, cols) d[j] = y == ignore ? 0.0f : NAN;
             continue;
         }
         double lse = rt_row_logsumexp(x, cols);
@@ -343,6 +356,12 @@ static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols,
             d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
         }
     }
+}
+
+static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols, const float *logits,
+                                                     const int64_t *label, float smoothing, const float *dloss,
+                                                     float *dlogits) {
+    rt_k_xent_ignore_bwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, dloss, dlogits);
 }
 
 /* out[0] = the rows among the first n_valid whose argmax (the first on ties) is the label.
