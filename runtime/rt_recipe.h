@@ -176,7 +176,7 @@ RT_RECIPE_FN void rt_adamw_update(RtOptimParams h, RtOptimStep s, float *p, cons
  *              netc binds a call by these names and reads each hyperparameter's default here
  *
  * How to add an optimizer: a row here; its three functions above, reading its hyperparameters
- * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_builtins.c's
+ * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_train.c's
  * table of hyperparameters, which checks its value); its section in docs/language.md; a case
  * against torch.optim in tests/optimizer. Nothing else names an optimizer. */
 #define RT_OPTIMIZERS(X)                                                        \

@@ -1,5 +1,6 @@
-/* sema.h - internal interface between the evaluator (sema.c) and the built-in layers and the
- * train section (sema_builtins.c). The public entry point is sema_build() in frontend.h. */
+/* sema.h - internal interface between the evaluator (sema.c), the built-in layers
+ * (sema_builtins.c) and the train section (sema_train.c). The public entry point is sema_build()
+ * in frontend.h. */
 #ifndef NETC_SEMA_H
 #define NETC_SEMA_H
 
@@ -101,6 +102,7 @@ double sema_num(Value v);
 /* sema_builtins.c */
 const SemaBuiltin *sema_find_builtin(const char *name);
 void sema_suggest_builtin(Suggest *s);
+/* sema_train.c */
 void sema_train(Sema *S, const AstStmt *train);
 int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *shape);
 IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc);

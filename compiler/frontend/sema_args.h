@@ -1,0 +1,31 @@
+/* sema_args.h - the argument helpers of the built-ins (sema_builtins.c) and of the train
+ * section's calls (sema_train.c): where an argument was written, and its value checked against
+ * what the call accepts, with an error naming the argument, the call and what was found. */
+#ifndef NETC_SEMA_ARGS_H
+#define NETC_SEMA_ARGS_H
+
+#include "sema.h"
+
+typedef struct {
+    Sema *S;
+    const AstExpr *call;
+    const SemaBuiltin *b;
+    Value *a;
+    int ok;
+    const char *label; /* the call's label, to name the layer in errors; NULL if none */
+} Args;
+
+/* The argument helpers of a built-in; its `label` parameter names the layer in errors. */
+#define BEGIN_ARGS(S, call, args)                                                        \
+    Args A_ = {S, call, sema_find_builtin(call->name), args, 1, label};                  \
+    Args *A = &A_
+
+/* Where argument number `index` (or keyword `name`) was written, for error carets. */
+SrcLoc arg_loc(const AstExpr *call, const char *name, int index);
+/* true or false (def when the argument is absent); clears A->ok after an error */
+int arg_bool(Args *A, int i, int def);
+/* A number in [min, max], or in [min, max) when `open_max` (def when absent). */
+double arg_num_in(Args *A, int i, double def, double min, double max, int open_max);
+double arg_num(Args *A, int i, double def, double min, double max);
+
+#endif
