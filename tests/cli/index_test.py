@@ -19,10 +19,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from netc_testlib import st_load  # noqa: E402
+from netc_testlib import Checks, st_load  # noqa: E402
 
-failures = []
-cases = 0
+checks = Checks()
 
 MODEL = """model tok
 const batch = 4, seq = 3, vocab = 10
@@ -41,18 +40,8 @@ train {
 
 
 def check(what, cmd, status, *needles):
-    global cases
-    cases += 1
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    msg = r.stderr + r.stdout
-    if r.returncode != status:
-        failures.append(f"{what}: exit status {r.returncode}, want {status}\n{msg}")
-        return
-    missing = [n for n in needles if n not in msg]
-    if missing:
-        failures.append(f"{what}: message lacks {missing}:\n{msg}")
-    else:
-        print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
+    """The command exits with `status` and its output holds every needle (Checks.expect)."""
+    checks.expect(subprocess.run(cmd, capture_output=True, text=True), status, what, *needles)
 
 
 def main():
@@ -86,8 +75,7 @@ def main():
     if os.path.exists(out):
         names = sorted(st_load(out))
         tied_once = names == ["fc.bias", "fc.weight", "head.bias", "head.weight", "wpe.weight", "wte.weight"]
-        if not tied_once:
-            failures.append(f"tied weights: the weight file holds {names}")
+        checks(tied_once, f"tied weights: the weight file holds {names}")
     bad_tokens = rng.integers(0, 10, (8, 3))
     bad_tokens[6, 1] = 10
     check("token id outside the table", run(3, data("bad_tokens", bad_tokens)), 1, "tokens", "10",
@@ -100,10 +88,8 @@ def main():
           "ignore_index -100")
     ignored = np.full((8, 3), -100)
     check("every label ignored", run(3, tokens, data("ignored", ignored)), 3, "loss is")
-    for f in failures:
-        print("FAIL", f)
-    print(f"index_test: {cases} cases, {len(failures)} failed")
-    sys.exit(1 if failures or not cases else 0)
+    print(f"index_test: {checks.count} cases, {len(checks.failures)} failed")
+    sys.exit(1 if checks.failures or not checks.count else 0)
 
 
 if __name__ == "__main__":
