@@ -921,6 +921,12 @@ int cg_conv_which(const IrNode *n) {
     }
 }
 
+void cg_axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
+    *outer = *inner = 1;
+    for (int i = 0; i < axis; i++) *outer *= s->dim[i];
+    for (int i = axis + 1; i < s->rank; i++) *inner *= s->dim[i];
+}
+
 void cg_pool_kind(const IrNode *n, int *max, int *bwd) {
     switch (n->op) {
     case OP_MAXPOOL2D: *max = 1, *bwd = 0; break;

@@ -134,6 +134,9 @@ void cg_attention_dims(const IrNode *n, CgAttn *a);
 
 /* Which pooling n is: max or average, forward or backward; any other operator is a bug. */
 void cg_pool_kind(const IrNode *n, int *max, int *bwd);
+/* A tensor of shape s around its axis `axis`, as [outer, s->dim[axis], inner]: what the
+ * kernels along an axis (slice, concat, max, softmax, log-softmax) index by. */
+void cg_axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner);
 void cg_check_lib_operands(const IrNode *n, const char *backend);
 
 #endif

@@ -375,17 +375,6 @@ static void emit_norm(Cg *c, const IrNode *n, int64_t rows, int64_t D) {
     cg_end(c, ", v%d);", n->id);
 }
 
-/* Softmax and log-softmax along attr.axis of x: [outer, len, inner]. */
-static void axis_dims(const IrNode *n, int64_t *outer, int64_t *len, int64_t *inner) {
-    const IrShape *s = &n->in[0]->shape;
-    *outer = *inner = 1;
-    for (int i = 0; i < s->rank; i++) {
-        if (i < n->attr.axis) *outer *= s->dim[i];
-        if (i > n->attr.axis) *inner *= s->dim[i];
-    }
-    *len = s->dim[n->attr.axis];
-}
-
 /* Softmax, cross-entropy, accuracy and the norms see their first operand as [rows, last axis];
  * softmax and log-softmax along another axis as [outer, len, inner]. */
 static void emit_rows(Cg *c, const IrNode *n) {
@@ -394,7 +383,10 @@ static void emit_rows(Cg *c, const IrNode *n) {
     int a = n->in[0]->id, b = n->n_in > 1 ? n->in[1]->id : -1;
     char valid[64];
     const char *ign = n->attr.has_ignore ? "_ignore" : "";
-    if (op_has_axis(n)) axis_dims(n, &outer, &len, &inner);
+    if (op_has_axis(n)) { /* softmax, log-softmax: [outer, len, inner] around attr.axis */
+        cg_axis_split(s, n->attr.axis, &outer, &inner);
+        len = s->dim[n->attr.axis];
+    }
     switch (n->op) {
     case OP_SOFTMAX:
     case OP_SOFTMAX_BWD:
@@ -492,13 +484,8 @@ static void emit_bn(Cg *c, const IrNode *n) {
     cg_end(c, "%s", "");
 }
 
-/* Copies and reductions along an axis see a tensor as [outer, n, inner] around that axis. */
-static void axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
-    *outer = *inner = 1;
-    for (int i = 0; i < axis; i++) *outer *= s->dim[i];
-    for (int i = axis + 1; i < s->rank; i++) *inner *= s->dim[i];
-}
-
+/* Copies and reductions along an axis (cg_axis_split's [outer, n, inner]): one runtime call each
+ * (rt_views.c). */
 static void emit_axes(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     int axis = n->attr.axis, elem = ir_dtype_size(n->dtype);
@@ -518,27 +505,27 @@ static void emit_axes(Cg *c, const IrNode *n) {
         return;
     }
     case OP_SLICE:
-        axis_split(&x->shape, axis, &outer, &inner);
+        cg_axis_split(&x->shape, axis, &outer, &inner);
         cg_line(c, "rt_slice(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d);", outer,
                 x->shape.dim[axis], n->shape.dim[axis], inner, n->attr.start, elem, x->id, n->id);
         return;
     case OP_SLICE_BWD:
-        axis_split(&n->shape, axis, &outer, &inner);
+        cg_axis_split(&n->shape, axis, &outer, &inner);
         cg_line(c, "rt_slice_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d);",
                 outer, n->shape.dim[axis], x->shape.dim[axis], inner, n->attr.start, elem, x->id, n->id);
         return;
     case OP_CONCAT:
-        axis_split(&n->shape, axis, &outer, &inner);
+        cg_axis_split(&n->shape, axis, &outer, &inner);
         cg_line(c, "rt_concat(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d);", outer,
                 x->shape.dim[axis], n->in[1]->shape.dim[axis], inner, elem, x->id, n->in[1]->id, n->id);
         return;
     case OP_MAX:
-        axis_split(&x->shape, axis, &outer, &inner);
+        cg_axis_split(&x->shape, axis, &outer, &inner);
         cg_line(c, "rt_max_axis(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer, x->shape.dim[axis], inner,
                 x->id, n->id);
         return;
     case OP_MAX_BWD:
-        axis_split(&x->shape, axis, &outer, &inner);
+        cg_axis_split(&x->shape, axis, &outer, &inner);
         cg_line(c, "rt_max_axis_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", outer,
                 x->shape.dim[axis], inner, x->id, n->in[1]->id, n->id);
         return;

@@ -517,21 +517,10 @@ static void emit_norm(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
 }
 
-/* Softmax and log-softmax along attr.axis of x: [outer, len, inner]. */
-static void axis_dims(const IrNode *n, int64_t *outer, int64_t *len, int64_t *inner) {
-    const IrShape *s = &n->in[0]->shape;
-    *outer = *inner = 1;
-    for (int i = 0; i < s->rank; i++) {
-        if (i < n->attr.axis) *outer *= s->dim[i];
-        if (i > n->attr.axis) *inner *= s->dim[i];
-    }
-    *len = s->dim[n->attr.axis];
-}
-
 /* Softmax and log-softmax along any axis: a block per row of [outer * inner rows, len]. */
 static void emit_axis_rows(Cu *u, const IrNode *n) {
-    int64_t outer, len, inner;
-    axis_dims(n, &outer, &len, &inner);
+    int64_t outer, inner, len = n->in[0]->shape.dim[n->attr.axis];
+    cg_axis_split(&n->in[0]->shape, n->attr.axis, &outer, &inner);
     int a = n->in[0]->id;
     char call[512];
     const char *fn = n->op == OP_SOFTMAX ? "softmax_axis_fwd" : n->op == OP_SOFTMAX_BWD ? "softmax_axis_bwd"
@@ -672,14 +661,8 @@ static void emit_bn(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
 }
 
-/* Copies and reductions along an axis see a tensor as [outer, n, inner] around that axis;
- * one grid-stride loop over the outputs (netrt_views.cuh). */
-static void axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
-    *outer = *inner = 1;
-    for (int i = 0; i < axis; i++) *outer *= s->dim[i];
-    for (int i = axis + 1; i < s->rank; i++) *inner *= s->dim[i];
-}
-
+/* Copies and reductions along an axis (cg_axis_split's [outer, n, inner]): one grid-stride loop
+ * over the outputs (netrt_views.cuh). */
 static void emit_axes(Cu *u, const IrNode *n) {
     const IrNode *x = n->in[0];
     int axis = n->attr.axis, at = 0;
@@ -699,24 +682,24 @@ static void emit_axes(Cu *u, const IrNode *n) {
         break;
     }
     case OP_SLICE:
-        axis_split(&x->shape, axis, &outer, &inner);
+        cg_axis_split(&x->shape, axis, &outer, &inner);
         snprintf(call, sizeof call, "rt_k_slice(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);",
                  outer, x->shape.dim[axis], n->shape.dim[axis], inner, n->attr.start, x->id, n->id);
         break;
     case OP_SLICE_BWD:
-        axis_split(&n->shape, axis, &outer, &inner);
+        cg_axis_split(&n->shape, axis, &outer, &inner);
         snprintf(call, sizeof call,
                  "rt_k_slice_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer,
                  n->shape.dim[axis], x->shape.dim[axis], inner, n->attr.start, x->id, n->id);
         break;
     case OP_CONCAT:
-        axis_split(&n->shape, axis, &outer, &inner);
+        cg_axis_split(&n->shape, axis, &outer, &inner);
         snprintf(call, sizeof call, "rt_k_concat(%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);",
                  outer, x->shape.dim[axis], n->in[1]->shape.dim[axis], inner, x->id, n->in[1]->id, n->id);
         break;
     case OP_MAX:
     case OP_MAX_BWD:
-        axis_split(&x->shape, axis, &outer, &inner);
+        cg_axis_split(&x->shape, axis, &outer, &inner);
         threads = outer * inner; /* one thread per column along the axis */
         if (n->op == OP_MAX)
             snprintf(call, sizeof call, "rt_k_max_axis(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d);", outer,
