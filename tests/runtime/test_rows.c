@@ -22,17 +22,8 @@
 
 #include "netrt.h"
 
+#include "test_close.h"
 #include "test_util.h"
-
-static void assert_close(const float *got, const double *want, int64_t n, double tol, const char *what) {
-    double scale = 1e-6;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
-    for (int64_t i = 0; i < n; i++)
-        if (fabs(got[i] - want[i]) > tol * scale) {
-            print_error("%s[%lld]: got %g want %g (tolerance %g)\n", what, (long long)i, got[i], want[i], tol * scale);
-            fail();
-        }
-}
 
 /* ---- softmax and log-softmax along the middle axis of [O, N, I] */
 
