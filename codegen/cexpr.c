@@ -772,6 +772,33 @@ void cg_emit_model_recipe(Cg *c) {
     RT_OPTIM_PARAMS(VALUE)
 #undef VALUE
     cg_end(c, "},");
+    if (g->distributed) {
+        cg_line(c, ".comm = &rt_comm_mpi,");
+        cg_line(c, ".n_buckets = %d,", g->n_buckets);
+        cg_line(c, ".buckets = gradient_buckets,");
+    }
+}
+
+/* ---- a distributed step's gradient buckets (compiler/passes/buckets.c) */
+
+void cg_emit_buckets(Cg *c) {
+    const IrGraph *g = c->g;
+    if (!g->distributed) return;
+    cg_line(c, "// The gradients are summed over the ranks in these ranges of ctx->grads, each as soon as the");
+    cg_line(c, "// backward pass has written it (rt_grads_ready); %" PRId64 " floats in all.", g->n_grad_floats);
+    cg_open(c, "static const RtBucket gradient_buckets[%d] = {", g->n_buckets > 0 ? g->n_buckets : 1);
+    for (int k = 0; k < g->n_buckets; k++)
+        cg_line(c, "{%" PRId64 ", %" PRId64 "},", g->buckets[k].offset, g->buckets[k].count);
+    if (!g->n_buckets) cg_line(c, "{0, 0},");
+    cg_close(c, "};");
+    cg_blank(c);
+}
+
+void cg_emit_grads_ready(Cg *c, int position) {
+    const IrGraph *g = c->g;
+    for (int k = 0; g->distributed && k < g->n_buckets; k++)
+        if (g->buckets[k].ready == position)
+            cg_line(c, "rt_grads_ready(ctx, %d); // its gradients are final: start their sum over the ranks", k);
 }
 
 /* ---- prologue: header comment and the scalar helpers this model uses */

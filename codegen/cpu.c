@@ -657,8 +657,10 @@ static void emit_forward_backward(Cg *c) {
             cg_line(c, "// ---- backward");
         }
         emit_node(c, g->nodes[i]);
+        cg_emit_grads_ready(c, i);
     }
     emit_grad_copies(c);
+    cg_emit_grads_ready(c, g->n);
     emit_outputs(c);
     cg_close(c, "}");
     cg_blank(c);
@@ -738,6 +740,7 @@ static void emit_optimizer(Cg *c) {
 
 static void emit_model(Cg *c) {
     const IrGraph *g = c->g;
+    cg_emit_buckets(c);
     cg_open(c, "static const RtModel model = {");
     cg_emit_model_head(c);
     cg_line(c, ".arena_bytes = %" PRId64 ",", g->arena_bytes > 64 ? g->arena_bytes : 64);

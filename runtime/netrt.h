@@ -70,6 +70,8 @@ typedef struct RtCtx {
                                 * batch, float32 [batch, RtModel.output_shape] row-major */
     double grad_norm;          /* out, with clip_grad_norm: the gradients' global 2-norm before
                                 * clipping, set by optimizer_step */
+    void *dist;                /* a distributed trainer's reductions in flight (rt_grads_ready), or
+                                * NULL: one process */
 } RtCtx;
 
 /* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
@@ -107,6 +109,44 @@ typedef struct RtDevice {
     void (*read_eval)(double *loss_sum, double *correct);
     void (*close)(void);
 } RtDevice;
+
+/* ---- data-parallel training (netc --distributed; docs/distributed.md)
+ *
+ * A distributed trainer runs as one process per rank (mpirun, srun). Every rank holds the whole
+ * model; each step's gradients are summed over the ranks in buckets, contiguous ranges of the
+ * flat gradient buffer that the generated backward pass hands over with rt_grads_ready() as
+ * soon as their last gradient is written, so the sums overlap the rest of the pass. */
+typedef struct RtBucket {
+    int64_t offset, count;     /* floats of RtCtx.grads */
+} RtBucket;
+
+/* The collectives a distributed trainer uses (libnetrt_mpi: rt_comm_mpi). Every call but open
+ * and close is collective: each rank makes the same calls in the same order. A wait that gets no
+ * answer from the other ranks within the timeout (docs/distributed.md) ends the whole job with a
+ * message naming `what`. */
+typedef struct RtComm {
+    const char *name;          /* "MPI" */
+    /* Join the job: this process's rank, the number of ranks, and its rank among those on its
+     * machine. 0, or non-zero with the reason in `why`. */
+    int (*open)(int *argc, char ***argv, int *rank, int *ranks, int *local_rank, char *why, size_t size);
+    /* Start summing x[0 .. n) over the ranks, in place, and return at once. */
+    void (*start_sum)(float *x, int64_t n);
+    /* Wait for every sum started; returns the seconds spent waiting. */
+    double (*wait_sums)(const char *what);
+    /* x[0 .. n) summed over the ranks, in place (waits); returns the seconds spent waiting. */
+    double (*sum)(double *x, int n, const char *what);
+    /* 1 when every rank passed the same value, else 0 (on every rank). */
+    int (*agree)(uint64_t v, const char *what);
+    /* Leave the job: status 0 (or one every rank reached together, `together`) finishes it
+     * normally; any other ends every rank's process at once with that status. */
+    void (*close)(int status, int together);
+} RtComm;
+
+extern const RtComm rt_comm_mpi; /* libnetrt_mpi.a */
+
+/* Called by a distributed trainer's generated backward pass once every gradient of bucket k
+ * (RtModel.buckets[k]) is final: starts its sum over the ranks. Nothing when ctx->dist is NULL. */
+void rt_grads_ready(RtCtx *ctx, int k);
 
 typedef struct RtModel {
     const char *name;          /* model name from the .net file */
@@ -149,6 +189,11 @@ typedef struct RtModel {
                                 * of `epochs` whole epochs (0: not given) */
     double clip_grad_norm;     /* clip_grad_norm = C: the gradients' global norm is clipped to C
                                 * before each update (0: off) */
+    /* netc --distributed: the collectives and the gradient buckets; NULL and 0 for a trainer
+     * that runs as one process */
+    const RtComm *comm;
+    int n_buckets;
+    const RtBucket *buckets;
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */

@@ -65,10 +65,12 @@ static uint64_t fnv_shape(uint64_t h, int rank, const int64_t *shape) {
     return fnv_text(h, "];");
 }
 
-static uint64_t fingerprint(const RtModel *m) {
+/* batch: the global batch, m->batch times the ranks of a distributed run, so that a run's
+ * checkpoint resumes under any number of ranks that keeps it (or in one process of that batch). */
+static uint64_t fingerprint(const RtModel *m, int64_t batch) {
     uint64_t h = 0xCBF29CE484222325ull;
     h = fnv_text(h, "model %s batch %" PRId64 " optim %d slots %d floats %" PRId64 " %" PRId64 ";",
-                 m->name, m->batch, (int)m->optim, m->n_state_slots, m->n_param_floats, m->n_grad_floats);
+                 m->name, batch, (int)m->optim, m->n_state_slots, m->n_param_floats, m->n_grad_floats);
     const RtSchedule *s = &m->schedule;
     h = fnv_text(h, "schedule %d %a %a %a %a %a;", (int)s->kind, s->base_lr, s->warmup_epochs,
                  s->step_epochs, s->gamma, s->min_lr);
@@ -180,10 +182,11 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
     cJSON_AddStringToObject(meta, "format", "pt");
     meta_int(meta, "netc_checkpoint", RT_CKPT_VERSION);
     cJSON_AddStringToObject(meta, "model", m->name);
-    snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint(m));
+    snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint(m, m->batch * s->ranks));
     cJSON_AddStringToObject(meta, "fingerprint", buf);
     cJSON_AddStringToObject(meta, "optimizer", optim_name(m->optim));
-    meta_int(meta, "batch", m->batch);
+    meta_int(meta, "batch", m->batch * s->ranks); /* the global batch */
+    if (s->ranks > 1) meta_int(meta, "ranks", s->ranks); /* only when distributed */
     meta_int(meta, "step", s->step);
     meta_int(meta, "epoch", s->epoch);
     meta_int(meta, "batch_in_epoch", s->batch);
@@ -357,18 +360,26 @@ static int check_crc(const Ckpt *c, RtError *err) {
     return 0;
 }
 
-static int check_model(const Ckpt *c, const RtModel *m, RtError *err) {
+/* A run resumes at the global batch it was written with: the steps taken, the position in the
+ * epoch and the schedule all count batches of that size. */
+static int check_model(const Ckpt *c, const RtModel *m, int ranks, RtError *err) {
     const char *name = meta_str(c, "model"), *batch = meta_str(c, "batch"), *optim = meta_str(c, "optimizer");
-    const char *fp = meta_str(c, "fingerprint");
+    const char *fp = meta_str(c, "fingerprint"), *was_ranks = meta_str(c, "ranks");
     char want_batch[32], want_fp[32];
-    snprintf(want_batch, sizeof want_batch, "%" PRId64, m->batch);
-    snprintf(want_fp, sizeof want_fp, "%016" PRIx64, fingerprint(m));
+    snprintf(want_batch, sizeof want_batch, "%" PRId64, m->batch * ranks);
+    snprintf(want_fp, sizeof want_fp, "%016" PRIx64, fingerprint(m, m->batch * ranks));
     if (!name || strcmp(name, m->name) != 0)
         return rt_fail(err, "checkpoint '%s' was written by model '%s', not '%s'", c->path, name ? name : "?", m->name);
-    if (!batch || strcmp(batch, want_batch) != 0)
+    if ((!batch || strcmp(batch, want_batch) != 0) && !was_ranks && ranks == 1)
         return rt_fail(err, "checkpoint '%s' was written with batch %s; this trainer has batch %s\n"
                             "  hint: recompile with -D batch=%s", c->path, batch ? batch : "?", want_batch,
                        batch ? batch : "?");
+    if (!batch || strcmp(batch, want_batch) != 0)
+        return rt_fail(err, "checkpoint '%s' was written at a global batch of %s (%s rank%s); this run's is %s (%d "
+                            "rank%s of batch %" PRId64 ")\n  hint: resume with ranks x batch = %s: the same "
+                            "ranks, or a trainer compiled with -D batch=%s/RANKS", c->path, batch ? batch : "?",
+                       was_ranks ? was_ranks : "1", was_ranks && strcmp(was_ranks, "1") ? "s" : "", want_batch,
+                       ranks, ranks > 1 ? "s" : "", m->batch, batch ? batch : "?", batch ? batch : "?");
     if (!optim || strcmp(optim, optim_name(m->optim)) != 0)
         return rt_fail(err, "checkpoint '%s' was written with optimizer %s; this trainer uses %s", c->path,
                        optim ? optim : "?", optim_name(m->optim));
@@ -457,12 +468,14 @@ static int meta_int64(const Ckpt *c, const char *key, int64_t min, int64_t *out,
     return 0;
 }
 
-static int read_state(const Ckpt *c, const RtModel *m, RtTrainState *s, RtError *err) {
-    int64_t eval_done, shuffle, threads;
+static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *s, RtError *err) {
+    int64_t eval_done, shuffle, threads, was_ranks = 1;
+    if (meta_str(c, "ranks") && meta_int64(c, "ranks", 2, &was_ranks, err)) return -1;
+    s->ranks = was_ranks > 1 << 20 ? 1 << 20 : (int)was_ranks;
     if (meta_int64(c, "step", 0, &s->step, err) || meta_int64(c, "epoch", 1, &s->epoch, err) ||
         meta_int64(c, "batch_in_epoch", 0, &s->batch, err) || meta_int64(c, "eval_done", 0, &eval_done, err) ||
         meta_int64(c, "total_steps", 1, &s->total_steps, err) || meta_int64(c, "epochs", 1, &s->epochs, err) ||
-        meta_int64(c, "steps", 0, &s->steps, err) || meta_int64(c, "samples", m->batch, &s->samples, err) ||
+        meta_int64(c, "steps", 0, &s->steps, err) || meta_int64(c, "samples", m->batch * ranks, &s->samples, err) ||
         meta_int64(c, "shuffle", 0, &shuffle, err) || meta_int64(c, "threads", 1, &threads, err) ||
         meta_u64(c, "seed", 0, &s->seed, err))
         return -1;
@@ -471,7 +484,7 @@ static int read_state(const Ckpt *c, const RtModel *m, RtTrainState *s, RtError 
     if (augment && strlen(augment) >= sizeof s->augment)
         return rt_fail(err, "checkpoint '%s': metadata 'augment' is too long", c->path);
     snprintf(s->augment, sizeof s->augment, "%s", augment ? augment : "");
-    int64_t per_epoch = s->samples / m->batch, at;
+    int64_t per_epoch = s->samples / (m->batch * ranks), at;
     /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
     int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);
     if (wraps || s->batch > per_epoch || s->step != at || s->step > s->total_steps)
@@ -481,14 +494,14 @@ static int read_state(const Ckpt *c, const RtModel *m, RtTrainState *s, RtError 
     return 0;
 }
 
-int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optstate, RtTrainState *s,
+int rt_ckpt_load(const char *path, const RtModel *m, int ranks, float *params, float *optstate, RtTrainState *s,
                  RtError *err) {
     Ckpt c;
     const unsigned char *opt = NULL;
     int64_t shape[2] = {m->n_state_slots, m->n_grad_floats};
     RtTrainState st = {0};
-    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) || check_model(&c, m, err) ||
-             read_state(&c, m, &st, err) ||
+    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) || check_model(&c, m, ranks, err) ||
+             read_state(&c, m, ranks, &st, err) ||
              (m->n_state_slots > 0 && find_tensor(&c, OPTSTATE_NAME, 0, 2, shape, &opt, err)) ||
              copy_params(&c, m, params, err);
     if (!rc) {

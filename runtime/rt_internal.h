@@ -185,6 +185,8 @@ typedef struct RtTrainState {
     int shuffle;
     int threads;          /* recorded so a resume can warn: bit-identity needs the same count */
     char augment[256];    /* --augment as rt_augment_text writes it; "" = none */
+    int ranks;            /* the ranks of a distributed run (1: one process); its global batch is
+                           * ranks * RtModel.batch, and its position counts batches of that size */
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state
@@ -192,8 +194,9 @@ typedef struct RtTrainState {
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err);
 /* Read a checkpoint this model wrote: checks the version, size, checksum, model fingerprint and
- * position before it copies anything into params, optstate and *s. */
-int rt_ckpt_load(const char *path, const RtModel *m, float *params, float *optstate, RtTrainState *s,
+ * position before it copies anything into params, optstate and *s. `ranks`: this run's; the
+ * checkpoint must have been written at the same global batch (m->batch * ranks). */
+int rt_ckpt_load(const char *path, const RtModel *m, int ranks, float *params, float *optstate, RtTrainState *s,
                  RtError *err);
 /* Check a checkpoint's size and checksum, for reading its parameters as a weight file. */
 int rt_ckpt_verify(const char *path, RtError *err);
@@ -253,6 +256,28 @@ int rt_hparam_is_flag(const char *flag);
 void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value);
 /* The --help lines: each value the model's schedule has, with the model's value. */
 void rt_hparam_usage(const RtModel *m);
+
+/* ---- one rank of a distributed trainer (rt_dist.c; docs/distributed.md) */
+
+typedef struct RtDist {
+    const RtComm *comm;   /* NULL: the trainer runs as one process, rank 0 of 1 */
+    const RtModel *m;
+    int rank, ranks, local_rank;
+    double wait_s;        /* seconds spent waiting for the other ranks, summed since it was last reset */
+} RtDist;
+
+/* Join the job (m->comm) and fill *d, or make *d the only rank. 1 after saying why it failed. */
+int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv);
+/* After forward_backward: wait for the buckets' sums and divide by the number of ranks. */
+void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
+/* x[0 .. n) summed over the ranks in place; the seconds it waited. */
+double rt_dist_sum(RtDist *d, double *x, int n, const char *what);
+/* This rank's samples of n_batches global batches of `order`: `batch` of each, into local. */
+void rt_dist_shard(const RtDist *d, const int64_t *order, int64_t n_batches, int64_t batch, int64_t *local);
+/* 1 when every rank holds the same parameters; else 0 after saying so (`when`: "after step 10"). */
+int rt_dist_same_params(RtDist *d, const float *params, const char *when);
+/* Leave the job with the trainer's exit status: see RtComm.close. */
+void rt_dist_close(RtDist *d, int status, int together);
 
 /* ---- --predict (rt_predict.c) */
 

@@ -65,6 +65,8 @@ typedef struct Trainer {
     double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
+    RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
+    int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
 } Trainer;
 
 /* ---- small utilities */
@@ -115,6 +117,9 @@ static int64_t param_numel(const RtParam *p) {
     for (int i = 0; i < p->rank; i++) n *= p->shape[i];
     return n;
 }
+
+/* Samples per optimizer step, over all ranks. */
+static int64_t global_batch(const Trainer *t) { return t->m->batch * t->dist.ranks; }
 
 static const char *dtype_name(RtDtype dt) {
     static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
@@ -361,7 +366,9 @@ static void json_number(FILE *f, const char *key, double v) {
 }
 
 /* acc is the interval's training accuracy, logged only where the model has a metric. */
-static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate) {
+/* wait: the share of the interval a distributed trainer spent waiting for the other ranks. */
+static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate,
+                         double wait) {
     if (t->log) {
         fprintf(t->log, "{\"step\": %lld, \"epoch\": %lld", (long long)step, (long long)epoch);
         json_number(t->log, "loss", loss);
@@ -369,6 +376,12 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
         json_number(t->log, "lr", lr);
         if (t->m->clip_grad_norm > 0) json_number(t->log, "grad_norm", t->grad_norm);
         json_number(t->log, "samples_per_s", rate);
+        if (t->m->comm) { /* distributed: the batch of each rank and of the step, and the share of
+                           * the interval spent waiting for the other ranks */
+            fprintf(t->log, ", \"ranks\": %d, \"batch\": %lld, \"global_batch\": %lld", t->dist.ranks,
+                    (long long)t->m->batch, (long long)global_batch(t));
+            json_number(t->log, "comm_wait", wait);
+        }
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
@@ -376,8 +389,10 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
     if (t->m->has_accuracy) snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
     char norm[40] = "";
     if (t->m->clip_grad_norm > 0) snprintf(norm, sizeof norm, " grad_norm %.4g", t->grad_norm);
-    rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g%s %.0f samples/s", (long long)epoch,
-                    (long long)step, (long long)t->total, loss, accuracy, lr, norm, rate);
+    char comm[48] = "";
+    if (t->dist.ranks > 1) snprintf(comm, sizeof comm, " (%.0f%% waiting)", 100 * wait);
+    rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g%s %.0f samples/s%s", (long long)epoch,
+                    (long long)step, (long long)t->total, loss, accuracy, lr, norm, rate, comm);
 }
 
 /* Epoch 0: the one evaluation of --eval-only, outside any training. */
@@ -404,8 +419,8 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
  * run), the rate over `done` steps since t0, and the time the rest of the run needs at it. */
 static void progress(Trainer *t, int64_t done, double t0) {
     double tn = now();
-    double rate = (double)done * (double)t->m->batch / (tn - t0);
-    double eta = rate > 0 ? (double)(t->total - t->pos.step) * (double)t->m->batch / rate : 0;
+    double rate = (double)done * (double)global_batch(t) / (tn - t0);
+    double eta = rate > 0 ? (double)(t->total - t->pos.step) * (double)global_batch(t) / rate : 0;
     rt_console_progress(&t->con, tn, "epoch %lld step %lld/%lld  %.0f samples/s  ETA %.0fs", (long long)t->pos.epoch,
                         (long long)t->pos.step, (long long)t->total, rate, eta);
 }
@@ -424,7 +439,9 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "evaluation indices");
     double loss = 0, correct = 0;
+    int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
+        if (nth++ % t->dist.ranks != t->dist.rank) continue;
         int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
         for (int64_t r = 0; r < count; r++) idx[r] = start + r;
         if (rt_gather(m, ds, idx, count, bufs, &err)) {
@@ -444,6 +461,9 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     }
     if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
+    double sums[2] = {loss, correct};
+    rt_dist_sum(&t->dist, sums, 2, "summing the evaluation");
+    loss = sums[0], correct = sums[1];
     log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
     return 0;
@@ -536,7 +556,7 @@ static int write_checkpoint(Trainer *t) {
     }
     RtTrainState s = t->pos; /* the position, and the number of samples */
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
-    s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads;
+    s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads, s.ranks = t->dist.ranks;
     rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
     RtError err;
     if (rt_ckpt_save(t->o.checkpoint, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) {
@@ -554,8 +574,11 @@ static int write_checkpoint(Trainer *t) {
 }
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
+static int stop_asked(const Trainer *t) { return stop_signal || t->log_failed || t->ml.failed; }
+
+/* A distributed run stops where every rank agrees to: each step's sums carry the ranks' requests. */
 static int stopping(const Trainer *t) {
-    return stop_signal || t->log_failed || t->ml.failed ||
+    return (t->dist.ranks > 1 ? t->stop_agreed : stop_asked(t)) ||
            (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
@@ -566,8 +589,10 @@ static int stop_run(Trainer *t) {
     const char *name = log_failed           ? "the failed log write"
                        : stop_signal == SIGINT ? "SIGINT"
                        : stop_signal           ? "SIGTERM"
+                       : t->stop_agreed        ? "a signal to another rank"
                                                : "--stop-at";
     int status = log_failed ? 1 : EXIT_STOPPED;
+    if (t->dist.rank > 0) return status; /* rank 0 says it, and writes the checkpoint */
     long long step = (long long)t->pos.step, total = (long long)t->total;
     if (!t->o.checkpoint) {
         fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
@@ -606,6 +631,7 @@ static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
 }
 
 static int nonfinite_loss(Trainer *t, int64_t step, const char *what) {
+    if (t->dist.rank > 0) return EXIT_NONFINITE; /* the summed loss: every rank stops, rank 0 says why */
     fprintf(stderr, "%serror: the loss is %s at step %lld; stopping before any weights are saved\n"
                     "  hint: lower the learning rate, or check the data for NaN/Inf values\n",
             t->tty ? "\n" : "", what, (long long)step);
@@ -642,7 +668,8 @@ static int train_step(Trainer *t, void *const *batch) {
     t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step;
-    t->ctx.seed = rt_step_seed(t->o.seed, step);
+    /* the other ranks' dropout masks differ from rank 0's, which are a lone trainer's */
+    t->ctx.seed = rt_step_seed(t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed, step);
     t->ctx.n_valid = m->batch;
     if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
         t->dev->train_step(batch);
@@ -651,6 +678,13 @@ static int train_step(Trainer *t, void *const *batch) {
         return 0;
     }
     m->forward_backward(&t->ctx);
+    if (t->dist.ranks > 1) { /* the mean gradient, loss and accuracy over the ranks, and any stop asked */
+        rt_dist_mean_grads(&t->dist, &t->ctx);
+        double sums[3] = {t->ctx.loss, t->ctx.correct, stop_asked(t)};
+        rt_dist_sum(&t->dist, sums, 3, "summing the loss");
+        t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
+        t->stop_agreed = sums[2] > 0;
+    }
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
     m->optimizer_step(&t->ctx);
@@ -662,7 +696,7 @@ static int train_step(Trainer *t, void *const *batch) {
 
 /* Batches t->pos.batch .. n-1 of epoch t->pos.epoch, whose order is rebuilt from (seed, epoch)
  * so a resumed epoch sees the same batches as an uninterrupted one. Stops early on a signal. */
-static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t n) {
+static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t *local, int64_t n) {
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
     RtError err;
@@ -670,11 +704,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err); /* checked at every epoch */
     for (int64_t i = 0; i < ds->n_samples; i++) order[i] = i;
     if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
+    if (t->dist.ranks > 1) rt_dist_shard(&t->dist, order, n, m->batch, local), order = local;
     int64_t first = p->batch, since = 0;
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first, t->aug.any ? &t->aug : NULL, t->o.seed,
                       p->epoch);
     double t0 = now(), t_log = t0, loss_sum = 0, correct = 0;
+    t->dist.wait_s = 0;
     int rc = 0;
     void *const *batch;
     while (p->batch < n && !stopping(t)) {
@@ -686,15 +722,16 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
         loss_sum += t->ctx.loss, correct += t->ctx.correct, since++;
         progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double mean = loss_sum / (double)since, acc = correct / (double)(since * m->batch);
+            double mean = loss_sum / (double)since, acc = correct / (double)(since * global_batch(t));
             if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
                 if ((rc = device_sums(t))) break;
                 mean = t->dev_loss / (double)t->dev_steps, acc = t->dev_correct / (double)(t->dev_steps * m->batch);
                 t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
             }
             double tn = now();
-            log_interval(t, p->step, p->epoch, mean, acc, t->ctx.lr, (double)(since * m->batch) / (tn - t_log));
-            t_log = tn, loss_sum = 0, correct = 0, since = 0;
+            log_interval(t, p->step, p->epoch, mean, acc, t->ctx.lr, (double)(since * global_batch(t)) / (tn - t_log),
+                         t->dist.wait_s / (tn - t_log));
+            t_log = tn, loss_sum = 0, correct = 0, since = 0, t->dist.wait_s = 0;
         }
         if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
     }
@@ -709,13 +746,15 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
     int64_t *order = alloc_or_die((size_t)train_ds->n_samples * sizeof *order, "the sample order");
+    int64_t *local = t->dist.ranks > 1 ? alloc_or_die((size_t)train_ds->n_samples * sizeof *local, "this rank's samples")
+                                       : NULL;
     int rc = 0;
     catch_stop_signals(t->o.quiet);
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_START, p->epoch);
-        if ((rc = run_batches(t, train_ds, order, n)) || stopping(t)) break;
+        if ((rc = run_batches(t, train_ds, order, local, n)) || stopping(t)) break;
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
             if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total) &&
@@ -726,7 +765,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         if (stopping(t) || p->step >= t->total) break;
         p->epoch++, p->batch = 0, p->eval_done = 0;
     }
-    free(order);
+    free(order), free(local);
     if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);
     return rc;
 }
@@ -967,7 +1006,10 @@ static void free_context(RtCtx *c) {
 
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
 static void plan_run(Trainer *t, const RtDataset *ds) {
-    t->per_epoch = ds->n_samples / t->m->batch;
+    t->per_epoch = ds->n_samples / global_batch(t);
+    if (t->per_epoch == 0 && t->dist.ranks > 1)
+        die("%s has %lld samples, fewer than one global batch of %lld (%d ranks of %lld)", t->o.data[0],
+            (long long)ds->n_samples, (long long)global_batch(t), t->dist.ranks, (long long)t->m->batch);
     if (t->per_epoch == 0)
         die("%s has %lld samples, fewer than one batch of %lld", t->o.data[0], (long long)ds->n_samples,
             (long long)t->m->batch);
@@ -1006,7 +1048,11 @@ static void resume(Trainer *t, const RtDataset *ds) {
     const char *f = t->o.resume;
     RtTrainState s;
     RtError err;
-    if (rt_ckpt_load(f, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) die("%s", err.msg);
+    if (rt_ckpt_load(f, t->m, t->dist.ranks, t->ctx.params, t->ctx.optstate, &s, &err)) die("%s", err.msg);
+    if (s.ranks != t->dist.ranks && !t->o.quiet)
+        printf("note: checkpoint '%s' was written by %d rank%s of batch %lld; this run has %d of batch %lld, the "
+               "same global batch\n", f, s.ranks, s.ranks > 1 ? "s" : "", (long long)(global_batch(t) / s.ranks),
+               t->dist.ranks, (long long)t->m->batch);
     if (s.samples != ds->n_samples)
         die("checkpoint '%s' was written for %lld training samples, but %s has %lld\n"
             "  hint: resume with the same --data", f, (long long)s.samples, t->o.data[0], (long long)ds->n_samples);
@@ -1081,6 +1127,42 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
     if (t->dev) t->dev->close();
 }
 
+/* A distributed trainer's rank: rank 0 alone writes the console, the log and the files; every
+ * rank reads the data and the weights it starts from. What one process does that needs the
+ * whole data set in one place is refused when there are several ranks. */
+static void join_ranks(Trainer *t, int *argc, char ***argv) {
+    if (rt_dist_open(&t->dist, t->m, argc, argv)) exit(1);
+    RtDist *d = &t->dist;
+    if (d->ranks > 1 && (t->o.gradcheck || t->o.predict_out))
+        die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
+                  t->o.gradcheck ? "--gradcheck" : "--predict", d->ranks);
+    if (d->ranks > 1) t->ctx.dist = d;
+    if (d->rank > 0) {
+        Options *o = &t->o;
+        o->quiet = 1, t->con.quiet = 1, t->tty = 0;
+        o->save = o->log = o->checkpoint = o->mllog = NULL;
+    }
+    if (d->comm && !t->o.quiet)
+        printf("distributed: %d rank%s through %s, batch %lld per rank, global batch %lld; %d gradient bucket%s\n",
+               d->ranks, d->ranks > 1 ? "s" : "", d->comm->name, (long long)t->m->batch, (long long)global_batch(t),
+               t->m->n_buckets, t->m->n_buckets > 1 ? "s" : "");
+}
+
+/* Every rank starts, and ends, with rank 0's parameters. */
+static void check_same_params(Trainer *t, const char *when) {
+    if (rt_dist_same_params(&t->dist, t->ctx.params, when)) return;
+    fprintf(stderr, "  hint: every rank must read the same --init or --resume file\n");
+    exit(1);
+}
+
+/* rt_main's status, after the distributed trainer's ranks leave their job: together when every
+ * rank ends the same way (a finished run, a stop every rank agreed to, a non-finite loss, which
+ * each rank sees in the same summed loss). */
+static int leave(Trainer *t, int rc) {
+    rt_dist_close(&t->dist, rc, rc == 0 || rc == EXIT_STOPPED || rc == EXIT_NONFINITE);
+    return rc;
+}
+
 int rt_main(int argc, char **argv, const RtModel *model) {
     Trainer t = {.tty = isatty(STDOUT_FILENO)};
     if (model->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
@@ -1093,6 +1175,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     run_model.schedule = t.o.schedule, run_model.hyper = t.o.hyper;
     const RtModel *m = t.m = &run_model;
     if (t.o.list_params) return list_params(m), 0;
+    join_ranks(&t, &argc, &argv);
     RtError aug_err;
     if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
     check_outputs(&t);
@@ -1107,8 +1190,8 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     }
     omp_set_num_threads(t.o.threads);
     if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
-    if (t.o.eval_only) return eval_only(&t);
-    if (t.o.predict_out) return predict(&t);
+    if (t.o.eval_only) return leave(&t, eval_only(&t));
+    if (t.o.predict_out) return leave(&t, predict(&t));
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
@@ -1117,9 +1200,10 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         plan_run(&t, &train_ds);
         if (t.o.resume) resume(&t, &train_ds);
     }
+    check_same_params(&t, "at the start");
     /* a resumed run adds to the log of the run it continues */
     if (t.o.log) t.log = open_log(&t, t.o.log);
-    rt_mllog_run_start(&t.ml, m->batch, m->schedule.base_lr, train_ds.n_samples);
+    rt_mllog_run_start(&t.ml, global_batch(&t), m->schedule.base_lr, train_ds.n_samples);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
         t.dev->start(t.pos.step, t.per_epoch, t.total, t.o.seed);
@@ -1129,7 +1213,8 @@ int rt_main(int argc, char **argv, const RtModel *model) {
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
     if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
     if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
+    if (!rc) check_same_params(&t, "at the end of the run");
     rc = finish(&t, rc);
     release(&t, bufs, &train_ds, &eval_ds);
-    return rc;
+    return leave(&t, rc);
 }

@@ -13,6 +13,7 @@ packages=(
   libopenblas-openmp-dev             # matrix products and row-major convolutions
   libdnnl-dev                        # channels-last convolutions (oneDNN)
   libcmocka-dev                      # C unit tests
+  openmpi-bin libopenmpi-dev         # distributed trainers (netc --distributed) and their tests
   clang valgrind                     # the libFuzzer run of the front end, memcheck over training
   python3 python3-numpy python3-torch python3-torchvision # test data and the PyTorch cross-checks
   python3-matplotlib                 # scripts/plot.py, the curves of a run's log

@@ -68,6 +68,8 @@ typedef struct Options {
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
     int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
     int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
+    int distributed;     /* --distributed: a trainer of several ranks (mpirun), gradients summed over them */
+    int64_t bucket_kib;  /* --bucket-kib: the size its gradient buckets are cut at */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -99,6 +101,10 @@ static void usage(FILE *out) {
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
             "                       netc, or the build tree)\n"
+            "  --distributed        a data-parallel trainer: one process per rank under mpirun or srun, each step's\n"
+            "                       gradients summed over the ranks (docs/distributed.md)\n"
+            "  --bucket-kib N       --distributed: cut the gradients into buckets of N KiB, each summed as soon as\n"
+            "                       the backward pass has written it (default: 25600, 25 MiB)\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -203,7 +209,7 @@ static int check_precision(const Options *o) {
 }
 
 static int parse_args(int argc, char **argv, Options *o) {
-    *o = (Options){.backend = "cpu", .opt_level = "2", .sms = {90}, .n_sms = 1};
+    *o = (Options){.backend = "cpu", .opt_level = "2", .sms = {90}, .n_sms = 1, .bucket_kib = 25600};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int err = 0;
@@ -225,6 +231,14 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->report = 1;
         } else if (strcmp(a, "--summary") == 0) {
             o->summary = 1;
+        } else if (strcmp(a, "--distributed") == 0) {
+            o->distributed = 1;
+        } else if ((v = opt_value(argc, argv, &i, "--bucket-kib", &err))) {
+            char *end;
+            long long kib = strtoll(v, &end, 10);
+            if (*end || end == v || kib < 1 || kib > (1ll << 30))
+                return usage_error("--bucket-kib takes a whole number of KiB from 1 to 1073741824, found '%s'", v);
+            o->bucket_kib = kib;
         } else if ((v = opt_value(argc, argv, &i, "-o", &err))) {
             o->output = v;
         } else if (strncmp(a, "-D", 2) == 0) {
@@ -265,6 +279,14 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (!o->input && !o->print_toolchain) return usage_error("no input file%s", "");
     int err = check_precision(o);
     if (err) return err;
+#ifndef NETC_HAVE_MPI
+    if (o->distributed)
+        return usage_error("--distributed: this netc was built without MPI%s; install an MPI library (Debian: "
+                           "libopenmpi-dev) and rebuild netc (scripts/setup.sh)", "");
+#endif
+    if (o->distributed && strcmp(o->backend, "cpu") != 0)
+        return usage_error("--distributed builds CPU trainers so far; --backend %s has no distributed trainer yet",
+                           o->backend);
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);
@@ -477,6 +499,7 @@ static int emit_and_build(const Options *o, const Target *tg, const IrGraph *g) 
     const char *slash = strrchr(out, '/');
     char paths[N_WORK][4096];
     TcBuild b = {.t = tools(o), .precision = o->precision, .sms = o->sms, .n_sms = o->n_sms,
+                 .distributed = o->distributed,
                  .c_path = paths[WORK_C], .cu_path = paths[WORK_CU], .images_path = paths[WORK_IMAGES],
                  .out = out, .link = link_trainer};
     int rc = toolchain_check(b.t, tg);
@@ -585,7 +608,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_DOT || o->dump == DUMP_DOT_STEP) return ir_print_dot(g, o->dump == DUMP_DOT_STEP, stdout), 0;
     mp_plan(g, be->node_scratch);
     verify(g, "memplan");
-    if (o->report) return fuse_report(g, stdout), 0;
+    if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
+    if (o->report) return fuse_report(g, stdout), dist_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return cg_emit(be, g, stdout, NULL);
     if (o->dump == DUMP_CU) {

@@ -1,5 +1,8 @@
 /* target_cpu.c - the toolchain half of the CPU target: its trainer links libnetrt with oneDNN
- * and OpenBLAS, those of the build that made netc. */
+ * and OpenBLAS, those of the build that made netc; a distributed one (--distributed) links
+ * libnetrt_mpi and the build's MPI library too. */
+#include <string.h>
+
 #include "toolchain.h"
 
 static int cpu_link(const TcBuild *b) {
@@ -9,13 +12,23 @@ static int cpu_link(const TcBuild *b) {
     tc_cat3(inc_blas, sizeof inc_blas, "-I", NETC_CBLAS_INCLUDE_DIR, "");
     tc_cat3(lib_rt, sizeof lib_rt, "", t->rt_lib, "/libnetrt.a");
     tc_rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
-    char *argv[] = {
+    char *argv[64] = {
         (char *)t->cc, "-std=gnu11", (char *)t->opt, (char *)t->werror, "-fopenmp", inc_rt, inc_blas,
-        (char *)b->c_path, lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
-        "-lpthread", "-lm", "-o", NULL, NULL,
+        (char *)b->c_path,
     };
-    int n = (int)(sizeof argv / sizeof *argv);
-    return b->link(b, argv, n - 2);
+    int n = 8;
+#ifdef NETC_HAVE_MPI
+    char lib_mpi[TC_PATH + 16], mpi_libs[] = NETC_MPI_LIBRARY; /* the library paths, blank-separated */
+    if (b->distributed) { /* before libnetrt: libnetrt_mpi calls into it */
+        argv[n++] = tc_cat3(lib_mpi, sizeof lib_mpi, "", t->rt_lib, "/libnetrt_mpi.a");
+        for (char *p = strtok(mpi_libs, " "); p && n < 40; p = strtok(NULL, " ")) argv[n++] = p;
+    }
+#endif
+    char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
+                    "-lpthread", "-lm", "-o"};
+    for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
+    argv[n + 1] = NULL;
+    return b->link(b, argv, n);
 }
 
 const Target target_cpu = {

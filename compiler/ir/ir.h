@@ -223,6 +223,14 @@ typedef struct IrTrain {
     double clip_grad_norm; /* clip_grad_norm = C: global-norm gradient clipping (0: off) */
 } IrTrain;
 
+/* A bucket of a distributed step's gradients (buckets.c): floats [offset, offset + count) of
+ * the flat gradient buffer, whose sum over the ranks starts once schedule position `ready` has
+ * run (g->n: after the whole backward pass). */
+typedef struct IrBucket {
+    int64_t offset, count;
+    int ready;
+} IrBucket;
+
 typedef struct IrGraph {
     Arena *arena;
     const char *model_name;
@@ -251,6 +259,12 @@ typedef struct IrGraph {
     int64_t n_grad_floats;     /* flat gradient buffer = trainable parameters */
     int64_t n_decay_floats;    /* the first n_decay_floats of them are decayed, the rest (no_decay) not */
     int64_t scratch_per_thread; /* floats of per-thread scratch the library kernels need */
+    /* netc --distributed (buckets.c): the trainer runs as several ranks and sums its gradients
+     * over them in these buckets */
+    int distributed;
+    int64_t bucket_bytes;      /* the size a bucket is cut at */
+    IrBucket *buckets;
+    int n_buckets;
 } IrGraph;
 
 /* ---- the operator table */
@@ -332,6 +346,8 @@ void ir_print_dot(const IrGraph *g, int whole_step, FILE *out);
 /* --summary: the forward graph as a table of layers (output shape, parameters, per-sample
  * multiply-adds) and the totals, as torchinfo prints a model (summary.c). */
 void ir_summary(const IrGraph *g, FILE *out);
+/* The forward pass's multiply-adds per sample: products, convolutions and attention (summary.c). */
+int64_t ir_forward_macs(const IrGraph *g);
 /* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
 void ir_print_ops(FILE *out);
 

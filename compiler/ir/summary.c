@@ -64,6 +64,12 @@ static int64_t node_macs(const IrGraph *g, const IrNode *n) {
     return 0;
 }
 
+int64_t ir_forward_macs(const IrGraph *g) {
+    int64_t macs = 0;
+    for (int i = 0; i < g->n_fwd; i++) macs += node_macs(g, g->nodes[i]);
+    return macs;
+}
+
 /* Adds the parameters n reads (each counted once, at its first reader) to the layer: every
  * parameter operand (a norm's weight and bias), not buffers. */
 static void count_param(const IrGraph *g, const IrNode *n, Layer *l, char *seen) {

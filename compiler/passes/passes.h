@@ -63,6 +63,15 @@ void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *n));
  * without reuse. */
 void mp_print(const IrGraph *g, FILE *out);
 
+/* buckets.c: make the graph a distributed step's (netc --distributed): cut the flat gradient
+ * buffer into buckets of about bucket_bytes from its end (the backward pass finishes the last
+ * layers' gradients first), each ready after the schedule position that finishes its last
+ * gradient. Requires a planned graph. Returns the number of buckets. */
+int dist_buckets(IrGraph *g, int64_t bucket_bytes);
+/* --report's part for a distributed step: the buckets, the bytes each rank sends and receives
+ * per step, and the time that takes at given bus bandwidths beside the step's arithmetic. */
+void dist_report(const IrGraph *g, FILE *out);
+
 /* autocast.c: matrix products and convolutions in bf16 - casts to bf16 before them and back to
  * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
  * bf16, CUDA backend). Returns the casts added. */

@@ -1,0 +1,115 @@
+/* buckets.c - the gradient buckets of a distributed step (netc --distributed), and their part
+ * of --report.
+ *
+ * Every rank sums its gradients with the others'. One sum after the backward pass would leave
+ * the network idle while the arithmetic waits, and the arithmetic idle while the network works;
+ * instead the flat gradient buffer is cut into buckets, and each bucket's sum starts as soon as
+ * the backward pass has written its last gradient, while the pass goes on. Parameters lie in
+ * the buffer in the order the model declares them, which is forward order, and the backward
+ * pass finishes them roughly last to first: the buckets are cut from the buffer's end, each
+ * closing once it holds bucket_bytes (a parameter is never split), so the first bucket is ready
+ * early and the last one, holding the first layers, at the end.
+ *
+ * A gradient is final at the schedule position of the node that writes it into the buffer (the
+ * backends emit a fused group at or before each member's position, so the value is written by
+ * then), or at the end of the pass for one the backend copies there (computed elsewhere, or a
+ * parameter the loss does not read).
+ */
+#include <stdlib.h>
+
+#include "passes.h"
+
+static const IrNode *root(const IrNode *n) {
+    while (n->storage == ST_ALIAS) n = n->in[0];
+    return n;
+}
+
+/* The schedule position after which trainable parameter p's gradient is final in the buffer. */
+static int final_at(const IrGraph *g, const IrParam *p, const int *pos) {
+    if (!p->grad) return g->n;
+    const IrNode *r = root(p->grad);
+    if (r->storage != ST_GRAD || r->offset != p->grad_offset) return g->n; /* copied at the end */
+    return pos[p->grad->id] > pos[r->id] ? pos[p->grad->id] : pos[r->id];
+}
+
+static int by_offset_desc(const void *a, const void *b) {
+    const IrParam *x = *(const IrParam *const *)a, *y = *(const IrParam *const *)b;
+    return (x->grad_offset < y->grad_offset) - (x->grad_offset > y->grad_offset);
+}
+
+int dist_buckets(IrGraph *g, int64_t bucket_bytes) {
+    g->distributed = 1;
+    g->bucket_bytes = bucket_bytes;
+    int max_id = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->id > max_id) max_id = g->nodes[i]->id;
+    int *pos = calloc((size_t)max_id + 1, sizeof *pos);
+    const IrParam **order = calloc((size_t)g->n_params + 1, sizeof *order);
+    if (!pos || !order) ICE("buckets: out of memory");
+    for (int i = 0; i < g->n; i++) pos[g->nodes[i]->id] = i;
+    int n = 0;
+    for (int i = 0; i < g->n_params; i++)
+        if (g->params[i].trainable && g->params[i].grad_offset >= 0) order[n++] = &g->params[i];
+    qsort(order, (size_t)n, sizeof *order, by_offset_desc);
+    g->buckets = arena_alloc(g->arena, (size_t)(n + 1) * sizeof *g->buckets);
+    g->n_buckets = 0;
+    IrBucket *b = NULL;
+    for (int i = 0; i < n; i++) {
+        const IrParam *p = order[i];
+        int64_t floats = ir_numel(&p->node->shape);
+        if (!b || b->count * 4 >= bucket_bytes) {
+            b = &g->buckets[g->n_buckets++];
+            *b = (IrBucket){.offset = p->grad_offset + floats, .ready = -1};
+        }
+        if (p->grad_offset + floats != b->offset) ICE("buckets: the gradient buffer has a hole before %s", p->name);
+        b->offset = p->grad_offset, b->count += floats;
+        int at = final_at(g, p, pos);
+        if (at > b->ready) b->ready = at;
+    }
+    free(pos);
+    free(order);
+    return g->n_buckets;
+}
+
+/* Bus bandwidths a user may meet, bytes/s: what nccl-tests reports as busbw, so that a sum of
+ * S bytes over N ranks takes S * 2 (N - 1) / N / busbw seconds (a ring: each rank sends and
+ * receives that much). */
+static const struct {
+    const char *name;
+    double busbw;
+} links[] = {
+    {"NVLink (H100 SXM, 8 GPUs, ~370 GB/s)", 370e9},
+    {"InfiniBand NDR 400 Gb/s (~48 GB/s)", 48e9},
+    {"Ethernet 100 Gb/s (~12 GB/s)", 12e9},
+};
+
+void dist_report(const IrGraph *g, FILE *out) {
+    if (!g->distributed) return;
+    int64_t floats = 0;
+    for (int k = 0; k < g->n_buckets; k++) floats += g->buckets[k].count;
+    double bytes = 4.0 * (double)floats;
+    fprintf(out, "\ndistributed: the gradients are summed over the ranks in %d bucket%s of about %.3g MiB\n",
+            g->n_buckets, g->n_buckets == 1 ? "" : "s", (double)g->bucket_bytes / 1048576.0);
+    fprintf(out, "  %-8s %14s %10s  %s\n", "bucket", "floats", "MiB", "ready after");
+    for (int k = 0; k < g->n_buckets; k++) {
+        const IrBucket *b = &g->buckets[k];
+        char where[64];
+        if (b->ready >= g->n) snprintf(where, sizeof where, "the backward pass");
+        else snprintf(where, sizeof where, "node %d of %d (%s)", b->ready, g->n, ir_op_name(g->nodes[b->ready]->op));
+        fprintf(out, "  %-8d %14lld %10.3f  %s\n", k, (long long)b->count, 4.0 * (double)b->count / 1048576.0, where);
+    }
+    double step_flop = 6.0 * (double)ir_forward_macs(g) * (double)g->batch; /* forward 2 per mult-add, backward twice that */
+    fprintf(out, "  per step and rank: %.4g MB of gradients summed; %.4g GFLOP of arithmetic (batch %lld)\n",
+            bytes / 1e6, step_flop / 1e9, (long long)g->batch);
+    fprintf(out, "  time to sum them (each rank sends and receives 2(N-1)/N of them):\n");
+    fprintf(out, "    %-40s %12s %12s %12s\n", "bus bandwidth", "2 ranks", "8 ranks", "64 ranks");
+    for (size_t i = 0; i < sizeof links / sizeof *links; i++) {
+        fprintf(out, "    %-40s", links[i].name);
+        static const int ranks[] = {2, 8, 64};
+        for (int r = 0; r < 3; r++)
+            fprintf(out, " %9.3f ms", 1e3 * bytes * 2.0 * (ranks[r] - 1) / ranks[r] / links[i].busbw);
+        fprintf(out, "\n");
+    }
+    fprintf(out, "  the sums overlap the backward pass (about 2/3 of the step's arithmetic); scaling stops where\n"
+                 "  they take longer than it: compare the times above with the step's measured time\n");
+}
