@@ -1,7 +1,9 @@
 /* target_cpu.c - the toolchain half of the CPU target: its trainer links libnetrt with oneDNN
  * and OpenBLAS, those of the build that made netc; a distributed one (--distributed) links
  * libnetrt_mpi and the build's MPI library too. */
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "toolchain.h"
 
@@ -21,6 +23,12 @@ static int cpu_link(const TcBuild *b) {
     char lib_mpi[TC_PATH + 16], mpi_libs[] = NETC_MPI_LIBRARY; /* the library paths, blank-separated */
     if (b->distributed) { /* before libnetrt: libnetrt_mpi calls into it */
         argv[n++] = tc_cat3(lib_mpi, sizeof lib_mpi, "", t->rt_lib, "/libnetrt_mpi.a");
+        if (access(lib_mpi, R_OK) != 0) {
+            fprintf(stderr, "netc: error: --distributed: the runtime folder %s has no libnetrt_mpi.a\n"
+                            "  hint: copy it there from the build's runtime/ folder, or name another with "
+                            "--runtime-dir\n", t->rt_lib);
+            return 1;
+        }
         for (char *p = strtok(mpi_libs, " "); p && n < 40; p = strtok(NULL, " ")) argv[n++] = p;
     }
 #endif

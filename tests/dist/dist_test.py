@@ -193,6 +193,15 @@ def wait_started(exe):
 
 
 def case_failures(netc, work):
+    mlp = os.path.join(REPO, "models", "mlp.net")
+    for argv, needle in ((["--distributed", "--backend", "cuda"], "--backend cuda has no distributed trainer yet"),
+                         (["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB")):
+        check.expect(run([netc, mlp, "-o", os.path.join(work, "refused")] + argv), 2, "netc " + " ".join(argv), needle)
+    report = run([netc, mlp, "--distributed", "--bucket-kib", "1", "--report"])
+    # 1 KiB buckets cut from the end: fc2's bias and weight fill the first (5,160 bytes), ready
+    # after fc2's weight gradient; fc1's bias (512 bytes) and weight the second, ready at the end
+    check.expect(report, 0, "netc --report lists the buckets", "in 2 buckets", "0                  1290",
+                 "1                100480", "per step and rank: 0.4071 MB")
     exe = build(netc, work, "mlp", 32, True)
     # a rank killed: mpirun sees it die and ends the other
     p = start_long(exe)
