@@ -80,7 +80,7 @@ def report_bytes(netc, model, batch):
 def run_netc(exe, ranks, threads, steps, work):
     log = os.path.join(work, f"netc_{ranks}.jsonl")
     images, labels = fashion_files("train")
-    subprocess.run(["mpirun", "--oversubscribe", "-np", str(ranks), exe, "--data", f"image={images}",
+    subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), exe, "--data", f"image={images}",
                     "--data", f"label={labels}", "--steps", str(steps), "--threads", str(threads), "--log", log,
                     "--log-every", "50", "--quiet"], check=True, env=ENV)
     with open(log) as f:

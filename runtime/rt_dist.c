@@ -7,6 +7,8 @@
  * loss over the global batch, and the same update keeps the ranks' parameters equal. A trainer
  * without RtComm is one rank, and every function here leaves it as it was.
  */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -66,6 +68,12 @@ int rt_dist_same_params(RtDist *d, const float *params, const char *when) {
     if (d->comm->agree(h, "comparing the ranks' parameters")) return 1;
     fprintf(stderr, "error: rank %d: the ranks hold different parameters %s\n", d->rank, when);
     return 0;
+}
+
+int rt_dist_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+    return CPU_COUNT(&set);
 }
 
 void rt_dist_close(RtDist *d, int status, int together) {

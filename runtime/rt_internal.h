@@ -276,6 +276,9 @@ double rt_dist_sum(RtDist *d, double *x, int n, const char *what);
 void rt_dist_shard(const RtDist *d, const int64_t *order, int64_t n_batches, int64_t batch, int64_t *local);
 /* 1 when every rank holds the same parameters; else 0 after saying so (`when`: "after step 10"). */
 int rt_dist_same_params(RtDist *d, const float *params, const char *when);
+/* The CPUs this process may run on (mpirun binds a rank to one core by default for 2 ranks or
+ * fewer), or 0 when unknown. */
+int rt_dist_cpus(void);
 /* Leave the job with the trainer's exit status: see RtComm.close. */
 void rt_dist_close(RtDist *d, int status, int together);
 

@@ -1142,6 +1142,11 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
         o->quiet = 1, t->con.quiet = 1, t->tty = 0;
         o->save = o->log = o->checkpoint = o->mllog = NULL;
     }
+    int cpus = d->comm ? rt_dist_cpus() : 0;
+    if (cpus && cpus < t->o.threads && d->rank == 0) /* the others' are alike, as a rule */
+        fprintf(stderr, "warning: rank 0 may run on %d CPU%s (its affinity) but has --threads %d: its threads would "
+                        "share them\n  hint: mpirun --bind-to none, or --map-by slot:PE=%d\n",
+                cpus, cpus > 1 ? "s" : "", t->o.threads, t->o.threads);
     if (d->comm && !t->o.quiet)
         printf("distributed: %d rank%s through %s, batch %lld per rank, global batch %lld; %d gradient bucket%s\n",
                d->ranks, d->ranks > 1 ? "s" : "", d->comm->name, (long long)t->m->batch, (long long)global_batch(t),
