@@ -7,11 +7,6 @@
 #include "cexpr.h"
 #include "passes.h"
 
-const IrNode *cg_root(const IrNode *n) {
-    while (n->storage == ST_ALIAS) n = n->in[0];
-    return n;
-}
-
 /* The value of an inline node: a constant, or a view of one. */
 double cg_const_value(const IrNode *n) {
     while (n->op != OP_CONST) n = n->in[0];
@@ -161,7 +156,7 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
 
 /* The C expression for a node's storage, typed as a pointer to its element type. */
 void cg_ptr(Cg *c, const IrNode *n) {
-    const IrNode *r = cg_root(n);
+    const IrNode *r = ir_storage_root(n);
     const char *t = ir_dtype_ctype(n->dtype);
     int64_t elems = 0; /* a row view starts inside its root */
     for (const IrNode *v = n; v != r; v = v->in[0])
@@ -188,7 +183,7 @@ void cg_declare(Cg *c, const IrNode *n) {
         cg_end(c, "};");
         return;
     }
-    cg_begin(c, "%s%s *v%d = ", cg_root(n)->storage == ST_INPUT ? "const " : "", ir_dtype_ctype(n->dtype), n->id);
+    cg_begin(c, "%s%s *v%d = ", ir_storage_root(n)->storage == ST_INPUT ? "const " : "", ir_dtype_ctype(n->dtype), n->id);
     cg_ptr(c, n);
     cg_end(c, ";");
 }
@@ -509,7 +504,7 @@ void cg_group_body(Cg *c, const IrNode *head) {
 
 /* The memory plan put p's gradient (or the node its view chain reads) at its place in ctx->grads. */
 int cg_in_place(const IrParam *p) {
-    const IrNode *r = cg_root(p->grad);
+    const IrNode *r = ir_storage_root(p->grad);
     return r->storage == ST_GRAD && r->offset == p->grad_offset;
 }
 

@@ -70,7 +70,6 @@ extern const char *const cg_dtype_enums[];
 extern const char *const cg_sched_enums[];
 extern const char *const cg_loss_names[];
 
-const IrNode *cg_root(const IrNode *n);
 double cg_const_value(const IrNode *n);
 void cg_lit(FILE *o, double v);
 void cg_dbl(FILE *o, double v);

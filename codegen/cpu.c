@@ -448,7 +448,7 @@ static void emit_index(Cg *c, const IrNode *n) {
         return;
     }
     if (n->op != OP_GATHER) ICE("cpu: %s is not an index kernel", ir_op_name(n->op));
-    const IrNode *root = cg_root(table);
+    const IrNode *root = ir_storage_root(table);
     cg_begin(c, "rt_gather_rows(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d, %" PRId64 ", ", count, ts->dim[0],
              ts->dim[1], table->id, idx->id, n->id, per);
     cg_cstr(c->out, arena_printf(c->g->arena, "the rows of %s%s%s (%s:%d)", root->name ? "'" : "",
@@ -583,7 +583,7 @@ static void emit_node(Cg *c, const IrNode *n) {
     if (n->storage == ST_INLINE) return; /* written into its users as a literal */
     if (kind == OPK_SOURCE || kind == OPK_VIEW) {
         if (!c->read[n->id]) return;
-        if (kind == OPK_VIEW && !ir_stored_as(cg_root(n), n->layout)) ICE("cpu: reshape across layouts");
+        if (kind == OPK_VIEW && !ir_stored_as(ir_storage_root(n), n->layout)) ICE("cpu: reshape across layouts");
         cg_comment(c, n);
         cg_declare(c, n);
         return;

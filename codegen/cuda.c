@@ -137,7 +137,7 @@ static Map plan_memory(const IrGraph *g) {
 
 /* Bytes from the base to node n's first element (views included). */
 static int64_t dev_offset(const Cu *u, const IrNode *n) {
-    const IrNode *r = cg_root(n);
+    const IrNode *r = ir_storage_root(n);
     int64_t elems = 0;
     for (const IrNode *v = n; v != r; v = v->in[0])
         if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
@@ -396,7 +396,7 @@ static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **b
     }
     if (!add || (add->in[0] != mm && add->in[1] != mm) || last->internal) return NULL;
     *bias = add->in[0] == mm ? add->in[1] : add->in[0];
-    if (ir_numel(&(*bias)->shape) != mm->shape.dim[1] || cg_root(*bias)->storage != ST_PARAM) return NULL;
+    if (ir_numel(&(*bias)->shape) != mm->shape.dim[1] || ir_storage_root(*bias)->storage != ST_PARAM) return NULL;
     *epi = strcmp(kind, "BIAS") == 0 ? "RT_EPI_BIAS" : "RT_EPI_RELU_BIAS";
     return last;
 }

@@ -1007,12 +1007,11 @@ static void free_context(RtCtx *c) {
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
 static void plan_run(Trainer *t, const RtDataset *ds) {
     t->per_epoch = ds->n_samples / global_batch(t);
-    if (t->per_epoch == 0 && t->dist.ranks > 1)
-        die("%s has %lld samples, fewer than one global batch of %lld (%d ranks of %lld)", t->o.data[0],
-            (long long)ds->n_samples, (long long)global_batch(t), t->dist.ranks, (long long)t->m->batch);
+    char ranks[64] = ""; /* a distributed run's batch is each rank's batch times the ranks */
+    if (t->dist.ranks > 1) snprintf(ranks, sizeof ranks, " (%d ranks of %lld)", t->dist.ranks, (long long)t->m->batch);
     if (t->per_epoch == 0)
-        die("%s has %lld samples, fewer than one batch of %lld", t->o.data[0], (long long)ds->n_samples,
-            (long long)t->m->batch);
+        die("%s has %lld samples, fewer than one %sbatch of %lld%s", t->o.data[0], (long long)ds->n_samples,
+            t->dist.ranks > 1 ? "global " : "", (long long)global_batch(t), ranks);
     t->total = t->o.steps;
     if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
         die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,

@@ -224,6 +224,11 @@ int ir_layout_matters(const IrShape *s) {
     return s->rank == 4 && s->dim[1] > 1 && s->dim[2] * s->dim[3] > 1;
 }
 
+const IrNode *ir_storage_root(const IrNode *n) {
+    while (n->storage == ST_ALIAS) n = n->in[0];
+    return n;
+}
+
 int ir_stored_as(const IrNode *x, IrLayout layout) {
     return x->layout == layout || !ir_layout_matters(&x->shape);
 }

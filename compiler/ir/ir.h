@@ -292,6 +292,9 @@ int ir_layout_matters(const IrShape *s);
 /* x's elements lie in memory as they would in `layout`: its own layout, or any layout when the
  * order cannot differ. */
 int ir_stored_as(const IrNode *x, IrLayout layout);
+/* The node whose storage n reads: n itself, or for a view (ST_ALIAS after the memory plan) the
+ * value it ultimately aliases. */
+const IrNode *ir_storage_root(const IrNode *n);
 /* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
  * layout (element-wise operators and reductions index through strides): ops.def's layouts
  * column applied to n. */

@@ -19,15 +19,10 @@
 
 #include "passes.h"
 
-static const IrNode *root(const IrNode *n) {
-    while (n->storage == ST_ALIAS) n = n->in[0];
-    return n;
-}
-
 /* The schedule position after which trainable parameter p's gradient is final in the buffer. */
 static int final_at(const IrGraph *g, const IrParam *p, const int *pos) {
     if (!p->grad) return g->n;
-    const IrNode *r = root(p->grad);
+    const IrNode *r = ir_storage_root(p->grad);
     if (r->storage != ST_GRAD || r->offset != p->grad_offset) return g->n; /* copied at the end */
     return pos[p->grad->id] > pos[r->id] ? pos[p->grad->id] : pos[r->id];
 }

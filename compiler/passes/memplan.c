@@ -27,11 +27,6 @@
 
 enum { ALIGN = 64 };
 
-/* The node whose storage a view ultimately reads. */
-static IrNode *root_of(IrNode *n) {
-    while (n->storage == ST_ALIAS) n = n->in[0];
-    return n;
-}
 
 /* The group of the flat buffer a parameter belongs to, in the order they are placed. */
 enum { GROUP_DECAY, GROUP_NO_DECAY, GROUP_FROZEN, N_GROUPS };
@@ -325,7 +320,7 @@ void mp_print(const IrGraph *g, FILE *out) {
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->storage == ST_INLINE) continue;
-        if (n->storage == ST_ALIAS) snprintf(where, sizeof where, "%%%d", root_of((IrNode *)n)->id);
+        if (n->storage == ST_ALIAS) snprintf(where, sizeof where, "%%%d", ir_storage_root(n)->id);
         else if (n->storage == ST_INPUT) snprintf(where, sizeof where, "#%d", n->index);
         else if (n->storage == ST_FUSED) snprintf(where, sizeof where, "g%d", n->group);
         else snprintf(where, sizeof where, "%lld", (long long)n->offset);
