@@ -73,6 +73,14 @@ static void emit_ew(Cg *c, const IrNode *n) {
     if (!scalar) loop_close(c);
 }
 
+/* --sync-bn: batch-norm node n (statistics, or the backward sums) sums over the ranks: a batch
+ * norm in training whose statistics are the batch's, not frozen ones. */
+static int sync_bn(const Cg *c, const IrNode *n) {
+    const IrNode *stats = n->op == OP_BN_BWD_SUMS ? n->in[1] : n;
+    if (stats->op != OP_BN_STATS) ICE("cpu: batch-norm sums of %s", ir_op_name(stats->op));
+    return c->g->sync_bn && !c->eval && !stats->attr.bn_frozen;
+}
+
 /* A channels-last group with batch-norm sums accumulated in its loop (fuse_reductions): rows of
  * C channels in blocks of RT_BN_BLOCK_ROWS, each block's partial sums in double, then the
  * blocks in order: the same arithmetic in the same order as rt_bn_bwd_sums_nhwc. */
@@ -116,11 +124,15 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     c->depth--;
     cg_close(c, "}");
     FOR_SUMS(s, head) {
+        int sync = sync_bn(c, s); /* then the double sums are added over the ranks before they are rounded */
+        if (sync) cg_line(c, "static double sum%d[%" PRId64 "];", s->id, 2 * C);
         cg_open(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", 2 * C);
         cg_line(c, "double s = 0;");
         cg_line(c, "for (int64_t b = 0; b < %" PRId64 "; b++) s += part%d[b * %" PRId64 " + c];", nb, s->id, 2 * C);
-        cg_line(c, "v%d[c] = (float)s;", s->id);
+        if (sync) cg_line(c, "sum%d[c] = s;", s->id);
+        else cg_line(c, "v%d[c] = (float)s;", s->id);
         cg_close(c, "}");
+        if (sync) cg_line(c, "rt_bn_sums_sync(ctx, sum%d, %" PRId64 ", v%d); // over every rank's batch", s->id, C, s->id);
     }
 }
 
@@ -457,12 +469,37 @@ static void emit_index(Cg *c, const IrNode *n) {
     cg_end(c, ");");
 }
 
+/* The end of a batch-norm statistics call: eps, momentum, the running statistics, and whether
+ * they train (but for the synchronised kernel, which always does). */
+static void bn_running(Cg *c, const IrNode *n) {
+    const IrParam *rm = &c->g->params[n->attr.stat_param];
+    FILE *o = c->out;
+    cg_dbl(o, n->attr.eps);
+    cg_put(c, ", ");
+    cg_dbl(o, n->attr.momentum);
+    cg_put(c, ", ctx->params + %" PRId64, rm->offset);
+    if (!sync_bn(c, n)) cg_put(c, ", %d", !c->eval && !n->attr.bn_frozen);
+    cg_put(c, "); // running statistics: ");
+    cg_comment_text(o, rm->name);
+    cg_end(c, "%s", "");
+}
+
 /* Batch-norm statistics and the backward sums: per channel, over N and the spatial axes. */
 static void emit_bn(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     int64_t N = x->shape.dim[0], C = x->shape.dim[1], HW = ir_numel(&x->shape) / (N * C);
-    FILE *o = c->out;
     int nhwc = x->layout == LAYOUT_NHWC; /* then x (and dy) are N * HW rows of C channels */
+    if (sync_bn(c, n)) { /* over every rank's batch */
+        cg_begin(c, "rt_%s_sync(ctx, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, ",
+                 n->op == OP_BN_STATS ? "bn_stats" : "bn_bwd_sums", nhwc, N, C, HW, x->id);
+        if (n->op == OP_BN_BWD_SUMS) {
+            cg_end(c, "v%d, v%d, v%d);", n->in[1]->id, n->in[2]->id, n->id);
+            return;
+        }
+        cg_put(c, "v%d, ", n->id);
+        bn_running(c, n);
+        return;
+    }
     if (n->op == OP_BN_BWD_SUMS) {
         if (nhwc)
             cg_line(c, "rt_bn_bwd_sums_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d);", N * HW, C, x->id,
@@ -473,15 +510,9 @@ static void emit_bn(Cg *c, const IrNode *n) {
         return;
     }
     if (n->op != OP_BN_STATS) ICE("cpu: %s is not a batch-norm reduction", ir_op_name(n->op));
-    const IrParam *rm = &c->g->params[n->attr.stat_param];
     if (nhwc) cg_begin(c, "rt_bn_stats_nhwc(%" PRId64 ", %" PRId64 ", v%d, v%d, ", N * HW, C, x->id, n->id);
     else cg_begin(c, "rt_bn_stats(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, ", N, C, HW, x->id, n->id);
-    cg_dbl(o, n->attr.eps);
-    cg_put(c, ", ");
-    cg_dbl(o, n->attr.momentum);
-    cg_put(c, ", ctx->params + %" PRId64 ", %d); // running statistics: ", rm->offset, !c->eval && !n->attr.bn_frozen);
-    cg_comment_text(o, rm->name);
-    cg_end(c, "%s", "");
+    bn_running(c, n);
 }
 
 /* Copies and reductions along an axis (cg_axis_split's [outer, n, inner]): one runtime call each

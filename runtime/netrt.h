@@ -338,6 +338,17 @@ void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double
                       float *running, int training);
 void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,
                          float *sums);
+/* Synchronised batch norm (netc --sync-bn) in a distributed trainer (x row-major [N, C, HW], or
+ * channels-last rows when nhwc, M = N * HW): rt_bn_stats in training, each pass's double sums
+ * added over the ranks, so stats and the running statistics are the whole global batch's; and
+ * rt_bn_bwd_sums averaged over the ranks (the sums of the global batch's mean-loss gradient:
+ * rt_bn.c). With one rank, or ctx->dist NULL, they equal the kernels above bit for bit. */
+void rt_bn_stats_sync(RtCtx *ctx, int nhwc, int64_t N, int64_t C, int64_t HW, const float *x, float *stats,
+                      double eps, double momentum, float *running);
+void rt_bn_bwd_sums_sync(RtCtx *ctx, int nhwc, int64_t N, int64_t C, int64_t HW, const float *x,
+                         const float *stats, const float *dy, float *sums);
+/* A fused group's backward sums s [2, C] (double) averaged over the ranks, into sums (float). */
+void rt_bn_sums_sync(RtCtx *ctx, double *s, int64_t C, float *sums);
 /* Convolution + batch norm folding for evaluation: w [K, per_k] scaled per output channel,
  * w_out[k] = w[k] * weight[k] * invstd[k], and b_out[k] = bias[k] - mean[k] * weight[k] *
  * invstd[k], with (mean, invstd) = stats [2, K] from rt_bn_stats. */

@@ -33,12 +33,6 @@
 #define OPTSTATE_NAME "netc:optimizer_state"
 enum { MAX_HEADER = 100 << 20 };
 
-static int64_t numel(const RtParam *p) {
-    int64_t n = 1;
-    for (int i = 0; i < p->rank; i++) n *= p->shape[i];
-    return n;
-}
-
 static int64_t optstate_floats(const RtModel *m) { return (int64_t)m->n_state_slots * m->n_grad_floats; }
 
 static const char *optim_name(RtOptimKind k) { return rt_optimizer(k)->name; }
@@ -160,7 +154,7 @@ static void emit_tensors(Sink *s, const RtModel *m, const float *params, const f
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
         const float *x = params + p->offset;
-        int64_t n = numel(p), chunk[256];
+        int64_t n = rt_param_numel(p), chunk[256];
         if (!is_i64(p)) sink(s, x, (size_t)n * 4);
         for (int64_t k = 0; is_i64(p) && k < n; k += 256) {
             int64_t c = n - k < 256 ? n - k : 256;
@@ -437,8 +431,8 @@ static int copy_params(const Ckpt *c, const RtModel *m, float *params, RtError *
     }
     for (int i = 0; i < m->n_params && !rc; i++) {
         const RtParam *p = &m->params[i];
-        if (!is_i64(p)) memcpy(params + p->offset, bytes[i], (size_t)numel(p) * 4);
-        for (int64_t k = 0; is_i64(p) && k < numel(p); k++) {
+        if (!is_i64(p)) memcpy(params + p->offset, bytes[i], (size_t)rt_param_numel(p) * 4);
+        for (int64_t k = 0; is_i64(p) && k < rt_param_numel(p); k++) {
             int64_t v;
             memcpy(&v, bytes[i] + 8 * k, 8);
             params[p->offset + k] = (float)v;

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rt_internal.h"
@@ -52,6 +53,35 @@ double rt_dist_sum(RtDist *d, double *x, int n, const char *what) {
 void rt_dist_shard(const RtDist *d, const int64_t *order, int64_t n_batches, int64_t batch, int64_t *local) {
     for (int64_t g = 0; g < n_batches; g++)
         memcpy(local + g * batch, order + (g * d->ranks + d->rank) * batch, (size_t)batch * sizeof *local);
+}
+
+void rt_dist_share_buffers(RtDist *d, float *params) {
+    if (d->ranks == 1) return;
+    const RtModel *m = d->m;
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].buffer) n += rt_param_numel(&m->params[i]);
+    if (!n) return;
+    double *v = malloc((size_t)n * sizeof *v);
+    if (!v) {
+        fprintf(stderr, "error: out of memory (%lld running statistics) sharing them between the ranks\n",
+                (long long)n);
+        exit(1);
+    }
+    /* rank 0's values plus zeros from every other rank: rank 0's values, exactly */
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t at = 0;
+        for (int i = 0; i < m->n_params; i++) {
+            const RtParam *p = &m->params[i];
+            if (!p->buffer) continue;
+            float *x = params + p->offset;
+            for (int64_t k = 0, c = rt_param_numel(p); k < c; k++, at++)
+                if (pass == 0) v[at] = d->rank == 0 ? x[k] : 0.0;
+                else x[k] = (float)v[at];
+        }
+        if (pass == 0) rt_dist_sum(d, v, (int)n, "sharing rank 0's running statistics");
+    }
+    free(v);
 }
 
 /* FNV-1a over the bytes: equal parameters give equal hashes; different ones almost surely not. */

@@ -142,6 +142,8 @@ void rt_prefetch_stop(RtPrefetch *p);
 
 /* ---- safetensors (rt_safetensors.c) */
 
+/* The elements of a parameter: the product of its shape. */
+int64_t rt_param_numel(const RtParam *p);
 /* Write every parameter under its name (F32, PyTorch shape) atomically and durably through
  * rt_out_open/rt_out_commit (rt_file.h). On failure the old FILE is untouched. */
 int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err);
@@ -274,6 +276,10 @@ void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
 double rt_dist_sum(RtDist *d, double *x, int n, const char *what);
 /* This rank's samples of n_batches global batches of `order`: `batch` of each, into local. */
 void rt_dist_shard(const RtDist *d, const int64_t *order, int64_t n_batches, int64_t batch, int64_t *local);
+/* Every rank takes rank 0's running statistics (RtParam.buffer): batch norm's statistics are
+ * each rank's own in training unless netc --sync-bn, and the model's are rank 0's, as PyTorch
+ * DDP's broadcast_buffers; evaluation, checkpoints and the end of the run use them. */
+void rt_dist_share_buffers(RtDist *d, float *params);
 /* 1 when every rank holds the same parameters; else 0 after saying so (`when`: "after step 10"). */
 int rt_dist_same_params(RtDist *d, const float *params, const char *when);
 /* The CPUs this process may run on (mpirun binds a rank to one core by default for 2 ranks or

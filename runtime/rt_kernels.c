@@ -1,5 +1,5 @@
 /* rt_kernels.c - the library kernels generated steps call: matrix products, convolutions,
- * pooling, softmax, cross-entropy, accuracy and batch norm. float32 throughout,
+ * pooling, softmax, cross-entropy and accuracy. float32 throughout,
  * logical NCHW layouts.
  *
  * Convolutions are im2col + SGEMM per sample and group, parallel over the batch with OpenMP.
@@ -386,67 +386,4 @@ float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t
         correct += best == label[r];
     }
     return (float)correct;
-}
-
-/* ---- batch normalisation */
-
-void rt_bn_stats(int64_t N, int64_t C, int64_t HW, const float *x, float *stats, double eps,
-                 double momentum, float *running, int training) {
-    float *rmean = running, *rvar = running + C, *count = running + 2 * C;
-    if (!training) {
-        for (int64_t c = 0; c < C; c++) {
-            stats[c] = rmean[c];
-            stats[C + c] = (float)(1.0 / sqrt((double)rvar[c] + eps));
-        }
-        return;
-    }
-    int64_t M = N * HW;
-#pragma omp parallel for if (M * C >= 32768)
-    for (int64_t c = 0; c < C; c++) {
-        /* two passes in double: the mean, then the squared deviations (no cancellation) */
-        double sum = 0, sq = 0;
-        for (int64_t n = 0; n < N; n++) {
-            const float *p = x + (n * C + c) * HW;
-            for (int64_t k = 0; k < HW; k++) sum += p[k];
-        }
-        double mean = sum / (double)M;
-        for (int64_t n = 0; n < N; n++) {
-            const float *p = x + (n * C + c) * HW;
-            for (int64_t k = 0; k < HW; k++) sq += ((double)p[k] - mean) * ((double)p[k] - mean);
-        }
-        double var = sq / (double)M;
-        stats[c] = (float)mean;
-        stats[C + c] = (float)(1.0 / sqrt(var + eps));
-        double unbiased = M > 1 ? sq / (double)(M - 1) : var;
-        rmean[c] = (float)((1 - momentum) * rmean[c] + momentum * mean);
-        rvar[c] = (float)((1 - momentum) * rvar[c] + momentum * unbiased);
-    }
-    count[0] += 1;
-}
-
-void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, const float *weight,
-                const float *bias, float *w_out, float *b_out) {
-    for (int64_t k = 0; k < K; k++) {
-        float scale = weight[k] * stats[K + k];
-        for (int64_t j = 0; j < per_k; j++) w_out[k * per_k + j] = w[k * per_k + j] * scale;
-        b_out[k] = bias[k] - stats[k] * scale;
-    }
-}
-
-void rt_bn_bwd_sums(int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
-                    const float *dy, float *sums) {
-#pragma omp parallel for if (N * C * HW >= 32768)
-    for (int64_t c = 0; c < C; c++) {
-        double s0 = 0, s1 = 0;
-        float mean = stats[c], invstd = stats[C + c];
-        for (int64_t n = 0; n < N; n++) {
-            const float *px = x + (n * C + c) * HW, *pd = dy + (n * C + c) * HW;
-            for (int64_t k = 0; k < HW; k++) {
-                s0 += pd[k];
-                s1 += (double)pd[k] * ((px[k] - mean) * invstd);
-            }
-        }
-        sums[c] = (float)s0;
-        sums[C + c] = (float)s1;
-    }
 }

@@ -112,12 +112,6 @@ static _Noreturn void die_usage(const char *fmt, ...) {
     exit(2);
 }
 
-static int64_t param_numel(const RtParam *p) {
-    int64_t n = 1;
-    for (int i = 0; i < p->rank; i++) n *= p->shape[i];
-    return n;
-}
-
 /* Samples per optimizer step, over all ranks. */
 static int64_t global_batch(const Trainer *t) { return t->m->batch * t->dist.ranks; }
 
@@ -311,14 +305,14 @@ static void list_params(const RtModel *m) {
         for (int d = 0; d < p->rank; d++)
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
         strcat(shape, "]");
-        printf("%-32s %-20s %12lld%s\n", p->name, shape, (long long)param_numel(p),
+        printf("%-32s %-20s %12lld%s\n", p->name, shape, (long long)rt_param_numel(p),
                p->buffer ? "  buffer" : p->grad_offset < 0 ? "  frozen" : "");
         if (p->buffer) {
-            buffers += param_numel(p);
+            buffers += rt_param_numel(p);
             continue;
         }
-        total += param_numel(p);
-        if (p->grad_offset >= 0) trainable += param_numel(p);
+        total += rt_param_numel(p);
+        if (p->grad_offset >= 0) trainable += rt_param_numel(p);
     }
     printf("total %lld parameters (%lld trainable)", (long long)total, (long long)trainable);
     if (buffers) printf(", %lld buffer values (running statistics)", (long long)buffers);
@@ -332,7 +326,7 @@ void rt_init_params(const RtModel *m, float *params, uint64_t seed) {
         const RtParam *p = &m->params[i];
         uint64_t state = rt_mix(seed * 0x100000001B3ull + (uint64_t)i + 1);
         float *x = params + p->offset;
-        for (int64_t k = 0; k < param_numel(p); k++) {
+        for (int64_t k = 0; k < rt_param_numel(p); k++) {
             switch (p->init) {
             case RT_INIT_ZEROS: x[k] = 0; break;
             case RT_INIT_ONES: x[k] = 1; break;
@@ -438,6 +432,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
     RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "evaluation indices");
+    if (!t->dev) rt_dist_share_buffers(&t->dist, t->ctx.params);
     double loss = 0, correct = 0;
     int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
@@ -523,7 +518,7 @@ static const char *nonfinite_params(const Trainer *t) {
     const RtModel *m = t->m;
     for (int i = 0; i < m->n_params; i++) {
         const float *x = t->ctx.params + m->params[i].offset;
-        for (int64_t k = 0; k < param_numel(&m->params[i]); k++)
+        for (int64_t k = 0; k < rt_param_numel(&m->params[i]); k++)
             if (!isfinite(x[k])) return m->params[i].name;
     }
     return NULL;
@@ -797,7 +792,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     int checked = 0, failed = 0;
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
-        int64_t n = param_numel(p), k_max = n < 8 ? n : 8;
+        int64_t n = rt_param_numel(p), k_max = n < 8 ? n : 8;
         if (p->grad_offset < 0) continue;
         for (int64_t k = 0; k < k_max; k++) {
             int64_t e = k_max > 1 ? k * (n - 1) / (k_max - 1) : 0;
@@ -1217,6 +1212,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
     if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
     if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
+    if (!rc && !t.dev) rt_dist_share_buffers(&t.dist, t.ctx.params);
     if (!rc) check_same_params(&t, "at the end of the run");
     rc = finish(&t, rc);
     release(&t, bufs, &train_ds, &eval_ds);

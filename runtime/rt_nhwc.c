@@ -1,11 +1,10 @@
-/* rt_nhwc.c - pooling and batch-norm reductions on channels-last (NHWC) tensors.
+/* rt_nhwc.c - pooling on channels-last (NHWC) tensors.
  *
  * A channels-last tensor is M = N * H * W rows of C channels, so every kernel here runs its
  * inner loop over the channels of one pixel (contiguous, vectorisable) and its outer loops over
  * pixels. The results equal the row-major kernels' in rt_kernels.c: the same windows in the
- * same order, the same first maximum, the same double-precision sums.
+ * same order, the same first maximum.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,73 +120,4 @@ void rt_avgpool2d_nhwc_bwd(const RtPool *p, const float *dy, float *dx) {
                     }
             }
     }
-}
-
-/* ---- batch norm: per-channel sums over rows, in fixed blocks of rows */
-
-typedef enum { SUM_X, SUM_SQDEV, SUM_BWD } SumKind;
-
-/* Per-channel sums over the M rows of x (and dy): SUM_X: s0 = sum x; SUM_SQDEV: s0 =
- * sum (x - mean)^2; SUM_BWD: s0 = sum dy, s1 = sum dy * (x - mean) * invstd. Each block of
- * RT_BN_BLOCK_ROWS rows is summed on its own, then the blocks in order: the same result for any
- * number of threads. */
-static void channel_sums(SumKind kind, int64_t M, int64_t C, const float *x, const float *dy,
-                         const double *mean, const float *stats, double *s0, double *s1) {
-    int64_t nb = (M + RT_BN_BLOCK_ROWS - 1) / RT_BN_BLOCK_ROWS;
-    double *part = xmalloc((size_t)(nb * C * 2) * sizeof *part);
-    #pragma omp parallel for schedule(static) if (M * C >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        double *p0 = part + b * C * 2, *p1 = p0 + C;
-        for (int64_t c = 0; c < 2 * C; c++) p0[c] = 0;
-        int64_t end = (b + 1) * RT_BN_BLOCK_ROWS < M ? (b + 1) * RT_BN_BLOCK_ROWS : M;
-        for (int64_t r = b * RT_BN_BLOCK_ROWS; r < end; r++) {
-            const float *xr = x + r * C;
-            if (kind == SUM_X) {
-                for (int64_t c = 0; c < C; c++) p0[c] += xr[c];
-            } else if (kind == SUM_SQDEV) {
-                for (int64_t c = 0; c < C; c++) p0[c] += ((double)xr[c] - mean[c]) * ((double)xr[c] - mean[c]);
-            } else {
-                const float *dr = dy + r * C;
-                for (int64_t c = 0; c < C; c++) {
-                    p0[c] += dr[c];
-                    p1[c] += (double)dr[c] * ((xr[c] - stats[c]) * stats[C + c]);
-                }
-            }
-        }
-    }
-    for (int64_t c = 0; c < C; c++) s0[c] = 0, s1[c] = 0;
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t c = 0; c < C; c++) s0[c] += part[b * C * 2 + c], s1[c] += part[b * C * 2 + C + c];
-    free(part);
-}
-
-void rt_bn_stats_nhwc(int64_t M, int64_t C, const float *x, float *stats, double eps, double momentum,
-                      float *running, int training) {
-    float *rmean = running, *rvar = running + C;
-    if (!training) {
-        rt_bn_stats(1, C, 1, x, stats, eps, momentum, running, 0); /* x is not read: layout plays no part */
-        return;
-    }
-    double *mean = xmalloc((size_t)C * 3 * sizeof *mean), *sq = mean + C, *unused = sq + C;
-    channel_sums(SUM_X, M, C, x, NULL, NULL, NULL, mean, unused);
-    for (int64_t c = 0; c < C; c++) mean[c] /= (double)M;
-    /* two passes in double, as the row-major kernel: the mean, then the squared deviations */
-    channel_sums(SUM_SQDEV, M, C, x, NULL, mean, NULL, sq, unused);
-    for (int64_t c = 0; c < C; c++) {
-        double var = sq[c] / (double)M, unbiased = M > 1 ? sq[c] / (double)(M - 1) : var;
-        stats[c] = (float)mean[c];
-        stats[C + c] = (float)(1.0 / sqrt(var + eps));
-        rmean[c] = (float)((1 - momentum) * rmean[c] + momentum * mean[c]);
-        rvar[c] = (float)((1 - momentum) * rvar[c] + momentum * unbiased);
-    }
-    running[2 * C] += 1; /* num_batches_tracked */
-    free(mean);
-}
-
-void rt_bn_bwd_sums_nhwc(int64_t M, int64_t C, const float *x, const float *stats, const float *dy,
-                         float *sums) {
-    double *s = xmalloc((size_t)C * 2 * sizeof *s);
-    channel_sums(SUM_BWD, M, C, x, dy, NULL, stats, s, s + C);
-    for (int64_t c = 0; c < 2 * C; c++) sums[c] = (float)s[c];
-    free(s);
 }

@@ -28,7 +28,7 @@
 
 enum { MAX_HEADER = 100 << 20 }; /* a header past 100 MiB is not a weight file we wrote */
 
-static int64_t param_numel(const RtParam *p) {
+int64_t rt_param_numel(const RtParam *p) {
     int64_t n = 1;
     for (int i = 0; i < p->rank; i++) n *= p->shape[i];
     return n;
@@ -45,7 +45,7 @@ static char *build_header(const RtModel *m) {
         for (int d = 0; d < p->rank; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
         cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += param_numel(p) * (p->file_dtype == RT_I64 ? 8 : 4);
+        off += rt_param_numel(p) * (p->file_dtype == RT_I64 ? 8 : 4);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
@@ -68,10 +68,10 @@ static int write_weights(FILE *f, const RtModel *m, const float *params) {
     for (int i = 0; i < m->n_params && !bad; i++) { /* the host is little-endian, as the format */
         const RtParam *p = &m->params[i];
         if (p->file_dtype != RT_I64) {
-            bad = write_all(f, params + p->offset, (size_t)param_numel(p) * 4);
+            bad = write_all(f, params + p->offset, (size_t)rt_param_numel(p) * 4);
             continue;
         }
-        for (int64_t k = 0; k < param_numel(p) && !bad; k++) { /* a counter such as num_batches_tracked */
+        for (int64_t k = 0; k < rt_param_numel(p) && !bad; k++) { /* a counter such as num_batches_tracked */
             int64_t v = (int64_t)params[p->offset + k];
             bad = write_all(f, &v, 8);
         }
@@ -232,7 +232,7 @@ static int load_tensor(Load *l, const RtParam *p, const cJSON *t, RtError *err) 
     l->hit[p - l->m->params] = es && fits ? 1 : 2;
     if (!es || !fits) return 0;
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    int64_t n = param_numel(p);
+    int64_t n = rt_param_numel(p);
     if (!(b >= 0 && e <= (double)l->data_len && e - b == (double)(n * es)))
         return rt_fail(err, "%s: tensor '%s' has data offsets [%.0f, %.0f] outside the file or not matching its shape",
                        l->path, t->string, b, e);

@@ -70,6 +70,7 @@ typedef struct Options {
     int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
     int distributed;     /* --distributed: a trainer of several ranks (mpirun), gradients summed over them */
     int64_t bucket_kib;  /* --bucket-kib: the size its gradient buckets are cut at */
+    int sync_bn;         /* --sync-bn: batch norm's statistics over every rank's batch */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -105,6 +106,8 @@ static void usage(FILE *out) {
             "                       gradients summed over the ranks (docs/distributed.md)\n"
             "  --bucket-kib N       --distributed: cut the gradients into buckets of N KiB, each summed as soon as\n"
             "                       the backward pass has written it (default: 25600, 25 MiB)\n"
+            "  --sync-bn            --distributed: batch norm normalises with the statistics of the global batch,\n"
+            "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP)\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -233,6 +236,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->summary = 1;
         } else if (strcmp(a, "--distributed") == 0) {
             o->distributed = 1;
+        } else if (strcmp(a, "--sync-bn") == 0) {
+            o->sync_bn = 1;
         } else if ((v = opt_value(argc, argv, &i, "--bucket-kib", &err))) {
             char *end;
             long long kib = strtoll(v, &end, 10);
@@ -284,6 +289,9 @@ static int parse_args(int argc, char **argv, Options *o) {
         return usage_error("--distributed: this netc was built without MPI%s; install an MPI library (Debian: "
                            "libopenmpi-dev) and rebuild netc (scripts/setup.sh)", "");
 #endif
+    if (o->sync_bn && !o->distributed)
+        return usage_error("--sync-bn sums batch norm's statistics over the ranks of a distributed trainer; give "
+                           "--distributed too%s", "");
     if (o->distributed && strcmp(o->backend, "cpu") != 0)
         return usage_error("--distributed builds CPU trainers so far; --backend %s has no distributed trainer yet",
                            o->backend);
@@ -609,6 +617,7 @@ static int compile(const Options *o, Arena *arena) {
     mp_plan(g, be->node_scratch);
     verify(g, "memplan");
     if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
+    g->sync_bn = o->sync_bn;
     if (o->report) return fuse_report(g, stdout), dist_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return cg_emit(be, g, stdout, NULL);

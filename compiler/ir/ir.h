@@ -265,6 +265,8 @@ typedef struct IrGraph {
     int64_t bucket_bytes;      /* the size a bucket is cut at */
     IrBucket *buckets;
     int n_buckets;
+    int sync_bn;               /* --sync-bn: batch norm's training statistics and backward sums are
+                                * summed over the ranks (runtime/rt_bn.c) */
 } IrGraph;
 
 /* ---- the operator table */

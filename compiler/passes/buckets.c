@@ -107,4 +107,17 @@ void dist_report(const IrGraph *g, FILE *out) {
     }
     fprintf(out, "  the sums overlap the backward pass (about 2/3 of the step's arithmetic); scaling stops where\n"
                  "  they take longer than it: compare the times above with the step's measured time\n");
+    int layers = 0;
+    int64_t channels = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == OP_BN_STATS && !g->nodes[i]->attr.bn_frozen)
+            layers++, channels += g->nodes[i]->shape.dim[1];
+    if (!layers) return;
+    if (g->sync_bn)
+        fprintf(out, "  batch norm (--sync-bn): %d layer%s summed over the ranks in %d blocking sums per step (each\n"
+                     "  layer's mean, variance and backward sums), %lld doubles in all, each a round trip between ranks\n",
+                layers, layers == 1 ? "" : "s", 3 * layers, (long long)(4 * channels));
+    else
+        fprintf(out, "  batch norm: %d layer%s normalise with each rank's own batch (--sync-bn sums the statistics over\n"
+                     "  the ranks); the running statistics are rank 0's\n", layers, layers == 1 ? "" : "s");
 }

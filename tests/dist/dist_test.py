@@ -12,10 +12,14 @@
                different global batch refused
   failures     a rank killed, a rank that hangs (the timeout), a signal to one rank, ranks that
                start from different weights, options that need one process
+  sync_bn      ResNet-18 (narrow): a step of 2 and 4 ranks with --sync-bn against one process at
+               the global batch, one rank against the plain trainer; per-rank statistics end with
+               rank 0's running statistics, which a sharded evaluation uses on every rank
 
 The machine may have 2 cores: mpirun runs with --oversubscribe, and every trainer with one
 thread, so 4 ranks share 2 cores and each run takes a few seconds.
 """
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from netc_testlib import Checks, fashion_files, run_cases, st_load  # noqa: E402
+from netc_testlib import Checks, fashion, fashion_files, run_cases, st_load  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 check = Checks()
@@ -43,16 +47,22 @@ EVAL_DATA = ["--eval-data", f"image={EVAL[0]}", "--eval-data", f"label={EVAL[1]}
 RUN = DATA + ["--threads", "1", "--quiet"]
 
 
-def build(netc, work, model, batch, distributed, bucket_kib=None):
+def build(netc, work, model, batch, distributed, bucket_kib=None, sync_bn=False):
     exe = os.path.join(work, f"{model}_b{batch}{'_dist' if distributed else ''}")
     if bucket_kib:
         exe += f"_k{bucket_kib}"
+    if sync_bn:
+        exe += "_sync"
     if not os.path.exists(exe):
         cmd = [netc, os.path.join(REPO, "models", model + ".net"), "-D", f"batch={batch}", "-o", exe]
+        if model == "resnet18_cifar":
+            cmd += ["-D", "width=4"]  # a narrow ResNet-18: seconds per run
         if distributed:
             cmd.append("--distributed")
         if bucket_kib:
             cmd += ["--bucket-kib", str(bucket_kib)]
+        if sync_bn:
+            cmd.append("--sync-bn")
         subprocess.run(cmd, check=True)
     return exe
 
@@ -120,15 +130,106 @@ def case_equivalence(netc, work):
     # 64 change only the products' blocking: float32 rounding, 1e-6 of the mean loss).
     weights = os.path.join(work, "mlp_one.st")
     mlp64, mlp32 = build(netc, work, "mlp", 64, False), build(netc, work, "mlp", 32, True, bucket_kib=16)
-    whole = run([mlp64, "--eval-only", "--init", weights, "--threads", "1"] + EVAL_DATA)
-    shard = mpirun(3, [mlp32, "--eval-only", "--init", weights, "--threads", "1"] + EVAL_DATA)
+    logs = [os.path.join(work, f"eval{k}.jsonl") for k in (1, 3)]
+    whole = run([mlp64, "--eval-only", "--init", weights, "--threads", "1", "--log", logs[0]] + EVAL_DATA)
+    shard = mpirun(3, [mlp32, "--eval-only", "--init", weights, "--threads", "1", "--log", logs[1]] + EVAL_DATA)
     if check.expect(whole, 0, "evaluation in one process") and check.expect(shard, 0, "evaluation over 3 ranks"):
-        def loss_acc(out):
-            words = [line for line in out.splitlines() if line.startswith("eval:")][0].split()
-            return float(words[2]), float(words[4])
-        (l1, a1), (l3, a3) = loss_acc(whole.stdout), loss_acc(shard.stdout)
-        check(abs(l1 - l3) <= 1e-5 * l1 and abs(a1 - a3) <= 1e-4,
-              f"evaluation: one process loss {l1} accuracy {a1}, 3 ranks {l3} {a3}")
+        (l1, a1), (l3, a3) = eval_result(logs[0]), eval_result(logs[1])
+        check(abs(l1 - l3) <= 1e-5 * l1 and a1 == a3, f"evaluation: one process loss {l1} accuracy {a1}, 3 ranks {l3} {a3}")
+
+
+def cifar_like(work, split, n):
+    """n Fashion-MNIST images as ResNet-18's 32x32 three-channel input: normalised, padded, repeated."""
+    import numpy as np
+    images, labels = fashion(split)
+    x = (images[:n].astype("float32") / 255.0 - 0.286) / 0.353
+    x = np.repeat(np.pad(x[:, None], ((0, 0), (0, 0), (2, 2), (2, 2))), 3, axis=1).astype("float32")
+    paths = [os.path.join(work, f"{split}_{what}.npy") for what in ("image", "label")]
+    np.save(paths[0], x)
+    np.save(paths[1], labels[:n].astype("int64"))
+    return [f"image={paths[0]}", f"label={paths[1]}"]
+
+
+def eval_result(log):
+    """The last evaluation's loss and accuracy in a --log file."""
+    with open(log) as f:
+        last = [json.loads(line) for line in f if '"eval": true' in line][-1]
+    return last["loss"], last["accuracy"]
+
+
+def running_stats(tensors):
+    return {k: v for k, v in tensors.items() if ".running_" in k}
+
+
+def update_diff(init, ref, other):
+    """The largest difference of a trainable tensor of ref and other, relative to ref's change from init."""
+    import numpy as np
+    worst = (0.0, "")
+    for name in ref:
+        if ".running_" in name or name.endswith(".num_batches_tracked"):
+            continue
+        a, b, i = (t[name].astype("float64") for t in (ref, other, init))
+        d = float(np.linalg.norm(a - b) / max(np.linalg.norm(a - i), 1e-30))
+        worst = max(worst, (d, name))
+    return worst
+
+
+# One step of a synchronised ResNet-18 against one process: the gradient of the first
+# convolution comes out of 20 batch-norm backward passes, each subtracting nearly equal sums, so
+# reordering its float32 sums moves that gradient by up to 3e-5 of itself (measured: the same
+# process with 1 and 2 threads). 1e-3 leaves room for other CPUs' kernels. Per-rank statistics,
+# backward sums not averaged over the ranks, or no sum at all change a tensor's update by 0.1 to 1
+# of itself. Later steps are left out: this narrow network on 32 images a step amplifies such
+# differences tenfold a step, for one process as much as for several.
+SAME_STEP = 1e-3
+
+
+def case_sync_bn(netc, work):
+    resnet = os.path.join(REPO, "models", "resnet18_cifar.net")
+    for argv, needle in ((["--sync-bn"], "batch norm (--sync-bn): 20 layers summed over the ranks in 60 blocking sums"),
+                         ([], "batch norm: 20 layers normalise with each rank's own batch")):
+        check.expect(run([netc, resnet, "--distributed", "--report"] + argv), 0, "--report " + " ".join(argv), needle)
+    train, held = cifar_like(work, "train", 256), cifar_like(work, "test", 96)
+    data = [a for d in train for a in ("--data", d)]
+    run_args = data + ["--threads", "1", "--quiet", "--steps", "1"]
+    one = build(netc, work, "resnet18_cifar", 32, False)
+    init, ref = os.path.join(work, "init.st"), os.path.join(work, "one.st")
+    # a step with nothing to learn saves the initial parameters
+    check.expect(run([one] + run_args + ["--lr", "0", "--weight-decay", "0", "--save", init]), 0, "initial weights")
+    check.expect(run([one] + run_args + ["--save", ref]), 0, "one process at batch 32")
+    for ranks, sync in ((2, True), (4, True), (2, False)):
+        exe = build(netc, work, "resnet18_cifar", 32 // ranks, True, sync_bn=sync)
+        out = os.path.join(work, f"x{ranks}{'_sync' if sync else ''}.st")
+        r = mpirun(ranks, [exe] + run_args + ["--save", out])
+        if not check.expect(r, 0, f"{ranks} ranks{' --sync-bn' if sync else ''}"):
+            continue
+        d, name = update_diff(st_load(init), st_load(ref), st_load(out))
+        s, stat = max_rel(*(running_stats(st_load(f)) for f in (ref, out)))
+        if not sync:  # each rank's own statistics: a different step, which is what --sync-bn is for
+            if check(d > 0.05, f"per-rank batch norm, {ranks} ranks: {name}'s step differs by only {d:.3g}"):
+                print(f"ok   per-rank batch norm: {ranks} ranks take another step ({name}'s differs by {d:.2g})")
+        elif check(d <= SAME_STEP, f"--sync-bn, {ranks} ranks: {name}'s step differs from one process's by {d:.3g}") \
+                and check(s <= SAME_RUN, f"--sync-bn, {ranks} ranks: {stat} differs by {s:.3g} relative"):
+            print(f"ok   --sync-bn: {ranks} ranks at batch {32 // ranks} take one process's step at batch 32: "
+                  f"largest difference {d:.2g} of a tensor's step ({name}); running statistics {s:.2g} ({stat})")
+    # One rank: the sums over one rank return their input, bit for bit the plain trainer's.
+    a, b = os.path.join(work, "plain16.st"), os.path.join(work, "sync1.st")
+    check.expect(run([build(netc, work, "resnet18_cifar", 16, False)] + run_args + ["--save", a]), 0, "plain, batch 16")
+    check.expect(mpirun(1, [build(netc, work, "resnet18_cifar", 16, True, sync_bn=True)] + run_args + ["--save", b]),
+                 0, "--sync-bn, one rank")
+    check(open(a, "rb").read() == open(b, "rb").read(), "--sync-bn: one rank differs from the plain trainer")
+    # Per-rank statistics: the ranks end with rank 0's running statistics (or the end-of-run
+    # check of equal parameters fails), and a sharded evaluation uses them on every rank, so it
+    # equals one process's evaluation of the saved weights (float32 rounding of the batches' sums).
+    exe, weights = build(netc, work, "resnet18_cifar", 16, True), os.path.join(work, "per_rank.st")
+    evals = [a for d in held for a in ("--eval-data", d)]
+    logs = [os.path.join(work, f"eval{k}.jsonl") for k in (1, 2)]
+    r = mpirun(2, [exe] + data + ["--threads", "1", "--steps", "3", "--save", weights, "--log", logs[1]] + evals)
+    whole = run([one, "--eval-only", "--init", weights, "--threads", "1", "--log", logs[0]] + evals)
+    if check.expect(r, 0, "per-rank batch norm, 2 ranks, evaluated") and check.expect(whole, 0, "evaluation"):
+        (l1, a1), (l2, a2) = eval_result(logs[0]), eval_result(logs[1])
+        check(abs(l1 - l2) <= 1e-5 * l1 and a1 == a2,
+              f"per-rank batch norm: 2 ranks evaluated loss {l2} accuracy {a2}, one process {l1} {a1}")
 
 
 def case_checkpoint(netc, work):
@@ -195,7 +296,9 @@ def wait_started(exe):
 def case_failures(netc, work):
     mlp = os.path.join(REPO, "models", "mlp.net")
     for argv, needle in ((["--distributed", "--backend", "cuda"], "--backend cuda has no distributed trainer yet"),
-                         (["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB")):
+                         (["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB"),
+                         (["--sync-bn"], "--sync-bn sums batch norm's statistics over the ranks of a distributed "
+                                         "trainer; give --distributed too")):
         check.expect(run([netc, mlp, "-o", os.path.join(work, "refused")] + argv), 2, "netc " + " ".join(argv), needle)
     report = run([netc, mlp, "--distributed", "--bucket-kib", "1", "--report"])
     # 1 KiB buckets cut from the end: fc2's bias and weight fill the first (5,160 bytes), ready
@@ -251,7 +354,8 @@ def case_failures(netc, work):
         check.expect(r, 2, f"{opt[0]} under 2 ranks", f"{opt[0]} runs as one process")
 
 
-CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures}
+CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
+         "sync_bn": case_sync_bn}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))
