@@ -771,6 +771,7 @@ void cg_emit_model_recipe(Cg *c) {
         cg_line(c, ".comm = &rt_comm_mpi,");
         cg_line(c, ".n_buckets = %d,", g->n_buckets);
         cg_line(c, ".buckets = gradient_buckets,");
+        if (g->shard_optimizer) cg_line(c, ".shard_optimizer = 1,");
     }
 }
 

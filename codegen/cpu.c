@@ -742,9 +742,48 @@ static void emit_eval(Cg *c) {
 
 /* ---- optimizer */
 
+/* --shard-optimizer: the update of this rank's slices of the flat buffer (RtShard in netrt.h):
+ * slice k is params[offset + j] from shard->grads[at + j] with its state at optstate + at. */
+static void emit_sharded_optimizer(Cg *c) {
+    const IrTrain *t = &c->g->train;
+    int64_t nd = c->g->n_decay_floats;
+    const char *update = rt_optimizer(t->optim)->update_fn, *clip = t->clip_grad_norm > 0 ? "g[j] *= clip; " : "";
+    cg_line(c, "// The update of this rank's slices of the trainable parameters (netc --shard-optimizer, ZeRO-1):");
+    cg_line(c, "// each rank updates its own and keeps their optimizer state, and the trainer then gathers the");
+    cg_line(c, "// parameters; PyTorch's formulas, the learning rate, step and hyperparameters from ctx.");
+    cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
+    cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
+    if (*clip) {
+        cg_line(c, "ctx->grad_norm = rt_shard_grad_norm(ctx); // of the whole gradient, over the ranks");
+        cg_emit_clip_scale(c, t, "ctx->grad_norm");
+    }
+    cg_line(c, "const RtShard *shard = ctx->shard;");
+    cg_open(c, "for (int k = 0; k < shard->n_slices; k++) {");
+    cg_line(c, "const RtSlice r = shard->slices[k];");
+    cg_line(c, "float *p = ctx->params + r.offset, *state = ctx->optstate + r.at;");
+    cg_line(c, "%sfloat *g = shard->grads + r.at;", *clip ? "" : "const ");
+    cg_line(c, "// floats [0, decay) of the slice lie before the parameters of no_decay (%" PRId64 " floats)", nd);
+    cg_line(c, "const int64_t decay = r.offset + r.count <= %" PRId64 " ? r.count : r.offset < %" PRId64 " ? %" PRId64
+            " - r.offset : 0;", nd, nd, nd);
+    cg_line(c, "#pragma omp parallel for simd");
+    cg_line(c, "for (int64_t j = 0; j < decay; j++) %s%s%s(h, s, p, g, state, shard->floats, j);%s", *clip ? "{ " : "",
+            clip, update, *clip ? " }" : "");
+    cg_line(c, "#pragma omp parallel for simd");
+    cg_line(c, "for (int64_t j = decay; j < r.count; j++) %s%s%s(h_nd, s_nd, p, g, state, shard->floats, j);%s",
+            *clip ? "{ " : "", clip, update, *clip ? " }" : "");
+    cg_close(c, "}");
+    cg_close(c, "}");
+    cg_blank(c);
+}
+
 static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
     int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
+    if (c->g->shard_optimizer) {
+        emit_sharded_optimizer(c);
+        return;
+    }
     cg_line(c, "// One fused update of every trainable parameter, params[i] from grads[i], with");
     cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied), step and hyperparameters come from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");

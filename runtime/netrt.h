@@ -72,7 +72,31 @@ typedef struct RtCtx {
                                 * clipping, set by optimizer_step */
     void *dist;                /* a distributed trainer's reductions in flight (rt_grads_ready), or
                                 * NULL: one process */
+    const struct RtShard *shard; /* netc --shard-optimizer: the part of the update this rank makes
+                                * (optimizer_step reads its gradients there, and optstate is its
+                                * state alone); NULL otherwise */
 } RtCtx;
+
+/* netc --shard-optimizer (ZeRO-1): the optimizer state is split between the ranks. Rank r owns
+ * the r-th of N nearly equal parts of every gradient bucket: a slice of the flat trainable
+ * buffer, floats [offset, offset + count). The gradients of its slices, summed over the ranks,
+ * lie one slice after another in `grads` (slice k's at floats [at, at + count)), and the
+ * optimizer state of its slices the same way in RtCtx.optstate, slot k of the state at
+ * optstate[k * floats + at + j]. */
+typedef struct RtSlice {
+    int64_t offset, count, at;
+} RtSlice;
+
+typedef struct RtShard {
+    int64_t floats;            /* the slices' floats in all */
+    int n_slices;
+    const RtSlice *slices;
+    float *grads;              /* [floats]: the summed gradients of the slices */
+} RtShard;
+
+/* --shard-optimizer: the 2-norm of the whole summed gradient, from every rank's slices (for
+ * clip_grad_norm). */
+double rt_shard_grad_norm(RtCtx *ctx);
 
 /* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
  * rt_main then keeps the command line, data, logging and weight files, and the step functions
@@ -137,6 +161,17 @@ typedef struct RtComm {
     double (*sum)(double *x, int n, const char *what);
     /* 1 when every rank passed the same value, else 0 (on every rank). */
     int (*agree)(uint64_t v, const char *what);
+    /* --shard-optimizer. Start summing x[0 .. sum of counts) over the ranks and leave rank r
+     * counts[r] floats of the sum from float sum(counts[0 .. r)) on, in mine; wait_sums waits
+     * for it. x is not written. */
+    void (*start_sum_scatter)(const float *x, const int *counts, float *mine);
+    /* Start filling x: rank r's counts[r] floats from x + displs[r] reach every rank (in place);
+     * wait_sums waits for it. */
+    void (*start_gather)(float *x, const int *counts, const int *displs);
+    /* Rank r's n floats of mine to rank 0, into all (rank r's from all + displs[r]; all is read
+     * on rank 0 only) (waits); the seconds spent waiting. */
+    double (*gather_root)(const float *mine, int n, float *all, const int *counts, const int *displs,
+                          const char *what);
     /* Leave the job: status 0 (or one every rank reached together, `together`) finishes it
      * normally; any other ends every rank's process at once with that status. */
     void (*close)(int status, int together);
@@ -194,6 +229,7 @@ typedef struct RtModel {
     const RtComm *comm;
     int n_buckets;
     const RtBucket *buckets;
+    int shard_optimizer;       /* netc --shard-optimizer: optimizer_step updates ctx->shard's slices */
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */
@@ -204,6 +240,8 @@ int rt_main(int argc, char **argv, const RtModel *model);
 /* The 2-norm of g[0 .. n), for clip_grad_norm (rt_clip.c): squares summed in double over a
  * fixed partition of blocks, the blocks' sums added in order, whatever the number of threads. */
 double rt_grad_norm(const float *g, int64_t n);
+/* Its square: the sum before the square root. */
+double rt_grad_sumsq(const float *g, int64_t n);
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, op = transpose when trans_* (cblas semantics). */
 void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -17,7 +17,9 @@ enum {
     RT_CLIP_MIN = 16384,  /* floats per block at least: a block is worth a thread */
 };
 
-double rt_grad_norm(const float *g, int64_t n) {
+double rt_grad_norm(const float *g, int64_t n) { return sqrt(rt_grad_sumsq(g, n)); }
+
+double rt_grad_sumsq(const float *g, int64_t n) {
     double part[RT_CLIP_PARTS];
     int64_t len = (n + RT_CLIP_PARTS - 1) / RT_CLIP_PARTS;
     if (len < RT_CLIP_MIN) len = RT_CLIP_MIN;
@@ -31,5 +33,5 @@ double rt_grad_norm(const float *g, int64_t n) {
     }
     double total = 0;
     for (int b = 0; b < nb; b++) total += part[b];
-    return sqrt(total);
+    return total;
 }

@@ -8,6 +8,7 @@
  * without RtComm is one rank, and every function here leaves it as it was.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,16 +32,125 @@ void rt_grads_ready(RtCtx *ctx, int k) {
     RtDist *d = ctx->dist;
     if (!d) return;
     const RtBucket *b = &d->m->buckets[k];
-    d->comm->start_sum(ctx->grads + b->offset, b->count);
+    if (d->m->shard_optimizer) /* only this rank's slice of the sum */
+        d->comm->start_sum_scatter(ctx->grads + b->offset, d->counts + k * d->ranks, d->shard.grads + d->slices[k].at);
+    else d->comm->start_sum(ctx->grads + b->offset, b->count);
 }
 
 void rt_dist_mean_grads(RtDist *d, RtCtx *ctx) {
     if (d->ranks == 1) return;
     d->wait_s += d->comm->wait_sums("summing the gradients");
-    float scale = 1.0f / (float)d->ranks;
-    int64_t n = d->m->n_grad_floats;
+    float scale = 1.0f / (float)d->ranks, *g = d->m->shard_optimizer ? d->shard.grads : ctx->grads;
+    int64_t n = d->m->shard_optimizer ? d->shard.floats : d->m->n_grad_floats;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) ctx->grads[i] *= scale;
+    for (int64_t i = 0; i < n; i++) g[i] *= scale;
+}
+
+static void *xmalloc(size_t n, const char *what) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "error: out of memory (%zu bytes) for %s\n", n, what);
+        exit(1);
+    }
+    return p;
+}
+
+int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
+    const RtModel *m = d->m;
+    int nb = m->n_buckets, R = d->ranks;
+    ctx->shard = &d->shard;
+    if (R == 1) { /* the whole buffer: the update of the plain trainer, in the same order */
+        d->slices = xmalloc(sizeof *d->slices, "the optimizer's slices");
+        d->slices[0] = (RtSlice){0, m->n_grad_floats, 0};
+        d->shard = (RtShard){.floats = m->n_grad_floats, .n_slices = 1, .slices = d->slices, .grads = ctx->grads};
+        return m->n_grad_floats;
+    }
+    d->slices = xmalloc((size_t)nb * sizeof *d->slices, "the optimizer's slices");
+    d->counts = xmalloc((size_t)nb * R * sizeof *d->counts, "the optimizer's slices");
+    d->displs = xmalloc((size_t)nb * R * sizeof *d->displs, "the optimizer's slices");
+    int64_t at = 0;
+    for (int k = 0; k < nb; k++) {
+        const RtBucket *b = &m->buckets[k];
+        if (b->count / R >= INT32_MAX) {
+            fprintf(stderr, "error: gradient bucket %d holds %lld floats, too many for MPI's counts in %d slices\n"
+                            "  hint: netc --bucket-kib with a smaller size\n", k, (long long)b->count, R);
+            exit(1);
+        }
+        for (int r = 0; r < R; r++) { /* rank r: floats [count * r / R, count * (r + 1) / R) */
+            int64_t lo = b->count * r / R, hi = b->count * (r + 1) / R;
+            d->counts[k * R + r] = (int)(hi - lo), d->displs[k * R + r] = (int)lo;
+        }
+        int64_t lo = d->displs[k * R + d->rank], n = d->counts[k * R + d->rank];
+        d->slices[k] = (RtSlice){b->offset + lo, n, at};
+        at += n;
+    }
+    d->shard = (RtShard){.floats = at, .n_slices = nb, .slices = d->slices,
+                         .grads = xmalloc((size_t)at * sizeof(float), "this rank's gradients")};
+    return at;
+}
+
+double rt_shard_grad_norm(RtCtx *ctx) {
+    const RtShard *sh = ctx->shard;
+    double sq = rt_grad_sumsq(sh->grads, sh->floats);
+    if (ctx->dist) rt_dist_sum(ctx->dist, &sq, 1, "summing the gradient norm");
+    return sqrt(sq);
+}
+
+void rt_dist_gather_params(RtDist *d, float *params) {
+    if (d->ranks == 1) return;
+    for (int k = 0; k < d->m->n_buckets; k++)
+        d->comm->start_gather(params + d->m->buckets[k].offset, d->counts + k * d->ranks, d->displs + k * d->ranks);
+    d->wait_s += d->comm->wait_sums("gathering the updated parameters");
+}
+
+/* Slot s of the state of rank r's slices of bucket k: at rank r's float `at` of slot s. The
+ * state of each rank lies slot after slot, [slots, its floats]. */
+void rt_dist_gather_state(RtDist *d, const float *mine, float *full) {
+    const RtModel *m = d->m;
+    int R = d->ranks, slots = m->n_state_slots;
+    if (R == 1 || !slots) {
+        if (slots) memcpy(full, mine, (size_t)slots * m->n_grad_floats * sizeof *full);
+        return;
+    }
+    int *counts = xmalloc((size_t)R * 2 * sizeof *counts, "gathering the optimizer state"), *displs = counts + R;
+    int64_t total = 0;
+    for (int r = 0; r < R; r++) { /* rank r's floats: its share of every bucket */
+        int64_t n = 0;
+        for (int k = 0; k < m->n_buckets; k++) n += d->counts[k * R + r];
+        if (n * slots >= INT32_MAX) {
+            fprintf(stderr, "error: rank %d's optimizer state (%lld floats) is too large for MPI's counts\n", r,
+                    (long long)(n * slots));
+            exit(1);
+        }
+        counts[r] = (int)(n * slots), displs[r] = (int)total;
+        total += n * slots;
+    }
+    float *packed = d->rank == 0 ? xmalloc((size_t)total * sizeof *packed, "gathering the optimizer state") : NULL;
+    d->wait_s += d->comm->gather_root(mine, (int)(d->shard.floats * slots), packed, counts, displs,
+                                      "gathering the optimizer state");
+    if (packed) {
+        int64_t n_grad = m->n_grad_floats;
+        for (int r = 0; r < R; r++) {
+            const float *p = packed + displs[r];
+            int64_t floats = counts[r] / slots, at = 0;
+            for (int k = 0; k < m->n_buckets; k++) {
+                int64_t off = m->buckets[k].offset + d->displs[k * R + r], n = d->counts[k * R + r];
+                for (int s = 0; s < slots; s++)
+                    memcpy(full + s * n_grad + off, p + s * floats + at, (size_t)n * sizeof *full);
+                at += n;
+            }
+        }
+        free(packed);
+    }
+    free(counts);
+}
+
+void rt_dist_take_state(const RtDist *d, const float *full, float *mine) {
+    const RtShard *sh = &d->shard;
+    for (int s = 0; s < d->m->n_state_slots; s++)
+        for (int k = 0; k < sh->n_slices; k++)
+            memcpy(mine + s * sh->floats + sh->slices[k].at, full + s * d->m->n_grad_floats + sh->slices[k].offset,
+                   (size_t)sh->slices[k].count * sizeof *mine);
 }
 
 double rt_dist_sum(RtDist *d, double *x, int n, const char *what) {
@@ -108,4 +218,7 @@ int rt_dist_cpus(void) {
 
 void rt_dist_close(RtDist *d, int status, int together) {
     if (d->comm) d->comm->close(status, together);
+    if (d->shard.grads && d->ranks > 1) free(d->shard.grads);
+    free(d->slices), free(d->counts), free(d->displs);
+    d->slices = NULL, d->counts = d->displs = NULL, d->shard = (RtShard){0};
 }

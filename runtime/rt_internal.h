@@ -266,12 +266,28 @@ typedef struct RtDist {
     const RtModel *m;
     int rank, ranks, local_rank;
     double wait_s;        /* seconds spent waiting for the other ranks, summed since it was last reset */
+    /* --shard-optimizer (rt_dist_shard_open): this rank's slices, and per bucket k each rank's
+     * floats (counts[k * ranks + r]) from the bucket's start (displs[k * ranks + r]) */
+    RtShard shard;
+    RtSlice *slices;
+    int *counts, *displs;
 } RtDist;
 
 /* Join the job (m->comm) and fill *d, or make *d the only rank. 1 after saying why it failed. */
 int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv);
-/* After forward_backward: wait for the buckets' sums and divide by the number of ranks. */
+/* After forward_backward: wait for the buckets' sums and divide by the number of ranks (with
+ * --shard-optimizer, of this rank's slices). */
 void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
+/* --shard-optimizer: cut this rank's slices (one slice of the whole buffer, at ctx->grads, for
+ * one rank) and point ctx->shard at them; the optimizer state floats they need. */
+int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx);
+/* --shard-optimizer, after optimizer_step: every rank's updated slices to every rank. */
+void rt_dist_gather_params(RtDist *d, float *params);
+/* --shard-optimizer: the whole optimizer state (slots * n_grad_floats, as one process holds it)
+ * from every rank's slices, on rank 0 (full is read on rank 0 only); and this rank's slices of
+ * a whole state. */
+void rt_dist_gather_state(RtDist *d, const float *mine, float *full);
+void rt_dist_take_state(const RtDist *d, const float *full, float *mine);
 /* x[0 .. n) summed over the ranks in place; the seconds it waited. */
 double rt_dist_sum(RtDist *d, double *x, int n, const char *what);
 /* This rank's samples of n_batches global batches of `order`: `batch` of each, into local. */
@@ -285,7 +301,7 @@ int rt_dist_same_params(RtDist *d, const float *params, const char *when);
 /* The CPUs this process may run on (mpirun binds a rank to one core by default for 2 ranks or
  * fewer), or 0 when unknown. */
 int rt_dist_cpus(void);
-/* Leave the job with the trainer's exit status: see RtComm.close. */
+/* Leave the job with the trainer's exit status (see RtComm.close), and free what it held. */
 void rt_dist_close(RtDist *d, int status, int together);
 
 /* ---- --predict (rt_predict.c) */

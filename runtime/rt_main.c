@@ -67,6 +67,8 @@ typedef struct Trainer {
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
     RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
+    int gather_state;         /* --shard-optimizer with --checkpoint and several ranks: every rank sends
+                               * its optimizer state to rank 0 for each checkpoint */
 } Trainer;
 
 /* ---- small utilities */
@@ -524,19 +526,28 @@ static const char *nonfinite_params(const Trainer *t) {
     return NULL;
 }
 
-static const char *nonfinite_state(const Trainer *t) {
-    const RtModel *m = t->m;
+/* The floats of the optimizer state this process holds. */
+static int64_t state_floats(const Trainer *t) {
+    return t->m->n_state_slots * (t->ctx.shard ? t->ctx.shard->floats : t->m->n_grad_floats);
+}
+
+static const char *nonfinite_state(Trainer *t) {
     const char *bad = nonfinite_params(t);
     if (bad) return bad;
-    for (int64_t k = 0; k < m->n_state_slots * m->n_grad_floats; k++)
-        if (!isfinite(t->ctx.optstate[k])) return "the optimizer state";
-    return NULL;
+    for (int64_t k = 0; k < state_floats(t); k++)
+        if (!isfinite(t->ctx.optstate[k])) bad = "the optimizer state";
+    if (t->gather_state) { /* each rank sees its own part: the verdict is every rank's */
+        double any = bad != NULL;
+        rt_dist_sum(&t->dist, &any, 1, "checking the optimizer state");
+        if (any > 0) bad = "the optimizer state";
+    }
+    return bad;
 }
 
 static int device_sums(Trainer *t);
 
 static int write_checkpoint(Trainer *t) {
-    if (!t->o.checkpoint || t->ckpt_current) return 0;
+    if (!(t->o.checkpoint || t->gather_state) || t->ckpt_current) return 0;
     if (t->dev) { /* the device holds the run: check its losses, then fetch its state */
         int rc = device_sums(t);
         if (rc) return rc;
@@ -553,12 +564,23 @@ static int write_checkpoint(Trainer *t) {
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
     s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads, s.ranks = t->dist.ranks;
     rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
+    float *state = t->ctx.optstate, *whole = NULL; /* the whole state, as one process holds it */
+    if (t->gather_state) {
+        if (t->o.checkpoint)
+            whole = state = alloc_or_die((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
+                                         "the whole optimizer state");
+        rt_dist_gather_state(&t->dist, t->ctx.optstate, whole);
+    }
+    t->ckpt_current = 1;
+    if (!t->o.checkpoint) return 0; /* rank 0 writes */
     RtError err;
-    if (rt_ckpt_save(t->o.checkpoint, t->m, t->ctx.params, t->ctx.optstate, &s, &err)) {
+    int failed = rt_ckpt_save(t->o.checkpoint, t->m, t->ctx.params, state, &s, &err);
+    free(whole);
+    if (failed) {
+        t->ckpt_current = 0;
         fprintf(stderr, "%serror: %s\n", t->tty ? "\n" : "", err.msg);
         return 1;
     }
-    t->ckpt_current = 1;
     if (t->log) {
         fprintf(t->log, "{\"checkpoint\": ");
         json_string(t->log, t->o.checkpoint);
@@ -587,7 +609,10 @@ static int stop_run(Trainer *t) {
                        : t->stop_agreed        ? "a signal to another rank"
                                                : "--stop-at";
     int status = log_failed ? 1 : EXIT_STOPPED;
-    if (t->dist.rank > 0) return status; /* rank 0 says it, and writes the checkpoint */
+    if (t->dist.rank > 0) { /* rank 0 says it, and writes the checkpoint (with the others' optimizer state) */
+        int rc = t->gather_state ? write_checkpoint(t) : 0;
+        return rc ? rc : status;
+    }
     long long step = (long long)t->pos.step, total = (long long)t->total;
     if (!t->o.checkpoint) {
         fprintf(stderr, "%sstopped by %s after step %lld of %lld; nothing is saved (no --checkpoint was given)\n",
@@ -683,6 +708,7 @@ static int train_step(Trainer *t, void *const *batch) {
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
     m->optimizer_step(&t->ctx);
+    if (m->shard_optimizer) rt_dist_gather_params(&t->dist, t->ctx.params);
     t->grad_norm = t->ctx.grad_norm;
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
     t->ckpt_current = 0;
@@ -978,7 +1004,11 @@ static void setup_context(Trainer *t) {
     RtCtx *c = &t->ctx;
     c->params = alloc_or_die((size_t)m->n_param_floats * sizeof(float), "parameters");
     c->grads = alloc_or_die((size_t)m->n_grad_floats * sizeof(float), "gradients");
-    c->optstate = alloc_or_die((size_t)(m->n_state_slots * m->n_grad_floats) * sizeof(float), "optimizer state");
+    int64_t state = m->shard_optimizer ? rt_dist_shard_open(&t->dist, c) : m->n_grad_floats; /* floats per slot */
+    c->optstate = alloc_or_die((size_t)(m->n_state_slots * state) * sizeof(float), "optimizer state");
+    if (m->shard_optimizer && !t->o.quiet)
+        printf("sharded optimizer: rank 0 updates %lld of the %lld trainable parameters and keeps their optimizer "
+               "state\n", (long long)state, (long long)m->n_grad_floats);
     c->arena = alloc_or_die((size_t)m->arena_bytes, "activations");
     c->scratch_per_thread = m->scratch_per_thread;
     c->hyper = &m->hyper;
@@ -1042,7 +1072,12 @@ static void resume(Trainer *t, const RtDataset *ds) {
     const char *f = t->o.resume;
     RtTrainState s;
     RtError err;
-    if (rt_ckpt_load(f, t->m, t->dist.ranks, t->ctx.params, t->ctx.optstate, &s, &err)) die("%s", err.msg);
+    int take = t->ctx.shard && t->dist.ranks > 1; /* this rank's slices of the whole state */
+    float *state = take ? alloc_or_die((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
+                                       "the whole optimizer state")
+                        : t->ctx.optstate;
+    if (rt_ckpt_load(f, t->m, t->dist.ranks, t->ctx.params, state, &s, &err)) die("%s", err.msg);
+    if (take) rt_dist_take_state(&t->dist, state, t->ctx.optstate), free(state);
     if (s.ranks != t->dist.ranks && !t->o.quiet)
         printf("note: checkpoint '%s' was written by %d rank%s of batch %lld; this run has %d of batch %lld, the "
                "same global batch\n", f, s.ranks, s.ranks > 1 ? "s" : "", (long long)(global_batch(t) / s.ranks),
@@ -1131,6 +1166,7 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
         die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
                   t->o.gradcheck ? "--gradcheck" : "--predict", d->ranks);
     if (d->ranks > 1) t->ctx.dist = d;
+    t->gather_state = t->m->shard_optimizer && d->ranks > 1 && t->o.checkpoint;
     if (d->rank > 0) {
         Options *o = &t->o;
         o->quiet = 1, t->con.quiet = 1, t->tty = 0;

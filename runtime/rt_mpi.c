@@ -92,22 +92,47 @@ static double wait_all(MPI_Request *r, int n, const char *what) {
     }
 }
 
-static void start_sum(float *x, int64_t n) {
-    for (int64_t at = 0; at < n; at += MAX_CHUNK) {
-        if (n_reqs == cap_reqs) {
-            cap_reqs = cap_reqs ? 2 * cap_reqs : 64;
-            reqs = realloc(reqs, (size_t)cap_reqs * sizeof *reqs);
-            if (!reqs) {
-                fprintf(stderr, "error: out of memory for the gradient reductions\n");
-                exit(1);
-            }
+/* A request of the list wait_sums waits for. */
+static MPI_Request *new_request(void) {
+    if (n_reqs == cap_reqs) {
+        cap_reqs = cap_reqs ? 2 * cap_reqs : 64;
+        reqs = realloc(reqs, (size_t)cap_reqs * sizeof *reqs);
+        if (!reqs) {
+            fprintf(stderr, "error: out of memory for the gradient reductions\n");
+            exit(1);
         }
-        int count = n - at < MAX_CHUNK ? (int)(n - at) : MAX_CHUNK;
-        MPI_Iallreduce(MPI_IN_PLACE, x + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &reqs[n_reqs++]);
     }
-    /* a test of the sums in flight lets MPI move them on while the backward pass computes */
+    return &reqs[n_reqs++];
+}
+
+/* A test of the collectives in flight lets MPI move them on while the backward pass computes. */
+static void progress(void) {
     int done;
     MPI_Testall(n_reqs, reqs, &done, MPI_STATUSES_IGNORE);
+}
+
+static void start_sum(float *x, int64_t n) {
+    for (int64_t at = 0; at < n; at += MAX_CHUNK) {
+        int count = n - at < MAX_CHUNK ? (int)(n - at) : MAX_CHUNK;
+        MPI_Iallreduce(MPI_IN_PLACE, x + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, new_request());
+    }
+    progress();
+}
+
+static void start_sum_scatter(const float *x, const int *counts, float *mine) {
+    MPI_Ireduce_scatter(x, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, new_request());
+    progress();
+}
+
+static void start_gather(float *x, const int *counts, const int *displs) {
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, counts, displs, MPI_FLOAT, MPI_COMM_WORLD, new_request());
+}
+
+static double gather_root(const float *mine, int n, float *all, const int *counts, const int *displs,
+                          const char *what) {
+    MPI_Request r;
+    MPI_Igatherv(mine, n, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD, &r);
+    return wait_all(&r, 1, what);
 }
 
 static double wait_sums(const char *what) {
@@ -146,5 +171,8 @@ const RtComm rt_comm_mpi = {
     .wait_sums = wait_sums,
     .sum = sum,
     .agree = agree,
+    .start_sum_scatter = start_sum_scatter,
+    .start_gather = start_gather,
+    .gather_root = gather_root,
     .close = mpi_close,
 };

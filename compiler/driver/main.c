@@ -71,6 +71,7 @@ typedef struct Options {
     int distributed;     /* --distributed: a trainer of several ranks (mpirun), gradients summed over them */
     int64_t bucket_kib;  /* --bucket-kib: the size its gradient buckets are cut at */
     int sync_bn;         /* --sync-bn: batch norm's statistics over every rank's batch */
+    int shard_optimizer; /* --shard-optimizer: ZeRO-1, the optimizer state split between the ranks */
     SemaDefine defs[MAX_DEFINES];
     int n_defs;
 } Options;
@@ -108,6 +109,8 @@ static void usage(FILE *out) {
             "                       the backward pass has written it (default: 25600, 25 MiB)\n"
             "  --sync-bn            --distributed: batch norm normalises with the statistics of the global batch,\n"
             "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP)\n"
+            "  --shard-optimizer    --distributed: each rank keeps the optimizer state of its share of the\n"
+            "                       parameters and updates them alone (ZeRO-1); the others gather them\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -238,6 +241,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->distributed = 1;
         } else if (strcmp(a, "--sync-bn") == 0) {
             o->sync_bn = 1;
+        } else if (strcmp(a, "--shard-optimizer") == 0) {
+            o->shard_optimizer = 1;
         } else if ((v = opt_value(argc, argv, &i, "--bucket-kib", &err))) {
             char *end;
             long long kib = strtoll(v, &end, 10);
@@ -292,6 +297,9 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->sync_bn && !o->distributed)
         return usage_error("--sync-bn sums batch norm's statistics over the ranks of a distributed trainer; give "
                            "--distributed too%s", "");
+    if (o->shard_optimizer && !o->distributed)
+        return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
+                           "trainer; give --distributed too%s", "");
     if (o->distributed && strcmp(o->backend, "cpu") != 0)
         return usage_error("--distributed builds CPU trainers so far; --backend %s has no distributed trainer yet",
                            o->backend);
@@ -617,7 +625,7 @@ static int compile(const Options *o, Arena *arena) {
     mp_plan(g, be->node_scratch);
     verify(g, "memplan");
     if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
-    g->sync_bn = o->sync_bn;
+    g->sync_bn = o->sync_bn, g->shard_optimizer = o->shard_optimizer;
     if (o->report) return fuse_report(g, stdout), dist_report(g, stdout), 0;
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return cg_emit(be, g, stdout, NULL);

@@ -267,6 +267,8 @@ typedef struct IrGraph {
     int n_buckets;
     int sync_bn;               /* --sync-bn: batch norm's training statistics and backward sums are
                                 * summed over the ranks (runtime/rt_bn.c) */
+    int shard_optimizer;       /* --shard-optimizer: each rank updates its slices of the buckets
+                                * (ZeRO-1; runtime/rt_dist.c) */
 } IrGraph;
 
 /* ---- the operator table */

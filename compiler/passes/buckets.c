@@ -107,6 +107,11 @@ void dist_report(const IrGraph *g, FILE *out) {
     }
     fprintf(out, "  the sums overlap the backward pass (about 2/3 of the step's arithmetic); scaling stops where\n"
                  "  they take longer than it: compare the times above with the step's measured time\n");
+    if (g->shard_optimizer)
+        fprintf(out, "  --shard-optimizer: each bucket's sum is scattered (each rank receives its 1/N of it) and the\n"
+                     "  updated parameters gathered after the step, the same bytes as the sums above; each rank\n"
+                     "  updates 1/N of the %lld trainable floats and keeps only their optimizer state\n",
+                (long long)g->n_grad_floats);
     int layers = 0;
     int64_t channels = 0;
     for (int i = 0; i < g->n; i++)

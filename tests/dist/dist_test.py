@@ -12,6 +12,9 @@
                different global batch refused
   failures     a rank killed, a rank that hangs (the timeout), a signal to one rank, ranks that
                start from different weights, options that need one process
+  shard        --shard-optimizer (ZeRO-1): 2, 3 and 4 ranks against one process (AdamW, no_decay,
+               clip_grad_norm), one rank against the plain trainer, checkpoints that hold the whole
+               optimizer state resumed under other rank counts, sharded or not
   sync_bn      ResNet-18 (narrow): a step of 2 and 4 ranks with --sync-bn against one process at
                the global batch, one rank against the plain trainer; per-rank statistics end with
                rank 0's running statistics, which a sharded evaluation uses on every rank
@@ -232,6 +235,64 @@ def case_sync_bn(netc, work):
               f"per-rank batch norm: 2 ranks evaluated loss {l2} accuracy {a2}, one process {l1} {a1}")
 
 
+def case_shard(netc, work):
+    """--shard-optimizer (ZeRO-1) on tests/torch/recipe.net: AdamW, a no_decay group, clip_grad_norm."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    x, y = os.path.join(work, "x.npy"), os.path.join(work, "y.npy")
+    np.save(x, rng.standard_normal((480, 20)).astype("float32"))
+    np.save(y, rng.integers(0, 5, 480).astype("int64"))
+    args = ["--data", f"x={x}", "--data", f"label={y}", "--threads", "1", "--quiet"]
+    CLIP = ["-D", "clip=0.3"]  # the gradient's norm is 0.5-0.7: every step clips, with the norm of all the slices
+    recipe = os.path.join(REPO, "tests", "torch", "recipe.net")
+
+    def exe(batch, sharded):
+        path = os.path.join(work, f"recipe_b{batch}{'_zero' if sharded else ''}")
+        if not os.path.exists(path):  # 1 KiB buckets: four of them, each sliced between the ranks
+            subprocess.run([netc, recipe, "-D", f"batch={batch}", "-o", path, "--distributed", "--bucket-kib", "1"]
+                           + CLIP + (["--shard-optimizer"] if sharded else []), check=True)
+        return path
+
+    one, out = os.path.join(work, "plain.st"), {}
+    plain = os.path.join(work, "recipe_b24")
+    subprocess.run([netc, recipe, "-D", "batch=24", "-o", plain] + CLIP, check=True)
+    check.expect(run([plain] + args + ["--save", one]), 0, "one process at batch 24")
+    # every rank updates its slices and the others gather them: the same step as one process,
+    # up to the order of the float32 sums (as dist_equivalence); 3 ranks slice unevenly
+    for ranks in (2, 3, 4):
+        out[ranks] = os.path.join(work, f"zero{ranks}.st")
+        r = mpirun(ranks, [exe(24 // ranks, True)] + args[:-1] + ["--save", out[ranks]])
+        if check.expect(r, 0, f"--shard-optimizer, {ranks} ranks", "sharded optimizer: rank 0 updates"):
+            d, name = max_rel(st_load(one), st_load(out[ranks]))
+            if check(d <= SAME_RUN, f"--shard-optimizer, {ranks} ranks: {name} differs by {d:.3g} relative"):
+                print(f"ok   --shard-optimizer: {ranks} ranks = one process, largest difference {d:.2g} ({name})")
+    # one rank updates the whole buffer in the plain trainer's loops and order
+    b = os.path.join(work, "zero1.st")
+    check.expect(mpirun(1, [exe(24, True)] + args + ["--save", b]), 0, "--shard-optimizer, one rank")
+    check(open(one, "rb").read() == open(b, "rb").read(), "--shard-optimizer: one rank differs from the plain trainer")
+    # checkpoints hold the whole optimizer state: stop and resume under 2 sharded ranks (bit for
+    # bit), under 3 sharded ranks and one process; an unsharded run's checkpoint under 4 sharded
+    ck, dck = os.path.join(work, "ck.st"), os.path.join(work, "dck.st")
+    check.expect(mpirun(2, [exe(12, True)] + args + ["--checkpoint", ck, "--stop-at", "5"]), 4, "sharded --stop-at 5")
+    check.expect(mpirun(2, [exe(12, False)] + args + ["--checkpoint", dck, "--stop-at", "5"]), 4, "unsharded --stop-at")
+    resumed = os.path.join(work, "resumed.st")
+    if check.expect(mpirun(2, [exe(12, True)] + args + ["--resume", ck, "--save", resumed]), 0, "sharded resume"):
+        check(open(out[2], "rb").read() == open(resumed, "rb").read(), "the resumed sharded run differs from the "
+              "uninterrupted one")
+    for what, argv, f in (("3 sharded ranks", ["mpirun", "--oversubscribe", "-np", "3", exe(8, True)], ck),
+                          ("one process", [plain], ck),
+                          ("4 sharded ranks, an unsharded checkpoint", ["mpirun", "--oversubscribe", "-np", "4",
+                                                                        exe(6, True)], dck)):
+        res = os.path.join(work, what.replace(" ", "_").replace(",", "") + ".st")
+        if check.expect(run(argv + args + ["--resume", f, "--save", res]), 0, f"{what} resume"):
+            d, name = max_rel(st_load(out[2]), st_load(res))
+            check(d <= SAME_RUN, f"{what}: {name} differs from the uninterrupted run by {d:.3g} relative")
+    r = run([netc, recipe, "--distributed", "--shard-optimizer", "--report"])
+    check.expect(r, 0, "--report of a sharded trainer", "updates 1/N of the 837 trainable floats")
+    r = run([netc, recipe, "--shard-optimizer", "-o", os.path.join(work, "refused")])
+    check.expect(r, 2, "--shard-optimizer alone", "give --distributed too")
+
+
 def case_checkpoint(netc, work):
     dist, half, one = build(netc, work, "mlp", 32, True), build(netc, work, "mlp", 16, True), \
         build(netc, work, "mlp", 64, False)
@@ -355,7 +416,7 @@ def case_failures(netc, work):
 
 
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
-         "sync_bn": case_sync_bn}
+         "sync_bn": case_sync_bn, "shard": case_shard}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))
