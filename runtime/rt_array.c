@@ -31,6 +31,15 @@ int rt_fail(RtError *err, const char *fmt, ...) {
     return -1;
 }
 
+void *rt_alloc(size_t bytes, const char *what) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) {
+        fprintf(stderr, "error: out of memory allocating %zu bytes for %s\n", bytes, what);
+        exit(1);
+    }
+    return memset(p, 0, bytes);
+}
+
 /* ---- guarded copies out of mappings (rt_internal.h: rt_guard_arm) */
 
 static _Thread_local sigjmp_buf *volatile guard_jmp;

@@ -18,15 +18,6 @@
 
 #include "rt_internal.h"
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "error: out of memory (%zu bytes) in a batch-norm kernel\n", n);
-        exit(1);
-    }
-    return p;
-}
-
 typedef enum { SUM_X, SUM_SQDEV, SUM_BWD } SumKind;
 
 /* Channels-last: SUM_X: s0 = sum x; SUM_SQDEV: s0 = sum (x - mean)^2; SUM_BWD: s0 = sum dy,
@@ -35,7 +26,7 @@ typedef enum { SUM_X, SUM_SQDEV, SUM_BWD } SumKind;
 static void rows_sums(SumKind kind, int64_t M, int64_t C, const float *x, const float *dy, const double *mean,
                       const float *stats, double *s0, double *s1) {
     int64_t nb = (M + RT_BN_BLOCK_ROWS - 1) / RT_BN_BLOCK_ROWS;
-    double *part = xmalloc((size_t)(nb * C * 2) * sizeof *part);
+    double *part = rt_alloc((size_t)(nb * C * 2) * sizeof *part, "batch-norm sums");
     #pragma omp parallel for schedule(static) if (M * C >= 32768)
     for (int64_t b = 0; b < nb; b++) {
         double *p0 = part + b * C * 2, *p1 = p0 + C;
@@ -97,7 +88,7 @@ static void channel_sums(SumKind kind, int nhwc, int64_t N, int64_t C, int64_t H
  * move toward the mean and the unbiased variance of all M * ranks elements per channel. */
 static void train_stats(RtDist *d, int nhwc, int64_t N, int64_t C, int64_t HW, const float *x, float *stats,
                         double eps, double momentum, float *running) {
-    double *mean = xmalloc((size_t)C * 3 * sizeof *mean), *sq = mean + C, *unused = sq + C;
+    double *mean = rt_alloc((size_t)C * 3 * sizeof *mean, "batch-norm sums"), *sq = mean + C, *unused = sq + C;
     double M = (double)(N * HW) * (d ? d->ranks : 1);
     channel_sums(SUM_X, nhwc, N, C, HW, x, NULL, NULL, NULL, mean, unused);
     if (d) rt_dist_sum(d, mean, (int)C, "summing batch-norm statistics");
@@ -156,7 +147,7 @@ static void mean_sums(RtDist *d, double *s, int64_t C, float *sums) {
 
 static void bwd_sums(RtDist *d, int nhwc, int64_t N, int64_t C, int64_t HW, const float *x, const float *stats,
                      const float *dy, float *sums) {
-    double *s = xmalloc((size_t)C * 2 * sizeof *s);
+    double *s = rt_alloc((size_t)C * 2 * sizeof *s, "batch-norm sums");
     channel_sums(SUM_BWD, nhwc, N, C, HW, x, dy, NULL, stats, s, s + C);
     mean_sums(d, s, C, sums);
     free(s);

@@ -46,28 +46,19 @@ void rt_dist_mean_grads(RtDist *d, RtCtx *ctx) {
     for (int64_t i = 0; i < n; i++) g[i] *= scale;
 }
 
-static void *xmalloc(size_t n, const char *what) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "error: out of memory (%zu bytes) for %s\n", n, what);
-        exit(1);
-    }
-    return p;
-}
-
 int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
     const RtModel *m = d->m;
     int nb = m->n_buckets, R = d->ranks;
     ctx->shard = &d->shard;
     if (R == 1) { /* the whole buffer: the update of the plain trainer, in the same order */
-        d->slices = xmalloc(sizeof *d->slices, "the optimizer's slices");
+        d->slices = rt_alloc(sizeof *d->slices, "the optimizer's slices");
         d->slices[0] = (RtSlice){0, m->n_grad_floats, 0};
         d->shard = (RtShard){.floats = m->n_grad_floats, .n_slices = 1, .slices = d->slices, .grads = ctx->grads};
         return m->n_grad_floats;
     }
-    d->slices = xmalloc((size_t)nb * sizeof *d->slices, "the optimizer's slices");
-    d->counts = xmalloc((size_t)nb * R * sizeof *d->counts, "the optimizer's slices");
-    d->displs = xmalloc((size_t)nb * R * sizeof *d->displs, "the optimizer's slices");
+    d->slices = rt_alloc((size_t)nb * sizeof *d->slices, "the optimizer's slices");
+    d->counts = rt_alloc((size_t)nb * R * sizeof *d->counts, "the optimizer's slices");
+    d->displs = rt_alloc((size_t)nb * R * sizeof *d->displs, "the optimizer's slices");
     int64_t at = 0;
     for (int k = 0; k < nb; k++) {
         const RtBucket *b = &m->buckets[k];
@@ -85,7 +76,7 @@ int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
         at += n;
     }
     d->shard = (RtShard){.floats = at, .n_slices = nb, .slices = d->slices,
-                         .grads = xmalloc((size_t)at * sizeof(float), "this rank's gradients")};
+                         .grads = rt_alloc((size_t)at * sizeof(float), "this rank's gradients")};
     return at;
 }
 
@@ -108,11 +99,8 @@ void rt_dist_gather_params(RtDist *d, float *params) {
 void rt_dist_gather_state(RtDist *d, const float *mine, float *full) {
     const RtModel *m = d->m;
     int R = d->ranks, slots = m->n_state_slots;
-    if (R == 1 || !slots) {
-        if (slots) memcpy(full, mine, (size_t)slots * m->n_grad_floats * sizeof *full);
-        return;
-    }
-    int *counts = xmalloc((size_t)R * 2 * sizeof *counts, "gathering the optimizer state"), *displs = counts + R;
+    if (!slots) return; /* SGD without momentum keeps no state */
+    int *counts = rt_alloc((size_t)R * 2 * sizeof *counts, "gathering the optimizer state"), *displs = counts + R;
     int64_t total = 0;
     for (int r = 0; r < R; r++) { /* rank r's floats: its share of every bucket */
         int64_t n = 0;
@@ -125,7 +113,7 @@ void rt_dist_gather_state(RtDist *d, const float *mine, float *full) {
         counts[r] = (int)(n * slots), displs[r] = (int)total;
         total += n * slots;
     }
-    float *packed = d->rank == 0 ? xmalloc((size_t)total * sizeof *packed, "gathering the optimizer state") : NULL;
+    float *packed = d->rank == 0 ? rt_alloc((size_t)total * sizeof *packed, "gathering the optimizer state") : NULL;
     d->wait_s += d->comm->gather_root(mine, (int)(d->shard.floats * slots), packed, counts, displs,
                                       "gathering the optimizer state");
     if (packed) {
@@ -172,12 +160,7 @@ void rt_dist_share_buffers(RtDist *d, float *params) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].buffer) n += rt_param_numel(&m->params[i]);
     if (!n) return;
-    double *v = malloc((size_t)n * sizeof *v);
-    if (!v) {
-        fprintf(stderr, "error: out of memory (%lld running statistics) sharing them between the ranks\n",
-                (long long)n);
-        exit(1);
-    }
+    double *v = rt_alloc((size_t)n * sizeof *v, "sharing the running statistics between the ranks");
     /* rank 0's values plus zeros from every other rank: rank 0's values, exactly */
     for (int pass = 0; pass < 2; pass++) {
         int64_t at = 0;

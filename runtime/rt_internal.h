@@ -19,6 +19,8 @@ typedef struct RtError {
 } RtError;
 
 int rt_fail(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* bytes of zeros, 64-byte aligned; out of memory ends the process with a message naming `what`. */
+void *rt_alloc(size_t bytes, const char *what);
 
 /* ---- arrays loaded from .npy or IDX files (rt_array.c) */
 
@@ -283,9 +285,9 @@ void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
 int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx);
 /* --shard-optimizer, after optimizer_step: every rank's updated slices to every rank. */
 void rt_dist_gather_params(RtDist *d, float *params);
-/* --shard-optimizer: the whole optimizer state (slots * n_grad_floats, as one process holds it)
- * from every rank's slices, on rank 0 (full is read on rank 0 only); and this rank's slices of
- * a whole state. */
+/* --shard-optimizer with several ranks: the whole optimizer state (slots * n_grad_floats, as one
+ * process holds it) from every rank's slices, on rank 0 (full is written on rank 0 only); and
+ * this rank's slices of a whole state. */
 void rt_dist_gather_state(RtDist *d, const float *mine, float *full);
 void rt_dist_take_state(const RtDist *d, const float *full, float *mine);
 /* x[0 .. n) summed over the ranks in place; the seconds it waited. */

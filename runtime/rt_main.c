@@ -84,14 +84,6 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void *alloc_or_die(size_t bytes, const char *what) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (!p) {
-        fprintf(stderr, "error: out of memory allocating %zu bytes for %s\n", bytes, what);
-        exit(1);
-    }
-    return memset(p, 0, bytes);
-}
 
 /* A refused file or a failed write: exit 1. */
 static _Noreturn void die(const char *fmt, ...) {
@@ -433,7 +425,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     char meta[48];
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
     RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
-    int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "evaluation indices");
+    int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "evaluation indices");
     if (!t->dev) rt_dist_share_buffers(&t->dist, t->ctx.params);
     double loss = 0, correct = 0;
     int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
@@ -567,7 +559,7 @@ static int write_checkpoint(Trainer *t) {
     float *state = t->ctx.optstate, *whole = NULL; /* the whole state, as one process holds it */
     if (t->gather_state) {
         if (t->o.checkpoint)
-            whole = state = alloc_or_die((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
+            whole = state = rt_alloc((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
                                          "the whole optimizer state");
         rt_dist_gather_state(&t->dist, t->ctx.optstate, whole);
     }
@@ -766,8 +758,8 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
 static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds, void *const *eval_bufs) {
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
-    int64_t *order = alloc_or_die((size_t)train_ds->n_samples * sizeof *order, "the sample order");
-    int64_t *local = t->dist.ranks > 1 ? alloc_or_die((size_t)train_ds->n_samples * sizeof *local, "this rank's samples")
+    int64_t *order = rt_alloc((size_t)train_ds->n_samples * sizeof *order, "the sample order");
+    int64_t *local = t->dist.ranks > 1 ? rt_alloc((size_t)train_ds->n_samples * sizeof *local, "this rank's samples")
                                        : NULL;
     int rc = 0;
     catch_stop_signals(t->o.quiet);
@@ -803,7 +795,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     if (ds->n_samples < m->batch)
         die("--gradcheck needs one full batch: %s has %lld samples, fewer than one batch of %lld", t->o.data[0],
             (long long)ds->n_samples, (long long)m->batch);
-    int64_t *idx = alloc_or_die((size_t)m->batch * sizeof *idx, "indices");
+    int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "indices");
     int64_t count = m->batch;
     for (int64_t r = 0; r < count; r++) idx[r] = r;
     RtError err;
@@ -813,7 +805,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 0;
     m->forward_backward(c);
     double loss = c->loss;
-    float *ana = alloc_or_die((size_t)m->n_grad_floats * sizeof *ana + 4, "gradients");
+    float *ana = rt_alloc((size_t)m->n_grad_floats * sizeof *ana + 4, "gradients");
     memcpy(ana, c->grads, (size_t)m->n_grad_floats * sizeof *ana);
     int checked = 0, failed = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -1002,17 +994,17 @@ static void open_data(const RtModel *m, const char *const *files, RtDataset *ds)
 static void setup_context(Trainer *t) {
     const RtModel *m = t->m;
     RtCtx *c = &t->ctx;
-    c->params = alloc_or_die((size_t)m->n_param_floats * sizeof(float), "parameters");
-    c->grads = alloc_or_die((size_t)m->n_grad_floats * sizeof(float), "gradients");
+    c->params = rt_alloc((size_t)m->n_param_floats * sizeof(float), "parameters");
+    c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
     int64_t state = m->shard_optimizer ? rt_dist_shard_open(&t->dist, c) : m->n_grad_floats; /* floats per slot */
-    c->optstate = alloc_or_die((size_t)(m->n_state_slots * state) * sizeof(float), "optimizer state");
+    c->optstate = rt_alloc((size_t)(m->n_state_slots * state) * sizeof(float), "optimizer state");
     if (m->shard_optimizer && !t->o.quiet)
         printf("sharded optimizer: rank 0 updates %lld of the %lld trainable parameters and keeps their optimizer "
                "state\n", (long long)state, (long long)m->n_grad_floats);
-    c->arena = alloc_or_die((size_t)m->arena_bytes, "activations");
+    c->arena = rt_alloc((size_t)m->arena_bytes, "activations");
     c->scratch_per_thread = m->scratch_per_thread;
     c->hyper = &m->hyper;
-    c->scratch = alloc_or_die((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
+    c->scratch = rt_alloc((size_t)(t->o.threads * m->scratch_per_thread) * sizeof(float), "kernel scratch");
     rt_init_params(m, c->params, t->o.seed);
     RtError err;
     /* --eval-only or --predict with --resume FILE use the checkpoint's parameters, not its position
@@ -1073,7 +1065,7 @@ static void resume(Trainer *t, const RtDataset *ds) {
     RtTrainState s;
     RtError err;
     int take = t->ctx.shard && t->dist.ranks > 1; /* this rank's slices of the whole state */
-    float *state = take ? alloc_or_die((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
+    float *state = take ? rt_alloc((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
                                        "the whole optimizer state")
                         : t->ctx.optstate;
     if (rt_ckpt_load(f, t->m, t->dist.ranks, t->ctx.params, state, &s, &err)) die("%s", err.msg);
@@ -1103,8 +1095,8 @@ static void resume(Trainer *t, const RtDataset *ds) {
 }
 
 static void **batch_buffers(const RtModel *m) {
-    void **bufs = alloc_or_die(RT_MAX_INPUTS * sizeof *bufs, "batch buffers");
-    for (int i = 0; i < m->n_inputs; i++) bufs[i] = alloc_or_die(rt_batch_bytes(m, i), "a batch");
+    void **bufs = rt_alloc(RT_MAX_INPUTS * sizeof *bufs, "batch buffers");
+    for (int i = 0; i < m->n_inputs; i++) bufs[i] = rt_alloc(rt_batch_bytes(m, i), "a batch");
     return bufs;
 }
 

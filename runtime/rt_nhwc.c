@@ -9,16 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "netrt.h"
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "error: out of memory (%zu bytes) in a channels-last kernel\n", n);
-        exit(1);
-    }
-    return p;
-}
+#include "rt_internal.h"
 
 /* ---- pooling: one output pixel at a time, all channels together */
 
@@ -53,8 +44,8 @@ void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, flo
     const int64_t C = p->C, plane = p->H * p->W * C;
     #pragma omp parallel
     {
-        int64_t *at = xmalloc((size_t)C * sizeof *at); /* each channel's first maximum */
-        float *best = xmalloc((size_t)C * sizeof *best);
+        int64_t *at = rt_alloc((size_t)C * sizeof *at, "a channels-last pooling"); /* each channel's first maximum */
+        float *best = rt_alloc((size_t)C * sizeof *best, "a channels-last pooling");
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < p->N; n++) {
             const float *xn = x + n * plane;
