@@ -777,9 +777,72 @@ static void emit_sharded_optimizer(Cg *c) {
     cg_blank(c);
 }
 
+/* A layer-wise optimizer (LAMB): the update of ctx->pieces (RtPieces in netrt.h), the floats
+ * this rank updates cut inside tensors, in three passes: the moments and each piece's sums of
+ * squares, the tensors' norms (rt_piece_norms), and the update scaled per tensor. */
+static void emit_layerwise_optimizer(Cg *c) {
+    const IrTrain *t = &c->g->train;
+    const RtOptimizer *o = rt_optimizer(t->optim);
+    int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
+    int shard = c->g->shard_optimizer, clip = t->clip_grad_norm > 0;
+    cg_line(c, "// One layer-wise update of the trainable parameters%s, each tensor's scaled by its",
+            shard ? " of this rank's slices (netc --shard-optimizer)" : "");
+    cg_line(c, "// trust ratio (%s in rt_recipe.h); the learning rate, step and hyperparameters from ctx.", o->name);
+    cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
+    if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
+    if (clip) {
+        if (shard) cg_line(c, "ctx->grad_norm = rt_shard_grad_norm(ctx); // of the whole gradient, over the ranks");
+        else cg_line(c, "ctx->grad_norm = rt_grad_norm(ctx->grads, %" PRId64 ");", n);
+        cg_emit_clip_scale(c, t, "ctx->grad_norm");
+    }
+    cg_line(c, "RtPieces *pc = ctx->pieces;");
+    cg_line(c, "float *params = ctx->params, *grads = %s, *optstate = ctx->optstate;",
+            shard ? "ctx->shard->grads" : "ctx->grads");
+    if (shard) cg_line(c, "const int64_t floats = ctx->shard->floats; // per slot of the state");
+    else cg_line(c, "const int64_t floats = %" PRId64 "; // per slot of the state", n);
+    const char *hs = nd < n ? "hk, sk" : "h, s", *sk = nd < n ? "sk" : "s";
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) cg_line(c, "rt_piece_norms(ctx); // per tensor, the 2-norms of p and u%s", shard ? ", over the ranks" : "");
+        cg_line(c, pass ? "// each tensor's factor, and the update p -= factor * u"
+                        : "// the moments, and per piece the squares of the parameters p and the direction u");
+        cg_line(c, "#pragma omp parallel for schedule(static)");
+        cg_open(c, "for (int k = 0; k < pc->n; k++) {");
+        cg_line(c, "const RtPiece r = pc->piece[k];");
+        if (nd < n) {
+            cg_line(c, "const int decay = r.offset < %" PRId64 "; // the no_decay tensors lie last", nd);
+            cg_line(c, "const RtOptimParams hk = decay ? h : h_nd;");
+            cg_line(c, "const RtOptimStep sk = decay ? s : s_nd;");
+        }
+        cg_line(c, pass ? "float *p = params + r.offset; const float *state = optstate + r.at;"
+                        : "const float *p = params + r.offset; float *state = optstate + r.at;");
+        if (pass) {
+            cg_line(c, "const double *norm = pc->norms + 2 * r.tensor;");
+            cg_line(c, "const float factor = %s(%s, %s, norm[0], norm[1]);", o->ratio_fn, sk, nd < n ? "decay" : "1");
+            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %s(%s, factor, p, state, floats, j);", o->apply_fn, hs);
+        } else {
+            cg_line(c, "%sfloat *g = grads + r.at;", clip ? "" : "const ");
+            cg_line(c, "double pp = 0, uu = 0;");
+            cg_open(c, "for (int64_t j = 0; j < r.count; j++) {");
+            if (clip) cg_line(c, "g[j] *= clip;");
+            cg_line(c, "const float u = %s(%s, p, g, state, floats, j);", o->update_fn, hs);
+            cg_line(c, "pp += (double)p[j] * p[j], uu += (double)u * u;");
+            cg_close(c, "}");
+            cg_line(c, "pc->sums[2 * k] = pp, pc->sums[2 * k + 1] = uu;");
+        }
+        cg_close(c, "}");
+    }
+    cg_close(c, "}");
+    cg_blank(c);
+}
+
 static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
     int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
+    if (rt_optimizer(t->optim)->apply_fn) {
+        emit_layerwise_optimizer(c);
+        return;
+    }
     if (c->g->shard_optimizer) {
         emit_sharded_optimizer(c);
         return;

@@ -40,6 +40,7 @@ enum {
     BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
     ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
     CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
+    PIECE = 16 * BLOCK,   /* floats per block of a layer-wise optimizer's kernels (emit_layerwise) */
 };
 
 /* Where everything lives in the device allocation, in bytes from its base. */
@@ -130,6 +131,12 @@ static Map plan_memory(const IrGraph *g) {
         if (bn_blocks(M) * 2 * C * 8 > part) part = bn_blocks(M) * 2 * C * 8;
     }
     if (g->train.clip_grad_norm > 0 && part < CLIP_BLOCKS * 8) part = CLIP_BLOCKS * 8; /* emit_clip's sums */
+    if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
+        int64_t pieces = 0, tensors = 0;
+        for (int i = 0; i < g->n_params; i++)
+            if (g->params[i].trainable) tensors++, pieces += (ir_numel(&g->params[i].node->shape) + PIECE - 1) / PIECE;
+        if (part < pieces * 16 + tensors * 4) part = pieces * 16 + tensors * 4;
+    }
     m.part = at, at = align_up(at + part);
     m.total = at;
     return m;
@@ -901,6 +908,106 @@ static void emit_clip(Cu *u) {
     kernel_close(u, "clip_scale", 1, BLOCK, "clip_grad_norm: the norm and the scale");
 }
 
+/* The trainable tensors in flat order, each with the index of its first piece of PIECE floats
+ * (the blocks of emit_layerwise's kernels), as a table in the kernel: {offset, count, first}.
+ * Returns the pieces; *tensors their tensors. */
+static int64_t emit_piece_table(Cu *u, int *tensors) {
+    const IrGraph *g = u->g;
+    Cg *c = &u->c;
+    int nt = 0;
+    for (int i = 0; i < g->n_params; i++) nt += g->params[i].trainable;
+    const IrParam **t = calloc((size_t)(nt ? nt : 1), sizeof *t);
+    if (!t) ICE("cuda: out of memory");
+    for (int i = 0, k = 0; i < g->n_params; i++)
+        if (g->params[i].trainable) t[k++] = &g->params[i];
+    for (int a = 1; a < nt; a++) /* by offset: few tensors */
+        for (int b = a; b > 0 && t[b - 1]->grad_offset > t[b]->grad_offset; b--) {
+            const IrParam *x = t[b];
+            t[b] = t[b - 1], t[b - 1] = x;
+        }
+    int64_t first = 0;
+    cg_line(c, "// the trainable tensors in flat order: {offset, floats, first piece of %d floats}", PIECE);
+    cg_open(c, "static const long long tensor[%d][3] = {", nt);
+    for (int k = 0; k < nt; k++) {
+        int64_t count = ir_numel(&t[k]->node->shape);
+        cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "}, // %s", t[k]->grad_offset, count, first, t[k]->name);
+        first += (count + PIECE - 1) / PIECE;
+    }
+    cg_close(c, "};");
+    free(t);
+    *tensors = nt;
+    return first;
+}
+
+/* A layer-wise optimizer (LAMB, rt_recipe.h) in three kernels, as the CPU backend's three
+ * passes: a block per piece of PIECE floats inside one tensor moves the moments and sums the
+ * squares of p and of the direction u (rt_block_sum's fixed tree, in double); a thread per
+ * tensor adds its pieces' sums in piece order into the tensor's factor; a block per piece
+ * moves p. The sums and factors lie in the partial-sum region: [pieces][2] doubles, then
+ * [tensors] floats. Every kernel does nothing once a loss was not finite. */
+static void emit_layerwise(Cu *u, int clip) {
+    const IrTrain *t = &u->g->train;
+    const RtOptimizer *o = rt_optimizer(t->optim);
+    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats, pieces = 0;
+    int nt = 0;
+    Cg *c = &u->c;
+    for (int pass = 0; pass < 3; pass++) {
+        kernel_open(u);
+        cg_line(c, "const RtDevState *st = ctx->state;");
+        cg_line(c, "if (st->nonfinite_step) return;");
+        cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
+        if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
+        pieces = emit_piece_table(u, &nt);
+        if (pass < 2) cg_line(c, "double *sums = (double *)(base + NETC_OFF_PART); // [%" PRId64 "][2]", pieces);
+        if (pass > 0)
+            cg_line(c, "float *factor = (float *)(base + NETC_OFF_PART + %" PRId64 "LL); // [%d]", pieces * 16, nt);
+        if (pass == 1) { /* a thread per tensor */
+            cg_line(c, "const int k = (int)(blockIdx.x * blockDim.x + threadIdx.x);");
+            cg_line(c, "if (k >= %d) return;", nt);
+            cg_line(c, "const long long end = k + 1 < %d ? tensor[k + 1][2] : %" PRId64 ";", nt, pieces);
+            cg_line(c, "double pp = 0, uu = 0;");
+            cg_line(c, "for (long long b = tensor[k][2]; b < end; b++) pp += sums[2 * b], uu += sums[2 * b + 1];");
+            if (nd < n) cg_line(c, "const int decay = tensor[k][0] < %" PRId64 "; // the no_decay tensors lie last", nd);
+            cg_line(c, "factor[k] = %s(%s, %s, sqrt(pp), sqrt(uu));", o->ratio_fn, nd < n ? "decay ? s : s_nd" : "s",
+                    nd < n ? "decay" : "1");
+            kernel_close(u, "optimizer_factors", (unsigned)((nt + BLOCK - 1) / BLOCK), BLOCK,
+                         "optimizer: each tensor's norms and factor");
+            continue;
+        }
+        cg_line(c, "// this block's piece: the last tensor whose first piece is at most blockIdx.x");
+        cg_line(c, "int lo = 0, hi = %d;", nt - 1);
+        cg_open(c, "while (lo < hi) {");
+        cg_line(c, "const int mid = (lo + hi + 1) / 2;");
+        cg_line(c, "if (tensor[mid][2] <= (long long)blockIdx.x) lo = mid;");
+        cg_line(c, "else hi = mid - 1;");
+        cg_close(c, "}");
+        cg_line(c, "const long long from = tensor[lo][0] + ((long long)blockIdx.x - tensor[lo][2]) * %d;", PIECE);
+        cg_line(c, "const long long to = from + %d < tensor[lo][0] + tensor[lo][1] ? from + %d : tensor[lo][0] + "
+                   "tensor[lo][1];", PIECE, PIECE);
+        const char *hs = nd < n ? "decay ? h : h_nd, decay ? s : s_nd" : "h, s";
+        if (nd < n) cg_line(c, "const int decay = tensor[lo][0] < %" PRId64 ";", nd);
+        if (pass == 0) {
+            if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
+            cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
+            cg_line(c, "double pp = 0, uu = 0;");
+            cg_open(c, "for (long long i = from + threadIdx.x; i < to; i += %d) {", BLOCK);
+            if (clip) cg_line(c, "g[i] *= clip;");
+            cg_line(c, "const float v = %s(%s, ctx->params, g, ctx->optstate, %" PRId64 ", i);", o->update_fn, hs, n);
+            cg_line(c, "pp += (double)ctx->params[i] * ctx->params[i], uu += (double)v * v;");
+            cg_close(c, "}");
+            cg_line(c, "pp = rt_block_sum(pp);");
+            cg_line(c, "uu = rt_block_sum(uu);");
+            cg_line(c, "if (threadIdx.x == 0) sums[2 * blockIdx.x] = pp, sums[2 * blockIdx.x + 1] = uu;");
+            kernel_close(u, "optimizer_sums", (unsigned)pieces, BLOCK,
+                         "optimizer: the moments, and each piece's squares of p and u");
+        } else {
+            cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d) %s(%s, factor[lo], ctx->params, "
+                       "ctx->optstate, %" PRId64 ", i);", BLOCK, o->apply_fn, hs, n);
+            kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: p -= factor * u, every parameter");
+        }
+    }
+}
+
 /* One update of the flat parameter buffer with PyTorch's formulas, skipped once a loss was
  * not finite. */
 static void emit_optimizer(Cu *u) {
@@ -910,6 +1017,10 @@ static void emit_optimizer(Cu *u) {
     Cg *c = &u->c;
     int clip = t->clip_grad_norm > 0;
     if (clip) emit_clip(u);
+    if (rt_optimizer(t->optim)->apply_fn) {
+        emit_layerwise(u, clip);
+        return;
+    }
     kernel_open(u);
     cg_line(c, "const RtDevState *st = ctx->state;");
     cg_line(c, "if (st->nonfinite_step) return;");

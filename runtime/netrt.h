@@ -75,6 +75,8 @@ typedef struct RtCtx {
     const struct RtShard *shard; /* netc --shard-optimizer: the part of the update this rank makes
                                 * (optimizer_step reads its gradients there, and optstate is its
                                 * state alone); NULL otherwise */
+    struct RtPieces *pieces;   /* a layer-wise optimizer's (LAMB's) pieces of the update; NULL for
+                                * the others */
 } RtCtx;
 
 /* netc --shard-optimizer (ZeRO-1): the optimizer state is split between the ranks. Rank r owns
@@ -97,6 +99,31 @@ typedef struct RtShard {
 /* --shard-optimizer: the 2-norm of the whole summed gradient, from every rank's slices (for
  * clip_grad_norm). */
 double rt_shard_grad_norm(RtCtx *ctx);
+
+/* A layer-wise optimizer (LAMB, rt_recipe.h) scales each tensor's update by a factor of the
+ * tensor's norms. optimizer_step updates the floats this rank updates (all of them, or its
+ * shard's slices) in pieces, each inside one trainable tensor and short enough to be a thread's
+ * work: parameters [offset, offset + count), gradients and state from `at` (= offset without a
+ * shard; the shard's place with one). In a first pass it writes each piece's sums of squares,
+ * in double, left to right; rt_piece_norms adds them per tensor in piece order (then over the
+ * ranks when sharded) and takes the roots, so the norms are the same bits for any number of
+ * threads. */
+typedef struct RtPiece {
+    int64_t offset, count, at;
+    int tensor;                /* the tensor's index among the trainable ones, in flat order */
+} RtPiece;
+
+typedef struct RtPieces {
+    int n;
+    const RtPiece *piece;
+    int n_tensors;
+    double *sums;              /* [n][2]: per piece, the squares of the parameters and of the
+                                * update direction (optimizer_step writes them) */
+    double *norms;             /* [n_tensors][2]: per tensor, the two 2-norms (rt_piece_norms) */
+} RtPieces;
+
+/* The pieces' sums into the tensors' norms, over every rank when the update is sharded. */
+void rt_piece_norms(RtCtx *ctx);
 
 /* A trainer whose step runs on an accelerator (netc --backend cuda) gives rt_main these hooks;
  * rt_main then keeps the command line, data, logging and weight files, and the step functions

@@ -306,6 +306,13 @@ int rt_dist_cpus(void);
 /* Leave the job with the trainer's exit status (see RtComm.close), and free what it held. */
 void rt_dist_close(RtDist *d, int status, int together);
 
+/* ---- a layer-wise optimizer's update (rt_layerwise.c) */
+
+/* Cut the floats this rank updates (ctx->shard's slices, or the whole trainable buffer) into
+ * ctx->pieces (RtPieces in netrt.h); and free them. */
+void rt_pieces_open(const RtModel *m, RtCtx *ctx);
+void rt_pieces_close(RtCtx *ctx);
+
 /* ---- --predict (rt_predict.c) */
 
 /* 0 when files[] (per input, NULL for none) names exactly the inputs the model's output reads. */

@@ -998,6 +998,7 @@ static void setup_context(Trainer *t) {
     c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
     int64_t state = m->shard_optimizer ? rt_dist_shard_open(&t->dist, c) : m->n_grad_floats; /* floats per slot */
     c->optstate = rt_alloc((size_t)(m->n_state_slots * state) * sizeof(float), "optimizer state");
+    if (rt_optimizer(m->optim)->apply_fn && !m->device) rt_pieces_open(m, c); /* LAMB on the CPU */
     if (m->shard_optimizer && !t->o.quiet)
         printf("sharded optimizer: rank 0 updates %lld of the %lld trainable parameters and keeps their optimizer "
                "state\n", (long long)state, (long long)m->n_grad_floats);
@@ -1018,6 +1019,7 @@ static void setup_context(Trainer *t) {
 
 /* What setup_context allocated. */
 static void free_context(RtCtx *c) {
+    rt_pieces_close(c);
     free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
 }
 

@@ -94,10 +94,10 @@ RT_RECIPE_FN float rt_clip_scale(double norm, double max_norm) {
 #define RT_OPTIM_PARAMS(X)                                                     \
     X(momentum)     /* SGD */                                                  \
     X(dampening)    /* SGD */                                                  \
-    X(weight_decay) /* SGD (added to the gradient), AdamW (decoupled) */       \
-    X(beta1)        /* AdamW */                                                \
-    X(beta2)        /* AdamW */                                                \
-    X(eps)          /* AdamW */                                                \
+    X(weight_decay) /* SGD (added to the gradient), AdamW and LAMB (decoupled) */ \
+    X(beta1)        /* AdamW, LAMB */                                          \
+    X(beta2)        /* AdamW, LAMB */                                          \
+    X(eps)          /* AdamW, LAMB */                                          \
     X(nesterov)     /* SGD: 1 for Nesterov momentum */
 
 #define RT_OPTIM_PARAM_FIELD(name) double name;
@@ -113,6 +113,7 @@ typedef struct RtOptimStep {
     float step_size; /* AdamW: lr / (1 - beta1^(step + 1)) */
     float bc2_sqrt;  /* AdamW: sqrt(1 - beta2^(step + 1)) */
     float decay;     /* AdamW: 1 - lr * weight_decay */
+    float bc1, bc2;  /* LAMB: the bias corrections 1 - beta1^(step + 1) and 1 - beta2^(step + 1) */
 } RtOptimStep;
 
 /* An update reads and writes element i of the parameters p, its gradient g and its state: slot
@@ -124,7 +125,7 @@ RT_RECIPE_FN int rt_sgd_slots(RtOptimParams h) { return h.momentum != 0 ? 1 : 0;
 
 RT_RECIPE_FN RtOptimStep rt_sgd_step(RtOptimParams h, float lr, int64_t step) {
     (void)h;
-    RtOptimStep s = {lr, step == 0, 0.0f, 0.0f, 0.0f};
+    RtOptimStep s = {lr, step == 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     return s;
 }
 
@@ -154,7 +155,8 @@ RT_RECIPE_FN int rt_adamw_slots(RtOptimParams h) {
 RT_RECIPE_FN RtOptimStep rt_adamw_step(RtOptimParams h, float lr, int64_t step) {
     const double bc1 = 1.0 - pow(h.beta1, (double)(step + 1));
     const double bc2 = 1.0 - pow(h.beta2, (double)(step + 1));
-    RtOptimStep s = {lr, step == 0, (float)(lr / bc1), (float)sqrt(bc2), (float)(1.0 - (double)lr * h.weight_decay)};
+    RtOptimStep s = {lr, step == 0, (float)(lr / bc1), (float)sqrt(bc2), (float)(1.0 - (double)lr * h.weight_decay),
+                     0.0f, 0.0f};
     return s;
 }
 
@@ -167,23 +169,81 @@ RT_RECIPE_FN void rt_adamw_update(RtOptimParams h, RtOptimStep s, float *p, cons
     p[i] += -s.step_size * (m[i] / (sqrtf(v[i]) / s.bc2_sqrt + (float)h.eps));
 }
 
-/* The table of optimizers, one row each: X(ID, fn, signature)
+/* LAMB (You et al., "Large Batch Optimization for Deep Learning", 2019), as MLPerf's BERT
+ * trains with it (NVIDIA's apex FusedLAMB: Adam moments with bias correction, decoupled weight
+ * decay): per tensor, the Adam direction plus weight decay,
+ *   u = (m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * p,
+ * is scaled by the trust ratio ||p|| / ||u|| (1 when either norm is 0), so
+ *   p -= lr * ratio * u.
+ * Parameters of no_decay take neither weight decay nor the trust ratio (MLPerf BERT's
+ * exclude_from_layer_adaptation, apex's default): an Adam step. Two slots, m and v.
+ *
+ * A layer-wise optimizer updates in three passes (the backend's loops; docs/language.md):
+ * rt_lamb_update moves the moments of element i and returns its u, whose squares and those of
+ * p the backend sums per tensor in double; rt_lamb_ratio turns a tensor's two norms into its
+ * factor; rt_lamb_apply recomputes u from the same state (the same bits) and moves p. */
+RT_RECIPE_FN int rt_lamb_slots(RtOptimParams h) {
+    (void)h;
+    return 2;
+}
+
+RT_RECIPE_FN RtOptimStep rt_lamb_step(RtOptimParams h, float lr, int64_t step) {
+    const double bc1 = 1.0 - pow(h.beta1, (double)(step + 1));
+    const double bc2 = 1.0 - pow(h.beta2, (double)(step + 1));
+    RtOptimStep s = {lr, step == 0, 0.0f, 0.0f, 0.0f, (float)bc1, (float)bc2};
+    return s;
+}
+
+/* The update direction u of element i from the moments in state (slot 0 m, slot 1 v). */
+RT_RECIPE_FN float rt_lamb_direction(RtOptimParams h, RtOptimStep s, const float *p, const float *state, int64_t n,
+                                     int64_t i) {
+    const float *m = state, *v = state + n;
+    return (m[i] / s.bc1) / (sqrtf(v[i] / s.bc2) + (float)h.eps) + (float)h.weight_decay * p[i];
+}
+
+RT_RECIPE_FN float rt_lamb_update(RtOptimParams h, RtOptimStep s, const float *p, const float *g, float *state,
+                                  int64_t n, int64_t i) {
+    float *m = state, *v = state + n;
+    m[i] = m[i] * (float)h.beta1 + (float)(1 - h.beta1) * g[i];
+    v[i] = v[i] * (float)h.beta2 + (float)(1 - h.beta2) * g[i] * g[i];
+    return rt_lamb_direction(h, s, p, state, n, i);
+}
+
+/* The factor of u for a tensor whose parameters and update have the 2-norms p_norm and
+ * u_norm: lr times the trust ratio, or lr alone for the parameters of no_decay (adapt 0). */
+RT_RECIPE_FN float rt_lamb_ratio(RtOptimStep s, int adapt, double p_norm, double u_norm) {
+    if (!adapt || !(p_norm > 0) || !(u_norm > 0)) return s.lr;
+    return (float)((double)s.lr * (p_norm / u_norm));
+}
+
+RT_RECIPE_FN void rt_lamb_apply(RtOptimParams h, RtOptimStep s, float ratio, float *p, const float *state, int64_t n,
+                                int64_t i) {
+    p[i] -= ratio * rt_lamb_direction(h, s, p, state, n, i);
+}
+
+/* The table of optimizers, one row each: X(ID, fn, layerwise, signature)
  *   ID         the enum RT_OPTIM_<ID>
  *   fn         the name: as written in .net, recorded in checkpoints, and the prefix of its
- *              three functions above: rt_<fn>_slots, rt_<fn>_step (once per step, from the
+ *              functions above: rt_<fn>_slots, rt_<fn>_step (once per step, from the
  *              learning rate and the step count) and rt_<fn>_update (one element)
+ *   layerwise  1 when the update scales each tensor by a factor of its norms (LAMB): then
+ *              rt_<fn>_update returns the element's direction, and rt_<fn>_ratio and
+ *              rt_<fn>_apply finish the update (see LAMB above)
  *   signature  its .net arguments in order, with their defaults (lr comes first and has none);
  *              netc binds a call by these names and reads each hyperparameter's default here
  *
  * How to add an optimizer: a row here; its three functions above, reading its hyperparameters
  * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_train.c's
  * table of hyperparameters, which checks its value); its section in docs/language.md; a case
- * against torch.optim in tests/optimizer. Nothing else names an optimizer. */
-#define RT_OPTIMIZERS(X)                                                        \
-    X(SGD, sgd, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
-    X(ADAMW, adamw, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")
+ * against torch.optim in tests/optimizer, or against its formula written in tests/torch's
+ * recipe_crosscheck.py (LAMB, which torch lacks). A layer-wise one's passes are the backends'
+ * (codegen/cpu.c and codegen/cuda.c: emit_layerwise*). Nothing else names an optimizer. */
+#define RT_OPTIMIZERS(X)                                                           \
+    X(SGD, sgd, 0, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
+    X(ADAMW, adamw, 0, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")     \
+    X(LAMB, lamb, 1, "lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01")
 
-#define RT_OPTIM_ENUM(ID, fn, signature) RT_OPTIM_##ID,
+#define RT_OPTIM_ENUM(ID, fn, layerwise, signature) RT_OPTIM_##ID,
 typedef enum { RT_OPTIMIZERS(RT_OPTIM_ENUM) RT_N_OPTIMS } RtOptimKind;
 #undef RT_OPTIM_ENUM
 
@@ -196,11 +256,14 @@ typedef struct RtOptimizer {
     const char *step_fn;   /* "rt_sgd_step" */
     const char *update_fn; /* "rt_sgd_update" */
     int (*slots)(RtOptimParams h);
+    const char *ratio_fn;  /* a layer-wise optimizer's "rt_lamb_ratio"; NULL for the others */
+    const char *apply_fn;  /* its "rt_lamb_apply"; NULL for the others */
 } RtOptimizer;
 
 RT_RECIPE_FN const RtOptimizer *rt_optimizer(RtOptimKind k) {
-#define RT_OPTIM_ROW(ID, fn, signature) \
-    {#fn, signature, "RT_OPTIM_" #ID, "rt_" #fn "_step", "rt_" #fn "_update", rt_##fn##_slots},
+#define RT_OPTIM_ROW(ID, fn, layerwise, signature)                                              \
+    {#fn, signature, "RT_OPTIM_" #ID, "rt_" #fn "_step", "rt_" #fn "_update", rt_##fn##_slots, \
+     (layerwise) ? "rt_" #fn "_ratio" : NULL, (layerwise) ? "rt_" #fn "_apply" : NULL},
     static const RtOptimizer rows[] = {RT_OPTIMIZERS(RT_OPTIM_ROW)};
 #undef RT_OPTIM_ROW
     return &rows[k];

@@ -112,6 +112,12 @@ void dist_report(const IrGraph *g, FILE *out) {
                      "  updated parameters gathered after the step, the same bytes as the sums above; each rank\n"
                      "  updates 1/N of the %lld trainable floats and keeps only their optimizer state\n",
                 (long long)g->n_grad_floats);
+    if (g->shard_optimizer && rt_optimizer(g->train.optim)->apply_fn) {
+        int tensors = 0;
+        for (int i = 0; i < g->n_params; i++) tensors += g->params[i].trainable;
+        fprintf(out, "  %s: each tensor's trust ratio needs its norms from every rank's slices: one blocking sum of\n"
+                     "  %d doubles per step\n", rt_optimizer(g->train.optim)->name, 2 * tensors);
+    }
     int layers = 0;
     int64_t channels = 0;
     for (int i = 0; i < g->n; i++)

@@ -1,5 +1,5 @@
 """The training recipe against PyTorch: clip_grad_norm, warmup_steps, cosine and step(every_steps)
-schedules over steps = N, with AdamW and a no_decay group (tests/torch/recipe.net).
+schedules over steps = N, with AdamW, SGD or LAMB and a no_decay group (tests/torch/recipe.net).
 
 The reference is the same MLP in PyTorch in float64, from netc's initial weights, on the same
 batches (--no-shuffle: the run's 48 samples are 3 batches an epoch, so steps = 10 or 12 cross
@@ -23,6 +23,11 @@ Cases:
                  group), whose update is linear in the gradient, so the scale itself shows.
   clip_off       clip_grad_norm = 0: no clipping at all, same schedule as clip_active; and a
                  bound no norm reaches (1e6) trains the same bits (the scale is 1.0f, g * 1 == g).
+  lamb           LAMB (torch has none: Lamb below is its formula, as MLPerf BERT's apex FusedLAMB
+                 computes it) with clip_grad_norm = 0.3 active, the warm-up and cosine schedule;
+                 the no_decay group takes neither decay nor the trust ratio. The trust ratio
+                 shows: the same reference without it ends far from netc. A run stopped at step
+                 5 and resumed ends with the same bits.
 
 usage: recipe_crosscheck.py CASE NETC WORK
 """
@@ -53,6 +58,34 @@ BATCH, SAMPLES, LR, WD, BETAS, EPS = 16, 48, 0.01, 0.1, (0.9, 0.95), 1e-8
 TOL, LR_TOL = 2e-6, 1e-7
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019) as apex's FusedLAMB with its defaults (bias correction, decoupled
+    weight decay, grad averaging): per tensor, u = m_hat / (sqrt(v_hat) + eps) + wd * p and
+    p -= lr * (||p|| / ||u||) * u, the ratio 1 when either norm is 0 or the group has
+    adapt=False (MLPerf BERT's exclude_from_layer_adaptation: the biases and norms)."""
+
+    def __init__(self, groups, lr, betas, eps):
+        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0, adapt=True))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                st["t"] += 1
+                g, m, v = p.grad, st["m"], st["v"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                u = (m / (1 - b1 ** st["t"])) / ((v / (1 - b2 ** st["t"])).sqrt() + group["eps"])
+                u += group["weight_decay"] * p
+                pn, un = float(p.norm()), float(u.norm())
+                ratio = pn / un if group["adapt"] and pn > 0 and un > 0 else 1.0
+                p.sub_(group["lr"] * ratio * u)
+
+
 def lr_lambda(k, sched, warmup, total, every, min_lr):
     """rt_recipe.h's rt_lr_at as a LambdaLR factor of the base rate."""
     if sched == 0:
@@ -81,10 +114,10 @@ def data(work):
     return x, y
 
 
-def trainer(netc, work, name, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False):
+def trainer(netc, work, name, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False):
     exe = os.path.join(work, name)
     d = dict(clip=clip, sched=sched, warmup=warmup, steps=steps, every=every, min_lr=min_lr, batch=BATCH, lr=LR,
-             sgd="true" if sgd else "false")
+             sgd="true" if sgd else "false", lamb="true" if lamb else "false")
     cmd = [netc, os.path.join(HERE, "recipe.net"), "-o", exe]
     for k, v in d.items():
         cmd += ["-D", f"{k}={v}"]
@@ -103,8 +136,9 @@ def run(exe, work, tag, *extra):
     return (st_load(out) if os.path.exists(out) else None), [ln for ln in lines if "loss" in ln and "eval" not in ln]
 
 
-def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False):
-    """torch in float64: per step (loss, lr, norm before clipping), and the final state dict."""
+def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False, adapt=True):
+    """torch in float64: per step (loss, lr, norm before clipping), and the final state dict
+    (adapt=False: LAMB without its trust ratio, to show that it matters)."""
     torch.manual_seed(0)
     net = MLP().double()
     net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
@@ -113,6 +147,9 @@ def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd
     groups = [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}]
     if sgd:
         opt = torch.optim.SGD(groups, lr=LR, momentum=0.9)
+    elif lamb:
+        groups[0]["adapt"], groups[1]["adapt"] = adapt, False
+        opt = Lamb(groups, lr=LR, betas=BETAS, eps=1e-6)
     else:
         opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
     sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, sched, warmup, steps, every, min_lr))
@@ -226,8 +263,26 @@ def case_clip_off(netc, work):
     check(all(np.array_equal(far[k], params[k]) for k in params), "clip_off: clip = 1e6 gives clip = 0's bits")
 
 
+def case_lamb(netc, work):
+    x, y, init = setup(netc, work)
+    cfg = dict(clip=0.3, sched=0, warmup=3, steps=12, lamb=True)
+    exe = trainer(netc, work, "lamb", **cfg)
+    params, log = run(exe, work, "lamb")
+    rows, ref = reference(x, y, init, **cfg)
+    check(all(norm > cfg["clip"] for _, _, norm in rows), "lamb: every norm is above the bound")
+    compare("lamb", params, log, rows, ref, cfg["clip"])
+    _, plain = reference(x, y, init, **cfg, adapt=False)
+    far = min(np.linalg.norm(params[k] - plain[k]) / np.linalg.norm(plain[k]) for k in ("fc1.weight", "fc2.weight"))
+    print(f"lamb: the weights without the trust ratio are {far:.2e} away")
+    check(far > 100 * TOL, f"lamb: the trust ratio moves the weights by only {far:.2e}")
+    ck = os.path.join(work, "lamb.ckpt")
+    run(exe, work, "stopped", "--checkpoint", ck, "--stop-at", "5")
+    resumed, _ = run(exe, work, "resumed", "--resume", ck)
+    check(all(np.array_equal(resumed[k], params[k]) for k in params), "lamb: resumed run ends with the same bits")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cases = {"clip_active": case_clip_active, "clip_inactive": case_clip_inactive, "clip_sgd": case_clip_sgd,
-             "clip_off": case_clip_off}
+             "clip_off": case_clip_off, "lamb": case_lamb}
     sys.exit(run_cases(cases, "recipe_crosscheck", check, sys.argv))
