@@ -23,8 +23,8 @@ Cases:
                  group), whose update is linear in the gradient, so the scale itself shows.
   clip_off       clip_grad_norm = 0: no clipping at all, same schedule as clip_active; and a
                  bound no norm reaches (1e6) trains the same bits (the scale is 1.0f, g * 1 == g).
-  lamb           LAMB (torch has none: Lamb below is its formula, as MLPerf BERT's apex FusedLAMB
-                 computes it) with clip_grad_norm = 0.3 active, the warm-up and cosine schedule;
+  lamb           LAMB (torch has none: optim_ref.Lamb is its formula, as MLPerf BERT's apex
+                 FusedLAMB computes it) with clip_grad_norm = 0.3 active, the warm-up and cosine schedule;
                  the no_decay group takes neither decay nor the trust ratio. The trust ratio
                  shows: the same reference without it ends far from netc. A run stopped at step
                  5 and resumed ends with the same bits.
@@ -42,7 +42,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
 from netc_testlib import Checks, run_cases, st_load, st_save  # noqa: E402
+from optim_ref import Lamb  # noqa: E402
 
 check = Checks()
 BATCH, SAMPLES, LR, WD, BETAS, EPS = 16, 48, 0.01, 0.1, (0.9, 0.95), 1e-8
@@ -56,34 +58,6 @@ BATCH, SAMPLES, LR, WD, BETAS, EPS = 16, 48, 0.01, 0.1, (0.9, 0.95), 1e-8
 # shows any error of the scale itself. The logged learning rate is the double rate rounded to
 # float: 1e-7 relative.
 TOL, LR_TOL = 2e-6, 1e-7
-
-
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2019) as apex's FusedLAMB with its defaults (bias correction, decoupled
-    weight decay, grad averaging): per tensor, u = m_hat / (sqrt(v_hat) + eps) + wd * p and
-    p -= lr * (||p|| / ||u||) * u, the ratio 1 when either norm is 0 or the group has
-    adapt=False (MLPerf BERT's exclude_from_layer_adaptation: the biases and norms)."""
-
-    def __init__(self, groups, lr, betas, eps):
-        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0, adapt=True))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
-                st["t"] += 1
-                g, m, v = p.grad, st["m"], st["v"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                u = (m / (1 - b1 ** st["t"])) / ((v / (1 - b2 ** st["t"])).sqrt() + group["eps"])
-                u += group["weight_decay"] * p
-                pn, un = float(p.norm()), float(u.norm())
-                ratio = pn / un if group["adapt"] and pn > 0 and un > 0 else 1.0
-                p.sub_(group["lr"] * ratio * u)
 
 
 def lr_lambda(k, sched, warmup, total, every, min_lr):

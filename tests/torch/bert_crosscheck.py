@@ -1,0 +1,199 @@
+"""models/bert.net against a BERT in PyTorch (bert_torch.py: Hugging Face's BertForMaskedLM
+names), trained as MLPerf's BERT is: a small configuration through -D (vocab 64, seq 16, 2
+layers, 2 heads, hidden 32, intermediate 64, batch 4), the same initial weights (torch's, saved
+to safetensors, given to the trainer with --init), the same batches in the same order
+(--no-shuffle), and STEPS LAMB steps (optim_ref.Lamb: betas (0.9, 0.999), eps 1e-6, weight decay
+0.01 and the trust ratio on the decay group only; no_decay = biases and LayerNorms),
+clip_grad_norm 1.0 (active: checked) and a linear warm-up of 2 steps. The reference runs in
+float64.
+
+The batches are masked-LM batches as a BERT data pipeline makes them: sequences of 9 to 16 real
+tokens padded to 16 (attention_mask 0 on the padding), two segments (token_type_ids 0, then 1),
+and about 15% of the real positions masked: input token 3 ([MASK]), label the original token;
+every other label -100 (ignored by the loss).
+
+Checked: every step's loss, learning rate and gradient norm before clipping; every parameter
+after the run; the trainer's logits (--predict) against the reference's forward on the trained
+weights, at the real positions; netc's saved file loads into the PyTorch module with
+strict=True; and padding matters (the reference with every key kept differs).
+
+usage: bert_crosscheck.py NETC WORK [STEPS]
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
+from bert_torch import Bert, lamb_groups  # noqa: E402
+from netc_testlib import Checks, st_load, st_save  # noqa: E402
+from optim_ref import Lamb  # noqa: E402
+
+check = Checks()
+CFG = dict(vocab=64, seq=16, n_layer=2, n_head=2, hidden=32, intermediate=64)
+BATCH, LR, WD, CLIP, WARMUP, BETAS, EPS, MASK = 4, 1e-3, 0.01, 1.0, 2, (0.9, 0.999), 1e-6, 3
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+# Tolerances, as gpt2_crosscheck.py's and for the same reasons: netc computes in float32, the
+# reference in float64; a forward pass rounds each value a few times at 2^-24 = 6e-8 through sums
+# of at most 64 terms, layer norms and softmaxes over 16 keys, so losses and gradients are off by
+# ~1e-6 of their size, and LAMB's update (Adam's direction, which keeps a gradient's relative
+# error, times a ratio of two norms) keeps that: after STEPS steps each tensor is off by ~1e-6 of
+# its size. A missing term (a bias, the tied decoder's gradient, a padding key attended, the
+# trust ratio, decay on a norm) moves a tensor by 1e-3 of its size and more.
+#
+# One exception, as in GPT-2: attention.self.key.bias. Its gradient is 0 in exact arithmetic (a
+# query's scores all shift by q . b_k, which softmax ignores), so both sides see rounding noise
+# that Adam normalises into updates of up to lr each (it is a bias: no trust ratio). It is held
+# to |diff| <= steps * lr.
+LOSS_TOL = 1e-6      # relative, per step (loss, grad_norm)
+PARAM_TOL = 5e-6     # ||netc - torch|| / ||torch|| per tensor
+LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|, at real positions
+LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
+
+
+def batches(n, seed=7):
+    """n masked-LM samples: {input: [n, seq]} (i64), labels with -100 where nothing is masked."""
+    rng = np.random.default_rng(seed)
+    V, T = CFG["vocab"], CFG["seq"]
+    tokens = rng.integers(5, V, size=(n, T))
+    lengths = rng.integers(9, T + 1, size=n)
+    real = np.arange(T)[None, :] < lengths[:, None]
+    types = (np.arange(T)[None, :] >= (lengths[:, None] + 1) // 2).astype(np.int64) * real
+    masked = real & (rng.random((n, T)) < 0.15)
+    masked[:, 1] = True  # at least one masked position per sample
+    labels = np.where(masked, tokens, -100)
+    ids = np.where(masked, MASK, np.where(real, tokens, 0))
+    return {"input_ids": ids.astype(np.int64), "token_type_ids": types.astype(np.int64),
+            "attention_mask": real.astype(np.int64), "labels": labels.astype(np.int64)}
+
+
+def forward(net, data, lo, hi):
+    return net(*(torch.from_numpy(data[k][lo:hi]) for k in INPUTS))
+
+
+def reference(init, data, steps, keep_all=False):
+    net = Bert(**CFG).double()
+    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
+    decay, no_decay = lamb_groups(net)
+    opt = Lamb([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0, "adapt": False}],
+               lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (k + 1) / WARMUP if k < WARMUP else 1.0)
+    if keep_all:
+        data = dict(data, attention_mask=np.ones_like(data["attention_mask"]))
+    rows = []
+    for k in range(steps):
+        opt.zero_grad()
+        logits = forward(net, data, k * BATCH, (k + 1) * BATCH)
+        y = torch.from_numpy(data["labels"][k * BATCH:(k + 1) * BATCH])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, CFG["vocab"]), y.reshape(-1), ignore_index=-100)
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP))
+        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
+        opt.step()
+        sched.step()
+    return net, rows
+
+
+def main():
+    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(1234)
+    torch.set_num_threads(2)
+    data = batches(BATCH * steps)
+    files = []
+    for k, v in data.items():
+        np.save(os.path.join(work, f"{k}.npy"), v)
+        files += ["--data", f"{k}={work}/{k}.npy"]
+    init_net = Bert(**CFG)
+    with torch.no_grad():
+        # the word embeddings (and tied decoder) at std 0.1: gradient norms above 1 in the first
+        # steps (measured in the reference), so clip_grad_norm 1.0 acts
+        torch.nn.init.normal_(init_net.bert.embeddings.word_embeddings.weight, 0, 0.1)
+        # biases and norms away from 0 and 1, so a missing one shows
+        for name, p in init_net.named_parameters():
+            if name.endswith(".bias") or ".LayerNorm." in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    init = {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()}
+    init_file = os.path.join(work, "init.safetensors")
+    st_save(init_file, init)
+
+    exe = os.path.join(work, "bert")
+    defines = dict(CFG, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0)
+    cmd = [netc, os.path.join(ROOT, "models", "bert.net"), "-o", exe]
+    for k, v in defines.items():
+        cmd += ["-D", f"{k}={v}"]
+    subprocess.run(cmd, check=True)
+    saved_file, log = os.path.join(work, "bert.safetensors"), os.path.join(work, "bert.jsonl")
+    subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
+                    "--log", log, "--save", saved_file, "--quiet"], check=True)
+    logged = [r for r in map(json.loads, open(log)) if "loss" in r and not r.get("eval")]
+
+    net64, rows = reference(init, data, steps)
+    clipped = sum(norm > CLIP for _, _, norm in rows)
+    print(f"torch: gradient norms {[round(r[2], 4) for r in rows]}: clipped in {clipped} of {steps} steps")
+    check(clipped > 0, f"clip_grad_norm {CLIP} is never active (norms {[r[2] for r in rows]})")
+    check(len(logged) == steps, f"{len(logged)} log lines, want {steps}")
+    worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
+    for r, (loss, lr, norm) in zip(logged, rows):
+        for key, want in (("loss", loss), ("lr", lr), ("grad_norm", norm)):
+            worst[key] = max(worst[key], abs(r[key] - want) / abs(want))
+    print("per step, worst relative error: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    check(worst["loss"] <= LOSS_TOL and worst["grad_norm"] <= LOSS_TOL, f"losses or norms differ: {worst}")
+    check(worst["lr"] <= LR_TOL, f"learning rates differ: {worst['lr']:.2e}")
+
+    saved = st_load(saved_file)
+    ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
+    check(sorted(saved) == sorted(ref), f"names: netc {sorted(set(saved) - set(ref))} torch {sorted(set(ref) - set(saved))}")
+    for name in sorted(ref):
+        if name not in saved:
+            continue
+        got, want, start = saved[name], ref[name], init[name]
+        if name.endswith("attention.self.key.bias"):  # see the tolerances
+            diff = np.abs(got - want).max()
+            print(f"{name}: largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
+            check(diff <= steps * LR, f"{name}: differs by {diff:.2e} > steps * lr")
+            continue
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        moved = np.linalg.norm(want - start) / np.linalg.norm(want)
+        print(f"{name:55s} relative error {rel:.2e} (moved {moved:.2e})")
+        check(saved[name].shape == ref[name].shape and rel <= PARAM_TOL, f"{name}: relative error {rel:.2e} > {PARAM_TOL}")
+
+    # padding is left out: the same run attending every key ends far away
+    net_all, _ = reference(init, data, steps, keep_all=True)
+    far = max(np.linalg.norm(v.detach().numpy() - ref[k]) / np.linalg.norm(ref[k])
+              for k, v in net_all.state_dict().items())
+    print(f"every key attended: the parameters end {far:.2e} away")
+    check(far > 100 * PARAM_TOL, f"attending the padding moves the parameters by only {far:.2e}")
+
+    # the trainer's own forward pass on its trained weights (--predict writes the logits), against
+    # the reference's forward on the same weights in float64, at the real positions (a padding
+    # position's output is whatever its own query makes of the real keys, in both)
+    trained64 = Bert(**CFG).double()
+    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    pred = os.path.join(work, "logits.npy")
+    subprocess.run([exe, "--init", saved_file, "--predict-out", pred, "--quiet"] +
+                   sum((["--predict", f"{k}={work}/{k}.npy"] for k in INPUTS), []), check=True)
+    with torch.no_grad():
+        want = forward(trained64, data, 0, BATCH * steps).numpy()
+    got = np.load(pred).reshape(want.shape)
+    real = data["attention_mask"].astype(bool)
+    err = np.abs(got - want)[real].max() / np.abs(want[real]).max()
+    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
+    check(err <= LOGIT_TOL, f"the trainer's logits differ by {err:.2e} > {LOGIT_TOL}")
+
+    fresh = Bert(**CFG)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
+    print(f"bert_crosscheck: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
