@@ -15,7 +15,6 @@ line when it is absent, and is not counted as a check then.
 
 usage: gpt2_crosscheck.py NETC WORK [STEPS]
 """
-import json
 import math
 import os
 import subprocess
@@ -29,6 +28,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from gpt2_torch import GPT2, decay_groups  # noqa: E402
+from lm_check import compare_params, compare_steps, logged_steps  # noqa: E402
 from netc_testlib import Checks, st_load, st_save  # noqa: E402
 
 check = Checks()
@@ -62,6 +62,17 @@ def lr_lambda(k, total):
     """rt_lr_at for cosine(min_lr = 0) with warmup_steps = WARMUP, over `total` steps."""
     g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
     return g * ((k + 1) / WARMUP if k < WARMUP else 1.0)
+
+
+def key_bias_noise(name, got, want, start, steps):
+    """attn.c_attn.bias's key part (see the tolerances): |diff| <= steps * lr; the rest compared."""
+    if not name.endswith("attn.c_attn.bias"):
+        return got, want, start
+    C = CFG["n_embd"]
+    diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
+    check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
+    print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
+    return tuple(np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
 
 
 def windows(n, seed=5):
@@ -153,38 +164,14 @@ def main():
     subprocess.run([exe, "--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy",
                     "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1", "--log", log,
                     "--save", saved_file, "--quiet"], check=True)
-    logged = [r for r in map(json.loads, open(log)) if "loss" in r and not r.get("eval")]
+    logged = logged_steps(log)
 
     net64, rows = reference(init, tokens, targets, steps)
-    clipped = sum(norm > CLIP for _, _, norm in rows)
-    print(f"torch: gradient norms {[round(r[2], 4) for r in rows]}: clipped in {clipped} of {steps} steps")
-    check(clipped > 0, f"clip_grad_norm {CLIP} is never active (norms {[r[2] for r in rows]})")
-    check(len(logged) == steps, f"{len(logged)} log lines, want {steps}")
-    worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
-    for r, (loss, lr, norm) in zip(logged, rows):
-        for key, want in (("loss", loss), ("lr", lr), ("grad_norm", norm)):
-            worst[key] = max(worst[key], abs(r[key] - want) / abs(want))
-    print("per step, worst relative error: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-    check(worst["loss"] <= LOSS_TOL and worst["grad_norm"] <= LOSS_TOL, f"losses or norms differ: {worst}")
-    check(worst["lr"] <= LR_TOL, f"learning rates differ: {worst['lr']:.2e}")
+    compare_steps(check, logged, rows, CLIP, LOSS_TOL, LR_TOL)
 
     saved = st_load(saved_file)
     ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
-    check(sorted(saved) == sorted(ref), f"names: netc {sorted(set(saved) - set(ref))} torch {sorted(set(ref) - set(saved))}")
-    for name in sorted(ref):
-        if name not in saved:
-            continue
-        got, want, start = saved[name], ref[name], init[name]
-        if name.endswith("attn.c_attn.bias"):  # the key bias: see the tolerances
-            C = CFG["n_embd"]
-            diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
-            check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
-            print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
-            got, want, start = (np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
-        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-        moved = np.linalg.norm(want - start) / np.linalg.norm(want)
-        print(f"{name:40s} relative error {rel:.2e} (moved {moved:.2e})")
-        check(saved[name].shape == ref[name].shape and rel <= PARAM_TOL, f"{name}: relative error {rel:.2e} > {PARAM_TOL}")
+    compare_params(check, saved, ref, init, PARAM_TOL, lambda *a: key_bias_noise(*a, steps))
 
     # the trainer's own forward pass on its trained weights (--predict writes the logits), against
     # the reference's forward on the same weights in float64
