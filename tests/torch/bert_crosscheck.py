@@ -17,7 +17,14 @@ after the run; the trainer's logits (--predict) against the reference's forward 
 weights, at the real positions; netc's saved file loads into the PyTorch module with
 strict=True; and padding matters (the reference with every key kept differs).
 
-usage: bert_crosscheck.py NETC WORK [STEPS]
+With `packing` instead of STEPS: sequence packing (-D packed=true). Twelve sequences of 3 to 9
+tokens, each its own padded row in the plain trainer (batch 12), are packed first-fit
+decreasing into rows of 16 (position_ids restarting per sequence, sequence_ids 1, 2, ...), and
+the packed trainer at that batch must log the same loss and gradient norm and save the same
+parameters after two LAMB steps on the same sequences, within rounding (the sums run in another
+order); and the packed batch without its block-diagonal mask (every sequence id 1) must not.
+
+usage: bert_crosscheck.py NETC WORK [STEPS | packing]
 """
 import os
 import subprocess
@@ -111,8 +118,109 @@ def reference(init, data, steps, keep_all=False):
     return net, rows
 
 
+def compile_bert(netc, exe, **defines):
+    cmd = [netc, os.path.join(ROOT, "models", "bert.net"), "-o", exe]
+    for k, v in dict(CFG, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0, **defines).items():
+        cmd += ["-D", f"{k}={v}"]
+    subprocess.run(cmd, check=True)
+
+
+def train(exe, work, tag, data, init_file, steps):
+    """Run a trainer on `data` ({input: array}) from init_file: its logged steps and saved weights."""
+    files = []
+    for k, v in data.items():
+        np.save(os.path.join(work, f"{tag}_{k}.npy"), v)
+        files += ["--data", f"{k}={work}/{tag}_{k}.npy"]
+    saved, log = os.path.join(work, f"{tag}.safetensors"), os.path.join(work, f"{tag}.jsonl")
+    subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
+                    "--log", log, "--save", saved, "--quiet"], check=True)
+    return logged_steps(log), st_load(saved)
+
+
+def pack(lengths, T):
+    """First-fit decreasing: rows of at most T tokens, each a list of sequence indices."""
+    rows = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for row in rows:
+            if sum(lengths[j] for j in row) + lengths[i] <= T:
+                row.append(i)
+                break
+        else:
+            rows.append([i])
+    return rows
+
+
+def packing(netc, work):
+    rng = np.random.default_rng(11)
+    T, n, steps = CFG["seq"], 12, 2
+    lengths = rng.integers(3, 10, size=2 * n)
+    seqs = [rng.integers(5, CFG["vocab"], size=L) for L in lengths]
+    masked = [rng.random(L) < 0.3 for L in lengths]
+    for m in masked:
+        m[0] = True
+    # the plain batches: sequence i is row i, padded; two steps of n sequences each
+    plain = {k: np.zeros((2 * n, T), np.int64) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    plain["labels"] = np.full((2 * n, T), -100, np.int64)
+    for i, (sq, m) in enumerate(zip(seqs, masked)):
+        L = len(sq)
+        plain["input_ids"][i, :L] = np.where(m, MASK, sq)
+        plain["token_type_ids"][i, (L + 1) // 2:L] = 1
+        plain["attention_mask"][i, :L] = 1
+        plain["labels"][i, :L] = np.where(m, sq, -100)
+    # each step's n sequences packed into rows; both steps padded to the larger row count
+    steps_rows = [pack(lengths[s * n:(s + 1) * n], T) for s in range(steps)]
+    R = max(len(r) for r in steps_rows)
+    packed = {k: np.zeros((steps * R, T), np.int64) for k in ("input_ids", "token_type_ids", "position_ids",
+                                                               "sequence_ids")}
+    packed["labels"] = np.full((steps * R, T), -100, np.int64)
+    for s, rows in enumerate(steps_rows):
+        for r, row in enumerate(rows):
+            at = 0
+            for sid, i in enumerate(row, 1):
+                L, i = lengths[s * n + i], s * n + i
+                for k in ("input_ids", "token_type_ids", "labels"):
+                    packed[k][s * R + r, at:at + L] = plain[k][i, :L]
+                packed["position_ids"][s * R + r, at:at + L] = np.arange(L)
+                packed["sequence_ids"][s * R + r, at:at + L] = sid
+                at += L
+    slots = steps * n * T
+    print(f"packing: {steps * n} sequences, {int(lengths.sum())} tokens: {slots} token slots unpacked, "
+          f"{steps * R * T} packed ({R} rows a step instead of {n}; {1 - R / n:.0%} of the rows removed)")
+    check(R < n, f"packing removed no rows ({R} of {n})")
+
+    torch.manual_seed(99)
+    init_net = Bert(**CFG)
+    with torch.no_grad():
+        for name, p in init_net.named_parameters():
+            if name.endswith(".bias") or ".LayerNorm." in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    init_file = os.path.join(work, "packing_init.safetensors")
+    st_save(init_file, {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()})
+    compile_bert(netc, os.path.join(work, "plain"), batch=n)
+    compile_bert(netc, os.path.join(work, "packed"), batch=R, packed="true")
+    plog, pw = train(os.path.join(work, "plain"), work, "plain", plain, init_file, steps)
+    klog, kw = train(os.path.join(work, "packed"), work, "packed", packed, init_file, steps)
+    worst = max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(plog, klog) for k in ("loss", "grad_norm"))
+    print(f"packed vs plain: losses and gradient norms within {worst:.2e}")
+    check(len(plog) == len(klog) == steps and worst <= LOSS_TOL, f"packed and plain steps differ by {worst:.2e}")
+    far = max(np.linalg.norm(kw[k] - pw[k]) / np.linalg.norm(pw[k]) for k in pw)
+    print(f"packed vs plain: parameters within {far:.2e}")
+    check(far <= PARAM_TOL, f"the packed run's parameters differ from the plain run's by {far:.2e}")
+    # without the block-diagonal mask the packed sequences see each other
+    _, lw = train(os.path.join(work, "packed"), work, "leaky", dict(packed, sequence_ids=np.ones_like(
+        packed["sequence_ids"])), init_file, steps)
+    off = max(np.linalg.norm(lw[k] - pw[k]) / np.linalg.norm(pw[k]) for k in pw)
+    print(f"packed rows attending across sequences: parameters {off:.2e} away")
+    check(off > 100 * PARAM_TOL, f"attending across packed sequences moves the parameters by only {off:.2e}")
+
+
 def main():
     netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    os.makedirs(work, exist_ok=True)
+    if len(sys.argv) > 3 and sys.argv[3] == "packing":
+        packing(netc, work)
+        print(f"bert_crosscheck packing: {check.count} checks, {len(check.failures)} failed")
+        return 1 if check.failures else 0
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(1234)
