@@ -38,8 +38,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from bert_torch import Bert, lamb_groups  # noqa: E402
-from lm_check import compare_params, compare_steps, logged_steps  # noqa: E402
-from netc_testlib import Checks, st_load, st_save  # noqa: E402
+from lm_check import compare_params, compare_steps, compile_model, nudged_init, save_inputs, train  # noqa: E402
+from netc_testlib import Checks  # noqa: E402
 from optim_ref import Lamb  # noqa: E402
 
 check = Checks()
@@ -119,22 +119,13 @@ def reference(init, data, steps, keep_all=False):
 
 
 def compile_bert(netc, exe, **defines):
-    cmd = [netc, os.path.join(ROOT, "models", "bert.net"), "-o", exe]
-    for k, v in dict(CFG, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0, **defines).items():
-        cmd += ["-D", f"{k}={v}"]
-    subprocess.run(cmd, check=True)
+    compile_model(netc, os.path.join(ROOT, "models", "bert.net"), exe,
+                  dict(CFG, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0, **defines))
 
 
-def train(exe, work, tag, data, init_file, steps):
-    """Run a trainer on `data` ({input: array}) from init_file: its logged steps and saved weights."""
-    files = []
-    for k, v in data.items():
-        np.save(os.path.join(work, f"{tag}_{k}.npy"), v)
-        files += ["--data", f"{k}={work}/{tag}_{k}.npy"]
-    saved, log = os.path.join(work, f"{tag}.safetensors"), os.path.join(work, f"{tag}.jsonl")
-    subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
-                    "--log", log, "--save", saved, "--quiet"], check=True)
-    return logged_steps(log), st_load(saved)
+def is_nudged(name):
+    """The biases and LayerNorms (nudged_init moves them off 0 and 1)."""
+    return name.endswith(".bias") or ".LayerNorm." in name
 
 
 def pack(lengths, T):
@@ -189,17 +180,13 @@ def packing(netc, work):
     check(R < n, f"packing removed no rows ({R} of {n})")
 
     torch.manual_seed(99)
-    init_net = Bert(**CFG)
-    with torch.no_grad():
-        for name, p in init_net.named_parameters():
-            if name.endswith(".bias") or ".LayerNorm." in name:
-                p.add_(torch.randn_like(p) * 0.05)
     init_file = os.path.join(work, "packing_init.safetensors")
-    st_save(init_file, {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()})
-    compile_bert(netc, os.path.join(work, "plain"), batch=n)
-    compile_bert(netc, os.path.join(work, "packed"), batch=R, packed="true")
-    plog, pw = train(os.path.join(work, "plain"), work, "plain", plain, init_file, steps)
-    klog, kw = train(os.path.join(work, "packed"), work, "packed", packed, init_file, steps)
+    nudged_init(Bert(**CFG), init_file, is_nudged)
+    plain_exe, packed_exe = os.path.join(work, "plain"), os.path.join(work, "packed")
+    compile_bert(netc, plain_exe, batch=n)
+    compile_bert(netc, packed_exe, batch=R, packed="true")
+    plog, pw = train(plain_exe, save_inputs(work, "plain", plain), init_file, steps, plain_exe)
+    klog, kw = train(packed_exe, save_inputs(work, "packed", packed), init_file, steps, packed_exe)
     worst = max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(plog, klog) for k in ("loss", "grad_norm"))
     print(f"packed vs plain: losses and gradient norms within {worst:.2e}")
     check(len(plog) == len(klog) == steps and worst <= LOSS_TOL, f"packed and plain steps differ by {worst:.2e}")
@@ -207,8 +194,8 @@ def packing(netc, work):
     print(f"packed vs plain: parameters within {far:.2e}")
     check(far <= PARAM_TOL, f"the packed run's parameters differ from the plain run's by {far:.2e}")
     # without the block-diagonal mask the packed sequences see each other
-    _, lw = train(os.path.join(work, "packed"), work, "leaky", dict(packed, sequence_ids=np.ones_like(
-        packed["sequence_ids"])), init_file, steps)
+    leaky = save_inputs(work, "leaky", dict(packed, sequence_ids=np.ones_like(packed["sequence_ids"])))
+    _, lw = train(packed_exe, leaky, init_file, steps, os.path.join(work, "leaky"))
     off = max(np.linalg.norm(lw[k] - pw[k]) / np.linalg.norm(pw[k]) for k in pw)
     print(f"packed rows attending across sequences: parameters {off:.2e} away")
     check(off > 100 * PARAM_TOL, f"attending across packed sequences moves the parameters by only {off:.2e}")
@@ -226,38 +213,23 @@ def main():
     torch.manual_seed(1234)
     torch.set_num_threads(2)
     data = batches(BATCH * steps)
-    files = []
-    for k, v in data.items():
-        np.save(os.path.join(work, f"{k}.npy"), v)
-        files += ["--data", f"{k}={work}/{k}.npy"]
+    inputs = save_inputs(work, "bert", data)
     init_net = Bert(**CFG)
     with torch.no_grad():
         # the word embeddings (and tied decoder) at std 0.1: gradient norms above 1 in the first
         # steps (measured in the reference), so clip_grad_norm 1.0 acts
         torch.nn.init.normal_(init_net.bert.embeddings.word_embeddings.weight, 0, 0.1)
-        # biases and norms away from 0 and 1, so a missing one shows
-        for name, p in init_net.named_parameters():
-            if name.endswith(".bias") or ".LayerNorm." in name:
-                p.add_(torch.randn_like(p) * 0.05)
-    init = {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()}
     init_file = os.path.join(work, "init.safetensors")
-    st_save(init_file, init)
+    init = nudged_init(init_net, init_file, is_nudged)
 
     exe = os.path.join(work, "bert")
-    defines = dict(CFG, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0)
-    cmd = [netc, os.path.join(ROOT, "models", "bert.net"), "-o", exe]
-    for k, v in defines.items():
-        cmd += ["-D", f"{k}={v}"]
-    subprocess.run(cmd, check=True)
-    saved_file, log = os.path.join(work, "bert.safetensors"), os.path.join(work, "bert.jsonl")
-    subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
-                    "--log", log, "--save", saved_file, "--quiet"], check=True)
-    logged = logged_steps(log)
+    compile_bert(netc, exe, batch=BATCH)
+    logged, saved = train(exe, inputs, init_file, steps, exe)
+    saved_file = exe + ".safetensors"
 
     net64, rows = reference(init, data, steps)
     compare_steps(check, logged, rows, CLIP, LOSS_TOL, LR_TOL)
 
-    saved = st_load(saved_file)
     ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
     compare_params(check, saved, ref, init, PARAM_TOL, lambda *a: key_bias_noise(*a, steps))
 
@@ -275,7 +247,7 @@ def main():
     trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
     pred = os.path.join(work, "logits.npy")
     subprocess.run([exe, "--init", saved_file, "--predict-out", pred, "--quiet"] +
-                   sum((["--predict", f"{k}={work}/{k}.npy"] for k in INPUTS), []), check=True)
+                   sum((["--predict", f"{k}={inputs[k]}"] for k in INPUTS), []), check=True)
     with torch.no_grad():
         want = forward(trained64, data, 0, BATCH * steps).numpy()
     got = np.load(pred).reshape(want.shape)

@@ -28,8 +28,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from gpt2_torch import GPT2, decay_groups  # noqa: E402
-from lm_check import compare_params, compare_steps, logged_steps  # noqa: E402
-from netc_testlib import Checks, st_load, st_save  # noqa: E402
+from lm_check import compare_params, compare_steps, compile_model, nudged_init, save_inputs, train  # noqa: E402
+from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
 CFG = dict(vocab=64, seq=16, n_layer=2, n_head=2, n_embd=32)
@@ -139,37 +139,24 @@ def main():
     torch.manual_seed(1234)
     torch.set_num_threads(2)
     tokens, targets = windows(BATCH * steps)
-    np.save(os.path.join(work, "tokens.npy"), tokens)
-    np.save(os.path.join(work, "targets.npy"), targets)
+    inputs = save_inputs(work, "gpt2", {"tokens": tokens, "targets": targets})
     init_net = GPT2(**CFG)
     with torch.no_grad():
         # the embedding (and tied head) at std 0.05 instead of 0.02: gradient norms 1.1 .. 1.6 over
         # the 6 steps (measured in the reference), so clip_grad_norm 1.0 acts in every step
         torch.nn.init.normal_(init_net.transformer.wte.weight, 0, 0.05)
-        # biases and norms away from 0 and 1, so a missing one shows
-        for name, p in init_net.named_parameters():
-            if name.endswith(".bias") or ".ln_" in name:
-                p.add_(torch.randn_like(p) * 0.05)
-    init = {k: v.detach().numpy().copy() for k, v in init_net.state_dict().items()}
     init_file = os.path.join(work, "init.safetensors")
-    st_save(init_file, init)
+    init = nudged_init(init_net, init_file, lambda name: name.endswith(".bias") or ".ln_" in name)
 
     exe = os.path.join(work, "gpt2")
-    defines = dict(CFG, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0)
-    cmd = [netc, os.path.join(ROOT, "models", "gpt2.net"), "-o", exe]
-    for k, v in defines.items():
-        cmd += ["-D", f"{k}={v}"]
-    subprocess.run(cmd, check=True)
-    saved_file, log = os.path.join(work, "gpt2.safetensors"), os.path.join(work, "gpt2.jsonl")
-    subprocess.run([exe, "--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy",
-                    "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1", "--log", log,
-                    "--save", saved_file, "--quiet"], check=True)
-    logged = logged_steps(log)
+    compile_model(netc, os.path.join(ROOT, "models", "gpt2.net"), exe,
+                  dict(CFG, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP, dropout=0))
+    logged, saved = train(exe, inputs, init_file, steps, exe)
+    saved_file = exe + ".safetensors"
 
     net64, rows = reference(init, tokens, targets, steps)
     compare_steps(check, logged, rows, CLIP, LOSS_TOL, LR_TOL)
 
-    saved = st_load(saved_file)
     ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
     compare_params(check, saved, ref, init, PARAM_TOL, lambda *a: key_bias_noise(*a, steps))
 
@@ -178,7 +165,7 @@ def main():
     trained64 = GPT2(**CFG).double()
     trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
     pred = os.path.join(work, "logits.npy")
-    subprocess.run([exe, "--init", saved_file, "--predict", f"tokens={work}/tokens.npy", "--predict-out", pred,
+    subprocess.run([exe, "--init", saved_file, "--predict", f"tokens={inputs['tokens']}", "--predict-out", pred,
                     "--quiet"], check=True)
     with torch.no_grad():
         want = trained64(torch.from_numpy(tokens)).numpy()

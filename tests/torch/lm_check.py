@@ -1,8 +1,52 @@
-"""The comparisons gpt2_crosscheck.py and bert_crosscheck.py share: a trainer's logged steps
-against the float64 reference's, and its saved parameters against the reference's."""
+"""What gpt2_crosscheck.py and bert_crosscheck.py share: compiling a model and training it from
+given weights on given batches, and comparing its logged steps and saved parameters with the
+float64 reference's."""
 import json
+import os
+import subprocess
 
 import numpy as np
+import torch
+
+from netc_testlib import st_load, st_save
+
+
+def compile_model(netc, model, exe, defines):
+    """netc MODEL -o EXE with -D NAME=VALUE for each of defines."""
+    cmd = [netc, model, "-o", exe]
+    for k, v in defines.items():
+        cmd += ["-D", f"{k}={v}"]
+    subprocess.run(cmd, check=True)
+
+
+def nudged_init(net, path, nudged):
+    """net's weights, those whose name nudged() accepts (biases, norms) moved off 0 and 1 by
+    N(0, 0.05) so a missing one shows, saved to path: the {name: array} saved."""
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if nudged(name):
+                p.add_(torch.randn_like(p) * 0.05)
+    init = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    st_save(path, init)
+    return init
+
+
+def save_inputs(work, tag, data):
+    """Each input's array ({name: array}) as WORK/TAG_NAME.npy: {name: path}."""
+    paths = {}
+    for k, v in data.items():
+        paths[k] = os.path.join(work, f"{tag}_{k}.npy")
+        np.save(paths[k], v)
+    return paths
+
+
+def train(exe, inputs, init_file, steps, out):
+    """STEPS steps of a trainer on inputs ({name: .npy path}, in order) from init_file, logging
+    every step to OUT.jsonl and saving OUT.safetensors: its logged steps and saved weights."""
+    files = sum((["--data", f"{k}={v}"] for k, v in inputs.items()), [])
+    subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
+                    "--log", out + ".jsonl", "--save", out + ".safetensors", "--quiet"], check=True)
+    return logged_steps(out + ".jsonl"), st_load(out + ".safetensors")
 
 
 def logged_steps(log):
