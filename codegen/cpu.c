@@ -742,6 +742,20 @@ static void emit_eval(Cg *c) {
 
 /* ---- optimizer */
 
+/* The start of optimizer_step: the step's constants (and no_decay's, when `no_decay`), then
+ * with clip_grad_norm the gradients' 2-norm (from every rank's slices when sharded) and the
+ * scale the gradients are multiplied by in place, as torch's clip_grad_norm_ does. */
+static void emit_step_head(Cg *c, int no_decay) {
+    const IrTrain *t = &c->g->train;
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
+    if (no_decay) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
+    if (t->clip_grad_norm <= 0) return;
+    if (c->g->shard_optimizer)
+        cg_line(c, "ctx->grad_norm = rt_shard_grad_norm(ctx); // of the whole gradient, over the ranks");
+    else cg_line(c, "ctx->grad_norm = rt_grad_norm(ctx->grads, %" PRId64 ");", c->g->n_grad_floats);
+    cg_emit_clip_scale(c, t, "ctx->grad_norm");
+}
+
 /* --shard-optimizer: the update of this rank's slices of the flat buffer (RtShard in netrt.h):
  * slice k is params[offset + j] from shard->grads[at + j] with its state at optstate + at. */
 static void emit_sharded_optimizer(Cg *c) {
@@ -752,12 +766,7 @@ static void emit_sharded_optimizer(Cg *c) {
     cg_line(c, "// each rank updates its own and keeps their optimizer state, and the trainer then gathers the");
     cg_line(c, "// parameters; PyTorch's formulas, the learning rate, step and hyperparameters from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
-    cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
-    if (*clip) {
-        cg_line(c, "ctx->grad_norm = rt_shard_grad_norm(ctx); // of the whole gradient, over the ranks");
-        cg_emit_clip_scale(c, t, "ctx->grad_norm");
-    }
+    emit_step_head(c, 1);
     cg_line(c, "const RtShard *shard = ctx->shard;");
     cg_open(c, "for (int k = 0; k < shard->n_slices; k++) {");
     cg_line(c, "const RtSlice r = shard->slices[k];");
@@ -789,13 +798,7 @@ static void emit_layerwise_optimizer(Cg *c) {
             shard ? " of this rank's slices (netc --shard-optimizer)" : "");
     cg_line(c, "// trust ratio (%s in rt_recipe.h); the learning rate, step and hyperparameters from ctx.", o->name);
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
-    if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
-    if (clip) {
-        if (shard) cg_line(c, "ctx->grad_norm = rt_shard_grad_norm(ctx); // of the whole gradient, over the ranks");
-        else cg_line(c, "ctx->grad_norm = rt_grad_norm(ctx->grads, %" PRId64 ");", n);
-        cg_emit_clip_scale(c, t, "ctx->grad_norm");
-    }
+    emit_step_head(c, nd < n);
     cg_line(c, "RtPieces *pc = ctx->pieces;");
     cg_line(c, "float *params = ctx->params, *grads = %s, *optstate = ctx->optstate;",
             shard ? "ctx->shard->grads" : "ctx->grads");
@@ -850,12 +853,7 @@ static void emit_optimizer(Cg *c) {
     cg_line(c, "// One fused update of every trainable parameter, params[i] from grads[i], with");
     cg_line(c, "// PyTorch's formulas; the learning rate (schedule applied), step and hyperparameters come from ctx.");
     cg_open(c, "static void optimizer_step(RtCtx *ctx) {");
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
-    if (nd < n) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
-    if (t->clip_grad_norm > 0) { /* the gradients are scaled in place, as torch's clip_grad_norm_ does */
-        cg_line(c, "ctx->grad_norm = rt_grad_norm(ctx->grads, %" PRId64 ");", n);
-        cg_emit_clip_scale(c, t, "ctx->grad_norm");
-    }
+    emit_step_head(c, nd < n);
     const char *clip = t->clip_grad_norm > 0 ? "g[i] *= clip; " : "";
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "%sfloat *g = ctx->grads;", t->clip_grad_norm > 0 ? "" : "const ");

@@ -100,6 +100,16 @@ static void norm_dims(const IrNode *x, int64_t *rows, int64_t *D) {
  * statistics in the partial-sum region. */
 static int64_t norm_part_bytes(int64_t rows, int64_t D) { return bn_blocks(rows) * 2 * D * 8; }
 
+/* A layer-wise optimizer's blocks (emit_layerwise): the pieces of at most PIECE floats its
+ * trainable tensors are cut into, each tensor on its own; *tensors the tensors. */
+static int64_t layerwise_pieces(const IrGraph *g, int *tensors) {
+    int64_t pieces = 0;
+    *tensors = 0;
+    for (int i = 0; i < g->n_params; i++)
+        if (g->params[i].trainable) ++*tensors, pieces += (ir_numel(&g->params[i].node->shape) + PIECE - 1) / PIECE;
+    return pieces;
+}
+
 static Map plan_memory(const IrGraph *g) {
     Map m = {0};
     int64_t at = align_up((int64_t)sizeof(RtDevState));
@@ -132,9 +142,8 @@ static Map plan_memory(const IrGraph *g) {
     }
     if (g->train.clip_grad_norm > 0 && part < CLIP_BLOCKS * 8) part = CLIP_BLOCKS * 8; /* emit_clip's sums */
     if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
-        int64_t pieces = 0, tensors = 0;
-        for (int i = 0; i < g->n_params; i++)
-            if (g->params[i].trainable) tensors++, pieces += (ir_numel(&g->params[i].node->shape) + PIECE - 1) / PIECE;
+        int tensors;
+        int64_t pieces = layerwise_pieces(g, &tensors);
         if (part < pieces * 16 + tensors * 4) part = pieces * 16 + tensors * 4;
     }
     m.part = at, at = align_up(at + part);
@@ -909,9 +918,8 @@ static void emit_clip(Cu *u) {
 }
 
 /* The trainable tensors in flat order, each with the index of its first piece of PIECE floats
- * (the blocks of emit_layerwise's kernels), as a table in the kernel: {offset, count, first}.
- * Returns the pieces; *tensors their tensors. */
-static int64_t emit_piece_table(Cu *u, int *tensors) {
+ * (the blocks of emit_layerwise's kernels), as a table in the kernel: {offset, count, first}. */
+static void emit_piece_table(Cu *u) {
     const IrGraph *g = u->g;
     Cg *c = &u->c;
     int nt = 0;
@@ -935,8 +943,6 @@ static int64_t emit_piece_table(Cu *u, int *tensors) {
     }
     cg_close(c, "};");
     free(t);
-    *tensors = nt;
-    return first;
 }
 
 /* A layer-wise optimizer (LAMB, rt_recipe.h) in three kernels, as the CPU backend's three
@@ -948,8 +954,9 @@ static int64_t emit_piece_table(Cu *u, int *tensors) {
 static void emit_layerwise(Cu *u, int clip) {
     const IrTrain *t = &u->g->train;
     const RtOptimizer *o = rt_optimizer(t->optim);
-    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats, pieces = 0;
-    int nt = 0;
+    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
+    int nt;
+    const int64_t pieces = layerwise_pieces(u->g, &nt);
     Cg *c = &u->c;
     for (int pass = 0; pass < 3; pass++) {
         kernel_open(u);
@@ -957,7 +964,7 @@ static void emit_layerwise(Cu *u, int clip) {
         cg_line(c, "if (st->nonfinite_step) return;");
         cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
         if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
-        pieces = emit_piece_table(u, &nt);
+        emit_piece_table(u);
         if (pass < 2) cg_line(c, "double *sums = (double *)(base + NETC_OFF_PART); // [%" PRId64 "][2]", pieces);
         if (pass > 0)
             cg_line(c, "float *factor = (float *)(base + NETC_OFF_PART + %" PRId64 "LL); // [%d]", pieces * 16, nt);
