@@ -437,6 +437,8 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_EXP: call(c, "expf", n); break;
     case OP_LOG: call(c, "logf", n); break;
     case OP_SQRT: call(c, "sqrtf", n); break;
+    case OP_SIN: call(c, "sinf", n); break;
+    case OP_COS: call(c, "cosf", n); break;
     case OP_CAST:
     case OP_EXPAND:
     case OP_LAYOUT: cg_elem(c, n->in[0], n); break;

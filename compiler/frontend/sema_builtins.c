@@ -467,6 +467,7 @@ static const struct {
     {"tanh", OP_TANH, 0, tanh, DOMAIN_ALL},     {"gelu", OP_GELU, 0, num_gelu, DOMAIN_ALL},
     {"exp", OP_EXP, 0, exp, DOMAIN_ALL},        {"log", OP_LOG, 0, log, DOMAIN_POSITIVE},
     {"sqrt", OP_SQRT, 0, sqrt, DOMAIN_NONNEG},  {"silu", OP_SILU, 0, num_silu, DOMAIN_ALL},
+    {"sin", OP_SIN, 0, sin, DOMAIN_ALL},        {"cos", OP_COS, 0, cos, DOMAIN_ALL},
 };
 
 /* A unary function of a compile-time number: a number, or an error naming the value. */
@@ -1464,7 +1465,7 @@ static const SemaBuiltin builtins[] = {
     {"rmsnorm", "x, eps=1e-6", b_norm, 1, 2, {"x", "eps"}},
     UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("silu"),
     {"gelu", "x, approximate=\"none\"", b_gelu, 1, 2, {"x", "approximate"}},
-    UNARY("exp"), UNARY("log"), UNARY("sqrt"),
+    UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("sin"), UNARY("cos"),
     {"softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"log_softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},

@@ -121,6 +121,8 @@ static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_SILU: dx = ew2(ad, OP_SILU_GRAD, x, dy); break;
     case OP_EXP: dx = ew2(ad, OP_MUL, dy, y); break;
     case OP_LOG: dx = ew2(ad, OP_DIV, dy, x); break;
+    case OP_SIN: dx = ew2(ad, OP_MUL, dy, ew1(ad, OP_COS, x)); break;
+    case OP_COS: dx = ew1(ad, OP_NEG, ew2(ad, OP_MUL, dy, ew1(ad, OP_SIN, x))); break;
     case OP_SQRT: /* d sqrt(x) = 1 / (2 sqrt(x)) */
         dx = ew2(ad, OP_DIV, ew2(ad, OP_MUL, dy, constant(ad, 0.5, dy->dtype)), y);
         break;
@@ -383,7 +385,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_BN_APPLY: grad_bn(ad, y, dy); break;
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
     case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_GELU_TANH: case OP_SILU:
-    case OP_EXP: case OP_LOG: case OP_SQRT: case OP_DROPOUT: grad_unary(ad, y, dy); break;
+    case OP_EXP: case OP_LOG: case OP_SQRT: case OP_SIN: case OP_COS: case OP_DROPOUT: grad_unary(ad, y, dy); break;
     case OP_CAST: case OP_EXPAND: case OP_RESHAPE: case OP_SUM_TO: case OP_SUM: case OP_MEAN:
         grad_shape(ad, y, dy);
         break;

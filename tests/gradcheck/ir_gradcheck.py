@@ -127,6 +127,7 @@ class Interp:
             "sigmoid": lambda: torch.sigmoid(x[0]), "tanh": lambda: torch.tanh(x[0]),
             "gelu": lambda: F.gelu(x[0]), "exp": lambda: torch.exp(x[0]),
             "log": lambda: torch.log(x[0]), "sqrt": lambda: torch.sqrt(x[0]),
+            "sin": lambda: torch.sin(x[0]), "cos": lambda: torch.cos(x[0]),
             "expand": lambda: x[0].expand(n.shape).clone(), "reshape": lambda: x[0].reshape(n.shape),
             "sum": lambda: x[0].sum(), "mean": lambda: x[0].mean(),
             "sum_to": lambda: sum_to(x[0], n.shape),
