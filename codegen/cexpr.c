@@ -986,8 +986,9 @@ void cg_attention_dims(const IrNode *n, CgAttn *a) {
     const IrNode *m = n->op == OP_ATTENTION_MASKED ? n->in[3] : n->op == OP_ATTENTION_MASKED_BWD ? n->in[5] : NULL;
     int r = q->shape.rank;
     *a = (CgAttn){.T = q->shape.dim[r - 2], .S = k->shape.dim[r - 2], .D = q->shape.dim[r - 1],
-                  .E = v->shape.dim[r - 1], .n_lead = r - 2, .BH = 1, .mask_node = m};
+                  .E = v->shape.dim[r - 1], .n_lead = r - 2, .BH = 1, .group = 1, .mask_node = m};
     for (int i = 0; i < r - 2; i++) a->lead[i] = q->shape.dim[i], a->BH *= q->shape.dim[i];
+    if (r > 2) a->group = q->shape.dim[r - 3] / k->shape.dim[r - 3];
     if (!m) return;
     a->mask = m->dtype == DT_U8 ? 2 : 1;
     int64_t stride = 1, st[IR_MAX_RANK] = {0};

@@ -126,9 +126,10 @@ enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };
 int cg_conv_which(const IrNode *n);
 /* An attention node's geometry (forward or backward): the BH slices (the leading axes lead[0,
  * n_lead) flattened), q [T, D], k [S, D], v [S, E]; mask 0 none, 1 f32 added, 2 u8 keep, read at
- * the strides mask_lead (leading axes), mask_t and mask_s, 0 where it broadcasts. */
+ * the strides mask_lead (leading axes), mask_t and mask_s, 0 where it broadcasts; group query
+ * slices per key/value slice (grouped-query attention; 1 without). */
 typedef struct CgAttn {
-    int64_t BH, T, S, D, E;
+    int64_t BH, T, S, D, E, group;
     int n_lead;
     int64_t lead[IR_MAX_RANK], mask_lead[IR_MAX_RANK], mask_t, mask_s;
     int mask;

@@ -578,7 +578,9 @@ static void emit_attention(Cg *c, const IrNode *n) {
     for (int i = 0; i < a.n_lead; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", a.lead[i]);
     cg_put(c, "}, .mask_lead = {");
     for (int i = 0; i < a.n_lead; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", a.mask_lead[i]);
-    cg_end(c, "}, .mask_t = %" PRId64 ", .mask_s = %" PRId64 "};", a.mask_t, a.mask_s);
+    cg_put(c, "}, .mask_t = %" PRId64 ", .mask_s = %" PRId64, a.mask_t, a.mask_s);
+    if (a.group > 1) cg_put(c, ", .group = %" PRId64, a.group); /* grouped-query attention */
+    cg_end(c, "};");
     c->depth--;
     char mask[16] = "NULL";
     if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
@@ -588,7 +590,7 @@ static void emit_attention(Cg *c, const IrNode *n) {
                 k, v, mask, n->id);
         return;
     }
-    int64_t nq = a.BH * a.T * a.D, nk = a.BH * a.S * a.D;
+    int64_t nq = a.BH * a.T * a.D, nk = a.BH / a.group * a.S * a.D;
     cg_line(c, "rt_attention_bwd(&attn%d, v%d, v%d, v%d, %s, v%d, v%d, v%d, v%d + %" PRId64 ", v%d + %" PRId64
                ", ctx->scratch, ctx->scratch_per_thread); // dq, dk, dv",
             n->id, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq, n->id, nq + nk);

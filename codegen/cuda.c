@@ -746,10 +746,12 @@ static void emit_attention(Cu *u, const IrNode *n) {
     at += snprintf(geom + at, sizeof geom - (size_t)at, "}, {");
     for (int i = 0; i < 4; i++) at += snprintf(geom + at, sizeof geom - (size_t)at, "%s%" PRId64, i ? ", " : "",
                                                i < a.n_lead ? a.mask_lead[i] : 0);
-    snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64 "}", a.mask_t, a.mask_s);
+    at += snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64, a.mask_t, a.mask_s);
+    if (a.group > 1) at += snprintf(geom + at, sizeof geom - (size_t)at, ", %" PRId64, a.group); /* grouped-query */
+    snprintf(geom + at, sizeof geom - (size_t)at, "}");
     if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
     const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
-    const int64_t q_tiles = a.BH * ((a.T + BLOCK - 1) / BLOCK), k_tiles = a.BH * ((a.S + BLOCK - 1) / BLOCK);
+    const int64_t q_tiles = a.BH * ((a.T + BLOCK - 1) / BLOCK), k_tiles = a.BH / a.group * ((a.S + BLOCK - 1) / BLOCK);
     if (a.n_lead > 4) ICE("cuda: attention with %d leading axes", a.n_lead);
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
         snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d);", a.D,
@@ -757,7 +759,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
         lib_kernel(u, n, call, "", rows_grid(q_tiles), BLOCK);
         return;
     }
-    const int64_t nq = a.BH * a.T * a.D, nk = a.BH * a.S * a.D, nv = a.BH * a.S * a.E;
+    const int64_t nq = a.BH * a.T * a.D, nk = a.BH / a.group * a.S * a.D, nv = a.BH / a.group * a.S * a.E;
     snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d, v%d, "
              "v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq + nk + nv);
     lib_kernel(u, n, call, "_rows", rows_grid(q_tiles), BLOCK);

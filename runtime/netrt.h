@@ -430,7 +430,9 @@ float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t
  * `causal`. The mask is read at mask[base(bh) + i * mask_t + j * mask_s] (a stride 0 broadcasts),
  * base(bh) the sum over the leading axes of the index along each times mask_lead: f32 added to
  * the scaled scores (RT_ATTN_ADD), or u8 where 0 leaves the key out (RT_ATTN_KEEP). A row with
- * no key left gives 0 and no gradient. */
+ * no key left gives 0 and no gradient. Grouped-query attention: with `group` > 1, k and v hold
+ * BH / group slices and query slice bh reads key/value slice bh / group (k and v have fewer
+ * heads, the last leading axis; 0 is read as 1). */
 enum { RT_ATTN_NO_MASK, RT_ATTN_ADD, RT_ATTN_KEEP };
 enum {
     RT_ATTN_BLOCK = 64, /* query rows per task */
@@ -445,7 +447,10 @@ typedef struct RtAttn {
     int64_t lead[RT_MAX_RANK - 2];      /* their extents */
     int64_t mask_lead[RT_MAX_RANK - 2]; /* the mask's strides along them */
     int64_t mask_t, mask_s;             /* ... and along T and S */
+    int64_t group;                      /* query slices per key/value slice; 0 or 1: one */
 } RtAttn;
+/* Query slices per key/value slice: RtAttn.group, 0 read as 1. */
+static inline int64_t rt_attn_group(const RtAttn *a) { return a->group > 1 ? a->group : 1; }
 /* Floats of per-thread scratch the two kernels need: the forward one block of scores, one of o
  * and the row statistics; the backward the probabilities and their gradient for a block of
  * query rows against every key. The compiler sizes RtModel.scratch_per_thread with it. */

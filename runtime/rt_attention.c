@@ -3,7 +3,8 @@
  * that forms the whole [T, S] matrix in double, for the tests.
  *
  * Every (batch * head) slice is independent: q [T, D], k [S, D], v [S, E], out [T, E], with the
- * mask (RtAttn) read through strides, broadcast where its stride is 0.
+ * mask (RtAttn) read through strides, broadcast where its stride is 0. Under grouped-query
+ * attention `group` query slices share one key/value slice (slice bh reads bh / group).
  *
  * Forward (FlashAttention-2): one task per (slice, block of RT_ATTN_BLOCK query rows); the keys
  * in blocks of RT_ATTN_KEYS, each block's scores S = q k^T * scale by one small product
@@ -12,8 +13,8 @@
  * o += P v. No [T, S] matrix exists; a thread's scratch is one block of scores and one of o.
  * Under causal masking the key blocks past the query block's diagonal are never visited.
  *
- * Backward: one task per slice, so dk and dv accumulate in a fixed order without races (the
- * result is the same bits for any number of threads). Per block of query rows, the scores of
+ * Backward: one task per key/value slice, so dk and dv accumulate in a fixed order without races
+ * (the result is the same bits for any number of threads): its query slices one after another. Per block of query rows, the scores of
  * all the keys it sees are recomputed into scratch ([RT_ATTN_BLOCK, S]), their row maximum and
  * sum give the probabilities P exactly (no statistics are saved by the forward), and
  *   dP = dO v^T,  dS = P * (dP - delta),  delta = sum(dO * O) per row,
@@ -99,13 +100,13 @@ static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
 void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask, float *out,
                       float *scratch, int64_t scratch_per_thread) {
     const int64_t B = RT_ATTN_BLOCK, BK = RT_ATTN_KEYS, T = a->T, S = a->S, D = a->D, E = a->E;
-    const int64_t nqb = (T + B - 1) / B;
+    const int64_t nqb = (T + B - 1) / B, G = rt_attn_group(a);
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < a->BH * nqb; task++) {
         const int64_t bh = task / nqb, i0 = task % nqb * B, rows = T - i0 < B ? T - i0 : B;
         const int64_t kend = keys_seen(a, i0, rows), mbase = mask_base(a, bh);
         float *sc = scratch + omp_get_thread_num() * scratch_per_thread, *o = sc + B * BK, *m = o + B * E, *l = m + B;
-        const float *qi = q + (bh * T + i0) * D, *kb = k + bh * S * D, *vb = v + bh * S * E;
+        const float *qi = q + (bh * T + i0) * D, *kb = k + bh / G * S * D, *vb = v + bh / G * S * E;
         memset(o, 0, (size_t)(rows * E) * sizeof *o);
         for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += BK) {
@@ -141,50 +142,58 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
     }
 }
 
+/* One query slice bh's part of the backward: its dq, and its terms added into dk and dv of the
+ * key/value slice kb, vb it reads (dkb, dvb); P is the thread's scratch. */
+static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *kb, const float *vb, const void *mask,
+                      const float *out, const float *dout, float *dq, float *dkb, float *dvb, float *P) {
+    const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E, mbase = mask_base(a, bh);
+    float *dP = P + B * S, *delta = dP + B * S;
+    for (int64_t i0 = 0; i0 < T; i0 += B) {
+        const int64_t rows = T - i0 < B ? T - i0 : B, n = keys_seen(a, i0, rows);
+        const float *qi = q + (bh * T + i0) * D, *oi = out + (bh * T + i0) * E, *gi = dout + (bh * T + i0) * E;
+        rt_gemm(0, 1, rows, n, D, a->scale, qi, D, kb, D, 0.0f, P, n);
+        for (int64_t r = 0; r < rows; r++) {
+            float *p = P + r * n;
+            mask_row(a, mask, mbase, i0 + r, 0, n, p);
+            const float mx = row_max(-INFINITY, p, n);
+            if (mx == -INFINITY) { /* no key: no probability, no gradient */
+                memset(p, 0, (size_t)n * sizeof *p);
+            } else {
+                double sum = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t c = 0; c < n; c++) {
+                    const float e = exp_le0(p[c] - mx);
+                    p[c] = e;
+                    sum += e;
+                }
+                const float inv = (float)(1.0 / sum);
+                for (int64_t c = 0; c < n; c++) p[c] *= inv;
+            }
+            double d = 0;
+            for (int64_t e = 0; e < E; e++) d += (double)gi[r * E + e] * oi[r * E + e];
+            delta[r] = (float)d;
+        }
+        rt_gemm(0, 1, rows, n, E, 1.0f, gi, E, vb, E, 0.0f, dP, n);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < n; c++) dP[r * n + c] = P[r * n + c] * (dP[r * n + c] - delta[r]);
+        rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, E, 1.0f, dvb, E);
+        rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, D, 0.0f, dq + (bh * T + i0) * D, D);
+        rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, D, 1.0f, dkb, D);
+    }
+}
+
 void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                       const float *out, const float *dout, float *dq, float *dk, float *dv, float *scratch,
                       int64_t scratch_per_thread) {
-    const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E;
+    const int64_t S = a->S, D = a->D, E = a->E, G = rt_attn_group(a);
 #pragma omp parallel for schedule(static)
-    for (int64_t bh = 0; bh < a->BH; bh++) {
-        float *P = scratch + omp_get_thread_num() * scratch_per_thread, *dP = P + B * S, *delta = dP + B * S;
-        const float *kb = k + bh * S * D, *vb = v + bh * S * E;
-        float *dkb = dk + bh * S * D, *dvb = dv + bh * S * E;
-        const int64_t mbase = mask_base(a, bh);
+    for (int64_t kv = 0; kv < a->BH / G; kv++) {
+        float *dkb = dk + kv * S * D, *dvb = dv + kv * S * E;
         memset(dkb, 0, (size_t)(S * D) * sizeof *dkb);
         memset(dvb, 0, (size_t)(S * E) * sizeof *dvb);
-        for (int64_t i0 = 0; i0 < T; i0 += B) {
-            const int64_t rows = T - i0 < B ? T - i0 : B, n = keys_seen(a, i0, rows);
-            const float *qi = q + (bh * T + i0) * D, *oi = out + (bh * T + i0) * E, *gi = dout + (bh * T + i0) * E;
-            rt_gemm(0, 1, rows, n, D, a->scale, qi, D, kb, D, 0.0f, P, n);
-            for (int64_t r = 0; r < rows; r++) {
-                float *p = P + r * n;
-                mask_row(a, mask, mbase, i0 + r, 0, n, p);
-                const float mx = row_max(-INFINITY, p, n);
-                if (mx == -INFINITY) { /* no key: no probability, no gradient */
-                    memset(p, 0, (size_t)n * sizeof *p);
-                } else {
-                    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t c = 0; c < n; c++) {
-                        const float e = exp_le0(p[c] - mx);
-                        p[c] = e;
-                        sum += e;
-                    }
-                    const float inv = (float)(1.0 / sum);
-                    for (int64_t c = 0; c < n; c++) p[c] *= inv;
-                }
-                double d = 0;
-                for (int64_t e = 0; e < E; e++) d += (double)gi[r * E + e] * oi[r * E + e];
-                delta[r] = (float)d;
-            }
-            rt_gemm(0, 1, rows, n, E, 1.0f, gi, E, vb, E, 0.0f, dP, n);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < n; c++) dP[r * n + c] = P[r * n + c] * (dP[r * n + c] - delta[r]);
-            rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, E, 1.0f, dvb, E);
-            rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, D, 0.0f, dq + (bh * T + i0) * D, D);
-            rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, D, 1.0f, dkb, D);
-        }
+        for (int64_t bh = kv * G; bh < (kv + 1) * G; bh++) /* the query slices that read kv, in order */
+            bwd_slice(a, bh, q, k + kv * S * D, v + kv * S * E, mask, out, dout, dq, dkb, dvb,
+                      scratch + omp_get_thread_num() * scratch_per_thread);
     }
 }
 
@@ -192,12 +201,12 @@ void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const flo
 
 /* Probabilities P [T, S] of slice bh in double; a row with no key left is 0. */
 static void ref_probs(const RtAttn *a, const float *q, const float *k, const void *mask, int64_t bh, double *P) {
-    const int64_t T = a->T, S = a->S, D = a->D, mbase = mask_base(a, bh);
+    const int64_t T = a->T, S = a->S, D = a->D, mbase = mask_base(a, bh), kv = bh / rt_attn_group(a);
     for (int64_t i = 0; i < T; i++) {
         double *p = P + i * S, mx = -INFINITY, sum = 0;
         for (int64_t j = 0; j < S; j++) {
             double s = 0;
-            for (int64_t d = 0; d < D; d++) s += (double)q[(bh * T + i) * D + d] * k[(bh * S + j) * D + d];
+            for (int64_t d = 0; d < D; d++) s += (double)q[(bh * T + i) * D + d] * k[(kv * S + j) * D + d];
             s *= a->scale;
             int64_t at = mbase + i * a->mask_t + j * a->mask_s;
             if (a->mask == RT_ATTN_ADD) s += ((const float *)mask)[at];
@@ -212,14 +221,14 @@ static void ref_probs(const RtAttn *a, const float *q, const float *k, const voi
 
 void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           double *out) {
-    const int64_t T = a->T, S = a->S, E = a->E;
+    const int64_t T = a->T, S = a->S, E = a->E, G = rt_attn_group(a);
     double *P = malloc((size_t)(T * S) * sizeof *P);
     for (int64_t bh = 0; bh < a->BH; bh++) {
         ref_probs(a, q, k, mask, bh, P);
         for (int64_t i = 0; i < T; i++)
             for (int64_t e = 0; e < E; e++) {
                 double o = 0;
-                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * v[(bh * S + j) * E + e];
+                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * v[(bh / G * S + j) * E + e];
                 out[(bh * T + i) * E + e] = o;
             }
     }
@@ -228,16 +237,19 @@ void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const
 
 void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           const float *dout, double *dq, double *dk, double *dv) {
-    const int64_t T = a->T, S = a->S, D = a->D, E = a->E;
+    const int64_t T = a->T, S = a->S, D = a->D, E = a->E, G = rt_attn_group(a);
     double *P = malloc((size_t)(T * S) * sizeof *P), *dS = malloc((size_t)(T * S) * sizeof *dS);
+    memset(dk, 0, (size_t)(a->BH / G * S * D) * sizeof *dk);
+    memset(dv, 0, (size_t)(a->BH / G * S * E) * sizeof *dv);
     for (int64_t bh = 0; bh < a->BH; bh++) {
         const float *g = dout + bh * T * E;
+        const int64_t kv = bh / G;
         ref_probs(a, q, k, mask, bh, P);
         for (int64_t i = 0; i < T; i++) {
             double rowdot = 0;
             for (int64_t j = 0; j < S; j++) {
                 double dp = 0;
-                for (int64_t e = 0; e < E; e++) dp += (double)g[i * E + e] * v[(bh * S + j) * E + e];
+                for (int64_t e = 0; e < E; e++) dp += (double)g[i * E + e] * v[(kv * S + j) * E + e];
                 dS[i * S + j] = dp;
                 rowdot += P[i * S + j] * dp;
             }
@@ -246,19 +258,19 @@ void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const
         for (int64_t i = 0; i < T; i++)
             for (int64_t d = 0; d < D; d++) {
                 double s = 0;
-                for (int64_t j = 0; j < S; j++) s += dS[i * S + j] * k[(bh * S + j) * D + d];
+                for (int64_t j = 0; j < S; j++) s += dS[i * S + j] * k[(kv * S + j) * D + d];
                 dq[(bh * T + i) * D + d] = s * a->scale;
             }
         for (int64_t j = 0; j < S; j++) {
             for (int64_t d = 0; d < D; d++) {
                 double s = 0;
                 for (int64_t i = 0; i < T; i++) s += dS[i * S + j] * q[(bh * T + i) * D + d];
-                dk[(bh * S + j) * D + d] = s * a->scale;
+                dk[(kv * S + j) * D + d] += s * a->scale;
             }
             for (int64_t e = 0; e < E; e++) {
                 double s = 0;
                 for (int64_t i = 0; i < T; i++) s += P[i * S + j] * g[i * E + e];
-                dv[(bh * S + j) * E + e] = s;
+                dv[(kv * S + j) * E + e] += s;
             }
         }
     }

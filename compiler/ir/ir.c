@@ -494,7 +494,8 @@ static int shape_max_bwd(const IrNode *n, IrShape *want) {
     return shape_max_axis(n, &y) && ir_shape_eq(&y, &n->in[1]->shape);
 }
 
-/* Attention: q [..., T, d], k [..., S, d], v [..., S, e] with the same leading axes, f32; the
+/* Attention: q [..., T, d], k [..., S, d], v [..., S, e] with the same leading axes, f32, except
+ * that k's and v's last leading axis (the heads) may divide q's (grouped-query attention); the
  * result [..., T, e]; a mask (operand 3) f32 or u8 and broadcast to [..., T, S]. */
 int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask) {
     const IrShape *a = &q->shape, *b = &k->shape, *c = &v->shape;
@@ -502,7 +503,7 @@ int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrN
     if (r < 2 || b->rank != r || c->rank != r || q->dtype != DT_F32 || k->dtype != DT_F32 || v->dtype != DT_F32)
         return 0;
     for (int i = 0; i < r - 2; i++)
-        if (b->dim[i] != a->dim[i] || c->dim[i] != a->dim[i]) return 0;
+        if (c->dim[i] != b->dim[i] || (b->dim[i] != a->dim[i] && (i != r - 3 || a->dim[i] % b->dim[i]))) return 0;
     if (b->dim[r - 1] != a->dim[r - 1] || c->dim[r - 2] != b->dim[r - 2]) return 0;
     if (!mask) return 1;
     IrShape scores = *a, s;

@@ -319,7 +319,8 @@ int ir_broadcast(const IrShape *a, const IrShape *b, IrShape *out);
 const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
 
 /* attention's operands agree (ops.def): q [..., T, d], k [..., S, d], v [..., S, e] f32 with the
- * same leading axes, and mask (NULL: none) f32 or u8, broadcast to [..., T, S]. */
+ * same leading axes (k's and v's last one may divide q's: grouped-query attention), and mask
+ * (NULL: none) f32 or u8, broadcast to [..., T, S]. */
 int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask);
 /* Elements of attention_bwd's packed result: dq, dk, dv, and lse and delta per query row. */
 int64_t ir_attention_bwd_numel(const IrNode *q, const IrNode *k, const IrNode *v);

@@ -7,7 +7,8 @@
  *
  * The geometry is runtime/netrt.h's RtAttn: BH independent slices, q [T, D], k [S, D], v [S, E],
  * out [T, E] = softmax(q k^T * scale + mask) v, keys j > query i left out when causal; the mask
- * f32 (added) or u8 (0 leaves the key out), read through strides. D and E are template
+ * f32 (added) or u8 (0 leaves the key out), read through strides; under grouped-query attention
+ * `group` query slices read one key/value slice (bh / group). D and E are template
  * parameters, so each thread keeps its query row and accumulator in registers.
  *
  *   forward          one block per (slice, tile of 256 query rows), a thread per row; the keys
@@ -17,8 +18,9 @@
  *   backward, rows   the same grid: a thread per query row recomputes its log-sum-exp (one pass
  *                    over the keys), delta = dout . out, and dq (a second pass); lse and delta
  *                    go to the packed result's scratch tail for the next kernel.
- *   backward, keys   one block per (slice, tile of 256 keys), a thread per key: dk and dv summed
- *                    over the query rows in order, the rows in tiles through shared memory.
+ *   backward, keys   one block per (key/value slice, tile of 256 keys), a thread per key: dk and
+ *                    dv summed over the query rows of its query slices in order, the rows in
+ *                    tiles through shared memory.
  * No atomics: every sum has one owner and a fixed order, so replays give the same bits. The CPU
  * kernels (rt_attention.c) sum in another order (block products), so the two agree to float
  * rounding, not bit for bit. A row with no key left gives 0 and no gradient, as on the CPU.
@@ -33,7 +35,11 @@ struct RtKAttn {
     int causal, mask, n_lead; /* mask: 0 none, 1 f32 added, 2 u8 keep */
     int64_t lead[4], mask_lead[4];
     int64_t mask_t, mask_s;
+    int64_t group; /* query slices per key/value slice; 0 (left out) or 1: one */
 };
+
+/* Query slices per key/value slice: RtKAttn.group, 0 read as 1. */
+static __device__ __forceinline__ int64_t rt_attn_group(const RtKAttn &a) { return a.group > 1 ? a.group : 1; }
 
 /* Key (or query) rows per shared-memory tile: 32, or as many as fit 4096 floats (16 KiB). */
 #define RT_K_ATTN_TILE(D, E) ((D) + (E) <= 128 ? 32 : 4096 / ((D) + (E)) > 0 ? 4096 / ((D) + (E)) : 1)
@@ -83,8 +89,8 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
         for (int64_t j0 = 0; j0 < kend; j0 += KT) {
             const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
             __syncthreads(); /* the previous tile is used up */
-            rt_attn_load<D>(ks, k + bh * a.S * D, j0, cols);
-            rt_attn_load<E>(vs, v + bh * a.S * E, j0, cols);
+            rt_attn_load<D>(ks, k + bh / rt_attn_group(a) * a.S * D, j0, cols);
+            rt_attn_load<E>(vs, v + bh / rt_attn_group(a) * a.S * E, j0, cols);
             __syncthreads();
             if (!live) continue;
             float s[KT], mx = m;
@@ -138,8 +144,8 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
             for (int64_t j0 = 0; j0 < kend; j0 += KT) {
                 const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
                 __syncthreads();
-                rt_attn_load<D>(ks, k + bh * a.S * D, j0, cols);
-                if (pass) rt_attn_load<E>(vs, v + bh * a.S * E, j0, cols);
+                rt_attn_load<D>(ks, k + bh / rt_attn_group(a) * a.S * D, j0, cols);
+                if (pass) rt_attn_load<E>(vs, v + bh / rt_attn_group(a) * a.S * E, j0, cols);
                 __syncthreads();
                 if (!live) continue;
                 for (int c = 0; c < cols; c++) {
@@ -176,38 +182,41 @@ static __device__ __forceinline__ void rt_k_attention_bwd_keys(const RtKAttn a, 
                                                                const float *stats, float *dk, float *dv) {
     enum { QT = RT_K_ATTN_TILE(D, E) };
     __shared__ float qs[QT * D], gs[QT * E], ls[QT], ds_[QT];
-    const int64_t tiles = (a.S + RT_K_BLOCK - 1) / RT_K_BLOCK;
-    for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) {
-        const int64_t bh = b / tiles, j0 = b % tiles * RT_K_BLOCK, j = j0 + threadIdx.x, key = bh * a.S + j;
-        const int64_t mbase = rt_attn_mask_base(a, bh), first = a.causal ? (j0 < a.T ? j0 : a.T) : 0;
+    const int64_t tiles = (a.S + RT_K_BLOCK - 1) / RT_K_BLOCK, G = rt_attn_group(a);
+    for (int64_t b = blockIdx.x; b < a.BH / G * tiles; b += gridDim.x) {
+        const int64_t kv = b / tiles, j0 = b % tiles * RT_K_BLOCK, j = j0 + threadIdx.x, key = kv * a.S + j;
+        const int64_t first = a.causal ? (j0 < a.T ? j0 : a.T) : 0;
         const bool live = j < a.S;
         float kr[D], vr[E], gk[D], gv[E];
         for (int d = 0; d < D; d++) kr[d] = live ? k[key * D + d] : 0.0f, gk[d] = 0;
         for (int e = 0; e < E; e++) vr[e] = live ? v[key * E + e] : 0.0f, gv[e] = 0;
-        for (int64_t r0 = first; r0 < a.T; r0 += QT) {
-            const int rows = (int)(a.T - r0 < QT ? a.T - r0 : QT);
-            __syncthreads();
-            rt_attn_load<D>(qs, q + bh * a.T * D, r0, rows);
-            rt_attn_load<E>(gs, dout + bh * a.T * E, r0, rows);
-            for (int t = threadIdx.x; t < rows; t += blockDim.x) {
-                ls[t] = stats[bh * a.T + r0 + t];
-                ds_[t] = stats[a.BH * a.T + bh * a.T + r0 + t];
-            }
-            __syncthreads();
-            if (!live) continue;
-            for (int r = 0; r < rows; r++) {
-                float dot = 0;
-                for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qs[r * D + d], kr[d]));
-                const float s = rt_attn_score(a, mask, mbase, r0 + r, j, __fmul_rn(dot, a.scale));
-                const float p = expf(s - ls[r]);
-                if (p == 0) continue;
-                float dp = 0;
-                for (int e = 0; e < E; e++) {
-                    gv[e] = __fadd_rn(gv[e], __fmul_rn(p, gs[r * E + e]));
-                    dp = __fadd_rn(dp, __fmul_rn(gs[r * E + e], vr[e]));
+        for (int64_t bh = kv * G; bh < (kv + 1) * G; bh++) { /* the query slices that read kv, in order */
+            const int64_t mbase = rt_attn_mask_base(a, bh);
+            for (int64_t r0 = first; r0 < a.T; r0 += QT) {
+                const int rows = (int)(a.T - r0 < QT ? a.T - r0 : QT);
+                __syncthreads();
+                rt_attn_load<D>(qs, q + bh * a.T * D, r0, rows);
+                rt_attn_load<E>(gs, dout + bh * a.T * E, r0, rows);
+                for (int t = threadIdx.x; t < rows; t += blockDim.x) {
+                    ls[t] = stats[bh * a.T + r0 + t];
+                    ds_[t] = stats[a.BH * a.T + bh * a.T + r0 + t];
                 }
-                const float ds = __fmul_rn(p, dp - ds_[r]);
-                for (int d = 0; d < D; d++) gk[d] = __fadd_rn(gk[d], __fmul_rn(ds, qs[r * D + d]));
+                __syncthreads();
+                if (!live) continue;
+                for (int r = 0; r < rows; r++) {
+                    float dot = 0;
+                    for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qs[r * D + d], kr[d]));
+                    const float s = rt_attn_score(a, mask, mbase, r0 + r, j, __fmul_rn(dot, a.scale));
+                    const float p = expf(s - ls[r]);
+                    if (p == 0) continue;
+                    float dp = 0;
+                    for (int e = 0; e < E; e++) {
+                        gv[e] = __fadd_rn(gv[e], __fmul_rn(p, gs[r * E + e]));
+                        dp = __fadd_rn(dp, __fmul_rn(gs[r * E + e], vr[e]));
+                    }
+                    const float ds = __fmul_rn(p, dp - ds_[r]);
+                    for (int d = 0; d < D; d++) gk[d] = __fadd_rn(gk[d], __fmul_rn(ds, qs[r * D + d]));
+                }
             }
         }
         if (live) {

@@ -214,7 +214,11 @@ class Interp:
     def sdpa(q, k, v, mask, causal, scale):
         """softmax(q k^T * scale + mask) v as torch composes it (torch.nn.functional's
         scaled_dot_product_attention is newer than this torch); causal is top-left aligned (key j
-        > query i out), an integer mask keeps where it is not 0; a row with no key left is 0."""
+        > query i out), an integer mask keeps where it is not 0; a row with no key left is 0.
+        Grouped-query attention (k and v with fewer heads) repeats them, as Hugging Face's
+        repeat_kv: query head h reads key/value head h // (heads of q / heads of k)."""
+        if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+            k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
         s = q @ k.transpose(-1, -2) * scale
         keep = torch.ones(s.shape[-2:], dtype=torch.bool)
         if causal:

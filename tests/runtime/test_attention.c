@@ -2,7 +2,8 @@
  * the unfused reference (rt_attention_ref_*, whole [T, S] matrices in double) on random values:
  * no mask, causal (T == S and T != S, top-left aligned), additive and boolean masks broadcast
  * several ways, rows that lose every key, T not a multiple of the block, T = 1, d = 64, S != T,
- * d != e. Also: the same bits for 1 and 2 threads.
+ * d != e, grouped-query attention (2 and 4 query heads per key/value head). Also: the same bits
+ * for 1 and 2 threads.
  *
  *     test_attention            the cmocka tests
  *     test_attention --bench    times the kernels on B*H = 48, T = 256, d = 64
@@ -74,7 +75,8 @@ static void *make_mask(const Case *c) {
 
 static void run_case(const Case *c) {
     const RtAttn *a = &c->a;
-    int64_t nq = a->BH * a->T * a->D, nk = a->BH * a->S * a->D, nv = a->BH * a->S * a->E, no = a->BH * a->T * a->E;
+    const int64_t kvh = a->BH / rt_attn_group(a); /* key/value slices */
+    int64_t nq = a->BH * a->T * a->D, nk = kvh * a->S * a->D, nv = kvh * a->S * a->E, no = a->BH * a->T * a->E;
     float *q = randv(nq), *k = randv(nk), *v = randv(nv), *dout = randv(no);
     for (int64_t i = 0; i < nq; i++) q[i] *= 3; /* scores of a few units: a peaked softmax */
     void *mask = a->mask ? make_mask(c) : NULL;
@@ -88,8 +90,9 @@ static void run_case(const Case *c) {
     rt_attention_bwd(a, q, k, v, mask, out, dout, dq, dk, dv, scratch, per);
     rt_attention_ref_fwd(a, q, k, v, mask, rout);
     rt_attention_ref_bwd(a, q, k, v, mask, dout, rdq, rdk, rdv);
-    print_message("%s: BH %lld T %lld S %lld d %lld e %lld causal %d mask %d\n", c->name, (long long)a->BH,
-                  (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->E, a->causal, a->mask);
+    print_message("%s: BH %lld T %lld S %lld d %lld e %lld causal %d mask %d group %lld\n", c->name,
+                  (long long)a->BH, (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->E, a->causal,
+                  a->mask, (long long)rt_attn_group(a));
     assert_near(out, rout, no, 1e-5, "out");
     assert_near(dq, rdq, nq, 5e-5, "dq");
     assert_near(dk, rdk, nk, 5e-5, "dk");
@@ -161,6 +164,23 @@ static void test_masks(void **state) {
     run_case(&c);
 }
 
+/* Grouped-query attention: q [B, H, T, d] against k, v [B, H / group, S, d]; dk and dv sum the
+ * terms of every query head of their group. */
+static void test_grouped(void **state) {
+    (void)state;
+    Case c;
+    c = (Case){"group 2, causal", geom(2, 4, 70, 70, 16, 16, 1), 0, 0};
+    c.a.group = 2;
+    run_case(&c);
+    c = (Case){"group 4 (one key/value head), S != T", geom(2, 4, 37, 90, 8, 12, 0), 0, 0};
+    c.a.group = 4;
+    run_case(&c);
+    /* with a boolean [B, 1, 1, S] padding mask, read per query slice */
+    c = (Case){"group 3, bool [B, 1, 1, S]", geom(2, 6, 40, 75, 16, 16, 0), 2 * 75, 3};
+    c.a.group = 3, c.a.mask = RT_ATTN_KEEP, c.a.mask_lead[0] = 75, c.a.mask_s = 1;
+    run_case(&c);
+}
+
 static double clock_s(clockid_t id) {
     struct timespec ts;
     clock_gettime(id, &ts);
@@ -198,6 +218,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_plain),
         cmocka_unit_test(test_causal),
         cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_grouped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
