@@ -17,19 +17,8 @@ py=/usr/bin/python3
 scripts/setup.sh
 files=("$@")
 if ((${#files[@]} == 0)); then
-  fortunes=/usr/share/games/fortunes
-  if ! ls "$fortunes"/*.dat >/dev/null 2>&1; then
-    echo "tiny_gpt: installing Debian's fortunes (the corpus)"
-    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends fortunes >/dev/null ||
-      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends fortunes-min >/dev/null
-  fi
-  # every fortune file: the text beside its .dat index (not the index, not the offensive ones in off/)
-  for dat in "$fortunes"/*.dat; do
-    [ -f "${dat%.dat}" ] && files+=("${dat%.dat}")
-  done
-  ((${#files[@]})) || { echo "tiny_gpt: no fortune files in $fortunes; give text files as arguments" >&2; exit 1; }
+  mapfile -t files < <(examples/fortunes.sh tiny_gpt)
+  ((${#files[@]})) || exit 1
 fi
 mkdir -p out
 data=out/tiny_gpt_data

@@ -229,9 +229,12 @@ item_list:
   ;
 
 /* A label path `layer1.{i}.conv`: names, integers and {expr} joined by dots. The lexer reads
- * `0.1` in `layer2.0.1` as one number; the builder splits it into two segments. */
+ * `0.1` in `layer2.0.1` as one number; the builder splits it into two segments. The keyword
+ * `model` is also a segment, for Hugging Face's names (`model.layers.{i}`). */
 label:
     IDENT                                { $$ = ast_label_text(P, NULL, @1, $1.text); }
+  | "model"                              { $$ = ast_label_text(P, NULL, @1, "model"); }
+  | label "." "model"                    { $$ = ast_label_text(P, $1, @3, "model"); }
   | INT                                  { $$ = ast_label_number(P, NULL, @1, $1, false); }
   | FLOAT                                { $$ = ast_label_number(P, NULL, @1, $1, true); }
   | "{" expr "}"                         { $$ = ast_label_expr(P, NULL, @1, $2); }

@@ -1,0 +1,167 @@
+"""models/llama.net against a Llama in PyTorch (llama_torch.py: Hugging Face's LlamaForCausalLM
+names): a small configuration through -D (vocab 64, seq 16, 2 layers, 4 query heads on 2
+key/value heads of 8, width 32, SwiGLU width 64, batch 4), the same initial weights (torch's,
+saved to safetensors, given to the trainer with --init), the same token windows in the same order
+(--no-shuffle), and STEPS AdamW steps with betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every
+matrix (no_decay = the RMSNorm weights), clip_grad_norm 0.5 (active: checked), a cosine schedule
+over the run with warmup_steps = 2. The reference runs in float64.
+
+Checked: every step's loss, learning rate and gradient norm before clipping (the log, with
+--log-every 1); every parameter after the run; the trainer's logits (--predict) against the
+reference's forward on the trained weights; netc's saved file loads into the PyTorch module with
+strict=True. When `transformers` is importable, the file also loads into
+transformers.LlamaForCausalLM, whose logits must equal the module's; that part is skipped with a
+line when it is absent, and is not counted as a check then.
+
+usage: llama_crosscheck.py NETC WORK [STEPS]
+"""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
+from llama_torch import Llama, decay_groups  # noqa: E402
+from lm_check import compare_params, compare_steps, compile_model, nudged_init, save_inputs, train  # noqa: E402
+from netc_testlib import Checks  # noqa: E402
+
+check = Checks()
+CFG = dict(vocab=64, n_layer=2, n_head=4, n_kv_head=2, hidden=32, intermediate=64, rms_eps=1e-5,
+           rope_theta=10000.0)
+SEQ, BATCH, LR, WD, CLIP, WARMUP, BETAS, EPS = 16, 4, 1e-3, 0.1, 0.5, 2, (0.9, 0.95), 1e-8
+
+# Tolerances. netc computes in float32, the reference in float64. One forward pass rounds each
+# value a few times at float32's 2^-24 = 6e-8 relative, through sums of at most 64 terms (the
+# MLP's down projection), RMS norms (which keep relative errors) and softmaxes over 16 keys; the
+# rotary tables add an error of their own: netc computes the angle p * theta^(-2i/d) in float32
+# (exp of a float32 product, then a product with the position), which is off by a few ulps of the
+# angle, at most ~15 * 2e-7 = 3e-6 radians at position 15, where the reference's tables are
+# exact. So the logits differ by a few 1e-7 .. 1e-6 of their size, and so do the losses and the
+# gradients. AdamW's update m / (sqrt(v) + eps) keeps a gradient's relative error, so after STEPS
+# steps each parameter tensor is off by ~1e-6 of its size.
+# Measured (6 steps): losses 5.5e-8, gradient norms 6.9e-8, parameters 6.7e-8 .. 1.3e-7, the
+# trained weights' logits 2.5e-7; the bounds leave a margin of 15 and more for another machine's
+# BLAS and libm. A missing term (a wrong rotation, a key/value head read by the wrong
+# query heads, no clipping, decay applied to a norm) moves a tensor by 1e-3 of its size and more
+# (Adam's steps are lr-sized: 1e-3, against parameters that moved 1e-2 .. 1e-1).
+LOSS_TOL = 1e-6      # relative, per step (loss, grad_norm)
+PARAM_TOL = 5e-6     # ||netc - torch|| / ||torch|| per tensor
+LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|
+LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
+
+
+def lr_lambda(k, total):
+    """rt_lr_at for cosine(min_lr = 0) with warmup_steps = WARMUP, over `total` steps."""
+    g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
+    return g * ((k + 1) / WARMUP if k < WARMUP else 1.0)
+
+
+def windows(n, seed=7):
+    """n [SEQ] windows of a random token stream and the next tokens: prepare_text.py's layout."""
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(0, CFG["vocab"], size=n * SEQ + 1)
+    idx = np.arange(n)[:, None] * SEQ + np.arange(SEQ + 1)[None, :]
+    w = stream[idx]
+    return w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)
+
+
+def reference(init, tokens, targets, steps):
+    net = Llama(**CFG).double()
+    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
+    decay, no_decay = decay_groups(net)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, steps))
+    rows = []
+    for k in range(steps):
+        x = torch.from_numpy(tokens[k * BATCH:(k + 1) * BATCH])
+        y = torch.from_numpy(targets[k * BATCH:(k + 1) * BATCH])
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x).reshape(-1, CFG["vocab"]), y.reshape(-1))
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP))
+        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
+        opt.step()
+        sched.step()
+    return net, rows
+
+
+def transformers_check(saved, net64, tokens):
+    """The saved file in transformers.LlamaForCausalLM, if there is one: logits equal the module's."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers is not installed: the LlamaForCausalLM load and comparison are skipped (not counted)")
+        return
+    conf = transformers.LlamaConfig(vocab_size=CFG["vocab"], hidden_size=CFG["hidden"],
+                                    intermediate_size=CFG["intermediate"], num_hidden_layers=CFG["n_layer"],
+                                    num_attention_heads=CFG["n_head"], num_key_value_heads=CFG["n_kv_head"],
+                                    max_position_embeddings=SEQ, rms_norm_eps=CFG["rms_eps"],
+                                    rope_theta=CFG["rope_theta"], tie_word_embeddings=False, attention_bias=False,
+                                    mlp_bias=False, hidden_act="silu", attn_implementation="eager")
+    hf = transformers.LlamaForCausalLM(conf).double().eval()
+    res = hf.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=False)
+    check(not res.missing_keys and not res.unexpected_keys,
+          f"transformers {transformers.__version__}: missing {res.missing_keys}, unexpected {res.unexpected_keys}")
+    x = torch.from_numpy(tokens[:BATCH])
+    with torch.no_grad():
+        a, b = hf(x).logits, net64(x)
+    # HF computes its rotary tables in float32 even in a float64 model: ~1e-7 of the angle
+    err = float((a - b).abs().max() / b.abs().max())
+    print(f"transformers {transformers.__version__} LlamaForCausalLM: logits differ by {err:.2e}")
+    check(err < 1e-5, f"LlamaForCausalLM's logits differ from the module's by {err:.2e}")
+
+
+def main():
+    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(4321)
+    torch.set_num_threads(2)
+    tokens, targets = windows(BATCH * steps)
+    inputs = save_inputs(work, "llama", {"tokens": tokens, "targets": targets})
+    init_net = Llama(**CFG)
+    init_file = os.path.join(work, "init.safetensors")
+    init = nudged_init(init_net, init_file, lambda name: name.endswith("norm.weight"))
+
+    exe = os.path.join(work, "llama")
+    defines = {k: v for k, v in CFG.items()}
+    compile_model(netc, os.path.join(ROOT, "models", "llama.net"), exe,
+                  dict(defines, seq=SEQ, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP))
+    logged, saved = train(exe, inputs, init_file, steps, exe)
+    saved_file = exe + ".safetensors"
+
+    net64, rows = reference(init, tokens, targets, steps)
+    compare_steps(check, logged, rows, CLIP, LOSS_TOL, LR_TOL)
+    ref = {k: v.detach().numpy() for k, v in net64.state_dict().items()}
+    compare_params(check, saved, ref, init, PARAM_TOL)
+
+    # the trainer's own forward pass on its trained weights (--predict writes the logits), against
+    # the reference's forward on the same weights in float64
+    trained64 = Llama(**CFG).double()
+    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    pred = os.path.join(work, "logits.npy")
+    subprocess.run([exe, "--init", saved_file, "--predict", f"tokens={inputs['tokens']}", "--predict-out", pred,
+                    "--quiet"], check=True)
+    with torch.no_grad():
+        want = trained64(torch.from_numpy(tokens)).numpy()
+    got = np.load(pred).reshape(want.shape)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
+    check(err <= LOGIT_TOL, f"the trainer's logits differ by {err:.2e} > {LOGIT_TOL}")
+
+    fresh = Llama(**CFG)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
+    transformers_check(saved, trained64, tokens)
+    print(f"llama_crosscheck: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
