@@ -267,7 +267,9 @@ static bool sym_starts_expr(int k) {
     switch (k) {
     case YYSYMBOL_IDENT: case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_STRING:
     case YYSYMBOL_LPAREN: case YYSYMBOL_LBRACKET: case YYSYMBOL_LBRACE: case YYSYMBOL_MINUS:
-    case YYSYMBOL_K_NOT: case YYSYMBOL_K_TRUE: case YYSYMBOL_K_FALSE: return true;
+    case YYSYMBOL_K_NOT: case YYSYMBOL_K_TRUE: case YYSYMBOL_K_FALSE:
+    case YYSYMBOL_K_MODEL: /* a label's first segment */
+        return true;
     default: return false;
     }
 }
@@ -334,7 +336,7 @@ static bool sym_is_semi_or_else(int k) { return k == YYSYMBOL_SEMI || k == YYSYM
 static void expected_desc(Expected *x, char *buf, size_t size) {
     const char *lead[2];
     int n_lead = 0;
-    if (x->has[YYSYMBOL_K_MODEL]) {
+    if (x->has[YYSYMBOL_K_CONST]) { /* only a statement starts with 'const' */
         lead[n_lead++] = "statement";
         drop(x, sym_starts_stmt, false);
     }
@@ -393,7 +395,7 @@ static bool report_unclosed(const yypcontext_t *ctx, Parser *P, int found, const
 }
 
 static void syntax_hints(Parser *P, int found, const Expected *x) {
-    bool stmt_start = x->has[YYSYMBOL_K_MODEL];
+    bool stmt_start = x->has[YYSYMBOL_K_CONST];
     if (found == YYSYMBOL_K_ELSE && stmt_start)
         diag_hint("'else' must follow the '}' that ends an if");
     else if (sym_is_keyword(found) && (x->has[YYSYMBOL_IDENT] || x->has[YYSYMBOL_INT]) && !stmt_start)

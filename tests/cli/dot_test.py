@@ -21,8 +21,10 @@ from netc_testlib import Checks, run_cases  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = sorted(glob.glob(os.path.join(HERE, "..", "..", "models", "*.net")))
 # GPT-2 at its real size is 12 layers of ~100 nodes each way: Graphviz takes minutes to lay it
-# out. One small layer has every operator of it.
-DEFINES = {"gpt2.net": ["-D", "n_layer=1", "-D", "vocab=64", "-D", "seq=16", "-D", "n_embd=32", "-D", "n_head=2"]}
+# out (Llama's whole step at 4 layers, more than the test's time). One small layer has every
+# operator of each.
+DEFINES = {"gpt2.net": ["-D", "n_layer=1", "-D", "vocab=64", "-D", "seq=16", "-D", "n_embd=32", "-D", "n_head=2"],
+           "llama.net": ["-D", "n_layer=1"]}
 check = Checks()
 NODE = re.compile(r'  %(\d+) = (\w+)(?: "([^"]*)")?(?:\(([^)]*)\))? (\w+\[[^\]]*\])(.*?)(?:   #.*)?$')
 
