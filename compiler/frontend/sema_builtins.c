@@ -221,6 +221,8 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     IrNode *x = arg_f32_tensor(A, 0, 0, 2);
     int64_t out = arg_int(A, 1, 1, 1);
     int bias = arg_bool(A, 2, 1), transposed = arg_bool(A, 3, 0);
+    int normal = A->a[4].k != V_NONE; /* std given: Hugging Face's N(0, std^2) and zero biases */
+    double std = normal ? arg_num(A, 4, 0.02, 0, 1e6) : 0;
     if (!A->ok) return sema_error();
     int r = x->shape.rank;
     int64_t in = x->shape.dim[r - 1], rows = ir_numel(&x->shape) / in;
@@ -228,10 +230,11 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
     /* transposed = true: the weight stored [in, out], as Hugging Face's Conv1D (GPT-2) */
     IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
-                           transposed ? ir_shape(2, in, out) : ir_shape(2, out, in), INIT_UNIFORM, bound, c->loc);
+                           transposed ? ir_shape(2, in, out) : ir_shape(2, out, in),
+                           normal ? INIT_NORMAL : INIT_UNIFORM, normal ? std : bound, c->loc);
     if (!w) return sema_error();
     IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
-                                  INIT_UNIFORM, bound, c->loc)
+                                  normal ? INIT_ZEROS : INIT_UNIFORM, bound, c->loc)
                       : NULL;
     if (bias && !b) return sema_error();
     IrNode *x2 = reshape(S, x, ir_shape(2, rows, in), c->loc);
@@ -1456,7 +1459,7 @@ static Value b_iota(Sema *S, const AstExpr *c, const char *label, Value *args) {
 #define CAST(n) {n, "x", b_cast, 1, 1, {"x"}}
 #define UNARY(n) {n, "x", b_unary, 1, 1, {"x"}}
 static const SemaBuiltin builtins[] = {
-    {"dense", "x, out, bias=true, transposed=false", b_dense, 2, 4, {"x", "out", "bias", "transposed"}},
+    {"dense", "x, out, bias=true, transposed=false, std=none", b_dense, 2, 5, {"x", "out", "bias", "transposed", "std"}},
     {"conv2d", "x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true", b_conv2d, 3, 8,
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"maxpool2d", "x, k, stride=k, pad=0", b_pool, 2, 4, {"x", "k", "stride", "pad"}},
