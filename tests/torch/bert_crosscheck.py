@@ -27,7 +27,6 @@ order); and the packed batch without its block-diagonal mask (every sequence id 
 usage: bert_crosscheck.py NETC WORK [STEPS | packing]
 """
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -38,7 +37,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from bert_torch import Bert, lamb_groups  # noqa: E402
-from lm_check import compare_params, compare_steps, compile_model, nudged_init, save_inputs, train  # noqa: E402
+from lm_check import (compare_logits, compare_params, compare_steps, compile_model, nudged_init,  # noqa: E402
+                      predicted_logits, reference_steps, save_inputs, train)
 from netc_testlib import Checks  # noqa: E402
 from optim_ref import Lamb  # noqa: E402
 
@@ -104,18 +104,12 @@ def reference(init, data, steps, keep_all=False):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (k + 1) / WARMUP if k < WARMUP else 1.0)
     if keep_all:
         data = dict(data, attention_mask=np.ones_like(data["attention_mask"]))
-    rows = []
-    for k in range(steps):
-        opt.zero_grad()
+
+    def loss_of(k):
         logits = forward(net, data, k * BATCH, (k + 1) * BATCH)
         y = torch.from_numpy(data["labels"][k * BATCH:(k + 1) * BATCH])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, CFG["vocab"]), y.reshape(-1), ignore_index=-100)
-        loss.backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP))
-        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
-        opt.step()
-        sched.step()
-    return net, rows
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, CFG["vocab"]), y.reshape(-1), ignore_index=-100)
+    return net, reference_steps(net, opt, sched, steps, loss_of, CLIP)
 
 
 def compile_bert(netc, exe, **defines):
@@ -245,16 +239,10 @@ def main():
     # position's output is whatever its own query makes of the real keys, in both)
     trained64 = Bert(**CFG).double()
     trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
-    pred = os.path.join(work, "logits.npy")
-    subprocess.run([exe, "--init", saved_file, "--predict-out", pred, "--quiet"] +
-                   sum((["--predict", f"{k}={inputs[k]}"] for k in INPUTS), []), check=True)
+    got = predicted_logits(exe, saved_file, {k: inputs[k] for k in INPUTS}, os.path.join(work, "logits.npy"))
     with torch.no_grad():
         want = forward(trained64, data, 0, BATCH * steps).numpy()
-    got = np.load(pred).reshape(want.shape)
-    real = data["attention_mask"].astype(bool)
-    err = np.abs(got - want)[real].max() / np.abs(want[real]).max()
-    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
-    check(err <= LOGIT_TOL, f"the trainer's logits differ by {err:.2e} > {LOGIT_TOL}")
+    compare_logits(check, got, want, LOGIT_TOL, where=data["attention_mask"].astype(bool))
 
     fresh = Bert(**CFG)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)

@@ -15,9 +15,7 @@ line when it is absent, and is not counted as a check then.
 
 usage: llama_crosscheck.py NETC WORK [STEPS]
 """
-import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -28,7 +26,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from llama_torch import Llama, decay_groups  # noqa: E402
-from lm_check import compare_params, compare_steps, compile_model, nudged_init, save_inputs, train  # noqa: E402
+from lm_check import (compare_logits, compare_params, compare_steps, compile_model, cosine_warmup,  # noqa: E402
+                      nudged_init, predicted_logits, reference_steps, save_inputs, token_windows, train)
 from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
@@ -56,40 +55,18 @@ LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|
 LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
 
 
-def lr_lambda(k, total):
-    """rt_lr_at for cosine(min_lr = 0) with warmup_steps = WARMUP, over `total` steps."""
-    g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
-    return g * ((k + 1) / WARMUP if k < WARMUP else 1.0)
-
-
-def windows(n, seed=7):
-    """n [SEQ] windows of a random token stream and the next tokens: prepare_text.py's layout."""
-    rng = np.random.default_rng(seed)
-    stream = rng.integers(0, CFG["vocab"], size=n * SEQ + 1)
-    idx = np.arange(n)[:, None] * SEQ + np.arange(SEQ + 1)[None, :]
-    w = stream[idx]
-    return w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)
-
-
 def reference(init, tokens, targets, steps):
     net = Llama(**CFG).double()
     net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
     decay, no_decay = decay_groups(net)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=BETAS, eps=EPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, steps))
-    rows = []
-    for k in range(steps):
-        x = torch.from_numpy(tokens[k * BATCH:(k + 1) * BATCH])
-        y = torch.from_numpy(targets[k * BATCH:(k + 1) * BATCH])
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x).reshape(-1, CFG["vocab"]), y.reshape(-1))
-        loss.backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP))
-        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
-        opt.step()
-        sched.step()
-    return net, rows
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: cosine_warmup(k, steps, WARMUP))
+
+    def loss_of(k):
+        x, y = (torch.from_numpy(t[k * BATCH:(k + 1) * BATCH]) for t in (tokens, targets))
+        return torch.nn.functional.cross_entropy(net(x).reshape(-1, CFG["vocab"]), y.reshape(-1))
+    return net, reference_steps(net, opt, sched, steps, loss_of, CLIP)
 
 
 def transformers_check(saved, net64, tokens):
@@ -124,7 +101,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(4321)
     torch.set_num_threads(2)
-    tokens, targets = windows(BATCH * steps)
+    tokens, targets = token_windows(BATCH * steps, SEQ, CFG["vocab"], seed=7)
     inputs = save_inputs(work, "llama", {"tokens": tokens, "targets": targets})
     init_net = Llama(**CFG)
     init_file = os.path.join(work, "init.safetensors")
@@ -146,15 +123,9 @@ def main():
     # the reference's forward on the same weights in float64
     trained64 = Llama(**CFG).double()
     trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
-    pred = os.path.join(work, "logits.npy")
-    subprocess.run([exe, "--init", saved_file, "--predict", f"tokens={inputs['tokens']}", "--predict-out", pred,
-                    "--quiet"], check=True)
+    got = predicted_logits(exe, saved_file, {"tokens": inputs["tokens"]}, os.path.join(work, "logits.npy"))
     with torch.no_grad():
-        want = trained64(torch.from_numpy(tokens)).numpy()
-    got = np.load(pred).reshape(want.shape)
-    err = np.abs(got - want).max() / np.abs(want).max()
-    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
-    check(err <= LOGIT_TOL, f"the trainer's logits differ by {err:.2e} > {LOGIT_TOL}")
+        compare_logits(check, got, trained64(torch.from_numpy(tokens)).numpy(), LOGIT_TOL)
 
     fresh = Llama(**CFG)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)

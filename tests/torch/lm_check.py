@@ -1,7 +1,8 @@
-"""What gpt2_crosscheck.py and bert_crosscheck.py share: compiling a model and training it from
-given weights on given batches, and comparing its logged steps and saved parameters with the
-float64 reference's."""
+"""What gpt2_crosscheck.py, bert_crosscheck.py and llama_crosscheck.py share: compiling a model
+and training it from given weights on given batches, the float64 reference's steps, and comparing
+the logged steps, saved parameters and predicted logits with the reference's."""
 import json
+import math
 import os
 import subprocess
 
@@ -9,6 +10,51 @@ import numpy as np
 import torch
 
 from netc_testlib import st_load, st_save
+
+
+def cosine_warmup(k, total, warmup):
+    """rt_lr_at's factor for cosine(min_lr = 0) with warmup_steps = warmup, over `total` steps."""
+    g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
+    return g * ((k + 1) / warmup if k < warmup else 1.0)
+
+
+def token_windows(n, seq, vocab, seed):
+    """n [seq] windows of a random token stream and the next tokens: prepare_text.py's layout."""
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(0, vocab, size=n * seq + 1)
+    w = stream[np.arange(n)[:, None] * seq + np.arange(seq + 1)[None, :]]
+    return w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)
+
+
+def reference_steps(net, opt, sched, steps, loss_of, clip):
+    """STEPS steps of the float64 reference, loss_of(k) giving step k's loss, the gradients
+    clipped to clip: each step's (loss, learning rate, gradient norm before clipping)."""
+    rows = []
+    for k in range(steps):
+        opt.zero_grad()
+        loss = loss_of(k)
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), clip))
+        rows.append((float(loss), opt.param_groups[0]["lr"], norm))
+        opt.step()
+        sched.step()
+    return rows
+
+
+def predicted_logits(exe, weights, inputs, out):
+    """The trainer's own forward pass (--predict) on weights for inputs ({name: .npy path})."""
+    subprocess.run([exe, "--init", weights, "--predict-out", out, "--quiet"] +
+                   sum((["--predict", f"{k}={v}"] for k, v in inputs.items()), []), check=True)
+    return np.load(out)
+
+
+def compare_logits(check, got, want, tol, where=None):
+    """The largest |difference| over the largest |logit| (at positions where, if given) <= tol."""
+    got = got.reshape(want.shape)
+    diff = np.abs(got - want)
+    err = (diff[where].max() / np.abs(want[where]).max() if where is not None else diff.max() / np.abs(want).max())
+    print(f"--predict logits: largest difference {err:.2e} of the largest logit")
+    check(err <= tol, f"the trainer's logits differ by {err:.2e} > {tol}")
 
 
 def compile_model(netc, model, exe, defines):
