@@ -681,13 +681,7 @@ static Value b_attention(Sema *S, const AstExpr *c, const char *label, Value *ar
     if (A->a[5].k != V_NONE) scale = arg_num(A, 5, 1, -1e30, 1e30);
     if (!A->ok) return sema_error();
     int r = q->shape.rank;
-    /* the leading axes equal, but k's and v's heads (the last leading axis) may divide q's */
-    int lead_ok = k->shape.rank == r && v->shape.rank == r;
-    for (int i = 0; lead_ok && i < r - 2; i++) {
-        int64_t hq = q->shape.dim[i], hk = k->shape.dim[i];
-        lead_ok = v->shape.dim[i] == hk && (hk == hq || (i == r - 3 && hq % hk == 0));
-    }
-    if (!lead_ok || k->shape.dim[r - 1] != q->shape.dim[r - 1] || v->shape.dim[r - 2] != k->shape.dim[r - 2]) {
+    if (!ir_attention_ok(q, k, v, NULL)) { /* the IR's rule for the operands (the mask follows) */
         diag_error(c->loc, "attention of q %s, k %s and v %s: need q [..., T, d], k [..., S, d] and v [..., S, e] "
                    "with the same leading axes (k and v may have fewer heads, a divisor of q's, in the last one)",
                    sema_shape_str(S, &q->shape), sema_shape_str(S, &k->shape), sema_shape_str(S, &v->shape));
