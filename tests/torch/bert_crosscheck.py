@@ -37,7 +37,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from bert_torch import Bert, lamb_groups  # noqa: E402
-from lm_check import (compare_logits, compare_params, compare_steps, compile_model, nudged_init,  # noqa: E402
+from lm_check import (as_float64, compare_logits, compare_params, compare_steps, compile_model, nudged_init,  # noqa: E402
                       predicted_logits, reference_steps, save_inputs, train)
 from netc_testlib import Checks  # noqa: E402
 from optim_ref import Lamb  # noqa: E402
@@ -96,8 +96,7 @@ def forward(net, data, lo, hi):
 
 
 def reference(init, data, steps, keep_all=False):
-    net = Bert(**CFG).double()
-    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
+    net = as_float64(Bert(**CFG), init)
     decay, no_decay = lamb_groups(net)
     opt = Lamb([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0, "adapt": False}],
                lr=LR, betas=BETAS, eps=EPS)
@@ -237,8 +236,7 @@ def main():
     # the trainer's own forward pass on its trained weights (--predict writes the logits), against
     # the reference's forward on the same weights in float64, at the real positions (a padding
     # position's output is whatever its own query makes of the real keys, in both)
-    trained64 = Bert(**CFG).double()
-    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    trained64 = as_float64(Bert(**CFG), saved)
     got = predicted_logits(exe, saved_file, {k: inputs[k] for k in INPUTS}, os.path.join(work, "logits.npy"))
     with torch.no_grad():
         want = forward(trained64, data, 0, BATCH * steps).numpy()

@@ -26,8 +26,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from gpt2_torch import GPT2, decay_groups  # noqa: E402
-from lm_check import (compare_logits, compare_params, compare_steps, compile_model, cosine_warmup,  # noqa: E402
-                      nudged_init, predicted_logits, reference_steps, save_inputs, token_windows, train)
+from lm_check import (as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
+                      compile_model, nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
@@ -69,17 +69,9 @@ def key_bias_noise(name, got, want, start, steps):
 
 
 def reference(init, tokens, targets, steps):
-    net = GPT2(**CFG).double()
-    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
-    decay, no_decay = decay_groups(net)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: cosine_warmup(k, steps, WARMUP))
-
-    def loss_of(k):
-        x, y = (torch.from_numpy(t[k * BATCH:(k + 1) * BATCH]) for t in (tokens, targets))
-        return torch.nn.functional.cross_entropy(net(x).reshape(-1, CFG["vocab"]), y.reshape(-1))
-    return net, reference_steps(net, opt, sched, steps, loss_of, CLIP)
+    net = as_float64(GPT2(**CFG), init)
+    return net, causal_lm_reference(net, decay_groups(net), tokens, targets, steps, BATCH, CFG["vocab"], CLIP, WARMUP,
+                                    LR, WD, betas=BETAS, eps=EPS)
 
 
 def transformers_check(saved, net64, tokens):
@@ -94,7 +86,7 @@ def transformers_check(saved, net64, tokens):
                                    n_layer=CFG["n_layer"], n_head=CFG["n_head"], activation_function="gelu_new",
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
     hf = transformers.GPT2LMHeadModel(conf).double().eval()
-    res = hf.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=False)
+    res = hf.load_state_dict(tensors64(saved), strict=False)
     missing = [k for k in res.missing_keys if k != "lm_head.weight" and not k.endswith((".attn.bias",
                                                                                        ".attn.masked_bias"))]
     check(not missing and not res.unexpected_keys,
@@ -138,8 +130,7 @@ def main():
 
     # the trainer's own forward pass on its trained weights (--predict writes the logits), against
     # the reference's forward on the same weights in float64
-    trained64 = GPT2(**CFG).double()
-    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    trained64 = as_float64(GPT2(**CFG), saved)
     got = predicted_logits(exe, saved_file, {"tokens": inputs["tokens"]}, os.path.join(work, "logits.npy"))
     with torch.no_grad():
         compare_logits(check, got, trained64(torch.from_numpy(tokens)).numpy(), LOGIT_TOL)

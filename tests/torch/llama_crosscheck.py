@@ -18,7 +18,6 @@ usage: llama_crosscheck.py NETC WORK [STEPS]
 import os
 import sys
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,8 +25,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from llama_torch import Llama, decay_groups  # noqa: E402
-from lm_check import (compare_logits, compare_params, compare_steps, compile_model, cosine_warmup,  # noqa: E402
-                      nudged_init, predicted_logits, reference_steps, save_inputs, token_windows, train)
+from lm_check import (as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
+                      compile_model, nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
@@ -56,17 +55,9 @@ LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
 
 
 def reference(init, tokens, targets, steps):
-    net = Llama(**CFG).double()
-    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
-    decay, no_decay = decay_groups(net)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: cosine_warmup(k, steps, WARMUP))
-
-    def loss_of(k):
-        x, y = (torch.from_numpy(t[k * BATCH:(k + 1) * BATCH]) for t in (tokens, targets))
-        return torch.nn.functional.cross_entropy(net(x).reshape(-1, CFG["vocab"]), y.reshape(-1))
-    return net, reference_steps(net, opt, sched, steps, loss_of, CLIP)
+    net = as_float64(Llama(**CFG), init)
+    return net, causal_lm_reference(net, decay_groups(net), tokens, targets, steps, BATCH, CFG["vocab"], CLIP, WARMUP,
+                                    LR, WD, betas=BETAS, eps=EPS)
 
 
 def transformers_check(saved, net64, tokens):
@@ -83,7 +74,7 @@ def transformers_check(saved, net64, tokens):
                                     rope_theta=CFG["rope_theta"], tie_word_embeddings=False, attention_bias=False,
                                     mlp_bias=False, hidden_act="silu", attn_implementation="eager")
     hf = transformers.LlamaForCausalLM(conf).double().eval()
-    res = hf.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=False)
+    res = hf.load_state_dict(tensors64(saved), strict=False)
     check(not res.missing_keys and not res.unexpected_keys,
           f"transformers {transformers.__version__}: missing {res.missing_keys}, unexpected {res.unexpected_keys}")
     x = torch.from_numpy(tokens[:BATCH])
@@ -108,9 +99,8 @@ def main():
     init = nudged_init(init_net, init_file, lambda name: name.endswith("norm.weight"))
 
     exe = os.path.join(work, "llama")
-    defines = {k: v for k, v in CFG.items()}
     compile_model(netc, os.path.join(ROOT, "models", "llama.net"), exe,
-                  dict(defines, seq=SEQ, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP))
+                  dict(CFG, seq=SEQ, batch=BATCH, lr=LR, weight_decay=WD, grad_clip=CLIP, warmup_steps=WARMUP))
     logged, saved = train(exe, inputs, init_file, steps, exe)
     saved_file = exe + ".safetensors"
 
@@ -121,8 +111,7 @@ def main():
 
     # the trainer's own forward pass on its trained weights (--predict writes the logits), against
     # the reference's forward on the same weights in float64
-    trained64 = Llama(**CFG).double()
-    trained64.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in saved.items()}, strict=True)
+    trained64 = as_float64(Llama(**CFG), saved)
     got = predicted_logits(exe, saved_file, {"tokens": inputs["tokens"]}, os.path.join(work, "logits.npy"))
     with torch.no_grad():
         compare_logits(check, got, trained64(torch.from_numpy(tokens)).numpy(), LOGIT_TOL)

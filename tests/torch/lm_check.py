@@ -26,6 +26,34 @@ def token_windows(n, seq, vocab, seed):
     return w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)
 
 
+def tensors64(weights):
+    """{name: array} as float64 torch tensors, for load_state_dict."""
+    return {k: torch.from_numpy(v.astype(np.float64)) for k, v in weights.items()}
+
+
+def as_float64(net, weights):
+    """net in float64 holding weights ({name: array}), loaded strictly."""
+    net = net.double()
+    net.load_state_dict(tensors64(weights), strict=True)
+    return net
+
+
+def causal_lm_reference(net, groups, tokens, targets, steps, batch, vocab, clip, warmup, lr, weight_decay, **adamw):
+    """STEPS steps of a causal language model in float64 (net, its weights loaded) on consecutive
+    batches of token windows, logits over vocab: AdamW(lr, **adamw) with weight_decay on groups' first list and none
+    on its second (decay, no_decay), the gradients clipped to clip, the cosine schedule with warm-up
+    over the run. Each step's (loss, learning rate, gradient norm before clipping)."""
+    decay, no_decay = groups
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, **adamw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: cosine_warmup(k, steps, warmup))
+
+    def loss_of(k):
+        x, y = (torch.from_numpy(t[k * batch:(k + 1) * batch]) for t in (tokens, targets))
+        return torch.nn.functional.cross_entropy(net(x).reshape(-1, vocab), y.reshape(-1))
+    return reference_steps(net, opt, sched, steps, loss_of, clip)
+
+
 def reference_steps(net, opt, sched, steps, loss_of, clip):
     """STEPS steps of the float64 reference, loss_of(k) giving step k's loss, the gradients
     clipped to clip: each step's (loss, learning rate, gradient norm before clipping)."""
