@@ -590,7 +590,7 @@ static void emit_attention(Cg *c, const IrNode *n) {
                 k, v, mask, n->id);
         return;
     }
-    int64_t nq = a.BH * a.T * a.D, nk = a.BH / a.group * a.S * a.D;
+    int64_t nq = ir_numel(&n->in[0]->shape), nk = ir_numel(&n->in[1]->shape); /* dq, dk, dv packed (autodiff) */
     cg_line(c, "rt_attention_bwd(&attn%d, v%d, v%d, v%d, %s, v%d, v%d, v%d, v%d + %" PRId64 ", v%d + %" PRId64
                ", ctx->scratch, ctx->scratch_per_thread); // dq, dk, dv",
             n->id, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq, n->id, nq + nk);

@@ -759,7 +759,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
         lib_kernel(u, n, call, "", rows_grid(q_tiles), BLOCK);
         return;
     }
-    const int64_t nq = a.BH * a.T * a.D, nk = a.BH / a.group * a.S * a.D, nv = a.BH / a.group * a.S * a.E;
+    const int64_t nq = ir_numel(&n->in[0]->shape), nk = ir_numel(&n->in[1]->shape), nv = ir_numel(&n->in[2]->shape);
     snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d, v%d, "
              "v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq + nk + nv);
     lib_kernel(u, n, call, "_rows", rows_grid(q_tiles), BLOCK);
