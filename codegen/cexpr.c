@@ -627,6 +627,35 @@ static int64_t input_classes(const IrGraph *g, const IrNode *input) {
     return classes;
 }
 
+/* train { lora = ... }: the adapters as parameter indices, and PEFT's configuration. */
+static void emit_lora(Cg *c, const IrLora *L) {
+    const IrGraph *g = c->g;
+    cg_open(c, "static const RtAdapter adapters[] = {");
+    cg_line(c, "// base weight, lora_A, lora_B, base stored [in, out]");
+    for (int k = 0; k < L->n_adapters; k++) {
+        const IrAdapter *a = &L->adapters[k];
+        cg_line(c, "{%d, %d, %d, %d}, // %s", a->base, a->a, a->b, g->params[a->base].dense == 2,
+                g->params[a->base].name);
+    }
+    cg_close(c, "};");
+    cg_begin(c, "static const char *const lora_targets[] = {");
+    for (int i = 0; i < L->n_targets; i++) {
+        cg_put(c, i ? ", " : "");
+        cg_cstr(c->out, L->targets[i]);
+    }
+    cg_end(c, "};");
+    cg_open(c, "static const RtLora lora = {");
+    cg_begin(c, ".r = %d, .alpha = ", L->r);
+    cg_dbl(c->out, L->alpha);
+    cg_put(c, ", .dropout = ");
+    cg_dbl(c->out, L->dropout);
+    cg_end(c, ",");
+    cg_line(c, ".n_targets = %d, .targets = lora_targets, .n_adapters = %d, .adapters = adapters,",
+            L->n_targets, L->n_adapters);
+    cg_close(c, "};");
+    cg_blank(c);
+}
+
 void cg_emit_description(Cg *c) {
     const IrGraph *g = c->g;
     FILE *o = c->out;
@@ -660,6 +689,7 @@ void cg_emit_description(Cg *c) {
         cg_close(c, "};");
         cg_blank(c);
     }
+    if (g->lora.r) emit_lora(c, &g->lora);
 }
 
 /* The .schedule member of the RtModel initializer, on two lines. */
@@ -707,6 +737,7 @@ void cg_emit_model_head(Cg *c) {
     cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
     cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
     cg_line(c, ".n_state_slots = %d,", cg_state_slots(&g->train));
+    if (g->lora.r) cg_line(c, ".lora = &lora,");
 }
 
 int cg_has_output(const IrGraph *g) {

@@ -49,6 +49,26 @@ typedef struct RtParam {
     int buffer;                 /* a running statistic (PyTorch buffer): saved, never trained */
 } RtParam;
 
+/* One low-rank adapter (train { lora = ... }, docs/language.md "LoRA"): indices in RtModel.params
+ * of the dense weight it adapts and of its two factors. */
+typedef struct RtAdapter {
+    int base;       /* [out, in], or [in, out] when transposed */
+    int a, b;       /* lora_A [r, in], lora_B [out, r] */
+    int transposed; /* the base is stored [in, out] (Hugging Face's Conv1D): PEFT's fan_in_fan_out */
+} RtAdapter;
+
+/* LoRA fine-tuning: y = W x + (alpha / r) B A dropout(x) on the adapted dense layers; every
+ * other parameter is frozen. The trainer saves and loads the adapters in PEFT's format
+ * (rt_lora.c). */
+typedef struct RtLora {
+    int r;
+    double alpha, dropout;
+    int n_targets;
+    const char *const *targets; /* PEFT's target_modules, as the train section lists them */
+    int n_adapters;
+    const RtAdapter *adapters;
+} RtLora;
+
 /* Everything one call of a step function reads and writes. */
 typedef struct RtCtx {
     void *const *inputs;       /* one batch buffer per model input, in the input's dtype */
@@ -257,6 +277,7 @@ typedef struct RtModel {
     int n_buckets;
     const RtBucket *buckets;
     int shard_optimizer;       /* netc --shard-optimizer: optimizer_step updates ctx->shard's slices */
+    const RtLora *lora;        /* train { lora = ... }: the adapters; NULL when the model has none */
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */

@@ -149,6 +149,11 @@ int64_t rt_param_numel(const RtParam *p);
 /* Write every parameter under its name (F32, PyTorch shape) atomically and durably through
  * rt_out_open/rt_out_commit (rt_file.h). On failure the old FILE is untouched. */
 int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err);
+/* Which parameters a weight file holds: all, all but LoRA's adapters, or only the adapters. */
+typedef enum { RT_PICK_ALL, RT_PICK_BASE, RT_PICK_ADAPTERS } RtPick;
+/* Save the picked parameters, each name with `prefix` (NULL: none) before it. */
+int rt_st_save_pick(const char *path, const RtModel *m, const float *params, RtPick pick, const char *prefix,
+                    RtError *err);
 /* Read every parameter of the model from a safetensors file; all names must match exactly. */
 int rt_st_load(const char *path, const RtModel *m, float *params, RtError *err);
 
@@ -159,6 +164,7 @@ typedef struct RtInitRules {
     const char *prefix; /* stripped from the file's names that start with it ("module.") */
     int partial;        /* load what the model has; missing and unexpected tensors are only listed */
     int checkpoint;     /* the file is a verified netc checkpoint: its optimizer state is ignored */
+    int adapters;       /* the file holds LoRA's adapters and nothing else (rt_lora.c) */
     FILE *report;       /* every mismatch is listed here (stderr), or only the first in the error */
     FILE *notes;        /* what a non-strict load left alone is listed here (stdout), or nowhere */
 } RtInitRules;
@@ -167,6 +173,20 @@ typedef struct RtInitRules {
 int rt_st_load_rules(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err);
 /* --init: a weight file, or a checkpoint (its checksum checked, its optimizer state ignored). */
 int rt_st_init(const char *path, const RtModel *m, float *params, const RtInitRules *r, RtError *err);
+
+/* ---- LoRA's adapters in PEFT's format (rt_lora.c) */
+/* Parameter i of m: 1 a lora_A, 2 a lora_B, 0 anything else. */
+int rt_lora_role(const RtModel *m, int i);
+/* DIR/adapter_model.safetensors and DIR/adapter_config.json, as PEFT's save_pretrained writes
+ * them; DIR is made when missing. */
+int rt_lora_save(const char *dir, const RtModel *m, const float *params, RtError *err);
+/* Read them back into the adapters of params, checking the configuration against the model's. */
+int rt_lora_load(const char *dir, const RtModel *m, float *params, RtError *err);
+/* The base model's parameters with every adapter merged, W + (alpha / r) B A, and no adapters: a
+ * weight file of the model without LoRA. */
+int rt_lora_save_merged(const char *path, const RtModel *m, const float *params, RtError *err);
+/* The files of an adapter directory, into buf. */
+const char *rt_lora_file(const char *dir, int config, char *buf, size_t size);
 
 /* ---- randomness (rt_main.c; the learning-rate schedule, rt_lr_at, is in rt_recipe.h) */
 

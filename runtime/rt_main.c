@@ -45,6 +45,7 @@ typedef struct Options {
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
     RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
+    const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
 } Options;
 
 typedef struct Trainer {
@@ -141,6 +142,7 @@ static void usage(const RtModel *m) {
            "  --init-partial         load the tensors the model has, keep the initialisation of the rest\n"
            "  --init-prefix P        strip P from the file's tensor names (module. from DDP)\n"
            "  --save FILE            write the trained parameters as safetensors\n"
+           "%s"
            "  --checkpoint FILE      write parameters, optimizer state and position to FILE at the end,\n"
            "                         on SIGINT/SIGTERM or --stop-at, and every --checkpoint-every N steps\n"
            "  --checkpoint-every N   optimizer steps between checkpoints (needs --checkpoint)\n"
@@ -158,7 +160,12 @@ static void usage(const RtModel *m) {
            "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
            "                         weights, and exit\n"
            "  --quiet                print nothing but errors\n",
-           (long long)m->epochs, (long long)m->log_every);
+           (long long)m->epochs,
+           m->lora ? "  --adapter DIR          LoRA's adapters from DIR/adapter_model.safetensors (PEFT's format)\n"
+                     "  --save-adapter DIR     write the trained adapters to DIR as PEFT saves them\n"
+                     "  --save-merged FILE     write the model with the adapters merged in, W + (alpha/r) B A\n"
+                   : "",
+           (long long)m->log_every);
     if (m->device)
         printf("  --no-graph             launch the step's kernels one by one instead of replaying the\n"
                "                         captured %s graph (same results; for comparison and debugging)\n",
@@ -223,12 +230,20 @@ static void check_eval_only(const RtModel *m, const Options *o) {
     const char *what = o->eval_only ? "--eval-only" : "--predict";
     if (o->eval_only && o->predict_out) die_usage("--eval-only and --predict: give one");
     if (!o->init && !o->resume) die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
-    if (o->save || o->checkpoint || o->gradcheck || o->stop_at)
-        die_usage("%s trains nothing: leave out --save, --checkpoint, --stop-at and --gradcheck", what);
+    if (o->save || o->checkpoint || o->gradcheck || o->stop_at || o->save_adapter || o->save_merged)
+        die_usage("%s trains nothing: leave out --save, --save-adapter, --save-merged, --checkpoint, --stop-at and "
+                  "--gradcheck", what);
     if (!o->eval_only) return check_predict(m, o);
     for (int i = 0; i < m->n_inputs; i++)
         if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
                                    m->inputs[i].name, m->inputs[i].name);
+}
+
+/* The value of an option about LoRA's adapters, which only a model with adapters takes. */
+static const char *lora_option(const RtModel *m, const char *option, const char *value) {
+    if (!m->lora)
+        die_usage("%s: model '%s' has no LoRA adapters (a train section's lora = lora(...) adds them)", option, m->name);
+    return value;
 }
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
@@ -252,6 +267,9 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
         else if (strcmp(a, "--init-partial") == 0) o->init_rules.partial = 1;
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
+        else if (strcmp(a, "--adapter") == 0) o->adapter = lora_option(m, a, VALUE());
+        else if (strcmp(a, "--save-adapter") == 0) o->save_adapter = lora_option(m, a, VALUE());
+        else if (strcmp(a, "--save-merged") == 0) o->save_merged = lora_option(m, a, VALUE());
         else if (strcmp(a, "--checkpoint") == 0) o->checkpoint = VALUE();
         else if (strcmp(a, "--checkpoint-every") == 0) o->checkpoint_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--resume") == 0) o->resume = VALUE();
@@ -274,6 +292,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
+    if (o->resume && o->adapter) die_usage("--resume and --adapter both set the adapters; give one");
     if (!o->init && (o->init_rules.skip || o->init_rules.prefix || o->init_rules.partial))
         die_usage("--init-skip, --init-prefix and --init-partial need --init FILE");
     if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
@@ -848,7 +867,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = (2 * RT_CIFAR_MAX_FILES + 1) * RT_MAX_INPUTS + 4 };
+enum { MAX_FILES = (2 * RT_CIFAR_MAX_FILES + 1) * RT_MAX_INPUTS + 6, MAX_OUTPUTS = 8 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -890,6 +909,9 @@ static int list_inputs(const Trainer *t, NamedFile *in) {
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
+    char path[PATH_MAX];
+    for (int config = 0; config < 2 && o->adapter; config++)
+        n = add_file(in, n, 1, strdup(rt_lora_file(o->adapter, config, path, sizeof path)), "--adapter%s %s", "");
     return add_file(in, n, 1, "/proc/self/exe", "%sthis trainer's own executable", "");
 }
 
@@ -913,7 +935,7 @@ static void check_log(const char *path) {
 
 static void check_outputs(const Trainer *t) {
     const Options *o = &t->o;
-    NamedFile in[MAX_FILES], out[4];
+    NamedFile in[MAX_FILES], out[MAX_OUTPUTS];
     int n_in = list_inputs(t, in), n_out = 0;
     char why[RT_WHY_MAX];
     if (o->save && rt_out_probe(o->save, why, sizeof why) != 0) die("cannot save weights to '%s': %s", o->save, why);
@@ -923,11 +945,22 @@ static void check_outputs(const Trainer *t) {
     if (o->mllog) check_log(o->mllog);
     if (o->predict_out && rt_out_probe(o->predict_out, why, sizeof why) != 0)
         die("cannot write the predictions to '%s': %s", o->predict_out, why);
+    if (o->save_merged && rt_out_probe(o->save_merged, why, sizeof why) != 0)
+        die("cannot save the merged weights to '%s': %s", o->save_merged, why);
+    char path[PATH_MAX];
+    if (o->save_adapter && mkdir(o->save_adapter, 0777) != 0 && errno != EEXIST)
+        die("cannot make the adapter directory '%s': %s", o->save_adapter, strerror(errno));
+    for (int config = 0; config < 2 && o->save_adapter; config++) {
+        const char *file = strdup(rt_lora_file(o->save_adapter, config, path, sizeof path));
+        if (rt_out_probe(file, why, sizeof why) != 0) die("cannot save the adapters to '%s': %s", file, why);
+        n_out = add_file(out, n_out, 0, file, "--save-adapter%s %s", "");
+    }
     n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
     n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
     n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
     n_out = add_file(out, n_out, 1, o->mllog, "--mllog%s %s", "");
     n_out = add_file(out, n_out, 0, o->predict_out, "--predict-out%s %s", "");
+    n_out = add_file(out, n_out, 0, o->save_merged, "--save-merged%s %s", "");
     for (int k = 0; k < n_out; k++) {
         for (int i = 0; i < n_in; i++) {
             int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
@@ -957,13 +990,18 @@ static FILE *open_log(const Trainer *t, const char *path) {
 static int finish(Trainer *t, int rc) {
     RtError err;
     rt_console_end(&t->con);
-    const char *bad = rc || t->o.gradcheck || !t->o.save ? NULL : nonfinite_params(t);
+    const Options *o = &t->o;
+    const char *out = o->save ? o->save : o->save_adapter ? o->save_adapter : o->save_merged;
+    const char *bad = rc || o->gradcheck || !out ? NULL : nonfinite_params(t);
     if (bad) {
         fprintf(stderr, "error: %s holds NaN or Inf at the end of the run; '%s' is not written (the old file, if "
-                        "any, is unchanged)\n  hint: lower the learning rate\n", bad, t->o.save);
+                        "any, is unchanged)\n  hint: lower the learning rate\n", bad, out);
         rc = EXIT_NONFINITE;
     }
-    if (!rc && !t->o.gradcheck && t->o.save && rt_st_save(t->o.save, t->m, t->ctx.params, &err)) {
+    int saves = !rc && !o->gradcheck;
+    if ((saves && o->save && rt_st_save(o->save, t->m, t->ctx.params, &err)) ||
+        (saves && o->save_adapter && rt_lora_save(o->save_adapter, t->m, t->ctx.params, &err)) ||
+        (saves && o->save_merged && rt_lora_save_merged(o->save_merged, t->m, t->ctx.params, &err))) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
     }
@@ -1015,6 +1053,7 @@ static void setup_context(Trainer *t) {
     t->o.init_rules.notes = t->o.quiet ? NULL : stdout;
     if (file && rt_st_init(file, m, c->params, &t->o.init_rules, &err))
         die("%s %s", t->o.init ? "--init" : "--resume", err.msg);
+    if (t->o.adapter && rt_lora_load(t->o.adapter, m, c->params, &err)) die("--adapter %s", err.msg);
 }
 
 /* What setup_context allocated. */
@@ -1164,7 +1203,7 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
     if (d->rank > 0) {
         Options *o = &t->o;
         o->quiet = 1, t->con.quiet = 1, t->tty = 0;
-        o->save = o->log = o->checkpoint = o->mllog = NULL;
+        o->save = o->log = o->checkpoint = o->mllog = o->save_adapter = o->save_merged = NULL;
     }
     int cpus = d->comm ? rt_dist_cpus() : 0;
     if (cpus && cpus < t->o.threads && d->rank == 0) /* the others' are alike, as a rule */

@@ -14,7 +14,8 @@
  * that is not a parameter, "netc:optimizer_state" included, unless the file is a checkpoint whose
  * checksum rt_st_init has verified: a file holding that tensor without its checkpoint metadata
  * has lost it. RtInitRules relax the match for fine-tuning (--init-skip, --init-partial,
- * --init-prefix).
+ * --init-prefix), and LoRA's adapters (rt_lora.c) are optional in a model's weights and alone in
+ * an adapter file. A file may hold a pick of the parameters: the base model, or the adapters.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -34,12 +35,20 @@ int64_t rt_param_numel(const RtParam *p) {
     return n;
 }
 
-static char *build_header(const RtModel *m) {
+/* Parameter i goes into a file of the given pick: every one, or one side of LoRA's split. */
+static int picked(const RtModel *m, int i, RtPick pick) {
+    return pick == RT_PICK_ALL || (rt_lora_role(m, i) != 0) == (pick == RT_PICK_ADAPTERS);
+}
+
+static char *build_header(const RtModel *m, RtPick pick, const char *prefix) {
     cJSON *root = cJSON_CreateObject();
     int64_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
         const RtParam *p = &m->params[i];
-        cJSON *t = cJSON_AddObjectToObject(root, p->name);
+        if (!picked(m, i, pick)) continue;
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", p->name);
+        cJSON *t = cJSON_AddObjectToObject(root, name);
         cJSON_AddStringToObject(t, "dtype", p->file_dtype == RT_I64 ? "I64" : "F32");
         cJSON *shape = cJSON_AddArrayToObject(t, "shape");
         for (int d = 0; d < p->rank; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
@@ -58,8 +67,8 @@ static char *build_header(const RtModel *m) {
 
 static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
 
-static int write_weights(FILE *f, const RtModel *m, const float *params) {
-    char *header = build_header(m);
+static int write_weights(FILE *f, const RtModel *m, const float *params, RtPick pick, const char *prefix) {
+    char *header = build_header(m, pick, prefix);
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
@@ -67,6 +76,7 @@ static int write_weights(FILE *f, const RtModel *m, const float *params) {
     free(header);
     for (int i = 0; i < m->n_params && !bad; i++) { /* the host is little-endian, as the format */
         const RtParam *p = &m->params[i];
+        if (!picked(m, i, pick)) continue;
         if (p->file_dtype != RT_I64) {
             bad = write_all(f, params + p->offset, (size_t)rt_param_numel(p) * 4);
             continue;
@@ -79,10 +89,11 @@ static int write_weights(FILE *f, const RtModel *m, const float *params) {
     return bad ? -1 : 0;
 }
 
-int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err) {
+int rt_st_save_pick(const char *path, const RtModel *m, const float *params, RtPick pick, const char *prefix,
+                    RtError *err) {
     RtOut out;
     int rc = rt_out_open(&out, path, 0666);
-    if (rc == 0 && write_weights(out.f, m, params) != 0) {
+    if (rc == 0 && write_weights(out.f, m, params, pick, prefix) != 0) {
         snprintf(out.why, sizeof out.why, "%s", strerror(errno));
         rt_out_abort(&out);
         rc = -1;
@@ -91,6 +102,10 @@ int rt_st_save(const char *path, const RtModel *m, const float *params, RtError 
     }
     if (rc) return rt_fail(err, "cannot save weights to '%s': %s (the old file, if any, is unchanged)", path, out.why);
     return 0;
+}
+
+int rt_st_save(const char *path, const RtModel *m, const float *params, RtError *err) {
+    return rt_st_save_pick(path, m, params, RT_PICK_ALL, NULL, err);
 }
 
 /* ---- loading */
@@ -256,6 +271,10 @@ static int file_tensor(Load *l, const cJSON *root, const cJSON *t, RtError *err)
         note(l, "ignored tensor '%s' %s of the file (--init-skip)", t->string, got);
         return 0;
     }
+    if (p && l->r->adapters && !rt_lora_role(l->m, (int)(p - l->m->params))) {
+        problem(l, "tensor '%s' %s is not one of model '%s''s LoRA adapters", t->string, got, l->m->name);
+        return 0;
+    }
     if (!p && l->r->partial) note(l, "ignored tensor '%s' %s: not a parameter of the model", t->string, got);
     else if (!p) problem(l, "unexpected tensor '%s' %s: not a parameter of model '%s'", t->string, got, l->m->name);
     else if (l->hit[p - l->m->params]) problem(l, "tensor '%s' fills parameter '%s' a second time", t->string, name);
@@ -263,17 +282,18 @@ static int file_tensor(Load *l, const cJSON *root, const cJSON *t, RtError *err)
 }
 
 /* The model's parameters that no tensor filled keep their initialisation when skipped or in a
- * partial load; otherwise each is missing. */
+ * partial load; otherwise each is missing. LoRA's adapters may be missing from a model's weights
+ * (a base model's file), the base from an adapter file. */
 static void unfilled_params(Load *l) {
     for (int i = 0; i < l->m->n_params; i++) {
         const RtParam *p = &l->m->params[i];
         char want[256];
         param_shape_text(p, want, sizeof want);
-        if (l->hit[i]) continue;
+        if (l->hit[i] || (rt_lora_role(l->m, i) != 0) != l->r->adapters) continue;
         if (skipped(l, p->name) || l->r->partial)
             note(l, "kept the initialisation of '%s' %s", p->name, want);
         else
-            problem(l, "missing tensor '%s' %s", p->name, want);
+            problem(l, "missing tensor '%s%s' %s", l->r->prefix ? l->r->prefix : "", p->name, want);
     }
     const char *s = l->r->skip;
     for (int k = 0; s && *s; k++) {

@@ -914,6 +914,8 @@ IrGraph *sema_build(Arena *arena, const AstProgram *prog, SemaDefine *defs, int 
     if (diag_error_count()) return NULL;
     drop_unread_copies(&S);
     S.g->n_fwd = S.g->n;
+    sema_lora_apply(&S);
+    if (diag_error_count()) return NULL;
     if (!ir_verify(S.g, "sema")) ICE("sema produced an invalid graph");
     return S.g;
 }

@@ -104,6 +104,9 @@ const SemaBuiltin *sema_find_builtin(const char *name);
 void sema_suggest_builtin(Suggest *s);
 /* sema_train.c */
 void sema_train(Sema *S, const AstStmt *train);
+/* sema_lora.c: the train setting `lora = lora(...)`, and its adapters once the program is built */
+void sema_train_lora(Sema *S, const AstStmt *s);
+void sema_lora_apply(Sema *S);
 int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *shape);
 IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc);
 IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, SrcLoc loc);

@@ -233,6 +233,7 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
                            transposed ? ir_shape(2, in, out) : ir_shape(2, out, in),
                            normal ? INIT_NORMAL : INIT_UNIFORM, normal ? std : bound, c->loc);
     if (!w) return sema_error();
+    w->dense = transposed ? 2 : 1;
     IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   normal ? INIT_ZEROS : INIT_UNIFORM, bound, c->loc)
                       : NULL;

@@ -1,7 +1,7 @@
 /* sema_train.c - the train section: the loss, metrics and output, the optimizer and its
  * hyperparameters (rt_recipe.h's table), the schedule and warm-up in epochs or steps, clipping,
- * freezing and the weight-decay groups. docs/language.md's "The train section" documents each
- * setting. */
+ * freezing and the weight-decay groups (LoRA's setting is sema_lora.c's). docs/language.md's
+ * "The train section" documents each setting. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -342,17 +342,18 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
     else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else if (strcmp(s->name, "output") == 0) train_output(S, s);
+    else if (strcmp(s->name, "lora") == 0) sema_train_lora(S, s);
     else {
         static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup",
                                            "warmup_steps", "epochs", "steps", "clip_grad_norm", "eval_every",
-                                           "log_every", "freeze", "no_decay", "output"};
+                                           "log_every", "freeze", "no_decay", "output", "lora"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, warmup_steps, epochs, steps, "
-                  "clip_grad_norm, eval_every, log_every, freeze, no_decay, output");
+                  "clip_grad_norm, eval_every, log_every, freeze, no_decay, output, lora");
     }
 }
 

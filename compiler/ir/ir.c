@@ -189,8 +189,11 @@ static void *grow16(Arena *a, void *items, int n, size_t size) {
 
 IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, double init_a,
                       SrcLoc loc) {
+    return ir_register_param(g, ir_add(g, OP_PARAM, shape, DT_F32, loc, 0), name, init, init_a);
+}
+
+IrParam *ir_register_param(IrGraph *g, IrNode *n, const char *name, IrInit init, double init_a) {
     g->params = grow16(g->arena, g->params, g->n_params, sizeof *g->params);
-    IrNode *n = ir_add(g, OP_PARAM, shape, DT_F32, loc, 0);
     n->name = name;
     n->index = g->n_params;
     strmap_put(g->arena, &g->param_index, name, (void *)(intptr_t)(g->n_params + 1));

@@ -187,6 +187,8 @@ typedef struct IrParam {
     int no_decay;     /* trained without weight decay (train { no_decay = ... }) */
     int norm;         /* a normalization layer's weight or bias (no_decay = ["norms"]) */
     int buffer;       /* running statistics: saved and loaded like a parameter, never trained */
+    int dense;        /* the weight of a dense layer, which LoRA may adapt: 1 stored [out, in],
+                       * 2 transposed, [in, out] */
     IrDtype file_dtype; /* dtype in weight files (num_batches_tracked is i64); stored as f32 */
     IrInit init;
     double init_a;    /* uniform: bound (U(-a, a)); normal: standard deviation */
@@ -223,6 +225,24 @@ typedef struct IrTrain {
     double clip_grad_norm; /* clip_grad_norm = C: global-norm gradient clipping (0: off) */
 } IrTrain;
 
+/* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and
+ * of its factors lora_A [r, in] and lora_B [out, r]. */
+typedef struct IrAdapter {
+    int base, a, b;
+} IrAdapter;
+
+/* LoRA fine-tuning: y = W x + (alpha / r) B A dropout(x) on the targeted dense layers, every
+ * other parameter frozen (docs/language.md, "LoRA"). r == 0: none. */
+typedef struct IrLora {
+    int r;
+    double alpha, dropout;
+    const char **targets; /* module names, PEFT's target_modules */
+    int n_targets;
+    IrAdapter *adapters;  /* in the order of the weights they adapt */
+    int n_adapters;
+    SrcLoc loc;           /* the lora setting */
+} IrLora;
+
 /* A bucket of a distributed step's gradients (buckets.c): floats [offset, offset + count) of
  * the flat gradient buffer, whose sum over the ranks starts once schedule position `ready` has
  * run (g->n: after the whole backward pass). */
@@ -250,6 +270,7 @@ typedef struct IrGraph {
                         * logits, mse's prediction), which eval_step hands out; NULL when the
                         * loss is written without a loss function */
     IrTrain train;
+    IrLora lora;
     int n_dropout;     /* seed ids handed out so far */
     int n_groups;      /* fused element-wise groups */
     /* filled by the memory plan */
@@ -333,6 +354,8 @@ IrNode *ir_add(IrGraph *g, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n
 IrNode *ir_const(IrGraph *g, double value, IrDtype dt, SrcLoc loc);
 IrParam *ir_add_param(IrGraph *g, const char *name, IrShape shape, IrInit init, double init_a,
                       SrcLoc loc);
+/* Make n, an OP_PARAM node its caller places (a builder's), the graph's next parameter. */
+IrParam *ir_register_param(IrGraph *g, IrNode *n, const char *name, IrInit init, double init_a);
 IrNode *ir_add_input(IrGraph *g, const char *name, IrShape shape, IrDtype dt, SrcLoc loc);
 IrParam *ir_find_param(IrGraph *g, const char *name);
 /* Number nodes 0..n-1 in schedule order. */
