@@ -327,9 +327,15 @@ static void list_params(const RtModel *m) {
         total += rt_param_numel(p);
         if (p->grad_offset >= 0) trainable += rt_param_numel(p);
     }
-    printf("total %lld parameters (%lld trainable)", (long long)total, (long long)trainable);
+    printf("total %lld parameters (%lld trainable, %.3g%%)", (long long)total, (long long)trainable,
+           total ? 100.0 * (double)trainable / (double)total : 0.0);
     if (buffers) printf(", %lld buffer values (running statistics)", (long long)buffers);
     printf("\n");
+    /* the static memory plan: what setup_context allocates, the same in every step */
+    double mib = 1.0 / (1 << 20), params = (double)m->n_param_floats * 4 * mib, grads = (double)m->n_grad_floats * 4 * mib;
+    double state = (double)(m->n_state_slots * m->n_grad_floats) * 4 * mib, acts = (double)m->arena_bytes * mib;
+    printf("memory: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB; "
+           "%.1f MiB in all\n", params, grads, state, acts, params + grads + state + acts);
 }
 
 /* ---- parameters and schedule */
@@ -948,8 +954,11 @@ static void check_outputs(const Trainer *t) {
     if (o->save_merged && rt_out_probe(o->save_merged, why, sizeof why) != 0)
         die("cannot save the merged weights to '%s': %s", o->save_merged, why);
     char path[PATH_MAX];
+    struct stat st;
     if (o->save_adapter && mkdir(o->save_adapter, 0777) != 0 && errno != EEXIST)
         die("cannot make the adapter directory '%s': %s", o->save_adapter, strerror(errno));
+    if (o->save_adapter && (stat(o->save_adapter, &st) != 0 || !S_ISDIR(st.st_mode)))
+        die("cannot save the adapters to '%s': it is not a directory", o->save_adapter);
     for (int config = 0; config < 2 && o->save_adapter; config++) {
         const char *file = strdup(rt_lora_file(o->save_adapter, config, path, sizeof path));
         if (rt_out_probe(file, why, sizeof why) != 0) die("cannot save the adapters to '%s': %s", file, why);

@@ -69,9 +69,10 @@ def reference_steps(net, opt, sched, steps, loss_of, clip):
     return rows
 
 
-def predicted_logits(exe, weights, inputs, out):
-    """The trainer's own forward pass (--predict) on weights for inputs ({name: .npy path})."""
-    subprocess.run([exe, "--init", weights, "--predict-out", out, "--quiet"] +
+def predicted_logits(exe, weights, inputs, out, extra=()):
+    """The trainer's own forward pass (--predict) on weights for inputs ({name: .npy path}), with
+    the extra options."""
+    subprocess.run([exe, "--init", weights, "--predict-out", out, "--quiet", *extra] +
                    sum((["--predict", f"{k}={v}"] for k, v in inputs.items()), []), check=True)
     return np.load(out)
 
@@ -114,12 +115,13 @@ def save_inputs(work, tag, data):
     return paths
 
 
-def train(exe, inputs, init_file, steps, out):
+def train(exe, inputs, init_file, steps, out, extra=()):
     """STEPS steps of a trainer on inputs ({name: .npy path}, in order) from init_file, logging
-    every step to OUT.jsonl and saving OUT.safetensors: its logged steps and saved weights."""
+    every step to OUT.jsonl and saving OUT.safetensors (and the outputs of the extra options):
+    its logged steps and saved weights."""
     files = sum((["--data", f"{k}={v}"] for k, v in inputs.items()), [])
     subprocess.run([exe, *files, "--init", init_file, "--no-shuffle", "--steps", str(steps), "--log-every", "1",
-                    "--log", out + ".jsonl", "--save", out + ".safetensors", "--quiet"], check=True)
+                    "--log", out + ".jsonl", "--save", out + ".safetensors", "--quiet", *extra], check=True)
     return logged_steps(out + ".jsonl"), st_load(out + ".safetensors")
 
 

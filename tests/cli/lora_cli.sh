@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The trainer's LoRA options on bad input: options of a model without adapters, adapter
+# directories whose configuration or tensors do not fit the model (every mismatch listed), an
+# output that is an input, outputs in an evaluation; and that --init of a base model leaves the
+# adapters to their initialisation while a file with a stray adapter tensor is refused.
+#   lora_cli.sh NETC WORKDIR
+set -uo pipefail
+netc=$1 work=$2
+mkdir -p "$work"
+cd "$work" || exit 1
+fails=0 passes=0
+check() { # check NAME EXPECTED_STATUS COMMAND... ; output in $out
+  local name=$1 want=$2; shift 2
+  out=$("$@" 2>&1); local rc=$?
+  if [ "$want" = "$rc" ]; then passes=$((passes+1));
+  else echo "FAIL $name: exit $rc, want $want"; echo "$out"; fails=$((fails+1)); fi
+}
+contains() { if grep -qF -- "$1" <<<"$out"; then passes=$((passes+1)); else echo "FAIL: output lacks '$1':"; echo "$out"; fails=$((fails+1)); fi; }
+
+cat > tiny.net <<'EOF'
+model tiny
+const lora_r = 2
+input x : f32[4, 6]
+input y : i64[4]
+h = relu(fc1: dense(x, 8))
+logits = fc2: dense(h, 3)
+train {
+  loss = cross_entropy(logits, y)
+  optimizer = adamw(1e-2)
+  if lora_r > 0 {
+    lora = lora(["fc1", "fc2"], r = lora_r, alpha = 4)
+  }
+}
+EOF
+"$netc" tiny.net -o lora >/dev/null && "$netc" tiny.net -D lora_r=0 -o base >/dev/null &&
+  "$netc" tiny.net -D lora_r=3 -o lora3 >/dev/null || { echo "FAIL: netc tiny.net"; exit 1; }
+/usr/bin/python3 - <<'EOF' || exit 1
+import numpy as np
+np.save("x.npy", np.random.default_rng(0).normal(size=(16, 6)).astype(np.float32))
+np.save("y.npy", np.arange(16) % 3)
+EOF
+data=(--data x=x.npy --data y=y.npy)
+
+check "base run" 0 ./base "${data[@]}" --steps 2 --save base.safetensors --quiet
+check "adapters from their initialisation" 0 ./lora "${data[@]}" --steps 3 --init base.safetensors \
+  --save all.safetensors --save-adapter ad --quiet
+check "--adapter on a model without LoRA" 2 ./base "${data[@]}" --adapter ad
+contains "--adapter: model 'tiny' has no LoRA adapters"
+check "--save-adapter on a model without LoRA" 2 ./base "${data[@]}" --save-adapter ad2
+contains "--save-adapter: model 'tiny' has no LoRA adapters"
+check "--save-merged on a model without LoRA" 2 ./base "${data[@]}" --save-merged m.safetensors
+check "--adapter with --resume" 2 ./lora "${data[@]}" --resume ck --adapter ad
+contains "--resume and --adapter both set the adapters"
+check "another rank" 1 ./lora3 "${data[@]}" --init base.safetensors --adapter ad --steps 1
+contains "r is 2, but model 'tiny' has adapters of rank 3"
+check "an output is an input" 2 ./lora "${data[@]}" --init base.safetensors --adapter ad --save-adapter ad --steps 1
+contains "names the same file as --adapter"
+check "--save-adapter in an evaluation" 2 ./lora --init base.safetensors --eval-only --eval-data x=x.npy \
+  --eval-data y=y.npy --save-adapter ad3
+contains "--eval-only trains nothing"
+: > plain-file
+check "--save-adapter names a file" 1 ./lora "${data[@]}" --save-adapter plain-file --steps 1
+contains "cannot save the adapters to 'plain-file': it is not a directory"
+check "evaluation with adapters" 0 ./lora --init base.safetensors --adapter ad --eval-only --eval-data x=x.npy \
+  --eval-data y=y.npy --quiet
+
+# an adapter file missing a tensor and holding a base weight: both listed, nothing loaded
+mkdir -p bad && cp ad/adapter_config.json bad/
+/usr/bin/python3 - <<'EOF' || exit 1
+import json, struct
+def tensors(path):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+h, data = tensors("ad/adapter_model.safetensors")
+h.pop("__metadata__")
+h.pop("base_model.model.fc2.lora_B.weight")
+b, bdata = tensors("base.safetensors")
+w = b["fc1.weight"]
+h["base_model.model.fc1.weight"] = {"dtype": "F32", "shape": w["shape"],
+                                    "data_offsets": [len(data), len(data) + w["data_offsets"][1] - w["data_offsets"][0]]}
+data += bdata[w["data_offsets"][0]:w["data_offsets"][1]]
+text = json.dumps(h).encode(); text += b" " * (-len(text) % 8)
+open("bad/adapter_model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + data)
+c = json.load(open("ad/adapter_config.json")); c["target_modules"] = ["fc1"]
+json.dump(c, open("targets.json", "w"))
+EOF
+check "adapter file mismatches" 1 ./lora "${data[@]}" --init base.safetensors --adapter bad --steps 1
+contains "2 mismatches"
+contains "tensor 'base_model.model.fc1.weight' [8, 6] is not one of model 'tiny''s LoRA adapters"
+contains "missing tensor 'base_model.model.fc2.lora_B.weight' [3, 2]"
+mkdir -p targets && cp ad/adapter_model.safetensors targets/ && cp targets.json targets/adapter_config.json
+check "other target_modules" 1 ./lora "${data[@]}" --init base.safetensors --adapter targets --steps 1
+contains "target_modules differ from model 'tiny''s [\"fc1\", \"fc2\"]"
+
+# --init of the full LoRA file restores the adapters; --init of a base file does not need them
+check "--init of a LoRA model's --save" 0 ./lora "${data[@]}" --init all.safetensors --steps 1 --quiet
+check "--init of the base into a model of another rank" 0 ./lora3 "${data[@]}" --init base.safetensors --steps 1 --quiet
+check "--init of a file with adapters of another rank" 1 ./lora3 "${data[@]}" --init all.safetensors --steps 1
+contains "tensor 'fc1.lora_A.weight' has shape [2, 6] but the model's parameter is [3, 6]"
+
+echo "lora_cli: $passes passed, $fails failed"
+[ $fails -eq 0 ]
