@@ -12,6 +12,7 @@ dict), written out here so the tests need no `transformers`: the reference of ll
 Rotary embeddings as LlamaRotaryEmbedding and apply_rotary_pos_emb (rotate_half: the first and
 second halves of a head form the pairs), computed in the module's dtype (float64 in the tests,
 where HF's float32 tables are rounded), and k, v repeated per query head as repeat_kv.
+add_lora puts PEFT's LoRA adapters on chosen projections (lora_crosscheck.py, bench/).
 """
 import torch
 from torch import nn
@@ -113,3 +114,28 @@ def decay_groups(model):
     for name, p in model.named_parameters():
         (no_decay if name.endswith("norm.weight") else decay).append(p)
     return decay, no_decay
+
+
+class LoraLinear(nn.Linear):
+    """PEFT's LoraLayer on a Linear, with the adapters as sub-modules of the Linear itself so that
+    the state_dict names are netc's: q_proj.weight, q_proj.lora_A.weight, q_proj.lora_B.weight."""
+
+    def forward(self, x):
+        return super().forward(x) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+
+def add_lora(net, targets, r, alpha, dropout=0.0):
+    """Adapters on the Linear layers PEFT's target_modules rule picks (a name that is a target or
+    ends in '.' + target), A as torch.nn.Linear initialises it, B zero, dropout on the adapters'
+    input; everything else frozen."""
+    for name, mod in list(net.named_modules()):
+        if isinstance(mod, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            mod.__class__ = LoraLinear
+            mod.lora_A = nn.Linear(mod.in_features, r, bias=False, dtype=mod.weight.dtype)
+            mod.lora_B = nn.Linear(r, mod.out_features, bias=False, dtype=mod.weight.dtype)
+            nn.init.zeros_(mod.lora_B.weight)
+            mod.lora_dropout = nn.Dropout(dropout)
+            mod.scaling = alpha / r
+    for name, p in net.named_parameters():
+        p.requires_grad_(".lora_" in name)
+    return net

@@ -33,13 +33,12 @@ import sys
 
 import numpy as np
 import torch
-from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
-from llama_torch import Llama  # noqa: E402
+from llama_torch import Llama, add_lora  # noqa: E402
 from lm_check import (causal_lm_reference, compare_logits, compare_params, compare_steps, compile_model,  # noqa: E402
                       nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks, st_load, st_save  # noqa: E402
@@ -64,29 +63,6 @@ PARAM_TOL = 5e-6     # ||netc - torch|| / ||torch|| per adapter
 LOGIT_TOL = 5e-6     # largest |difference| / largest |logit|
 LR_TOL = 1e-7        # the logged rate is the double rate rounded to float
 MERGE_TOL = 2 ** -24  # |merged - exact| / |exact|, elementwise, plus a float32 denormal's worth
-
-
-class LoraLinear(nn.Linear):
-    """PEFT's LoraLayer on a Linear, with the adapters as sub-modules of the Linear itself so that
-    the state_dict names are netc's: q_proj.weight, q_proj.lora_A.weight, q_proj.lora_B.weight."""
-
-    def forward(self, x):
-        return super().forward(x) + self.lora_B(self.lora_A(x)) * self.scaling
-
-
-def add_lora(net, targets, r, alpha):
-    """Adapters on the Linear layers PEFT's target_modules rule picks (a name that is a target or
-    ends in '.' + target), A as torch.nn.Linear initialises it, B zero; everything else frozen."""
-    for name, mod in list(net.named_modules()):
-        if isinstance(mod, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
-            mod.__class__ = LoraLinear
-            mod.lora_A = nn.Linear(mod.in_features, r, bias=False, dtype=mod.weight.dtype)
-            mod.lora_B = nn.Linear(r, mod.out_features, bias=False, dtype=mod.weight.dtype)
-            nn.init.zeros_(mod.lora_B.weight)
-            mod.scaling = alpha / r
-    for name, p in net.named_parameters():
-        p.requires_grad_(".lora_" in name)
-    return net
 
 
 def lora_llama(weights=None):

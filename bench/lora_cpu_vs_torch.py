@@ -1,0 +1,152 @@
+"""LoRA fine-tuning against full fine-tuning of the same Llama (models/llama.net) on the CPU, in
+netc and in PyTorch eager (tests/torch/llama_torch.py, with add_lora's PEFT-style adapters), same
+sizes, batch, threads, recipe (AdamW, clip_grad_norm 1.0; LoRA rank 8, alpha 32, dropout 0.1 on
+q_proj, k_proj, v_proj and o_proj) and synthetic tokens, in one run. Prints tokens/s and peak
+memory of the four runs, LoRA's peak memory over full fine-tuning's (the target: at most half)
+and netc over PyTorch.
+
+usage: /usr/bin/python3 bench/lora_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
+           [--vocab 256] [--seq 128] [--n-layer 4] [--n-head 8] [--n-kv-head 4] [--hidden 512]
+           [--intermediate 1408] [--batch 4] [--steps 10] [--repeat 3] [--python PYTHON]
+
+The default sizes (12.6M parameters, 512 tokens a step) make the weights, their gradients and
+AdamW's two moments the larger part of full fine-tuning's memory, as in the models LoRA is for
+(a 7B model's weights are 28 GB in float32, its activations at a small batch a fraction of
+that); with smaller widths and longer sequences the activations, which LoRA does not shrink,
+dominate both. Each run trains 2 warm-up steps plus --steps timed steps (netc: from its JSON log,
+one line per step; PyTorch: timed around its loop); the runs alternate so that noise on a shared
+machine hits all four; medians are compared. Peak memory is each process's maximum resident set,
+which includes the runtime's libraries (OpenBLAS, oneDNN; PyTorch's, larger).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+WARMUP = 2
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
+R, ALPHA, DROPOUT = 8, 32, 0.1
+
+TORCH_LOOP = r"""
+import sys, time, resource, json
+import numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from llama_torch import Llama, add_lora
+cfg = json.loads(sys.argv[2])
+threads, batch, steps, data, lora = (cfg.pop(k) for k in ("threads", "batch", "steps", "data", "lora"))
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+x_all = torch.from_numpy(np.load(data + "/tokens.npy").astype(np.int64))
+y_all = torch.from_numpy(np.load(data + "/targets.npy").astype(np.int64))
+net = Llama(**cfg)
+if lora:
+    add_lora(net, lora["targets"], lora["r"], lora["alpha"], lora["dropout"])
+trainable = [p for p in net.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+def step(s):
+    idx = slice(s * batch, (s + 1) * batch)
+    opt.zero_grad(set_to_none=True)
+    logits = net(x_all[idx])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_all[idx].reshape(-1)).backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
+for s in range(%d):
+    step(s)
+t0 = time.perf_counter()
+for s in range(steps):
+    step(s)
+dt = time.perf_counter() - t0
+print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version": torch.__version__,
+                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "params": sum(p.numel() for p in net.parameters()), "trainable": sum(p.numel() for p in trainable)}))
+""" % WARMUP
+
+
+def run_netc(exe, args, threads, steps, batch, seq, work):
+    log = os.path.join(work, "netc.jsonl")
+    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
+                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        sys.exit(f"bench: netc trainer failed with status {status}")
+    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
+    seconds = sum(batch / r for r in rates)
+    return {"tokens_per_s": steps * batch * seq / seconds, "peak_kib": usage.ru_maxrss}
+
+
+def run_torch(python, cfg):
+    out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=8)
+    ap.add_argument("--n-kv-head", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--intermediate", type=int, default=1408)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
+    a = ap.parse_args()
+    sizes = dict(vocab=a.vocab, n_layer=a.n_layer, n_head=a.n_head, n_kv_head=a.n_kv_head, hidden=a.hidden,
+                 intermediate=a.intermediate)
+    runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full")}
+    with tempfile.TemporaryDirectory() as work:
+        n = a.batch * (a.steps + WARMUP)
+        rng = np.random.default_rng(0)
+        stream = rng.integers(0, a.vocab, size=n * a.seq + 1)
+        idx = np.arange(n)[:, None] * a.seq + np.arange(a.seq + 1)[None, :]
+        np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
+        np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
+        exes = {}
+        for kind, extra in (("lora", {"lora_r": R, "lora_alpha": ALPHA, "lora_dropout": DROPOUT}), ("full", {})):
+            exes[kind] = os.path.join(work, f"llama_{kind}")
+            cmd = [a.netc, os.path.join(ROOT, "models", "llama.net"), "-o", exes[kind], "-D", f"batch={a.batch}",
+                   "-D", f"seq={a.seq}", "-D", "lr=1e-4", "-D", "weight_decay=0"]
+            for k, v in dict(sizes, **extra).items():
+                cmd += ["-D", f"{k}={v}"]
+            subprocess.run(cmd, check=True)
+        args = ["--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy"]
+        lora = dict(targets=TARGETS, r=R, alpha=ALPHA, dropout=DROPOUT)
+        for _ in range(a.repeat):
+            for kind in ("lora", "full"):
+                runs[f"netc {kind}"].append(run_netc(exes[kind], args, a.threads, a.steps, a.batch, a.seq, work))
+                cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work,
+                           lora=lora if kind == "lora" else None)
+                runs[f"torch {kind}"].append(run_torch(a.python, cfg))
+    tps = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
+    mem = {k: max(r["peak_kib"] for r in v) / 1024 for k, v in runs.items()}
+    t = runs["torch lora"][0]
+    print(f"llama fine-tuning ({a.n_layer} layers, {a.n_head} heads on {a.n_kv_head} key/value heads, width {a.hidden}, "
+          f"SwiGLU {a.intermediate}, context {a.seq}, vocab {a.vocab}: {t['params'] / 1e6:.2f}M parameters), batch "
+          f"{a.batch}, {a.threads} threads, {a.steps} timed steps, median of {a.repeat}")
+    print(f"LoRA: rank {R}, alpha {ALPHA}, dropout {DROPOUT} on {', '.join(TARGETS)}: {t['trainable']} trainable "
+          f"parameters ({100 * t['trainable'] / t['params']:.2f}%); PyTorch {t['version']} ({a.python}), eager")
+    print("| | tokens/s | peak RSS |")
+    print("|---|---|---|")
+    for k in runs:
+        print(f"| {k} | {tps[k]:.0f} | {mem[k]:.0f} MiB |")
+    for side in ("netc", "torch"):
+        print(f"{side}: LoRA / full fine-tuning: peak memory **{mem[side + ' lora'] / mem[side + ' full']:.2f}x**, "
+              f"speed {tps[side + ' lora'] / tps[side + ' full']:.2f}x")
+    for kind in ("lora", "full"):
+        print(f"netc / PyTorch, {kind}: speed **{tps['netc ' + kind] / tps['torch ' + kind]:.2f}x**, "
+              f"memory {mem['netc ' + kind] / mem['torch ' + kind]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
