@@ -9,6 +9,13 @@ Cases:
                 `input tokens : i64[batch, seq]` and `input targets : i64[batch, seq]` reads them
                 (--data and --eval-data) and trains; --tokenizer gpt2 without tiktoken or
                 without a ranks file is refused with a message naming what is missing.
+  prepare_mlm   --mlm (and --pack) on fortune-style documents: the sequences are [CLS] piece [SEP]
+                of the documents' bytes (unmasking with the labels gives the text back, pieces
+                of at most seq - 2), 15% of each piece's bytes chosen (80/10/10 as BERT's), the
+                packed rows hold exactly the unpacked sequences with the same masks, placed as
+                a plain first-fit-decreasing loop places them, with positions from 0 and
+                sequence numbers 1, 2, ... per row; models/bert.net reads both layouts
+                (-D packed=false and true) and trains.
   sample_gpt    sample_gpt.py's numpy forward against the PyTorch GPT-2 of gpt2_torch.py (Hugging
                 Face's names, random weights and biases) in float64: logits within 1e-10 relative
                 (both float64; only the summation orders differ); greedy generation picks each
@@ -115,6 +122,112 @@ def case_prepare_text(netc, work):
     check(r.returncode == 0, f"the trainer reads the token files: exit {r.returncode}\n{r.stdout}{r.stderr}")
 
 
+def ffd_rows(lengths, seq):
+    """First-fit decreasing, the plain way: each sequence, longest first (ties in order), into the
+    first row with room."""
+    rows, room = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r in range(len(rows)) if room[r] >= lengths[i]), None)
+        if r is None:
+            rows.append([]), room.append(seq)
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
+
+
+def unpacked_sequences(d, part):
+    ids, labels, keep = (np.load(os.path.join(d, f"{part}_{k}.npy")) for k in ("input_ids", "labels", "attention_mask"))
+    return [(tuple(ids[r][keep[r] == 1]), tuple(labels[r][keep[r] == 1])) for r in range(len(ids))]
+
+
+def packed_rows(d, part):
+    ids, labels, pos, sid = (np.load(os.path.join(d, f"{part}_{k}.npy"))
+                             for k in ("input_ids", "labels", "position_ids", "sequence_ids"))
+    rows = []
+    for r in range(len(ids)):
+        seqs = []
+        for k in range(1, sid[r].max() + 1):
+            at = sid[r] == k
+            check(np.array_equal(pos[r][at], np.arange(at.sum())), f"row {r}: positions of sequence {k}")
+            seqs.append((tuple(ids[r][at]), tuple(labels[r][at])))
+        check(np.all(ids[r][sid[r] == 0] == 259) and np.all(labels[r][sid[r] == 0] == -100), f"row {r}: padding")
+        rows.append(seqs)
+    return rows
+
+
+def case_prepare_mlm(netc, work):
+    rng = np.random.default_rng(5)
+    seq = 32
+    docs = [bytes(rng.integers(33, 127, size=int(rng.integers(1, 100)), dtype=np.uint8)) for _ in range(600)]
+    text = os.path.join(work, "fortunes")
+    with open(text, "wb") as f:
+        f.write(b"\n%\n".join(docs) + b"\n%\n")
+    outs = {}
+    for pack in (False, True):
+        outs[pack] = os.path.join(work, "packed" if pack else "unpacked")
+        r = prep(work, "--mlm", *(["--pack"] if pack else []), "--seq", str(seq), "--split-at", "%", "-o",
+                 outs[pack], text)
+        check(r.returncode == 0, f"--mlm{' --pack' if pack else ''}: exit {r.returncode}\n{r.stdout}{r.stderr}")
+    meta = json.load(open(os.path.join(outs[True], "meta.json")))
+    check(meta["vocab"] == 260 and meta["documents"] == len(docs), f"meta.json {meta}")
+
+    # the text back: labels undo the masking; [CLS] piece [SEP], pieces of at most seq - 2
+    pieces = []
+    for part in ("train", "val"):
+        for ids, labels in unpacked_sequences(outs[False], part):
+            ids, labels = np.array(ids), np.array(labels)
+            check(ids[0] == 256 and ids[-1] == 257 and len(ids) <= seq, "[CLS] piece [SEP] within seq")
+            orig = np.where(labels != -100, labels, ids)
+            pieces.append(bytes(orig[1:-1].astype(np.uint8)))
+    want = [d[k:k + seq - 2] for d in docs for k in range(0, len(d), seq - 2)]
+    check(pieces == want, "the unpacked sequences are the documents' bytes in pieces of seq - 2, in order")
+
+    # the masking: 15% of each piece (at least one) chosen; of those 80% [MASK], 10% random, 10% kept
+    chosen = masked = kept = 0
+    for part in ("train", "val"):
+        for ids, labels in unpacked_sequences(outs[False], part):
+            ids, labels = np.array(ids), np.array(labels)
+            at = labels != -100
+            check(at.sum() == max(1, round(0.15 * (len(ids) - 2))) and not at[0] and not at[-1], "15% chosen")
+            chosen += at.sum()
+            masked += (ids[at] == 258).sum()
+            kept += (ids[at] == labels[at]).sum()
+    # ~4000 chosen: a binomial's standard deviation is 0.6% of them at 80%; 3% is a margin of 5
+    print(f"chosen {chosen}: [MASK] {masked / chosen:.3f}, kept {kept / chosen:.3f}")
+    check(abs(masked / chosen - 0.8) < 0.03 and abs(kept / chosen - 0.1 - 0.1 / 256) < 0.03,
+          f"80/10/10: [MASK] {masked / chosen:.3f}, kept {kept / chosen:.3f}")
+
+    # packing: the same sequences with the same masks, in the rows a plain FFD loop makes
+    for part in ("train", "val"):
+        seqs = unpacked_sequences(outs[False], part)
+        rows = packed_rows(outs[True], part)
+        plain = ffd_rows([len(ids) for ids, _ in seqs], seq)
+        check(len(rows) == len(plain), f"{part}: {len(rows)} packed rows, first-fit decreasing makes {len(plain)}")
+        same = all(sorted(row) == sorted(seqs[i] for i in p) for row, p in zip(rows, plain))
+        check(same, f"{part}: the packed rows hold the sequences first-fit decreasing puts there")
+    t = meta["train"]
+    print(f"train: {t['sequences']} sequences in {t['rows']} rows: padding {t['padding']:.3f} packed, "
+          f"{t['padding_unpacked']:.3f} unpacked")
+
+    for args, needle in ((["--pack"], "add --mlm"), (["--mlm", "--tokenizer", "gpt2"], "byte-level")):
+        r = prep(work, "--seq", "8", "-o", os.path.join(work, "bad"), *args, text)
+        check(r.returncode != 0 and needle in r.stderr, f"{args}: exit {r.returncode}, wants '{needle}':\n{r.stderr}")
+
+    # models/bert.net reads both layouts and trains
+    for pack in (False, True):
+        exe = os.path.join(work, "bert_packed" if pack else "bert")
+        subprocess.run([netc, os.path.join(ROOT, "models", "bert.net"), "-o", exe, "-D", "vocab=260", "-D", f"seq={seq}",
+                        "-D", "n_layer=1", "-D", "n_head=2", "-D", "hidden=16", "-D", "intermediate=32", "-D", "batch=4",
+                        "-D", f"packed={'true' if pack else 'false'}"], check=True)
+        names = ["input_ids", "token_type_ids", *(["position_ids", "sequence_ids"] if pack else ["attention_mask"]),
+                 "labels"]
+        data = sum((["--data", f"{n}={outs[pack]}/train_{n}.npy", "--eval-data", f"{n}={outs[pack]}/val_{n}.npy"]
+                    for n in names), [])
+        r = subprocess.run([exe, *data, "--steps", "3", "--quiet"], capture_output=True, text=True)
+        check(r.returncode == 0, f"bert{' packed' if pack else ''} reads the files: exit {r.returncode}\n{r.stdout}{r.stderr}")
+
+
 def case_sample_gpt(netc, work):
     import gpt2_torch
     import sample_gpt
@@ -154,5 +267,6 @@ def case_sample_gpt(netc, work):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    sys.exit(run_cases({"prepare_text": case_prepare_text, "sample_gpt": case_sample_gpt}, "text_tools", check,
+    sys.exit(run_cases({"prepare_text": case_prepare_text, "prepare_mlm": case_prepare_mlm,
+                        "sample_gpt": case_sample_gpt}, "text_tools", check,
                        sys.argv))
