@@ -25,10 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-WARMUP = 2
+from bench_runs import ROOT, WARMUP, run_netc, run_torch, token_files
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -70,24 +67,6 @@ print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version"
 """ % WARMUP
 
 
-def run_netc(exe, args, threads, steps, batch, seq, work):
-    log = os.path.join(work, "netc.jsonl")
-    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
-                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        sys.exit(f"bench: netc trainer failed with status {status}")
-    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
-    seconds = sum(batch / r for r in rates)
-    return {"tokens_per_s": steps * batch * seq / seconds, "peak_kib": usage.ru_maxrss}
-
-
-def run_torch(python, cfg):
-    out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
@@ -104,12 +83,7 @@ def main():
     a = ap.parse_args()
     sizes = dict(vocab=a.vocab, seq=a.seq, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd)
     with tempfile.TemporaryDirectory() as work:
-        n = a.batch * (a.steps + WARMUP)
-        rng = np.random.default_rng(0)
-        stream = rng.integers(0, a.vocab, size=n * a.seq + 1)
-        idx = np.arange(n)[:, None] * a.seq + np.arange(a.seq + 1)[None, :]
-        np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
-        np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
+        token_files(work, a.batch * (a.steps + WARMUP), a.seq, a.vocab)
         exe = os.path.join(work, "gpt2")
         cmd = [a.netc, os.path.join(ROOT, "models", "gpt2.net"), "-o", exe, "-D", f"batch={a.batch}", "-D", "dropout=0",
                "-D", "grad_clip=1.0"]
@@ -120,8 +94,9 @@ def main():
         cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work)
         netc, torch = [], []
         for _ in range(a.repeat):
-            netc.append(run_netc(exe, args, a.threads, a.steps, a.batch, a.seq, work))
-            torch.append(run_torch(a.python, cfg))
+            r = run_netc(exe, args, a.threads, a.steps, a.batch, work)
+            netc.append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
+            torch.append(run_torch(a.python, TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)))
     nt = statistics.median(r["tokens_per_s"] for r in netc)
     tt = statistics.median(r["tokens_per_s"] for r in torch)
     nm = max(r["peak_kib"] for r in netc) / 1024

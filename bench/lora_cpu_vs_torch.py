@@ -26,10 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-WARMUP = 2
+from bench_runs import ROOT, WARMUP, run_netc, run_torch, token_files
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
 
@@ -68,24 +65,6 @@ print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version"
 """ % WARMUP
 
 
-def run_netc(exe, args, threads, steps, batch, seq, work):
-    log = os.path.join(work, "netc.jsonl")
-    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
-                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        sys.exit(f"bench: netc trainer failed with status {status}")
-    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
-    seconds = sum(batch / r for r in rates)
-    return {"tokens_per_s": steps * batch * seq / seconds, "peak_kib": usage.ru_maxrss}
-
-
-def run_torch(python, cfg):
-    out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
@@ -106,12 +85,7 @@ def main():
                  intermediate=a.intermediate)
     runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full")}
     with tempfile.TemporaryDirectory() as work:
-        n = a.batch * (a.steps + WARMUP)
-        rng = np.random.default_rng(0)
-        stream = rng.integers(0, a.vocab, size=n * a.seq + 1)
-        idx = np.arange(n)[:, None] * a.seq + np.arange(a.seq + 1)[None, :]
-        np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
-        np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
+        token_files(work, a.batch * (a.steps + WARMUP), a.seq, a.vocab)
         exes = {}
         for kind, extra in (("lora", {"lora_r": R, "lora_alpha": ALPHA, "lora_dropout": DROPOUT}), ("full", {})):
             exes[kind] = os.path.join(work, f"llama_{kind}")
@@ -124,10 +98,12 @@ def main():
         lora = dict(targets=TARGETS, r=R, alpha=ALPHA, dropout=DROPOUT)
         for _ in range(a.repeat):
             for kind in ("lora", "full"):
-                runs[f"netc {kind}"].append(run_netc(exes[kind], args, a.threads, a.steps, a.batch, a.seq, work))
+                r = run_netc(exes[kind], args, a.threads, a.steps, a.batch, work)
+                runs[f"netc {kind}"].append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
                 cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work,
                            lora=lora if kind == "lora" else None)
-                runs[f"torch {kind}"].append(run_torch(a.python, cfg))
+                runs[f"torch {kind}"].append(run_torch(a.python, TORCH_LOOP, os.path.join(ROOT, "tests", "torch"),
+                                                       json.dumps(cfg)))
     tps = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
     mem = {k: max(r["peak_kib"] for r in v) / 1024 for k, v in runs.items()}
     t = runs["torch lora"][0]

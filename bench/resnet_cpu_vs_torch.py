@@ -18,7 +18,6 @@ shared machine hits both; the medians are compared. Peak memory is each process'
 resident set size.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,8 +26,8 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-WARMUP = 2
+from bench_runs import ROOT, WARMUP, run_netc, run_torch
+
 LAYOUTS = ("channels-last", "row-major")
 
 TORCH_LOOP = r"""
@@ -60,24 +59,6 @@ print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__versio
 """ % WARMUP
 
 
-def run_netc(exe, args, threads, steps, batch, work):
-    log = os.path.join(work, "netc.jsonl")
-    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
-                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        sys.exit(f"bench: netc trainer failed with status {status}")
-    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
-    seconds = sum(batch / r for r in rates)
-    return {"samples_per_s": steps * batch / seconds, "peak_kib": usage.ru_maxrss}
-
-
-def run_torch(python, threads, batch, steps, work):
-    out = subprocess.run([python, "-c", TORCH_LOOP, str(threads), str(batch), str(steps), work],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
@@ -102,7 +83,7 @@ def main():
         for _ in range(a.repeat):
             for layout in LAYOUTS:
                 netc[layout].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work))
-            torch.append(run_torch(a.python, a.threads, a.batch, a.steps, work))
+            torch.append(run_torch(a.python, TORCH_LOOP, str(a.threads), str(a.batch), str(a.steps), work))
     ts = statistics.median(r["samples_per_s"] for r in torch)
     tm = max(r["peak_kib"] for r in torch) / 1024
     print(f"resnet18_cifar training, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "

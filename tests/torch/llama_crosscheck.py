@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
-from llama_torch import Llama, decay_groups  # noqa: E402
+from llama_torch import Llama, decay_groups, hf_llama  # noqa: E402
 from lm_check import (as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
                       compile_model, nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks  # noqa: E402
@@ -67,13 +67,7 @@ def transformers_check(saved, net64, tokens):
     except ImportError:
         print("transformers is not installed: the LlamaForCausalLM load and comparison are skipped (not counted)")
         return
-    conf = transformers.LlamaConfig(vocab_size=CFG["vocab"], hidden_size=CFG["hidden"],
-                                    intermediate_size=CFG["intermediate"], num_hidden_layers=CFG["n_layer"],
-                                    num_attention_heads=CFG["n_head"], num_key_value_heads=CFG["n_kv_head"],
-                                    max_position_embeddings=SEQ, rms_norm_eps=CFG["rms_eps"],
-                                    rope_theta=CFG["rope_theta"], tie_word_embeddings=False, attention_bias=False,
-                                    mlp_bias=False, hidden_act="silu", attn_implementation="eager")
-    hf = transformers.LlamaForCausalLM(conf).double().eval()
+    hf = hf_llama(transformers, CFG, SEQ).eval()
     res = hf.load_state_dict(tensors64(saved), strict=False)
     check(not res.missing_keys and not res.unexpected_keys,
           f"transformers {transformers.__version__}: missing {res.missing_keys}, unexpected {res.unexpected_keys}")

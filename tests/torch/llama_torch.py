@@ -139,3 +139,15 @@ def add_lora(net, targets, r, alpha, dropout=0.0):
     for name, p in net.named_parameters():
         p.requires_grad_(".lora_" in name)
     return net
+
+
+def hf_llama(transformers, cfg, seq):
+    """transformers.LlamaForCausalLM of the sizes cfg gives Llama (eager attention, untied head,
+    no biases), in float64."""
+    conf = transformers.LlamaConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"],
+                                    intermediate_size=cfg["intermediate"], num_hidden_layers=cfg["n_layer"],
+                                    num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_kv_head"],
+                                    max_position_embeddings=seq, rms_norm_eps=cfg["rms_eps"],
+                                    rope_theta=cfg["rope_theta"], tie_word_embeddings=False, attention_bias=False,
+                                    mlp_bias=False, hidden_act="silu", attn_implementation="eager")
+    return transformers.LlamaForCausalLM(conf).double()

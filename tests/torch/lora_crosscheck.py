@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
-from llama_torch import Llama, add_lora  # noqa: E402
+from llama_torch import Llama, add_lora, hf_llama  # noqa: E402
 from lm_check import (causal_lm_reference, compare_logits, compare_params, compare_steps, compile_model,  # noqa: E402
                       nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks, st_load, st_save  # noqa: E402
@@ -142,13 +142,7 @@ def peft_check(base, adir, lora64, tokens):
     except ImportError:
         print("transformers or peft is not installed: the PeftModel load and comparison are skipped (not counted)")
         return
-    conf = transformers.LlamaConfig(vocab_size=CFG["vocab"], hidden_size=CFG["hidden"],
-                                    intermediate_size=CFG["intermediate"], num_hidden_layers=CFG["n_layer"],
-                                    num_attention_heads=CFG["n_head"], num_key_value_heads=CFG["n_kv_head"],
-                                    max_position_embeddings=SEQ, rms_norm_eps=CFG["rms_eps"],
-                                    rope_theta=CFG["rope_theta"], tie_word_embeddings=False, attention_bias=False,
-                                    mlp_bias=False, hidden_act="silu", attn_implementation="eager")
-    hf = transformers.LlamaForCausalLM(conf).double()
+    hf = hf_llama(transformers, CFG, SEQ)
     hf.load_state_dict(tensors64(base), strict=True)
     model = peft.PeftModel.from_pretrained(hf, adir).double().eval()
     x = torch.from_numpy(tokens[:BATCH])

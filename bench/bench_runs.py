@@ -1,0 +1,41 @@
+"""What the step benchmarks (gpt2_, resnet_ and lora_cpu_vs_torch.py) share: a netc trainer timed
+from its JSON log and a PyTorch loop run in its own interpreter, each for WARMUP untimed steps
+and then the timed ones, and synthetic token windows.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+WARMUP = 2  # untimed steps before the timed ones, in both (a PyTorch loop takes it as %d)
+
+
+def run_netc(exe, args, threads, steps, batch, work):
+    """steps + WARMUP steps of a trainer: samples/s over the timed steps (from its log, one line
+    a step) and the process's peak resident set."""
+    log = os.path.join(work, "netc.jsonl")
+    proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
+                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        sys.exit(f"bench: netc trainer failed with status {status}")
+    rates = [json.loads(line)["samples_per_s"] for line in open(log) if '"step"' in line][WARMUP:]
+    seconds = sum(batch / r for r in rates)
+    return {"samples_per_s": steps * batch / seconds, "peak_kib": usage.ru_maxrss}
+
+
+def run_torch(python, loop, *args):
+    """A PyTorch loop (a program text) in python with its arguments: the JSON of its last line."""
+    out = subprocess.run([python, "-c", loop, *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def token_files(work, n, seq, vocab):
+    """n windows of a random token stream as WORK/tokens.npy and the next tokens as targets.npy."""
+    stream = np.random.default_rng(0).integers(0, vocab, size=n * seq + 1)
+    idx = np.arange(n)[:, None] * seq + np.arange(seq + 1)[None, :]
+    np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
+    np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
