@@ -2,7 +2,8 @@
 # The trainer's LoRA options on bad input: options of a model without adapters, adapter
 # directories whose configuration or tensors do not fit the model (every mismatch listed), an
 # output that is an input, outputs in an evaluation; and that --init of a base model leaves the
-# adapters to their initialisation while a file with a stray adapter tensor is refused.
+# adapters to their initialisation while a file with adapters of another shape is refused; and
+# the merge of a transposed layer (PEFT's fan_in_fan_out).
 #   lora_cli.sh NETC WORKDIR
 set -uo pipefail
 netc=$1 work=$2
@@ -97,6 +98,28 @@ check "--init of a LoRA model's --save" 0 ./lora "${data[@]}" --init all.safeten
 check "--init of the base into a model of another rank" 0 ./lora3 "${data[@]}" --init base.safetensors --steps 1 --quiet
 check "--init of a file with adapters of another rank" 1 ./lora3 "${data[@]}" --init all.safetensors --steps 1
 contains "tensor 'fc1.lora_A.weight' has shape [2, 6] but the model's parameter is [3, 6]"
+
+# a transposed layer (GPT-2's Conv1D, [in, out]): PEFT's fan_in_fan_out, merged as W + (alpha/r) (B A)^T
+sed -e 's/fc1: dense(x, 8)/fc1: dense(x, 8, transposed = true)/' tiny.net > tiny_t.net
+"$netc" tiny_t.net -o lora_t >/dev/null || { echo "FAIL: netc tiny_t.net"; exit 1; }
+check "transposed: train and merge" 0 ./lora_t "${data[@]}" --steps 3 --save all_t.safetensors \
+  --save-merged merged_t.safetensors --save-adapter ad_t --quiet
+check "transposed: fan_in_fan_out" 0 grep -q '"fan_in_fan_out":.*true' ad_t/adapter_config.json
+check "transposed: merged weights" 0 /usr/bin/python3 -c '
+import json, struct, sys
+import numpy as np
+def load(path):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop("__metadata__")
+    return {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32).reshape(v["shape"])
+            for k, v in h.items()}
+p, m = load("all_t.safetensors"), load("merged_t.safetensors")
+worst = 0.0
+for layer, t in (("fc1", True), ("fc2", False)):
+    ba = p[layer + ".lora_B.weight"].astype(np.float64) @ p[layer + ".lora_A.weight"].astype(np.float64)
+    want = p[layer + ".weight"] + 4 / 2 * (ba.T if t else ba)
+    worst = max(worst, float(np.max(np.abs(m[layer + ".weight"] - want) / (np.abs(want) + 1e-38))))
+# rounded once from double: within half an ulp of float32
+sys.exit(0 if sorted(m) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"] and worst <= 2 ** -24 else 1)'
 
 echo "lora_cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]
