@@ -789,6 +789,13 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
+    if (g->correct && g->correct->attr.has_ignore) { /* the trainer counts the positions of the labels */
+        const IrNode *lab = g->correct->in[1];
+        while (lab->op == OP_CAST) lab = lab->in[0];
+        if (lab->op != OP_INPUT) ICE("accuracy with ignore_index reads labels that are not an input");
+        cg_line(c, ".metric_counts = 1, .metric_input = %d, .metric_ignore = %" PRId64 ",", lab->index,
+                g->correct->attr.ignore_index);
+    }
     cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
     emit_output_desc(c);
     cg_begin(c, ".hyper = {");

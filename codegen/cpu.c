@@ -437,6 +437,11 @@ static void emit_rows(Cg *c, const IrNode *n) {
         cg_end(c, ", v%d, v%d);", n->in[2]->id, n->id);
         break;
     case OP_ACCURACY: /* of a sequence, the samples' fractions of correct positions */
+        if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
+            cg_line(c, "v%d[0] = rt_accuracy_ignore(%" PRId64 ", %" PRId64 ", v%d, v%d, %" PRId64 ", %s);", n->id, rows,
+                    cols, a, b, n->attr.ignore_index, valid_rows(c, s, rows, valid, sizeof valid));
+            break;
+        }
         cg_begin(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s)", n->id, rows, cols, a, b,
                  valid_rows(c, s, rows, valid, sizeof valid));
         if (s->rank > 2) {

@@ -601,7 +601,10 @@ static void emit_rows(Cu *u, const IrNode *n) {
                      cols, a, b, lit, n->in[2]->id, n->id);
         break;
     case OP_ACCURACY: /* one block counts; of a sequence, its thread 0 divides by the rows per sample */
-        if (s->rank > 2) {
+        if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
+            snprintf(call, sizeof call, "rt_k_accuracy_ignore(%" PRId64 ", %" PRId64 ", v%d, v%d, %" PRId64 ", %s, v%d);",
+                     rows, cols, a, b, n->attr.ignore_index, valid, n->id);
+        } else if (s->rank > 2) {
             FILE *fp = fmemopen(lit, sizeof lit, "w");
             cg_lit(fp, (double)(rows / s->dim[0]));
             fclose(fp);

@@ -278,6 +278,13 @@ typedef struct RtModel {
     const RtBucket *buckets;
     int shard_optimizer;       /* netc --shard-optimizer: optimizer_step updates ctx->shard's slices */
     const RtLora *lora;        /* train { lora = ... }: the adapters; NULL when the model has none */
+    /* accuracy(logits, labels, ignore_index = I): the accuracy is the correct predictions over the
+     * positions counted, those of input metric_input whose label is not metric_ignore, which the
+     * trainer counts in each batch (masked-LM accuracy); without it (metric_counts 0), over the
+     * samples */
+    int metric_counts;
+    int metric_input;
+    int64_t metric_ignore;
 } RtModel;
 
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */
@@ -443,6 +450,9 @@ void rt_bn_fold(int64_t K, int64_t per_k, const float *w, const float *stats, co
 /* Rows among the first n_valid whose argmax (first on ties) equals the label. */
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid);
+/* The same among the rows whose label is not `ignore` (masked-LM accuracy's numerator). */
+float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,
+                         int64_t n_valid);
 
 /* ---- scaled dot-product attention (rt_attention.c)
  *

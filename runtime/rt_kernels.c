@@ -375,10 +375,11 @@ void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const i
     xent_bwd(rows, cols, logits, label, smoothing, &ignore, dloss, dlogits);
 }
 
-float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                  int64_t n_valid) {
+float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,
+                         int64_t n_valid) {
     int64_t correct = 0;
     for (int64_t r = 0; r < rows && r < n_valid; r++) {
+        if (label[r] == ignore) continue;
         const float *x = logits + r * cols;
         int64_t best = 0;
         for (int64_t j = 1; j < cols; j++)
@@ -386,4 +387,9 @@ float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t
         correct += best == label[r];
     }
     return (float)correct;
+}
+
+float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
+                  int64_t n_valid) {
+    return rt_accuracy_ignore(rows, cols, logits, label, INT64_MIN, n_valid); /* no label is INT64_MIN */
 }

@@ -66,6 +66,7 @@ typedef struct Trainer {
     double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
+    double counted;           /* the last step's positions the accuracy counts (counted_positions) */
     RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
     int gather_state;         /* --shard-optimizer with --checkpoint and several ranks: every rank sends
@@ -442,6 +443,29 @@ static void progress(Trainer *t, int64_t done, double t0) {
 
 static int data_changed(Trainer *t, const RtError *err);
 
+/* accuracy(..., ignore_index = I) (RtModel.metric_counts): the positions of the first n_valid
+ * samples of the label input whose label is not I, counted in the batch the step reads; the
+ * accuracy is the correct ones over these. 0 for another model. */
+static double counted_positions(const RtModel *m, void *const *batch, int64_t n_valid) {
+    if (!m->metric_counts) return 0;
+    const RtInput *in = &m->inputs[m->metric_input];
+    int64_t n = n_valid, counted = 0, ignore = m->metric_ignore;
+    for (int d = 0; d < in->rank; d++) n *= in->shape[d];
+    const void *p = batch[m->metric_input];
+    for (int64_t i = 0; i < n; i++) { /* labels are integers (semantic analysis checks) */
+        int64_t v = in->dtype == RT_I64 ? ((const int64_t *)p)[i]
+                    : in->dtype == RT_I32 ? ((const int32_t *)p)[i] : ((const uint8_t *)p)[i];
+        counted += v != ignore;
+    }
+    return (double)counted;
+}
+
+/* The accuracy of `correct` predictions among `samples` samples, or among `counted` positions. */
+static double accuracy_of(const RtModel *m, double correct, double samples, double counted) {
+    if (!m->metric_counts) return correct / samples;
+    return counted > 0 ? correct / counted : 0;
+}
+
 /* 0, or the exit status after the evaluation data changed under the trainer. */
 static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
     const RtModel *m = t->m;
@@ -452,7 +476,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "evaluation indices");
     if (!t->dev) rt_dist_share_buffers(&t->dist, t->ctx.params);
-    double loss = 0, correct = 0;
+    double loss = 0, correct = 0, counted = 0;
     int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
         if (nth++ % t->dist.ranks != t->dist.rank) continue;
@@ -463,6 +487,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
             free(idx);
             return data_changed(t, &err);
         }
+        counted += counted_positions(m, bufs, count);
         if (t->dev) { /* the sums add up on the device */
             t->dev->eval_step(bufs, count);
             continue;
@@ -475,10 +500,10 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     }
     if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
-    double sums[2] = {loss, correct};
-    rt_dist_sum(&t->dist, sums, 2, "summing the evaluation");
-    loss = sums[0], correct = sums[1];
-    log_eval(t, epoch, loss / (double)ds->n_samples, correct / (double)ds->n_samples);
+    double sums[3] = {loss, correct, counted};
+    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
+    loss = sums[0], correct = sums[1], counted = sums[2];
+    log_eval(t, epoch, loss / (double)ds->n_samples, accuracy_of(m, correct, (double)ds->n_samples, counted));
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
     return 0;
 }
@@ -708,6 +733,7 @@ static int train_step(Trainer *t, void *const *batch) {
     /* the other ranks' dropout masks differ from rank 0's, which are a lone trainer's */
     t->ctx.seed = rt_step_seed(t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed, step);
     t->ctx.n_valid = m->batch;
+    t->counted = counted_positions(m, batch, m->batch);
     if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
         t->dev->train_step(batch);
         t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
@@ -717,10 +743,10 @@ static int train_step(Trainer *t, void *const *batch) {
     m->forward_backward(&t->ctx);
     if (t->dist.ranks > 1) { /* the mean gradient, loss and accuracy over the ranks, and any stop asked */
         rt_dist_mean_grads(&t->dist, &t->ctx);
-        double sums[3] = {t->ctx.loss, t->ctx.correct, stop_asked(t)};
-        rt_dist_sum(&t->dist, sums, 3, "summing the loss");
+        double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
+        rt_dist_sum(&t->dist, sums, 4, "summing the loss");
         t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
-        t->stop_agreed = sums[2] > 0;
+        t->stop_agreed = sums[2] > 0, t->counted = sums[3];
     }
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
@@ -747,7 +773,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first, t->aug.any ? &t->aug : NULL, t->o.seed,
                       p->epoch);
-    double t0 = now(), t_log = t0, loss_sum = 0, correct = 0;
+    double t0 = now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
     t->dist.wait_s = 0;
     int rc = 0;
     void *const *batch;
@@ -757,19 +783,21 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             break;
         }
         if ((rc = train_step(t, batch))) break;
-        loss_sum += t->ctx.loss, correct += t->ctx.correct, since++;
+        loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
         progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double mean = loss_sum / (double)since, acc = correct / (double)(since * global_batch(t));
+            double mean = loss_sum / (double)since;
+            double acc = accuracy_of(m, correct, (double)(since * global_batch(t)), counted);
             if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
                 if ((rc = device_sums(t))) break;
-                mean = t->dev_loss / (double)t->dev_steps, acc = t->dev_correct / (double)(t->dev_steps * m->batch);
+                mean = t->dev_loss / (double)t->dev_steps;
+                acc = accuracy_of(m, t->dev_correct, (double)(t->dev_steps * m->batch), counted);
                 t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
             }
             double tn = now();
             log_interval(t, p->step, p->epoch, mean, acc, t->ctx.lr, (double)(since * global_batch(t)) / (tn - t_log),
                          t->dist.wait_s / (tn - t_log));
-            t_log = tn, loss_sum = 0, correct = 0, since = 0, t->dist.wait_s = 0;
+            t_log = tn, loss_sum = 0, correct = 0, counted = 0, since = 0, t->dist.wait_s = 0;
         }
         if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
     }

@@ -1275,7 +1275,27 @@ static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *arg
         lab = arg_labels(A, 1, logits);
         if (!A->ok) return sema_error();
     }
-    return sema_tensor(sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL));
+    IrNode *acc = sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL);
+    Value iv = A->a[2];
+    if (iv.k == V_ERR) return sema_error();
+    if (iv.k == V_NONE) return sema_tensor(acc);
+    if (iv.k != V_INT) {
+        diag_error(loc_of(A, 2), "'ignore_index' of accuracy must be an integer, found %s", sema_value_text(S, iv));
+        diag_hint("-100, as the labels of a masked-LM batch mark the positions not to predict");
+        return sema_error();
+    }
+    /* The trainer divides by the positions counted, which it counts in the label input's
+     * batches itself: the labels must be an input, as they are in a masked-LM batch. */
+    const IrNode *src = lab->op == OP_CAST ? lab->in[0] : lab;
+    if (src->op != OP_INPUT) {
+        diag_error(loc_of(A, 1), "accuracy with ignore_index needs its labels to be a model input, found %s",
+                   sema_value_desc(S, A->a[1]));
+        diag_hint("pass the labels input itself, e.g. accuracy(logits, labels, ignore_index = -100)");
+        return sema_error();
+    }
+    acc->attr.has_ignore = 1;
+    acc->attr.ignore_index = iv.i;
+    return sema_tensor(acc);
 }
 
 /* ---- indices, masks and tied weights */
@@ -1490,7 +1510,7 @@ static const SemaBuiltin builtins[] = {
      {"logits", "label", "smoothing", "ignore_index"}},
     {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
     {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
-    {"accuracy", "logits, label", b_accuracy, 2, 2, {"logits", "label"}},
+    {"accuracy", "logits, label, ignore_index=none", b_accuracy, 2, 3, {"logits", "label", "ignore_index"}},
     {"embedding", "idx, num, dim, std=1", b_embedding, 3, 4, {"idx", "num", "dim", "std"}},
     {"weight", "name", b_weight, 1, 1, {"name"}},
     {"where", "c, a, b", b_where, 3, 3, {"c", "a", "b"}},

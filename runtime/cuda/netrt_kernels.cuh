@@ -364,14 +364,17 @@ static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols,
     rt_k_xent_ignore_bwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, dloss, dlogits);
 }
 
-/* out[0] = the rows among the first n_valid whose argmax (the first on ties) is the label.
- * One block: thread t scans rows t, t + 256, ... whole. */
-static __device__ __forceinline__ void rt_k_accuracy(int64_t rows, int64_t cols, const float *logits,
-                                                     const int64_t *label, int64_t n_valid, float *out) {
+/* out[0] = the rows among the first n_valid whose label is not `ignore` (RT_K_NO_IGNORE: none)
+ * and whose argmax (the first on ties) is the label. One block: thread t scans rows t, t + 256,
+ * ... whole. */
+static __device__ __forceinline__ void rt_k_accuracy_ignore(int64_t rows, int64_t cols, const float *logits,
+                                                            const int64_t *label, int64_t ignore, int64_t n_valid,
+                                                            float *out) {
     if (blockIdx.x != 0) return;
     int64_t n = rows < n_valid ? rows : n_valid;
     double correct = 0;
     for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+        if (label[r] == ignore) continue;
         const float *x = logits + r * cols;
         int64_t best = 0;
         for (int64_t j = 1; j < cols; j++)
@@ -380,6 +383,11 @@ static __device__ __forceinline__ void rt_k_accuracy(int64_t rows, int64_t cols,
     }
     correct = rt_block_sum(correct);
     if (threadIdx.x == 0) out[0] = (float)correct;
+}
+
+static __device__ __forceinline__ void rt_k_accuracy(int64_t rows, int64_t cols, const float *logits,
+                                                     const int64_t *label, int64_t n_valid, float *out) {
+    rt_k_accuracy_ignore(rows, cols, logits, label, RT_K_NO_IGNORE, n_valid, out);
 }
 
 /* out[0] = the sum of x[0, count) in double, divided by count when `mean` (as the CPU divides,

@@ -71,6 +71,7 @@ static const char source[] =
     "}\n"
     "extern \"C\" __global__ void k_accuracy(unsigned char *base) {\n"
     "    rt_k_accuracy(128, 10, F(0), L(4096 + 256), 100, F(1 << 20));\n"
+    "    rt_k_accuracy_ignore(128, 10, F(0), L(4096 + 256), -100, 100, F(1 << 20));\n"
     "}\n"
     "extern \"C\" __global__ void k_mean(unsigned char *base) {\n"
     "    rt_k_mean(4096, F(0), 1, F(1 << 20));\n"
