@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pretrain a small BERT (models/bert.net, masked-LM with LAMB) byte by byte on the fortune
 # cookies of Debian's `fortunes` package, with and without sequence packing, and report the
-# padding packing removes, the speed-up it gives and the validation loss of both runs.
+# padding packing removes, the speed-up it gives and the validation loss and masked-LM accuracy
+# of both runs.
 #   examples/tiny_bert.sh [STEPS]      default 200 optimizer steps for each run
 # Each fortune is a document; scripts/prepare_text.py --mlm cuts it into [CLS] piece [SEP]
 # sequences of at most 128 tokens and masks 15% of the bytes (BERT's 80/10/10), and --pack puts
@@ -47,15 +48,17 @@ for layout in ("unpacked", "packed"):
     evals = [r for r in log if r.get("eval")]
     t = meta["train"]
     rows[layout] = dict(rows=t["rows"], padding=t["padding"], tokens_per_row=t["tokens"] / t["rows"],
-                        rows_per_s=sum(rate) / len(rate), val=evals[-1]["loss"] if evals else float("nan"))
+                        rows_per_s=sum(rate) / len(rate), val=evals[-1]["loss"] if evals else float("nan"),
+                        acc=evals[-1].get("accuracy", float("nan")) if evals else float("nan"))
 u, p = rows["unpacked"], rows["packed"]
 t = json.load(open("out/tiny_bert_data_packed/meta.json"))["train"]
 print(f"fortunes: {t['sequences']} training sequences, {t['tokens']} tokens (mean length {t['tokens'] / t['sequences']:.1f} of 128)")
+print(f"after {steps} steps: validation masked-LM loss and accuracy")
 print(f"{'':10} {'rows/epoch':>10} {'padding':>8} {'real tokens/row':>16} {'rows/s':>7} {'real tokens/s':>14} "
-      f"{'val loss after ' + str(steps) + ' steps':>26}")
+      f"{'val loss':>9} {'val MLM accuracy':>17}")
 for name, r in rows.items():
     print(f"{name:10} {r['rows']:>10} {100 * r['padding']:>7.1f}% {r['tokens_per_row']:>16.1f} {r['rows_per_s']:>7.1f} "
-          f"{r['rows_per_s'] * r['tokens_per_row']:>14.0f} {r['val']:>26.3f}")
+          f"{r['rows_per_s'] * r['tokens_per_row']:>14.0f} {r['val']:>9.3f} {r['acc']:>17.3f}")
 speed = (p["rows_per_s"] * p["tokens_per_row"]) / (u["rows_per_s"] * u["tokens_per_row"])
 print(f"packing removes {100 * (u['padding'] - p['padding']):.1f} points of padding ({u['rows'] - p['rows']} fewer rows "
       f"an epoch): {speed:.2f}x the real tokens a second, an epoch in {1 / speed:.2f} of the time")

@@ -9,7 +9,8 @@ the tests need no `transformers`: the reference of bert_crosscheck.py (models/be
     cls.predictions.transform.{dense,LayerNorm}.*, cls.predictions.bias
     decoder: tied to the word embeddings (logits = t @ word_embeddings.weight^T + bias)
 No dropout (the tests compare with it off); post-norm layers, GELU in its erf form, layer norms
-with eps 1e-12, padding keys left out of every query's softmax.
+with eps 1e-12, padding keys left out of every query's softmax (or, for packed rows, every key
+of another sequence).
 """
 import math
 
@@ -46,7 +47,8 @@ class Attention(nn.Module):
         B, T, C = x.shape
         H, d = self.n_head, C // self.n_head
         q, k, v = (lin(x).view(B, T, H, d).transpose(1, 2) for lin in (self.self.query, self.self.key, self.self.value))
-        s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~keep[:, None, None, :], float("-inf"))
+        keep = keep[:, None, None, :] if keep.dim() == 2 else keep[:, None]  # [B, T] keys or [B, T, T] pairs
+        s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~keep, float("-inf"))
         y = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         return self.output(y, x)
 
@@ -94,12 +96,19 @@ class Bert(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids, token_type_ids, attention_mask):
+    def forward(self, input_ids, token_type_ids, attention_mask=None, position_ids=None, sequence_ids=None):
+        """attention_mask [B, T] (1 on tokens), or packed rows: position_ids and sequence_ids
+        [B, T], a token attending only to the tokens of its own sequence (models/bert.net's
+        -D packed=true)."""
         e = self.bert.embeddings
-        pos = torch.arange(input_ids.shape[1])
-        x = e.word_embeddings(input_ids) + e.position_embeddings(pos)[None] + e.token_type_embeddings(token_type_ids)
+        if sequence_ids is None:
+            pos = torch.arange(input_ids.shape[1])[None]
+            keep = attention_mask != 0
+        else:
+            pos = position_ids
+            keep = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+        x = e.word_embeddings(input_ids) + e.position_embeddings(pos) + e.token_type_embeddings(token_type_ids)
         x = e.LayerNorm(x)
-        keep = attention_mask != 0
         for layer in self.bert.encoder.layer:
             x = layer(x, keep)
         p = self.cls.predictions
