@@ -479,9 +479,20 @@ typedef struct RtAttn {
     int64_t mask_lead[RT_MAX_RANK - 2]; /* the mask's strides along them */
     int64_t mask_t, mask_s;             /* ... and along T and S */
     int64_t group;                      /* query slices per key/value slice; 0 or 1: one */
+    /* attention(..., dropout = p) in training: probability (bh, i, j) is dropped where
+     * rt_dropout_keep(seed, seed_id, (bh * T + i) * S + j, p) says so and the others scaled by
+     * 1 / (1 - p) (rt_bits.h); the softmax's sums are the undropped ones. 0: none. */
+    double dropout;
+    int seed_id;
+    uint64_t seed;                      /* the step's dropout seed (RtCtx.seed) */
 } RtAttn;
 /* Query slices per key/value slice: RtAttn.group, 0 read as 1. */
 static inline int64_t rt_attn_group(const RtAttn *a) { return a->group > 1 ? a->group : 1; }
+/* Probability (bh, i, j)'s factor under RtAttn.dropout: 0 where dropped, else 1 / (1 - p) as
+ * `inv_keep` gives it (rounded to float, as the element-wise dropout's). */
+static inline float rt_attn_drop(const RtAttn *a, int64_t bh, int64_t i, int64_t j, float inv_keep) {
+    return rt_dropout_keep(a->seed, a->seed_id, (bh * a->T + i) * a->S + j, a->dropout) ? inv_keep : 0.0f;
+}
 /* Floats of per-thread scratch the two kernels need: the forward one block of scores, one of o
  * and the row statistics; the backward the probabilities and their gradient for a block of
  * query rows against every key. The compiler sizes RtModel.scratch_per_thread with it. */

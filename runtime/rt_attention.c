@@ -101,6 +101,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                       float *scratch, int64_t scratch_per_thread) {
     const int64_t B = RT_ATTN_BLOCK, BK = RT_ATTN_KEYS, T = a->T, S = a->S, D = a->D, E = a->E;
     const int64_t nqb = (T + B - 1) / B, G = rt_attn_group(a);
+    const float inv_keep = (float)(1.0 / (1.0 - a->dropout));
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < a->BH * nqb; task++) {
         const int64_t bh = task / nqb, i0 = task % nqb * B, rows = T - i0 < B ? T - i0 : B;
@@ -129,6 +130,8 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                 }
                 l[r] = l[r] * alpha + sum;
                 m[r] = mx;
+                if (a->dropout > 0) /* the sum above is the undropped one: o gets the dropped probabilities */
+                    for (int64_t c = 0; c < cols; c++) s[c] *= rt_attn_drop(a, bh, i0 + r, j0 + c, inv_keep);
                 if (alpha != 1.0f)
                     for (int64_t e = 0; e < E; e++) o[r * E + e] *= alpha;
             }
@@ -147,6 +150,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
 static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *kb, const float *vb, const void *mask,
                       const float *out, const float *dout, float *dq, float *dkb, float *dvb, float *P) {
     const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E, mbase = mask_base(a, bh);
+    const float inv_keep = (float)(1.0 / (1.0 - a->dropout));
     float *dP = P + B * S, *delta = dP + B * S;
     for (int64_t i0 = 0; i0 < T; i0 += B) {
         const int64_t rows = T - i0 < B ? T - i0 : B, n = keys_seen(a, i0, rows);
@@ -174,8 +178,14 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
             delta[r] = (float)d;
         }
         rt_gemm(0, 1, rows, n, E, 1.0f, gi, E, vb, E, 0.0f, dP, n);
+        /* with dropout, out = (P z) v: dS = P (z dP - delta) (delta = dout . out is still the row's
+         * sum of P z dP), and dv takes P z, into which P turns here */
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < n; c++) dP[r * n + c] = P[r * n + c] * (dP[r * n + c] - delta[r]);
+            for (int64_t c = 0; c < n; c++) {
+                const float z = a->dropout > 0 ? rt_attn_drop(a, bh, i0 + r, c, inv_keep) : 1.0f, p = P[r * n + c];
+                dP[r * n + c] = p * (z * dP[r * n + c] - delta[r]);
+                P[r * n + c] = p * z;
+            }
         rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, E, 1.0f, dvb, E);
         rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, D, 0.0f, dq + (bh * T + i0) * D, D);
         rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, D, 1.0f, dkb, D);
@@ -198,6 +208,13 @@ void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const flo
 }
 
 /* ---- the reference: the [T, S] matrices of one slice at a time, in double */
+
+/* Each probability's dropout factor in slice bh (1 without dropout), in double. */
+static void ref_drop(const RtAttn *a, int64_t bh, double *Z) {
+    for (int64_t i = 0; i < a->T; i++)
+        for (int64_t j = 0; j < a->S; j++)
+            Z[i * a->S + j] = a->dropout > 0 ? rt_attn_drop(a, bh, i, j, (float)(1.0 / (1.0 - a->dropout))) : 1.0;
+}
 
 /* Probabilities P [T, S] of slice bh in double; a row with no key left is 0. */
 static void ref_probs(const RtAttn *a, const float *q, const float *k, const void *mask, int64_t bh, double *P) {
@@ -222,36 +239,40 @@ static void ref_probs(const RtAttn *a, const float *q, const float *k, const voi
 void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           double *out) {
     const int64_t T = a->T, S = a->S, E = a->E, G = rt_attn_group(a);
-    double *P = malloc((size_t)(T * S) * sizeof *P);
+    double *P = malloc((size_t)(T * S) * sizeof *P), *Z = malloc((size_t)(T * S) * sizeof *Z);
     for (int64_t bh = 0; bh < a->BH; bh++) {
         ref_probs(a, q, k, mask, bh, P);
+        ref_drop(a, bh, Z);
         for (int64_t i = 0; i < T; i++)
             for (int64_t e = 0; e < E; e++) {
                 double o = 0;
-                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * v[(bh / G * S + j) * E + e];
+                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * Z[i * S + j] * v[(bh / G * S + j) * E + e];
                 out[(bh * T + i) * E + e] = o;
             }
     }
     free(P);
+    free(Z);
 }
 
 void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           const float *dout, double *dq, double *dk, double *dv) {
     const int64_t T = a->T, S = a->S, D = a->D, E = a->E, G = rt_attn_group(a);
     double *P = malloc((size_t)(T * S) * sizeof *P), *dS = malloc((size_t)(T * S) * sizeof *dS);
+    double *Z = malloc((size_t)(T * S) * sizeof *Z);
     memset(dk, 0, (size_t)(a->BH / G * S * D) * sizeof *dk);
     memset(dv, 0, (size_t)(a->BH / G * S * E) * sizeof *dv);
     for (int64_t bh = 0; bh < a->BH; bh++) {
         const float *g = dout + bh * T * E;
         const int64_t kv = bh / G;
         ref_probs(a, q, k, mask, bh, P);
-        for (int64_t i = 0; i < T; i++) {
+        ref_drop(a, bh, Z);
+        for (int64_t i = 0; i < T; i++) { /* out = (P Z) v: dS = P (Z dP - sum_j P Z dP) */
             double rowdot = 0;
             for (int64_t j = 0; j < S; j++) {
                 double dp = 0;
                 for (int64_t e = 0; e < E; e++) dp += (double)g[i * E + e] * v[(kv * S + j) * E + e];
-                dS[i * S + j] = dp;
-                rowdot += P[i * S + j] * dp;
+                dS[i * S + j] = Z[i * S + j] * dp;
+                rowdot += P[i * S + j] * Z[i * S + j] * dp;
             }
             for (int64_t j = 0; j < S; j++) dS[i * S + j] = P[i * S + j] * (dS[i * S + j] - rowdot);
         }
@@ -269,11 +290,12 @@ void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const
             }
             for (int64_t e = 0; e < E; e++) {
                 double s = 0;
-                for (int64_t i = 0; i < T; i++) s += P[i * S + j] * g[i * E + e];
+                for (int64_t i = 0; i < T; i++) s += P[i * S + j] * Z[i * S + j] * g[i * E + e];
                 dv[(kv * S + j) * E + e] += s;
             }
         }
     }
     free(P);
     free(dS);
+    free(Z);
 }

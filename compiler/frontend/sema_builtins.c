@@ -680,6 +680,7 @@ static Value b_attention(Sema *S, const AstExpr *c, const char *label, Value *ar
     Value mv = A->a[4];
     double scale = 0;
     if (A->a[5].k != V_NONE) scale = arg_num(A, 5, 1, -1e30, 1e30);
+    double dropout = arg_num_in(A, 6, 0, 0, 1, 1); /* of the probabilities, in training */
     if (!A->ok) return sema_error();
     int r = q->shape.rank;
     if (!ir_attention_ok(q, k, v, NULL)) { /* the IR's rule for the operands (the mask follows) */
@@ -720,6 +721,7 @@ static Value b_attention(Sema *S, const AstExpr *c, const char *label, Value *ar
     if (mask) y->in[3] = mask, y->n_in = 4;
     y->attr.causal = causal;
     y->attr.attn_scale = scale;
+    if (dropout > 0) y->attr.p = dropout, y->attr.seed_id = S->g->n_dropout++;
     return sema_tensor(y);
 }
 
@@ -1492,8 +1494,8 @@ static const SemaBuiltin builtins[] = {
     {"log_softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
     {"matmul", "a, b", b_matmul, 2, 2, {"a", "b"}},
-    {"attention", "q, k, v, causal=false, mask, scale=1/sqrt(d)", b_attention, 3, 6,
-     {"q", "k", "v", "causal", "mask", "scale"}},
+    {"attention", "q, k, v, causal=false, mask, scale=1/sqrt(d), dropout=0", b_attention, 3, 7,
+     {"q", "k", "v", "causal", "mask", "scale", "dropout"}},
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
     {"str", "x", b_str, 1, 1, {"x"}},
     {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},

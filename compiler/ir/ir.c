@@ -676,7 +676,9 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_FILTER:
         if (a->filter == LAYOUT_NHWC) fprintf(out, " filter=krsc");
         break;
-    case ATTR_DROPOUT: fprintf(out, " p=%g mask=%d", a->p, a->seed_id); break;
+    case ATTR_DROPOUT: /* attention's only when it drops */
+        if (a->p != 0) fprintf(out, " p=%g mask=%d", a->p, a->seed_id);
+        break;
     case ATTR_BATCH_MASKED:
         if (a->batch_masked) fprintf(out, " batch_masked");
         break;

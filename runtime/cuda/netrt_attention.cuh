@@ -24,6 +24,9 @@
  * No atomics: every sum has one owner and a fixed order, so replays give the same bits. The CPU
  * kernels (rt_attention.c) sum in another order (block products), so the two agree to float
  * rounding, not bit for bit. A row with no key left gives 0 and no gradient, as on the CPU.
+ * With attention dropout (RtKAttn.dropout) each probability's factor comes from the counter-based
+ * hash of rt_bits.h, the same on the CPU, so no mask is stored: the softmax's sums stay the
+ * undropped ones, o and dv take the dropped probabilities, and dS = P (z dP - delta).
  */
 #ifndef NETRT_ATTENTION_CUH
 #define NETRT_ATTENTION_CUH
@@ -36,10 +39,21 @@ struct RtKAttn {
     int64_t lead[4], mask_lead[4];
     int64_t mask_t, mask_s;
     int64_t group; /* query slices per key/value slice; 0 (left out) or 1: one */
+    double dropout; /* attention(..., dropout = p) in training, with the mask seed_id at the step's seed */
+    int seed_id;
+    unsigned long long seed;
 };
 
 /* Query slices per key/value slice: RtKAttn.group, 0 read as 1. */
 static __device__ __forceinline__ int64_t rt_attn_group(const RtKAttn &a) { return a.group > 1 ? a.group : 1; }
+
+/* Probability (bh, i, j)'s dropout factor: 0 where dropped, 1 / (1 - p) rounded to float where
+ * kept, 1 without dropout (netrt.h's rt_attn_drop). */
+static __device__ __forceinline__ float rt_attn_drop(const RtKAttn &a, int64_t bh, int64_t i, int64_t j) {
+    if (a.dropout <= 0) return 1.0f;
+    return rt_dropout_keep(a.seed, a.seed_id, (bh * a.T + i) * a.S + j, a.dropout) ? (float)(1.0 / (1.0 - a.dropout))
+                                                                                   : 0.0f;
+}
 
 /* Key (or query) rows per shared-memory tile: 32, or as many as fit 4096 floats (16 KiB). */
 #define RT_K_ATTN_TILE(D, E) ((D) + (E) <= 128 ? 32 : 4096 / ((D) + (E)) > 0 ? 4096 / ((D) + (E)) : 1)
@@ -104,10 +118,10 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
             const float alpha = expf(m - mx);
             l = __fmul_rn(l, alpha);
             for (int e = 0; e < E; e++) o[e] = __fmul_rn(o[e], alpha);
-            for (int c = 0; c < cols; c++) {
-                const float p = expf(s[c] - mx);
+            for (int c = 0; c < cols; c++) { /* l sums the probabilities, o the dropped ones */
+                const float p = expf(s[c] - mx), pz = a.dropout > 0 ? __fmul_rn(p, rt_attn_drop(a, bh, i, j0 + c)) : p;
                 l = __fadd_rn(l, p);
-                for (int e = 0; e < E; e++) o[e] = __fadd_rn(o[e], __fmul_rn(p, vs[c * E + e]));
+                for (int e = 0; e < E; e++) o[e] = __fadd_rn(o[e], __fmul_rn(pz, vs[c * E + e]));
             }
             m = mx;
         }
@@ -161,7 +175,7 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
                     const float p = expf(s - lse);
                     float dp = 0;
                     for (int e = 0; e < E; e++) dp = __fadd_rn(dp, __fmul_rn(g[e], vs[c * E + e]));
-                    const float ds = __fmul_rn(p, dp - delta);
+                    const float ds = __fmul_rn(p, __fmul_rn(rt_attn_drop(a, bh, i, j0 + c), dp) - delta);
                     for (int d = 0; d < D; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(ds, ks[c * D + d]));
                 }
             }
@@ -209,12 +223,13 @@ static __device__ __forceinline__ void rt_k_attention_bwd_keys(const RtKAttn a, 
                     const float s = rt_attn_score(a, mask, mbase, r0 + r, j, __fmul_rn(dot, a.scale));
                     const float p = expf(s - ls[r]);
                     if (p == 0) continue;
+                    const float z = rt_attn_drop(a, bh, r0 + r, j), pz = __fmul_rn(p, z);
                     float dp = 0;
                     for (int e = 0; e < E; e++) {
-                        gv[e] = __fadd_rn(gv[e], __fmul_rn(p, gs[r * E + e]));
+                        gv[e] = __fadd_rn(gv[e], __fmul_rn(pz, gs[r * E + e]));
                         dp = __fadd_rn(dp, __fmul_rn(gs[r * E + e], vr[e]));
                     }
-                    const float ds = __fmul_rn(p, dp - ds_[r]);
+                    const float ds = __fmul_rn(p, __fmul_rn(z, dp) - ds_[r]);
                     for (int d = 0; d < D; d++) gk[d] = __fadd_rn(gk[d], __fmul_rn(ds, qs[r * D + d]));
                 }
             }

@@ -211,12 +211,14 @@ class Interp:
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     @staticmethod
-    def sdpa(q, k, v, mask, causal, scale):
+    def sdpa(q, k, v, mask, causal, scale, drop=None):
         """softmax(q k^T * scale + mask) v as torch composes it (torch.nn.functional's
         scaled_dot_product_attention is newer than this torch); causal is top-left aligned (key j
         > query i out), an integer mask keeps where it is not 0; a row with no key left is 0.
         Grouped-query attention (k and v with fewer heads) repeats them, as Hugging Face's
-        repeat_kv: query head h reads key/value head h // (heads of q / heads of k)."""
+        repeat_kv: query head h reads key/value head h // (heads of q / heads of k). With attention
+        dropout, drop (the kept probabilities' 1 / (1 - p), 0 elsewhere) multiplies the
+        probabilities before v."""
         if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
             k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
         s = q @ k.transpose(-1, -2) * scale
@@ -231,18 +233,21 @@ class Interp:
         s = s.masked_fill(~keep, -math.inf)
         live = torch.isfinite(s).any(-1, keepdim=True)
         p = torch.softmax(torch.where(live, s, torch.zeros_like(s)), -1)
-        return torch.where(live, p, torch.zeros_like(p)) @ v
+        p = torch.where(live, p, torch.zeros_like(p))
+        return (p if drop is None else p * drop) @ v
 
     def attention(self, n, x):
         """attention and attention_masked; their gradient packs dq, dk, dv and the kernels'
         scratch (2 floats per query row, zeros here: nothing reads them)."""
         causal, scale = "causal" in n.attr, n.attr["scale"][0]
+        q, k = x[0], x[1]  # dropout: one fixed mask of the probabilities' shape per seed id
+        drop = self.mask(n, (*q.shape[:-1], k.shape[-2])) if "p" in n.attr else None
         if not n.op.endswith("_bwd"):
-            return self.sdpa(x[0], x[1], x[2], x[3] if len(x) > 3 else None, causal, scale)
+            return self.sdpa(x[0], x[1], x[2], x[3] if len(x) > 3 else None, causal, scale, drop)
         q, k, v, _, dy = x[:5]
         mask = x[5] if len(x) > 5 else None
         qkv = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        grads = torch.autograd.grad(self.sdpa(*qkv, mask, causal, scale), qkv, dy)
+        grads = torch.autograd.grad(self.sdpa(*qkv, mask, causal, scale, drop), qkv, dy)
         rows = q.numel() // q.shape[-1]
         return torch.cat([g.reshape(-1) for g in grads] + [torch.zeros(2 * rows, dtype=q.dtype)])
 

@@ -2,8 +2,8 @@
  * the unfused reference (rt_attention_ref_*, whole [T, S] matrices in double) on random values:
  * no mask, causal (T == S and T != S, top-left aligned), additive and boolean masks broadcast
  * several ways, rows that lose every key, T not a multiple of the block, T = 1, d = 64, S != T,
- * d != e, grouped-query attention (2 and 4 query heads per key/value head). Also: the same bits
- * for 1 and 2 threads.
+ * d != e, grouped-query attention (2 and 4 query heads per key/value head), dropout of the
+ * probabilities. Also: the same bits for 1 and 2 threads.
  *
  *     test_attention            the cmocka tests
  *     test_attention --bench    times the kernels on B*H = 48, T = 256, d = 64
@@ -181,6 +181,39 @@ static void test_grouped(void **state) {
     run_case(&c);
 }
 
+/* Attention dropout: the kernels drop the probabilities the reference drops (the counter-based
+ * mask of rt_bits.h, the softmax's sums undropped, dS = P (z dP - delta)), about p of them, and the
+ * result is not the undropped one. */
+static void test_dropout(void **state) {
+    (void)state;
+    Case c = {"dropout 0.3, causal", geom(2, 3, 70, 70, 16, 16, 1), 0, 0};
+    c.a.dropout = 0.3, c.a.seed_id = 2, c.a.seed = 12345;
+    run_case(&c);
+    c = (Case){"dropout 0.5, group 2, bool [B, 1, 1, S], S != T", geom(2, 4, 40, 75, 8, 12, 0), 2 * 75, 3};
+    c.a.group = 2, c.a.mask = RT_ATTN_KEEP, c.a.mask_lead[0] = 75, c.a.mask_s = 1;
+    c.a.dropout = 0.5, c.a.seed_id = 0, c.a.seed = 99;
+    run_case(&c);
+    RtAttn a = geom(1, 2, 64, 64, 8, 8, 0);
+    a.dropout = 0.25, a.seed = 7;
+    int64_t kept = 0, n = a.BH * a.T * a.S;
+    for (int64_t bh = 0; bh < a.BH; bh++)
+        for (int64_t i = 0; i < a.T; i++)
+            for (int64_t j = 0; j < a.S; j++) kept += rt_attn_drop(&a, bh, i, j, 4.0f / 3) != 0;
+    /* 8192 draws of keep with probability 0.75: a standard deviation of 0.005 */
+    print_message("dropout 0.25: %lld of %lld probabilities kept\n", (long long)kept, (long long)n);
+    assert_true(fabs((double)kept / (double)n - 0.75) < 0.03);
+    int64_t nq = a.BH * a.T * a.D, per;
+    float *q = randv(nq), *k = randv(nq), *v = randv(nq), *o = malloc((size_t)nq * sizeof *o);
+    float *o0 = malloc((size_t)nq * sizeof *o0), *scratch = scratch_for(&a, &per);
+    rt_attention_fwd(&a, q, k, v, NULL, o, scratch, per);
+    a.dropout = 0;
+    rt_attention_fwd(&a, q, k, v, NULL, o0, scratch, per);
+    double diff = 0;
+    for (int64_t i = 0; i < nq; i++) diff = fmax(diff, fabs(o[i] - o0[i]));
+    assert_true(diff > 1e-2);
+    free(q), free(k), free(v), free(o), free(o0), free(scratch);
+}
+
 static double clock_s(clockid_t id) {
     struct timespec ts;
     clock_gettime(id, &ts);
@@ -219,6 +252,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_causal),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_grouped),
+        cmocka_unit_test(test_dropout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
