@@ -1,6 +1,6 @@
-"""What the step benchmarks (gpt2_, resnet_ and lora_cpu_vs_torch.py) share: a netc trainer timed
-from its JSON log and a PyTorch loop run in its own interpreter, each for WARMUP untimed steps
-and then the timed ones, and synthetic token windows.
+"""What the step benchmarks (gpt2_, resnet_, bert_ and lora_cpu_vs_torch.py) share: a netc trainer
+timed from its JSON log and a PyTorch loop run in its own interpreter (ending in TORCH_TIMING),
+each for WARMUP untimed steps and then the timed ones, and synthetic token windows.
 """
 import json
 import os
@@ -10,7 +10,21 @@ import sys
 import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-WARMUP = 2  # untimed steps before the timed ones, in both (a PyTorch loop takes it as %d)
+WARMUP = 2  # untimed steps before the timed ones, in both
+
+
+# The end of every PyTorch loop (a program text that defines step(s) and steps): WARMUP untimed
+# steps, then the timed ones; it leaves dt, their seconds, and peak_kib, the process's peak
+# resident set, for the loop's own last line.
+TORCH_TIMING = f"""
+for s in range({WARMUP}):
+    step(s)
+t0 = time.perf_counter()
+for s in range(steps):
+    step(s)
+dt = time.perf_counter() - t0
+peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
 
 
 def run_netc(exe, args, threads, steps, batch, work):

@@ -27,7 +27,7 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, WARMUP, run_netc, run_torch
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch
 
 SEQ, VOCAB = 128, 30522
 PACKED_INPUTS = ["input_ids", "token_type_ids", "position_ids", "sequence_ids", "labels"]
@@ -55,15 +55,10 @@ def step(s):
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt.step()
-for s in range(%d):
-    step(s)
-t0 = time.perf_counter()
-for s in range(steps):
-    step(s)
-dt = time.perf_counter() - t0
+""" + TORCH_TIMING + r"""
 print(json.dumps({"rows_per_s": steps * batch / dt, "version": torch.__version__,
-                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-""" % WARMUP
+                  "peak_kib": peak_kib}))
+"""
 
 
 def corpus(files, work):

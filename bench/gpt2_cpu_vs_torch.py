@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_runs import ROOT, WARMUP, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch, token_files
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -49,12 +49,7 @@ def step(s):
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_all[idx].reshape(-1)).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt.step()
-for s in range(%d):
-    step(s)
-t0 = time.perf_counter()
-for s in range(steps):
-    step(s)
-dt = time.perf_counter() - t0
+""" + TORCH_TIMING + r"""
 a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
 best = 0.0
 for _ in range(5):
@@ -62,9 +57,9 @@ for _ in range(5):
     a @ b
     best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
 print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version": torch.__version__,
-                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "matmul_flops": best,
+                  "peak_kib": peak_kib, "matmul_flops": best,
                   "params": sum(p.numel() for p in net.parameters())}))
-""" % WARMUP
+"""
 
 
 def main():

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_runs import ROOT, WARMUP, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch, token_files
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
 
@@ -53,16 +53,11 @@ def step(s):
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_all[idx].reshape(-1)).backward()
     torch.nn.utils.clip_grad_norm_(trainable, 1.0)
     opt.step()
-for s in range(%d):
-    step(s)
-t0 = time.perf_counter()
-for s in range(steps):
-    step(s)
-dt = time.perf_counter() - t0
+""" + TORCH_TIMING + r"""
 print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version": torch.__version__,
-                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "peak_kib": peak_kib,
                   "params": sum(p.numel() for p in net.parameters()), "trainable": sum(p.numel() for p in trainable)}))
-""" % WARMUP
+"""
 
 
 def main():

@@ -26,7 +26,7 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, WARMUP, run_netc, run_torch
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch
 
 LAYOUTS = ("channels-last", "row-major")
 
@@ -48,15 +48,10 @@ def step(s):
     opt.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(net(x_all[idx]), y_all[idx]).backward()
     opt.step()
-for s in range(%d):
-    step(s)
-t0 = time.perf_counter()
-for s in range(steps):
-    step(s)
-dt = time.perf_counter() - t0
+""" + TORCH_TIMING + r"""
 print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__version__,
-                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-""" % WARMUP
+                  "peak_kib": peak_kib}))
+"""
 
 
 def main():
