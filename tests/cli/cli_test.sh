@@ -6,15 +6,7 @@ set -uo pipefail
 netc=$1 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$work"
-fails=0 passes=0
-check() { # check NAME EXPECTED_STATUS COMMAND... ; output in $out
-  local name=$1 want=$2; shift 2
-  out=$("$@" 2>&1); local rc=$?
-  if [ "$want" = nonzero ] && [ $rc -ne 0 ] && [ $rc -lt 70 ]; then passes=$((passes+1));
-  elif [ "$want" = "$rc" ]; then passes=$((passes+1));
-  else echo "FAIL $name: exit $rc, want $want"; echo "$out"; fails=$((fails+1)); fi
-}
-contains() { if grep -qF -- "$1" <<<"$out"; then passes=$((passes+1)); else echo "FAIL: output lacks '$1':"; echo "$out"; fails=$((fails+1)); fi; }
+. "$(dirname "$0")/checks.sh"
 
 check "-D overrides batch" 0 "$netc" "$root/models/mlp.net" -D batch=32 --dump=ir
 contains "batch=32"

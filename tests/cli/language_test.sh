@@ -8,15 +8,7 @@ set -uo pipefail
 netc=$1 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
-fails=0 passes=0
-check() { # check NAME EXPECTED_STATUS COMMAND... ; output in $out
-  local name=$1 want=$2; shift 2
-  out=$("$@" 2>&1); local rc=$?
-  if [ "$want" = "$rc" ]; then passes=$((passes+1));
-  else echo "FAIL $name: exit $rc, want $want"; echo "$out"; fails=$((fails+1)); fi
-}
-contains() { if grep -qF -- "$1" <<<"$out"; then passes=$((passes+1)); else echo "FAIL: output lacks '$1':"; echo "$out"; fails=$((fails+1)); fi; }
-lacks() { if grep -qF -- "$1" <<<"$out"; then echo "FAIL: output has '$1':"; echo "$out"; fails=$((fails+1)); else passes=$((passes+1)); fi; }
+. "$(dirname "$0")/checks.sh"
 
 cat >"$work/drop.net" <<'NET'
 model drop

@@ -7,16 +7,9 @@
 #   lora_cli.sh NETC WORKDIR
 set -uo pipefail
 netc=$1 work=$2
+. "$(dirname "$0")/checks.sh"
 mkdir -p "$work"
 cd "$work" || exit 1
-fails=0 passes=0
-check() { # check NAME EXPECTED_STATUS COMMAND... ; output in $out
-  local name=$1 want=$2; shift 2
-  out=$("$@" 2>&1); local rc=$?
-  if [ "$want" = "$rc" ]; then passes=$((passes+1));
-  else echo "FAIL $name: exit $rc, want $want"; echo "$out"; fails=$((fails+1)); fi
-}
-contains() { if grep -qF -- "$1" <<<"$out"; then passes=$((passes+1)); else echo "FAIL: output lacks '$1':"; echo "$out"; fails=$((fails+1)); fi; }
 
 cat > tiny.net <<'EOF'
 model tiny
