@@ -3,10 +3,11 @@
 # directories whose configuration or tensors do not fit the model (every mismatch listed), an
 # output that is an input, outputs in an evaluation; and that --init of a base model leaves the
 # adapters to their initialisation while a file with adapters of another shape is refused; and
-# the merge of a transposed layer (PEFT's fan_in_fan_out).
+# the merge of a transposed layer (PEFT's fan_in_fan_out); the stock models' -D lora_r switches.
 #   lora_cli.sh NETC WORKDIR
 set -uo pipefail
 netc=$1 work=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/checks.sh"
 mkdir -p "$work"
 cd "$work" || exit 1
@@ -113,6 +114,30 @@ for layer, t in (("fc1", True), ("fc2", False)):
     worst = max(worst, float(np.max(np.abs(m[layer + ".weight"] - want) / (np.abs(want) + 1e-38))))
 # rounded once from double: within half an ulp of float32
 sys.exit(0 if sorted(m) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"] and worst <= 2 ** -24 else 1)'
+
+# the stock models' LoRA switches: GPT-2 on c_attn (a Conv1D: fan_in_fan_out), BERT on query and value
+/usr/bin/python3 -c '
+import numpy as np
+r = np.random.default_rng(1)
+t = r.integers(0, 64, (8, 9))
+np.save("g_tokens.npy", t[:, :-1]); np.save("g_targets.npy", t[:, 1:])
+np.save("b_ids.npy", r.integers(0, 64, (8, 8))); np.save("b_types.npy", np.zeros((8, 8), np.int64))
+np.save("b_mask.npy", np.ones((8, 8), np.int64)); np.save("b_labels.npy", np.where(r.random((8, 8)) < 0.3, 5, -100))' ||
+  { echo "FAIL: model data"; exit 1; }
+"$netc" "$root/models/gpt2.net" -o gpt2_lora -D vocab=64 -D seq=8 -D n_layer=2 -D n_head=2 -D n_embd=16 -D batch=2 \
+  -D lora_r=2 >/dev/null && "$netc" "$root/models/bert.net" -o bert_lora -D vocab=64 -D seq=8 -D n_layer=2 -D n_head=2 \
+  -D hidden=16 -D intermediate=32 -D batch=2 -D lora_r=2 >/dev/null || { echo "FAIL: netc models with lora_r"; exit 1; }
+check "gpt2 -D lora_r" 0 ./gpt2_lora --data tokens=g_tokens.npy --data targets=g_targets.npy --steps 2 --save-adapter g_ad --quiet
+check "gpt2: c_attn adapted" 0 grep -q '"fan_in_fan_out":.*true' g_ad/adapter_config.json
+check "gpt2: the adapters" 0 ./gpt2_lora --list-params
+contains "transformer.h.1.attn.c_attn.lora_B.weight [48, 2]"
+lacks "c_proj.lora_A"
+check "bert -D lora_r" 0 ./bert_lora --data input_ids=b_ids.npy --data token_type_ids=b_types.npy \
+  --data attention_mask=b_mask.npy --data labels=b_labels.npy --steps 2 --save-adapter b_ad --quiet
+check "bert: the adapters" 0 ./bert_lora --list-params
+contains "bert.encoder.layer.1.attention.self.query.lora_A.weight [2, 16]"
+contains "bert.encoder.layer.1.attention.self.value.lora_B.weight [16, 2]"
+lacks "self.key.lora_A"
 
 echo "lora_cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]
