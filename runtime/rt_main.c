@@ -46,6 +46,7 @@ typedef struct Options {
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
     RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
     const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
+    char adapter_files[2][PATH_MAX], save_adapter_files[2][PATH_MAX]; /* the two files of each directory */
 } Options;
 
 typedef struct Trainer {
@@ -290,6 +291,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
 #undef VALUE
     }
     if (o->epochs_given && !o->steps_given) o->steps = 0; /* --epochs takes the place of the model's steps = N */
+    for (int config = 0; config < 2; config++) { /* for the checks of inputs against outputs */
+        if (o->adapter) rt_lora_file(o->adapter, config, o->adapter_files[config], PATH_MAX);
+        if (o->save_adapter) rt_lora_file(o->save_adapter, config, o->save_adapter_files[config], PATH_MAX);
+    }
     if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
     if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
     if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
@@ -943,9 +948,8 @@ static int list_inputs(const Trainer *t, NamedFile *in) {
     }
     n = add_file(in, n, 1, o->init, "--init%s %s", "");
     n = add_file(in, n, 1, o->resume, "--resume%s %s", "");
-    char path[PATH_MAX];
     for (int config = 0; config < 2 && o->adapter; config++)
-        n = add_file(in, n, 1, strdup(rt_lora_file(o->adapter, config, path, sizeof path)), "--adapter%s %s", "");
+        n = add_file(in, n, 1, o->adapter_files[config], "--adapter%s %s", "");
     return add_file(in, n, 1, "/proc/self/exe", "%sthis trainer's own executable", "");
 }
 
@@ -981,14 +985,13 @@ static void check_outputs(const Trainer *t) {
         die("cannot write the predictions to '%s': %s", o->predict_out, why);
     if (o->save_merged && rt_out_probe(o->save_merged, why, sizeof why) != 0)
         die("cannot save the merged weights to '%s': %s", o->save_merged, why);
-    char path[PATH_MAX];
     struct stat st;
     if (o->save_adapter && mkdir(o->save_adapter, 0777) != 0 && errno != EEXIST)
         die("cannot make the adapter directory '%s': %s", o->save_adapter, strerror(errno));
     if (o->save_adapter && (stat(o->save_adapter, &st) != 0 || !S_ISDIR(st.st_mode)))
         die("cannot save the adapters to '%s': it is not a directory", o->save_adapter);
     for (int config = 0; config < 2 && o->save_adapter; config++) {
-        const char *file = strdup(rt_lora_file(o->save_adapter, config, path, sizeof path));
+        const char *file = o->save_adapter_files[config];
         if (rt_out_probe(file, why, sizeof why) != 0) die("cannot save the adapters to '%s': %s", file, why);
         n_out = add_file(out, n_out, 0, file, "--save-adapter%s %s", "");
     }
@@ -1035,10 +1038,10 @@ static int finish(Trainer *t, int rc) {
                         "any, is unchanged)\n  hint: lower the learning rate\n", bad, out);
         rc = EXIT_NONFINITE;
     }
-    int saves = !rc && !o->gradcheck;
-    if ((saves && o->save && rt_st_save(o->save, t->m, t->ctx.params, &err)) ||
-        (saves && o->save_adapter && rt_lora_save(o->save_adapter, t->m, t->ctx.params, &err)) ||
-        (saves && o->save_merged && rt_lora_save_merged(o->save_merged, t->m, t->ctx.params, &err))) {
+    if (!rc && !o->gradcheck &&
+        ((o->save && rt_st_save(o->save, t->m, t->ctx.params, &err)) ||
+         (o->save_adapter && rt_lora_save(o->save_adapter, t->m, t->ctx.params, &err)) ||
+         (o->save_merged && rt_lora_save_merged(o->save_merged, t->m, t->ctx.params, &err)))) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
     }
