@@ -31,6 +31,30 @@ int rt_fail(RtError *err, const char *fmt, ...) {
     return -1;
 }
 
+int rt_read_text(const char *path, char **text, RtError *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return rt_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *grown = realloc(buf, cap *= 2);
+        if (!grown) free(buf);
+        buf = grown;
+    }
+    int failed = buf ? ferror(f) : 0;
+    fclose(f);
+    if (!buf) return rt_fail(err, "%s: out of memory reading the file", path);
+    if (failed) {
+        free(buf);
+        return rt_fail(err, "%s: cannot read", path);
+    }
+    buf[n] = 0;
+    *text = buf;
+    return 0;
+}
+
 void *rt_alloc(size_t bytes, const char *what) {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p) {

@@ -13,31 +13,6 @@
 
 #include "rt_internal.h"
 
-/* Read the whole file; NUL-terminated. */
-static int read_text(const char *path, char **text, RtError *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return rt_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *grown = realloc(buf, cap *= 2);
-        if (!grown) free(buf);
-        buf = grown;
-    }
-    int failed = buf ? ferror(f) : 0;
-    fclose(f);
-    if (!buf) return rt_fail(err, "%s: out of memory reading the file", path);
-    if (failed) {
-        free(buf);
-        return rt_fail(err, "%s: cannot read", path);
-    }
-    buf[n] = 0;
-    *text = buf;
-    return 0;
-}
-
 /* The end of the line starting at p (its '\n' or the terminating NUL), a '\r' before it left out. */
 static const char *line_end(const char *p, const char **next) {
     const char *e = strchr(p, '\n');
@@ -113,7 +88,7 @@ static int parse_rows(RtArray *a, const char *p, int64_t first_line, double *val
 
 int rt_csv_load(const char *path, RtArray *a, RtError *err) {
     char *text = NULL;
-    if (read_text(path, &text, err)) return -1;
+    if (rt_read_text(path, &text, err)) return -1;
     const char *p = text, *next, *e = line_end(p, &next);
     a->csv_first_line = 1;
     if (*p && is_header(p, e)) p = next, a->csv_first_line = 2;

@@ -19,6 +19,8 @@ typedef struct RtError {
 } RtError;
 
 int rt_fail(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The whole text file at path into *text (malloc'd, NUL-terminated). */
+int rt_read_text(const char *path, char **text, RtError *err);
 /* bytes of zeros, 64-byte aligned; out of memory ends the process with a message naming `what`. */
 void *rt_alloc(size_t bytes, const char *what);
 

@@ -87,49 +87,37 @@ int rt_lora_save(const char *dir, const RtModel *m, const float *params, RtError
 
 /* ---- loading */
 
-/* A small text file, NUL-terminated; NULL after an error. */
-static char *read_text(const char *path, RtError *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return rt_fail(err, "cannot open '%s': %s", path, strerror(errno)), NULL;
-    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    char *text = size >= 0 && size <= (16 << 20) ? malloc((size_t)size + 1) : NULL;
-    int ok = text && fseek(f, 0, SEEK_SET) == 0 && fread(text, 1, (size_t)size, f) == (size_t)size;
-    fclose(f);
-    if (!ok) {
-        free(text);
-        return rt_fail(err, "cannot read '%s': not a configuration file of at most 16 MiB", path), NULL;
-    }
-    text[size] = 0;
-    return text;
+/* name is one of names[0, n). */
+static int listed(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return 1;
+    return 0;
 }
 
 /* target_modules of a configuration (a list of names, or one name) is the model's set. */
 static int same_targets(const cJSON *t, const RtLora *L) {
-    int n = cJSON_IsString(t) ? 1 : cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
-    if (n < 0) return 0;
-    for (int i = 0; i < n; i++) {
-        const cJSON *s = cJSON_IsString(t) ? t : cJSON_GetArrayItem(t, i);
-        int found = 0;
-        for (int k = 0; cJSON_IsString(s) && k < L->n_targets; k++) found |= strcmp(s->valuestring, L->targets[k]) == 0;
-        if (!found) return 0;
+    if (!cJSON_IsString(t) && !cJSON_IsArray(t)) return 0;
+    int n = 0, same = 1;
+    const char **names = malloc((size_t)(cJSON_IsArray(t) ? cJSON_GetArraySize(t) + 1 : 1) * sizeof *names);
+    if (!names) return 0;
+    const cJSON *s;
+    if (cJSON_IsString(t)) names[n++] = t->valuestring;
+    else cJSON_ArrayForEach(s, t) {
+        if (cJSON_IsString(s)) names[n++] = s->valuestring;
+        else same = 0;
     }
-    for (int k = 0; k < L->n_targets; k++) { /* and every one of the model's is in the file */
-        int found = 0;
-        for (int i = 0; i < n; i++) {
-            const cJSON *s = cJSON_IsString(t) ? t : cJSON_GetArrayItem(t, i);
-            found |= cJSON_IsString(s) && strcmp(s->valuestring, L->targets[k]) == 0;
-        }
-        if (!found) return 0;
-    }
-    return 1;
+    for (int i = 0; same && i < n; i++) same = listed(names[i], L->targets, L->n_targets);
+    for (int k = 0; same && k < L->n_targets; k++) same = listed(L->targets[k], names, n);
+    free(names);
+    return same;
 }
 
 /* The configuration describes the adapters this model has: LoRA, the same rank, scale and
  * layers, plain (no rsLoRA or DoRA scaling, no trained biases). */
 static int check_config(const char *path, const RtModel *m, RtError *err) {
     const RtLora *L = m->lora;
-    char *text = read_text(path, err);
-    if (!text) return -1;
+    char *text;
+    if (rt_read_text(path, &text, err)) return -1;
     cJSON *c = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(c)) {
