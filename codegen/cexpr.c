@@ -1019,6 +1019,8 @@ void cg_conv_geometry(Cg *c, const IrNode *n, const char *name) {
     c->depth--;
 }
 
+double cg_attn_dropout(const Cg *c, const IrNode *n) { return c->eval ? 0 : n->attr.p; }
+
 void cg_attention_dims(const IrNode *n, CgAttn *a) {
     const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2];
     const IrNode *m = n->op == OP_ATTENTION_MASKED ? n->in[3] : n->op == OP_ATTENTION_MASKED_BWD ? n->in[5] : NULL;

@@ -128,6 +128,9 @@ int cg_conv_which(const IrNode *n);
  * n_lead) flattened), q [T, D], k [S, D], v [S, E]; mask 0 none, 1 f32 added, 2 u8 keep, read at
  * the strides mask_lead (leading axes), mask_t and mask_s, 0 where it broadcasts; group query
  * slices per key/value slice (grouped-query attention; 1 without). */
+/* Attention node n's dropout probability in the step being emitted: attr.p in training, 0 in
+ * eval_step (every probability is used there). */
+double cg_attn_dropout(const Cg *c, const IrNode *n);
 typedef struct CgAttn {
     int64_t BH, T, S, D, E, group;
     int n_lead;

@@ -573,10 +573,11 @@ static void emit_axes(Cg *c, const IrNode *n) {
 static void emit_attention(Cg *c, const IrNode *n) {
     CgAttn a;
     cg_attention_dims(n, &a);
+    const double dropout = cg_attn_dropout(c, n);
     static const char *const masks[] = {"RT_ATTN_NO_MASK", "RT_ATTN_ADD", "RT_ATTN_KEEP"};
     cg_begin(c, "%sRtAttn attn%d = {.BH = %" PRId64 ", .T = %" PRId64 ", .S = %" PRId64 ", .D = %" PRId64
-             ", .E = %" PRId64 ", .scale = ", n->attr.p > 0 && !c->eval ? "const " : "static const ", n->id, a.BH, a.T,
-             a.S, a.D, a.E);
+             ", .E = %" PRId64 ", .scale = ", dropout > 0 ? "const " : "static const ", n->id, a.BH, a.T, a.S, a.D,
+             a.E);
     cg_lit(c->out, n->attr.attn_scale);
     cg_end(c, ", .causal = %d,", n->attr.causal);
     c->depth++; /* the initializer's second line */
@@ -586,10 +587,10 @@ static void emit_attention(Cg *c, const IrNode *n) {
     for (int i = 0; i < a.n_lead; i++) cg_put(c, "%s%" PRId64, i ? ", " : "", a.mask_lead[i]);
     cg_put(c, "}, .mask_t = %" PRId64 ", .mask_s = %" PRId64, a.mask_t, a.mask_s);
     if (a.group > 1) cg_put(c, ", .group = %" PRId64, a.group); /* grouped-query attention */
-    if (n->attr.p > 0 && !c->eval) { /* attention dropout: the step's seed, so not static */
+    if (dropout > 0) { /* attention dropout: the step's seed, so not static */
         cg_end(c, ",");
         cg_begin(c, ".dropout = ");
-        cg_dbl(c->out, n->attr.p);
+        cg_dbl(c->out, dropout);
         cg_put(c, ", .seed_id = %d, .seed = ctx->seed", n->attr.seed_id);
     }
     cg_end(c, "};");

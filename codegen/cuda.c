@@ -750,11 +750,12 @@ static void emit_attention(Cu *u, const IrNode *n) {
     for (int i = 0; i < 4; i++) at += snprintf(geom + at, sizeof geom - (size_t)at, "%s%" PRId64, i ? ", " : "",
                                                i < a.n_lead ? a.mask_lead[i] : 0);
     at += snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64, a.mask_t, a.mask_s);
-    if (a.group > 1 || (n->attr.p > 0 && !u->c.eval)) /* grouped-query attention, or dropout after it */
+    const double dropout = cg_attn_dropout(&u->c, n);
+    if (a.group > 1 || dropout > 0) /* grouped-query attention, or dropout after it */
         at += snprintf(geom + at, sizeof geom - (size_t)at, ", %" PRId64, a.group);
-    if (n->attr.p > 0 && !u->c.eval) { /* attention dropout: the mask at the step's seed */
+    if (dropout > 0) { /* attention dropout: the mask at the step's seed */
         FILE *fp = fmemopen(lit, sizeof lit, "w");
-        cg_dbl(fp, n->attr.p);
+        cg_dbl(fp, dropout);
         fclose(fp);
         at += snprintf(geom + at, sizeof geom - (size_t)at, ", %s, %d, ctx->seed", lit, n->attr.seed_id);
     }
