@@ -11,14 +11,17 @@
  * (OpenBLAS, single-threaded inside the parallel region), masked, then the online softmax: the
  * row's running maximum m and sum l, the accumulated o rescaled by exp(m_old - m_new) and
  * o += P v. No [T, S] matrix exists; a thread's scratch is one block of scores and one of o.
- * Under causal masking the key blocks past the query block's diagonal are never visited.
+ * Under causal masking the key blocks past the query block's diagonal are never visited. With
+ * attention dropout, o += (P z) v, z each probability's factor (rt_attn_drop: 0, or 1 / (1 - p)),
+ * while l sums P undropped.
  *
  * Backward: one task per key/value slice, so dk and dv accumulate in a fixed order without races
- * (the result is the same bits for any number of threads): its query slices one after another. Per block of query rows, the scores of
- * all the keys it sees are recomputed into scratch ([RT_ATTN_BLOCK, S]), their row maximum and
- * sum give the probabilities P exactly (no statistics are saved by the forward), and
- *   dP = dO v^T,  dS = P * (dP - delta),  delta = sum(dO * O) per row,
- *   dv += P^T dO,  dq = scale * dS k,  dk += scale * dS^T q.
+ * (the result is the same bits for any number of threads): its query slices one after another.
+ * Per block of query rows, the scores of all the keys it sees are recomputed into scratch
+ * ([RT_ATTN_BLOCK, S]), their row maximum and sum give the probabilities P exactly (no
+ * statistics are saved by the forward), and (z = 1 without dropout)
+ *   dP = dO v^T,  dS = P * (z dP - delta),  delta = sum(dO * O) per row,
+ *   dv += (P z)^T dO,  dq = scale * dS k,  dk += scale * dS^T q.
  * A query row whose every key is masked out gives 0 and passes no gradient (PyTorch's math
  * kernel gives NaN there).
  */
