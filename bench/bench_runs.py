@@ -27,6 +27,17 @@ peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 """
 
 
+def run_args(ap, batch, steps):
+    """The options every step benchmark takes: netc, threads, the batch and timed steps (with
+    their defaults), the runs to take the median of, PyTorch's interpreter."""
+    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
+
+
 def run_netc(exe, args, threads, steps, batch, work):
     """steps + WARMUP steps of a trainer: samples/s over the timed steps (from its log, one line
     a step) and the process's peak resident set."""

@@ -27,7 +27,7 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
 
 SEQ, VOCAB = 128, 30522
 PACKED_INPUTS = ["input_ids", "token_type_ids", "position_ids", "sequence_ids", "labels"]
@@ -80,13 +80,8 @@ def corpus(files, work):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="*", help="text files (default: the fortunes)")
-    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3)
+    run_args(ap, batch=8, steps=4)
     ap.add_argument("--n-layer", type=int, default=12)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
     a = ap.parse_args()
     sizes = dict(vocab=VOCAB, seq=SEQ, n_layer=a.n_layer, n_head=12, hidden=768, intermediate=3072)
     runs = {k: [] for k in ("netc plain", "netc packed", "torch plain", "torch packed")}

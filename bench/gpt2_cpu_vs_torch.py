@@ -22,10 +22,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -64,17 +63,12 @@ print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version"
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    run_args(ap, batch=16, steps=10)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
     a = ap.parse_args()
     sizes = dict(vocab=a.vocab, seq=a.seq, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd)
     with tempfile.TemporaryDirectory() as work:

@@ -23,10 +23,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
 
@@ -62,8 +61,7 @@ print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version"
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    run_args(ap, batch=4, steps=10)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--n-layer", type=int, default=4)
@@ -71,10 +69,6 @@ def main():
     ap.add_argument("--n-kv-head", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--intermediate", type=int, default=1408)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
     a = ap.parse_args()
     sizes = dict(vocab=a.vocab, n_layer=a.n_layer, n_head=a.n_head, n_kv_head=a.n_kv_head, hidden=a.hidden,
                  intermediate=a.intermediate)

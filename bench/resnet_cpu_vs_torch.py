@@ -21,12 +21,11 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_netc, run_torch
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
 
 LAYOUTS = ("channels-last", "row-major")
 
@@ -56,12 +55,7 @@ print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__versio
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--netc", default=os.path.join(ROOT, "build", "compiler", "netc"))
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
+    run_args(ap, batch=32, steps=8)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         n = a.batch * (a.steps + WARMUP)
