@@ -19,12 +19,7 @@ scripts/setup.sh
 mapfile -t fortunes < <(examples/fortunes.sh llama_lora)
 ((${#fortunes[@]})) || exit 1
 jargon_gz=/usr/share/doc/jargon-text/jargon.txt.gz
-if [ ! -f "$jargon_gz" ]; then
-  echo "llama_lora: installing Debian's jargon-text (the fine-tuning text)" >&2
-  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends jargon-text >/dev/null
-fi
+[ -f "$jargon_gz" ] || examples/apt_install.sh llama_lora "the fine-tuning text" jargon-text
 mkdir -p out
 gzip -dc "$jargon_gz" > out/jargon.txt
 # byte-level windows of 128 + 1 bytes; the last 10% of each text for validation (256 windows)
