@@ -180,7 +180,7 @@ int rt_st_init(const char *path, const RtModel *m, float *params, const RtInitRu
 /* Parameter i of m: 1 a lora_A, 2 a lora_B, 0 anything else. */
 int rt_lora_role(const RtModel *m, int i);
 /* DIR/adapter_model.safetensors and DIR/adapter_config.json, as PEFT's save_pretrained writes
- * them; DIR is made when missing. */
+ * them, into DIR (the trainer makes it when it checks its outputs, before the run). */
 int rt_lora_save(const char *dir, const RtModel *m, const float *params, RtError *err);
 /* Read them back into the adapters of params, checking the configuration against the model's. */
 int rt_lora_load(const char *dir, const RtModel *m, float *params, RtError *err);

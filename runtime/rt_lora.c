@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "rt_internal.h"
 
@@ -74,8 +73,6 @@ static int write_text(const char *path, const char *text, RtError *err) {
 
 int rt_lora_save(const char *dir, const RtModel *m, const float *params, RtError *err) {
     char path[4096];
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return rt_fail(err, "cannot make the adapter directory '%s': %s", dir, strerror(errno));
     if (rt_st_save_pick(rt_lora_file(dir, 0, path, sizeof path), m, params, RT_PICK_ADAPTERS, PEFT_PREFIX, err))
         return -1;
     char *text = config_json(m);

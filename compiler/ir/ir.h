@@ -238,7 +238,7 @@ typedef struct IrLora {
     double alpha, dropout;
     const char **targets; /* module names, PEFT's target_modules */
     int n_targets;
-    IrAdapter *adapters;  /* in the order of the weights they adapt */
+    IrAdapter *adapters;  /* per target in the order given, its weights in parameter order */
     int n_adapters;
     SrcLoc loc;           /* the lora setting */
 } IrLora;
