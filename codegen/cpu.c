@@ -703,10 +703,10 @@ static void emit_forward_backward(Cg *c) {
             cg_line(c, "// ---- backward");
         }
         emit_node(c, g->nodes[i]);
-        cg_emit_grads_ready(c, i);
+        cg_emit_grads_ready(c, i, "rt_grads_ready(ctx, ");
     }
     emit_grad_copies(c);
-    cg_emit_grads_ready(c, g->n);
+    cg_emit_grads_ready(c, g->n, "rt_grads_ready(ctx, ");
     emit_outputs(c);
     cg_close(c, "}");
     cg_blank(c);

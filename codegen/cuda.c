@@ -863,6 +863,14 @@ static void emit_step_end(Cu *u, int eval) {
     cg_line(c, "const float loss = *(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
     cg_line(c, "st->loss = loss;");
     cg_line(c, "st->correct = %s;", correct);
+    if (g->distributed) { /* every rank adds up, and checks, the loss summed over the ranks */
+        kernel_close(u, "step_loss", 1, 1, "this rank's loss and correct predictions");
+        cg_line(&u->step, "rt_cuda_sum_join(cu); // summed over the ranks, once every gradient's mean is done");
+        kernel_open(u);
+        cg_line(c, "RtDevState *st = ctx->state;");
+        cg_line(c, "const float loss = st->loss;");
+        snprintf(correct, sizeof correct, "st->correct");
+    }
     cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
     cg_line(c, "st->loss_sum += (double)loss;");
     cg_line(c, "st->loss_steps += 1;");
@@ -1081,8 +1089,10 @@ static void walk(Cu *u, int eval) {
     for (int i = 0; i < end; i++) {
         if (i == g->n_fwd) cg_line(&u->step, "// ---- backward");
         emit_node(u, g->nodes[i]);
+        if (!eval) cg_emit_grads_ready(&u->step, i, "rt_cuda_sum_start(cu, ");
     }
     if (!eval) emit_grad_copies(u);
+    if (!eval) cg_emit_grads_ready(&u->step, g->n, "rt_cuda_sum_start(cu, ");
     emit_step_end(u, eval);
     u->c.eval = 0;
 }
@@ -1234,6 +1244,7 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".plan = plan,");
     cg_line(c, ".train = train,");
     cg_line(c, ".eval = eval,");
+    if (g->distributed) cg_line(c, ".coll = &rt_cuda_nccl,");
     cg_close(c, "};\n");
     cg_open(c, "static const RtModel model = {");
     cg_emit_model_head(c);
@@ -1250,6 +1261,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     emit_host_header(u, &c);
     cg_line(&c, "// ---- model description\n");
     cg_emit_description(&c);
+    cg_emit_buckets(&c);
     emit_kernel_table(u, &c);
     cg_line(&c, "// ---- library plans, built once at start-up\n");
     for (int i = 0; i < g->n; i++) {
@@ -1303,6 +1315,7 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     u->cu = open_buffer(&e->kbuf, &e->ksize, 0);
     u->plan = open_buffer(&e->pbuf, &e->psize, 1);
     u->step = open_buffer(&e->tbuf, &e->tsize, 1);
+    u->step.g = g; /* the buckets whose sums it starts */
     return e;
 }
 

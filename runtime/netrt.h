@@ -158,12 +158,21 @@ typedef struct RtDeviceSums {
     double grad_norm;        /* clip_grad_norm: the last step's gradient norm before clipping */
 } RtDeviceSums;
 
+/* This process's place in its job (netc --distributed; one rank of one for other trainers):
+ * its rank, the number of ranks, its rank among those on its machine (which GPU it takes), and
+ * the job's collectives (NULL for a trainer that runs as one process). */
+typedef struct RtRanks {
+    int rank, ranks, local_rank;
+    const struct RtComm *comm;
+} RtRanks;
+
 typedef struct RtDevice {
     const char *name; /* "cuda" */
-    /* At start-up, before any data is read: find a usable device, load the kernels, allocate
-     * and plan. Returns 0, or non-zero with the reason (no device, no driver, an architecture
-     * the trainer has no kernels for) in `why`. */
-    int (*open)(const RtModel *m, int use_graph, char *why, size_t size);
+    /* At start-up, before any data is read: find a usable device (a distributed trainer's
+     * rank takes GPU local_rank of its machine's), load the kernels, allocate and plan. Returns
+     * 0, or non-zero with the reason (no device, no driver, an architecture the trainer has no
+     * kernels for) in `why`. */
+    int (*open)(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size);
     /* Host parameters and optimizer state to the device, and back (waits). */
     void (*upload)(const float *params, const float *optstate);
     void (*download)(float *params, float *optstate);
@@ -219,12 +228,20 @@ typedef struct RtComm {
      * on rank 0 only) (waits); the seconds spent waiting. */
     double (*gather_root)(const float *mine, int n, float *all, const int *counts, const int *displs,
                           const char *what);
+    /* Rank 0's n bytes at x to every rank, in place (waits). */
+    void (*share)(void *x, int n, const char *what);
+    /* The seconds a wait for the other ranks may last (NETC_DIST_TIMEOUT, default 600). */
+    double (*timeout)(void);
     /* Leave the job: status 0 (or one every rank reached together, `together`) finishes it
      * normally; any other ends every rank's process at once with that status. */
     void (*close)(int status, int together);
 } RtComm;
 
 extern const RtComm rt_comm_mpi; /* libnetrt_mpi.a */
+
+/* The exit status of a rank that ends its job because the others did not answer or a collective
+ * failed (docs/trainer.md). */
+enum { RT_EXIT_COMM = 6 };
 
 /* Called by a distributed trainer's generated backward pass once every gradient of bucket k
  * (RtModel.buckets[k]) is final: starts its sum over the ranks. Nothing when ctx->dist is NULL. */

@@ -471,6 +471,18 @@ static double accuracy_of(const RtModel *m, double correct, double samples, doub
     return counted > 0 ? correct / counted : 0;
 }
 
+/* Every rank takes rank 0's running statistics (rt_dist_share_buffers); a device trainer's on
+ * the device too. */
+static void share_buffers(Trainer *t) {
+    const RtModel *m = t->m;
+    int any = 0;
+    for (int i = 0; i < m->n_params; i++) any |= m->params[i].buffer;
+    if (t->dist.ranks == 1 || !any) return;
+    if (t->dev) t->dev->download(t->ctx.params, NULL);
+    rt_dist_share_buffers(&t->dist, t->ctx.params);
+    if (t->dev) t->dev->upload(t->ctx.params, NULL);
+}
+
 /* 0, or the exit status after the evaluation data changed under the trainer. */
 static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
     const RtModel *m = t->m;
@@ -480,7 +492,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
     RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "evaluation indices");
-    if (!t->dev) rt_dist_share_buffers(&t->dist, t->ctx.params);
+    share_buffers(t);
     double loss = 0, correct = 0, counted = 0;
     int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
@@ -717,7 +729,8 @@ static int check_finite(Trainer *t, int64_t step) {
 static int device_sums(Trainer *t) {
     RtDeviceSums s;
     t->dev->read_train(&s);
-    t->dev_loss += s.loss, t->dev_correct += s.correct, t->dev_steps += s.steps;
+    /* a distributed trainer's device sums each step's loss and correct predictions over the ranks */
+    t->dev_loss += s.loss / t->dist.ranks, t->dev_correct += s.correct, t->dev_steps += s.steps;
     t->grad_norm = s.grad_norm;
     return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
@@ -728,6 +741,12 @@ static int64_t epoch_steps(const Trainer *t, int64_t e) {
     return left < t->per_epoch ? left : t->per_epoch;
 }
 
+/* The seed of this rank's dropout masks: the other ranks' differ from rank 0's, which are a lone
+ * trainer's. */
+static uint64_t rank_seed(const Trainer *t) {
+    return t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed;
+}
+
 /* One optimizer step on `batch`, at the position t->pos, which it then advances. */
 static int train_step(Trainer *t, void *const *batch) {
     const RtModel *m = t->m;
@@ -735,8 +754,7 @@ static int train_step(Trainer *t, void *const *batch) {
     t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step;
-    /* the other ranks' dropout masks differ from rank 0's, which are a lone trainer's */
-    t->ctx.seed = rt_step_seed(t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed, step);
+    t->ctx.seed = rt_step_seed(rank_seed(t), step);
     t->ctx.n_valid = m->batch;
     t->counted = counted_positions(m, batch, m->batch);
     if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
@@ -795,8 +813,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             double acc = accuracy_of(m, correct, (double)(since * global_batch(t)), counted);
             if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
                 if ((rc = device_sums(t))) break;
+                if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
+                    double sums[2] = {counted, stop_asked(t)};
+                    rt_dist_sum(&t->dist, sums, 2, "summing the positions counted");
+                    counted = sums[0], t->stop_agreed = sums[1] > 0;
+                }
                 mean = t->dev_loss / (double)t->dev_steps;
-                acc = accuracy_of(m, t->dev_correct, (double)(t->dev_steps * m->batch), counted);
+                acc = accuracy_of(m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), counted);
                 t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
             }
             double tn = now();
@@ -1290,7 +1313,8 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (t.o.mllog) rt_mllog_open(&t.ml, open_log(&t, t.o.mllog), t.o.mllog);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";
-        if (m->device->open(m, !t.o.no_graph, why, sizeof why)) {
+        RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.comm};
+        if (m->device->open(m, &ranks, !t.o.no_graph, why, sizeof why)) {
             fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
             return EXIT_NO_DEVICE;
         }
@@ -1314,14 +1338,14 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     rt_mllog_run_start(&t.ml, global_batch(&t), m->schedule.base_lr, train_ds.n_samples);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
-        t.dev->start(t.pos.step, t.per_epoch, t.total, t.o.seed);
+        t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t));
     }
     void **bufs = batch_buffers(m);
     int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)
                            : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
     if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
     if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
-    if (!rc && !t.dev) rt_dist_share_buffers(&t.dist, t.ctx.params);
+    if (!rc) rt_dist_share_buffers(&t.dist, t.ctx.params);
     if (!rc) check_same_params(&t, "at the end of the run");
     rc = finish(&t, rc);
     release(&t, bufs, &train_ds, &eval_ds);

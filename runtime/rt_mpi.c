@@ -21,7 +21,7 @@
 
 #include "netrt.h"
 
-enum { EXIT_COMM = 6, MAX_CHUNK = 1 << 30 }; /* docs/trainer.md's exit statuses; MPI counts are int */
+enum { MAX_CHUNK = 1 << 30 }; /* MPI counts are int */
 
 static int rank_, finished_;
 static double timeout_s = 600;
@@ -39,7 +39,7 @@ static void abort_on_exit(int status, void *unused) {
     (void)unused;
     if (finished_) return;
     finished_ = 1;
-    MPI_Abort(MPI_COMM_WORLD, status ? status : EXIT_COMM);
+    MPI_Abort(MPI_COMM_WORLD, status ? status : RT_EXIT_COMM);
 }
 
 static int mpi_open(int *argc, char ***argv, int *rank, int *ranks, int *local_rank, char *why, size_t size) {
@@ -86,7 +86,7 @@ static double wait_all(MPI_Request *r, int n, const char *what) {
                             "a rank has died or hangs: ending the job\n", rank_, waited, what);
             fflush(stderr);
             finished_ = 1;
-            MPI_Abort(MPI_COMM_WORLD, EXIT_COMM);
+            MPI_Abort(MPI_COMM_WORLD, RT_EXIT_COMM);
         }
         sched_yield();
     }
@@ -155,6 +155,14 @@ static int agree(uint64_t v, const char *what) {
     return mm[0] == v && mm[1] == ~v;
 }
 
+static void share(void *x, int n, const char *what) {
+    MPI_Request r;
+    MPI_Ibcast(x, n, MPI_BYTE, 0, MPI_COMM_WORLD, &r);
+    wait_all(&r, 1, what);
+}
+
+static double timeout(void) { return timeout_s; }
+
 static void mpi_close(int status, int together) {
     if (finished_) return;
     finished_ = 1;
@@ -174,5 +182,7 @@ const RtComm rt_comm_mpi = {
     .start_sum_scatter = start_sum_scatter,
     .start_gather = start_gather,
     .gather_root = gather_root,
+    .share = share,
+    .timeout = timeout,
     .close = mpi_close,
 };

@@ -104,13 +104,14 @@ static void usage(FILE *out) {
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
             "                       netc, or the build tree)\n"
             "  --distributed        a data-parallel trainer: one process per rank under mpirun or srun, each step's\n"
-            "                       gradients summed over the ranks (docs/distributed.md)\n"
+            "                       gradients summed over the ranks (MPI; with --backend cuda, NCCL inside the\n"
+            "                       step's CUDA Graph; docs/distributed.md)\n"
             "  --bucket-kib N       --distributed: cut the gradients into buckets of N KiB, each summed as soon as\n"
             "                       the backward pass has written it (default: 25600, 25 MiB)\n"
             "  --sync-bn            --distributed: batch norm normalises with the statistics of the global batch,\n"
-            "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP)\n"
+            "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP; CPU)\n"
             "  --shard-optimizer    --distributed: each rank keeps the optimizer state of its share of the\n"
-            "                       parameters and updates them alone (ZeRO-1); the others gather them\n"
+            "                       parameters and updates them alone (ZeRO-1); the others gather them (CPU)\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -300,9 +301,10 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->shard_optimizer && !o->distributed)
         return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
                            "trainer; give --distributed too%s", "");
-    if (o->distributed && strcmp(o->backend, "cpu") != 0)
-        return usage_error("--distributed builds CPU trainers so far; --backend %s has no distributed trainer yet",
-                           o->backend);
+    if (o->distributed && strcmp(o->backend, "cpu") != 0 && (o->sync_bn || o->shard_optimizer))
+        return usage_error("%s: a distributed --backend cuda trainer averages whole gradients on every rank so "
+                           "far; leave the option out, or build a CPU trainer", o->sync_bn ? "--sync-bn" :
+                           "--shard-optimizer");
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);

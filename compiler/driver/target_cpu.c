@@ -2,8 +2,6 @@
  * and OpenBLAS, those of the build that made netc; a distributed one (--distributed) links
  * libnetrt_mpi and the build's MPI library too. */
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "toolchain.h"
 
@@ -19,19 +17,7 @@ static int cpu_link(const TcBuild *b) {
         (char *)b->c_path,
     };
     int n = 8;
-#ifdef NETC_HAVE_MPI
-    char lib_mpi[TC_PATH + 16], mpi_libs[] = NETC_MPI_LIBRARY; /* the library paths, blank-separated */
-    if (b->distributed) { /* before libnetrt: libnetrt_mpi calls into it */
-        argv[n++] = tc_cat3(lib_mpi, sizeof lib_mpi, "", t->rt_lib, "/libnetrt_mpi.a");
-        if (access(lib_mpi, R_OK) != 0) {
-            fprintf(stderr, "netc: error: --distributed: the runtime folder %s has no libnetrt_mpi.a\n"
-                            "  hint: copy it there from the build's runtime/ folder, or name another with "
-                            "--runtime-dir\n", t->rt_lib);
-            return 1;
-        }
-        for (char *p = strtok(mpi_libs, " "); p && n < 40; p = strtok(NULL, " ")) argv[n++] = p;
-    }
-#endif
+    if (b->distributed && (n = tc_add_mpi(t, argv, n, 40)) < 0) return 1;
     char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
                     "-lpthread", "-lm", "-o"};
     for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];

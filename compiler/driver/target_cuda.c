@@ -22,6 +22,7 @@
 #endif
 
 static ToolFile cuda_include, cudart_static, cublaslt, cudnn; /* cuda_include: its cuda_runtime.h */
+static ToolFile nccl; /* a distributed trainer's only */
 
 #ifdef NETC_HAVE_CUDA
 /* The CUDA headers, the static CUDA runtime, cuBLASLt and cuDNN. */
@@ -64,6 +65,12 @@ static void cuda_find(const Toolchain *t) {
     n = tc_add_dir(dirs, tc_add_dir(dirs, n, "/usr/local/cuda/lib64"), "/usr/lib/x86_64-linux-gnu");
     const char *cudnn_names[] = {"libcudnn.so", NETC_CUDNN_SONAME};
     tc_find_file(&cudnn, "cuDNN (" NETC_CUDNN_SONAME ")", dirs, n, cudnn_names, 2);
+#ifdef NETC_HAVE_NCCL
+    n = tc_add_dir(dirs, n_shared, NETC_NCCL_LIBRARY_DIR);
+    n = tc_add_dir(dirs, tc_add_dir(dirs, n, "/usr/local/cuda/lib64"), "/usr/lib/x86_64-linux-gnu");
+    const char *nccl_names[] = {"libnccl.so", "libnccl.so.2"};
+    tc_find_file(&nccl, "NCCL (libnccl.so.2)", dirs, n, nccl_names, 2);
+#endif
 }
 
 static int cuda_libraries(const ToolFile **files) {
@@ -77,6 +84,9 @@ static void cuda_print(void) {
     tc_print_file("CUDA runtime", &cudart_static);
     tc_print_file("cuBLASLt", &cublaslt);
     tc_print_file("cuDNN", &cudnn);
+#ifdef NETC_HAVE_NCCL
+    tc_print_file("NCCL", &nccl);
+#endif
     int v[2] = {0, 0};
     Dl_info info = {0};
     nvrtcVersion(&v[0], &v[1]);
@@ -88,6 +98,32 @@ static void cuda_print(void) {
 /* tf32 and bf16 trainers, built for speed, let NVRTC contract a * b + c to one FMA. */
 static int cuda_compile_kernels(const TcBuild *b, FILE *images) {
     return nvrtc_compile(b->cu_path, b->t->rt_include, b->sms, b->n_sms, b->precision != CG_FP32, images);
+}
+
+/* A distributed trainer's: libnetrt_nccl (before libnetrt_cuda, which it calls), NCCL, and
+ * libnetrt_mpi with MPI (before libnetrt) into argv from n; the new n, or -1 after saying why not. */
+static int add_distributed(const Toolchain *t, char **argv, int n, int max) {
+    static char lib_nccl[TC_PATH + 32], rp_nccl[TC_PATH + 16];
+    tc_cat3(lib_nccl, sizeof lib_nccl, "", t->rt_lib, "/cuda/libnetrt_nccl.a");
+    if (!tc_is_file(lib_nccl)) {
+        fprintf(stderr, "netc: error: --distributed --backend cuda: the runtime folder %s/cuda has no "
+                        "libnetrt_nccl.a (netc was built without NCCL, or the folder lacks it)\n"
+                        "  hint: build netc where NCCL is found (the CUDA toolkit's, or NCCL_LIBRARY), or name "
+                        "another runtime with --runtime-dir\n", t->rt_lib);
+        return -1;
+    }
+    if (!nccl.path[0]) {
+        fprintf(stderr, "netc: error: --distributed --backend cuda needs %s; looked in %s\n"
+                        "  hint: set CUDA_HOME, or add the folder holding libnccl.so.2 to LD_LIBRARY_PATH "
+                        "(PyTorch has it in site-packages/nvidia/nccl/lib)\n", nccl.what ? nccl.what : "NCCL",
+                nccl.tried ? nccl.tried : "nowhere (this netc was built without NCCL)");
+        return -1;
+    }
+    tc_rpath_of(rp_nccl, sizeof rp_nccl, nccl.path);
+    argv[n++] = lib_nccl;
+    argv[n++] = nccl.path;
+    argv[n++] = rp_nccl;
+    return tc_add_mpi(t, argv, n, max);
 }
 
 /* The host C and the kernel images, linked with libnetrt_cuda, libnetrt and the CUDA libraries. */
@@ -104,15 +140,20 @@ static int cuda_link(const TcBuild *b) {
     tc_rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
     tc_rpath_of(rp_blas, sizeof rp_blas, cublaslt.path);
     tc_rpath_of(rp_dnn, sizeof rp_dnn, cudnn.path);
-    char *argv[] = {
+    char *argv[64] = {
         (char *)t->cc, "-std=gnu11", (char *)t->opt, "-Wall", "-Wextra", (char *)t->werror, "-fopenmp", inc_rt,
         inc_rt_cuda, inc_cuda, b->precision != CG_FP32 ? "-DNETC_MATH=RT_MATH_TF32" : "-DNETC_MATH=RT_MATH_FP32",
-        (char *)b->c_path, (char *)b->images_path, lib_rt_cuda, lib_rt, lib_dir, (char *)t->cjson.path,
-        cudart_static.path, cublaslt.path, cudnn.path, rp_cjson, rp_blas, rp_dnn,
-        "-lz", "-lpthread", "-ldl", "-lrt", "-lm", "-o", NULL, NULL,
+        (char *)b->c_path, (char *)b->images_path,
     };
-    int n = (int)(sizeof argv / sizeof *argv);
-    return b->link(b, argv, n - 2);
+    int n = 13;
+    if (b->distributed && (n = add_distributed(t, argv, n, 40)) < 0)
+        return 1;
+    char *tail[] = {lib_rt_cuda, lib_rt, lib_dir, (char *)t->cjson.path, cudart_static.path, cublaslt.path,
+                    cudnn.path, rp_cjson, rp_blas, rp_dnn, "-lz", "-lpthread", "-ldl", "-lrt", "-lm", "-o"};
+    for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
+        argv[n++] = tail[i];
+    argv[n + 1] = NULL;
+    return b->link(b, argv, n);
 }
 
 const Target target_cuda = {

@@ -24,6 +24,26 @@ const Target *target_named(const char *name) {
     return NULL;
 }
 
+int tc_add_mpi(const Toolchain *t, char **argv, int n, int max) {
+#ifdef NETC_HAVE_MPI
+    static char lib_mpi[TC_PATH + 16], mpi_libs[sizeof NETC_MPI_LIBRARY]; /* argv points into them */
+    memcpy(mpi_libs, NETC_MPI_LIBRARY, sizeof mpi_libs); /* the library paths, blank-separated */
+    argv[n++] = tc_cat3(lib_mpi, sizeof lib_mpi, "", t->rt_lib, "/libnetrt_mpi.a");
+    if (access(lib_mpi, R_OK) != 0) {
+        fprintf(stderr, "netc: error: --distributed: the runtime folder %s has no libnetrt_mpi.a\n"
+                        "  hint: copy it there from the build's runtime/ folder, or name another with "
+                        "--runtime-dir\n", t->rt_lib);
+        return -1;
+    }
+    for (char *p = strtok(mpi_libs, " "); p && n < max; p = strtok(NULL, " ")) argv[n++] = p;
+    return n;
+#else
+    (void)t, (void)argv, (void)n, (void)max;
+    fprintf(stderr, "netc: error: --distributed: this netc was built without MPI\n");
+    return -1;
+#endif
+}
+
 int tc_is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);

@@ -83,6 +83,11 @@ int toolchain_check(const Toolchain *t, const Target *tg);
  * it was found, or where netc looked. */
 void toolchain_print(const Toolchain *t, const char *version);
 
+/* A distributed trainer's link line: argv[n ..] gets libnetrt_mpi.a (before libnetrt.a, which it
+ * calls) and the build's MPI libraries, at most up to argv[max - 1]; the new n, or -1 after
+ * saying what is missing. */
+int tc_add_mpi(const Toolchain *t, char **argv, int n, int max);
+
 /* Helpers for the targets' searches and link lines. */
 int tc_is_file(const char *path);
 int tc_add_dir(const char **dirs, int n, const char *dir);

@@ -46,6 +46,22 @@ typedef enum {
 
 typedef struct RtCuda RtCuda;
 
+/* The collectives of a distributed trainer's device step (netc --distributed --backend cuda):
+ * libnetrt_nccl's rt_cuda_nccl, which only distributed trainers link. */
+typedef struct RtCudaColl {
+    const char *name; /* "NCCL" */
+    /* Once the device is chosen and the stream exists, before planning: join the ranks'
+     * communicator (its id from rank 0 through ranks->comm). 0, or non-zero with `why`. */
+    int (*open)(RtCuda *cu, const RtRanks *ranks, char *why, size_t size);
+    /* Wait for the work queued on the stream, as cudaStreamSynchronize, but end the whole job
+     * (exit status RT_EXIT_COMM on every rank) when a collective fails or the other ranks do
+     * not answer within RtComm.timeout. */
+    void (*wait)(RtCuda *cu, const char *what);
+    void (*close)(void);
+} RtCudaColl;
+
+extern const RtCudaColl rt_cuda_nccl; /* libnetrt_nccl.a */
+
 typedef struct RtCudaModel {
     const RtCudaImage *images;       /* ends with {.data = NULL}: netc's netc_images */
     const char *const *kernel_names; /* extern "C" names in the images, indexed by the generated enum */
@@ -64,6 +80,7 @@ typedef struct RtCudaModel {
      * staged batch is already at off_batch. */
     void (*train)(RtCuda *cu);
     void (*eval)(RtCuda *cu);
+    const RtCudaColl *coll;          /* netc --distributed: the ranks' collectives; else NULL */
 } RtCudaModel;
 
 /* The hooks rt_main drives (RtModel.device). The RtModel's `device_model` points at the
@@ -74,6 +91,20 @@ extern const RtDevice rt_cuda_device;
 
 cudaStream_t rt_cuda_stream(const RtCuda *cu);
 unsigned char *rt_cuda_base(const RtCuda *cu); /* the device arena */
+
+const RtModel *rt_cuda_model(const RtCuda *cu);            /* the trainer's model (its buckets) */
+const RtCudaModel *rt_cuda_device_model(const RtCuda *cu); /* its device step (offsets) */
+
+/* A distributed trainer's step (libnetrt_nccl), on a second stream that the step's stream
+ * forks and joins with events, so a capture takes the collectives into the step's graph:
+ *   rt_cuda_sum_start  bucket k's gradients (RtModel.buckets[k] of the gradient buffer) are
+ *                      final: start their mean over the ranks, in place, while the backward
+ *                      pass goes on;
+ *   rt_cuda_sum_join   the step's loss and correct predictions (RtDevState.loss, .correct,
+ *                      written by then) summed over the ranks, and the stream waits for every
+ *                      collective the step started. */
+void rt_cuda_sum_start(RtCuda *cu, int k);
+void rt_cuda_sum_join(RtCuda *cu);
 
 /* Launch kernel `k` (index into kernel_names) with `grid` blocks of `block` threads and the
  * arena base as its one argument, on the stream. */

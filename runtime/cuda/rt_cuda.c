@@ -14,6 +14,11 @@
  * while the device still copies out of the other. The loss and accuracy sums stay in the
  * device's RtDevState; the host reads them (the only full wait) at log intervals.
  *
+ * A distributed trainer (RtCudaModel.coll, libnetrt_nccl) takes GPU local_rank of its machine's,
+ * joins its ranks' NCCL communicator before the warm-up, and its step forks the collectives onto
+ * a second stream and joins them back, inside the capture (rt_cuda_nccl.c); every wait for the
+ * stream then goes through coll->wait, which watches the collectives.
+ *
  * The runtime API is linked statically, so a trainer starts on a machine without a driver and
  * open() can say what is missing instead of the dynamic loader failing first.
  */
@@ -47,6 +52,7 @@ struct RtCuda {
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
     RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
+    int coll_open;                           /* dm->coll joined its ranks (close it at teardown) */
     cudaGraphExec_t train_graph[RT_CUDA_SLOTS];
     cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
 };
@@ -104,6 +110,8 @@ static int fail(char *why, size_t size, const char *fmt, ...) {
 /* ---- accessors for the generated code and the plan files */
 
 cudaStream_t rt_cuda_stream(const RtCuda *cu) { return cu->stream; }
+const RtModel *rt_cuda_model(const RtCuda *cu) { return cu->model; }
+const RtCudaModel *rt_cuda_device_model(const RtCuda *cu) { return cu->dm; }
 unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
 cublasLtHandle_t rt_cuda_blaslt(RtCuda *cu) { return cu->blaslt; }
 cudnnHandle_t rt_cuda_dnn(RtCuda *cu) { return cu->dnn; }
@@ -195,23 +203,27 @@ static int explain_no_device(cudaError_t e, char *why, size_t size) {
     }
 }
 
-static int find_device(struct cudaDeviceProp *prop, char *why, size_t size) {
+/* The first visible GPU; a distributed trainer's rank takes GPU local_rank of its machine's
+ * (modulo their number: ranks that share a GPU are slow, but right). */
+static int find_device(const RtCudaModel *dm, const RtRanks *ranks, struct cudaDeviceProp *prop, char *why,
+                       size_t size) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
         return explain_no_device(e == cudaSuccess ? cudaErrorNoDevice : e, why, size);
     }
-    e = cudaSetDevice(0);
+    int dev = dm->coll && ranks ? ranks->local_rank % count : 0;
+    e = cudaSetDevice(dev);
     /* The host waits (a staging slot, the sums at a log interval) block instead of spinning, so
      * the host time a step takes is the host's work, and the loader threads keep their cores. */
     if (e == cudaSuccess)
         e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
     if (e == cudaSuccess)
-        e = cudaGetDeviceProperties(prop, 0);
+        e = cudaGetDeviceProperties(prop, dev);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return fail(why, size, "the first visible GPU cannot be opened: %s", cudaGetErrorString(e));
+        return fail(why, size, "visible GPU %d cannot be opened: %s", dev, cudaGetErrorString(e));
     }
     return 0;
 }
@@ -383,6 +395,14 @@ static void alloc_staging(RtCuda *cu) {
     memset(cu->host_state, 0, sizeof *cu->host_state);
 }
 
+/* Wait for the queued work; a distributed trainer's wait also watches its collectives. */
+static void sync_stream(RtCuda *cu, const char *what) {
+    if (cu->coll_open)
+        cu->dm->coll->wait(cu, what);
+    else
+        rt_cuda_check(cudaStreamSynchronize(cu->stream), what);
+}
+
 /* ---- the step, enqueued directly or captured */
 
 /* Slot s's batch to the arena, then the step. In a capture the event record becomes a graph node
@@ -403,7 +423,7 @@ static void enqueue_step(RtCuda *cu, int s, void (*step)(RtCuda *), int in_graph
 static void warm_up(RtCuda *cu) {
     cu->dm->train(cu);
     cu->dm->eval(cu);
-    rt_cuda_check(cudaStreamSynchronize(cu->stream), "the warm-up step");
+    sync_stream(cu, "the warm-up step");
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, (size_t)cu->dm->device_bytes, cu->stream), "cudaMemsetAsync (the arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
 }
@@ -422,8 +442,10 @@ static int capture(RtCuda *cu, int s, void (*step)(RtCuda *), const char *name, 
         (void)cudaGetLastError();
         if (graph)
             cudaGraphDestroy(graph);
-        return fail(why, size, "the %s step cannot be captured as a CUDA graph (a call in it synchronised with the "
-                               "device): %s; run the trainer with --no-graph", name, cudaGetErrorString(e));
+        return fail(why, size, "the %s step cannot be captured as a CUDA graph (%s): %s; run the trainer with "
+                               "--no-graph", name, e == cudaErrorStreamCaptureUnjoined ? "internal error: work forked "
+                               "onto the collectives' stream was not joined back" : "a call in it synchronised with "
+                               "the device", cudaGetErrorString(e));
     }
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -456,6 +478,8 @@ static void teardown(RtCuda *cu) {
     }
     if (cu->host_state)
         cudaFreeHost(cu->host_state);
+    if (cu->coll_open)
+        cu->dm->coll->close();
     rt_cuda_gemm_plans_free();
     rt_cuda_conv_plans_free();
     if (cu->workspace)
@@ -475,10 +499,18 @@ static void teardown(RtCuda *cu) {
 }
 
 /* Everything after the device is found and its image chosen; non-zero with `why` on failure. */
-static int set_up(RtCuda *cu, const RtCudaImage *im, const char *gpu, char *why, size_t size) {
+static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const char *gpu, char *why,
+                  size_t size) {
     if (load_kernels(cu, im, why, size))
         return 1;
     create_handles(cu);
+    if (cu->dm->coll) { /* before the warm-up step, whose collectives need every rank */
+        if (!ranks || !ranks->comm)
+            return fail(why, size, "internal error: a distributed trainer's device opened without its ranks");
+        if (cu->dm->coll->open(cu, ranks, why, size))
+            return 1;
+        cu->coll_open = 1;
+    }
     if (alloc_arena(cu, gpu, why, size))
         return 1;
     if (cu->dm->plan)
@@ -493,7 +525,7 @@ static int set_up(RtCuda *cu, const RtCudaImage *im, const char *gpu, char *why,
     return cu->use_graph ? capture_graphs(cu, why, size) : 0;
 }
 
-static int cuda_open(const RtModel *m, int use_graph, char *why, size_t size) {
+static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size) {
     RtCuda *cu = &g_cu;
     struct cudaDeviceProp prop;
     if (cu->dm)
@@ -505,7 +537,7 @@ static int cuda_open(const RtModel *m, int use_graph, char *why, size_t size) {
         memset(cu, 0, sizeof *cu);
         return fail(why, size, "internal error: the trainer has no CUDA step");
     }
-    if (size_inputs(cu, why, size) || find_device(&prop, why, size)) {
+    if (size_inputs(cu, why, size) || find_device(cu->dm, ranks, &prop, why, size)) {
         memset(cu, 0, sizeof *cu);
         return 1;
     }
@@ -514,7 +546,7 @@ static int cuda_open(const RtModel *m, int use_graph, char *why, size_t size) {
         memset(cu, 0, sizeof *cu);
         return explain_no_image(m->device_model, &prop, why, size);
     }
-    if (set_up(cu, im, prop.name, why, size)) {
+    if (set_up(cu, ranks, im, prop.name, why, size)) {
         teardown(cu);
         return 1;
     }
@@ -533,7 +565,7 @@ static void cuda_upload(const float *params, const float *optstate) {
                                       cudaMemcpyHostToDevice, cu->stream),
                       "cudaMemcpyAsync (optimizer state to the device)");
     /* the host buffers are pageable and the caller's to reuse once this returns */
-    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the upload)");
+    sync_stream(cu, "cudaStreamSynchronize (after the upload)");
 }
 
 static void cuda_download(float *params, float *optstate) {
@@ -547,7 +579,7 @@ static void cuda_download(float *params, float *optstate) {
         rt_cuda_check(cudaMemcpyAsync(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float),
                                       cudaMemcpyDeviceToHost, cu->stream),
                       "cudaMemcpyAsync (optimizer state from the device)");
-    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the download)");
+    sync_stream(cu, "cudaStreamSynchronize (after the download)");
 }
 
 /* A fresh RtDevState: the run's constants, every sum zero. Before the first step, so it waits. */
@@ -588,7 +620,7 @@ static const RtDevState *read_state(RtCuda *cu) {
     rt_cuda_check(cudaMemcpyAsync(cu->host_state, cu->base + cu->dm->off_state, sizeof *cu->host_state,
                                   cudaMemcpyDeviceToHost, cu->stream),
                   "cudaMemcpyAsync (the device state to the host)");
-    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (the queued steps)");
+    sync_stream(cu, "cudaStreamSynchronize (the queued steps)");
     return cu->host_state;
 }
 
@@ -623,7 +655,7 @@ static void cuda_read_eval(double *loss_sum, double *correct) {
 static void cuda_close(void) {
     RtCuda *cu = &g_cu;
     if (cu->stream)
-        rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (closing the device)");
+        sync_stream(cu, "cudaStreamSynchronize (closing the device)");
     teardown(cu);
 }
 

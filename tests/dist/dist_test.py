@@ -30,18 +30,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from netc_testlib import Checks, fashion, fashion_files, run_cases, st_load  # noqa: E402
+from netc_testlib import Checks, fashion, fashion_files, mpi_env, mpirun_args, run_cases, st_load  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 check = Checks()
 
-ENV = dict(os.environ)
-if os.geteuid() == 0:  # CI runs as root; Open MPI refuses root without both of these
-    ENV.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-# Containers often forbid the cross-memory attach Open MPI's shared-memory transport tries first,
-# and mpirun then prints a warning per message; copying through shared memory always works.
-ENV["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
-ENV.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+ENV = mpi_env()
 
 TRAIN = fashion_files("train")
 EVAL = fashion_files("test")
@@ -71,7 +65,7 @@ def build(netc, work, model, batch, distributed, bucket_kib=None, sync_bn=False)
 
 
 def mpirun(ranks, argv, timeout=240, **kw):
-    return subprocess.run(["mpirun", "--oversubscribe", "-np", str(ranks)] + argv, env=ENV, capture_output=True,
+    return subprocess.run(mpirun_args(ranks) + argv, env=ENV, capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 
@@ -374,7 +368,10 @@ def wait_started(exe):
 
 def case_failures(netc, work):
     mlp = os.path.join(REPO, "models", "mlp.net")
-    for argv, needle in ((["--distributed", "--backend", "cuda"], "--backend cuda has no distributed trainer yet"),
+    for argv, needle in ((["--distributed", "--backend", "cuda", "--sync-bn"],
+                          "--sync-bn: a distributed --backend cuda trainer averages whole gradients"),
+                         (["--distributed", "--backend", "cuda", "--shard-optimizer"],
+                          "--shard-optimizer: a distributed --backend cuda trainer averages whole gradients"),
                          (["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB"),
                          (["--sync-bn"], "--sync-bn sums batch norm's statistics over the ranks of a distributed "
                                          "trainer; give --distributed too")):

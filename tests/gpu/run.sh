@@ -102,7 +102,7 @@ where() {  # the first folder of LD_LIBRARY_PATH, else of the loader's cache, th
 missing=0
 for lib in libcudnn.so.9 libcublasLt.so.13 libnvrtc.so.13 libnccl.so.2; do
   if p=$(where "$lib"); then note "found $lib: $p"
-  elif [ "$lib" = libnccl.so.2 ]; then note "no $lib (not used yet: the backend has no NCCL)"
+  elif [ "$lib" = libnccl.so.2 ]; then note "no $lib (only distributed GPU trainers, netc --distributed, need it)"
   else note "MISSING: $lib: not in \$CUDA_HOME (${CUDA_HOME:-unset}), PyTorch's site-packages/nvidia/*/lib" \
               "or the loader's cache; set LD_LIBRARY_PATH to its folder"; missing=1
   fi

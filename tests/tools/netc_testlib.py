@@ -17,6 +17,23 @@ import numpy as np
 FASHION = os.environ.get("NETC_FASHION_DIR", "/usr/share/datasets/fashion-mnist")
 
 
+def mpi_env():
+    """The environment distributed trainers run in under Open MPI's mpirun on any machine."""
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # CI runs as root; Open MPI refuses root without both of these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    # Containers often forbid the cross-memory attach Open MPI's shared-memory transport tries
+    # first, and mpirun then prints a warning per message; copying through shared memory works.
+    env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return env
+
+
+def mpirun_args(ranks):
+    """The command line prefix that runs a trainer as `ranks` ranks on this machine (whatever its
+    number of cores)."""
+    return ["mpirun", "--oversubscribe", "-np", str(ranks)]
+
 
 class Checks:
     """A test script's checks: check(ok, what) counts one, prints "FAIL what" when it fails and

@@ -19,6 +19,10 @@
  * contraction. Real launch limits, memory coherence, truly concurrent threads and the GPU's
  * arithmetic are out of its reach.
  *
+ * A distributed trainer's collectives (RtCudaModel.coll) are the real libnetrt_nccl source,
+ * opened before the warm-up and waited through at each read, as rt_cuda.c does; nccl_emu.c maps
+ * its NCCL calls to MPI (emu_vs_cpu.sh --ranks).
+ *
  * Checks a GPU would not make: every matrix product's and convolution's operands must lie
  * inside the arena, a guard zone after the arena must be untouched at close, a block reduction
  * must run in a block of 256 threads and never in divergent code, and (NETC_EMU_REVERSE) the
@@ -204,6 +208,7 @@ struct RtCuda {
     unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];
+    int coll_open;                     /* dm->coll joined its ranks (nccl_emu.c) */
     float *conv_scratch;               /* the NCHW convolutions' per-thread scratch */
     size_t conv_scratch_floats;
     float *wide[EMU_WIDE];             /* bfloat16 operands and results widened to float32, a KCRS filter */
@@ -217,6 +222,8 @@ cudaStream_t rt_cuda_stream(const RtCuda *cu) {
     return NULL;
 }
 unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
+const RtModel *rt_cuda_model(const RtCuda *cu) { return cu->model; }
+const RtCudaModel *rt_cuda_device_model(const RtCuda *cu) { return cu->dm; }
 
 void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
     if (k < 0 || k >= cu->dm->n_kernels) die("internal error: kernel %d of %d launched", k, cu->dm->n_kernels);
@@ -508,13 +515,18 @@ static int find_kernels(RtCuda *cu, char *why, size_t size) {
 
 static void zero_arena(RtCuda *cu) { memset(cu->base, 0, (size_t)cu->dm->device_bytes); }
 
-static int emu_open(const RtModel *m, int use_graph, char *why, size_t size) {
+static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size) {
     RtCuda *cu = &g_cu;
     (void)use_graph; /* no graphs here: every step runs as it is enqueued */
     if (cu->dm) return fail(why, size, "internal error: the CUDA device is already open");
     cu->model = m, cu->dm = m->device_model;
     if (!cu->dm || !cu->dm->train || !cu->dm->eval) return fail(why, size, "internal error: no CUDA step");
     if (size_inputs(cu, why, size) || find_kernels(cu, why, size)) return 1;
+    if (cu->dm->coll) { /* rt_cuda.c's order: before the warm-up step, whose collectives need every rank */
+        if (!ranks || !ranks->comm) return fail(why, size, "internal error: a distributed trainer without its ranks");
+        if (cu->dm->coll->open(cu, ranks, why, size)) return 1;
+        cu->coll_open = 1;
+    }
     size_t bytes = ((size_t)cu->dm->device_bytes + EMU_GUARD + 255) & ~(size_t)255;
     cu->base = aligned_alloc(256, bytes); /* cudaMalloc's alignment */
     if (!cu->base)
@@ -569,7 +581,11 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
 static void emu_train_step(void *const *batch) { stage_and_run(batch, g_cu.model->batch, 0); }
 static void emu_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, 1); }
 
-static RtDevState *state(RtCuda *cu) { return (RtDevState *)(cu->base + cu->dm->off_state); }
+/* rt_cuda.c's read_state: the wait a distributed trainer's collectives watch */
+static RtDevState *state(RtCuda *cu) {
+    if (cu->coll_open) cu->dm->coll->wait(cu, "reading the device state");
+    return (RtDevState *)(cu->base + cu->dm->off_state);
+}
 
 static void emu_read_train(RtDeviceSums *sums) {
     RtDevState *st = state(&g_cu);
@@ -597,6 +613,7 @@ static void emu_close(void) {
                     (long long)cu->dm->device_bytes);
     }
     plans_free();
+    if (cu->coll_open) cu->dm->coll->close();
     for (int s = 0; s < EMU_SLOTS; s++) free(cu->slot[s]);
     free(cu->base), free(cu->kernels), free(cu->conv_scratch);
     for (int i = 0; i < EMU_WIDE; i++) free(cu->wide[i]);
