@@ -2,6 +2,7 @@
 
     emu_compare.py WORKDIR STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --bf16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
+    emu_compare.py WORKDIR --ranks N STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
 
 Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
 samples in file order, extended to every input dtype) from the same initial weights (--init,
@@ -26,6 +27,9 @@ Prints the worst differences.
 
 With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
 main_bf16 requires instead that both runs converge alike on learnable data.
+
+With --ranks N both trainers are distributed and run as N ranks under mpirun (main_ranks): the
+same parameters, checkpoints and logs within TOLERANCE, and the same step on a NaN.
 """
 import json
 import os
@@ -37,7 +41,7 @@ import numpy as np
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
-from netc_testlib import st_load, st_save  # noqa: E402
+from netc_testlib import mpi_env, mpirun_args, st_load, st_save  # noqa: E402
 
 EVAL_SAMPLES = 21
 
@@ -113,17 +117,17 @@ def poisoned_data(exe, train_args, work):
     return args
 
 
-def nonfinite_step(exe, args):
-    r = subprocess.run([exe, *args], capture_output=True, text=True)
+def nonfinite_step(exe, args, launch=(), env=None):
+    r = subprocess.run([*launch, exe, *args], capture_output=True, text=True, env=env)
     m = re.search(r"loss is .* at step (\d+)", r.stderr)
     assert r.returncode == 3 and m, f"{exe} on NaN data: exit status {r.returncode}, {r.stderr!r}"
     return int(m.group(1))
 
 
-def train(exe, common, tag, work, *extra, expect=0, env=None):
+def train(exe, common, tag, work, *extra, expect=0, env=None, launch=()):
     log, out = os.path.join(work, f"{tag}.jsonl"), os.path.join(work, f"{tag}.safetensors")
-    r = subprocess.run([exe, *common, "--log", log, "--save", out, *extra], stderr=subprocess.PIPE, text=True,
-                       env=env)
+    r = subprocess.run([*launch, exe, *common, "--log", log, "--save", out, *extra], stderr=subprocess.PIPE,
+                       text=True, env=env)
     assert r.returncode == expect, f"{tag}: exit status {r.returncode}, expected {expect}:\n{r.stderr}"
     return log, out
 
@@ -136,7 +140,7 @@ def records(log):
             r = json.loads(line)
             if "checkpoint" in r:
                 continue
-            r.pop("samples_per_s", None)
+            r.pop("samples_per_s", None), r.pop("comm_wait", None)
             out.append(r)
     return out
 
@@ -285,7 +289,47 @@ def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
           f"within {apart:.3g} of their travel ({where}); reverse block order: identical")
 
 
+# ---- distributed: N ranks of each, the emulated one's gradients and loss summed by NCCL's calls
+
+def main_ranks(work, ranks, steps, tol, cpu, emu):
+    """Both trainers as `ranks` ranks of the same per-rank batch, one thread each: the emulated
+    step averages each gradient bucket with ncclAvg (its floats scaled by 1/N, then summed; for
+    N = 2 the same bits as the CPU trainer's sum, then scaling) and sums the loss over the ranks
+    before the non-finite check, so the comparison holds to TOLERANCE as in main(); a bucket
+    left out, started before its last gradient or joined late moves the parameters by a
+    gradient's share."""
+    os.makedirs(work, exist_ok=True)
+    env, launch = mpi_env(), mpirun_args(ranks)
+    data = write_data(cpu, work)
+    init = os.path.join(work, "init.safetensors")
+    write_init(cpu, init)
+    evals = write_eval_data(data, work)
+    common = [*data, *evals, "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2", "--init",
+              init, "--seed", "3"]
+    every = ["--checkpoint-every", "3", "--checkpoint"]
+    cpu_log, cpu_out = train(cpu, common, "cpu", work, *every, os.path.join(work, "cpu.ckpt"), env=env,
+                             launch=launch)
+    emu_log, emu_out = train(emu, common, "emu", work, *every, os.path.join(work, "emu.ckpt"), env=env,
+                             launch=launch)
+    worst, where = compare_params(emu_out, cpu_out, tol, f"{ranks} emulated ranks vs {ranks} CPU ranks")
+    worst_ckpt, where_ckpt = compare_params(os.path.join(work, "emu.ckpt"), os.path.join(work, "cpu.ckpt"), tol,
+                                            f"{ranks} ranks: emulated vs CPU checkpoints")
+    n, worst_loss, worst_acc = compare_logs(emu_log, cpu_log, tol)
+    nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2",
+           "--init", init, "--no-shuffle", "--seed", "3"]
+    at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
+    assert at[0] == at[1] and at[0] >= 2, \
+        f"NaN in the data: {ranks} CPU ranks stop at step {at[0]}, {ranks} emulated ranks at {at[1]}"
+
+    print(f"{ranks} emulated ranks vs {ranks} CPU ranks after {steps} steps: parameters {worst:.3g} "
+          f"({where or 'identical'}), final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), {n} log "
+          f"records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; NaN found by both at step {at[0]}")
+
+
 def main():
+    if sys.argv[2] == "--ranks":
+        return main_ranks(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
+                          sys.argv[7])
     if sys.argv[2] == "--bf16":
         return main_bf16(sys.argv[1], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
                          sys.argv[7])

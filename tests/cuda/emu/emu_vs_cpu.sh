@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # emu_vs_cpu.sh NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --bf16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
+# emu_vs_cpu.sh --ranks N NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
 #
 # The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
 # or a path ending in .net) is compiled twice: as a CPU trainer, and with --backend cuda, whose
@@ -20,9 +21,20 @@
 # that they converge alike - final evaluation losses within LOSS_TOL, parameters within
 # PARAM_TOL of the distance they travelled (see there).
 #
+# With --ranks N both trainers are distributed (netc --distributed) and run as N ranks under
+# mpirun: the emulated one with the real runtime/cuda/rt_cuda_nccl.c (libnetrt_nccl: the NCCL
+# collectives of the step, forked onto their own stream and joined) linked against nccl_emu.c,
+# which maps NCCL's calls to MPI's. emu_compare.py --ranks compares them as above.
+#
 # Needs, from tests/cuda/CMakeLists.txt: NETC_EMU_CUDA_INCLUDE (cuda_runtime.h's directory, for
-# netrt_cuda.h's types) and NETC_EMU_LINK (libnetrt.a and what it links).
+# netrt_cuda.h's types) and NETC_EMU_LINK (libnetrt.a and what it links); with --ranks,
+# NETC_EMU_DIST_CFLAGS (-I for mpi.h and nccl.h) and NETC_EMU_DIST_LINK (libnetrt_mpi.a and MPI).
 set -euo pipefail
+ranks=
+if [ "${1:-}" = --ranks ]; then
+  ranks=$2
+  shift 2
+fi
 if [ "${1:-}" = --bf16 ]; then # emu_compare.py's bf16 mode: EPOCHS PARAM_TOL LOSS_TOL
   netc=$2 work=$3 model=$4 precision=bf16 compare=(--bf16 "$5" "$6" "$7")
   shift 7
@@ -40,10 +52,14 @@ case $model in
 esac
 dir=$work/emu-$model
 [ "$precision" = fp32 ] || dir=$dir-$precision
+dist=()
+if [ -n "$ranks" ]; then
+  dir=$dir-ranks$ranks dist=(--distributed) compare=(--ranks "$ranks" "${compare[@]}")
+fi
 rm -rf "$dir" && mkdir -p "$dir"
 
-"$netc" "$src" "$@" -o "$dir/$model-cpu"
-"$netc" "$src" "$@" --backend cuda --precision "$precision" --emit-dir "$dir/gen" -o "$dir/gen/$model"
+"$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"
+"$netc" "$src" "$@" "${dist[@]}" --backend cuda --precision "$precision" --emit-dir "$dir/gen" -o "$dir/gen/$model"
 
 # The kernels by name: the .cu and a table of its kernel_names (from the host C), one object
 # whose only global symbols are the table, so no kernel name can meet a library's symbol.
@@ -71,8 +87,18 @@ gcc "${flags[@]}" ${NETC_EMU_SANITIZE:-} -std=gnu11 -Wall -Wextra -Werror -c "$d
 gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$dir/rt_cuda_emu.o"
 # the host C points RtCudaModel.images at the NVRTC images (the emulation runs kernels by name)
 gcc "${flags[@]}" -std=gnu11 -c "$dir/gen/${model}_images.c" -o "$dir/images.o"
+objs=("$dir/host.o" "$dir/images.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o")
+if [ -n "$ranks" ]; then # libnetrt_nccl's source, and NCCL as MPI
+  : "${NETC_EMU_DIST_CFLAGS:?set it to -I for mpi.h and nccl.h (tests/cuda/CMakeLists.txt does)}"
+  : "${NETC_EMU_DIST_LINK:?set it to libnetrt_mpi.a and MPI (tests/cuda/CMakeLists.txt does)}"
+  # shellcheck disable=SC2086 # a list of words
+  gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$root/runtime/cuda/rt_cuda_nccl.c" \
+    -o "$dir/rt_cuda_nccl.o"
+  # shellcheck disable=SC2086
+  gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$here/nccl_emu.c" -o "$dir/nccl_emu.o"
+  objs+=("$dir/rt_cuda_nccl.o" "$dir/nccl_emu.o")
+fi
 # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
-g++ -fopenmp ${NETC_EMU_SANITIZE:-} "$dir/host.o" "$dir/images.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o" $NETC_EMU_LINK \
-  -o "$dir/$model-emu"
+g++ -fopenmp ${NETC_EMU_SANITIZE:-} "${objs[@]}" ${NETC_EMU_DIST_LINK:-} $NETC_EMU_LINK -o "$dir/$model-emu"
 
 /usr/bin/python3 "$here/emu_compare.py" "$dir/run" "${compare[@]}" "$dir/$model-cpu" "$dir/$model-emu"

@@ -28,6 +28,14 @@
  *     to PyTorch's default are exercised; cuBLASLt offers one algorithm.
  *   - the device is asked to block, not spin, when the host waits (cudaSetDeviceFlags, and
  *     cudaEventBlockingSync on every event): the log says when it is not.
+ *   - a capture may fork: a stream that waits for an event recorded on a captured stream joins
+ *     the capture, and its work must be joined back (the origin waits for an event recorded
+ *     after it) before cudaStreamEndCapture, which otherwise fails as CUDA's does
+ *     (cudaErrorStreamCaptureUnjoined); an event recorded outside the capture cannot be waited
+ *     for inside it (cudaErrorStreamCaptureIsolation).
+ *   - with NETC_STUB_NCCL (a distributed trainer: libnetrt_nccl), NCCL for one rank: a
+ *     communicator from an id ncclGetUniqueId made; in-place float all-reduces of device memory
+ *     on a stream of their own, never the step's stream, captured like any other work.
  * Any violation prints "cuda_stub: ..." and aborts (exit by SIGABRT): a test cannot mistake it
  * for a clean run.
  *
@@ -54,6 +62,7 @@
 static FILE *log_file;
 static struct {
     long kernels_found, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
+    long collectives, captured_collectives;
 } counts;
 
 static void stub_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -88,9 +97,9 @@ static _Noreturn void violation(const char *fmt, ...) {
 
 __attribute__((destructor)) static void summary(void) {
     stub_log("summary: %ld kernels found, %ld kernel launches (%ld captured), %ld graph launches, %ld products, "
-             "%ld convolutions, %ld filter transforms, %ld copies",
+             "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives",
              counts.kernels_found, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
-             counts.transforms, counts.copies);
+             counts.transforms, counts.copies, counts.collectives, counts.captured_collectives);
 }
 
 /* ---- the device: compute capability and memory from the environment */
@@ -162,13 +171,23 @@ static cudaError_t free_alloc(void *p, int pinned) {
 /* ---- streams, capture, graphs, events */
 
 struct CUstream_st {
-    int capturing;    /* between cudaStreamBeginCapture and cudaStreamEndCapture */
+    int capturing;    /* between cudaStreamBeginCapture and cudaStreamEndCapture, or forked into it */
+    int forked;       /* joined the capture by waiting for a captured event */
+    long work, joined; /* forked: work captured on it, and how much of it the origin waited for */
     int invalidated;  /* a prohibited call happened during the capture */
-    long nodes;       /* work captured so far */
+    long nodes;       /* work captured so far (the origin's count holds the forked streams' too) */
 };
 struct CUgraph_st { long nodes; };
 struct CUgraphExec_st { long nodes; };
-struct CUevent_st { int recorded; };
+struct CUevent_st {
+    int recorded;
+    cudaStream_t captured_on; /* recorded during the capture on this stream, else NULL */
+    long work;                /* captured_on's work when it was recorded */
+};
+
+enum { MAX_FORKED = 8 };
+static cudaStream_t forked[MAX_FORKED]; /* the streams forked into the capture */
+static int n_forked;
 
 static cudaStream_t capturing_stream; /* global mode: one capture at a time is all netc does */
 
@@ -186,7 +205,8 @@ static int enqueue(cudaStream_t s) {
     if (!s)
         violation("work enqueued on the legacy default stream (the trainer uses its own stream)");
     if (s->capturing) {
-        s->nodes++;
+        capturing_stream->nodes++;
+        s->work++;
         return 0;
     }
     if (capturing_stream)
@@ -356,6 +376,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     s->capturing = 0;
     capturing_stream = NULL;
     *graph = NULL;
+    int unjoined = 0;
+    for (int i = 0; i < n_forked; i++) {
+        unjoined |= forked[i]->work > forked[i]->joined;
+        forked[i]->capturing = forked[i]->forked = 0;
+    }
+    n_forked = 0;
+    if (unjoined) {
+        stub_log("capture ended with a forked stream's work not joined back");
+        return ret(cudaErrorStreamCaptureUnjoined);
+    }
     if (s->invalidated)
         return ret(cudaErrorStreamCaptureInvalidated);
     if (!(*graph = calloc(1, sizeof **graph)))
@@ -415,6 +445,46 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int
     enqueue(s);
     e->recorded = 1;
     return cudaSuccess;
+}
+
+/* Fork and join: recorded on a captured stream, the event is a node the capture can wait for. */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e)
+        violation("cudaEventRecord without an event");
+    if (s && s->capturing) {
+        e->captured_on = s, e->work = s->work;
+    } else {
+        enqueue(s);
+        e->captured_on = NULL;
+    }
+    e->recorded = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    if (!s || !e || flags)
+        violation("cudaStreamWaitEvent on the legacy stream, without an event, or with flags %u", flags);
+    if (!e->recorded)
+        violation("cudaStreamWaitEvent on an event never recorded");
+    if (capturing_stream && s->capturing && !e->captured_on)
+        return ret(cudaErrorStreamCaptureIsolation); /* a captured stream waits for outside work */
+    if (e->captured_on && !s->capturing) { /* the fork */
+        if (n_forked == MAX_FORKED)
+            violation("more than %d streams forked into one capture", MAX_FORKED);
+        s->capturing = s->forked = 1, s->work = s->joined = 0;
+        forked[n_forked++] = s;
+    } else if (e->captured_on && e->captured_on->forked && !s->forked && e->work > e->captured_on->joined) {
+        e->captured_on->joined = e->work; /* a join: the origin waits for the forked stream's work so far */
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if (!s)
+        violation("cudaStreamQuery on the legacy stream");
+    if (prohibited("cudaStreamQuery"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess; /* the stub's work is done when it is enqueued */
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -1047,3 +1117,76 @@ cudnnStatus_t cudnnTransformTensor(cudnnHandle_t h, const void *alpha, const cud
     enqueue(h->stream);
     return CUDNN_STATUS_SUCCESS;
 }
+
+#ifdef NETC_STUB_NCCL
+/* ---- NCCL for one rank (a distributed trainer started alone, MPI's singleton) */
+
+#include <nccl.h>
+
+struct ncclComm {
+    int live;
+};
+static const char ID_TEXT[] = "cuda_stub nccl id";
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    memcpy(id->internal, ID_TEXT, sizeof ID_TEXT);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    if (memcmp(id.internal, ID_TEXT, sizeof ID_TEXT) != 0)
+        violation("ncclCommInitRank with an id ncclGetUniqueId did not make");
+    if (nranks != 1 || rank != 0)
+        violation("ncclCommInitRank as rank %d of %d: the stub runs one rank", rank, nranks);
+    if (prohibited("ncclCommInitRank") || !(*comm = calloc(1, sizeof **comm)))
+        violation("ncclCommInitRank during a capture, or out of host memory");
+    (*comm)->live = 1;
+    stub_log("nccl: communicator of 1 rank");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t s) {
+    if (!comm || !comm->live)
+        violation("ncclAllReduce on a communicator that is not open");
+    if (send != recv || type != ncclFloat || (op != ncclSum && op != ncclAvg))
+        violation("ncclAllReduce: out of place, type %d or operation %d (the trainer's are in place, float sums "
+                  "and averages)", (int)type, (int)op);
+    check_device(recv, count * sizeof(float), "ncclAllReduce");
+    if (capturing_stream == s)
+        violation("ncclAllReduce on the step's own stream: the collectives have a stream of their own");
+    if (!enqueue(s))
+        counts.captured_collectives++;
+    counts.collectives++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
+    if (!comm || !comm->live)
+        violation("ncclCommGetAsyncError on a communicator that is not open");
+    *err = ncclSuccess;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (!comm || !comm->live)
+        violation("ncclCommDestroy on a communicator that is not open");
+    if (capturing_stream)
+        violation("ncclCommDestroy during a capture");
+    free(comm);
+    stub_log("nccl: communicator destroyed");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    free(comm);
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) { return r ? "an error (stub)" : "no error (stub)"; }
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return "";
+}
+#endif

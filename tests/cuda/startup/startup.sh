@@ -13,6 +13,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 netc=$1 work=$2 model=$3
 shift 3
 : "${NETC_STUB_CC_FLAGS:?set by tests/cuda/CMakeLists.txt}" "${NETC_STUB_LINK:?set by tests/cuda/CMakeLists.txt}"
+# A distributed trainer (--distributed among the netc options) also links libnetrt_nccl, and the
+# stub answers NCCL's calls for one rank: NETC_STUB_DIST_LINK (libnetrt_nccl.a, libnetrt_mpi.a,
+# MPI) and NETC_STUB_DIST_CFLAGS (-I for nccl.h).
+stub_flags=() dist_link=
+for a in "$@"; do
+  if [ "$a" = --distributed ]; then
+    : "${NETC_STUB_DIST_LINK:?set by tests/cuda/CMakeLists.txt}"
+    # shellcheck disable=SC2206 # a list of words
+    stub_flags=(-DNETC_STUB_NCCL ${NETC_STUB_DIST_CFLAGS:-}) dist_link=$NETC_STUB_DIST_LINK
+  fi
+done
 name=$(basename "$model" .net)
 dir=$work/$name
 rm -rf "$dir" && mkdir -p "$dir"
@@ -22,12 +33,12 @@ rm -rf "$dir" && mkdir -p "$dir"
   gcc -std=gnu11 -O1 $NETC_STUB_CC_FLAGS -c "$dir/src/$name.c" -o "$dir/host.o"
   gcc -std=gnu11 -O1 $NETC_STUB_CC_FLAGS -c "$dir/src/${name}_images.c" -o "$dir/images.o"
   gcc -std=gnu11 -O1 -Wall -Wextra -Werror -Wno-deprecated-declarations $NETC_STUB_CC_FLAGS \
-    -c "$here/cuda_stub.c" -o "$dir/cuda_stub.o"
-  gcc -fopenmp "$dir/host.o" "$dir/images.o" $NETC_STUB_LINK "$dir/cuda_stub.o" -lz -lpthread -lm -ldl \
+    "${stub_flags[@]}" -c "$here/cuda_stub.c" -o "$dir/cuda_stub.o"
+  gcc -fopenmp "$dir/host.o" "$dir/images.o" $dist_link $NETC_STUB_LINK "$dir/cuda_stub.o" -lz -lpthread -lm -ldl \
     -o "$dir/$name-stub"
 }
 # Nothing of the real CUDA libraries may be linked: every call must reach the stub.
-if ldd "$dir/$name-stub" | grep -E 'libcudart|libcublas|libcudnn|libcuda\.so'; then
+if ldd "$dir/$name-stub" | grep -E 'libcudart|libcublas|libcudnn|libcuda\.so|libnccl'; then
   echo "FAIL: $name-stub links a real CUDA library"; exit 1
 fi
 exec /usr/bin/python3 "$here/startup_test.py" "$dir" "$dir/$name-stub" "$@"

@@ -16,6 +16,10 @@ NETC_ARGS. On each stub device it must:
   - ask for blocking waits (device flags and every event);
   - capture four graphs (training and evaluation, two staging slots), replay them for every
     step, and exit 0; with --no-graph capture nothing and launch the kernels directly;
+  - distributed (--distributed): join a communicator of one rank (MPI's singleton) and run each
+    training step's collectives - one per gradient bucket and one for the loss - on a stream
+    forked from the step's and joined back, so that each captured training graph holds them (the
+    stub fails a capture whose forked work is not joined, as CUDA does);
   - on sm_75, for which it carries no image, exit 5 naming what it carries and the --arch to
     rebuild with; with no device memory, or memory for the arena but not for the libraries'
     workspace, exit 5 saying what it needs.
@@ -58,11 +62,14 @@ def summary(lines):
 def main():
     work, exe = sys.argv[1], sys.argv[2]
     bf16 = "bf16" in sys.argv[3:]
+    distributed = "--distributed" in sys.argv[3:]
     host = open(os.path.join(work, "src", os.path.basename(exe)[: -len("-stub")] + ".c")).read()
     names = re.search(r"kernel_names\[N_KERNELS\] = \{(.*?)\};", host, re.S).group(1)
     n_kernels = len(re.findall(r'"\w+"', names))
     n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
     n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
+    buckets = re.search(r"gradient_buckets\[(\d+)\]", host)
+    per_step = int(buckets.group(1)) + 1 if distributed else 0  # the buckets' and the loss's collectives
     data = write_data(exe, work)
     args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
     log = os.path.join(work, "stub.log")
@@ -97,6 +104,13 @@ def main():
                   not any(ln.startswith("an event whose waits spin") for ln in lines),
                   f"{tag}: the host's waits spin")
             check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
+            # collectives: the warm-up step's, then the two training graphs' or each step's
+            want = (per_step * 3, per_step * 2) if graph else (per_step * (1 + STEPS), 0)
+            have = (got.get("collectives", 0), got.get("captured collectives", 0))
+            check(have == want, f"{tag}: {have[0]} collectives ({have[1]} captured), expected {want[0]} ({want[1]})")
+            if distributed:
+                check("nccl: communicator of 1 rank" in lines and "nccl: communicator destroyed" in lines,
+                      f"{tag}: the NCCL communicator was not made and destroyed")
             print(f"{tag}: {image}, {got}")
 
     p, lines = run(exe, args, 75, log)

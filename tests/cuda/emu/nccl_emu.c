@@ -1,0 +1,181 @@
+/* nccl_emu.c - NCCL over MPI, and the few CUDA runtime calls runtime/cuda/rt_cuda_nccl.c makes, for
+ * the emulation of a distributed GPU trainer (emu_vs_cpu.sh --ranks N): the real libnetrt_nccl
+ * code, compiled against the real nccl.h and cuda_runtime.h, linked with this file and
+ * rt_cuda_emu.c instead of NCCL and the CUDA runtime, and run under mpirun.
+ *
+ * As in rt_cuda_emu.c, work runs when it is enqueued: streams and events order nothing here, so
+ * they are handles that are checked, not used. A collective is the MPI collective of the same
+ * meaning on MPI_COMM_WORLD, with NCCL's arithmetic: ncclAvg on float data multiplies each rank's
+ * values by (float)(1 / ranks) before the sum (NCCL's PreMulSum), ncclSum adds. What it checks
+ * beyond that: every rank joins with the same communicator id (the one rank 0 made, shared through
+ * MPI), at its MPI rank; collectives are in place, on float32 data, with a live communicator and
+ * the NCCL stream.
+ */
+#include <mpi.h>
+#include <nccl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rt_cuda_internal.h"
+
+struct ncclComm {
+    int rank, ranks;
+    int live;
+};
+
+/* the streams and events rt_cuda_nccl.c creates: distinct non-NULL handles, counted */
+static char handles[64];
+static int n_handles;
+
+_Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn static void die(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("error: nccl (emulated): ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+/* ---- libnetrt_cuda's checks, as rt_cuda.c's */
+
+void rt_cuda_check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) die("%s: CUDA error %d", what, (int)e);
+}
+
+_Noreturn void rt_cuda_die(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("error: cuda (emulated): ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+/* ---- the CUDA runtime's streams and events */
+
+static void *new_handle(void) {
+    if (n_handles == (int)sizeof handles) die("more than %d streams and events", (int)sizeof handles);
+    return &handles[n_handles++];
+}
+
+static void check_handle(const void *h, const char *what) {
+    if ((const char *)h < handles || (const char *)h >= handles + n_handles) die("%s: not a stream or event made here", what);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    if (flags != cudaStreamNonBlocking) die("the NCCL stream must not synchronise with the legacy stream");
+    *s = new_handle();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    if (!(flags & cudaEventDisableTiming)) die("an event that only orders streams needs no timing");
+    *e = new_handle();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    check_handle(e, "cudaEventRecord");
+    (void)s; /* the step's stream: rt_cuda_emu.c's is NULL */
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    check_handle(e, "cudaStreamWaitEvent");
+    (void)s, (void)flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    (void)s;
+    return cudaSuccess; /* the emulated work is done when it is enqueued */
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    check_handle(e, "cudaEventDestroy");
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    check_handle(s, "cudaStreamDestroy");
+    return cudaSuccess;
+}
+
+/* ---- NCCL */
+
+static const char ID_MAGIC[] = "netc-emu-nccl";
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    snprintf(id->internal, sizeof id->internal, "%s %ld", ID_MAGIC, (long)getpid());
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    int up = 0, mpi_rank, mpi_ranks;
+    MPI_Initialized(&up);
+    if (!up) die("ncclCommInitRank before MPI was started");
+    MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &mpi_ranks);
+    if (rank != mpi_rank || nranks != mpi_ranks)
+        die("ncclCommInitRank as rank %d of %d; MPI has rank %d of %d", rank, nranks, mpi_rank, mpi_ranks);
+    if (strncmp(id.internal, ID_MAGIC, sizeof ID_MAGIC - 1) != 0) die("rank %d: not an id ncclGetUniqueId made", rank);
+    /* every rank has rank 0's id: the id's bytes, checked as their sum and its negation's maximum */
+    long long mine = 0, mm[2];
+    for (size_t i = 0; i < sizeof id.internal; i++) mine = mine * 131 + (unsigned char)id.internal[i];
+    mm[0] = mine, mm[1] = -mine;
+    MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    if (mm[0] != mine || mm[1] != -mine) die("rank %d joined with another communicator id than rank 0's", rank);
+    *comm = calloc(1, sizeof **comm);
+    if (!*comm) die("out of memory");
+    **comm = (struct ncclComm){rank, nranks, 1};
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    if (!comm || !comm->live) die("ncclAllReduce on a communicator that is not open");
+    check_handle(stream, "ncclAllReduce's stream");
+    if (send != recv) die("ncclAllReduce out of place; the trainer's are in place");
+    if (type != ncclFloat) die("ncclAllReduce on type %d; the trainer's are float32", (int)type);
+    if (op != ncclSum && op != ncclAvg) die("ncclAllReduce with operation %d", (int)op);
+    if (count > INT32_MAX) die("ncclAllReduce of %zu floats, more than one MPI call here takes", count);
+    float *x = recv;
+    if (op == ncclAvg) { /* NCCL's average of floats: scaled by 1/ranks first, then summed */
+        const float scale = (float)(1.0 / comm->ranks);
+        for (size_t i = 0; i < count; i++) x[i] *= scale;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
+    if (!comm || !comm->live) die("ncclCommGetAsyncError on a communicator that is not open");
+    *err = ncclSuccess;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (!comm || !comm->live) die("ncclCommDestroy on a communicator that is not open");
+    free(comm);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    if (comm) comm->live = 0;
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "an emulated NCCL error"; }
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return "";
+}
