@@ -200,15 +200,18 @@ typedef struct RtBucket {
     int64_t offset, count;     /* floats of RtCtx.grads */
 } RtBucket;
 
-/* The collectives a distributed trainer uses (libnetrt_mpi: rt_comm_mpi). Every call but open
- * and close is collective: each rank makes the same calls in the same order. A wait that gets no
- * answer from the other ranks within the timeout (docs/distributed.md) ends the whole job with a
- * message naming `what`. */
+/* The collectives a distributed trainer uses (libnetrt_mpi: rt_comm_mpi). Every call but open,
+ * close and the eval_ ones is collective over the training ranks: each makes the same calls in
+ * the same order. A wait that gets no answer from the other ranks within the timeout
+ * (docs/distributed.md) ends the whole job with a message naming `what`. */
 typedef struct RtComm {
     const char *name;          /* "MPI" */
-    /* Join the job: this process's rank, the number of ranks, and its rank among those on its
-     * machine. 0, or non-zero with the reason in `why`. */
-    int (*open)(int *argc, char ***argv, int *rank, int *ranks, int *local_rank, char *why, size_t size);
+    /* Join the job: this process's rank, the number of training ranks, and its rank among those
+     * on its machine. With `eval_rank` (the trainer's --eval-rank) the job's last process is the
+     * evaluator (*evaluator = 1; its *rank is the number of training ranks), which the
+     * collectives leave out. 0, or non-zero with the reason in `why`. */
+    int (*open)(int *argc, char ***argv, int eval_rank, int *rank, int *ranks, int *local_rank, int *evaluator,
+                char *why, size_t size);
     /* Start summing x[0 .. n) over the ranks, in place, and return at once. */
     void (*start_sum)(float *x, int64_t n);
     /* Wait for every sum started; returns the seconds spent waiting. */
@@ -232,6 +235,21 @@ typedef struct RtComm {
     void (*share)(void *x, int n, const char *what);
     /* The seconds a wait for the other ranks may last (NETC_DIST_TIMEOUT, default 600). */
     double (*timeout)(void);
+    /* --eval-rank, between training rank 0 and the evaluator only:
+     *   eval_send    (rank 0) start handing the evaluator n floats of parameters at x to
+     *                evaluate for `epoch` (x must stay as it is until eval_result returns 1),
+     *                and return at once; or, with x NULL, say that training is over and ended
+     *                with exit status `epoch` (waits);
+     *   eval_result  (rank 0) 1 with the evaluator's n sums and their epoch once that evaluation
+     *                has ended, else 0: waits for it when `wait`; moves the hand-over on;
+     *   eval_next    (the evaluator) 1 with the next parameters in x and their epoch in *epoch
+     *                (waits, for as long as training takes); or 0 when training is over, with
+     *                its exit status in *epoch;
+     *   eval_reply   (the evaluator) the evaluation's n sums (n <= 7) to rank 0. */
+    void (*eval_send)(const float *x, int64_t n, int64_t epoch);
+    int (*eval_result)(double *sums, int n, int64_t *epoch, int wait);
+    int (*eval_next)(float *x, int64_t n, int64_t *epoch);
+    void (*eval_reply)(const double *sums, int n, int64_t epoch);
     /* Leave the job: status 0 (or one every rank reached together, `together`) finishes it
      * normally; any other ends every rank's process at once with that status. */
     void (*close)(int status, int together);

@@ -16,11 +16,11 @@
 
 #include "rt_internal.h"
 
-int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv) {
+int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv, int eval_rank) {
     *d = (RtDist){.comm = m->comm, .m = m, .rank = 0, .ranks = 1};
     if (!d->comm) return 0;
     char why[512] = "";
-    if (d->comm->open(argc, argv, &d->rank, &d->ranks, &d->local_rank, why, sizeof why)) {
+    if (d->comm->open(argc, argv, eval_rank, &d->rank, &d->ranks, &d->local_rank, &d->evaluator, why, sizeof why)) {
         fprintf(stderr, "error: this trainer is distributed (netc --distributed) and could not join its job "
                         "through %s: %s\n", d->comm->name, why);
         return 1;

@@ -288,7 +288,8 @@ void rt_hparam_usage(const RtModel *m);
 typedef struct RtDist {
     const RtComm *comm;   /* NULL: the trainer runs as one process, rank 0 of 1 */
     const RtModel *m;
-    int rank, ranks, local_rank;
+    int rank, ranks, local_rank; /* ranks: the training ranks */
+    int evaluator;        /* --eval-rank: this process evaluates, and does not train (rank == ranks) */
     double wait_s;        /* seconds spent waiting for the other ranks, summed since it was last reset */
     /* --shard-optimizer (rt_dist_shard_open): this rank's slices, and per bucket k each rank's
      * floats (counts[k * ranks + r]) from the bucket's start (displs[k * ranks + r]) */
@@ -297,8 +298,9 @@ typedef struct RtDist {
     int *counts, *displs;
 } RtDist;
 
-/* Join the job (m->comm) and fill *d, or make *d the only rank. 1 after saying why it failed. */
-int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv);
+/* Join the job (m->comm) and fill *d, or make *d the only rank; with eval_rank (--eval-rank) the
+ * job's last process is the evaluator. 1 after saying why it failed. */
+int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv, int eval_rank);
 /* After forward_backward: wait for the buckets' sums and divide by the number of ranks (with
  * --shard-optimizer, of this rank's slices). */
 void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);

@@ -39,6 +39,7 @@ typedef struct Options {
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
+    int eval_rank;            /* --eval-rank: the job's last process evaluates while the others train */
     int n_predict;            /* --predict files given */
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
@@ -72,6 +73,9 @@ typedef struct Trainer {
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
     int gather_state;         /* --shard-optimizer with --checkpoint and several ranks: every rank sends
                                * its optimizer state to rank 0 for each checkpoint */
+    float *eval_params;       /* --eval-rank, training rank 0: the parameters handed to the evaluator */
+    int64_t eval_epoch;       /* and the epoch of the evaluation in flight, or 0 */
+    int64_t eval_samples;     /* the samples it evaluates */
 } Trainer;
 
 /* ---- small utilities */
@@ -132,6 +136,7 @@ static void usage(const RtModel *m) {
            "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
            "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
            "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
+           "%s"
            "  --augment NAME=OPS     augment training images NAME [C,H,W] in the loader, OPS from crop:P\n"
            "                         (random crop after zero-padding P) and flip (horizontal); e.g. crop:4,flip\n"
            "  --epochs N             epochs to train (default %lld)\n"
@@ -162,6 +167,8 @@ static void usage(const RtModel *m) {
            "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
            "                         weights, and exit\n"
            "  --quiet                print nothing but errors\n",
+           m->comm ? "  --eval-rank            the job's last process evaluates, while the others train on\n"
+                     "                         (mpirun -np N+1 for N training ranks)\n" : "",
            (long long)m->epochs,
            m->lora ? "  --adapter DIR          LoRA's adapters from DIR/adapter_model.safetensors (PEFT's format)\n"
                      "  --save-adapter DIR     write the trained adapters to DIR as PEFT saves them\n"
@@ -284,6 +291,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
+        else if (strcmp(a, "--eval-rank") == 0 && m->comm) o->eval_rank = 1;
         else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
         else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
         else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
@@ -314,6 +322,11 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->n_eval && o->n_eval != m->n_inputs)
         for (int i = 0; i < m->n_inputs; i++)
             if (!o->eval[i]) die_usage("--eval-data is given for some inputs but not for '%s'", m->inputs[i].name);
+    if (o->eval_rank && (using || o->gradcheck))
+        die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
+    if (o->eval_rank && !o->n_eval) die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
+    if (o->eval_rank && m->device)
+        die_usage("--eval-rank: a %s trainer evaluates between its steps so far; leave it out", m->device->name);
 }
 
 static void list_params(const RtModel *m) {
@@ -483,20 +496,17 @@ static void share_buffers(Trainer *t) {
     if (t->dev) t->dev->upload(t->ctx.params, NULL);
 }
 
-/* 0, or the exit status after the evaluation data changed under the trainer. */
-static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
+/* The sums of an evaluation (loss x samples, correct predictions, positions counted) over this
+ * rank's batches: batch nth is rank (nth mod ranks)'s, or every batch is (`all`). 0, or the exit
+ * status after the evaluation data changed under the trainer. */
+static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all, double sums[3]) {
     const RtModel *m = t->m;
     RtError err;
-    if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
-    char meta[48];
-    snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
-    RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
     int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "evaluation indices");
-    share_buffers(t);
     double loss = 0, correct = 0, counted = 0;
-    int64_t nth = 0; /* batch nth of the evaluation is rank (nth mod ranks)'s */
+    int64_t nth = 0;
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
-        if (nth++ % t->dist.ranks != t->dist.rank) continue;
+        if (!all && nth++ % t->dist.ranks != t->dist.rank) continue;
         int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
         for (int64_t r = 0; r < count; r++) idx[r] = start + r;
         if (rt_gather(m, ds, idx, count, bufs, &err)) {
@@ -517,12 +527,74 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     }
     if (t->dev) t->dev->read_eval(&loss, &correct);
     free(idx);
-    double sums[3] = {loss, correct, counted};
-    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
-    loss = sums[0], correct = sums[1], counted = sums[2];
-    log_eval(t, epoch, loss / (double)ds->n_samples, accuracy_of(m, correct, (double)ds->n_samples, counted));
-    RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
+    sums[0] = loss, sums[1] = correct, sums[2] = counted;
     return 0;
+}
+
+/* An evaluation's line, from its sums over every rank. */
+static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const double sums[3]) {
+    char meta[48];
+    snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
+    double n = (double)samples;
+    log_eval(t, epoch, sums[0] / n, accuracy_of(t->m, sums[1], n, sums[2]));
+    RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
+}
+
+/* --eval-rank, training rank 0: the evaluation in flight logged once the evaluator has sent its
+ * sums; when `wait`, after waiting for them. */
+static void collect_eval(Trainer *t, int wait) {
+    double sums[3];
+    int64_t epoch;
+    if (!t->eval_epoch || !t->dist.comm->eval_result(sums, 3, &epoch, wait)) return;
+    t->eval_epoch = 0;
+    log_eval_sums(t, t->eval_samples, epoch, sums);
+}
+
+/* --eval-rank, training rank 0: a copy of the parameters to the evaluator, once it has finished
+ * the last evaluation (one at a time), and training goes on. */
+static void hand_over_eval(Trainer *t, const RtDataset *ds, int64_t epoch) {
+    size_t bytes = (size_t)t->m->n_param_floats * sizeof(float);
+    collect_eval(t, 1);
+    t->eval_samples = ds->n_samples;
+    if (!t->eval_params) t->eval_params = rt_alloc(bytes, "the parameters to evaluate");
+    memcpy(t->eval_params, t->ctx.params, bytes);
+    t->dist.comm->eval_send(t->eval_params, t->m->n_param_floats, epoch);
+    t->eval_epoch = epoch;
+}
+
+/* 0, or the exit status after the evaluation data changed under the trainer. */
+static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
+    RtError err;
+    if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
+    char meta[48];
+    snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
+    RT_MLLOG(&t->ml, RT_ML_START, "eval_start", NULL, meta);
+    share_buffers(t);
+    if (t->o.eval_rank) {
+        if (t->dist.rank == 0) hand_over_eval(t, ds, epoch);
+        return 0;
+    }
+    double sums[3];
+    int rc = eval_sums(t, ds, bufs, 0, sums);
+    if (rc) return rc;
+    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
+    log_eval_sums(t, ds->n_samples, epoch, sums);
+    return 0;
+}
+
+/* --eval-rank: the evaluator's part of the run, every evaluation training rank 0 hands over,
+ * whole, until training ends; then training's exit status. */
+static int serve_evals(Trainer *t, const RtDataset *ds, void *const *bufs) {
+    int64_t epoch;
+    while (t->dist.comm->eval_next(t->ctx.params, t->m->n_param_floats, &epoch)) {
+        RtError err;
+        if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
+        double sums[3];
+        int rc = eval_sums(t, ds, bufs, 1, sums);
+        if (rc) return rc;
+        t->dist.comm->eval_reply(sums, 3, epoch);
+    }
+    return (int)epoch;
 }
 
 /* ---- signals
@@ -607,6 +679,7 @@ static int device_sums(Trainer *t);
 
 static int write_checkpoint(Trainer *t) {
     if (!(t->o.checkpoint || t->gather_state) || t->ckpt_current) return 0;
+    collect_eval(t, 1); /* a run resumed from the checkpoint must not lose an evaluation it counts as done */
     if (t->dev) { /* the device holds the run: check its losses, then fetch its state */
         int rc = device_sums(t);
         if (rc) return rc;
@@ -806,6 +879,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             break;
         }
         if ((rc = train_step(t, batch))) break;
+        collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log */
         loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
         progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
@@ -860,6 +934,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         p->epoch++, p->batch = 0, p->eval_done = 0;
     }
     free(order), free(local);
+    collect_eval(t, 1);
     if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);
     return rc;
 }
@@ -1097,7 +1172,10 @@ static void setup_context(Trainer *t) {
     RtCtx *c = &t->ctx;
     c->params = rt_alloc((size_t)m->n_param_floats * sizeof(float), "parameters");
     c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
-    int64_t state = m->shard_optimizer ? rt_dist_shard_open(&t->dist, c) : m->n_grad_floats; /* floats per slot */
+    /* floats per slot; the evaluator of --eval-rank keeps none */
+    int64_t state = t->dist.evaluator         ? 0
+                    : m->shard_optimizer      ? rt_dist_shard_open(&t->dist, c)
+                                              : m->n_grad_floats;
     c->optstate = rt_alloc((size_t)(m->n_state_slots * state) * sizeof(float), "optimizer state");
     if (rt_optimizer(m->optim)->apply_fn && !m->device) rt_pieces_open(m, c); /* LAMB on the CPU */
     if (m->shard_optimizer && !t->o.quiet)
@@ -1256,7 +1334,7 @@ static void release(Trainer *t, void **bufs, RtDataset *train_ds, RtDataset *eva
  * rank reads the data and the weights it starts from. What one process does that needs the
  * whole data set in one place is refused when there are several ranks. */
 static void join_ranks(Trainer *t, int *argc, char ***argv) {
-    if (rt_dist_open(&t->dist, t->m, argc, argv)) exit(1);
+    if (rt_dist_open(&t->dist, t->m, argc, argv, t->o.eval_rank)) exit(1);
     RtDist *d = &t->dist;
     if (d->ranks > 1 && (t->o.gradcheck || t->o.predict_out))
         die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
@@ -1277,6 +1355,8 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
         printf("distributed: %d rank%s through %s, batch %lld per rank, global batch %lld; %d gradient bucket%s\n",
                d->ranks, d->ranks > 1 ? "s" : "", d->comm->name, (long long)t->m->batch, (long long)global_batch(t),
                t->m->n_buckets, t->m->n_buckets > 1 ? "s" : "");
+    if (d->comm && !t->o.quiet && t->o.eval_rank)
+        printf("evaluation: by process %d of the job, while the others train\n", d->ranks);
 }
 
 /* Every rank starts, and ends, with rank 0's parameters. */
@@ -1290,7 +1370,24 @@ static void check_same_params(Trainer *t, const char *when) {
  * rank ends the same way (a finished run, a stop every rank agreed to, a non-finite loss, which
  * each rank sees in the same summed loss). */
 static int leave(Trainer *t, int rc) {
-    rt_dist_close(&t->dist, rc, rc == 0 || rc == EXIT_STOPPED || rc == EXIT_NONFINITE);
+    int together = rc == 0 || rc == EXIT_STOPPED || rc == EXIT_NONFINITE;
+    if (t->o.eval_rank && together && !t->dist.evaluator && t->dist.rank == 0)
+        t->dist.comm->eval_send(NULL, 0, rc); /* the evaluator's run ends with training, as it did */
+    rt_dist_close(&t->dist, rc, together);
+    free(t->eval_params);
+    return rc;
+}
+
+/* --eval-rank's evaluator: the evaluation data and room for the parameters it is handed. */
+static int evaluator(Trainer *t) {
+    RtDataset ds;
+    open_data(t->m, t->o.eval, &ds);
+    setup_context(t);
+    void **bufs = batch_buffers(t->m);
+    int rc = serve_evals(t, &ds, bufs);
+    free_buffers(t->m, bufs);
+    free_context(&t->ctx);
+    rt_dataset_close(&ds);
     return rc;
 }
 
@@ -1324,6 +1421,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
     if (t.o.eval_only) return leave(&t, eval_only(&t));
     if (t.o.predict_out) return leave(&t, predict(&t));
+    if (t.dist.evaluator) return leave(&t, evaluator(&t));
     RtDataset train_ds, eval_ds;
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);

@@ -18,6 +18,9 @@
   sync_bn      ResNet-18 (narrow): a step of 2 and 4 ranks with --sync-bn against one process at
                the global batch, one rank against the plain trainer; per-rank statistics end with
                rank 0's running statistics, which a sharded evaluation uses on every rank
+  eval_rank    --eval-rank: 2 and 1 training ranks with an evaluation rank against the same ranks
+               evaluating between epochs (ResNet-18, narrow): the same weights and evaluations,
+               the results taken after later steps; stopped and resumed; refusals
 
 The machine may have 2 cores: mpirun runs with --oversubscribe, and every trainer with one
 thread, so 4 ranks share 2 cores and each run takes a few seconds.
@@ -430,8 +433,77 @@ def case_failures(netc, work):
         check.expect(r, 2, f"{opt[0]} under 2 ranks", f"{opt[0]} runs as one process")
 
 
+def eval_lines(log):
+    """The evaluations in a --log file, in the order written: (epoch, loss, accuracy, the step of
+    the last training line before it)."""
+    lines, step = [], 0
+    with open(log) as f:
+        for e in map(json.loads, f):
+            if e.get("eval"):
+                lines.append((e["epoch"], e["loss"], e["accuracy"], step))
+            step = e.get("step", step)
+    return lines
+
+
+def case_eval_rank(netc, work):
+    # ResNet-18 (narrow), whose batch norm's running statistics are parameters the evaluator must
+    # be handed too: 2 training ranks and an evaluator against the same 2 ranks evaluating
+    # between epochs, and one training rank and an evaluator against one rank.
+    train, held = cifar_like(work, "train", 96), cifar_like(work, "test", 44)  # 44: a short last batch
+    args = ([a for d in train for a in ("--data", d)] + [a for d in held for a in ("--eval-data", d)]
+            + ["--threads", "1", "--epochs", "3", "--log-every", "1"])
+    for ranks, batch in ((2, 16), (1, 32)):
+        exe = build(netc, work, "resnet18_cifar", batch, True)
+        runs = {}
+        for np_, extra in ((ranks, []), (ranks + 1, ["--eval-rank"])):
+            out, log = os.path.join(work, f"er{ranks}_{np_}.st"), os.path.join(work, f"er{ranks}_{np_}.jsonl")
+            r = mpirun(np_, [exe] + args + extra + ["--save", out, "--log", log])
+            if check.expect(r, 0, f"{ranks} training rank{'s' * (ranks > 1)}{' and an evaluator' * bool(extra)}"):
+                runs[bool(extra)] = (out, log, r.stdout)
+        if len(runs) < 2:
+            continue
+        (out_s, log_s, _), (out_a, log_a, stdout) = runs[False], runs[True]
+        # The evaluator takes no part in training: the training ranks run the same operations.
+        check(open(out_s, "rb").read() == open(out_a, "rb").read(),
+              f"{ranks} training ranks: an evaluation rank changed the trained weights")
+        check(f"distributed: {ranks} rank" in stdout and f"evaluation: by process {ranks} of the job" in stdout,
+              f"the start-up lines do not name the evaluation rank:\n{stdout}")
+        sync, asyn = eval_lines(log_s), eval_lines(log_a)
+        # The same batches of the same parameters: each batch's float32 loss and correct count
+        # are the same bits; only the order of the float64 sums over batches differs (1e-15).
+        ok = [a[0] for a in asyn] == [1, 2, 3] and len(sync) == 3 and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= 1e-12 * abs(b[1]) and a[2] == b[2] for a, b in zip(sync, asyn))
+        # Rank 0 takes a result after a step: one handed over at the end of epoch e lands after
+        # a step of epoch e + 1 (3 steps an epoch), unless the hand-over waited for it.
+        check([a[3] for a in sync] == [3, 6, 9], f"evaluations between epochs follow steps {[a[3] for a in sync]}")
+        check(all(a[3] > 3 * a[0] for a in asyn[:2]),
+              f"the evaluation rank's results follow steps {[a[3] for a in asyn]}: training waited for them")
+        if check(ok, f"{ranks} training ranks: evaluations between epochs {sync}, by the evaluation rank {asyn}"):
+            print(f"ok   --eval-rank beside {ranks} training rank{'s' * (ranks > 1)}: the same weights, bit for "
+                  f"bit, and the same 3 evaluations (losses {', '.join(f'{a[1]:.5f}' for a in asyn)})")
+    # Stopped after step 4 with the evaluation of epoch 1 in flight, and resumed: the checkpoint
+    # waited for it, the resumed run evaluates epochs 2 and 3, the weights are the uninterrupted run's.
+    exe, ck, log = build(netc, work, "resnet18_cifar", 16, True), os.path.join(work, "er.ck"), os.path.join(work, "er.jsonl")
+    out = os.path.join(work, "er_resumed.st")
+    r = mpirun(3, [exe] + args + ["--eval-rank", "--checkpoint", ck, "--stop-at", "4", "--log", log])
+    if check.expect(r, 4, "--eval-rank: stopped at step 4"):
+        r = mpirun(3, [exe] + args + ["--eval-rank", "--resume", ck, "--save", out, "--log", log])
+        if check.expect(r, 0, "--eval-rank: resumed"):
+            check(open(out, "rb").read() == open(os.path.join(work, "er2_3.st"), "rb").read(),
+                  "--eval-rank: the resumed run differs from the uninterrupted one")
+            check([e[0] for e in eval_lines(log)] == [1, 2, 3], f"--eval-rank: stopped and resumed, the log's "
+                  f"evaluations are {eval_lines(log)}")
+    exe = build(netc, work, "resnet18_cifar", 32, True)
+    check.expect(mpirun(1, [exe] + args + ["--eval-rank"]), 1, "--eval-rank in a job of one process",
+                 "--eval-rank takes the job's last process for evaluation, and this job has one")
+    check.expect(run([exe] + args[:4] + ["--eval-rank"]), 2, "--eval-rank without --eval-data",
+                 "--eval-rank needs the data to evaluate")
+    check.expect(run([build(netc, work, "resnet18_cifar", 32, False)] + args + ["--eval-rank"]), 2,
+                 "--eval-rank in a trainer that is not distributed", "unknown option '--eval-rank'")
+
+
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
-         "sync_bn": case_sync_bn, "shard": case_shard}
+         "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))
