@@ -879,7 +879,6 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             break;
         }
         if ((rc = train_step(t, batch))) break;
-        collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log */
         loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
         progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
@@ -901,6 +900,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
                          t->dist.wait_s / (tn - t_log));
             t_log = tn, loss_sum = 0, correct = 0, counted = 0, since = 0, t->dist.wait_s = 0;
         }
+        collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
         if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
     }
     rt_prefetch_stop(&pf); /* joins the loader thread on every way out */
