@@ -130,7 +130,8 @@ static void usage(const RtModel *m) {
     for (int i = 0; i < m->n_inputs; i++) {
         printf("  %-12s %s[", m->inputs[i].name, dtype_name(m->inputs[i].dtype));
         for (int d = 0; d < m->inputs[i].rank; d++) printf("%s%lld", d ? ", " : "", (long long)m->inputs[i].shape[d]);
-        printf("]\n");
+        if (m->inputs[i].classes) printf("]  indices in [0, %lld)\n", (long long)m->inputs[i].classes);
+        else printf("]\n");
     }
     printf("\noptions:\n"
            "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"

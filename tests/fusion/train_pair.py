@@ -24,9 +24,11 @@ def write_data(exe, work):
     text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
     rng = np.random.default_rng(7)
     args = []
-    for name, dt, dims in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\]", text, re.M):
+    for name, dt, dims, classes in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\](?:  indices in \[0, (\d+)\))?",
+                                              text, re.M):
         shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
-        arr = rng.integers(0, 10, shape) if dt == "i64" else rng.normal(size=shape) * 50
+        high = min(10, int(classes)) if classes else 10  # an index input's values must be its classes
+        arr = rng.integers(0, high, shape) if dt == "i64" else rng.normal(size=shape) * 50
         path = os.path.join(work, f"data-{name}.npy")
         np.save(path, arr.astype(np.int64 if dt == "i64" else np.float32))
         args += ["--data", f"{name}={path}"]

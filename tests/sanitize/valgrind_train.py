@@ -33,7 +33,7 @@ def inputs_of(trainer):
     """[(name, dtype, per-sample shape)] and the batch, from the trainer's --help."""
     text = subprocess.run([trainer, "--help"], check=True, capture_output=True, text=True).stdout
     batch = int(re.search(r"model inputs \(per sample; batch (\d+)\)", text).group(1))
-    found = re.findall(r"^  (\S+)\s+([a-z0-9]+)\[([0-9, ]*)\]$", text, re.M)
+    found = re.findall(r"^  (\S+)\s+([a-z0-9]+)\[([0-9, ]*)\](?:  indices in \[0, \d+\))?$", text, re.M)
     return [(n, d, [int(x) for x in s.split(",") if x.strip()]) for n, d, s in found], batch
 
 
