@@ -277,10 +277,9 @@ def case_shard(netc, work):
     if check.expect(mpirun(2, [exe(12, True)] + args + ["--resume", ck, "--save", resumed]), 0, "sharded resume"):
         check(open(out[2], "rb").read() == open(resumed, "rb").read(), "the resumed sharded run differs from the "
               "uninterrupted one")
-    for what, argv, f in (("3 sharded ranks", ["mpirun", "--oversubscribe", "-np", "3", exe(8, True)], ck),
+    for what, argv, f in (("3 sharded ranks", mpirun_args(3) + [exe(8, True)], ck),
                           ("one process", [plain], ck),
-                          ("4 sharded ranks, an unsharded checkpoint", ["mpirun", "--oversubscribe", "-np", "4",
-                                                                        exe(6, True)], dck)):
+                          ("4 sharded ranks, an unsharded checkpoint", mpirun_args(4) + [exe(6, True)], dck)):
         res = os.path.join(work, what.replace(" ", "_").replace(",", "") + ".st")
         if check.expect(run(argv + args + ["--resume", f, "--save", res]), 0, f"{what} resume"):
             d, name = max_rel(st_load(out[2]), st_load(res))
@@ -323,7 +322,7 @@ def case_checkpoint(netc, work):
         check(open(full, "rb").read() == open(resumed, "rb").read(), "the resumed 2-rank run differs from the "
               "uninterrupted one")
     # the same global batch another way: 4 ranks of 16, or one process of 64
-    for what, argv in (("4 ranks of batch 16", ["mpirun", "--oversubscribe", "-np", "4", half]),
+    for what, argv in (("4 ranks of batch 16", mpirun_args(4) + [half]),
                        ("one process of batch 64", [one])):
         out = os.path.join(work, what.replace(" ", "_") + ".st")
         r = run(argv + RUN[:-1] + ["--resume", ck, "--save", out])
@@ -359,7 +358,7 @@ def rank_pids(exe, timeout=60):
 
 def start_long(exe, extra_env=None, *argv):
     env = dict(ENV, **(extra_env or {}))
-    return subprocess.Popen(["mpirun", "--oversubscribe", "-np", "2", exe] + RUN + ["--epochs", "50"] + list(argv),
+    return subprocess.Popen(mpirun_args(2) + [exe] + RUN + ["--epochs", "50"] + list(argv),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -424,7 +423,7 @@ def case_failures(netc, work):
     one = build(netc, work, "mlp", 32, False)
     check.expect(run([one] + RUN + ["--steps", "1", "--save", a]), 0, "weights a")
     check.expect(run([one] + RUN + ["--steps", "2", "--save", b]), 0, "weights b")
-    r = run(["mpirun", "--oversubscribe", "-np", "1", exe] + RUN + ["--steps", "2", "--init", a, ":", "-np", "1", exe]
+    r = run(mpirun_args(1) + [exe] + RUN + ["--steps", "2", "--init", a, ":", "-np", "1", exe]
             + RUN + ["--steps", "2", "--init", b])
     check.expect(r, 1, "ranks with different --init files", "the ranks hold different parameters at the start")
     for opt in (["--gradcheck"],
