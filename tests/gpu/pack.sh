@@ -7,9 +7,11 @@
 #                     [--no-bench] [--toolchain-only]
 #
 #   DIR/netc, DIR/runtime/   netc and its runtime (found by netc beside itself): netrt.h, libnetrt.a,
-#                            cuda/ (libnetrt_cuda.a, the CUDA headers a trainer's host C includes,
+#                            libnetrt_mpi.a, cuda/ (libnetrt_cuda.a, libnetrt_nccl.a, the CUDA headers a trainer's host C includes,
 #                            libcudart_static.a), libcjson; fallback/: libgomp, libz for a machine
 #                            that lacks them (run.sh adds it only then)
+#   DIR/mpi.tar.xz           Open MPI's run-time (libmpi and its components in OPAL_PREFIX's layout;
+#                            9 MB, 2.2 MB packed) for the distributed trainers' check (run.sh's dist)
 #   DIR/trainers/            every GPU trainer the checks and the benchmark run, built here
 #                            (xz-compressed), so the GPU machine needs no C compiler and no NVRTC
 #   DIR/work/                the CPU references (gpu_check.py prepare, converge and fashion CPU runs)
@@ -59,6 +61,9 @@ rt_inc=${rt_inc:-$rt_lib}
 cp "$rt_inc"/netrt.h "$rt_inc"/rt_bits.h "$rt_inc"/rt_recipe.h "$rt_lib"/libnetrt.a "$out/runtime/"
 cp "$rt_inc"/cuda/netrt_cuda.h "$rt_inc"/cuda/rt_devstate.h "$rt_inc"/cuda/netrt_*.cuh \
    "$rt_lib"/cuda/libnetrt_cuda.a "$out/runtime/cuda/"
+# a distributed trainer's collectives (netc --distributed), where this build has them
+[ -f "$rt_lib"/libnetrt_mpi.a ] && cp "$rt_lib"/libnetrt_mpi.a "$out/runtime/"
+[ -f "$rt_lib"/cuda/libnetrt_nccl.a ] && cp "$rt_lib"/cuda/libnetrt_nccl.a "$out/runtime/cuda/"
 cjson=$(readlink -f "$(field cJSON)")
 cp "$cjson" "$out/runtime/libcjson.so"
 cp "$cjson" "$out/runtime/libcjson.so.1"
@@ -79,6 +84,32 @@ for lib in libgomp.so.1 libz.so.1; do
 done
 # zlib for the link step (-lz) where only libz.so.1 is installed
 cp "$out/runtime/fallback/libz.so.1" "$out/runtime/libz.so"
+# Open MPI's run-time, for a distributed trainer started as one rank without mpirun (a singleton):
+# its libraries in mpi/lib, its components and help texts where OPAL_PREFIX=DIR/mpi makes it look
+# (this Open MPI's libdir and pkgdatadir below its prefix)
+mpi_lib=$(ldconfig -p | awk '$1 == "libmpi.so.40" && /x86-64/ && !found++ {print $NF}')
+if [ -n "$mpi_lib" ] && command -v ompi_info >/dev/null; then
+  prefix=$(ompi_info --path prefix --parsable | cut -d: -f3-)
+  libdir=$(ompi_info --path libdir --parsable | cut -d: -f3-)
+  pkglibdir=$(ompi_info --path pkglibdir --parsable | cut -d: -f3-)
+  pkgdatadir=$(ompi_info --path pkgdatadir --parsable | cut -d: -f3-)
+  mpi=$out/mpi.tmp
+  mkdir -p "$mpi/lib" "$mpi/${libdir#"$prefix"/}" "$mpi/${pkgdatadir#"$prefix"/}"
+  for lib in $(ldd "$mpi_lib" | awk '$3 ~ /^\// {print $1}') libmpi.so.40; do
+    case $lib in libc.so*|libm.so*|libz.so*|ld-linux*) continue ;; esac  # every machine has these
+    cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ && !found++ {print $NF}')" "$mpi/lib/$lib"
+  done
+  cp -rL "$pkglibdir" "$mpi/${libdir#"$prefix"/}/"
+  for f in "$libdir"/libmca_common_*.so; do  # the components' shared code, under its soname
+    soname=$(objdump -p "$f" | awk '$1 == "SONAME" {print $2}')
+    cp -L "$f" "$mpi/lib/${soname:-$(basename "$f")}"
+  done
+  cp -rL "$pkgdatadir/." "$mpi/${pkgdatadir#"$prefix"/}/"
+  tar -C "$mpi" -cJf "$out/mpi.tar.xz" .
+  rm -rf "$mpi"
+else
+  echo "pack.sh: no Open MPI here (libmpi.so.40, ompi_info): the pack has no distributed trainers" >&2
+fi
 
 {
   echo "netc GPU pack, made $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname) from $(git rev-parse --short HEAD)" \

@@ -6,10 +6,13 @@
 #   tests/gpu/run.sh [--pack DIR] [--only STEP,...] [--models mlp,lenet,...] [--work DIR]
 #                    [--bench-args "ARGS"] [--self-test]
 #
-# Steps (--only; default: check):
+# Steps (--only; default: check,dist):
 #   check           per model, the CPU and the CUDA trainer from the same .net, init and data end
 #                   with the same parameters within float rounding, and the CUDA trainer gives the
 #                   same bits with graph replay, without it (--no-graph) and run after run
+#   dist            MLP, LeNet, ResNet-18: the distributed CUDA trainer (netc --distributed, NCCL)
+#                   started as one rank (Open MPI's singleton, the pack's mpi.tar.xz) gives the
+#                   plain trainer's bits
 #   converge        on learnable data the GPU's loss falls like the CPU's (fp32 and bf16), and
 #                   LeNet learns Fashion-MNIST
 #   bench-lenet, bench-resnet50    bench/gpu_vs_torch.py for one model
@@ -22,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-models="" only=check bench_args="" work="" pack="" selftest=()
+models="" only=check,dist bench_args="" work="" pack="" selftest=()
 while (($#)); do
   case $1 in
     --pack) pack=$2; shift 2 ;;
@@ -36,10 +39,10 @@ while (($#)); do
     *) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[ "$only" = all ] && only=check,converge,bench-lenet,bench-resnet50
+[ "$only" = all ] && only=check,dist,converge,bench-lenet,bench-resnet50
 for s in ${only//,/ }; do
-  case $s in check|converge|bench-lenet|bench-resnet50) ;;
-    *) echo "run.sh: unknown step '$s' (check, converge, bench-lenet, bench-resnet50, all)" >&2; exit 2 ;;
+  case $s in check|dist|converge|bench-lenet|bench-resnet50) ;;
+    *) echo "run.sh: unknown step '$s' (check, dist, converge, bench-lenet, bench-resnet50, all)" >&2; exit 2 ;;
   esac
 done
 [ -n "$models" ] || models=$(for f in models/*.net; do basename "$f" .net; done)
@@ -89,10 +92,17 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )
 [ -n "$pack" ] && libdirs+=("$pack/runtime")
+# Open MPI for the distributed trainers: the pack's, where it has one (this machine may have none),
+# unpacked beside this run's results
+if [ -n "$pack" ] && [ -f "$pack/mpi.tar.xz" ]; then
+  rm -rf "$work/mpi" && mkdir -p "$work/mpi" && tar -C "$work/mpi" -xJf "$pack/mpi.tar.xz" &&
+    libdirs+=("$work/mpi/lib") && export OPAL_PREFIX=$work/mpi
+fi
 old_ifs=$IFS; IFS=:
 export LD_LIBRARY_PATH="${libdirs[*]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 IFS=$old_ifs
 note "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+[ -n "${OPAL_PREFIX:-}" ] && note "Open MPI from the pack: OPAL_PREFIX=$OPAL_PREFIX"
 where() {  # the first folder of LD_LIBRARY_PATH, else of the loader's cache, that holds $1
   local d
   for d in ${LD_LIBRARY_PATH//:/ }; do [ -e "$d/$1" ] && { echo "$d/$1"; return 0; }; done
@@ -175,6 +185,7 @@ for s in ${only//,/ }; do
   echo "== step $s (log: $log)"
   case $s in
     check) for m in $models; do step "$log" check --model "$m"; done ;;
+    dist) for m in $models; do step "$log" dist --model "$m"; done ;;  # gpu_check.py's DIST_MODELS
     converge)
       for m in $models; do step "$log" converge --model "$m"; done
       # bf16 mixed precision must learn like fp32 (same margins against the CPU's fp32 run)

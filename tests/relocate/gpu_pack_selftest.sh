@@ -2,8 +2,9 @@
 # gpu_pack_selftest.sh SOURCE_DIR BUILD WORK - tests/gpu/pack.sh and run.sh --pack end to end,
 # without a GPU, for one small model (mlp):
 #  1. pack.sh prepares mlp's CPU references and builds its GPU trainers into a pack;
-#  2. run.sh --pack --self-test (a CPU trainer stands in for the GPU one) passes check and
-#     converge, and reuses the pack's prepared CPU runs instead of redoing them;
+#  2. run.sh --pack --self-test (a CPU trainer stands in for the GPU one) passes check, dist
+#     (the distributed trainer as one rank, through the pack's Open MPI) and converge, and reuses
+#     the pack's prepared CPU runs instead of redoing them;
 #  3. run.sh --pack with a stand-in nvidia-smi that lists a GPU takes the GPU trainers from the
 #     pack (nothing compiled) and reports each failing to start (no driver here: exit status 5)
 #     as FAIL with the trainer's message, and exits 1.
@@ -20,13 +21,15 @@ ls "$pack"/trainers/mlp-*.xz >/dev/null || fail "no packed mlp trainers"
 
 export NETC_FASHION_DIR=$work/no-fashion  # Fashion-MNIST: FAILED-TO-RUN, not one CPU epoch here
 echo "== run.sh --pack --self-test"
-if ! "$src/tests/gpu/run.sh" --pack "$pack" --self-test --only check,converge --models mlp --work "$work/self" \
+if ! "$src/tests/gpu/run.sh" --pack "$pack" --self-test --only check,dist,converge --models mlp --work "$work/self" \
      >"$work/self.out" 2>&1; then cat "$work/self.out"; fail "run.sh --self-test"; fi
 tail -12 "$work/self.out"
 grep -q "reusing the prepared CPU run in .*mlp$" "$work/self/check.log" || fail "check did not reuse the packed reference"
 grep -q "reusing the prepared CPU run in .*mlp/converge" "$work/self/converge.log" || fail "converge did not reuse it"
 grep -q "^cpu-vs-gpu  *mlp  *PASS" "$work/self.out" || fail "no cpu-vs-gpu PASS row"
 grep -q "^converge  *mlp  *PASS" "$work/self.out" || fail "no converge PASS row"
+grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PASS row"
+grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
 [ -s "$work/self/setup.log" ] || fail "no setup.log"
 
 echo "== run.sh --pack, a GPU listed but no driver"
@@ -34,7 +37,7 @@ mkdir -p "$work/fakebin"
 printf '#!/bin/sh\necho "GPU 0: stand-in (UUID: GPU-0)"\n' >"$work/fakebin/nvidia-smi"
 chmod +x "$work/fakebin/nvidia-smi"
 set +e
-PATH=$work/fakebin:$PATH "$src/tests/gpu/run.sh" --pack "$pack" --only check --models mlp --work "$work/gpu" \
+PATH=$work/fakebin:$PATH "$src/tests/gpu/run.sh" --pack "$pack" --only check,dist --models mlp --work "$work/gpu" \
   >"$work/gpu.out" 2>&1
 rc=$?
 set -e
@@ -42,6 +45,9 @@ tail -12 "$work/gpu.out"
 [ $rc -eq 1 ] || fail "run.sh exited $rc, expected 1"
 grep -q "cached GPU trainer" "$work/gpu/check.log" || fail "the GPU trainer was not taken from the pack"
 grep -q "built GPU trainer" "$work/gpu/check.log" && fail "a GPU trainer was compiled"
+grep -q "cached distributed trainer" "$work/gpu/dist.log" || fail "the distributed GPU trainer was not taken from the pack"
+grep -q "^dist-1-rank  *mlp  *FAIL  *training gpu-dist failed (exit 5): error: this trainer runs on a cuda device" "$work/gpu.out" ||
+  fail "the distributed trainer's start-up failure is not reported"
 grep -q "^gpu-deterministic  *mlp  *FAIL  *training gpu failed (exit 5)" "$work/gpu.out" ||
   fail "the trainer's start-up failure is not reported"
 grep -q "no NVIDIA driver" "$work/gpu/check.log" || fail "the trainer's message is not in the log"
