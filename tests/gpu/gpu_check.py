@@ -415,11 +415,7 @@ def cmd_check(args):
         f"{cfg['steps']} step(s) against the CPU, {GRAPH_STEPS} for the bit checks, {label}")
     checks = ("cpu-vs-gpu", "gpu-deterministic", "graph-vs-no-graph")
     try:
-        if not args.self_test and not has_gpu():
-            raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none): the GPU checks cannot run")
-        work = model_dir(args, model)
-        os.makedirs(work, exist_ok=True)
-        gpu = os.path.join(work, "gpu-selftest" if args.self_test else "gpu")
+        work, gpu = gpu_work(args, model)
         build(args, model, cfg, gpu, gpu_build_flags(args),
               "stand-in trainer (CPU, row-major)" if args.self_test else "GPU trainer")
     except CheckFailed as e:
@@ -465,15 +461,29 @@ def cmd_check(args):
     if not cpu_error:
         ok &= compare_with_cpu(model, cfg, saved["cpu-steps"], files, loss_cpu, loss_gpu)
     for check, other in zip(checks[1:], ("graph-again", "no-graph")):
-        c = compare(saved[other], saved["graph"])
-        for m in c.problems[:10]:
-            say("  " + m)
-        detail = f"{GRAPH_STEPS} steps: bit-identical" if c.ok else \
-            f"{len(c.differ)} tensors differ, first {c.differ[0] if c.differ else '?'}"
-        if args.self_test:
-            detail += " (self-test: both plain CPU runs)"
-        ok &= result(check, model, "PASS" if c.ok else "FAIL", detail)
+        ok &= bit_result(check, model, saved[other], saved["graph"],
+                         " (self-test: both plain CPU runs)" if args.self_test else "")
     return ok
+
+
+def gpu_work(args, model):
+    """The model's work folder, made, and its CUDA trainer's path there (a CPU stand-in's under
+    --self-test); CheckFailed on a machine without a GPU."""
+    if not args.self_test and not has_gpu():
+        raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none): the GPU checks cannot run")
+    work = model_dir(args, model)
+    os.makedirs(work, exist_ok=True)
+    return work, os.path.join(work, "gpu-selftest" if args.self_test else "gpu")
+
+
+def bit_result(check, model, path, ref, note):
+    """A check that weight file `path` has the bits of `ref` after GRAPH_STEPS steps."""
+    c = compare(path, ref)
+    for m in c.problems[:10]:
+        say("  " + m)
+    detail = f"{GRAPH_STEPS} steps: bit-identical" if c.ok else \
+        f"{len(c.differ)} tensors differ, first {c.differ[0] if c.differ else '?'}"
+    return result(check, model, "PASS" if c.ok else "FAIL", detail + note)
 
 
 # ---- a distributed trainer at one rank
@@ -505,11 +515,7 @@ def cmd_dist(args):
     cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
     say(f"== {model}: the distributed trainer ({' '.join(DIST_FLAGS)}) at one rank against the plain one")
     try:
-        if not args.self_test and not has_gpu():
-            raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none): the GPU checks cannot run")
-        work = model_dir(args, model)
-        os.makedirs(work, exist_ok=True)
-        plain = os.path.join(work, "gpu-selftest" if args.self_test else "gpu")
+        work, plain = gpu_work(args, model)
         dist = plain + "-dist"
         build(args, model, cfg, plain, gpu_build_flags(args), "trainer")
         build(args, model, cfg, dist, gpu_build_flags(args) + DIST_FLAGS, "distributed trainer")
@@ -524,14 +530,7 @@ def cmd_dist(args):
     except CheckFailed as e:
         say(str(e))
         return result(check, model, "FAIL", str(e).splitlines()[0])
-    c = compare(saved[1], saved[0])
-    for m in c.problems[:10]:
-        say("  " + m)
-    detail = f"{GRAPH_STEPS} steps: bit-identical" if c.ok else \
-        f"{len(c.differ)} tensors differ, first {c.differ[0] if c.differ else '?'}"
-    if args.self_test:
-        detail += " (self-test: CPU trainers)"
-    return result(check, model, "PASS" if c.ok else "FAIL", detail)
+    return bit_result(check, model, saved[1], saved[0], " (self-test: CPU trainers)" if args.self_test else "")
 
 
 # ---- convergence on learnable data

@@ -31,16 +31,19 @@ struct ncclComm {
 static char handles[64];
 static int n_handles;
 
+_Noreturn static void vdie(const char *who, const char *fmt, va_list ap) {
+    fflush(stdout);
+    fprintf(stderr, "error: %s (emulated): ", who);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
 _Noreturn static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn static void die(const char *fmt, ...) {
     va_list ap;
-    fflush(stdout);
-    fputs("error: nccl (emulated): ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
+    vdie("nccl", fmt, ap);
 }
 
 /* ---- libnetrt_cuda's checks, as rt_cuda.c's */
@@ -51,13 +54,8 @@ void rt_cuda_check(cudaError_t e, const char *what) {
 
 _Noreturn void rt_cuda_die(const char *fmt, ...) {
     va_list ap;
-    fflush(stdout);
-    fputs("error: cuda (emulated): ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
+    vdie("cuda", fmt, ap);
 }
 
 /* ---- the CUDA runtime's streams and events */
