@@ -428,13 +428,16 @@ static void warm_up(RtCuda *cu) {
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
 }
 
-/* Global capture mode: any call that would synchronise with the device, from any thread, fails
- * the capture instead of silently leaving the graph incomplete. */
+/* Thread-local capture mode: a call of this thread that would synchronise with the device fails
+ * the capture instead of silently leaving the graph incomplete. Not global: NCCL's proxy thread
+ * makes CUDA calls of its own while a distributed step's collectives are captured (NCCL's own
+ * tests capture this way), and no other thread of the trainer calls CUDA (the loader thread
+ * reads files only). */
 static int capture(RtCuda *cu, int s, void (*step)(RtCuda *), const char *name, cudaGraphExec_t *exec, char *why,
                    size_t size) {
     cudaGraph_t graph = NULL;
     cu->capturing = 1;
-    rt_cuda_check(cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    rt_cuda_check(cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     enqueue_step(cu, s, step, 1);
     cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);
     cu->capturing = 0;

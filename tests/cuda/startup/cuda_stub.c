@@ -15,9 +15,10 @@
  *     architecture (EM_CUDA, e_flags), which must have the device's major version and a minor
  *     at or below it; PTX (".target sm_NN") loads onto sm_NN and newer. A kernel is found only
  *     if the image defines it (a GLOBAL FUNC symbol of the cubin, a ".entry" of the PTX).
- *   - while a stream is captured in global mode, calls that may synchronise (cudaMalloc,
- *     cudaFree, cudaMemset, cudaStreamSynchronize, cudaEventSynchronize, cudaHostAlloc) fail
- *     and invalidate the capture; a captured copy must use pinned host memory.
+ *   - while a stream is captured (in thread-local mode: the trainer's one thread that calls
+ *     CUDA), calls that may synchronise (cudaMalloc, cudaFree, cudaMemset,
+ *     cudaStreamSynchronize, cudaEventSynchronize, cudaHostAlloc) fail and invalidate the
+ *     capture; a captured copy must use pinned host memory.
  *   - every device pointer a copy, memset, product or convolution touches must lie, with its
  *     whole extent, inside one device allocation; a kernel's one argument must be an
  *     allocation's base (the arena).
@@ -189,7 +190,7 @@ enum { MAX_FORKED = 8 };
 static cudaStream_t forked[MAX_FORKED]; /* the streams forked into the capture */
 static int n_forked;
 
-static cudaStream_t capturing_stream; /* global mode: one capture at a time is all netc does */
+static cudaStream_t capturing_stream; /* one capture at a time is all netc does */
 
 /* A call that may synchronise with the device, made during a global-mode capture. */
 static int prohibited(const char *call) {
@@ -363,8 +364,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
     if (!s || s->capturing || capturing_stream)
         violation("cudaStreamBeginCapture on a stream that is capturing, or on the legacy stream");
-    if (mode != cudaStreamCaptureModeGlobal)
-        violation("capture mode %d: the trainer captures in global mode", (int)mode);
+    if (mode != cudaStreamCaptureModeThreadLocal) /* relaxed would let a synchronising call pass */
+        violation("capture mode %d: the trainer captures in thread-local mode", (int)mode);
     s->capturing = 1, s->invalidated = 0, s->nodes = 0;
     capturing_stream = s;
     return cudaSuccess;
