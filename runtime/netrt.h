@@ -160,7 +160,8 @@ typedef struct RtDeviceSums {
 
 /* This process's place in its job (netc --distributed; one rank of one for other trainers):
  * its rank, the number of ranks, its rank among those on its machine (which GPU it takes), and
- * the job's collectives (NULL for a trainer that runs as one process). */
+ * the job's collectives (NULL for a trainer that runs as one process, and for the evaluator of
+ * --eval-rank, which takes no part in them). */
 typedef struct RtRanks {
     int rank, ranks, local_rank;
     const struct RtComm *comm;

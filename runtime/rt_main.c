@@ -326,8 +326,6 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->eval_rank && (using || o->gradcheck))
         die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
     if (o->eval_rank && !o->n_eval) die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
-    if (o->eval_rank && m->device)
-        die_usage("--eval-rank: a %s trainer evaluates between its steps so far; leave it out", m->device->name);
 }
 
 static void list_params(const RtModel *m) {
@@ -557,6 +555,7 @@ static void hand_over_eval(Trainer *t, const RtDataset *ds, int64_t epoch) {
     size_t bytes = (size_t)t->m->n_param_floats * sizeof(float);
     collect_eval(t, 1);
     t->eval_samples = ds->n_samples;
+    if (t->dev) t->dev->download(t->ctx.params, NULL);
     if (!t->eval_params) t->eval_params = rt_alloc(bytes, "the parameters to evaluate");
     memcpy(t->eval_params, t->ctx.params, bytes);
     t->dist.comm->eval_send(t->eval_params, t->m->n_param_floats, epoch);
@@ -587,9 +586,13 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
  * whole, until training ends; then training's exit status. */
 static int serve_evals(Trainer *t, const RtDataset *ds, void *const *bufs) {
     int64_t epoch;
-    while (t->dist.comm->eval_next(t->ctx.params, t->m->n_param_floats, &epoch)) {
+    for (int first = 1; t->dist.comm->eval_next(t->ctx.params, t->m->n_param_floats, &epoch); first = 0) {
         RtError err;
         if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
+        if (t->dev) { /* the parameters, and (once) a device state whose sums are zero */
+            t->dev->upload(t->ctx.params, NULL);
+            if (first) t->dev->start(0, 1, 1, t->o.seed);
+        }
         double sums[3];
         int rc = eval_sums(t, ds, bufs, 1, sums);
         if (rc) return rc;
@@ -1411,7 +1414,8 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (t.o.mllog) rt_mllog_open(&t.ml, open_log(&t, t.o.mllog), t.o.mllog);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";
-        RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.comm};
+        /* the evaluator of --eval-rank takes a GPU but no part in the collectives */
+        RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.evaluator ? NULL : t.dist.comm};
         if (m->device->open(m, &ranks, !t.o.no_graph, why, sizeof why)) {
             fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
             return EXIT_NO_DEVICE;

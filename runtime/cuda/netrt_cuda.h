@@ -51,7 +51,9 @@ typedef struct RtCuda RtCuda;
 typedef struct RtCudaColl {
     const char *name; /* "NCCL" */
     /* Once the device is chosen and the stream exists, before planning: join the ranks'
-     * communicator (its id from rank 0 through ranks->comm). 0, or non-zero with `why`. */
+     * communicator (its id from rank 0 through ranks->comm). 0, or non-zero with `why`. Not
+     * called for the evaluator of --eval-rank (ranks->comm NULL): its steps' collectives are
+     * left out. */
     int (*open)(RtCuda *cu, const RtRanks *ranks, char *why, size_t size);
     /* Wait for the work queued on the stream, as cudaStreamSynchronize, but end the whole job
      * (exit status RT_EXIT_COMM on every rank) when a collective fails or the other ranks do

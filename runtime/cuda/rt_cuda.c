@@ -507,9 +507,7 @@ static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const
     if (load_kernels(cu, im, why, size))
         return 1;
     create_handles(cu);
-    if (cu->dm->coll) { /* before the warm-up step, whose collectives need every rank */
-        if (!ranks || !ranks->comm)
-            return fail(why, size, "internal error: a distributed trainer's device opened without its ranks");
+    if (cu->dm->coll && ranks && ranks->comm) { /* before the warm-up step, whose collectives need every rank */
         if (cu->dm->coll->open(cu, ranks, why, size))
             return 1;
         cu->coll_open = 1;

@@ -96,7 +96,11 @@ static void fork_from(RtCuda *cu, int k) {
     rt_cuda_check(cudaStreamWaitEvent(g_nccl.stream, g_nccl.ready[k], 0), "cudaStreamWaitEvent (NCCL stream)");
 }
 
+/* Without a communicator (the evaluator of --eval-rank, which opens its device without one and
+ * never trains: its warm-up step is thrown away) the collectives are left out. */
 void rt_cuda_sum_start(RtCuda *cu, int k) {
+    if (!g_nccl.comm)
+        return;
     const RtModel *m = rt_cuda_model(cu);
     if (k < 0 || k >= m->n_buckets)
         rt_cuda_die("internal error: gradient bucket %d of %d", k, m->n_buckets);
@@ -108,6 +112,8 @@ void rt_cuda_sum_start(RtCuda *cu, int k) {
 }
 
 void rt_cuda_sum_join(RtCuda *cu) {
+    if (!g_nccl.comm)
+        return;
     RtDevState *st = (RtDevState *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_state);
     fork_from(cu, g_nccl.n_events - 1);
     /* loss and correct are adjacent floats of RtDevState */

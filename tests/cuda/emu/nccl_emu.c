@@ -5,11 +5,12 @@
  *
  * As in rt_cuda_emu.c, work runs when it is enqueued: streams and events order nothing here, so
  * they are handles that are checked, not used. A collective is the MPI collective of the same
- * meaning on MPI_COMM_WORLD, with NCCL's arithmetic: ncclAvg on float data multiplies each rank's
- * values by (float)(1 / ranks) before the sum (NCCL's PreMulSum), ncclSum adds. What it checks
- * beyond that: every rank joins with the same communicator id (the one rank 0 made, shared through
- * MPI), at its MPI rank; collectives are in place, on float32 data, with a live communicator and
- * the NCCL stream.
+ * meaning over the communicator's ranks (MPI_COMM_WORLD's first `nranks`: with --eval-rank the
+ * job's last process is the evaluator, which joins no communicator), with NCCL's arithmetic:
+ * ncclAvg on float data multiplies each rank's values by (float)(1 / ranks) before the sum
+ * (NCCL's PreMulSum), ncclSum adds. What it checks beyond that: every rank joins with the same
+ * communicator id (the one rank 0 made, shared through MPI), at its MPI rank; collectives are in
+ * place, on float32 data, with a live communicator and the NCCL stream.
  */
 #include <mpi.h>
 #include <nccl.h>
@@ -25,6 +26,7 @@
 struct ncclComm {
     int rank, ranks;
     int live;
+    MPI_Comm mpi; /* MPI_COMM_WORLD's ranks [0, ranks) */
 };
 
 /* the streams and events rt_cuda_nccl.c creates: distinct non-NULL handles, counted */
@@ -124,18 +126,25 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     if (!up) die("ncclCommInitRank before MPI was started");
     MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &mpi_ranks);
-    if (rank != mpi_rank || nranks != mpi_ranks)
+    if (rank != mpi_rank || nranks > mpi_ranks)
         die("ncclCommInitRank as rank %d of %d; MPI has rank %d of %d", rank, nranks, mpi_rank, mpi_ranks);
+    MPI_Group world, first;
+    MPI_Comm mpi;
+    int range[1][3] = {{0, nranks - 1, 1}};
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_range_incl(world, 1, range, &first);
+    MPI_Comm_create_group(MPI_COMM_WORLD, first, 0, &mpi); /* collective over those ranks alone */
+    MPI_Group_free(&first), MPI_Group_free(&world);
     if (strncmp(id.internal, ID_MAGIC, sizeof ID_MAGIC - 1) != 0) die("rank %d: not an id ncclGetUniqueId made", rank);
     /* every rank has rank 0's id: the id's bytes, checked as their sum and its negation's maximum */
     long long mine = 0, mm[2];
     for (size_t i = 0; i < sizeof id.internal; i++) mine = mine * 131 + (unsigned char)id.internal[i];
     mm[0] = mine, mm[1] = -mine;
-    MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_LONG_LONG, MPI_MAX, mpi);
     if (mm[0] != mine || mm[1] != -mine) die("rank %d joined with another communicator id than rank 0's", rank);
     *comm = calloc(1, sizeof **comm);
     if (!*comm) die("out of memory");
-    **comm = (struct ncclComm){rank, nranks, 1};
+    **comm = (struct ncclComm){rank, nranks, 1, mpi};
     return ncclSuccess;
 }
 
@@ -152,7 +161,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
         const float scale = (float)(1.0 / comm->ranks);
         for (size_t i = 0; i < count; i++) x[i] *= scale;
     }
-    MPI_Allreduce(MPI_IN_PLACE, x, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi);
     return ncclSuccess;
 }
 
@@ -164,6 +173,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm || !comm->live) die("ncclCommDestroy on a communicator that is not open");
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Comm_free(&comm->mpi);
     free(comm);
     return ncclSuccess;
 }

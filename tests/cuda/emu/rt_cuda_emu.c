@@ -522,8 +522,7 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char 
     cu->model = m, cu->dm = m->device_model;
     if (!cu->dm || !cu->dm->train || !cu->dm->eval) return fail(why, size, "internal error: no CUDA step");
     if (size_inputs(cu, why, size) || find_kernels(cu, why, size)) return 1;
-    if (cu->dm->coll) { /* rt_cuda.c's order: before the warm-up step, whose collectives need every rank */
-        if (!ranks || !ranks->comm) return fail(why, size, "internal error: a distributed trainer without its ranks");
+    if (cu->dm->coll && ranks && ranks->comm) { /* rt_cuda.c's order: before the warm-up step */
         if (cu->dm->coll->open(cu, ranks, why, size)) return 1;
         cu->coll_open = 1;
     }
