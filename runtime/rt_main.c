@@ -1412,6 +1412,9 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
     check_outputs(&t);
     if (t.o.mllog) rt_mllog_open(&t.ml, open_log(&t, t.o.mllog), t.o.mllog);
+    /* before anything may start a library's threads or plan for them (the device's start-up) */
+    omp_set_num_threads(t.o.threads);
+    if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
     if (m->device) { /* before any data is read: a machine without the device stops here */
         char why[1024] = "";
         /* the evaluator of --eval-rank takes a GPU but no part in the collectives */
@@ -1422,8 +1425,6 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         }
         t.dev = m->device;
     }
-    omp_set_num_threads(t.o.threads);
-    if (openblas_set_num_threads) openblas_set_num_threads(t.o.threads);
     if (t.o.eval_only) return leave(&t, eval_only(&t));
     if (t.o.predict_out) return leave(&t, predict(&t));
     if (t.dist.evaluator) return leave(&t, evaluator(&t));

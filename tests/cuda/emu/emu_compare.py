@@ -315,7 +315,7 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
     worst_ckpt, where_ckpt = compare_params(os.path.join(work, "emu.ckpt"), os.path.join(work, "cpu.ckpt"), tol,
                                             f"{ranks} ranks: emulated vs CPU checkpoints")
     n, worst_loss, worst_acc = compare_logs(emu_log, cpu_log, tol)
-    n_evals = compare_eval_rank(emu, common, work, ranks, env)
+    n_evals = compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log)
     nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2",
            "--init", init, "--no-shuffle", "--seed", "3"]
     at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
@@ -328,16 +328,12 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
           f"with an evaluation rank the same weights and {n_evals} evaluations")
 
 
-def compare_eval_rank(emu, common, work, ranks, env):
+def compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log):
     """The emulated trainer again with --eval-rank (one process more, whose device opens without
     the collectives and only evaluates): the same weights, bit for bit (the training ranks run the
     same steps), the same step records, and the same evaluations: each batch's float32 sums are
     the same bits, only their float64 sum over batches is added in another order (1e-15)."""
-    # Both runs unbound: the emulated convolutions' bits depend on the CPU binding mpirun gives
-    # (it binds each of 2 processes to a core, and 3 not; seen as another conv1.weight gradient).
-    unbound = ["--bind-to", "none"]
-    emu_log, emu_out = train(emu, common, "emu-unbound", work, env=env, launch=mpirun_args(ranks) + unbound)
-    log, out = train(emu, common, "emu-evalrank", work, "--eval-rank", env=env, launch=mpirun_args(ranks + 1) + unbound)
+    log, out = train(emu, common, "emu-evalrank", work, "--eval-rank", env=env, launch=mpirun_args(ranks + 1))
     assert open(out, "rb").read() == open(emu_out, "rb").read(), "--eval-rank changed the trained weights"
     split = lambda rs: ([r for r in rs if not r.get("eval")], [r for r in rs if r.get("eval")])  # noqa: E731
     (steps_a, evals_a), (steps_s, evals_s) = split(records(log)), split(records(emu_log))
