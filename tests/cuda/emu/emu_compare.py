@@ -100,17 +100,18 @@ def write_init(exe, path):
     st_save(path, tensors)
 
 
-def poisoned_data(exe, train_args, work):
-    """The training data with NaN in the first sample of the third batch (--no-shuffle)."""
+def poisoned_data(exe, train_args, work, ranks=1):
+    """The training data with NaN in the first sample of the third (global) batch (--no-shuffle),
+    or of the second where an epoch has no third."""
     text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
-    batch = int(re.search(r"batch (\d+)\)", text).group(1))
+    batch = int(re.search(r"batch (\d+)\)", text).group(1)) * ranks
     args = []
     for opt, spec in zip(train_args[::2], train_args[1::2]):
         name, path = spec.split("=", 1)
         arr = np.load(path)
         if arr.dtype.kind == "f":
             arr = arr.copy()
-            arr[2 * batch].flat[0] = np.nan
+            arr[(2 if 3 * batch <= len(arr) else 1) * batch].flat[0] = np.nan
             path = os.path.join(work, f"nan-{name}.npy")
             np.save(path, arr)
         args += [opt, f"{name}={path}"]
@@ -316,7 +317,7 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
                                             f"{ranks} ranks: emulated vs CPU checkpoints")
     n, worst_loss, worst_acc = compare_logs(emu_log, cpu_log, tol)
     n_evals = compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log)
-    nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2",
+    nan = [*poisoned_data(cpu, data, work, ranks), "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2",
            "--init", init, "--no-shuffle", "--seed", "3"]
     at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
     assert at[0] == at[1] and at[0] >= 2, \
@@ -400,7 +401,7 @@ def main():
     assert records(eval_log) == [final], f"--eval-only logged {records(eval_log)}, the run's final evaluation {final}"
 
     # a NaN in the data: both stop at the same step, with the non-finite exit status
-    nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
+    nan = [*poisoned_data(cpu, data, work, ranks), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
            *fresh]
     at = nonfinite_step(cpu, nan), nonfinite_step(emu, nan)
     assert at[0] == at[1] and at[0] >= 3, \
