@@ -138,7 +138,9 @@ static Map plan_memory(const IrGraph *g) {
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
-        if (bn_blocks(M) * 2 * C * 8 > part) part = bn_blocks(M) * 2 * C * 8;
+        /* --sync-bn: then two sums of C + 1 doubles (emit_bn_sync) */
+        int64_t need = bn_blocks(M) * 2 * C * 8 + (g->sync_bn ? (2 * C + 2) * 8 : 0);
+        if (need > part) part = need;
     }
     if (g->train.clip_grad_norm > 0 && part < CLIP_BLOCKS * 8) part = CLIP_BLOCKS * 8; /* emit_clip's sums */
     if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
@@ -644,6 +646,61 @@ static void emit_index(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "_add", grid_for(dim), BLOCK);
 }
 
+/* --sync-bn: batch-norm node n (statistics, or the backward sums) sums over the ranks: a batch
+ * norm in training whose statistics are the batch's, not frozen ones (codegen/cpu.c's rule). */
+static int sync_bn(const Cu *u, const IrNode *n) {
+    const IrNode *stats = n->op == OP_BN_BWD_SUMS ? n->in[1] : n;
+    return u->g->sync_bn && !u->c.eval && !stats->attr.bn_frozen;
+}
+
+/* --sync-bn: the sums of the CPU trainer's synchronised batch norm, in the partial-sum region
+ * after the blocks' partials: s1 = [C + 1] doubles (2C + 1 for the backward sums), s2 = [C + 1].
+ * Each goes through rt_cuda_sum_doubles (NCCL, on the collectives' stream, forked and joined)
+ * between the kernels. Statistics: the blocks' sums of x, their sum over the ranks, the
+ * squared deviations from that global mean, their sum over the ranks, the statistics; backward:
+ * the blocks' sums, their mean over the ranks. */
+static void emit_bn_sync(Cu *u, const IrNode *n, int64_t M, int64_t C, int64_t HW, int nhwc) {
+    const IrNode *x = n->in[0];
+    int64_t nb = bn_blocks(M), at1 = nb * 2 * C * 8, at2 = at1 + (C + 1) * 8;
+    char call[512], s1[96], s2[96];
+    const char *part = "(double *)(base + NETC_OFF_PART)";
+    snprintf(s1, sizeof s1, "(double *)(base + NETC_OFF_PART + %" PRId64 "LL)", at1);
+    snprintf(s2, sizeof s2, "(double *)(base + NETC_OFF_PART + %" PRId64 "LL)", at2);
+    if (n->op == OP_BN_BWD_SUMS) {
+        snprintf(call, sizeof call, "rt_k_bn_bwd_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s);", M,
+                 C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);
+        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+        snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, 1.0, %s);", 2 * C,
+                 2 * C, nb, part, s1);
+        lib_kernel(u, n, call, "_sum", rows_grid(2 * C + 1), BLOCK);
+        cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 "LL, %" PRId64 "); // over every rank's batch",
+                u->map.part + at1, 2 * C + 1);
+        snprintf(call, sizeof call, "rt_k_bn_sync_mean(%" PRId64 ", %s, v%d);", 2 * C, s1, n->id);
+        lib_kernel(u, n, call, "_mean", grid_for(2 * C), BLOCK);
+        return;
+    }
+    const IrParam *rm = &u->g->params[n->attr.stat_param];
+    snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW, nhwc,
+             x->id, part);
+    lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+    snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %" PRId64 ".0, %s);", C,
+             2 * C, nb, part, M, s1);
+    lib_kernel(u, n, call, "_sum", rows_grid(C + 1), BLOCK);
+    cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 "LL, %" PRId64 "); // the sums of x over every rank's batch",
+            u->map.part + at1, C + 1);
+    snprintf(call, sizeof call, "rt_k_bn_sync_sqdev(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", M, C, HW,
+             nhwc, x->id, s1, part);
+    lib_kernel(u, n, call, "_sqdev", grid_for(nb * C), BLOCK);
+    snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %" PRId64 ".0, %s);", C, C,
+             nb, part, M, s2);
+    lib_kernel(u, n, call, "_sum2", rows_grid(C + 1), BLOCK);
+    cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 "LL, %" PRId64 "); // their squared deviations",
+            u->map.part + at2, C + 1);
+    snprintf(call, sizeof call, "rt_k_bn_sync_final(%" PRId64 ", %s, %s, v%d, %.17g, %.17g, ctx->params + %" PRId64 ");",
+             C, s1, s2, n->id, n->attr.eps, n->attr.momentum, rm->offset);
+    lib_kernel(u, n, call, "_stats", grid_for(C), BLOCK);
+}
+
 /* Batch-norm statistics and backward sums: per fixed block of rows into the shared partial-sum
  * region, then one thread block per channel over those partials (two kernels). */
 static void emit_bn(Cu *u, const IrNode *n) {
@@ -654,6 +711,10 @@ static void emit_bn(Cu *u, const IrNode *n) {
     int nhwc = x->layout == LAYOUT_NHWC;
     char call[512];
     const char *part = "(double *)(base + NETC_OFF_PART)";
+    if (sync_bn(u, n)) {
+        emit_bn_sync(u, n, M, C, HW, nhwc);
+        return;
+    }
     if (n->op == OP_BN_BWD_SUMS) {
         snprintf(call, sizeof call, "rt_k_bn_bwd_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s);", M,
                  C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);

@@ -301,10 +301,9 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->shard_optimizer && !o->distributed)
         return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
                            "trainer; give --distributed too%s", "");
-    if (o->distributed && strcmp(o->backend, "cpu") != 0 && (o->sync_bn || o->shard_optimizer))
-        return usage_error("%s: a distributed --backend cuda trainer averages whole gradients on every rank so "
-                           "far; leave the option out, or build a CPU trainer", o->sync_bn ? "--sync-bn" :
-                           "--shard-optimizer");
+    if (o->distributed && strcmp(o->backend, "cpu") != 0 && o->shard_optimizer)
+        return usage_error("--shard-optimizer: a distributed --backend cuda trainer averages whole gradients on "
+                           "every rank so far; leave the option out, or build a CPU trainer%s", "");
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);

@@ -107,6 +107,9 @@ const RtCudaModel *rt_cuda_device_model(const RtCuda *cu); /* its device step (o
  *                      collective the step started. */
 void rt_cuda_sum_start(RtCuda *cu, int k);
 void rt_cuda_sum_join(RtCuda *cu);
+/* --sync-bn: the n doubles at `offset` in the device allocation (a batch norm's sums) summed over
+ * the ranks, in place, before the step's stream goes on (the step waits, the host does not). */
+void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n);
 
 /* Launch kernel `k` (index into kernel_names) with `grid` blocks of `block` threads and the
  * arena base as its one argument, on the stream. */

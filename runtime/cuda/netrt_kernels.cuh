@@ -514,6 +514,65 @@ static __device__ __forceinline__ void rt_k_bn_bwd_final(int64_t C, int64_t nb, 
     }
 }
 
+/* ---- --sync-bn in a distributed trainer: batch norm over every rank's batch, as the CPU
+ * trainer's rt_bn_stats_sync and rt_bn_bwd_sums_sync. The double sums below are added over the
+ * ranks (rt_cuda_sum_doubles) between these kernels; each ends with a count that the same sum
+ * turns into the global batch's rows, or the number of ranks. */
+
+/* sums[j] = the sum over the nb blocks of part[b * stride + j], j < n, and sums[n] = count. One
+ * block per sum. */
+static __device__ __forceinline__ void rt_k_bn_sync_sums(int64_t n, int64_t stride, int64_t nb, const double *part,
+                                                         double count, double *sums) {
+    RT_K_ROWS(j, n + 1) {
+        if (j == n) { /* the whole block takes this branch */
+            if (threadIdx.x == 0) sums[n] = count;
+            continue;
+        }
+        double s = 0;
+        RT_K_COLS(b, nb) s += part[b * stride + j];
+        s = rt_block_sum(s);
+        if (threadIdx.x == 0) sums[j] = s;
+    }
+}
+
+/* part[b * C + c] = the sum over block b's rows of (x - mean)^2, with the global batch's mean =
+ * sums[c] / sums[C] (the sums of x and the rows, over every rank). */
+static __device__ __forceinline__ void rt_k_bn_sync_sqdev(int64_t M, int64_t C, int64_t HW, int nhwc, const float *x,
+                                                          const double *sums, double *part) {
+    const int64_t nb = (M + RT_K_BN_ROWS - 1) / RT_K_BN_ROWS;
+    RT_K_FOR(i, nb * C) {
+        int64_t b = i / C, c = i % C, r0 = b * RT_K_BN_ROWS;
+        int64_t r1 = r0 + RT_K_BN_ROWS < M ? r0 + RT_K_BN_ROWS : M;
+        double mean = sums[c] / sums[C], sq = 0;
+        for (int64_t r = r0; r < r1; r++) {
+            double d = (double)x[rt_bn_at(nhwc, C, HW, r, c)] - mean;
+            sq = __dadd_rn(sq, __dmul_rn(d, d));
+        }
+        part[b * C + c] = sq;
+    }
+}
+
+/* stats and the running statistics of the global batch: s1 = [sum of x C, rows], s2 = [sum of
+ * (x - mean)^2 C, rows], both over every rank (rt_k_bn_stats_final's formulas). */
+static __device__ __forceinline__ void rt_k_bn_sync_final(int64_t C, const double *s1, const double *s2, float *stats,
+                                                          double eps, double momentum, float *running) {
+    float *rmean = running, *rvar = running + C;
+    RT_K_FOR(c, C) {
+        double M = s1[C], mean = s1[c] / M, var = s2[c] / M, unbiased = M > 1 ? s2[c] / (M - 1) : var;
+        stats[c] = (float)mean;
+        stats[C + c] = (float)(1.0 / sqrt(var + eps));
+        rmean[c] = (float)__dadd_rn(__dmul_rn(1 - momentum, (double)rmean[c]), __dmul_rn(momentum, mean));
+        rvar[c] = (float)__dadd_rn(__dmul_rn(1 - momentum, (double)rvar[c]), __dmul_rn(momentum, unbiased));
+        if (c == 0) running[2 * C] += 1; /* num_batches_tracked */
+    }
+}
+
+/* out[j] = (float) (s[j] / s[n]), j < n: the backward sums [sum dy C, sum dy * xhat C] averaged
+ * over the ranks (s[n]: the number of ranks). */
+static __device__ __forceinline__ void rt_k_bn_sync_mean(int64_t n, const double *s, float *out) {
+    RT_K_FOR(j, n) out[j] = (float)(s[j] / s[n]);
+}
+
 #include "netrt_views.cuh" /* permute, slice, concat, max along an axis */
 // ---- scaled dot-product attention: its own file
 

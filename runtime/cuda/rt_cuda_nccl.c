@@ -37,6 +37,7 @@ static struct {
     int n_events;
     cudaEvent_t *ready;    /* per bucket, then one for the loss: recorded on the step's stream */
     cudaEvent_t done;      /* recorded on the collectives' stream once the step's are queued */
+    cudaEvent_t bn_ready, bn_done; /* --sync-bn: around each of batch norm's sums */
 } g_nccl;
 
 static double now(void) {
@@ -87,6 +88,8 @@ static int nccl_open(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
     for (int k = 0; k < g_nccl.n_events; k++)
         rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.ready[k], flags), "cudaEventCreateWithFlags");
     rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.done, flags), "cudaEventCreateWithFlags");
+    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.bn_ready, flags), "cudaEventCreateWithFlags");
+    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.bn_done, flags), "cudaEventCreateWithFlags");
     return 0;
 }
 
@@ -123,6 +126,20 @@ void rt_cuda_sum_join(RtCuda *cu) {
     rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.done, 0), "cudaStreamWaitEvent (the step's stream)");
 }
 
+void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n) {
+    if (!g_nccl.comm)
+        return;
+    double *x = (double *)(rt_cuda_base(cu) + offset);
+    /* on the collectives' stream, after the bucket sums already started there: one stream keeps
+     * the communicator's collectives in the order every rank issues them */
+    rt_cuda_check(cudaEventRecord(g_nccl.bn_ready, rt_cuda_stream(cu)), "cudaEventRecord (batch-norm sums ready)");
+    rt_cuda_check(cudaStreamWaitEvent(g_nccl.stream, g_nccl.bn_ready, 0), "cudaStreamWaitEvent (NCCL stream)");
+    check(ncclAllReduce(x, x, (size_t)n, ncclFloat64, ncclSum, g_nccl.comm, g_nccl.stream),
+          "ncclAllReduce (batch-norm sums)");
+    rt_cuda_check(cudaEventRecord(g_nccl.bn_done, g_nccl.stream), "cudaEventRecord (batch-norm sums summed)");
+    rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.bn_done, 0), "cudaStreamWaitEvent (the step's stream)");
+}
+
 static void nccl_wait(RtCuda *cu, const char *what) {
     double t0 = now(), limit = g_nccl.ranks.comm->timeout();
     struct timespec nap = {0, 100000}; /* 0.1 ms: the host has nothing else to do */
@@ -152,6 +169,10 @@ static void nccl_close(void) {
     free(g_nccl.ready);
     if (g_nccl.done)
         cudaEventDestroy(g_nccl.done);
+    if (g_nccl.bn_ready)
+        cudaEventDestroy(g_nccl.bn_ready);
+    if (g_nccl.bn_done)
+        cudaEventDestroy(g_nccl.bn_done);
     if (g_nccl.comm)
         ncclCommDestroy(g_nccl.comm);
     if (g_nccl.stream)

@@ -56,6 +56,7 @@ dist=()
 if [ -n "$ranks" ]; then
   dir=$dir-ranks$ranks dist=(--distributed) compare=(--ranks "$ranks" "${compare[@]}")
 fi
+case " $* " in *" --sync-bn "*) dir=$dir-sync-bn ;; esac # beside the same model's other runs
 rm -rf "$dir" && mkdir -p "$dir"
 
 "$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"

@@ -153,7 +153,12 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     if (!comm || !comm->live) die("ncclAllReduce on a communicator that is not open");
     check_handle(stream, "ncclAllReduce's stream");
     if (send != recv) die("ncclAllReduce out of place; the trainer's are in place");
-    if (type != ncclFloat) die("ncclAllReduce on type %d; the trainer's are float32", (int)type);
+    if (type == ncclFloat64 && op == ncclSum) { /* --sync-bn's batch-norm sums */
+        if (count > INT32_MAX) die("ncclAllReduce of %zu doubles, more than one MPI call here takes", count);
+        MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, MPI_DOUBLE, MPI_SUM, comm->mpi);
+        return ncclSuccess;
+    }
+    if (type != ncclFloat) die("ncclAllReduce on type %d; the trainer's are float32, or float64 sums", (int)type);
     if (op != ncclSum && op != ncclAvg) die("ncclAllReduce with operation %d", (int)op);
     if (count > INT32_MAX) die("ncclAllReduce of %zu floats, more than one MPI call here takes", count);
     float *x = recv;

@@ -1151,10 +1151,11 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                            ncclComm_t comm, cudaStream_t s) {
     if (!comm || !comm->live)
         violation("ncclAllReduce on a communicator that is not open");
-    if (send != recv || type != ncclFloat || (op != ncclSum && op != ncclAvg))
+    int f64 = type == ncclFloat64 && op == ncclSum; /* --sync-bn's batch-norm sums */
+    if (send != recv || (!f64 && (type != ncclFloat || (op != ncclSum && op != ncclAvg))))
         violation("ncclAllReduce: out of place, type %d or operation %d (the trainer's are in place, float sums "
-                  "and averages)", (int)type, (int)op);
-    check_device(recv, count * sizeof(float), "ncclAllReduce");
+                  "and averages, double sums)", (int)type, (int)op);
+    check_device(recv, count * (f64 ? sizeof(double) : sizeof(float)), "ncclAllReduce");
     if (capturing_stream == s)
         violation("ncclAllReduce on the step's own stream: the collectives have a stream of their own");
     if (!enqueue(s))

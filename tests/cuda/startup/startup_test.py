@@ -69,7 +69,8 @@ def main():
     n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
     n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
     buckets = re.search(r"gradient_buckets\[(\d+)\]", host)
-    per_step = int(buckets.group(1)) + 1 if distributed else 0  # the buckets' and the loss's collectives
+    # the buckets' and the loss's collectives, and --sync-bn's batch-norm sums
+    per_step = int(buckets.group(1)) + 1 + host.count("rt_cuda_sum_doubles(cu,") if distributed else 0
     data = write_data(exe, work)
     args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
     log = os.path.join(work, "stub.log")
