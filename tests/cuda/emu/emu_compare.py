@@ -401,7 +401,7 @@ def main():
     assert records(eval_log) == [final], f"--eval-only logged {records(eval_log)}, the run's final evaluation {final}"
 
     # a NaN in the data: both stop at the same step, with the non-finite exit status
-    nan = [*poisoned_data(cpu, data, work, ranks), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
+    nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
            *fresh]
     at = nonfinite_step(cpu, nan), nonfinite_step(emu, nan)
     assert at[0] == at[1] and at[0] >= 3, \
