@@ -46,6 +46,7 @@ enum {
 /* Where everything lives in the device allocation, in bytes from its base. */
 typedef struct Map {
     int64_t state, batch, params, grads, optstate, arena, part, total;
+    int64_t shard; /* --shard-optimizer: this rank's slices (netrt_cuda.h's off_shard); else 0 */
     int64_t batch_bytes;
     int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
 } Map;
@@ -124,7 +125,10 @@ static Map plan_memory(const IrGraph *g) {
     at += in;
     m.params = at, at = align_up(at + g->n_param_floats * 4);
     m.grads = at, at = align_up(at + g->n_grad_floats * 4);
-    m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
+    if (g->shard_optimizer) /* the slice table; the state, its size the rank's, goes last */
+        m.shard = at, at = align_up(at + (3 * (int64_t)g->n_buckets + 1) * 8);
+    else
+        m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
@@ -142,7 +146,9 @@ static Map plan_memory(const IrGraph *g) {
         int64_t need = bn_blocks(M) * 2 * C * 8 + (g->sync_bn ? (2 * C + 2) * 8 : 0);
         if (need > part) part = need;
     }
-    if (g->train.clip_grad_norm > 0 && part < CLIP_BLOCKS * 8) part = CLIP_BLOCKS * 8; /* emit_clip's sums */
+    /* emit_clip's sums, and with a sharded optimizer their total, summed over the ranks */
+    int64_t clip_part = (CLIP_BLOCKS + (g->shard_optimizer ? 1 : 0)) * 8;
+    if (g->train.clip_grad_norm > 0 && part < clip_part) part = clip_part;
     if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
         int tensors;
         int64_t pieces = layerwise_pieces(g, &tensors);
@@ -150,6 +156,7 @@ static Map plan_memory(const IrGraph *g) {
     }
     m.part = at, at = align_up(at + part);
     m.total = at;
+    if (g->shard_optimizer) m.optstate = at; /* after the allocation netc sizes (netrt_cuda.h) */
     return m;
 }
 
@@ -964,6 +971,15 @@ static void emit_grad_copies(Cu *u) {
     }
 }
 
+/* --shard-optimizer: the table of this rank's slices the runtime writes (netrt_cuda.h), and
+ * with `floats` their floats, the stride of the slots of the state. */
+static void emit_slices(Cu *u, int floats) {
+    Cg *c = &u->c;
+    cg_line(c, "// this rank's slices (netc --shard-optimizer): {offset, count, at} per bucket, then their floats");
+    cg_line(c, "const long long *slice = (const long long *)(base + NETC_OFF_SHARD);");
+    if (floats) cg_line(c, "const long long floats = slice[%d];", 3 * u->g->n_buckets);
+}
+
 /* clip_grad_norm: the gradients' 2-norm in two kernels with fixed trees, no atomics, and the
  * scale the optimizer kernel reads (st->clip_scale), all on the device. The first kernel's
  * `nb` blocks each add the squares of elements b*256 + t, b*256 + t + nb*256, ... per thread
@@ -973,30 +989,50 @@ static void emit_clip(Cu *u) {
     const IrTrain *t = &u->g->train;
     int64_t n = u->g->n_grad_floats, nb = (n + BLOCK - 1) / BLOCK;
     if (nb > CLIP_BLOCKS) nb = CLIP_BLOCKS;
+    int shard = u->g->shard_optimizer;
     Cg *c = &u->c;
     kernel_open(u);
     cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
     cg_line(c, "double sq = 0;");
-    cg_line(c, "for (int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x; i < %" PRId64 "; i += %" PRId64 ") {", BLOCK,
-            n, nb * BLOCK);
-    cg_line(c, "    const double x = (double)ctx->grads[i];");
+    if (shard) { /* this rank's slices, each the same way */
+        emit_slices(u, 0);
+        cg_open(c, "for (int k = 0; k < %d; k++) {", u->g->n_buckets);
+        cg_line(c, "const float *g = ctx->grads + slice[3 * k];");
+        cg_line(c, "for (long long j = (long long)blockIdx.x * %d + threadIdx.x; j < slice[3 * k + 1]; j += %" PRId64
+                   ") {", BLOCK, nb * BLOCK);
+        cg_line(c, "    const double x = (double)g[j];");
+    } else {
+        cg_line(c, "for (int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x; i < %" PRId64 "; i += %" PRId64 ") {",
+                BLOCK, n, nb * BLOCK);
+        cg_line(c, "    const double x = (double)ctx->grads[i];");
+    }
     cg_line(c, "    sq += x * x;");
     cg_line(c, "}");
+    if (shard) cg_close(c, "}");
     cg_line(c, "sq = rt_block_sum(sq);");
     cg_line(c, "if (threadIdx.x == 0) part[blockIdx.x] = sq;");
     kernel_close(u, "clip_sums", (unsigned)nb, BLOCK, "clip_grad_norm: the squares' sums per block");
     kernel_open(u);
-    cg_line(c, "RtDevState *st = ctx->state;");
-    cg_line(c, "const double *part = (const double *)(base + NETC_OFF_PART);");
+    if (!shard) cg_line(c, "RtDevState *st = ctx->state;");
+    cg_line(c, "%sdouble *part = (%sdouble *)(base + NETC_OFF_PART);", shard ? "" : "const ", shard ? "" : "const ");
     cg_line(c, "double sq = 0;");
     cg_line(c, "for (int b = (int)threadIdx.x; b < %" PRId64 "; b += %d) sq += part[b];", nb, BLOCK);
     cg_line(c, "sq = rt_block_sum(sq);");
+    if (shard) { /* the ranks' sums added, then the norm */
+        cg_line(c, "if (threadIdx.x == 0) part[%d] = sq;", CLIP_BLOCKS);
+        kernel_close(u, "clip_total", 1, BLOCK, "clip_grad_norm: this rank's squares' sum");
+        cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 ", 1); // the squares' sum over the ranks",
+                u->map.part + CLIP_BLOCKS * 8);
+        kernel_open(u);
+        cg_line(c, "RtDevState *st = ctx->state;");
+        cg_line(c, "const double sq = ((const double *)(base + NETC_OFF_PART))[%d];", CLIP_BLOCKS);
+    }
     cg_open(c, "if (threadIdx.x == 0) {");
     cg_line(c, "st->grad_norm = sqrt(sq);");
     cg_emit_clip_scale(c, t, "st->grad_norm");
     cg_line(c, "st->clip_scale = clip;");
     cg_close(c, "}");
-    kernel_close(u, "clip_scale", 1, BLOCK, "clip_grad_norm: the norm and the scale");
+    kernel_close(u, "clip_scale", 1, shard ? 1 : BLOCK, "clip_grad_norm: the norm and the scale");
 }
 
 /* The trainable tensors in flat order, each with the index of its first piece of PIECE floats
@@ -1015,16 +1051,63 @@ static void emit_piece_table(Cu *u) {
             const IrParam *x = t[b];
             t[b] = t[b - 1], t[b - 1] = x;
         }
-    int64_t first = 0;
-    cg_line(c, "// the trainable tensors in flat order: {offset, floats, first piece of %d floats}", PIECE);
-    cg_open(c, "static const long long tensor[%d][3] = {", nt);
+    int64_t first = 0, shard = g->shard_optimizer;
+    cg_line(c, "// the trainable tensors in flat order: {offset, floats, first piece of %d floats%s}", PIECE,
+            shard ? ", gradient bucket" : "");
+    cg_open(c, "static const long long tensor[%d][%d] = {", nt, shard ? 4 : 3);
     for (int k = 0; k < nt; k++) {
         int64_t count = ir_numel(&t[k]->node->shape);
-        cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "}, // %s", t[k]->grad_offset, count, first, t[k]->name);
+        int b = 0;
+        while (shard && b < g->n_buckets &&
+               !(g->buckets[b].offset <= t[k]->grad_offset && t[k]->grad_offset < g->buckets[b].offset + g->buckets[b].count))
+            b++;
+        if (shard && b == g->n_buckets) ICE("cuda: %s lies in no gradient bucket", t[k]->name);
+        if (shard)
+            cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 ", %d}, // %s", t[k]->grad_offset, count, first, b,
+                    t[k]->name);
+        else cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "}, // %s", t[k]->grad_offset, count, first, t[k]->name);
         first += (count + PIECE - 1) / PIECE;
     }
     cg_close(c, "};");
     free(t);
+}
+
+/* emit_layerwise's first or last pass (the block's piece found) with --shard-optimizer: the
+ * same blocks and threads over the same pieces, each thread moving the elements of its piece
+ * that lie in this rank's slice of the tensor's bucket, so that one rank computes the plain
+ * trainer's bits. The pieces' sums of the first pass are then summed over the ranks. */
+static void emit_layerwise_sharded(Cu *u, int pass, int clip, const char *hs) {
+    const RtOptimizer *o = rt_optimizer(u->g->train.optim);
+    int nt;
+    const int64_t pieces = layerwise_pieces(u->g, &nt);
+    Cg *c = &u->c;
+    emit_slices(u, 1);
+    cg_line(c, "const long long *mine = slice + 3 * tensor[lo][3]; // this rank's part of the tensor's bucket");
+    cg_line(c, "const long long a = mine[0], b = mine[0] + mine[1];");
+    cg_line(c, "%sfloat *p = ctx->params + a;", pass == 0 ? "const " : "");
+    cg_line(c, "float *state = ctx->optstate + mine[2];");
+    if (pass == 2) {
+        cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d)", BLOCK);
+        cg_line(c, "    if (i >= a && i < b) %s(%s, factor[lo], p, state, floats, i - a);", o->apply_fn, hs);
+        kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: p -= factor * u, this rank's parameters");
+        return;
+    }
+    if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
+    cg_line(c, "%sfloat *g = ctx->grads + a;", clip ? "" : "const ");
+    cg_line(c, "double pp = 0, uu = 0;");
+    cg_open(c, "for (long long i = from + threadIdx.x; i < to; i += %d) {", BLOCK);
+    cg_line(c, "if (i < a || i >= b) continue;");
+    if (clip) cg_line(c, "g[i - a] *= clip;");
+    cg_line(c, "const float v = %s(%s, p, g, state, floats, i - a);", o->update_fn, hs);
+    cg_line(c, "pp += (double)p[i - a] * p[i - a], uu += (double)v * v;");
+    cg_close(c, "}");
+    cg_line(c, "pp = rt_block_sum(pp);");
+    cg_line(c, "uu = rt_block_sum(uu);");
+    cg_line(c, "if (threadIdx.x == 0) sums[2 * blockIdx.x] = pp, sums[2 * blockIdx.x + 1] = uu;");
+    kernel_close(u, "optimizer_sums", (unsigned)pieces, BLOCK,
+                 "optimizer: the moments, and each piece's squares of p and u, this rank's elements");
+    cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 ", %" PRId64 "); // the pieces' squares over the ranks",
+            u->map.part, 2 * pieces);
 }
 
 /* A layer-wise optimizer (LAMB, rt_recipe.h) in three kernels, as the CPU backend's three
@@ -1037,6 +1120,7 @@ static void emit_layerwise(Cu *u, int clip) {
     const IrTrain *t = &u->g->train;
     const RtOptimizer *o = rt_optimizer(t->optim);
     int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
+    int shard = u->g->shard_optimizer;
     int nt;
     const int64_t pieces = layerwise_pieces(u->g, &nt);
     Cg *c = &u->c;
@@ -1075,6 +1159,10 @@ static void emit_layerwise(Cu *u, int clip) {
                    "tensor[lo][1];", PIECE, PIECE);
         const char *hs = nd < n ? "decay ? h : h_nd, decay ? s : s_nd" : "h, s";
         if (nd < n) cg_line(c, "const int decay = tensor[lo][0] < %" PRId64 ";", nd);
+        if (shard) {
+            emit_layerwise_sharded(u, pass, clip, hs);
+            continue;
+        }
         if (pass == 0) {
             if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
             cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
@@ -1097,6 +1185,27 @@ static void emit_layerwise(Cu *u, int clip) {
     }
 }
 
+/* emit_optimizer's kernel with --shard-optimizer, from its hyperparameters on: the update of
+ * this rank's slices, their state at each slice's place `at` in slots of `floats`. */
+static void emit_optimizer_sharded(Cu *u, int clip) {
+    const RtOptimizer *o = rt_optimizer(u->g->train.optim);
+    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
+    Cg *c = &u->c;
+    emit_slices(u, 1);
+    cg_open(c, "for (int k = 0; k < %d; k++) {", u->g->n_buckets);
+    cg_line(c, "const long long from = slice[3 * k];");
+    cg_line(c, "float *p = ctx->params + from, *state = ctx->optstate + slice[3 * k + 2];");
+    cg_line(c, "%sfloat *g = ctx->grads + from;", clip ? "" : "const ");
+    const char *open = clip ? "{ g[j] *= clip; " : "", *close = clip ? " }" : "";
+    if (nd == n)
+        cg_line(c, "NETC_FOR(j, slice[3 * k + 1]) %s%s(h, s, p, g, state, floats, j);%s", open, o->update_fn, close);
+    else /* the parameter groups by the element's place in the whole buffer */
+        cg_line(c, "NETC_FOR(j, slice[3 * k + 1]) %s%s(from + j < %" PRId64 " ? h : h_nd, from + j < %" PRId64
+                   " ? s : s_nd, p, g, state, floats, j);%s", open, o->update_fn, nd, nd, close);
+    cg_close(c, "}");
+    kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, this rank's slices of the parameters");
+}
+
 /* One update of the flat parameter buffer with PyTorch's formulas, skipped once a loss was
  * not finite. */
 static void emit_optimizer(Cu *u) {
@@ -1116,6 +1225,10 @@ static void emit_optimizer(Cu *u) {
     cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
     if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
     if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
+    if (u->g->shard_optimizer) {
+        emit_optimizer_sharded(u, clip);
+        return;
+    }
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
     const char *open = clip ? "{ g[i] *= clip; " : "", *close = clip ? " }" : "";
@@ -1169,7 +1282,9 @@ static void emit_cu_context(Cu *u, Cg *c) {
     cg_line(c, "#define NETC_OFF_GRADS %" PRId64 "LL", u->map.grads);
     cg_line(c, "#define NETC_OFF_OPTSTATE %" PRId64 "LL", u->map.optstate);
     cg_line(c, "#define NETC_OFF_ARENA %" PRId64 "LL", u->map.arena);
-    cg_line(c, "#define NETC_OFF_PART %" PRId64 "LL\n", u->map.part);
+    cg_line(c, "#define NETC_OFF_PART %" PRId64 "LL", u->map.part);
+    if (g->shard_optimizer) cg_line(c, "#define NETC_OFF_SHARD %" PRId64 "LL // this rank's slices", u->map.shard);
+    cg_blank(c);
     cg_line(c, "// The names the shared C expressions use: ctx->arena, ctx->params, ctx->inputs[k], ...");
     cg_open(c, "struct NetCtx {");
     cg_line(c, "unsigned char *arena;");
@@ -1240,15 +1355,23 @@ static void emit_host_header(Cu *u, Cg *c) {
     cg_line(c, "// replays it every step (or launches them one by one with --no-graph). The kernels are");
     cg_line(c, "// in the .cu file beside this one, compiled by netc with NVRTC; their images are linked in.");
     cg_line(c, "//");
-    cg_line(c, "// Device memory, one allocation of %" PRId64 " bytes:", u->map.total);
+    cg_line(c, "// Device memory, one allocation of %" PRId64 " bytes%s:", u->map.total,
+            g->shard_optimizer ? " and the optimizer state of this rank's slices" : "");
     cg_line(c, "//   %12" PRId64 "  step state (RtDevState)", u->map.state);
     cg_line(c, "//   %12" PRId64 "  the staged batch (%" PRId64 " bytes)", u->map.batch, u->map.batch_bytes);
     cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params, g->n_param_floats);
     cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats)", u->map.grads, g->n_grad_floats);
-    cg_line(c, "//   %12" PRId64 "  optimizer state", u->map.optstate);
+    if (g->shard_optimizer)
+        cg_line(c, "//   %12" PRId64 "  the slices of the buffers this rank updates (netc --shard-optimizer)",
+                u->map.shard);
+    else cg_line(c, "//   %12" PRId64 "  optimizer state", u->map.optstate);
     cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
             g->arena_bytes);
-    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums\n", u->map.part);
+    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums", u->map.part);
+    if (g->shard_optimizer)
+        cg_line(c, "//   %12" PRId64 "  optimizer state of this rank's slices (allocated with the rest at start-up)",
+                u->map.optstate);
+    cg_blank(c);
     cg_line(c, "#include <stddef.h>");
     cg_line(c, "#include <stdint.h>\n");
     cg_line(c, "#include \"netrt.h\"");
@@ -1296,6 +1419,7 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".off_grads = %" PRId64 ",", u->map.grads);
     cg_line(c, ".off_optstate = %" PRId64 ",", u->map.optstate);
     cg_line(c, ".off_state = %" PRId64 ",", u->map.state);
+    if (g->shard_optimizer) cg_line(c, ".off_shard = %" PRId64 ",", u->map.shard);
     cg_line(c, ".off_batch = %" PRId64 ",", u->map.batch);
     cg_line(c, ".batch_bytes = %" PRId64 ",", u->map.batch_bytes);
     cg_begin(c, ".off_input = {");
@@ -1386,6 +1510,8 @@ static void cuda_step(CgEmit *e) { walk(&e->u, 0); }
 static void cuda_optimizer(CgEmit *e) {
     Cu *u = &e->u;
     emit_optimizer(u);
+    if (u->g->shard_optimizer && u->g->n_grad_floats)
+        cg_line(&u->step, "rt_cuda_gather_params(cu); // every rank's updated slices to every rank");
     kernel_open(u);
     cg_line(&u->c, "ctx->state->step += 1;");
     kernel_close(u, "step_advance", 1, 1, "the step counter");

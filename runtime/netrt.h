@@ -191,6 +191,16 @@ typedef struct RtDevice {
     void (*close)(void);
 } RtDevice;
 
+/* Rank `rank` of `ranks`: its slice of each of m's gradient buckets (slices[k] of bucket k: the
+ * floats [count * rank / ranks, count * (rank + 1) / ranks) of it, `at` its place in the rank's
+ * gradients and state); returns the slices' floats in all. What the CPU trainer updates, and
+ * what a GPU trainer's device updates (netrt_cuda.h). */
+int64_t rt_shard_slices(const RtModel *m, int rank, int ranks, RtSlice *slices);
+/* The same as a GPU trainer's device reads them (netrt_cuda.h's off_shard): table[3 * n_buckets
+ * + 1] gets {offset, count, at} per bucket, then the floats, which it returns. `ranks` NULL or
+ * without a comm (one process, the evaluator of --eval-rank) is one rank: every float. */
+int64_t rt_shard_table(const RtModel *m, const RtRanks *ranks, long long *table);
+
 /* ---- data-parallel training (netc --distributed; docs/distributed.md)
  *
  * A distributed trainer runs as one process per rank (mpirun, srun). Every rank holds the whole

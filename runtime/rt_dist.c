@@ -46,6 +46,30 @@ void rt_dist_mean_grads(RtDist *d, RtCtx *ctx) {
     for (int64_t i = 0; i < n; i++) g[i] *= scale;
 }
 
+int64_t rt_shard_slices(const RtModel *m, int rank, int ranks, RtSlice *slices) {
+    int64_t at = 0;
+    /* the buckets lie last to first in the buffer (netc cuts them from its end): the slices in
+     * the buffer's order, so that one rank's are the whole buffer in place */
+    for (int k = m->n_buckets - 1; k >= 0; k--) { /* rank r: floats [count * r / R, count * (r + 1) / R) */
+        const RtBucket *b = &m->buckets[k];
+        int64_t lo = b->count * rank / ranks, hi = b->count * (rank + 1) / ranks;
+        slices[k] = (RtSlice){b->offset + lo, hi - lo, at};
+        at += hi - lo;
+    }
+    return at;
+}
+
+int64_t rt_shard_table(const RtModel *m, const RtRanks *ranks, long long *table) {
+    int nb = m->n_buckets, in_job = ranks && ranks->comm;
+    RtSlice *slices = rt_alloc(((size_t)nb + 1) * sizeof *slices, "the optimizer's slices");
+    int64_t floats = rt_shard_slices(m, in_job ? ranks->rank : 0, in_job ? ranks->ranks : 1, slices);
+    for (int k = 0; k < nb; k++)
+        table[3 * k] = slices[k].offset, table[3 * k + 1] = slices[k].count, table[3 * k + 2] = slices[k].at;
+    table[3 * nb] = floats;
+    free(slices);
+    return floats;
+}
+
 int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
     const RtModel *m = d->m;
     int nb = m->n_buckets, R = d->ranks;
@@ -59,7 +83,6 @@ int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
     d->slices = rt_alloc((size_t)nb * sizeof *d->slices, "the optimizer's slices");
     d->counts = rt_alloc((size_t)nb * R * sizeof *d->counts, "the optimizer's slices");
     d->displs = rt_alloc((size_t)nb * R * sizeof *d->displs, "the optimizer's slices");
-    int64_t at = 0;
     for (int k = 0; k < nb; k++) {
         const RtBucket *b = &m->buckets[k];
         if (b->count / R >= INT32_MAX) {
@@ -67,14 +90,14 @@ int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx) {
                             "  hint: netc --bucket-kib with a smaller size\n", k, (long long)b->count, R);
             exit(1);
         }
-        for (int r = 0; r < R; r++) { /* rank r: floats [count * r / R, count * (r + 1) / R) */
-            int64_t lo = b->count * r / R, hi = b->count * (r + 1) / R;
-            d->counts[k * R + r] = (int)(hi - lo), d->displs[k * R + r] = (int)lo;
-        }
-        int64_t lo = d->displs[k * R + d->rank], n = d->counts[k * R + d->rank];
-        d->slices[k] = (RtSlice){b->offset + lo, n, at};
-        at += n;
     }
+    for (int r = 0; r < R; r++) { /* every rank's slices, as counts and displacements in the buckets */
+        rt_shard_slices(m, r, R, d->slices);
+        for (int k = 0; k < nb; k++)
+            d->counts[k * R + r] = (int)d->slices[k].count,
+            d->displs[k * R + r] = (int)(d->slices[k].offset - m->buckets[k].offset);
+    }
+    int64_t at = rt_shard_slices(m, d->rank, R, d->slices);
     d->shard = (RtShard){.floats = at, .n_slices = nb, .slices = d->slices,
                          .grads = rt_alloc((size_t)at * sizeof(float), "this rank's gradients")};
     return at;
@@ -101,6 +124,7 @@ void rt_dist_gather_state(RtDist *d, const float *mine, float *full) {
     int R = d->ranks, slots = m->n_state_slots;
     if (!slots) return; /* SGD without momentum keeps no state */
     int *counts = rt_alloc((size_t)R * 2 * sizeof *counts, "gathering the optimizer state"), *displs = counts + R;
+    RtSlice *slices = rt_alloc((size_t)m->n_buckets * sizeof *slices, "gathering the optimizer state");
     int64_t total = 0;
     for (int r = 0; r < R; r++) { /* rank r's floats: its share of every bucket */
         int64_t n = 0;
@@ -120,17 +144,15 @@ void rt_dist_gather_state(RtDist *d, const float *mine, float *full) {
         int64_t n_grad = m->n_grad_floats;
         for (int r = 0; r < R; r++) {
             const float *p = packed + displs[r];
-            int64_t floats = counts[r] / slots, at = 0;
-            for (int k = 0; k < m->n_buckets; k++) {
-                int64_t off = m->buckets[k].offset + d->displs[k * R + r], n = d->counts[k * R + r];
+            int64_t floats = rt_shard_slices(m, r, R, slices);
+            for (int k = 0; k < m->n_buckets; k++)
                 for (int s = 0; s < slots; s++)
-                    memcpy(full + s * n_grad + off, p + s * floats + at, (size_t)n * sizeof *full);
-                at += n;
-            }
+                    memcpy(full + s * n_grad + slices[k].offset, p + s * floats + slices[k].at,
+                           (size_t)slices[k].count * sizeof *full);
         }
         free(packed);
     }
-    free(counts);
+    free(slices), free(counts);
 }
 
 void rt_dist_take_state(const RtDist *d, const float *full, float *mine) {

@@ -111,7 +111,7 @@ static void usage(FILE *out) {
             "  --sync-bn            --distributed: batch norm normalises with the statistics of the global batch,\n"
             "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP; CPU)\n"
             "  --shard-optimizer    --distributed: each rank keeps the optimizer state of its share of the\n"
-            "                       parameters and updates them alone (ZeRO-1); the others gather them (CPU)\n"
+            "                       parameters and updates them alone (ZeRO-1); the others gather them\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -301,9 +301,6 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->shard_optimizer && !o->distributed)
         return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
                            "trainer; give --distributed too%s", "");
-    if (o->distributed && strcmp(o->backend, "cpu") != 0 && o->shard_optimizer)
-        return usage_error("--shard-optimizer: a distributed --backend cuda trainer averages whole gradients on "
-                           "every rank so far; leave the option out, or build a CPU trainer%s", "");
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);

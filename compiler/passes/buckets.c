@@ -115,8 +115,12 @@ void dist_report(const IrGraph *g, FILE *out) {
     if (g->shard_optimizer && rt_optimizer(g->train.optim)->apply_fn) {
         int tensors = 0;
         for (int i = 0; i < g->n_params; i++) tensors += g->params[i].trainable;
+        int64_t pieces = 0; /* the GPU trainer's: 4096 floats each (codegen/cuda.c) */
+        for (int i = 0; i < g->n_params; i++)
+            if (g->params[i].trainable) pieces += (ir_numel(&g->params[i].node->shape) + 4095) / 4096;
         fprintf(out, "  %s: each tensor's trust ratio needs its norms from every rank's slices: one blocking sum of\n"
-                     "  %d doubles per step\n", rt_optimizer(g->train.optim)->name, 2 * tensors);
+                     "  %d doubles per step (a GPU trainer: %lld, two per piece of 4096 floats)\n",
+                rt_optimizer(g->train.optim)->name, 2 * tensors, (long long)(2 * pieces));
     }
     int layers = 0;
     int64_t channels = 0;

@@ -68,8 +68,13 @@ typedef struct RtCudaModel {
     const RtCudaImage *images;       /* ends with {.data = NULL}: netc's netc_images */
     const char *const *kernel_names; /* extern "C" names in the images, indexed by the generated enum */
     int n_kernels;
-    int64_t device_bytes;            /* the one device allocation */
+    int64_t device_bytes;            /* the one device allocation (with off_shard: all but the state) */
     int64_t off_params, off_grads, off_optstate, off_state;
+    /* netc --shard-optimizer: where the device finds the slices this rank updates (ZeRO-1;
+     * rt_shard_slices), written by the runtime at start-up: long long [n_buckets][3] {offset,
+     * count, at}, then the slices' floats F. The optimizer state is then [slots][F] floats at
+     * off_optstate, after everything else, and device_bytes leaves it out. 0: not sharded. */
+    int64_t off_shard;
     int64_t off_batch;               /* the staged batch: RtBatchHeader, then the inputs */
     int64_t batch_bytes;             /* header + inputs: what one pinned staging slot holds */
     int64_t off_input[RT_MAX_INPUTS]; /* each input's offset inside the staged batch */
@@ -107,6 +112,11 @@ const RtCudaModel *rt_cuda_device_model(const RtCuda *cu); /* its device step (o
  *                      collective the step started. */
 void rt_cuda_sum_start(RtCuda *cu, int k);
 void rt_cuda_sum_join(RtCuda *cu);
+/* --shard-optimizer: rank r's gradients of its slices are the mean over the ranks
+ * (rt_cuda_sum_start reduces each bucket onto its ranks' slices: NCCL reduces to each slice's
+ * rank); after the update, rt_cuda_gather_params hands each rank's updated slices of the
+ * parameters to every other (NCCL broadcasts, in place), before the step's stream goes on. */
+void rt_cuda_gather_params(RtCuda *cu);
 /* --sync-bn: the n doubles at `offset` in the device allocation (a batch norm's sums) summed over
  * the ranks, in place, before the step's stream goes on (the step waits, the host does not). */
 void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n);

@@ -42,7 +42,10 @@ struct RtCuda {
     cudaStream_t stream;        /* everything runs on this one non-blocking stream */
     cublasLtHandle_t blaslt;
     cudnnHandle_t dnn;
-    unsigned char *base;        /* the arena: dm->device_bytes */
+    unsigned char *base;        /* the arena: `bytes` */
+    size_t bytes;               /* dm->device_bytes, and a sharded optimizer's state (plan_shard) */
+    int64_t state_floats;       /* the optimizer state's floats on this device */
+    long long *shard;           /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
     size_t workspace_reserved;  /* the largest reservation made while planning */
     int workspace_ready;        /* planning is over: the workspace is allocated */
     void *workspace;            /* workspace_reserved bytes shared by every library plan */
@@ -116,7 +119,7 @@ unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
 cublasLtHandle_t rt_cuda_blaslt(RtCuda *cu) { return cu->blaslt; }
 cudnnHandle_t rt_cuda_dnn(RtCuda *cu) { return cu->dnn; }
 RtCudaMath rt_cuda_math(const RtCuda *cu) { return cu->dm->math; }
-size_t rt_cuda_arena_bytes(const RtCuda *cu) { return (size_t)cu->dm->device_bytes; }
+size_t rt_cuda_arena_bytes(const RtCuda *cu) { return cu->bytes; }
 
 void rt_cuda_reserve_workspace(RtCuda *cu, size_t bytes) {
     if (cu->workspace_ready && bytes > cu->workspace_reserved)
@@ -347,7 +350,7 @@ static void create_handles(RtCuda *cu) {
 
 /* The one device allocation; running out of memory is the user's to fix, so it is a `why`. */
 static int alloc_arena(RtCuda *cu, const char *gpu, char *why, size_t size) {
-    size_t bytes = (size_t)cu->dm->device_bytes, free_bytes = 0, total = 0;
+    size_t bytes = cu->bytes, free_bytes = 0, total = 0;
     cudaError_t e = cudaMalloc((void **)&cu->base, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
@@ -375,7 +378,7 @@ static int alloc_workspace(RtCuda *cu, const char *gpu, char *why, size_t size) 
         cudaMemGetInfo(&free_bytes, &total);
         return fail(why, size, "the model needs %.1f MiB of GPU memory for the arena and %.1f MiB of library "
                                "workspace, but the GPU (%s) has %.1f MiB free after the arena; lower the batch size",
-                    cu->dm->device_bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
+                    cu->bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
                     free_bytes / 1048576.0);
     }
     rt_cuda_check(e, "cudaMalloc (the library workspace)");
@@ -393,6 +396,34 @@ static void alloc_staging(RtCuda *cu) {
     rt_cuda_check(cudaHostAlloc((void **)&cu->host_state, sizeof *cu->host_state, cudaHostAllocDefault),
                   "cudaHostAlloc (the device state)");
     memset(cu->host_state, 0, sizeof *cu->host_state);
+}
+
+/* The optimizer state this device keeps: every trainable float's, or with --shard-optimizer
+ * (dm->off_shard) only its rank's slices' (rt_shard_slices; all of them for a process outside
+ * the ranks' collectives: one rank, or the evaluator of --eval-rank), after the rest of the
+ * allocation. Sets the allocation's size. */
+static int plan_shard(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
+    const RtModel *m = cu->model;
+    cu->bytes = (size_t)cu->dm->device_bytes;
+    cu->state_floats = (int64_t)m->n_state_slots * m->n_grad_floats;
+    if (!cu->dm->off_shard)
+        return 0;
+    if (!(cu->shard = calloc((size_t)m->n_buckets * 3 + 1, sizeof *cu->shard)))
+        return fail(why, size, "out of host memory for %d gradient buckets", m->n_buckets);
+    cu->state_floats = (int64_t)m->n_state_slots * rt_shard_table(m, ranks, cu->shard);
+    cu->bytes += (size_t)cu->state_floats * sizeof(float);
+    return 0;
+}
+
+/* The slice table into the arena: once allocated, and again after the warm-up zeroes it. */
+static void write_shard(RtCuda *cu) {
+    if (!cu->shard)
+        return;
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_shard, cu->shard,
+                                  ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard, cudaMemcpyHostToDevice,
+                                  cu->stream),
+                  "cudaMemcpyAsync (the optimizer's slices to the device)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the optimizer's slices)");
 }
 
 /* Wait for the queued work; a distributed trainer's wait also watches its collectives. */
@@ -424,8 +455,9 @@ static void warm_up(RtCuda *cu) {
     cu->dm->train(cu);
     cu->dm->eval(cu);
     sync_stream(cu, "the warm-up step");
-    rt_cuda_check(cudaMemsetAsync(cu->base, 0, (size_t)cu->dm->device_bytes, cu->stream), "cudaMemsetAsync (the arena)");
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
+    write_shard(cu);
 }
 
 /* Thread-local capture mode: a call of this thread that would synchronise with the device fails
@@ -496,6 +528,7 @@ static void teardown(RtCuda *cu) {
     if (cu->stream)
         cudaStreamDestroy(cu->stream);
     free(cu->kernels);
+    free(cu->shard);
     if (cu->library)
         cudaLibraryUnload(cu->library);
     memset(cu, 0, sizeof *cu);
@@ -512,13 +545,14 @@ static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const
             return 1;
         cu->coll_open = 1;
     }
-    if (alloc_arena(cu, gpu, why, size))
+    if (plan_shard(cu, ranks, why, size) || alloc_arena(cu, gpu, why, size))
         return 1;
+    write_shard(cu);
     if (cu->dm->plan)
         cu->dm->plan(cu);
     if (cu->refused[0])
         return fail(why, size, "%s (the GPU, %s, has too little memory left beside the %.1f MiB arena); lower the "
-                               "batch size", cu->refused, gpu, cu->dm->device_bytes / 1048576.0);
+                               "batch size", cu->refused, gpu, cu->bytes / 1048576.0);
     if (alloc_workspace(cu, gpu, why, size))
         return 1;
     alloc_staging(cu);
@@ -557,7 +591,7 @@ static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, char
 static void cuda_upload(const float *params, const float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
-    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    size_t state_floats = (size_t)cu->state_floats;
     rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float),
                                   cudaMemcpyHostToDevice, cu->stream),
                   "cudaMemcpyAsync (parameters to the device)");
@@ -572,7 +606,7 @@ static void cuda_upload(const float *params, const float *optstate) {
 static void cuda_download(float *params, float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
-    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    size_t state_floats = (size_t)cu->state_floats;
     rt_cuda_check(cudaMemcpyAsync(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float),
                                   cudaMemcpyDeviceToHost, cu->stream),
                   "cudaMemcpyAsync (parameters from the device)");

@@ -18,6 +18,12 @@
  * correct predictions are summed, so every rank sees the same loss and stops at the same
  * non-finite step.
  *
+ * With --shard-optimizer (ZeRO-1) each rank updates only its slices (rt_shard_slices: the r-th
+ * of N nearly equal parts of every bucket): a bucket's mean is a group of N ncclReduce calls
+ * (ncclAvg, in place), slice r's onto rank r, instead of one all-reduce (NCCL's reduce-scatter
+ * needs equal parts, which buckets of any size cannot give); after the update, a group of N
+ * ncclBroadcast calls per bucket hands each rank's updated slice of the parameters to the others.
+ *
  * A wait for the device also watches NCCL: a failed collective (ncclCommGetAsyncError) or a step
  * that does not end within RtComm.timeout (a rank that died or hangs leaves the others inside a
  * collective) aborts the communicator and ends the job through MPI, with a message.
@@ -37,7 +43,8 @@ static struct {
     int n_events;
     cudaEvent_t *ready;    /* per bucket, then one for the loss: recorded on the step's stream */
     cudaEvent_t done;      /* recorded on the collectives' stream once the step's are queued */
-    cudaEvent_t bn_ready, bn_done; /* --sync-bn: around each of batch norm's sums */
+    cudaEvent_t side_ready, side_done; /* around each collective the step waits for at once */
+    RtSlice *slices;       /* --shard-optimizer: [ranks][buckets], every rank's slices; else NULL */
 } g_nccl;
 
 static double now(void) {
@@ -84,12 +91,21 @@ static int nccl_open(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
         snprintf(why, size, "out of host memory for %d events", g_nccl.n_events);
         return 1;
     }
+    if (m->shard_optimizer) {
+        g_nccl.slices = calloc((size_t)ranks->ranks * (size_t)m->n_buckets + 1, sizeof *g_nccl.slices);
+        if (!g_nccl.slices) {
+            snprintf(why, size, "out of host memory for %d ranks' slices of %d buckets", ranks->ranks, m->n_buckets);
+            return 1;
+        }
+        for (int r = 0; r < ranks->ranks; r++)
+            rt_shard_slices(m, r, ranks->ranks, g_nccl.slices + (size_t)r * m->n_buckets);
+    }
     const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync; /* they order streams only */
     for (int k = 0; k < g_nccl.n_events; k++)
         rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.ready[k], flags), "cudaEventCreateWithFlags");
     rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.done, flags), "cudaEventCreateWithFlags");
-    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.bn_ready, flags), "cudaEventCreateWithFlags");
-    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.bn_done, flags), "cudaEventCreateWithFlags");
+    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.side_ready, flags), "cudaEventCreateWithFlags");
+    rt_cuda_check(cudaEventCreateWithFlags(&g_nccl.side_done, flags), "cudaEventCreateWithFlags");
     return 0;
 }
 
@@ -110,8 +126,20 @@ void rt_cuda_sum_start(RtCuda *cu, int k) {
     const RtBucket *b = &m->buckets[k];
     float *g = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_grads) + b->offset;
     fork_from(cu, k);
-    check(ncclAllReduce(g, g, (size_t)b->count, ncclFloat, ncclAvg, g_nccl.comm, g_nccl.stream),
-          "ncclAllReduce (a gradient bucket)");
+    if (!g_nccl.slices) {
+        check(ncclAllReduce(g, g, (size_t)b->count, ncclFloat, ncclAvg, g_nccl.comm, g_nccl.stream),
+              "ncclAllReduce (a gradient bucket)");
+        return;
+    }
+    float *grads = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_grads);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < g_nccl.ranks.ranks; r++) { /* rank r's slice of the bucket, onto rank r */
+        const RtSlice *s = &g_nccl.slices[(size_t)r * m->n_buckets + k];
+        check(ncclReduce(grads + s->offset, grads + s->offset, (size_t)s->count, ncclFloat, ncclAvg, r, g_nccl.comm,
+                         g_nccl.stream),
+              "ncclReduce (a slice of a gradient bucket)");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd (a gradient bucket's slices)");
 }
 
 void rt_cuda_sum_join(RtCuda *cu) {
@@ -126,18 +154,58 @@ void rt_cuda_sum_join(RtCuda *cu) {
     rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.done, 0), "cudaStreamWaitEvent (the step's stream)");
 }
 
+/* Fork the collectives' stream from the step's, and join it back once what `enqueue` queues
+ * there is done: the step waits for it, the host does not. */
+static void beside_step(RtCuda *cu, void (*enqueue)(RtCuda *, void *), void *arg) {
+    rt_cuda_check(cudaEventRecord(g_nccl.side_ready, rt_cuda_stream(cu)), "cudaEventRecord (the step's work ready)");
+    rt_cuda_check(cudaStreamWaitEvent(g_nccl.stream, g_nccl.side_ready, 0), "cudaStreamWaitEvent (NCCL stream)");
+    enqueue(cu, arg);
+    rt_cuda_check(cudaEventRecord(g_nccl.side_done, g_nccl.stream), "cudaEventRecord (the collectives done)");
+    rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.side_done, 0), "cudaStreamWaitEvent (the step's stream)");
+}
+
+static void broadcast_slices(RtCuda *cu, void *unused) {
+    (void)unused;
+    const RtModel *m = rt_cuda_model(cu);
+    float *params = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_params);
+    for (int k = 0; k < m->n_buckets; k++) {
+        check(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < g_nccl.ranks.ranks; r++) { /* rank r's updated slice, in place everywhere */
+            const RtSlice *s = &g_nccl.slices[(size_t)r * m->n_buckets + k];
+            check(ncclBroadcast(params + s->offset, params + s->offset, (size_t)s->count, ncclFloat, r, g_nccl.comm,
+                                g_nccl.stream),
+                  "ncclBroadcast (a slice of the updated parameters)");
+        }
+        check(ncclGroupEnd(), "ncclGroupEnd (a bucket's updated parameters)");
+    }
+}
+
+void rt_cuda_gather_params(RtCuda *cu) {
+    if (!g_nccl.comm)
+        return;
+    if (!g_nccl.slices)
+        rt_cuda_die("internal error: the parameters' slices gathered by a trainer whose optimizer is not sharded");
+    beside_step(cu, broadcast_slices, NULL);
+}
+
+typedef struct Doubles {
+    int64_t offset, n;
+} Doubles;
+
+static void sum_doubles(RtCuda *cu, void *arg) {
+    const Doubles *d = arg;
+    double *x = (double *)(rt_cuda_base(cu) + d->offset);
+    check(ncclAllReduce(x, x, (size_t)d->n, ncclFloat64, ncclSum, g_nccl.comm, g_nccl.stream),
+          "ncclAllReduce (sums of doubles)");
+}
+
 void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n) {
     if (!g_nccl.comm)
         return;
-    double *x = (double *)(rt_cuda_base(cu) + offset);
     /* on the collectives' stream, after the bucket sums already started there: one stream keeps
      * the communicator's collectives in the order every rank issues them */
-    rt_cuda_check(cudaEventRecord(g_nccl.bn_ready, rt_cuda_stream(cu)), "cudaEventRecord (batch-norm sums ready)");
-    rt_cuda_check(cudaStreamWaitEvent(g_nccl.stream, g_nccl.bn_ready, 0), "cudaStreamWaitEvent (NCCL stream)");
-    check(ncclAllReduce(x, x, (size_t)n, ncclFloat64, ncclSum, g_nccl.comm, g_nccl.stream),
-          "ncclAllReduce (batch-norm sums)");
-    rt_cuda_check(cudaEventRecord(g_nccl.bn_done, g_nccl.stream), "cudaEventRecord (batch-norm sums summed)");
-    rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.bn_done, 0), "cudaStreamWaitEvent (the step's stream)");
+    Doubles d = {offset, n};
+    beside_step(cu, sum_doubles, &d);
 }
 
 static void nccl_wait(RtCuda *cu, const char *what) {
@@ -167,12 +235,13 @@ static void nccl_close(void) {
         if (g_nccl.ready[k])
             cudaEventDestroy(g_nccl.ready[k]);
     free(g_nccl.ready);
+    free(g_nccl.slices);
     if (g_nccl.done)
         cudaEventDestroy(g_nccl.done);
-    if (g_nccl.bn_ready)
-        cudaEventDestroy(g_nccl.bn_ready);
-    if (g_nccl.bn_done)
-        cudaEventDestroy(g_nccl.bn_done);
+    if (g_nccl.side_ready)
+        cudaEventDestroy(g_nccl.side_ready);
+    if (g_nccl.side_done)
+        cudaEventDestroy(g_nccl.side_done);
     if (g_nccl.comm)
         ncclCommDestroy(g_nccl.comm);
     if (g_nccl.stream)

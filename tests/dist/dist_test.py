@@ -370,9 +370,7 @@ def wait_started(exe):
 
 def case_failures(netc, work):
     mlp = os.path.join(REPO, "models", "mlp.net")
-    for argv, needle in ((["--distributed", "--backend", "cuda", "--shard-optimizer"],
-                          "--shard-optimizer: a distributed --backend cuda trainer averages whole gradients"),
-                         (["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB"),
+    for argv, needle in ((["--distributed", "--bucket-kib", "0"], "--bucket-kib takes a whole number of KiB"),
                          (["--sync-bn"], "--sync-bn sums batch norm's statistics over the ranks of a distributed "
                                          "trainer; give --distributed too")):
         check.expect(run([netc, mlp, "-o", os.path.join(work, "refused")] + argv), 2, "netc " + " ".join(argv), needle)

@@ -493,6 +493,11 @@ def bit_result(check, model, path, ref, note):
 # than once.
 DIST_MODELS = ("mlp", "lenet", "resnet18_cifar")
 DIST_FLAGS = ["--distributed", "--bucket-kib", "64"]
+# Each as: its check's name, netc's flags, the trainer's suffix. With --shard-optimizer one rank's
+# slices are the whole buffer, updated in place by the plain trainer's arithmetic (none of these
+# models clips its gradients, whose norm the sharded update adds up in another order).
+DIST_VARIANTS = (("dist-1-rank", DIST_FLAGS, "-dist"),
+                 ("shard-1-rank", DIST_FLAGS + ["--shard-optimizer"], "-dist-shard"))
 
 
 def singleton_env():
@@ -507,30 +512,38 @@ def singleton_env():
 def cmd_dist(args):
     """The distributed trainer as one rank equals the plain trainer, bit for bit: its bucket
     means (ncclAvg over one rank) and loss sum return their inputs, and the split of the step's
-    end divides the loss by 1. Both replay their graphs for GRAPH_STEPS steps."""
-    model, check = args.model, "dist-1-rank"
+    end divides the loss by 1; so does the one whose optimizer is sharded (its bucket slices
+    reduced onto rank 0, its updated slices broadcast from it). All replay their graphs for
+    GRAPH_STEPS steps."""
+    model = args.model
     if model not in DIST_MODELS:
         say(f"== {model}: not one of the distributed check's models ({', '.join(DIST_MODELS)})")
         return True
     cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
-    say(f"== {model}: the distributed trainer ({' '.join(DIST_FLAGS)}) at one rank against the plain one")
-    try:
-        work, plain = gpu_work(args, model)
-        dist = plain + "-dist"
-        build(args, model, cfg, plain, gpu_build_flags(args), "trainer")
-        build(args, model, cfg, dist, gpu_build_flags(args) + DIST_FLAGS, "distributed trainer")
-        init = os.path.join(work, "init.safetensors")
-        if not os.path.exists(init) or not data_args(work):  # the check step's, else the trainer's own
-            write_data(plain, work)
-            write_init(plain, init)
-        saved = [os.path.join(work, f"{name}.safetensors") for name in ("gpu-plain", "gpu-dist1")]
-        # the distributed one first: where it cannot start (MPI, NCCL), that is what the row says
-        train(dist, data_args(work), GRAPH_STEPS, init, saved[1], env=singleton_env())
-        train(plain, data_args(work), GRAPH_STEPS, init, saved[0])
-    except CheckFailed as e:
-        say(str(e))
-        return result(check, model, "FAIL", str(e).splitlines()[0])
-    return bit_result(check, model, saved[1], saved[0], " (self-test: CPU trainers)" if args.self_test else "")
+    ok, plain_saved = True, None
+    for check, flags, suffix in DIST_VARIANTS:
+        say(f"== {model}: the distributed trainer ({' '.join(flags)}) at one rank against the plain one")
+        try:
+            work, plain = gpu_work(args, model)
+            dist = plain + suffix
+            build(args, model, cfg, plain, gpu_build_flags(args), "trainer")
+            build(args, model, cfg, dist, gpu_build_flags(args) + flags, "distributed trainer")
+            init = os.path.join(work, "init.safetensors")
+            if not os.path.exists(init) or not data_args(work):  # the check step's, else the trainer's own
+                write_data(plain, work)
+                write_init(plain, init)
+            saved = [os.path.join(work, f"{name}.safetensors") for name in ("gpu-plain", f"gpu{suffix}1")]
+            # the distributed one first: where it cannot start (MPI, NCCL), that is what the row says
+            train(dist, data_args(work), GRAPH_STEPS, init, saved[1], env=singleton_env())
+            if plain_saved is None:  # once for both
+                train(plain, data_args(work), GRAPH_STEPS, init, saved[0])
+                plain_saved = saved[0]
+        except CheckFailed as e:
+            say(str(e))
+            ok = result(check, model, "FAIL", str(e).splitlines()[0]) and ok
+            continue
+        ok = bit_result(check, model, saved[1], saved[0], " (self-test: CPU trainers)" if args.self_test else "") and ok
+    return ok
 
 
 # ---- convergence on learnable data
@@ -765,8 +778,9 @@ def cmd_pack(args):
                 say(f"  no CPU reference packed for {model} (too large); the GPU machine runs its bit checks only")
             build(args, model, cfg, os.path.join(model_dir(args, model), "gpu"), gpu_build_flags(args), "GPU trainer")
             if model in DIST_MODELS:
-                build(args, model, cfg, os.path.join(model_dir(args, model), "gpu-dist"),
-                      gpu_build_flags(args) + DIST_FLAGS, "distributed GPU trainer")
+                for _, flags, suffix in DIST_VARIANTS:
+                    build(args, model, cfg, os.path.join(model_dir(args, model), "gpu" + suffix),
+                          gpu_build_flags(args) + flags, "distributed GPU trainer")
             if cfg["converge"]:
                 step = "converge"
                 work, _, _ = prepare_converge(args, model, cfg, cfg["converge"])

@@ -29,6 +29,7 @@ grep -q "reusing the prepared CPU run in .*mlp/converge" "$work/self/converge.lo
 grep -q "^cpu-vs-gpu  *mlp  *PASS" "$work/self.out" || fail "no cpu-vs-gpu PASS row"
 grep -q "^converge  *mlp  *PASS" "$work/self.out" || fail "no converge PASS row"
 grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PASS row"
+grep -q "^shard-1-rank  *mlp  *PASS" "$work/self.out" || fail "no shard-1-rank PASS row (--shard-optimizer)"
 grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
 [ -s "$work/self/setup.log" ] || fail "no setup.log"
 
@@ -48,6 +49,8 @@ grep -q "built GPU trainer" "$work/gpu/check.log" && fail "a GPU trainer was com
 grep -q "cached distributed trainer" "$work/gpu/dist.log" || fail "the distributed GPU trainer was not taken from the pack"
 grep -q "^dist-1-rank  *mlp  *FAIL  *training gpu-dist failed (exit 5): error: this trainer runs on a cuda device" "$work/gpu.out" ||
   fail "the distributed trainer's start-up failure is not reported"
+grep -q "^shard-1-rank  *mlp  *FAIL  *training gpu-dist-shard failed (exit 5): error: this trainer runs on a cuda device" \
+  "$work/gpu.out" || fail "the sharded distributed trainer's start-up failure is not reported"
 grep -q "^gpu-deterministic  *mlp  *FAIL  *training gpu failed (exit 5)" "$work/gpu.out" ||
   fail "the trainer's start-up failure is not reported"
 grep -q "no NVIDIA driver" "$work/gpu/check.log" || fail "the trainer's message is not in the log"

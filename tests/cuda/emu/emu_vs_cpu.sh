@@ -57,6 +57,7 @@ if [ -n "$ranks" ]; then
   dir=$dir-ranks$ranks dist=(--distributed) compare=(--ranks "$ranks" "${compare[@]}")
 fi
 case " $* " in *" --sync-bn "*) dir=$dir-sync-bn ;; esac # beside the same model's other runs
+case " $* " in *" --shard-optimizer "*) dir=$dir-shard ;; esac
 rm -rf "$dir" && mkdir -p "$dir"
 
 "$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"

@@ -10,7 +10,8 @@
  * ncclAvg on float data multiplies each rank's values by (float)(1 / ranks) before the sum
  * (NCCL's PreMulSum), ncclSum adds. What it checks beyond that: every rank joins with the same
  * communicator id (the one rank 0 made, shared through MPI), at its MPI rank; collectives are in
- * place, on float32 data, with a live communicator and the NCCL stream.
+ * place, on float32 data, with a live communicator and the NCCL stream; --shard-optimizer's reduces
+ * and broadcasts inside a group.
  */
 #include <mpi.h>
 #include <nccl.h>
@@ -167,6 +168,52 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
         for (size_t i = 0; i < count; i++) x[i] *= scale;
     }
     MPI_Allreduce(MPI_IN_PLACE, x, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi);
+    return ncclSuccess;
+}
+
+/* --shard-optimizer: a slice of a bucket onto its rank (ncclAvg as above), and a slice of the
+ * parameters from its rank; in place. Each runs as it is called, in the order every rank calls
+ * them, so a group needs nothing more than its brackets, checked. */
+static int group_depth;
+
+ncclResult_t ncclGroupStart(void) {
+    if (group_depth++) die("ncclGroupStart inside a group; the trainer's groups are not nested");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth-- != 1) die("ncclGroupEnd without ncclGroupStart");
+    return ncclSuccess;
+}
+
+static void check_slice(const void *send, const void *recv, size_t count, ncclDataType_t type, int root,
+                        ncclComm_t comm, cudaStream_t stream, const char *what) {
+    if (!comm || !comm->live) die("%s on a communicator that is not open", what);
+    check_handle(stream, what);
+    if (send != recv) die("%s out of place; the trainer's are in place", what);
+    if (type != ncclFloat) die("%s on type %d; the trainer's are float32", what, (int)type);
+    if (root < 0 || root >= comm->ranks) die("%s to rank %d of %d", what, root, comm->ranks);
+    if (count > INT32_MAX) die("%s of %zu floats, more than one MPI call here takes", what, count);
+    if (!group_depth) die("%s outside a group; the trainer groups one per rank", what);
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+    check_slice(send, recv, count, type, root, comm, stream, "ncclReduce");
+    if (op != ncclAvg) die("ncclReduce with operation %d; the trainer's average", (int)op);
+    float *x = recv, scale = (float)(1.0 / comm->ranks);
+    float *mine = malloc(count * sizeof *mine + 1); /* this rank's values scaled; x is written on the root only */
+    if (!mine) die("out of memory");
+    for (size_t i = 0; i < count; i++) mine[i] = x[i] * scale;
+    MPI_Reduce(mine, comm->rank == root ? x : NULL, (int)count, MPI_FLOAT, MPI_SUM, root, comm->mpi);
+    free(mine);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+    check_slice(send, recv, count, type, root, comm, stream, "ncclBroadcast");
+    MPI_Bcast(recv, (int)count, MPI_FLOAT, root, comm->mpi);
     return ncclSuccess;
 }
 

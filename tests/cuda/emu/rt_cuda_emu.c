@@ -204,7 +204,10 @@ struct RtCuda {
     const RtModel *model;
     const RtCudaModel *dm;
     void (**kernels)(unsigned char *); /* dm->n_kernels, indexed like dm->kernel_names */
-    unsigned char *base;               /* the arena, then EMU_GUARD guard bytes */
+    unsigned char *base;               /* the arena (`bytes`), then EMU_GUARD guard bytes */
+    size_t bytes;                      /* rt_cuda.c's: device_bytes, and a sharded optimizer's state */
+    int64_t state_floats;              /* the optimizer state's floats */
+    long long *shard;                  /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
     unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];
@@ -247,10 +250,10 @@ static void check_dtype(RtDtype t, const char *op) {
 /* Stop unless the n elements of `elem` bytes at p lie inside the arena: an operand the
  * generated code misplaced. */
 static void check_inside(const RtCuda *cu, const void *p, int64_t n, size_t elem, const char *what, const char *op) {
-    const unsigned char *lo = cu->base, *hi = cu->base + cu->dm->device_bytes, *q = p;
+    const unsigned char *lo = cu->base, *hi = cu->base + cu->bytes, *q = p;
     if (!p || q < lo || n < 0 || q + n * (int64_t)elem > hi)
         die("%s: %s (%lld %zu-byte elements at arena offset %lld) is not inside the %lld-byte arena", op, what,
-            (long long)n, elem, p ? (long long)(q - lo) : -1LL, (long long)cu->dm->device_bytes);
+            (long long)n, elem, p ? (long long)(q - lo) : -1LL, (long long)cu->bytes);
 }
 
 /* Stop if a result (n elements at out) overlaps an operand (m at in): cuBLASLt and cuDNN read
@@ -513,7 +516,12 @@ static int find_kernels(RtCuda *cu, char *why, size_t size) {
     return 0;
 }
 
-static void zero_arena(RtCuda *cu) { memset(cu->base, 0, (size_t)cu->dm->device_bytes); }
+/* rt_cuda.c's: zeroed, with the slice table of a sharded optimizer written again */
+static void zero_arena(RtCuda *cu) {
+    memset(cu->base, 0, cu->bytes);
+    if (cu->shard)
+        memcpy(cu->base + cu->dm->off_shard, cu->shard, ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard);
+}
 
 static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size) {
     RtCuda *cu = &g_cu;
@@ -526,12 +534,20 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char 
         if (cu->dm->coll->open(cu, ranks, why, size)) return 1;
         cu->coll_open = 1;
     }
-    size_t bytes = ((size_t)cu->dm->device_bytes + EMU_GUARD + 255) & ~(size_t)255;
+    /* rt_cuda.c's plan_shard: the optimizer state of this rank's slices after the rest */
+    cu->bytes = (size_t)cu->dm->device_bytes;
+    cu->state_floats = (int64_t)m->n_state_slots * m->n_grad_floats;
+    if (cu->dm->off_shard) {
+        if (!(cu->shard = calloc((size_t)m->n_buckets * 3 + 1, sizeof *cu->shard)))
+            return fail(why, size, "out of host memory");
+        cu->state_floats = (int64_t)m->n_state_slots * rt_shard_table(m, ranks, cu->shard);
+        cu->bytes += (size_t)cu->state_floats * sizeof(float);
+    }
+    size_t bytes = (cu->bytes + EMU_GUARD + 255) & ~(size_t)255;
     cu->base = aligned_alloc(256, bytes); /* cudaMalloc's alignment */
-    if (!cu->base)
-        return fail(why, size, "out of host memory for the %lld-byte arena", (long long)cu->dm->device_bytes);
+    if (!cu->base) return fail(why, size, "out of host memory for the %zu-byte arena", cu->bytes);
     zero_arena(cu);
-    memset(cu->base + cu->dm->device_bytes, EMU_GUARD_BYTE, EMU_GUARD);
+    memset(cu->base + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
     if (cu->dm->plan) cu->dm->plan(cu);
     for (int s = 0; s < EMU_SLOTS; s++)
         if (!(cu->slot[s] = calloc(1, (size_t)cu->dm->batch_bytes))) return fail(why, size, "out of host memory");
@@ -546,7 +562,7 @@ static void emu_upload(const float *params, const float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
     memcpy(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float));
-    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    size_t state_floats = (size_t)cu->state_floats;
     if (state_floats && optstate) memcpy(cu->base + cu->dm->off_optstate, optstate, state_floats * sizeof(float));
 }
 
@@ -554,7 +570,7 @@ static void emu_download(float *params, float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
     memcpy(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float));
-    size_t state_floats = (size_t)m->n_state_slots * (size_t)m->n_grad_floats;
+    size_t state_floats = (size_t)cu->state_floats;
     if (state_floats && optstate) memcpy(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float));
 }
 
@@ -607,14 +623,13 @@ static void emu_close(void) {
     RtCuda *cu = &g_cu;
     if (cu->base) {
         for (size_t i = 0; i < EMU_GUARD; i++)
-            if (cu->base[cu->dm->device_bytes + i] != EMU_GUARD_BYTE)
-                die("something wrote %zu bytes past the end of the %lld-byte arena", i,
-                    (long long)cu->dm->device_bytes);
+            if (cu->base[cu->bytes + i] != EMU_GUARD_BYTE)
+                die("something wrote %zu bytes past the end of the %zu-byte arena", i, cu->bytes);
     }
     plans_free();
     if (cu->coll_open) cu->dm->coll->close();
     for (int s = 0; s < EMU_SLOTS; s++) free(cu->slot[s]);
-    free(cu->base), free(cu->kernels), free(cu->conv_scratch);
+    free(cu->base), free(cu->kernels), free(cu->conv_scratch), free(cu->shard);
     for (int i = 0; i < EMU_WIDE; i++) free(cu->wide[i]);
     memset(cu, 0, sizeof *cu);
 }

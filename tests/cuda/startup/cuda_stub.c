@@ -1164,6 +1164,53 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     return ncclSuccess;
 }
 
+/* --shard-optimizer: a slice of a bucket reduced onto, or of the parameters broadcast from, its
+ * rank (rank 0 here), in place, one per rank inside a group */
+static int group_depth;
+
+ncclResult_t ncclGroupStart(void) {
+    if (group_depth++)
+        violation("ncclGroupStart inside a group");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth-- != 1)
+        violation("ncclGroupEnd without ncclGroupStart");
+    return ncclSuccess;
+}
+
+static void slice_collective(const void *send, const void *recv, size_t count, ncclDataType_t type, int root,
+                             ncclComm_t comm, cudaStream_t s, const char *what) {
+    if (!comm || !comm->live)
+        violation("%s on a communicator that is not open", what);
+    if (send != recv || type != ncclFloat || root != 0)
+        violation("%s: out of place, type %d or root %d (the trainer's are in place, float32, to or from one of "
+                  "the ranks)", what, (int)type, root);
+    if (!group_depth)
+        violation("%s outside a group (the trainer's make one per bucket)", what);
+    check_device(recv, count * sizeof(float), what);
+    if (capturing_stream == s)
+        violation("%s on the step's own stream: the collectives have a stream of their own", what);
+    if (!enqueue(s))
+        counts.captured_collectives++;
+    counts.collectives++;
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t s) {
+    if (op != ncclAvg)
+        violation("ncclReduce with operation %d (the trainer's average)", (int)op);
+    slice_collective(send, recv, count, type, root, comm, s, "ncclReduce");
+    return ncclSuccess;
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t s) {
+    slice_collective(send, recv, count, type, root, comm, s, "ncclBroadcast");
+    return ncclSuccess;
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
     if (!comm || !comm->live)
         violation("ncclCommGetAsyncError on a communicator that is not open");

@@ -69,8 +69,12 @@ def main():
     n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
     n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
     buckets = re.search(r"gradient_buckets\[(\d+)\]", host)
-    # the buckets' and the loss's collectives, and --sync-bn's batch-norm sums
-    per_step = int(buckets.group(1)) + 1 + host.count("rt_cuda_sum_doubles(cu,") if distributed else 0
+    # the buckets' and the loss's collectives, and --sync-bn's batch-norm sums; with
+    # --shard-optimizer each bucket's slices reduced (one rank: one reduce) and the parameters'
+    # slices broadcast, and the sums of clip_grad_norm and LAMB's norms
+    sharded = "--shard-optimizer" in sys.argv[3:]
+    per_step = (int(buckets.group(1)) * (2 if sharded else 1) + 1 + host.count("rt_cuda_sum_doubles(cu,")
+                if distributed else 0)
     data = write_data(exe, work)
     args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
     log = os.path.join(work, "stub.log")
