@@ -12,7 +12,7 @@
 #                   same bits with graph replay, without it (--no-graph) and run after run
 #   dist            MLP, LeNet, ResNet-18: the distributed CUDA trainer (netc --distributed, NCCL)
 #                   started as one rank (Open MPI's singleton, the pack's mpi.tar.xz) gives the
-#                   plain trainer's bits
+#                   plain trainer's bits, with and without --shard-optimizer
 #   converge        on learnable data the GPU's loss falls like the CPU's (fp32 and bf16), and
 #                   LeNet learns Fashion-MNIST
 #   bench-lenet, bench-resnet50    bench/gpu_vs_torch.py for one model
