@@ -173,7 +173,7 @@ typedef struct RtDevice {
      * rank takes GPU local_rank of its machine's), load the kernels, allocate and plan. Returns
      * 0, or non-zero with the reason (no device, no driver, an architecture the trainer has no
      * kernels for) in `why`. */
-    int (*open)(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size);
+    int (*open)(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size);
     /* Host parameters and optimizer state to the device, and back (waits). */
     void (*upload)(const float *params, const float *optstate);
     void (*download)(float *params, float *optstate);
@@ -188,6 +188,16 @@ typedef struct RtDevice {
     /* Wait for the queued work and take the sums since the last read. */
     void (*read_train)(RtDeviceSums *s);
     void (*read_eval)(double *loss_sum, double *correct);
+    /* --eval-async (opened with eval_async): an evaluation beside the training steps, on a copy
+     * of the parameters in a second arena and stream of the device.
+     *   eval_async_begin  copy the parameters as the queued steps leave them, and zero the
+     *                     evaluation's sums; returns at once;
+     *   eval_async_step   enqueue one evaluation batch of `n_valid` real rows on the second
+     *                     stream; returns once the batch is staged;
+     *   eval_async_read   wait for the evaluation's batches and take its sums. */
+    void (*eval_async_begin)(void);
+    void (*eval_async_step)(void *const *batch, int64_t n_valid);
+    void (*eval_async_read)(double *loss_sum, double *correct);
     void (*close)(void);
 } RtDevice;
 

@@ -40,6 +40,7 @@ typedef struct Options {
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
     int eval_rank;            /* --eval-rank: the job's last process evaluates while the others train */
+    int eval_async;           /* --eval-async: a GPU trainer evaluates on a second stream while it trains */
     int n_predict;            /* --predict files given */
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
@@ -76,6 +77,16 @@ typedef struct Trainer {
     float *eval_params;       /* --eval-rank, training rank 0: the parameters handed to the evaluator */
     int64_t eval_epoch;       /* and the epoch of the evaluation in flight, or 0 */
     int64_t eval_samples;     /* the samples it evaluates */
+    struct {                  /* --eval-async: the evaluation in flight on the device's second stream */
+        int active;
+        const RtDataset *ds;  /* the evaluation data, and the buffers its batches are gathered in */
+        void *const *bufs;
+        int64_t *idx;
+        int64_t epoch;
+        int64_t next;         /* the next batch of the data to consider handing over */
+        int64_t steps;        /* training steps since the evaluation began */
+        double counted;       /* positions the accuracy counts (counted_positions) */
+    } ae;
 } Trainer;
 
 /* ---- small utilities */
@@ -178,7 +189,9 @@ static void usage(const RtModel *m) {
            (long long)m->log_every);
     if (m->device)
         printf("  --no-graph             launch the step's kernels one by one instead of replaying the\n"
-               "                         captured %s graph (same results; for comparison and debugging)\n",
+               "                         captured %s graph (same results; for comparison and debugging)\n"
+               "  --eval-async           evaluate on a copy of the parameters on a second stream, one\n"
+               "                         batch per training step, while training goes on\n",
                m->device->name);
     printf("  --help                 this text\n"
            "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
@@ -293,6 +306,12 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
         else if (strcmp(a, "--eval-rank") == 0 && m->comm) o->eval_rank = 1;
+        else if (strcmp(a, "--eval-async") == 0) {
+            if (!m->device)
+                die_usage("--eval-async evaluates on a second stream of a GPU trainer (netc --backend cuda); a "
+                          "distributed CPU trainer evaluates beside training with --eval-rank");
+            o->eval_async = 1;
+        }
         else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
         else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
         else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
@@ -326,6 +345,12 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->eval_rank && (using || o->gradcheck))
         die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
     if (o->eval_rank && !o->n_eval) die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
+    if (o->eval_async && (using || o->gradcheck))
+        die_usage("--eval-async evaluates beside training: leave out --eval-only and --predict");
+    if (o->eval_async && o->eval_rank)
+        die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
+                  "give one");
+    if (o->eval_async && !o->n_eval) die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
 }
 
 static void list_params(const RtModel *m) {
@@ -562,6 +587,67 @@ static void hand_over_eval(Trainer *t, const RtDataset *ds, int64_t epoch) {
     t->eval_epoch = epoch;
 }
 
+/* --eval-async: hand the device this rank's next batches of the evaluation in flight, `most` of
+ * them at most (batch nth is rank nth mod ranks's, as eval_sums takes them). 0, or the exit
+ * status after the evaluation data changed under the trainer. */
+static int feed_eval(Trainer *t, int64_t most) {
+    const RtModel *m = t->m;
+    const RtDataset *ds = t->ae.ds;
+    RtError err;
+    for (; t->ae.next * m->batch < ds->n_samples && most > 0; t->ae.next++) {
+        if (t->ae.next % t->dist.ranks != t->dist.rank) continue;
+        int64_t start = t->ae.next * m->batch;
+        int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
+        for (int64_t r = 0; r < count; r++) t->ae.idx[r] = start + r;
+        if (rt_gather(m, ds, t->ae.idx, count, t->ae.bufs, &err)) {
+            t->ae.active = 0;
+            return data_changed(t, &err);
+        }
+        t->ae.counted += counted_positions(m, t->ae.bufs, count);
+        t->dev->eval_async_step(t->ae.bufs, count);
+        most--;
+    }
+    return 0;
+}
+
+/* --eval-async: the evaluation in flight, whole: its last batches handed over, its sums read
+ * (waiting for the device's second stream), added up over the ranks and logged. Every rank
+ * calls it at the same point of the run. */
+static int finish_eval(Trainer *t) {
+    if (!t->ae.active) return 0;
+    int rc = feed_eval(t, INT64_MAX);
+    if (rc) return rc;
+    double sums[3] = {0, 0, t->ae.counted};
+    t->dev->eval_async_read(&sums[0], &sums[1]);
+    t->ae.active = 0;
+    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
+    log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, sums);
+    return 0;
+}
+
+/* --eval-async: after each training step, one more batch of the evaluation in flight; a step
+ * after every rank has handed over its last one (the same step on every rank), its result. */
+static int step_eval(Trainer *t) {
+    if (!t->ae.active) return 0;
+    int rc = feed_eval(t, 1);
+    if (rc) return rc;
+    int64_t batches = (t->ae.ds->n_samples + t->m->batch - 1) / t->m->batch;
+    int64_t per_rank = (batches + t->dist.ranks - 1) / t->dist.ranks;
+    return ++t->ae.steps > per_rank ? finish_eval(t) : 0;
+}
+
+/* --eval-async: the evaluation of the parameters as they are now starts on the device, after
+ * the one before it has ended; the training steps go on beside it. */
+static int begin_eval(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
+    int rc = finish_eval(t);
+    if (rc) return rc;
+    if (!t->ae.idx) t->ae.idx = rt_alloc((size_t)t->m->batch * sizeof *t->ae.idx, "evaluation indices");
+    t->dev->eval_async_begin();
+    t->ae.active = 1, t->ae.ds = ds, t->ae.bufs = bufs, t->ae.epoch = epoch;
+    t->ae.next = 0, t->ae.steps = 0, t->ae.counted = 0;
+    return 0;
+}
+
 /* 0, or the exit status after the evaluation data changed under the trainer. */
 static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t epoch) {
     RtError err;
@@ -574,6 +660,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
         if (t->dist.rank == 0) hand_over_eval(t, ds, epoch);
         return 0;
     }
+    if (t->o.eval_async) return begin_eval(t, ds, bufs, epoch);
     double sums[3];
     int rc = eval_sums(t, ds, bufs, 0, sums);
     if (rc) return rc;
@@ -905,7 +992,11 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             t_log = tn, loss_sum = 0, correct = 0, counted = 0, since = 0, t->dist.wait_s = 0;
         }
         collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
-        if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 && (rc = write_checkpoint(t))) break;
+        if ((rc = step_eval(t))) break; /* --eval-async: the same */
+        /* a run resumed from the checkpoint must not lose an evaluation it counts as done */
+        if (t->o.checkpoint_every && p->step % t->o.checkpoint_every == 0 &&
+            ((rc = finish_eval(t)) || (rc = write_checkpoint(t))))
+            break;
     }
     rt_prefetch_stop(&pf); /* joins the loader thread on every way out */
     return rc;
@@ -939,6 +1030,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
     }
     free(order), free(local);
     collect_eval(t, 1);
+    if (!rc) rc = finish_eval(t);
     if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);
     return rc;
 }
@@ -1361,6 +1453,8 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
                t->m->n_buckets, t->m->n_buckets > 1 ? "s" : "");
     if (d->comm && !t->o.quiet && t->o.eval_rank)
         printf("evaluation: by process %d of the job, while the others train\n", d->ranks);
+    if (!t->o.quiet && t->o.eval_async)
+        printf("evaluation: on a second stream of the GPU, one batch per training step, while training goes on\n");
 }
 
 /* Every rank starts, and ends, with rank 0's parameters. */
@@ -1378,7 +1472,7 @@ static int leave(Trainer *t, int rc) {
     if (t->o.eval_rank && together && !t->dist.evaluator && t->dist.rank == 0)
         t->dist.comm->eval_send(NULL, 0, rc); /* the evaluator's run ends with training, as it did */
     rt_dist_close(&t->dist, rc, together);
-    free(t->eval_params);
+    free(t->eval_params), free(t->ae.idx);
     return rc;
 }
 
@@ -1419,7 +1513,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         char why[1024] = "";
         /* the evaluator of --eval-rank takes a GPU but no part in the collectives */
         RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.evaluator ? NULL : t.dist.comm};
-        if (m->device->open(m, &ranks, !t.o.no_graph, why, sizeof why)) {
+        if (m->device->open(m, &ranks, !t.o.no_graph, t.o.eval_async, why, sizeof why)) {
             fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
             return EXIT_NO_DEVICE;
         }

@@ -19,6 +19,14 @@
  * a second stream and joins them back, inside the capture (rt_cuda_nccl.c); every wait for the
  * stream then goes through coll->wait, which watches the collectives.
  *
+ * --eval-async gives the device a second lane (struct Lane): an arena of the same layout, a
+ * stream, a workspace, staging slots and evaluation graphs of its own. An evaluation then starts
+ * by copying the parameters into that arena in the step stream's order, and its batches run on the
+ * second stream while the training steps go on on the first. The generated code knows nothing of
+ * it: the lane's fields are swapped into RtCuda while its work is enqueued or captured, so
+ * rt_cuda_base, rt_cuda_stream and rt_cuda_workspace, and every launch and library call, take
+ * the lane's.
+ *
  * The runtime API is linked statically, so a trainer starts on a machine without a driver and
  * open() can say what is missing instead of the dynamic loader failing first.
  */
@@ -31,6 +39,17 @@
 #include "rt_cuda_internal.h"
 
 enum { RT_CUDA_SLOTS = 2 }; /* staging slots: the host fills one while the device reads the other */
+
+/* What a lane of work owns; RtCuda holds the step's, and `side` --eval-async's (swap_lane). */
+typedef struct Lane {
+    unsigned char *base;
+    cudaStream_t stream;
+    void *workspace;
+    unsigned char *slot[RT_CUDA_SLOTS];
+    cudaEvent_t slot_free[RT_CUDA_SLOTS];
+    int next_slot;
+    cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
+} Lane;
 
 struct RtCuda {
     const RtModel *model;       /* batch size and inputs */
@@ -58,6 +77,9 @@ struct RtCuda {
     int coll_open;                           /* dm->coll joined its ranks (close it at teardown) */
     cudaGraphExec_t train_graph[RT_CUDA_SLOTS];
     cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
+    int eval_async;                          /* --eval-async: `side` exists */
+    Lane side;                               /* its lane, while the step's is in the fields above */
+    cudaEvent_t snapshot;                    /* the step stream's parameters copied to the side arena */
 };
 
 /* A trainer drives one device. */
@@ -385,7 +407,7 @@ static int alloc_workspace(RtCuda *cu, const char *gpu, char *why, size_t size) 
     return 0;
 }
 
-static void alloc_staging(RtCuda *cu) {
+static void alloc_slots(RtCuda *cu) {
     size_t bytes = (size_t)cu->dm->batch_bytes;
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
         rt_cuda_check(cudaHostAlloc((void **)&cu->slot[s], bytes, cudaHostAllocDefault), "cudaHostAlloc (a staging slot)");
@@ -393,6 +415,10 @@ static void alloc_staging(RtCuda *cu) {
         rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming | cudaEventBlockingSync),
                       "cudaEventCreateWithFlags");
     }
+}
+
+static void alloc_staging(RtCuda *cu) {
+    alloc_slots(cu);
     rt_cuda_check(cudaHostAlloc((void **)&cu->host_state, sizeof *cu->host_state, cudaHostAllocDefault),
                   "cudaHostAlloc (the device state)");
     memset(cu->host_state, 0, sizeof *cu->host_state);
@@ -424,6 +450,56 @@ static void write_shard(RtCuda *cu) {
                                   cu->stream),
                   "cudaMemcpyAsync (the optimizer's slices to the device)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the optimizer's slices)");
+}
+
+#define SWAP(a, b)                                                                                        \
+    do {                                                                                                  \
+        __typeof__(a) swap_ = (a);                                                                        \
+        (a) = (b), (b) = swap_;                                                                           \
+    } while (0)
+
+/* --eval-async: the step's lane out of RtCuda and the side lane in, or back (cuDNN's handle
+ * follows the stream; the library plans take the workspace and stream from RtCuda). */
+static void swap_lane(RtCuda *cu) {
+    Lane *l = &cu->side;
+    SWAP(cu->base, l->base);
+    SWAP(cu->stream, l->stream);
+    SWAP(cu->workspace, l->workspace);
+    SWAP(cu->next_slot, l->next_slot);
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        SWAP(cu->slot[s], l->slot[s]);
+        SWAP(cu->slot_free[s], l->slot_free[s]);
+        SWAP(cu->eval_graph[s], l->eval_graph[s]);
+    }
+    rt_cuda_check_dnn(cudnnSetStream(cu->dnn, cu->stream), "cudnnSetStream");
+}
+
+/* --eval-async's lane: a second arena of the same layout, the same workspace again, a stream
+ * and staging slots; running out of memory is the user's to fix. */
+static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
+    Lane *l = &cu->side;
+    cudaError_t e = cudaMalloc((void **)&l->base, cu->bytes ? cu->bytes : 1);
+    if (e == cudaSuccess && cu->workspace_reserved)
+        e = cudaMalloc(&l->workspace, cu->workspace_reserved);
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_bytes = 0, total = 0;
+        (void)cudaGetLastError();
+        cudaMemGetInfo(&free_bytes, &total);
+        return fail(why, size, "--eval-async needs a second arena of %.1f MiB and %.1f MiB of workspace for the "
+                               "evaluation, but the GPU (%s) has %.1f MiB free; evaluate without --eval-async, or "
+                               "lower the batch size", cu->bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
+                    free_bytes / 1048576.0);
+    }
+    rt_cuda_check(e, "cudaMalloc (the evaluation's arena)");
+    rt_cuda_check(cudaMemset(l->base, 0, cu->bytes), "cudaMemset (the evaluation's arena)");
+    rt_cuda_check(cudaEventCreateWithFlags(&cu->snapshot, cudaEventDisableTiming | cudaEventBlockingSync),
+                  "cudaEventCreateWithFlags");
+    swap_lane(cu);
+    rt_cuda_check(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking),
+                  "cudaStreamCreateWithFlags (the evaluation's stream)");
+    alloc_slots(cu);
+    swap_lane(cu);
+    return 0;
 }
 
 /* Wait for the queued work; a distributed trainer's wait also watches its collectives. */
@@ -458,6 +534,13 @@ static void warm_up(RtCuda *cu) {
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
     write_shard(cu);
+    if (!cu->eval_async)
+        return;
+    swap_lane(cu); /* the evaluation's lane the same way */
+    cu->dm->eval(cu);
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the evaluation's arena)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (the evaluation's warm-up)");
+    swap_lane(cu);
 }
 
 /* Thread-local capture mode: a call of this thread that would synchronise with the device fails
@@ -494,13 +577,37 @@ static int capture_graphs(RtCuda *cu, char *why, size_t size) {
             capture(cu, s, cu->dm->eval, "evaluation", &cu->eval_graph[s], why, size))
             return 1;
     }
-    return 0;
+    if (!cu->eval_async)
+        return 0;
+    swap_lane(cu);
+    int failed = 0;
+    for (int s = 0; s < RT_CUDA_SLOTS && !failed; s++)
+        failed = capture(cu, s, cu->dm->eval, "evaluation (--eval-async)", &cu->eval_graph[s], why, size);
+    swap_lane(cu);
+    return failed;
 }
 
 /* ---- the hooks */
 
 /* Release whatever exists, in reverse order of creation; also the way out of a failed open(). */
 static void teardown(RtCuda *cu) {
+    Lane *l = &cu->side;
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        if (l->eval_graph[s])
+            cudaGraphExecDestroy(l->eval_graph[s]);
+        if (l->slot_free[s])
+            cudaEventDestroy(l->slot_free[s]);
+        if (l->slot[s])
+            cudaFreeHost(l->slot[s]);
+    }
+    if (l->stream)
+        cudaStreamDestroy(l->stream);
+    if (l->workspace)
+        cudaFree(l->workspace);
+    if (l->base)
+        cudaFree(l->base);
+    if (cu->snapshot)
+        cudaEventDestroy(cu->snapshot);
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
         if (cu->train_graph[s])
             cudaGraphExecDestroy(cu->train_graph[s]);
@@ -553,14 +660,14 @@ static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const
     if (cu->refused[0])
         return fail(why, size, "%s (the GPU, %s, has too little memory left beside the %.1f MiB arena); lower the "
                                "batch size", cu->refused, gpu, cu->bytes / 1048576.0);
-    if (alloc_workspace(cu, gpu, why, size))
+    if (alloc_workspace(cu, gpu, why, size) || (cu->eval_async && open_side(cu, gpu, why, size)))
         return 1;
     alloc_staging(cu);
     warm_up(cu);
     return cu->use_graph ? capture_graphs(cu, why, size) : 0;
 }
 
-static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size) {
+static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size) {
     RtCuda *cu = &g_cu;
     struct cudaDeviceProp prop;
     if (cu->dm)
@@ -568,6 +675,7 @@ static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, char
     cu->model = m;
     cu->dm = m->device_model;
     cu->use_graph = use_graph;
+    cu->eval_async = eval_async;
     if (!cu->dm || !cu->dm->train || !cu->dm->eval) {
         memset(cu, 0, sizeof *cu);
         return fail(why, size, "internal error: the trainer has no CUDA step");
@@ -687,8 +795,41 @@ static void cuda_read_eval(double *loss_sum, double *correct) {
     ZERO_STATE_FIELD(cu, eval_correct);
 }
 
+/* --eval-async's hooks (netrt.h): the parameters copied in the step stream's order, which the
+ * evaluation's stream waits for; its batches staged and run in its lane. */
+static void cuda_eval_async_begin(void) {
+    RtCuda *cu = &g_cu;
+    const RtCudaModel *dm = cu->dm;
+    rt_cuda_check(cudaMemcpyAsync(cu->side.base + dm->off_params, cu->base + dm->off_params,
+                                  (size_t)cu->model->n_param_floats * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  cu->stream),
+                  "cudaMemcpyAsync (the parameters to evaluate)");
+    rt_cuda_check(cudaEventRecord(cu->snapshot, cu->stream), "cudaEventRecord (the parameters to evaluate)");
+    rt_cuda_check(cudaStreamWaitEvent(cu->side.stream, cu->snapshot, 0), "cudaStreamWaitEvent (the evaluation)");
+    rt_cuda_check(cudaMemsetAsync(cu->side.base + dm->off_state, 0, sizeof(RtDevState), cu->side.stream),
+                  "cudaMemsetAsync (the evaluation's sums)");
+}
+
+static void cuda_eval_async_step(void *const *batch, int64_t n_valid) {
+    swap_lane(&g_cu);
+    stage_and_run(batch, n_valid, 1);
+    swap_lane(&g_cu);
+}
+
+static void cuda_eval_async_read(double *loss_sum, double *correct) {
+    RtCuda *cu = &g_cu;
+    rt_cuda_check(cudaMemcpyAsync(cu->host_state, cu->side.base + cu->dm->off_state, sizeof *cu->host_state,
+                                  cudaMemcpyDeviceToHost, cu->side.stream),
+                  "cudaMemcpyAsync (the evaluation's sums to the host)");
+    rt_cuda_check(cudaStreamSynchronize(cu->side.stream), "cudaStreamSynchronize (the evaluation's batches)");
+    *loss_sum = cu->host_state->eval_loss;
+    *correct = cu->host_state->eval_correct;
+}
+
 static void cuda_close(void) {
     RtCuda *cu = &g_cu;
+    if (cu->side.stream) /* an evaluation the run left behind (its data changed) */
+        rt_cuda_check(cudaStreamSynchronize(cu->side.stream), "cudaStreamSynchronize (closing the evaluation)");
     if (cu->stream)
         sync_stream(cu, "cudaStreamSynchronize (closing the device)");
     teardown(cu);
@@ -704,5 +845,8 @@ const RtDevice rt_cuda_device = {
     .eval_step = cuda_eval_step,
     .read_train = cuda_read_train,
     .read_eval = cuda_read_eval,
+    .eval_async_begin = cuda_eval_async_begin,
+    .eval_async_step = cuda_eval_async_step,
+    .eval_async_read = cuda_eval_async_read,
     .close = cuda_close,
 };

@@ -317,6 +317,9 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
                                             f"{ranks} ranks: emulated vs CPU checkpoints")
     n, worst_loss, worst_acc = compare_logs(emu_log, cpu_log, tol)
     n_evals = compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log)
+    # checkpoints every 3 steps: each rank ends an evaluation in flight before each
+    n_async = compare_eval_async(emu, [*common, *every, os.path.join(work, "emu-async.ckpt")], work, emu_out, emu_log,
+                                 False, env=env, launch=launch)
     nan = [*poisoned_data(cpu, data, work, ranks), "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2",
            "--init", init, "--no-shuffle", "--seed", "3"]
     at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
@@ -326,7 +329,8 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
     print(f"{ranks} emulated ranks vs {ranks} CPU ranks after {steps} steps: parameters {worst:.3g} "
           f"({where or 'identical'}), final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), {n} log "
           f"records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; NaN found by both at step {at[0]}; "
-          f"with an evaluation rank the same weights and {n_evals} evaluations")
+          f"with an evaluation rank the same weights and {n_evals} evaluations; with --eval-async the same "
+          f"weights and {n_async} evaluations, logged later")
 
 
 def compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log):
@@ -344,6 +348,32 @@ def compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log):
     for a, b in zip(evals_a, evals_s):
         assert abs(a["loss"] - b["loss"]) <= 1e-12 * abs(b["loss"]) and a.get("accuracy") == b.get("accuracy"), \
             f"an evaluation differs with --eval-rank: {a} {b}"
+    return len(evals_a)
+
+
+def compare_eval_async(emu, args, work, emu_out, emu_log, later, env=None, launch=()):
+    """The emulated trainer again with --eval-async: each evaluation runs in a second arena on a
+    copy of the parameters, one batch per later training step, and is logged a step after its
+    last batch (or before a checkpoint). The same weights, bit for bit, and the same step records;
+    the same evaluations, bit for bit (the same kernels on the same parameters, their sums added
+    in the same order), which an evaluation that read the training arena would not give; with
+    `later` (no checkpoints between), each evaluation with training after it lands after a later
+    step's line."""
+    log, out = train(emu, args, "emu-evalasync", work, "--eval-async", env=env, launch=launch)
+    assert open(out, "rb").read() == open(emu_out, "rb").read(), "--eval-async changed the trained weights"
+    split = lambda rs: ([r for r in rs if not r.get("eval")], [r for r in rs if r.get("eval")])  # noqa: E731
+    (steps_a, evals_a), (steps_s, evals_s) = split(records(log)), split(records(emu_log))
+    assert steps_a == steps_s, f"--eval-async changed the step records:\n{steps_a}\n{steps_s}"
+    assert evals_s and evals_a == evals_s, f"evaluations with --eval-async {evals_a}, without {evals_s}"
+
+    def step_before(rs, epoch):  # the step of the last step record before the epoch's evaluation
+        at = next(i for i, r in enumerate(rs) if r.get("eval") and r["epoch"] == epoch)
+        return max([r["step"] for r in rs[:at] if "step" in r] or [0])
+
+    a, s_ = records(log), records(emu_log)
+    for e in evals_s[:-1] if later else []:  # each but the last has training after it
+        assert step_before(a, e["epoch"]) > step_before(s_, e["epoch"]), \
+            f"--eval-async: epoch {e['epoch']}'s evaluation was logged where the synchronous one is:\n{a}"
     return len(evals_a)
 
 
@@ -391,6 +421,13 @@ def main():
     assert records(os.path.join(work, "emu-resumed.jsonl")) == records(emu_log), \
         f"resumed at step {stop}: the log differs from the uninterrupted run's"
 
+    n_async = compare_eval_async(emu, [*common, *fresh], work, emu_out, emu_log, True)
+    for exe, args, needle in ((emu, data, "--eval-async needs the data to evaluate: add --eval-data"),
+                              (emu, [*evals, "--eval-only", "--init", init], "leave out --eval-only and --predict"),
+                              (cpu, [*data, *evals], "--eval-async evaluates on a second stream of a GPU trainer")):
+        r = subprocess.run([exe, *args, "--eval-async"], capture_output=True, text=True)
+        assert r.returncode == 2 and needle in r.stderr, f"--eval-async refused: status {r.returncode}, {r.stderr!r}"
+
     # --eval-only on the saved weights: the device evaluates them as the run's final evaluation did
     eval_log = os.path.join(work, "emu-eval-only.jsonl")
     r = subprocess.run([emu, *evals, "--threads", "2", "--init", emu_out, "--eval-only", "--log", eval_log],
@@ -411,7 +448,8 @@ def main():
           f"final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), "
           f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
           f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
-          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation")
+          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation; --eval-async: the same weights "
+          f"and {n_async} evaluations, logged later")
 
 
 if __name__ == "__main__":

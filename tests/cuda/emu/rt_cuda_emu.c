@@ -208,6 +208,7 @@ struct RtCuda {
     size_t bytes;                      /* rt_cuda.c's: device_bytes, and a sharded optimizer's state */
     int64_t state_floats;              /* the optimizer state's floats */
     long long *shard;                  /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
+    unsigned char *side;               /* --eval-async: rt_cuda.c's second arena (`bytes`, then guard bytes) */
     unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];
@@ -523,7 +524,7 @@ static void zero_arena(RtCuda *cu) {
         memcpy(cu->base + cu->dm->off_shard, cu->shard, ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard);
 }
 
-static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char *why, size_t size) {
+static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size) {
     RtCuda *cu = &g_cu;
     (void)use_graph; /* no graphs here: every step runs as it is enqueued */
     if (cu->dm) return fail(why, size, "internal error: the CUDA device is already open");
@@ -548,6 +549,11 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, char 
     if (!cu->base) return fail(why, size, "out of host memory for the %zu-byte arena", cu->bytes);
     zero_arena(cu);
     memset(cu->base + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
+    if (eval_async) {
+        if (!(cu->side = aligned_alloc(256, bytes))) return fail(why, size, "out of host memory for a second arena");
+        memset(cu->side, 0, cu->bytes);
+        memset(cu->side + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
+    }
     if (cu->dm->plan) cu->dm->plan(cu);
     for (int s = 0; s < EMU_SLOTS; s++)
         if (!(cu->slot[s] = calloc(1, (size_t)cu->dm->batch_bytes))) return fail(why, size, "out of host memory");
@@ -619,17 +625,47 @@ static void emu_read_eval(double *loss_sum, double *correct) {
     st->eval_loss = 0, st->eval_correct = 0;
 }
 
+/* rt_cuda.c's --eval-async: the parameters copied to the second arena, whose evaluation steps
+ * run there (run at once here, as every step is: a step that read the first arena would see the
+ * parameters of later training steps). */
+static void emu_eval_async_begin(void) {
+    RtCuda *cu = &g_cu;
+    if (!cu->side) die("--eval-async's evaluation begun on a device opened without it");
+    memcpy(cu->side + cu->dm->off_params, cu->base + cu->dm->off_params,
+           (size_t)cu->model->n_param_floats * sizeof(float));
+    memset(cu->side + cu->dm->off_state, 0, sizeof(RtDevState));
+}
+
+static void swap_arenas(RtCuda *cu) {
+    unsigned char *b = cu->base;
+    cu->base = cu->side, cu->side = b;
+}
+
+static void emu_eval_async_step(void *const *batch, int64_t n_valid) {
+    swap_arenas(&g_cu);
+    stage_and_run(batch, n_valid, 1);
+    swap_arenas(&g_cu);
+}
+
+static void emu_eval_async_read(double *loss_sum, double *correct) {
+    const RtDevState *st = (const RtDevState *)(g_cu.side + g_cu.dm->off_state);
+    *loss_sum = st->eval_loss;
+    *correct = st->eval_correct;
+}
+
 static void emu_close(void) {
     RtCuda *cu = &g_cu;
-    if (cu->base) {
-        for (size_t i = 0; i < EMU_GUARD; i++)
-            if (cu->base[cu->bytes + i] != EMU_GUARD_BYTE)
-                die("something wrote %zu bytes past the end of the %zu-byte arena", i, cu->bytes);
+    for (int a = 0; a < 2; a++) {
+        const unsigned char *arena = a ? cu->side : cu->base;
+        for (size_t i = 0; arena && i < EMU_GUARD; i++)
+            if (arena[cu->bytes + i] != EMU_GUARD_BYTE)
+                die("something wrote %zu bytes past the end of the %zu-byte %s arena", i, cu->bytes,
+                    a ? "evaluation's" : "step's");
     }
     plans_free();
     if (cu->coll_open) cu->dm->coll->close();
     for (int s = 0; s < EMU_SLOTS; s++) free(cu->slot[s]);
-    free(cu->base), free(cu->kernels), free(cu->conv_scratch), free(cu->shard);
+    free(cu->base), free(cu->side), free(cu->kernels), free(cu->conv_scratch), free(cu->shard);
     for (int i = 0; i < EMU_WIDE; i++) free(cu->wide[i]);
     memset(cu, 0, sizeof *cu);
 }
@@ -644,5 +680,8 @@ const RtDevice rt_cuda_device = {
     .eval_step = emu_eval_step,
     .read_train = emu_read_train,
     .read_eval = emu_read_eval,
+    .eval_async_begin = emu_eval_async_begin,
+    .eval_async_step = emu_eval_async_step,
+    .eval_async_read = emu_eval_async_read,
     .close = emu_close,
 };

@@ -118,6 +118,18 @@ def main():
                       f"{tag}: the NCCL communicator was not made and destroyed")
             print(f"{tag}: {image}, {got}")
 
+    # --eval-async: a second lane (arena, stream, workspace, staging slots) whose two evaluation
+    # graphs are captured on its own stream; an evaluation copies the parameters across, runs
+    # there beside the steps, and its sums are read from there
+    for graph in (True, False):
+        tag = "sm_90 --eval-async" + ("" if graph else " --no-graph")
+        p, lines = run(exe, args + ["--eval-async"] + ([] if graph else ["--no-graph"]), 90, log)
+        check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
+        captures = sum(ln.startswith("captured a graph") for ln in lines)
+        check(captures == (6 if graph else 0), f"{tag}: {captures} graphs captured, expected {6 if graph else 0}")
+        check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
+        print(f"{tag}: {summary(lines)}")
+
     p, lines = run(exe, args, 75, log)
     check(p.returncode == 5, f"sm_75: exit status {p.returncode}, expected 5")
     check("is sm_75, but this trainer carries kernels for sm_80, sm_90 (cubin) and sm_80 (PTX); rebuild it with "
