@@ -47,6 +47,7 @@ enum {
 typedef struct Map {
     int64_t state, batch, params, grads, optstate, arena, part, total;
     int64_t shard; /* --shard-optimizer: this rank's slices (netrt_cuda.h's off_shard); else 0 */
+    int64_t eval_end; /* what an evaluation step touches ends here: state to partial sums */
     int64_t batch_bytes;
     int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
 } Map;
@@ -124,11 +125,6 @@ static Map plan_memory(const IrGraph *g) {
     m.batch_bytes = in;
     at += in;
     m.params = at, at = align_up(at + g->n_param_floats * 4);
-    m.grads = at, at = align_up(at + g->n_grad_floats * 4);
-    if (g->shard_optimizer) /* the slice table; the state, its size the rank's, goes last */
-        m.shard = at, at = align_up(at + (3 * (int64_t)g->n_buckets + 1) * 8);
-    else
-        m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
@@ -155,6 +151,14 @@ static Map plan_memory(const IrGraph *g) {
         if (part < pieces * 16 + tensors * 4) part = pieces * 16 + tensors * 4;
     }
     m.part = at, at = align_up(at + part);
+    /* the training step's alone last, so that an evaluation's copy of the regions (--eval-async)
+     * can leave them out */
+    m.eval_end = at;
+    m.grads = at, at = align_up(at + g->n_grad_floats * 4);
+    if (g->shard_optimizer) /* the slice table; the state, its size the rank's, goes last */
+        m.shard = at, at = align_up(at + (3 * (int64_t)g->n_buckets + 1) * 8);
+    else
+        m.optstate = at, at = align_up(at + cg_state_slots(&g->train) * g->n_grad_floats * 4);
     m.total = at;
     if (g->shard_optimizer) m.optstate = at; /* after the allocation netc sizes (netrt_cuda.h) */
     return m;
@@ -1360,14 +1364,15 @@ static void emit_host_header(Cu *u, Cg *c) {
     cg_line(c, "//   %12" PRId64 "  step state (RtDevState)", u->map.state);
     cg_line(c, "//   %12" PRId64 "  the staged batch (%" PRId64 " bytes)", u->map.batch, u->map.batch_bytes);
     cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params, g->n_param_floats);
-    cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats)", u->map.grads, g->n_grad_floats);
+    cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
+            g->arena_bytes);
+    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums", u->map.part);
+    cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats); an evaluation touches nothing from here on",
+            u->map.grads, g->n_grad_floats);
     if (g->shard_optimizer)
         cg_line(c, "//   %12" PRId64 "  the slices of the buffers this rank updates (netc --shard-optimizer)",
                 u->map.shard);
     else cg_line(c, "//   %12" PRId64 "  optimizer state", u->map.optstate);
-    cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
-            g->arena_bytes);
-    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums", u->map.part);
     if (g->shard_optimizer)
         cg_line(c, "//   %12" PRId64 "  optimizer state of this rank's slices (allocated with the rest at start-up)",
                 u->map.optstate);
@@ -1415,6 +1420,7 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".kernel_names = kernel_names,");
     cg_line(c, ".n_kernels = N_KERNELS,");
     cg_line(c, ".device_bytes = %" PRId64 ",", u->map.total);
+    cg_line(c, ".eval_bytes = %" PRId64 ",", u->map.eval_end);
     cg_line(c, ".off_params = %" PRId64 ",", u->map.params);
     cg_line(c, ".off_grads = %" PRId64 ",", u->map.grads);
     cg_line(c, ".off_optstate = %" PRId64 ",", u->map.optstate);

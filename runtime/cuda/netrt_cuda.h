@@ -69,6 +69,9 @@ typedef struct RtCudaModel {
     const char *const *kernel_names; /* extern "C" names in the images, indexed by the generated enum */
     int n_kernels;
     int64_t device_bytes;            /* the one device allocation (with off_shard: all but the state) */
+    int64_t eval_bytes;              /* its first bytes, all that an evaluation step touches (the state,
+                                      * batch, parameters, arena and partial sums; the gradients and
+                                      * optimizer state lie after): what --eval-async copies */
     int64_t off_params, off_grads, off_optstate, off_state;
     /* netc --shard-optimizer: where the device finds the slices this rank updates (ZeRO-1;
      * rt_shard_slices), written by the runtime at start-up: long long [n_buckets][3] {offset,

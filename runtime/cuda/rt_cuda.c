@@ -474,11 +474,15 @@ static void swap_lane(RtCuda *cu) {
     rt_cuda_check_dnn(cudnnSetStream(cu->dnn, cu->stream), "cudnnSetStream");
 }
 
-/* --eval-async's lane: a second arena of the same layout, the same workspace again, a stream
- * and staging slots; running out of memory is the user's to fix. */
+/* --eval-async's lane: a second arena of the same layout up to the evaluation's last region
+ * (eval_bytes), the same workspace again, a stream and staging slots; running out of memory is
+ * the user's to fix. */
 static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
     Lane *l = &cu->side;
-    cudaError_t e = cudaMalloc((void **)&l->base, cu->bytes ? cu->bytes : 1);
+    size_t bytes = (size_t)cu->dm->eval_bytes;
+    if (!bytes || bytes > cu->bytes)
+        return fail(why, size, "internal error: the evaluation's %zu bytes of the %zu-byte arena", bytes, cu->bytes);
+    cudaError_t e = cudaMalloc((void **)&l->base, bytes);
     if (e == cudaSuccess && cu->workspace_reserved)
         e = cudaMalloc(&l->workspace, cu->workspace_reserved);
     if (e == cudaErrorMemoryAllocation) {
@@ -487,11 +491,11 @@ static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
         cudaMemGetInfo(&free_bytes, &total);
         return fail(why, size, "--eval-async needs a second arena of %.1f MiB and %.1f MiB of workspace for the "
                                "evaluation, but the GPU (%s) has %.1f MiB free; evaluate without --eval-async, or "
-                               "lower the batch size", cu->bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
+                               "lower the batch size", bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
                     free_bytes / 1048576.0);
     }
     rt_cuda_check(e, "cudaMalloc (the evaluation's arena)");
-    rt_cuda_check(cudaMemset(l->base, 0, cu->bytes), "cudaMemset (the evaluation's arena)");
+    rt_cuda_check(cudaMemset(l->base, 0, bytes), "cudaMemset (the evaluation's arena)");
     rt_cuda_check(cudaEventCreateWithFlags(&cu->snapshot, cudaEventDisableTiming | cudaEventBlockingSync),
                   "cudaEventCreateWithFlags");
     swap_lane(cu);
@@ -538,7 +542,8 @@ static void warm_up(RtCuda *cu) {
         return;
     swap_lane(cu); /* the evaluation's lane the same way */
     cu->dm->eval(cu);
-    rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the evaluation's arena)");
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, (size_t)cu->dm->eval_bytes, cu->stream),
+                  "cudaMemsetAsync (the evaluation's arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (the evaluation's warm-up)");
     swap_lane(cu);
 }

@@ -208,7 +208,8 @@ struct RtCuda {
     size_t bytes;                      /* rt_cuda.c's: device_bytes, and a sharded optimizer's state */
     int64_t state_floats;              /* the optimizer state's floats */
     long long *shard;                  /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
-    unsigned char *side;               /* --eval-async: rt_cuda.c's second arena (`bytes`, then guard bytes) */
+    unsigned char *side;               /* --eval-async: rt_cuda.c's second arena, then guard bytes */
+    size_t side_bytes;                 /* its size: the evaluation's regions alone (eval_bytes) */
     unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];
@@ -550,9 +551,12 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int e
     zero_arena(cu);
     memset(cu->base + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
     if (eval_async) {
-        if (!(cu->side = aligned_alloc(256, bytes))) return fail(why, size, "out of host memory for a second arena");
-        memset(cu->side, 0, cu->bytes);
-        memset(cu->side + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
+        cu->side_bytes = (size_t)cu->dm->eval_bytes;
+        if (!cu->side_bytes || cu->side_bytes > cu->bytes) return fail(why, size, "internal error: eval_bytes");
+        cu->side = aligned_alloc(256, (cu->side_bytes + EMU_GUARD + 255) & ~(size_t)255);
+        if (!cu->side) return fail(why, size, "out of host memory for a second arena");
+        memset(cu->side, 0, cu->side_bytes);
+        memset(cu->side + cu->side_bytes, EMU_GUARD_BYTE, EMU_GUARD);
     }
     if (cu->dm->plan) cu->dm->plan(cu);
     for (int s = 0; s < EMU_SLOTS; s++)
@@ -636,9 +640,12 @@ static void emu_eval_async_begin(void) {
     memset(cu->side + cu->dm->off_state, 0, sizeof(RtDevState));
 }
 
+/* rt_cuda.c's swap_lane: the library calls' operands are checked against the lane's arena */
 static void swap_arenas(RtCuda *cu) {
     unsigned char *b = cu->base;
+    size_t n = cu->bytes;
     cu->base = cu->side, cu->side = b;
+    cu->bytes = cu->side_bytes, cu->side_bytes = n;
 }
 
 static void emu_eval_async_step(void *const *batch, int64_t n_valid) {
@@ -657,9 +664,10 @@ static void emu_close(void) {
     RtCuda *cu = &g_cu;
     for (int a = 0; a < 2; a++) {
         const unsigned char *arena = a ? cu->side : cu->base;
+        size_t n = a ? cu->side_bytes : cu->bytes;
         for (size_t i = 0; arena && i < EMU_GUARD; i++)
-            if (arena[cu->bytes + i] != EMU_GUARD_BYTE)
-                die("something wrote %zu bytes past the end of the %zu-byte %s arena", i, cu->bytes,
+            if (arena[n + i] != EMU_GUARD_BYTE)
+                die("something wrote %zu bytes past the end of the %zu-byte %s arena", i, n,
                     a ? "evaluation's" : "step's");
     }
     plans_free();
