@@ -64,6 +64,7 @@ static FILE *log_file;
 static struct {
     long kernels_found, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
     long collectives, captured_collectives;
+    long second_stream_launches; /* graphs launched on another stream than the first one captured on */
 } counts;
 
 static void stub_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -98,9 +99,11 @@ static _Noreturn void violation(const char *fmt, ...) {
 
 __attribute__((destructor)) static void summary(void) {
     stub_log("summary: %ld kernels found, %ld kernel launches (%ld captured), %ld graph launches, %ld products, "
-             "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives",
+             "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives, "
+             "%ld graph launches on a second stream",
              counts.kernels_found, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
-             counts.transforms, counts.copies, counts.collectives, counts.captured_collectives);
+             counts.transforms, counts.copies, counts.collectives, counts.captured_collectives,
+             counts.second_stream_launches);
 }
 
 /* ---- the device: compute capability and memory from the environment */
@@ -178,8 +181,16 @@ struct CUstream_st {
     int invalidated;  /* a prohibited call happened during the capture */
     long nodes;       /* work captured so far (the origin's count holds the forked streams' too) */
 };
-struct CUgraph_st { long nodes; };
-struct CUgraphExec_st { long nodes; };
+/* a graph, and its instance, remember the stream it was captured on */
+struct CUgraph_st {
+    long nodes;
+    cudaStream_t origin;
+};
+struct CUgraphExec_st {
+    long nodes;
+    cudaStream_t origin;
+};
+static cudaStream_t first_capture; /* the stream of the first capture: the training step's */
 struct CUevent_st {
     int recorded;
     cudaStream_t captured_on; /* recorded during the capture on this stream, else NULL */
@@ -368,6 +379,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
         violation("capture mode %d: the trainer captures in thread-local mode", (int)mode);
     s->capturing = 1, s->invalidated = 0, s->nodes = 0;
     capturing_stream = s;
+    if (!first_capture)
+        first_capture = s;
     return cudaSuccess;
 }
 
@@ -391,7 +404,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
         return ret(cudaErrorStreamCaptureInvalidated);
     if (!(*graph = calloc(1, sizeof **graph)))
         violation("out of host memory");
-    (*graph)->nodes = s->nodes;
+    (*graph)->nodes = s->nodes, (*graph)->origin = s;
     stub_log("captured a graph of %ld nodes", s->nodes);
     return cudaSuccess;
 }
@@ -400,7 +413,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsig
     (void)flags;
     if (!graph || !(*exec = calloc(1, sizeof **exec)))
         violation("cudaGraphInstantiate without a graph");
-    (*exec)->nodes = graph->nodes;
+    (*exec)->nodes = graph->nodes, (*exec)->origin = graph->origin;
     return cudaSuccess;
 }
 
@@ -417,8 +430,12 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
 cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) {
     if (!g || !g->nodes)
         violation("cudaGraphLaunch of an empty or missing graph");
+    /* legal in CUDA, but the trainer's lanes each replay their own graphs on their own stream */
+    if (s != g->origin)
+        violation("cudaGraphLaunch on another stream than the one the graph was captured on");
     enqueue(s);
     counts.graph_launches++;
+    counts.second_stream_launches += s != first_capture;
     return cudaSuccess;
 }
 

@@ -33,7 +33,7 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "emu"))
 sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
-from emu_compare import write_data, write_eval_data  # noqa: E402
+from emu_compare import EVAL_SAMPLES, write_data, write_eval_data  # noqa: E402
 from netc_testlib import Checks  # noqa: E402
 
 STEPS = 4
@@ -68,6 +68,7 @@ def main():
     n_kernels = len(re.findall(r'"\w+"', names))
     n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
     n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
+    batch = int(re.search(r"^    \.batch = (\d+),", host, re.M).group(1))
     buckets = re.search(r"gradient_buckets\[(\d+)\]", host)
     # the buckets' and the loss's collectives, and --sync-bn's batch-norm sums; with
     # --shard-optimizer each bucket's slices reduced (one rank: one reduce) and the parameters'
@@ -127,6 +128,11 @@ def main():
         check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
         captures = sum(ln.startswith("captured a graph") for ln in lines)
         check(captures == (6 if graph else 0), f"{tag}: {captures} graphs captured, expected {6 if graph else 0}")
+        # the evaluation's batches (EVAL_SAMPLES in batches) replay the second lane's graphs
+        got, batches = summary(lines), -(-EVAL_SAMPLES // batch)
+        side = got.get("graph launches on a second stream", 0)
+        check(side == (batches if graph else 0), f"{tag}: {side} graphs launched on the second stream, expected "
+              f"{batches if graph else 0} (the evaluation batches)")
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
         print(f"{tag}: {summary(lines)}")
 
