@@ -1039,6 +1039,14 @@ static void emit_clip(Cu *u) {
     kernel_close(u, "clip_scale", 1, shard ? 1 : BLOCK, "clip_grad_norm: the norm and the scale");
 }
 
+/* The gradient bucket that holds trainable parameter p's gradient (buckets never split one). */
+static int bucket_of(const IrGraph *g, const IrParam *p) {
+    for (int b = 0; b < g->n_buckets; b++)
+        if (g->buckets[b].offset <= p->grad_offset && p->grad_offset < g->buckets[b].offset + g->buckets[b].count)
+            return b;
+    ICE("cuda: %s lies in no gradient bucket", p->name);
+}
+
 /* The trainable tensors in flat order, each with the index of its first piece of PIECE floats
  * (the blocks of emit_layerwise's kernels), as a table in the kernel: {offset, count, first}. */
 static void emit_piece_table(Cu *u) {
@@ -1061,14 +1069,9 @@ static void emit_piece_table(Cu *u) {
     cg_open(c, "static const long long tensor[%d][%d] = {", nt, shard ? 4 : 3);
     for (int k = 0; k < nt; k++) {
         int64_t count = ir_numel(&t[k]->node->shape);
-        int b = 0;
-        while (shard && b < g->n_buckets &&
-               !(g->buckets[b].offset <= t[k]->grad_offset && t[k]->grad_offset < g->buckets[b].offset + g->buckets[b].count))
-            b++;
-        if (shard && b == g->n_buckets) ICE("cuda: %s lies in no gradient bucket", t[k]->name);
         if (shard)
-            cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 ", %d}, // %s", t[k]->grad_offset, count, first, b,
-                    t[k]->name);
+            cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 ", %d}, // %s", t[k]->grad_offset, count, first,
+                    bucket_of(g, t[k]), t[k]->name);
         else cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "}, // %s", t[k]->grad_offset, count, first, t[k]->name);
         first += (count + PIECE - 1) / PIECE;
     }

@@ -232,6 +232,13 @@ int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t
     return 0;
 }
 
+int64_t rt_gather_from(const RtModel *m, const RtDataset *ds, int64_t start, int64_t *idx, void *const *bufs,
+                       RtError *err) {
+    int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
+    for (int64_t r = 0; r < count; r++) idx[r] = start + r;
+    return rt_gather(m, ds, idx, count, bufs, err) ? -1 : count;
+}
+
 int rt_dataset_unchanged(const RtDataset *ds, RtError *err) {
     for (int i = 0; i < ds->n; i++)
         if (rt_array_unchanged(&ds->arrays[i], err)) return -1;

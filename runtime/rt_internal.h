@@ -91,6 +91,10 @@ size_t rt_batch_bytes(const RtModel *m, int input);
  * count..batch-1 are zero. -1 when a mapped file shrank under the copy (see rt_guard_arm). */
 int rt_gather(const RtModel *m, const RtDataset *ds, const int64_t *idx, int64_t count,
               void *const *bufs, RtError *err);
+/* rt_gather of the batch of samples from `start` on (fewer at the data's end), idx[0..batch)
+ * its scratch: the number of samples, or -1 as rt_gather. */
+int64_t rt_gather_from(const RtModel *m, const RtDataset *ds, int64_t start, int64_t *idx, void *const *bufs,
+                       RtError *err);
 /* rt_array_unchanged() for every file of the data set. */
 int rt_dataset_unchanged(const RtDataset *ds, RtError *err);
 

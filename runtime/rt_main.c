@@ -345,7 +345,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->eval_rank && (using || o->gradcheck))
         die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
     if (o->eval_rank && !o->n_eval) die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
-    if (o->eval_async && (using || o->gradcheck))
+    if (o->eval_async && using) /* --gradcheck is refused for any device trainer above */
         die_usage("--eval-async evaluates beside training: leave out --eval-only and --predict");
     if (o->eval_async && o->eval_rank)
         die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
@@ -531,9 +531,8 @@ static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all
     int64_t nth = 0;
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
         if (!all && nth++ % t->dist.ranks != t->dist.rank) continue;
-        int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
-        for (int64_t r = 0; r < count; r++) idx[r] = start + r;
-        if (rt_gather(m, ds, idx, count, bufs, &err)) {
+        int64_t count = rt_gather_from(m, ds, start, idx, bufs, &err);
+        if (count < 0) {
             if (t->dev) t->dev->read_eval(&loss, &correct); /* drop the partial sums */
             free(idx);
             return data_changed(t, &err);
@@ -596,10 +595,8 @@ static int feed_eval(Trainer *t, int64_t most) {
     RtError err;
     for (; t->ae.next * m->batch < ds->n_samples && most > 0; t->ae.next++) {
         if (t->ae.next % t->dist.ranks != t->dist.rank) continue;
-        int64_t start = t->ae.next * m->batch;
-        int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
-        for (int64_t r = 0; r < count; r++) t->ae.idx[r] = start + r;
-        if (rt_gather(m, ds, t->ae.idx, count, t->ae.bufs, &err)) {
+        int64_t count = rt_gather_from(m, ds, t->ae.next * m->batch, t->ae.idx, t->ae.bufs, &err);
+        if (count < 0) {
             t->ae.active = 0;
             return data_changed(t, &err);
         }

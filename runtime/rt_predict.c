@@ -71,9 +71,11 @@ static int write_batches(const RtModel *m, const RtModel *sub, const RtDataset *
     float *out = calloc((size_t)(m->batch * per_sample), sizeof *out);
     int rc = idx && out ? 0 : rt_fail(err, "out of memory for one batch of predictions");
     for (int64_t start = 0; !rc && start < ds->n_samples; start += m->batch) {
-        int64_t count = ds->n_samples - start < m->batch ? ds->n_samples - start : m->batch;
-        for (int64_t r = 0; r < count; r++) idx[r] = start + r;
-        if ((rc = rt_gather(sub, ds, idx, count, sub_bufs, err))) break;
+        int64_t count = rt_gather_from(sub, ds, start, idx, sub_bufs, err); /* sub's batch is m's */
+        if (count < 0) {
+            rc = -1;
+            break;
+        }
         ctx->inputs = bufs, ctx->n_valid = count, ctx->output = out;
         m->eval_step(ctx);
         if (fwrite(out, sizeof *out, (size_t)(count * per_sample), f) != (size_t)(count * per_sample))

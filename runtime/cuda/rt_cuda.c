@@ -594,17 +594,22 @@ static int capture_graphs(RtCuda *cu, char *why, size_t size) {
 
 /* ---- the hooks */
 
+/* A lane's evaluation graphs and staging slots (and their events), those that exist. */
+static void free_slots(cudaGraphExec_t *eval_graph, cudaEvent_t *slot_free, unsigned char **slot) {
+    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+        if (eval_graph[s])
+            cudaGraphExecDestroy(eval_graph[s]);
+        if (slot_free[s])
+            cudaEventDestroy(slot_free[s]);
+        if (slot[s])
+            cudaFreeHost(slot[s]);
+    }
+}
+
 /* Release whatever exists, in reverse order of creation; also the way out of a failed open(). */
 static void teardown(RtCuda *cu) {
     Lane *l = &cu->side;
-    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
-        if (l->eval_graph[s])
-            cudaGraphExecDestroy(l->eval_graph[s]);
-        if (l->slot_free[s])
-            cudaEventDestroy(l->slot_free[s]);
-        if (l->slot[s])
-            cudaFreeHost(l->slot[s]);
-    }
+    free_slots(l->eval_graph, l->slot_free, l->slot);
     if (l->stream)
         cudaStreamDestroy(l->stream);
     if (l->workspace)
@@ -613,16 +618,10 @@ static void teardown(RtCuda *cu) {
         cudaFree(l->base);
     if (cu->snapshot)
         cudaEventDestroy(cu->snapshot);
-    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
+    for (int s = 0; s < RT_CUDA_SLOTS; s++)
         if (cu->train_graph[s])
             cudaGraphExecDestroy(cu->train_graph[s]);
-        if (cu->eval_graph[s])
-            cudaGraphExecDestroy(cu->eval_graph[s]);
-        if (cu->slot_free[s])
-            cudaEventDestroy(cu->slot_free[s]);
-        if (cu->slot[s])
-            cudaFreeHost(cu->slot[s]);
-    }
+    free_slots(cu->eval_graph, cu->slot_free, cu->slot);
     if (cu->host_state)
         cudaFreeHost(cu->host_state);
     if (cu->coll_open)

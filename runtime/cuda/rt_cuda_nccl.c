@@ -124,14 +124,14 @@ void rt_cuda_sum_start(RtCuda *cu, int k) {
     if (k < 0 || k >= m->n_buckets)
         rt_cuda_die("internal error: gradient bucket %d of %d", k, m->n_buckets);
     const RtBucket *b = &m->buckets[k];
-    float *g = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_grads) + b->offset;
+    float *grads = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_grads);
     fork_from(cu, k);
     if (!g_nccl.slices) {
+        float *g = grads + b->offset;
         check(ncclAllReduce(g, g, (size_t)b->count, ncclFloat, ncclAvg, g_nccl.comm, g_nccl.stream),
               "ncclAllReduce (a gradient bucket)");
         return;
     }
-    float *grads = (float *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_grads);
     check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < g_nccl.ranks.ranks; r++) { /* rank r's slice of the bucket, onto rank r */
         const RtSlice *s = &g_nccl.slices[(size_t)r * m->n_buckets + k];
