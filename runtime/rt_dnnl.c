@@ -7,16 +7,12 @@
  * oihw; later calls only set pointers and execute. Every call waits for completion, so the
  * caller sees plain synchronous kernels.
  *
- * Accuracy: oneDNN's AVX-512 channels-last kernels (2.6 and 3.x: brgconv forward, jit backward)
- * are not float32-accurate. On an AVX-512 EPYC, one SGD step of ResNet-18 moved conv and batch-norm
- * parameters 0.4-0.6 % away from the float64 update, and PyTorch's own channels_last convolution
- * there is off by 3.8e-3 in a conv weight's update (1.9e-6 for its blocked layouts); with oneDNN
- * held to AVX2 both are within 1e-5. So before its first call the runtime caps oneDNN at AVX2
- * (a CPU without AVX2 gets its own, older kernels), unless the user chose an ISA with oneDNN's
- * own ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), e.g. ALL for the faster AVX-512 kernels
- * (docs/trainer.md). tests/runtime/dnnl_accuracy.c checks the chosen kernels against float64.
- * The other fix, oneDNN's blocked activation layouts (nChw16c, PyTorch's accurate default) on
- * AVX-512, would reorder every activation on each call, and no AVX2 test machine would run it.
+ * Instruction set: oneDNN picks its kernels for the CPU (brgconv and jit AVX-512 kernels where the
+ * CPU has AVX-512); oneDNN's own ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) holds it to an older set.
+ * Each choice is float32-accurate: tests/runtime/dnnl_accuracy.c measures the three directions
+ * against float64 under the default and under AVX2 and SSE41 caps. The runtime once held oneDNN
+ * to AVX2 after a whole-network ResNet-18 step on AVX-512 came out 0.4 % off; that was ReLU, not
+ * oneDNN (docs/testing.md, "Accuracy at the size of a real batch").
  */
 #include <dnnl.h>
 #include <stdio.h>
@@ -42,19 +38,8 @@ static void check(dnnl_status_t s, const char *what) {
     abort();
 }
 
-/* The AVX2 cap (see the top of the file). oneDNN accepts it only before its first primitive; if
- * it refuses (a build without the feature) and the CPU has more than AVX2, say so once. */
-static void cap_isa(void) {
-    if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA")) return;
-    dnnl_status_t s = dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
-    if (s != dnnl_success && (dnnl_get_effective_cpu_isa() & ~dnnl_cpu_isa_avx2_vnni))
-        fprintf(stderr, "warning: oneDNN refused the AVX2 cap (status %d): channels-last convolutions run its "
-                        "AVX-512 kernels, which are less accurate; --layout=row-major avoids them\n", (int)s);
-}
-
 static void init_engine(void) {
     if (engine) return;
-    cap_isa();
     check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine creation");
     check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "stream creation");
 }

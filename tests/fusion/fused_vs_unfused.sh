@@ -1,5 +1,5 @@
 #!/bin/sh
-# fused_vs_unfused.sh NETC WORKDIR MODEL [-D ...]
+# fused_vs_unfused.sh NETC WORKDIR MODEL [--silu] [-D ...]
 #
 # Every pass keeps the program's meaning: compile MODEL (models/MODEL.net) twice, with the
 # fusion pass and with --no-fuse, and check that fusion did something (the fused trainer
@@ -15,7 +15,8 @@
 #
 # The trainers are compiled with weight_decay 0 and learning rate 1000 so that the step is
 # p - 1000 g exactly (the step's own rounding then costs ~1 ulp of g); models with warmup need
-# -D warmup=0 from the caller.
+# -D warmup=0 from the caller. --silu checks the model with SiLU for ReLU (silu.sh), where
+# ReLU's kinks make the comparison meaningless (step_vs_float64.py).
 set -eu
 netc=$1 work=$2 model=$3
 shift 3
@@ -23,6 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mkdir -p "$work"
 src="$root/models/$model.net"
+. "$here/silu.sh"
 set -- "$@" -D weight_decay=0 -D lr=1000
 
 "$netc" "$src" "$@" -o "$work/$model-fused"
@@ -32,5 +34,5 @@ unfused=$("$netc" "$src" "$@" --report | sed -n 's/^  unfused: *\([0-9]*\).*/\1/
 [ -n "$fused" ] && [ "$fused" -lt "$unfused" ] ||
   { echo "fused_vs_unfused: $model: fusion removed no kernels ($fused vs $unfused)" >&2; exit 1; }
 echo "fused_vs_unfused: $model: $fused kernels per step fused, $unfused unfused"
-/usr/bin/python3 "$here/step_vs_float64.py" "$work/$model-step" 1000 "$work/$model-fused" "$work/$model-unfused" \
+/usr/bin/python3 "$here/step_vs_float64.py" $spread "$work/$model-step" 1000 "$work/$model-fused" "$work/$model-unfused" \
   -- "$netc" "$src" "$@"

@@ -1,11 +1,14 @@
 #!/bin/sh
-# layouts_agree.sh NETC WORKDIR MODEL MAX_CONVERSIONS [-D ...]
+# layouts_agree.sh NETC WORKDIR MODEL MAX_CONVERSIONS [--silu] [-D ...]
 #
 # Layout selection keeps the program's meaning: compile MODEL (models/MODEL.net) with the
 # default channels-last layout and with --layout=row-major, and require both trainers' first
 # SGD step within float32 rounding of the float64 one (below). Also checks that the
 # channels-last trainer really stores values NHWC, that it has at most MAX_CONVERSIONS layout conversions (the boundaries),
 # and that no conversion sits between two channels-last operators.
+#
+# --silu checks the model with SiLU for ReLU (silu.sh), for a batch of real size, where ReLU's
+# kinks make the comparison meaningless (step_vs_float64.py).
 set -eu
 netc=$1 work=$2/layouts model=$3 max_conv=$4
 shift 4
@@ -13,6 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mkdir -p "$work"
 src="$root/models/$model.net"
+. "$here/silu.sh"
 
 "$netc" "$src" "$@" --dump=layout > "$work/$model-layout.txt"
 /usr/bin/python3 - "$work/$model-layout.txt" "$max_conv" <<'PY'
@@ -37,9 +41,9 @@ PY
 # Both trainers' first step against the float64 IR interpreter, each within 4x PyTorch float32's
 # distance to it (step_vs_float64.py says why): the channels-last trainer runs oneDNN, the
 # row-major one im2col + OpenBLAS, and both must be as accurate as PyTorch, on every CPU
-# (oneDNN's AVX-512 channels-last kernels were 0.4 % off: issue 12, runtime/rt_dnnl.c).
+# (oneDNN under the instruction set it picks for this CPU: AVX-512 where it has it).
 set -- "$@" -D weight_decay=0 -D lr=1000
 "$netc" "$src" "$@" -o "$work/$model-nhwc"
 "$netc" "$src" "$@" --layout=row-major -o "$work/$model-nchw"
-/usr/bin/python3 "$here/step_vs_float64.py" "$work/$model-step" 1000 "$work/$model-nhwc" "$work/$model-nchw" \
+/usr/bin/python3 "$here/step_vs_float64.py" $spread "$work/$model-step" 1000 "$work/$model-nhwc" "$work/$model-nchw" \
   -- "$netc" "$src" "$@"
