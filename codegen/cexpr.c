@@ -975,6 +975,20 @@ void cg_sum_to_elem(FILE *o, const IrNode *n) {
     cg_load_close(o, x);
 }
 
+int cg_sum_to_rows(const IrNode *n) {
+    CgAxis kept[IR_MAX_RANK], red[IR_MAX_RANK];
+    int nk, nr;
+    sum_to_axes(n, kept, &nk, red, &nr);
+    int64_t stride = 1; /* what the next axis of extent above 1 must step by */
+    for (int k = 0; k < nk + nr; k++) {
+        const CgAxis *a = k < nk ? &kept[k] : &red[k - nk];
+        if (a->dim == 1) continue;
+        if (a->stride != stride) return 0;
+        stride *= a->dim;
+    }
+    return 1;
+}
+
 int cg_conv_which(const IrNode *n) {
     switch (n->op) {
     case OP_CONV2D: return CG_CONV_FWD;

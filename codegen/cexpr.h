@@ -121,6 +121,10 @@ void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar);
 void cg_sum_to_base(FILE *o, const IrNode *n);
 void cg_sum_to_elem(FILE *o, const IrNode *n);
+/* SUM_TO n adds, for its output o, x[j * out + o] over j (out: n's elements): the axes it sums
+ * away all lie outside the kept ones in x's memory, and both are contiguous (a bias's gradient,
+ * a channels-last per-channel sum). */
+int cg_sum_to_rows(const IrNode *n);
 void cg_conv_geometry(Cg *c, const IrNode *n, const char *name);
 /* Which of the three convolutions n is (the runtimes' order); any other operator is a bug. */
 enum { CG_CONV_FWD, CG_CONV_BWD_DATA, CG_CONV_BWD_FILTER };

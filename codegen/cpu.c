@@ -29,15 +29,35 @@ static void flat_pragma(Cg *c, int64_t n) {
     if (n >= PAR_MIN) cg_line(c, "#pragma omp parallel for simd");
 }
 
+/* An operand of n is broadcast to `total` elements: it has more than one and fewer. */
+static int broadcast_in(const IrNode *n, int64_t total) {
+    for (int k = 0; k < n->n_in; k++)
+        if (ir_numel(&n->in[k]->shape) > 1 && ir_numel(&n->in[k]->shape) < total) return 1;
+    return 0;
+}
+
+/* head, or another member of head's group, reads an operand broadcast to it (a bias, a
+ * per-channel batch-norm value). */
+static int reads_broadcast(const Cg *c, const IrNode *head) {
+    int64_t total = ir_numel(&head->shape);
+    const IrNode *n;
+    if (!head->group) return broadcast_in(head, total);
+    FOR_MEMBERS(n, head)
+        if (broadcast_in(n, total)) return 1;
+    return 0;
+}
+
 /* The extent of n's innermost physical axis longer than 1 when an element-wise loop over n
- * should be two-level (rows of it), else 0: a long enough axis whose operands would otherwise
- * index it with `%` (a bias, a per-channel batch-norm value). */
-static int64_t inner_extent(const IrNode *n) {
+ * should be two-level (rows of it), else 0: an axis whose operands would otherwise index it with
+ * `%` (a bias, a per-channel batch-norm value), long enough for the inner loop to vectorise, or
+ * short (LeNet's 6 channels) while an operand is broadcast: a `%` on every element costs more
+ * than a short inner loop. */
+static int64_t inner_extent(const Cg *c, const IrNode *n) {
     int perm[IR_MAX_RANK];
     cg_phys_order(n, perm);
     for (int k = n->shape.rank - 1; k >= 0; k--) {
         int64_t d = n->shape.dim[perm[k]];
-        if (d > 1) return d >= 16 && d < ir_numel(&n->shape) ? d : 0;
+        if (d > 1) return (d >= 16 || reads_broadcast(c, n)) && d < ir_numel(&n->shape) ? d : 0;
     }
     return 0;
 }
@@ -48,7 +68,7 @@ static int64_t inner_extent(const IrNode *n) {
  * closes both. */
 static void loop_open(Cg *c, const IrNode *n) {
     int64_t total = ir_numel(&n->shape);
-    c->inner = inner_extent(n);
+    c->inner = inner_extent(c, n);
     if (!c->inner) {
         flat_pragma(c, total);
         cg_open(c, "for (int64_t i = 0; i < %" PRId64 "; i++) {", total);
@@ -152,12 +172,37 @@ static void emit_group(Cg *c, const IrNode *head) {
 
 /* ---- reductions */
 
+enum { SUM_COLS = 16 }; /* outputs summed side by side by emit_sum_to_rows */
+
+/* A SUM_TO over rows of out_n outputs (cg_sum_to_rows): each output's sum runs over the rows in
+ * order from 0 in double, as emit_sum_to's loop has it, so the result is the same; but SUM_COLS
+ * outputs advance together along each row, so their sums overlap instead of waiting on one
+ * another's additions, and the loads are contiguous. */
+static void emit_sum_to_rows(Cg *c, const IrNode *n, int64_t out_n, int64_t red_n) {
+    int x = n->in[0]->id;
+    if (out_n > SUM_COLS && out_n * red_n >= PAR_MIN) cg_line(c, "#pragma omp parallel for");
+    cg_open(c, "for (int64_t o0 = 0; o0 < %" PRId64 "; o0 += %d) {", out_n, SUM_COLS);
+    cg_line(c, "const int64_t cols = %" PRId64 " - o0 < %d ? %" PRId64 " - o0 : %d;", out_n, SUM_COLS, out_n, SUM_COLS);
+    cg_line(c, "double acc[%d] = {0};", SUM_COLS);
+    cg_line(c, "for (int64_t j = 0; j < %" PRId64 "; j++)", red_n);
+    c->depth++; /* the row loop's one statement */
+    cg_line(c, "#pragma omp simd");
+    cg_line(c, "for (int64_t o = 0; o < cols; o++) acc[o] += v%d[j * %" PRId64 " + o0 + o];", x, out_n);
+    c->depth--;
+    cg_line(c, "for (int64_t o = 0; o < cols; o++) v%d[o0 + o] = (float)acc[o];", n->id);
+    cg_close(c, "}");
+}
+
 /* x summed down to the node's shape: for each output element, a loop over the reduced index
  * space of the axes that broadcasting stretched. */
 static void emit_sum_to(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     FILE *o = c->out;
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
+    if (out_n > 1 && x->dtype == DT_F32 && cg_sum_to_rows(n)) {
+        emit_sum_to_rows(c, n, out_n, red_n);
+        return;
+    }
     if (out_n > 1 && ir_numel(&x->shape) >= PAR_MIN) cg_line(c, "#pragma omp parallel for");
     cg_open(c, "for (int64_t o = 0; o < %" PRId64 "; o++) {", out_n);
     cg_begin(c, "%s", "");
@@ -872,6 +917,21 @@ static void emit_optimizer(Cg *c) {
     const char *clip = t->clip_grad_norm > 0 ? "g[i] *= clip; " : "";
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "%sfloat *g = ctx->grads;", t->clip_grad_norm > 0 ? "" : "const ");
+    const char *range = rt_optimizer(t->optim)->range_fn;
+    if (range && !*clip) { /* each thread its share of the decay and the no_decay floats */
+        cg_line(c, "#pragma omp parallel%s", n >= PAR_MIN ? "" : " if (0)");
+        cg_open(c, "{");
+        cg_line(c, "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();");
+        cg_line(c, "%s(h, s, p, g, state, %" PRId64 ", %" PRId64 " * th / nt, %" PRId64 " * (th + 1) / nt);", range, n,
+                nd, nd);
+        if (nd < n)
+            cg_line(c, "%s(h_nd, s_nd, p, g, state, %" PRId64 ", %" PRId64 " + %" PRId64 " * th / nt, %" PRId64
+                       " + %" PRId64 " * (th + 1) / nt);", range, n, nd, n - nd, nd, n - nd);
+        cg_close(c, "}");
+        cg_close(c, "}");
+        cg_blank(c);
+        return;
+    }
     flat_pragma(c, nd);
     cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s%s%s(h, s, p, g, state, %" PRId64 ", i);%s", nd,
             *clip ? "{ " : "", clip, rt_optimizer(t->optim)->update_fn, n, *clip ? " }" : "");

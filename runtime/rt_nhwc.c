@@ -44,8 +44,9 @@ void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, flo
     const int64_t C = p->C, plane = p->H * p->W * C;
     #pragma omp parallel
     {
-        int64_t *at = rt_alloc((size_t)C * sizeof *at, "a channels-last pooling"); /* each channel's first maximum */
+        /* per channel: the window's maximum so far and its offset in the sample's plane */
         float *best = rt_alloc((size_t)C * sizeof *best, "a channels-last pooling");
+        int64_t *at = rt_alloc((size_t)C * sizeof *at, "a channels-last pooling");
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < p->N; n++) {
             const float *xn = x + n * plane;
@@ -56,19 +57,26 @@ void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, flo
                     const float *g = dy + ((n * p->P + i) * p->Q + j) * C;
                     int64_t h0, h1, w0, w1;
                     window(p, i, j, &h0, &h1, &w0, &w1);
-                    for (int64_t c = 0; c < C; c++) at[c] = -1, best[c] = -INFINITY;
+                    if (h0 >= h1 || w0 >= w1) continue; /* wholly in padding: no input to route to */
+                    /* the first maximum, as the row-major kernel finds it: the first value, replaced
+                     * only by a strictly greater one; masks, not branches, since which wins is data */
+                    int64_t first = (h0 * p->W + w0) * C;
+                    for (int64_t c = 0; c < C; c++) best[c] = xn[first + c], at[c] = first + c;
                     for (int64_t h = h0; h < h1; h++)
-                        for (int64_t w = w0; w < w1; w++) {
+                        for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; w++) {
                             int64_t pix = (h * p->W + w) * C;
-                            for (int64_t c = 0; c < C; c++)
-                                if (at[c] < 0 || xn[pix + c] > best[c]) best[c] = xn[pix + c], at[c] = pix + c;
+                            for (int64_t c = 0; c < C; c++) {
+                                const float v = xn[pix + c];
+                                const int64_t more = -(int64_t)(v > best[c]); /* all ones where v wins */
+                                best[c] = v > best[c] ? v : best[c];
+                                at[c] ^= (at[c] ^ (pix + c)) & more;
+                            }
                         }
-                    for (int64_t c = 0; c < C; c++)
-                        if (at[c] >= 0) dxn[at[c]] += g[c];
+                    for (int64_t c = 0; c < C; c++) dxn[at[c]] += g[c];
                 }
         }
-        free(at);
         free(best);
+        free(at);
     }
 }
 

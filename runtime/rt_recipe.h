@@ -258,12 +258,57 @@ typedef struct RtOptimizer {
     int (*slots)(RtOptimParams h);
     const char *ratio_fn;  /* a layer-wise optimizer's "rt_lamb_ratio"; NULL for the others */
     const char *apply_fn;  /* its "rt_lamb_apply"; NULL for the others */
+    const char *range_fn;  /* an element-wise one's "rt_sgd_update_range" (the CPU's loop); NULL for the others */
 } RtOptimizer;
+
+/* The element-wise updates over elements [i0, i1), for the CPU's threads: the same arithmetic
+ * as the element functions, with the hyperparameters' tests taken once for the range where the
+ * common cases allow, so that the loop vectorises (RT_SIMD: where OpenMP is, the trainer). */
+#ifdef _OPENMP
+#define RT_SIMD _Pragma("omp simd")
+#else
+#define RT_SIMD
+#endif
+RT_RECIPE_FN void rt_sgd_update_range(RtOptimParams h, RtOptimStep s, float *p, const float *g, float *state, int64_t n,
+                                      int64_t i0, int64_t i1) {
+    if (h.momentum != 0 && h.dampening == 0 && h.nesterov == 0 && !s.first) { /* buf = m buf + d, p -= lr buf */
+        const float m = (float)h.momentum, wd = (float)h.weight_decay;
+        if (h.weight_decay != 0) {
+            RT_SIMD
+            for (int64_t i = i0; i < i1; i++) {
+                const float d = g[i] + wd * p[i];
+                state[i] = state[i] * m + d;
+                p[i] -= s.lr * state[i];
+            }
+        } else {
+            RT_SIMD
+            for (int64_t i = i0; i < i1; i++) {
+                state[i] = state[i] * m + g[i];
+                p[i] -= s.lr * state[i];
+            }
+        }
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) rt_sgd_update(h, s, p, g, state, n, i);
+}
+
+RT_RECIPE_FN void rt_adamw_update_range(RtOptimParams h, RtOptimStep s, float *p, const float *g, float *state,
+                                        int64_t n, int64_t i0, int64_t i1) {
+    if (h.weight_decay != 0) {
+        RT_SIMD
+        for (int64_t i = i0; i < i1; i++) rt_adamw_update(h, s, p, g, state, n, i);
+    } else {
+        h.weight_decay = 0; /* a literal for the compiler: the element function's test folds away */
+        RT_SIMD
+        for (int64_t i = i0; i < i1; i++) rt_adamw_update(h, s, p, g, state, n, i);
+    }
+}
 
 RT_RECIPE_FN const RtOptimizer *rt_optimizer(RtOptimKind k) {
 #define RT_OPTIM_ROW(ID, fn, layerwise, signature)                                              \
     {#fn, signature, "RT_OPTIM_" #ID, "rt_" #fn "_step", "rt_" #fn "_update", rt_##fn##_slots, \
-     (layerwise) ? "rt_" #fn "_ratio" : NULL, (layerwise) ? "rt_" #fn "_apply" : NULL},
+     (layerwise) ? "rt_" #fn "_ratio" : NULL, (layerwise) ? "rt_" #fn "_apply" : NULL,              \
+     (layerwise) ? NULL : "rt_" #fn "_update_range"},
     static const RtOptimizer rows[] = {RT_OPTIMIZERS(RT_OPTIM_ROW)};
 #undef RT_OPTIM_ROW
     return &rows[k];

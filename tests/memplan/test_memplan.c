@@ -397,8 +397,10 @@ static char *emit_text(const IrGraph *g) {
     return text;
 }
 
-/* Broadcast operands index with folded constants: a per-channel bias over NCHW reads
- * `(i / (H*W)) % C`; over a channels-last output it reads `i % C`; same-shape operands `[i]`. */
+/* Broadcast operands index with folded constants, in loops of rows of the innermost axis (a
+ * broadcast operand makes them two-level however short it is): a per-channel bias over NCHW
+ * reads `(r / H) % C` in rows of W; over a channels-last output it reads `[c]` in rows of C;
+ * same-shape operands `[i]`, and a row-major value read in channels-last order its permuted index. */
 static void test_broadcast_index_folding(void **state) {
     (void)state;
     Arena arena = {0};
@@ -419,9 +421,11 @@ static void test_broadcast_index_folding(void **state) {
     mp_plan(g, cg_cpu.node_scratch);
     char *c = emit_text(g);
     char want[128];
-    snprintf(want, sizeof want, "v%d[i] = v%d[i] + v%d[i / 20 %% 3];", nchw->id, x->id, b->node->id);
+    snprintf(want, sizeof want, "for (int64_t c = 0; c < 5; c++) {");
     assert_non_null(strstr(c, want));
-    snprintf(want, sizeof want, "v%d[i] = v%d[i] + v%d[i %% 3];", nhwc->id, cl->id, b->node->id);
+    snprintf(want, sizeof want, "v%d[i] = v%d[i] + v%d[r / 4 %% 3];", nchw->id, x->id, b->node->id);
+    assert_non_null(strstr(c, want));
+    snprintf(want, sizeof want, "v%d[i] = v%d[i] + v%d[c];", nhwc->id, cl->id, b->node->id);
     assert_non_null(strstr(c, want));
     /* row-major nchw read in channels-last order: c is innermost, then (h, w), then n */
     snprintf(want, sizeof want, "v%d[(i %% 3) * 20 + i / 3 %% 20 + (i / 60) * 60]", nchw->id);
