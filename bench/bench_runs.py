@@ -14,16 +14,31 @@ WARMUP = 2  # untimed steps before the timed ones, in both
 
 
 # The end of every PyTorch loop (a program text that defines step(s) and steps): WARMUP untimed
-# steps, then the timed ones; it leaves dt, their seconds, and peak_kib, the process's peak
-# resident set, for the loop's own last line.
+# steps, then the timed ones; it leaves dt, their seconds, warmup_s, the untimed steps' (with
+# torch.compile, its compilation), and peak_kib, the process's peak resident set, for the loop's
+# own last line.
 TORCH_TIMING = f"""
+tw = time.perf_counter()
 for s in range({WARMUP}):
     step(s)
 t0 = time.perf_counter()
+warmup_s = t0 - tw
 for s in range(steps):
     step(s)
 dt = time.perf_counter() - t0
 peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+
+
+# A PyTorch program's float32 matrix-product peak (2048^3, the best of 5, on the threads it set):
+# it leaves matmul_flops, the yardstick for FLOP utilisation.
+TORCH_MATMUL_PEAK = """
+a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+matmul_flops = 0.0
+for _ in range(5):
+    t = time.perf_counter()
+    a @ b
+    matmul_flops = max(matmul_flops, 2 * 2048 ** 3 / (time.perf_counter() - t))
 """
 
 
@@ -38,12 +53,13 @@ def run_args(ap, batch, steps):
     ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
 
 
-def run_netc(exe, args, threads, steps, batch, work):
-    """steps + WARMUP steps of a trainer: samples/s over the timed steps (from its log, one line
-    a step) and the process's peak resident set."""
+def run_netc(exe, args, threads, steps, batch, work, env=None):
+    """steps + WARMUP steps of a trainer (with env, a dict, added to the environment): samples/s
+    over the timed steps (from its log, one line a step) and the process's peak resident set."""
     log = os.path.join(work, "netc.jsonl")
     proc = subprocess.Popen([exe, *args, "--steps", str(steps + WARMUP), "--threads", str(threads),
-                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"])
+                             "--no-shuffle", "--log", log, "--log-every", "1", "--quiet"],
+                            env=dict(os.environ, **(env or {})))
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         sys.exit(f"bench: netc trainer failed with status {status}")

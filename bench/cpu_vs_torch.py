@@ -2,11 +2,12 @@
 same batch (64), same thread count, in one run; print samples/s, peak memory and the ratios.
 
 usage: /usr/bin/python3 bench/cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
-                                              [--models mlp,lenet] [--repeat 5]
+                                              [--models mlp,lenet] [--repeat 5] [--python PYTHON]
 
 samples/s is the training loop only (data already in memory), median over --repeat runs:
 netc's is total samples / total time of its logged intervals, PyTorch's is timed around its
-loop. Peak memory is each process's maximum resident set size.
+loop. Peak memory is each process's maximum resident set size. --python runs PyTorch with another
+interpreter (a newer PyTorch, README "Benchmarks"); the header names its version.
 """
 import argparse
 import json
@@ -43,7 +44,7 @@ for s in range(steps):
     loss.backward()
     opt.step()
 dt = time.perf_counter() - t0
-print(json.dumps({"samples_per_s": steps * batch / dt,
+print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__version__,
                   "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 
@@ -69,11 +70,11 @@ def run_netc(netc, model, threads, work):
     return rate, peak
 
 
-def run_torch(model, threads):
-    out = subprocess.run([sys.executable, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "tools"),
+def run_torch(python, model, threads):
+    out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "tools"),
                           model, str(threads)], check=True, capture_output=True, text=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return r["samples_per_s"], r["peak_kib"]
+    return r["samples_per_s"], r["peak_kib"], r["version"]
 
 
 def main():
@@ -82,24 +83,27 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--models", default="mlp,lenet")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for the PyTorch runs")
     args = ap.parse_args()
     print(f"CPU training, one epoch of Fashion-MNIST, batch 64, {args.threads} threads, "
           f"median of {args.repeat} runs")
-    print(f"{'model':8s} {'netc samples/s':>15s} {'torch samples/s':>16s} {'speed ratio':>12s} "
-          f"{'netc peak MiB':>14s} {'torch peak MiB':>15s} {'memory ratio':>13s}")
+    rows = []
     with tempfile.TemporaryDirectory() as work:
         for model in args.models.split(","):
             ours, theirs = [], []
             for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits both
                 ours.append(run_netc(args.netc, model, args.threads, work))
-                theirs.append(run_torch(model, args.threads))
+                theirs.append(run_torch(args.python, model, args.threads))
             n_rate = statistics.median(r for r, _ in ours)
-            t_rate = statistics.median(r for r, _ in theirs)
+            t_rate = statistics.median(r for r, _, _ in theirs)
             n_mem = max(m for _, m in ours) / 1024
-            t_mem = max(m for _, m in theirs) / 1024
-            print(f"{model:8s} {n_rate:15.0f} {t_rate:16.0f} {n_rate / t_rate:11.2f}x "
-                  f"{n_mem:14.1f} {t_mem:15.1f} {n_mem / t_mem:12.2f}x")
-
+            t_mem = max(m for _, m, _ in theirs) / 1024
+            rows.append(f"{model:8s} {n_rate:15.0f} {t_rate:16.0f} {n_rate / t_rate:11.2f}x "
+                        f"{n_mem:14.1f} {t_mem:15.1f} {n_mem / t_mem:12.2f}x")
+    print(f"PyTorch {theirs[0][2]} ({args.python}), eager")
+    print(f"{'model':8s} {'netc samples/s':>15s} {'torch samples/s':>16s} {'speed ratio':>12s} "
+          f"{'netc peak MiB':>14s} {'torch peak MiB':>15s} {'memory ratio':>13s}")
+    print("\n".join(rows))
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import tempfile
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -48,15 +48,9 @@ def step(s):
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_all[idx].reshape(-1)).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt.step()
-""" + TORCH_TIMING + r"""
-a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-best = 0.0
-for _ in range(5):
-    t = time.perf_counter()
-    a @ b
-    best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
+""" + TORCH_TIMING + TORCH_MATMUL_PEAK + r"""
 print(json.dumps({"tokens_per_s": steps * batch * x_all.shape[1] / dt, "version": torch.__version__,
-                  "peak_kib": peak_kib, "matmul_flops": best,
+                  "peak_kib": peak_kib, "matmul_flops": matmul_flops,
                   "params": sum(p.numel() for p in net.parameters())}))
 """
 

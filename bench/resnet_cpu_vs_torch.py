@@ -1,21 +1,31 @@
 """ResNet-18 (CIFAR stem) training on the CPU: netc against PyTorch (torchvision's resnet18
 with a 3x3 stride-1 conv1 and no max-pool), same batch, same threads, same synthetic data,
-in one run; prints samples/s, peak memory and the ratios. netc runs twice: with its default
-channels-last layout (oneDNN convolutions) and with --layout=row-major (im2col + OpenBLAS).
+in one run; prints samples/s, each run's fraction of the machine's float32 matrix-product
+peak, peak memory, and netc's speed against PyTorch's best.
 
 usage: /usr/bin/python3 bench/resnet_cpu_vs_torch.py [--netc build/compiler/netc] [--threads N]
                                                      [--batch 32] [--steps 8] [--repeat 3]
-                                                     [--python PYTHON]
+                                                     [--python PYTHON] [--no-compile]
 
---python runs the PyTorch side with another interpreter (a virtual environment with a newer
-PyTorch and torchvision; default: the one running this script). The table's header names the
-PyTorch version and the instruction set each side's oneDNN may use: netc's trainer holds oneDNN
-to AVX2 unless ONEDNN_MAX_CPU_ISA says otherwise (docs/trainer.md), PyTorch's does not.
+netc runs three trainers: its default (channels-last, oneDNN's convolutions with the kernels
+oneDNN picks for this CPU), the same held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2: what an AVX2 CPU
+runs; on an AVX2 machine the two are the same), and --layout=row-major (im2col + OpenBLAS).
+PyTorch runs eager (NCHW), eager with channels_last tensors, and, from PyTorch 2 on,
+torch.compile (its compilation falls in the untimed warm-up steps and is reported apart;
+--no-compile leaves it out). --python runs the PyTorch side with another interpreter, e.g. a
+virtual environment with a current PyTorch (README, "Benchmarks"); the header names its version.
+
+The peak is PyTorch's float32 product of two 2048x2048 matrices on the same threads, the best
+of 5 (measured in every PyTorch run; the best is used). A training step's work is counted as
+the convolutions' and the classifier's multiply-adds, two FLOPs each, three times (forward,
+data gradient, weight gradient), less the first convolution's data gradient, which neither
+side computes: 3.33 GFLOP a sample at width 64. Batch norm, ReLU, pooling and the optimizer
+are not counted, so the fraction understates the work done.
 
 Each run trains for 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line
-per step; PyTorch: timed around its loop). Runs alternate netc / PyTorch so that noise on a
-shared machine hits both; the medians are compared. Peak memory is each process's maximum
-resident set size.
+per step; PyTorch: timed around its loop). Runs alternate between the netc and PyTorch variants
+so that noise on a shared machine hits all; the medians are compared. Peak memory is each
+process's maximum resident set size.
 """
 import argparse
 import os
@@ -25,68 +35,111 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
+from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
 
-LAYOUTS = ("channels-last", "row-major")
+# name: (--layout, environment)
+NETC = {
+    "netc channels-last": ("channels-last", {}),
+    "netc channels-last, oneDNN held to AVX2": ("channels-last", {"ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    "netc row-major": ("row-major", {}),
+}
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
 import numpy as np, torch, torchvision
-threads, batch, steps, data = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+threads, batch, steps, data, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
+fmt = torch.channels_last if mode == "channels_last" else torch.contiguous_format
 x_all = torch.from_numpy(np.load(data + "/image.npy"))
 y_all = torch.from_numpy(np.load(data + "/label.npy"))
 net = torchvision.models.resnet18(num_classes=10)
 net.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
 net.maxpool = torch.nn.Identity()
-net.train()
+net = net.to(memory_format=fmt).train()
 opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+model = torch.compile(net) if mode == "compile" else net
 def step(s):
     idx = slice(s * batch, (s + 1) * batch)
     opt.zero_grad(set_to_none=True)
-    torch.nn.functional.cross_entropy(net(x_all[idx]), y_all[idx]).backward()
+    torch.nn.functional.cross_entropy(model(x_all[idx].contiguous(memory_format=fmt)), y_all[idx]).backward()
     opt.step()
-""" + TORCH_TIMING + r"""
-print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__version__,
-                  "peak_kib": peak_kib}))
+""" + TORCH_TIMING + TORCH_MATMUL_PEAK + r"""
+print(json.dumps({"samples_per_s": steps * batch / dt, "version": torch.__version__, "peak_kib": peak_kib,
+                  "warmup_s": warmup_s, "matmul_flops": matmul_flops}))
 """
+
+VERSION = "import torch; print(torch.__version__)"
+
+
+def train_flops(width=64, classes=10, size=32):
+    """FLOPs of one sample's training step: 2 per multiply-add of every convolution and of the
+    classifier, for the forward pass and both gradients, less the first convolution's data
+    gradient (the image needs none)."""
+    convs = [(3, width, 3, size)]  # (input channels, output channels, kernel, output size)
+    c, hw = width, size
+    for stage in range(4):
+        planes = width << stage
+        hw //= 2 if stage else 1
+        convs += [(c, planes, 3, hw)] + [(planes, planes, 3, hw)] * 3  # two blocks of two
+        if stage:
+            convs.append((c, planes, 1, hw))  # the first block's shortcut
+        c = planes
+    macs = [cin * cout * k * k * out * out for cin, cout, k, out in convs]
+    return 2 * (3 * (sum(macs) + c * classes) - macs[0])
+
+
+def cpu_isa():
+    flags = open("/proc/cpuinfo").read()
+    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "older than AVX2"
 
 
 def main():
     ap = argparse.ArgumentParser()
     run_args(ap, batch=32, steps=8)
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     a = ap.parse_args()
+    version = subprocess.run([a.python, "-c", VERSION], check=True, capture_output=True, text=True).stdout.strip()
+    modes = ["eager", "channels_last"]
+    if not a.no_compile and int(version.split(".")[0]) >= 2:
+        modes.append("compile")
+    runs = {name: [] for name in [*NETC, *(f"PyTorch {m}" for m in modes)]}
     with tempfile.TemporaryDirectory() as work:
         n = a.batch * (a.steps + WARMUP)
         rng = np.random.default_rng(0)
         np.save(f"{work}/image.npy", rng.normal(size=(n, 3, 32, 32)).astype(np.float32))
         np.save(f"{work}/label.npy", rng.integers(0, 10, n).astype(np.int64))
         exes = {}
-        for layout in LAYOUTS:
+        for layout in ("channels-last", "row-major"):
             exes[layout] = os.path.join(work, f"resnet18_cifar-{layout}")
             subprocess.run([a.netc, os.path.join(ROOT, "models", "resnet18_cifar.net"), "-o", exes[layout],
                             "-D", f"batch={a.batch}", f"--layout={layout}"], check=True)
         args = ["--data", f"image={work}/image.npy", "--data", f"label={work}/label.npy"]
-        netc, torch = {layout: [] for layout in LAYOUTS}, []
         for _ in range(a.repeat):
-            for layout in LAYOUTS:
-                netc[layout].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work))
-            torch.append(run_torch(a.python, TORCH_LOOP, str(a.threads), str(a.batch), str(a.steps), work))
-    ts = statistics.median(r["samples_per_s"] for r in torch)
-    tm = max(r["peak_kib"] for r in torch) / 1024
+            for name, (layout, env) in NETC.items():
+                runs[name].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work, env))
+            for m in modes:
+                runs[f"PyTorch {m}"].append(run_torch(a.python, TORCH_LOOP, str(a.threads), str(a.batch),
+                                                      str(a.steps), work, m))
+    peak = max(r["matmul_flops"] for m in modes for r in runs[f"PyTorch {m}"])
+    per_sample = train_flops()
+    rate = {name: statistics.median(r["samples_per_s"] for r in rs) for name, rs in runs.items()}
+    best_torch = max((k for k in rate if k.startswith("PyTorch")), key=rate.get)
     print(f"resnet18_cifar training, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "
-          f"median of {a.repeat}")
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-    netc_isa, torch_isa = (isa, isa) if isa else ("at most AVX2 (its default)", "the CPU's best")
-    print(f"PyTorch {torch[0]['version']} ({a.python}); oneDNN instruction set: netc {netc_isa}, "
-          f"PyTorch {torch_isa}")
-    print(f"| netc layout | netc samples/s | PyTorch samples/s | speed | netc peak RSS | PyTorch peak RSS | memory |")
-    print(f"|---|---|---|---|---|---|---|")
-    for layout in LAYOUTS:
-        ns = statistics.median(r["samples_per_s"] for r in netc[layout])
-        nm = max(r["peak_kib"] for r in netc[layout]) / 1024
-        print(f"| {layout} | {ns:.1f} | {ts:.1f} | **{ns / ts:.2f}x** | {nm:.0f} MiB | {tm:.0f} MiB | {nm / tm:.2f}x |")
+          f"median of {a.repeat}; CPU: {cpu_isa()}")
+    print(f"PyTorch {version} ({a.python}); {per_sample / 1e9:.2f} GFLOP per sample (convolutions and "
+          f"classifier); float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
+    if "PyTorch compile" in runs:
+        print(f"torch.compile: {statistics.median(r['warmup_s'] for r in runs['PyTorch compile']):.0f} s "
+              f"of compilation and warm-up per run, not timed")
+    print("| | samples/s | GFLOP/s | of the matmul peak | against PyTorch's best | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for name, rs in runs.items():
+        mem = max(r["peak_kib"] for r in rs) / 1024
+        print(f"| {name} | {rate[name]:.1f} | {rate[name] * per_sample / 1e9:.0f} | "
+              f"{100 * rate[name] * per_sample / peak:.0f}% | {rate[name] / rate[best_torch]:.2f}x | {mem:.0f} MiB |")
+    print(f"netc's default against PyTorch's best ({best_torch}): "
+          f"**{rate['netc channels-last'] / rate[best_torch]:.2f}x**")
 
 
 if __name__ == "__main__":
