@@ -263,7 +263,8 @@ typedef struct RtOptimizer {
 
 /* The element-wise updates over elements [i0, i1), for the CPU's threads: the same arithmetic
  * as the element functions, with the hyperparameters' tests taken once for the range where the
- * common cases allow, so that the loop vectorises (RT_SIMD: where OpenMP is, the trainer). */
+ * common cases allow, so that the loop can vectorise (RT_SIMD: where OpenMP is, the trainer).
+ * SGD's does; AdamW's stays scalar, since sqrtf may set errno and the trainer keeps errno. */
 #ifdef _OPENMP
 #define RT_SIMD _Pragma("omp simd")
 #else
