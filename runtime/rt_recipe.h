@@ -273,20 +273,15 @@ typedef struct RtOptimizer {
 RT_RECIPE_FN void rt_sgd_update_range(RtOptimParams h, RtOptimStep s, float *p, const float *g, float *state, int64_t n,
                                       int64_t i0, int64_t i1) {
     if (h.momentum != 0 && h.dampening == 0 && h.nesterov == 0 && !s.first) { /* buf = m buf + d, p -= lr buf */
-        const float m = (float)h.momentum, wd = (float)h.weight_decay;
+        /* literals for the compiler, so that rt_sgd_update's tests fold away */
+        h.dampening = 0, h.nesterov = 0, s.first = 0;
         if (h.weight_decay != 0) {
             RT_SIMD
-            for (int64_t i = i0; i < i1; i++) {
-                const float d = g[i] + wd * p[i];
-                state[i] = state[i] * m + d;
-                p[i] -= s.lr * state[i];
-            }
+            for (int64_t i = i0; i < i1; i++) rt_sgd_update(h, s, p, g, state, n, i);
         } else {
+            h.weight_decay = 0;
             RT_SIMD
-            for (int64_t i = i0; i < i1; i++) {
-                state[i] = state[i] * m + g[i];
-                p[i] -= s.lr * state[i];
-            }
+            for (int64_t i = i0; i < i1; i++) rt_sgd_update(h, s, p, g, state, n, i);
         }
         return;
     }
