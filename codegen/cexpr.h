@@ -27,6 +27,8 @@ typedef struct Cg {
     const char *fn_qual;    /* how the scalar helpers are declared: "static inline " (C) or with __device__ */
     int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
     int depth;              /* indentation of the next line, in levels of 4 spaces (cg_line) */
+    const int *in_backward; /* CPU, forward_backward: the position after which the backward pass updates
+                             * parameter i (in_backward[i]), -1 when optimizer_step does; or NULL */
 } Cg;
 
 typedef struct CgAxis {

@@ -250,32 +250,53 @@ static void emit_reduce(Cg *c, const IrNode *n) {
 
 /* ---- library kernels */
 
-/* A rank-2 product with its epilogue group: each thread multiplies its own block of rows
- * (OpenBLAS runs single-threaded inside a parallel region) and applies the group to that
- * block while it is still in cache. */
+/* The first line of a parallel region whose threads split `extent` rows (or columns) as
+ * [r0, r1): the same split everywhere, so that a thread meets the same rows of a parameter in
+ * the forward product, its gradient and its update, in its own core's cache. */
+static void emit_thread_share(Cg *c, const char *r0, const char *r1, int64_t extent) {
+    cg_line(c, "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();");
+    cg_line(c, "const int64_t %s = %" PRId64 " * th / nt, %s = %" PRId64 " * (th + 1) / nt;", r0, extent, r1, extent);
+}
+
+/* A rank-2 product with its epilogue group: each thread multiplies its own block of the output
+ * (OpenBLAS runs single-threaded inside a parallel region) and applies the group to that block
+ * while it is still in cache. A block of rows, or of columns when the output is wider than tall
+ * (a dense layer at a small batch), so that each thread reads its part of the larger operand,
+ * the weight, and no other's. */
 static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     const IrNode *a = n->in[0], *b = n->in[1], *head = NULL;
     int ta = n->attr.trans_a, tb = n->attr.trans_b;
     int64_t M = n->shape.dim[0], N = n->shape.dim[1], K = a->shape.dim[1 - ta];
     int64_t lda = a->shape.dim[1], ldb = b->shape.dim[1];
+    int cols = N > M;
     for (int i = n->id + 1; i < c->g->n && !head; i++)
         if (c->g->nodes[i]->group == n->epilogue) head = c->g->nodes[i];
-    cg_line(c, "// with its epilogue, fused group %d (%s), on each thread's block of rows", n->epilogue,
-            epilogue_kind(c->g, n));
+    cg_line(c, "// with its epilogue, fused group %d (%s), on each thread's block of %s", n->epilogue,
+            epilogue_kind(c->g, n), cols ? "columns" : "rows");
     cg_group_header(c, head);
     cg_line(c, "#pragma omp parallel");
     cg_open(c, "{");
-    cg_line(c, "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();");
-    cg_line(c, "const int64_t r0 = %" PRId64 " * th / nt, r1 = %" PRId64 " * (th + 1) / nt;", M, M);
-    cg_open(c, "if (r1 > r0) {");
-    /* rows r0.. of op(A): rows of A, or columns of A when it is transposed */
-    cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
-               ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
-            ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
-    cg_line(c, "for (int64_t r = r0; r < r1; r++)");
+    if (cols) {
+        emit_thread_share(c, "c0", "c1", N);
+        cg_open(c, "if (c1 > c0) {");
+        /* columns c0.. of op(B): rows of B when it is transposed, else its columns */
+        cg_line(c, "rt_gemm(%d, %d, %" PRId64 ", c1 - c0, %" PRId64 ", 1.0f, v%d, %" PRId64 ", v%d + c0 * %" PRId64
+                   ", %" PRId64 ", 0.0f, v%d + c0, %" PRId64 ");",
+                ta, tb, M, K, a->id, lda, b->id, tb ? ldb : (int64_t)1, ldb, n->id, N);
+        cg_line(c, "for (int64_t r = 0; r < %" PRId64 "; r++)", M);
+    } else {
+        emit_thread_share(c, "r0", "r1", M);
+        cg_open(c, "if (r1 > r0) {");
+        /* rows r0.. of op(A): rows of A, or columns of A when it is transposed */
+        cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
+                   ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
+                ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+        cg_line(c, "for (int64_t r = r0; r < r1; r++)");
+    }
     c->depth++; /* the row loop's one statement */
     cg_line(c, "#pragma omp simd");
-    cg_open(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", N);
+    if (cols) cg_open(c, "for (int64_t c = c0; c < c1; c++) {");
+    else cg_open(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", N);
     cg_line(c, "const int64_t i = r * %" PRId64 " + c;", N);
     c->inner = N;
     cg_group_body(c, head);
@@ -284,6 +305,16 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     c->depth--;
     cg_close(c, "}");
     cg_close(c, "}");
+}
+
+/* n writes the gradient of a parameter that forward_backward updates (Cg.in_backward). */
+static int updated_in_backward(const Cg *c, const IrNode *n) {
+    if (!c->in_backward || n->storage != ST_GRAD) return 0;
+    for (int i = 0; i < c->g->n_params; i++)
+        if (c->in_backward[i] >= 0 && c->g->params[i].grad_offset == n->offset &&
+            ir_numel(&c->g->params[i].node->shape) == ir_numel(&n->shape))
+            return 1;
+    return 0;
 }
 
 static void emit_matmul(Cg *c, const IrNode *n) {
@@ -302,6 +333,20 @@ static void emit_matmul(Cg *c, const IrNode *n) {
     }
     if (n->epilogue) {
         emit_matmul_epilogue(c, n);
+        return;
+    }
+    if (updated_in_backward(c, n)) {
+        cg_line(c, "// each thread the rows of the gradient its update will read (emit_thread_share)");
+        cg_line(c, "#pragma omp parallel");
+        cg_open(c, "{");
+        emit_thread_share(c, "r0", "r1", M);
+        cg_line(c, "if (r1 > r0)");
+        c->depth++;
+        cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
+                   ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
+                ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+        c->depth--;
+        cg_close(c, "}");
         return;
     }
     cg_line(c, "rt_gemm(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", 1.0f, v%d, %" PRId64 ", v%d, %" PRId64
@@ -736,8 +781,108 @@ static void emit_grad_copies(Cg *c) {
     }
 }
 
+/* ---- the update in the backward pass
+ *
+ * An element-wise optimizer's update of a parameter needs nothing but that parameter's floats,
+ * gradient and state, so it may run as soon as the backward pass is done with the parameter
+ * (param_done_at: its gradient final, no later node reading it). There the gradient was just
+ * written and is still in cache, where optimizer_step, after the whole pass, reads it back from
+ * memory: on the MLP the update is a sixth of the step. The arithmetic is rt_recipe.h's, element
+ * by element, so the parameters come out the same bit for bit whichever function updates them.
+ * Not with clip_grad_norm (the scale needs every gradient first), a layer-wise optimizer (whole
+ * tensors' norms), or a distributed trainer (the gradients are summed over the ranks first). */
+
+/* in_backward[i]: the schedule position after which forward_backward updates parameter i,
+ * or -1 when optimizer_step does. Parameters below PAR_MIN floats are left to optimizer_step,
+ * which updates them in one parallel loop rather than a small one each. NULL when none is. */
+static int *in_backward_positions(const IrGraph *g) {
+    const IrTrain *t = &g->train;
+    if (!rt_optimizer(t->optim)->range_fn || t->clip_grad_norm > 0 || g->distributed || g->shard_optimizer)
+        return NULL;
+    int *pos = schedule_positions(g);
+    int *at = xmalloc(((size_t)g->n_params + 1) * sizeof *at), any = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        at[i] = -1;
+        if (!p->trainable || p->grad_offset < 0 || ir_numel(&p->node->shape) < PAR_MIN) continue;
+        if (p->offset != p->grad_offset) ICE("cpu: %s's gradient is not at its parameter's offset", p->name);
+        int done = param_done_at(g, p, pos);
+        if (done >= g->n_fwd && done < g->n) at[i] = done, any = 1;
+    }
+    /* the update tests the loss, defined in the forward pass */
+    if (pos[g->loss->id] >= g->n_fwd) any = 0;
+    free(pos);
+    if (!any) free(at);
+    return any ? at : NULL;
+}
+
+/* Comment lines naming the parameters with at[i] == when (or, when is -1, at[i] >= 0), after
+ * `head` and wrapped before 100 columns. */
+static void emit_param_names(Cg *c, const char *head, const int *at, int when) {
+    size_t col = strlen(head) + 3;
+    cg_begin(c, "// %s", head);
+    for (int i = 0, first = 1; i < c->g->n_params; i++) {
+        if (when >= 0 ? at[i] != when : at[i] < 0) continue;
+        const char *name = c->g->params[i].name;
+        if (!first && col + strlen(name) + 2 > 100 - 4 * (size_t)c->depth) {
+            cg_end(c, ",");
+            cg_begin(c, "//   ");
+            col = 5;
+        } else if (!first) {
+            cg_put(c, ", ");
+            col += 2;
+        }
+        cg_comment_text(c->out, name);
+        col += strlen(name), first = 0;
+    }
+    cg_end(c, "%s", "");
+}
+
+/* The start of the backward pass: whether this step updates in it, and the step's constants. */
+static void emit_in_backward_head(Cg *c, const int *at) {
+    const IrGraph *g = c->g;
+    emit_param_names(c, "updated in this pass, each as soon as the pass is done with it (its gradient in cache): ",
+                     at, -1);
+    cg_line(c, "// (optimizer_step updates the others); when the trainer asks (ctx->update_in_backward) and the");
+    cg_line(c, "// loss is finite, else the trainer stops with the parameters as they were");
+    cg_line(c, "ctx->update_in_backward = ctx->update_in_backward && isfinite(v%d[0]);", g->loss->id);
+    cg_emit_optim_step(c, &g->train, "ctx->lr", "ctx->step", "ctx->hyper");
+    if (g->n_decay_floats < g->n_grad_floats) cg_emit_optim_no_decay(c, &g->train, "ctx->lr", "ctx->step");
+}
+
+/* After schedule position i: the update of the parameters the pass is done with there, each
+ * thread its share of each. */
+static void emit_in_backward_at(Cg *c, const int *at, int i) {
+    const IrGraph *g = c->g;
+    int64_t floats = 0;
+    for (int k = 0; k < g->n_params; k++)
+        if (at[k] == i) floats += ir_numel(&g->params[k].node->shape);
+    if (!floats) return;
+    emit_param_names(c, "the pass is done with, so the update now: ", at, i);
+    cg_line(c, "// each thread the rows it wrote the gradient of, or read in a product (emit_thread_share)");
+    cg_open(c, "if (ctx->update_in_backward) {");
+    cg_line(c, "#pragma omp parallel");
+    cg_open(c, "{");
+    cg_line(c, "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();");
+    for (int k = 0; k < g->n_params; k++) {
+        if (at[k] != i) continue;
+        const IrParam *p = &g->params[k];
+        int64_t rows = p->node->shape.rank ? p->node->shape.dim[0] : 1;
+        int64_t row = ir_numel(&p->node->shape) / rows;
+        const char *nd = p->offset < g->n_decay_floats ? "" : "_nd";
+        cg_line(c, "%s(h%s, s%s, ctx->params, ctx->grads, ctx->optstate, %" PRId64 ", %" PRId64 " + %" PRId64
+                   " * th / nt * %" PRId64 ", %" PRId64 " + %" PRId64 " * (th + 1) / nt * %" PRId64 ");",
+                rt_optimizer(g->train.optim)->range_fn, nd, nd, g->n_grad_floats, p->offset, rows, row, p->offset,
+                rows, row);
+    }
+    cg_close(c, "}");
+    cg_close(c, "}");
+}
+
 static void emit_forward_backward(Cg *c) {
     const IrGraph *g = c->g;
+    int *at = in_backward_positions(g);
+    c->in_backward = at;
     cg_mark_reads(c, g->n, 1);
     cg_line(c, "// One training step's computation: the forward pass, loss and metrics, then the");
     cg_line(c, "// backward pass, which leaves every trainable parameter's gradient in ctx->grads.");
@@ -746,10 +891,14 @@ static void emit_forward_backward(Cg *c) {
         if (i == g->n_fwd) {
             cg_blank(c);
             cg_line(c, "// ---- backward");
+            if (at) emit_in_backward_head(c, at);
         }
         emit_node(c, g->nodes[i]);
         cg_emit_grads_ready(c, i, "rt_grads_ready(ctx, ");
+        if (at) emit_in_backward_at(c, at, i);
     }
+    c->in_backward = NULL;
+    free(at);
     emit_grad_copies(c);
     cg_emit_grads_ready(c, g->n, "rt_grads_ready(ctx, ");
     emit_outputs(c);
@@ -899,6 +1048,51 @@ static void emit_layerwise_optimizer(Cg *c) {
     cg_blank(c);
 }
 
+/* When forward_backward has updated the parameters of `at`: the others, as runs of floats
+ * [from, to) of one decay group, each thread its share of each run. */
+static void emit_rest_of_update(Cg *c, const int *at, const char *range) {
+    const IrGraph *g = c->g;
+    int64_t (*runs)[3] = xmalloc(((size_t)g->n_params + 1) * sizeof *runs), floats = 0;
+    int n = 0;
+    for (int64_t off = 0; off < g->n_grad_floats;) { /* the trainable parameters tile [0, n_grad_floats) */
+        int k = 0;
+        while (k < g->n_params && !(g->params[k].grad_offset == off && g->params[k].trainable)) k++;
+        if (k == g->n_params) ICE("cpu: no trainable parameter at float %" PRId64, off);
+        int64_t len = ir_numel(&g->params[k].node->shape), decay = off < g->n_decay_floats;
+        if (at[k] < 0) {
+            if (n && runs[n - 1][1] == off && runs[n - 1][2] == decay) runs[n - 1][1] += len;
+            else runs[n][0] = off, runs[n][1] = off + len, runs[n][2] = decay, n++;
+            floats += len;
+        }
+        off += len;
+    }
+    cg_open(c, "if (ctx->update_in_backward) {");
+    emit_param_names(c, "forward_backward has updated ", at, -1);
+    if (n) {
+        cg_line(c, "// the others: runs of floats [from, to), decayed or not (no_decay)");
+        cg_open(c, "static const int64_t runs[%d][3] = {", n);
+        for (int k = 0; k < n; k++)
+            cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "},", runs[k][0], runs[k][1], runs[k][2]);
+        cg_close(c, "};");
+        cg_line(c, "#pragma omp parallel%s", floats >= PAR_MIN ? "" : " if (0)");
+        cg_open(c, "{");
+        cg_line(c, "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();");
+        cg_open(c, "for (int k = 0; k < %d; k++) {", n);
+        cg_line(c, "const int64_t from = runs[k][0], len = runs[k][1] - from;");
+        if (g->n_decay_floats < g->n_grad_floats)
+            cg_line(c, "%s(runs[k][2] ? h : h_nd, runs[k][2] ? s : s_nd, p, g, state, %" PRId64
+                       ", from + len * th / nt, from + len * (th + 1) / nt);", range, g->n_grad_floats);
+        else
+            cg_line(c, "%s(h, s, p, g, state, %" PRId64 ", from + len * th / nt, from + len * (th + 1) / nt);", range,
+                    g->n_grad_floats);
+        cg_close(c, "}");
+        cg_close(c, "}");
+    }
+    cg_line(c, "return;");
+    cg_close(c, "}");
+    free(runs);
+}
+
 static void emit_optimizer(Cg *c) {
     const IrTrain *t = &c->g->train;
     int64_t n = c->g->n_grad_floats, nd = c->g->n_decay_floats;
@@ -918,6 +1112,9 @@ static void emit_optimizer(Cg *c) {
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "%sfloat *g = ctx->grads;", t->clip_grad_norm > 0 ? "" : "const ");
     const char *range = rt_optimizer(t->optim)->range_fn;
+    int *at = in_backward_positions(c->g);
+    if (at) emit_rest_of_update(c, at, range);
+    free(at);
     if (range && !*clip) { /* each thread its share of the decay and the no_decay floats */
         cg_line(c, "#pragma omp parallel%s", n >= PAR_MIN ? "" : " if (0)");
         cg_open(c, "{");

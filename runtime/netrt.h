@@ -97,6 +97,10 @@ typedef struct RtCtx {
                                 * state alone); NULL otherwise */
     struct RtPieces *pieces;   /* a layer-wise optimizer's (LAMB's) pieces of the update; NULL for
                                 * the others */
+    int update_in_backward;    /* in: forward_backward may apply the optimizer's update to the
+                                * parameters the backward pass is done with (training steps only,
+                                * not --gradcheck); out: it did (the loss was finite), so that
+                                * optimizer_step updates only the others */
 } RtCtx;
 
 /* netc --shard-optimizer (ZeRO-1): the optimizer state is split between the ranks. Rank r owns

@@ -37,7 +37,7 @@ typedef struct Options {
     const char *predict_out;  /* --predict-out: the model's output for the --predict files */
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
     uint64_t seed;
-    int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph;
+    int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
     int eval_rank;            /* --eval-rank: the job's last process evaluates while the others train */
     int eval_async;           /* --eval-async: a GPU trainer evaluates on a second stream while it trains */
@@ -187,6 +187,10 @@ static void usage(const RtModel *m) {
                      "  --save-merged FILE     write the model with the adapters merged in, W + (alpha/r) B A\n"
                    : "",
            (long long)m->log_every);
+    if (!m->device)
+        printf("  --update-after-backward\n"
+               "                         update every parameter after the whole backward pass, not each as\n"
+               "                         soon as the pass is done with it (same results; for comparison)\n");
     if (m->device)
         printf("  --no-graph             launch the step's kernels one by one instead of replaying the\n"
                "                         captured %s graph (same results; for comparison and debugging)\n"
@@ -304,6 +308,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
+        else if (strcmp(a, "--update-after-backward") == 0 && !m->device) o->update_after_backward = 1;
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
         else if (strcmp(a, "--eval-rank") == 0 && m->comm) o->eval_rank = 1;
         else if (strcmp(a, "--eval-async") == 0) {
@@ -924,6 +929,7 @@ static int train_step(Trainer *t, void *const *batch) {
         t->ckpt_current = 0;
         return 0;
     }
+    t->ctx.update_in_backward = !t->o.update_after_backward;
     m->forward_backward(&t->ctx);
     if (t->dist.ranks > 1) { /* the mean gradient, loss and accuracy over the ranks, and any stop asked */
         rt_dist_mean_grads(&t->dist, &t->ctx);
@@ -1052,6 +1058,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
     free(idx);
     RtCtx *c = &t->ctx;
     c->inputs = bufs, c->n_valid = count, c->seed = rt_mix(t->o.seed), c->step = 0;
+    c->update_in_backward = 0; /* the parameters stay as they are */
     m->forward_backward(c);
     double loss = c->loss;
     float *ana = rt_alloc((size_t)m->n_grad_floats * sizeof *ana + 4, "gradients");

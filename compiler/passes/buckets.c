@@ -1,5 +1,6 @@
 /* buckets.c - the gradient buckets of a distributed step (netc --distributed), and their part
- * of --report.
+ * of --report; and where the backward pass is done with each parameter, which the buckets and
+ * the CPU's update in the backward pass (codegen/cpu.c) start from.
  *
  * Every rank sums its gradients with the others'. One sum after the backward pass would leave
  * the network idle while the arithmetic waits, and the arithmetic idle while the network works;
@@ -13,18 +14,34 @@
  * A gradient is final at the schedule position of the node that writes it into the buffer (the
  * backends emit a fused group at or before each member's position, so the value is written by
  * then), or at the end of the pass for one the backend copies there (computed elsewhere, or a
- * parameter the loss does not read).
+ * parameter the loss does not read). The pass is done with a parameter once its gradient is
+ * final and the last node reading it, directly or through views, has run (the memory plan's
+ * last_use, which counts a fused group's reads until its last position).
  */
 #include <stdlib.h>
 
 #include "passes.h"
 
-/* The schedule position after which trainable parameter p's gradient is final in the buffer. */
-static int final_at(const IrGraph *g, const IrParam *p, const int *pos) {
+int grad_final_at(const IrGraph *g, const IrParam *p, const int *pos) {
     if (!p->grad) return g->n;
     const IrNode *r = ir_storage_root(p->grad);
     if (r->storage != ST_GRAD || r->offset != p->grad_offset) return g->n; /* copied at the end */
     return pos[p->grad->id] > pos[r->id] ? pos[p->grad->id] : pos[r->id];
+}
+
+int param_done_at(const IrGraph *g, const IrParam *p, const int *pos) {
+    int at = grad_final_at(g, p, pos);
+    return p->node->last_use > at ? p->node->last_use : at;
+}
+
+int *schedule_positions(const IrGraph *g) {
+    int max_id = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->id > max_id) max_id = g->nodes[i]->id;
+    int *pos = calloc((size_t)max_id + 1, sizeof *pos);
+    if (!pos) ICE("out of memory");
+    for (int i = 0; i < g->n; i++) pos[g->nodes[i]->id] = i;
+    return pos;
 }
 
 static int by_offset_desc(const void *a, const void *b) {
@@ -35,13 +52,9 @@ static int by_offset_desc(const void *a, const void *b) {
 int dist_buckets(IrGraph *g, int64_t bucket_bytes) {
     g->distributed = 1;
     g->bucket_bytes = bucket_bytes;
-    int max_id = 0;
-    for (int i = 0; i < g->n; i++)
-        if (g->nodes[i]->id > max_id) max_id = g->nodes[i]->id;
-    int *pos = calloc((size_t)max_id + 1, sizeof *pos);
+    int *pos = schedule_positions(g);
     const IrParam **order = calloc((size_t)g->n_params + 1, sizeof *order);
-    if (!pos || !order) ICE("buckets: out of memory");
-    for (int i = 0; i < g->n; i++) pos[g->nodes[i]->id] = i;
+    if (!order) ICE("buckets: out of memory");
     int n = 0;
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].trainable && g->params[i].grad_offset >= 0) order[n++] = &g->params[i];
@@ -58,7 +71,7 @@ int dist_buckets(IrGraph *g, int64_t bucket_bytes) {
         }
         if (p->grad_offset + floats != b->offset) ICE("buckets: the gradient buffer has a hole before %s", p->name);
         b->offset = p->grad_offset, b->count += floats;
-        int at = final_at(g, p, pos);
+        int at = grad_final_at(g, p, pos);
         if (at > b->ready) b->ready = at;
     }
     free(pos);

@@ -68,6 +68,15 @@ void mp_print(const IrGraph *g, FILE *out);
  * layers' gradients first), each ready after the schedule position that finishes its last
  * gradient. Requires a planned graph. Returns the number of buckets. */
 int dist_buckets(IrGraph *g, int64_t bucket_bytes);
+/* pos[id] = the schedule position of node id (calloc'd; the caller frees it). */
+int *schedule_positions(const IrGraph *g);
+/* The schedule position after which trainable parameter p's gradient is final in the buffer,
+ * or g->n when the backend copies it there at the end of the pass. Requires a planned graph. */
+int grad_final_at(const IrGraph *g, const IrParam *p, const int *pos);
+/* The position after which the backward pass is done with p: its gradient is final and no
+ * later node reads p, directly or through views (g->n: only at the end of the pass). From then
+ * on the optimizer may update p (the CPU backend does, while the gradient is in cache). */
+int param_done_at(const IrGraph *g, const IrParam *p, const int *pos);
 /* --report's part for a distributed step: the buckets, the bytes each rank sends and receives
  * per step, and the time that takes at given bus bandwidths beside the step's arithmetic. */
 void dist_report(const IrGraph *g, FILE *out);

@@ -9,7 +9,7 @@
 #
 # Not bit for bit: a fused loop evaluates the same float operations in the same order as the
 # separate loops, but fusion also gives a matrix product its epilogue, which splits the product
-# into one OpenBLAS call per thread's block of rows, and OpenBLAS picks its kernels (and so its
+# into one OpenBLAS call per thread's block of rows or columns, and OpenBLAS picks its kernels (and so its
 # summation order) by the CPU and the matrix size: on AVX-512 (SkylakeX kernels) the MLP's two
 # trainers differ in the last bits, and through ResNet-50's batch norm by 8e-4 after two steps.
 #
