@@ -22,8 +22,72 @@ static void window(const RtPool *p, int64_t i, int64_t j, int64_t *h0, int64_t *
     *w1 = w + p->kw > p->W ? p->W : w + p->kw;
 }
 
+/* 2x2 windows at stride 2 without padding (LeNet's, VGG's): disjoint, four pixels each at
+ * known offsets, so the kernels below take each output row at once, with no window bounds,
+ * and the backward pass writes each input gradient once instead of adding into zeros. */
+static int pool_2x2(const RtPool *p) {
+    return p->kh == 2 && p->kw == 2 && p->stride_h == 2 && p->stride_w == 2 && p->pad_h == 0 && p->pad_w == 0;
+}
+
+/* The same order of comparisons as the general kernel: from -inf, each pixel of the window
+ * in row order replaces the maximum when greater (so a NaN never does, as there). */
+static void maxpool_2x2_fwd(const RtPool *p, const float *x, float *y) {
+    const int64_t C = p->C, row = p->W * C;
+    #pragma omp parallel for schedule(static)
+    for (int64_t ni = 0; ni < p->N * p->P; ni++) {
+        const int64_t n = ni / p->P, i = ni % p->P;
+        const float *r0 = x + (n * p->H + 2 * i) * row, *r1 = r0 + row;
+        float *out = y + ni * p->Q * C;
+        for (int64_t j = 0; j < p->Q; j++)
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t a = 2 * j * C + c, b = a + C;
+                float m = -INFINITY;
+                m = r0[a] > m ? r0[a] : m;
+                m = r0[b] > m ? r0[b] : m;
+                m = r1[a] > m ? r1[a] : m;
+                m = r1[b] > m ? r1[b] : m;
+                out[j * C + c] = m;
+            }
+    }
+}
+
+/* Each window routes its gradient to its first maximum, as the general kernel does (the first
+ * value, replaced only by a strictly greater one), and 0 to its other pixels; 0.0f + g, not g,
+ * so that a gradient of -0 lands as the general kernel's addition into zeros leaves it (+0). */
+static void maxpool_2x2_bwd(const RtPool *p, const float *x, const float *dy, float *dx) {
+    const int64_t C = p->C, row = p->W * C, plane = p->H * row;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < p->N; n++) {
+        if (2 * p->P != p->H || 2 * p->Q != p->W) /* an odd last row or column, in no window */
+            memset(dx + n * plane, 0, (size_t)plane * sizeof *dx);
+        for (int64_t i = 0; i < p->P; i++) {
+            const int64_t off = n * plane + 2 * i * row;
+            const float *r0 = x + off, *r1 = r0 + row, *g = dy + (n * p->P + i) * p->Q * C;
+            float *d0 = dx + off, *d1 = d0 + row;
+            for (int64_t j = 0; j < p->Q; j++)
+                for (int64_t c = 0; c < C; c++) {
+                    const int64_t a = 2 * j * C + c, b = a + C;
+                    float best = r0[a];
+                    int k = 0;
+                    if (r0[b] > best) best = r0[b], k = 1;
+                    if (r1[a] > best) best = r1[a], k = 2;
+                    if (r1[b] > best) k = 3;
+                    const float v = 0.0f + g[j * C + c];
+                    d0[a] = k == 0 ? v : 0.0f;
+                    d0[b] = k == 1 ? v : 0.0f;
+                    d1[a] = k == 2 ? v : 0.0f;
+                    d1[b] = k == 3 ? v : 0.0f;
+                }
+        }
+    }
+}
+
 void rt_maxpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y) {
     const int64_t C = p->C;
+    if (pool_2x2(p)) {
+        maxpool_2x2_fwd(p, x, y);
+        return;
+    }
     #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t i = 0; i < p->P; i++)
@@ -42,6 +106,10 @@ void rt_maxpool2d_nhwc_fwd(const RtPool *p, const float *x, float *y) {
 
 void rt_maxpool2d_nhwc_bwd(const RtPool *p, const float *x, const float *dy, float *dx) {
     const int64_t C = p->C, plane = p->H * p->W * C;
+    if (pool_2x2(p)) {
+        maxpool_2x2_bwd(p, x, dy, dx);
+        return;
+    }
     #pragma omp parallel
     {
         /* per channel: the window's maximum so far and its offset in the sample's plane */

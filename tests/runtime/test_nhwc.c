@@ -91,6 +91,8 @@ static void check_pool(RtPool p) {
     int64_t nx = p.N * p.C * p.H * p.W, ny = p.N * p.C * p.P * p.Q;
     float *x = randv(nx), *dy = randv(ny);
     for (int64_t i = 0; i < nx; i += 7) x[i] = x[i / 2]; /* ties: the first maximum wins in both */
+    for (int64_t i = 0; i + 1 < nx; i += 10) x[i + 1] = x[i]; /* ties inside a window's row */
+    for (int64_t i = 0; i < ny; i += 9) dy[i] = -0.0f; /* routed as an addition into zeros routes it */
     float *y = malloc((size_t)ny * 4), *dx = malloc((size_t)nx * 4), *ya = malloc((size_t)ny * 4),
           *dxa = malloc((size_t)nx * 4);
     rt_maxpool2d_fwd(&p, x, y);
@@ -125,6 +127,10 @@ static void test_pooling(void **state) {
     check_pool((RtPool){.N = 2, .C = 5, .H = 9, .W = 9, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2,
                         .pad_h = 1, .pad_w = 1}); /* ResNet's stem pooling */
     check_pool((RtPool){.N = 3, .C = 8, .H = 4, .W = 4, .kh = 4, .kw = 4, .stride_h = 4, .stride_w = 4}); /* global */
+    /* 2x2 at stride 2 (rt_nhwc.c's own kernels): LeNet's, and an odd plane whose last row and
+     * column lie in no window */
+    check_pool((RtPool){.N = 2, .C = 6, .H = 24, .W = 24, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2});
+    check_pool((RtPool){.N = 2, .C = 5, .H = 9, .W = 7, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2});
 }
 
 static void test_batchnorm(void **state) {
