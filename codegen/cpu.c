@@ -792,30 +792,6 @@ static void emit_grad_copies(Cg *c) {
  * Not with clip_grad_norm (the scale needs every gradient first), a layer-wise optimizer (whole
  * tensors' norms), or a distributed trainer (the gradients are summed over the ranks first). */
 
-/* in_backward[i]: the schedule position after which forward_backward updates parameter i,
- * or -1 when optimizer_step does. Parameters below PAR_MIN floats are left to optimizer_step,
- * which updates them in one parallel loop rather than a small one each. NULL when none is. */
-static int *in_backward_positions(const IrGraph *g) {
-    const IrTrain *t = &g->train;
-    if (!rt_optimizer(t->optim)->range_fn || t->clip_grad_norm > 0 || g->distributed || g->shard_optimizer)
-        return NULL;
-    int *pos = schedule_positions(g);
-    int *at = xmalloc(((size_t)g->n_params + 1) * sizeof *at), any = 0;
-    for (int i = 0; i < g->n_params; i++) {
-        const IrParam *p = &g->params[i];
-        at[i] = -1;
-        if (!p->trainable || p->grad_offset < 0 || ir_numel(&p->node->shape) < PAR_MIN) continue;
-        if (p->offset != p->grad_offset) ICE("cpu: %s's gradient is not at its parameter's offset", p->name);
-        int done = param_done_at(g, p, pos);
-        if (done >= g->n_fwd && done < g->n) at[i] = done, any = 1;
-    }
-    /* the update tests the loss, defined in the forward pass */
-    if (pos[g->loss->id] >= g->n_fwd) any = 0;
-    free(pos);
-    if (!any) free(at);
-    return any ? at : NULL;
-}
-
 /* Comment lines naming the parameters with at[i] == when (or, when is -1, at[i] >= 0), after
  * `head` and wrapped before 100 columns. */
 static void emit_param_names(Cg *c, const char *head, const int *at, int when) {
@@ -881,7 +857,7 @@ static void emit_in_backward_at(Cg *c, const int *at, int i) {
 
 static void emit_forward_backward(Cg *c) {
     const IrGraph *g = c->g;
-    int *at = in_backward_positions(g);
+    int *at = in_backward_positions(g, IN_BACKWARD_MIN_FLOATS);
     c->in_backward = at;
     cg_mark_reads(c, g->n, 1);
     cg_line(c, "// One training step's computation: the forward pass, loss and metrics, then the");
@@ -1112,7 +1088,7 @@ static void emit_optimizer(Cg *c) {
     cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
     cg_line(c, "%sfloat *g = ctx->grads;", t->clip_grad_norm > 0 ? "" : "const ");
     const char *range = rt_optimizer(t->optim)->range_fn;
-    int *at = in_backward_positions(c->g);
+    int *at = in_backward_positions(c->g, IN_BACKWARD_MIN_FLOATS);
     if (at) emit_rest_of_update(c, at, range);
     free(at);
     if (range && !*clip) { /* each thread its share of the decay and the no_decay floats */

@@ -624,7 +624,12 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "memplan");
     if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
     g->sync_bn = o->sync_bn, g->shard_optimizer = o->shard_optimizer;
-    if (o->report) return fuse_report(g, stdout), dist_report(g, stdout), 0;
+    if (o->report) {
+        fuse_report(g, stdout);
+        if (be == &cg_cpu) in_backward_report(g, IN_BACKWARD_MIN_FLOATS, stdout);
+        dist_report(g, stdout);
+        return 0;
+    }
     if (o->dump == DUMP_MEMPLAN) return mp_print(g, stdout), 0;
     if (o->dump == DUMP_C) return cg_emit(be, g, stdout, NULL);
     if (o->dump == DUMP_CU) {

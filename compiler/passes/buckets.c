@@ -34,6 +34,49 @@ int param_done_at(const IrGraph *g, const IrParam *p, const int *pos) {
     return p->node->last_use > at ? p->node->last_use : at;
 }
 
+int *in_backward_positions(const IrGraph *g, int64_t min_floats) {
+    const IrTrain *t = &g->train;
+    if (!rt_optimizer(t->optim)->range_fn || t->clip_grad_norm > 0 || g->distributed || g->shard_optimizer)
+        return NULL;
+    int *pos = schedule_positions(g);
+    int *at = xmalloc(((size_t)g->n_params + 1) * sizeof *at), any = 0;
+    for (int i = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        at[i] = -1;
+        if (!p->trainable || p->grad_offset < 0 || ir_numel(&p->node->shape) < min_floats) continue;
+        if (p->offset != p->grad_offset) ICE("in_backward: %s's gradient is not at its parameter's offset", p->name);
+        int done = param_done_at(g, p, pos);
+        if (done >= g->n_fwd && done < g->n) at[i] = done, any = 1;
+    }
+    /* the update tests the loss, defined in the forward pass */
+    if (pos[g->loss->id] >= g->n_fwd) any = 0;
+    free(pos);
+    if (!any) free(at);
+    return any ? at : NULL;
+}
+
+void in_backward_report(const IrGraph *g, int64_t min_floats, FILE *out) {
+    const IrTrain *t = &g->train;
+    const char *why = !rt_optimizer(t->optim)->range_fn ? "its optimizer needs whole tensors' norms first"
+                    : t->clip_grad_norm > 0            ? "clip_grad_norm needs every gradient first"
+                    : g->distributed                   ? "the gradients are summed over the ranks first"
+                                                       : NULL;
+    int *at = why ? NULL : in_backward_positions(g, min_floats), n = 0;
+    int64_t floats = 0;
+    for (int i = 0; at && i < g->n_params; i++)
+        if (at[i] >= 0) n++, floats += ir_numel(&g->params[i].node->shape);
+    fprintf(out, "\noptimizer: ");
+    if (why) fprintf(out, "every parameter updated after the backward pass: %s\n", why);
+    else fprintf(out, "%d parameter%s (%lld of %lld floats) updated in the backward pass, each as soon as the\n"
+                      "  pass is done with it, the others after it (those of at least %lld floats; docs/compiler.md)\n",
+                 n, n == 1 ? "" : "s", (long long)floats, (long long)g->n_grad_floats, (long long)min_floats);
+    for (int i = 0; at && i < g->n_params; i++)
+        if (at[i] >= 0)
+            fprintf(out, "  %-40s after node %d of %d (%s)\n", g->params[i].name, at[i], g->n,
+                    ir_op_name(g->nodes[at[i]]->op));
+    free(at);
+}
+
 int *schedule_positions(const IrGraph *g) {
     int max_id = 0;
     for (int i = 0; i < g->n; i++)

@@ -77,6 +77,15 @@ int grad_final_at(const IrGraph *g, const IrParam *p, const int *pos);
  * later node reads p, directly or through views (g->n: only at the end of the pass). From then
  * on the optimizer may update p (the CPU backend does, while the gradient is in cache). */
 int param_done_at(const IrGraph *g, const IrParam *p, const int *pos);
+/* The CPU trainer's update in the backward pass (codegen/cpu.c): an element-wise optimizer,
+ * without clip_grad_norm, in a trainer of one process, updates each trainable parameter of at
+ * least min_floats floats right after the schedule position param_done_at gives. Returns a
+ * malloc'd array, in_backward[i] = that position for parameter i or -1 (updated after the pass),
+ * or NULL when no parameter is updated in the pass. */
+enum { IN_BACKWARD_MIN_FLOATS = 32768 };
+int *in_backward_positions(const IrGraph *g, int64_t min_floats);
+/* --report's part for it: which parameters, after which node. */
+void in_backward_report(const IrGraph *g, int64_t min_floats, FILE *out);
 /* --report's part for a distributed step: the buckets, the bytes each rank sends and receives
  * per step, and the time that takes at given bus bandwidths beside the step's arithmetic. */
 void dist_report(const IrGraph *g, FILE *out);

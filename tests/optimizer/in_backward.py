@@ -5,8 +5,8 @@ result.
     in_backward.py NETC WORKDIR
 
 For each model below: compile it, keeping the generated C, and require the parameters that
-forward_backward updates to be the expected ones (so that the check fails if the update stops
-moving); then train a few steps from the same weights and data twice, as compiled and with
+forward_backward updates, and those --report lists, to be the expected ones (so that the check
+fails if the update stops moving); then train a few steps from the same weights and data twice, as compiled and with
 --update-after-backward (every update after the whole backward pass, in optimizer_step), and
 require the saved parameters to be equal bit for bit. That equality is guaranteed by
 construction: both runs compute the same gradients with the same code, and the update is the
@@ -71,6 +71,10 @@ def main():
         if want is None:
             want = big_params(exe)
         assert want and got == want, f"{name}: updated in the backward pass: {sorted(got)}, want {sorted(want)}"
+        report = subprocess.run([netc, os.path.join(ROOT, src), *opts, "--report"], capture_output=True, text=True,
+                                check=True).stdout
+        listed = set(re.findall(r"^  (\S+) +after node \d+ of \d+", report.split("\noptimizer: ")[1], re.M))
+        assert listed == want, f"{name}: --report lists {sorted(listed)} as updated in the backward pass"
         data = write_data(exe, work)
         saved = []
         for extra in ([], ["--update-after-backward"]):
