@@ -258,6 +258,17 @@ static void emit_thread_share(Cg *c, const char *r0, const char *r1, int64_t ext
     cg_line(c, "const int64_t %s = %" PRId64 " * th / nt, %s = %" PRId64 " * (th + 1) / nt;", r0, extent, r1, extent);
 }
 
+/* The call multiplying rows [r0, r1) of rank-2 product n's output, in a thread's share. */
+static void emit_gemm_rows(Cg *c, const IrNode *n) {
+    const IrNode *a = n->in[0], *b = n->in[1];
+    int ta = n->attr.trans_a, tb = n->attr.trans_b;
+    int64_t N = n->shape.dim[1], K = a->shape.dim[1 - ta], lda = a->shape.dim[1], ldb = b->shape.dim[1];
+    /* rows r0.. of op(A): rows of A, or columns of A when it is transposed */
+    cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
+               ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
+            ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+}
+
 /* A rank-2 product with its epilogue group: each thread multiplies its own block of the output
  * (OpenBLAS runs single-threaded inside a parallel region) and applies the group to that block
  * while it is still in cache. A block of rows, or of columns when the output is wider than tall
@@ -287,10 +298,7 @@ static void emit_matmul_epilogue(Cg *c, const IrNode *n) {
     } else {
         emit_thread_share(c, "r0", "r1", M);
         cg_open(c, "if (r1 > r0) {");
-        /* rows r0.. of op(A): rows of A, or columns of A when it is transposed */
-        cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
-                   ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
-                ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+        emit_gemm_rows(c, n);
         cg_line(c, "for (int64_t r = r0; r < r1; r++)");
     }
     c->depth++; /* the row loop's one statement */
@@ -342,9 +350,7 @@ static void emit_matmul(Cg *c, const IrNode *n) {
         emit_thread_share(c, "r0", "r1", M);
         cg_line(c, "if (r1 > r0)");
         c->depth++;
-        cg_line(c, "rt_gemm(%d, %d, r1 - r0, %" PRId64 ", %" PRId64 ", 1.0f, v%d + r0 * %" PRId64 ", %" PRId64
-                   ", v%d, %" PRId64 ", 0.0f, v%d + r0 * %" PRId64 ", %" PRId64 ");",
-                ta, tb, N, K, a->id, ta ? (int64_t)1 : lda, lda, b->id, ldb, n->id, N, N);
+        emit_gemm_rows(c, n);
         c->depth--;
         cg_close(c, "}");
         return;
@@ -830,10 +836,9 @@ static void emit_in_backward_head(Cg *c, const int *at) {
  * thread its share of each. */
 static void emit_in_backward_at(Cg *c, const int *at, int i) {
     const IrGraph *g = c->g;
-    int64_t floats = 0;
-    for (int k = 0; k < g->n_params; k++)
-        if (at[k] == i) floats += ir_numel(&g->params[k].node->shape);
-    if (!floats) return;
+    int any = 0;
+    for (int k = 0; k < g->n_params; k++) any |= at[k] == i;
+    if (!any) return;
     emit_param_names(c, "the pass is done with, so the update now: ", at, i);
     cg_line(c, "// each thread the rows it wrote the gradient of, or read in a product (emit_thread_share)");
     cg_open(c, "if (ctx->update_in_backward) {");

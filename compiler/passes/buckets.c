@@ -34,10 +34,17 @@ int param_done_at(const IrGraph *g, const IrParam *p, const int *pos) {
     return p->node->last_use > at ? p->node->last_use : at;
 }
 
-int *in_backward_positions(const IrGraph *g, int64_t min_floats) {
+/* Why no parameter of g can be updated in the backward pass, or NULL when some may be. */
+static const char *in_backward_refused(const IrGraph *g) {
     const IrTrain *t = &g->train;
-    if (!rt_optimizer(t->optim)->range_fn || t->clip_grad_norm > 0 || g->distributed || g->shard_optimizer)
-        return NULL;
+    if (!rt_optimizer(t->optim)->range_fn) return "its optimizer needs whole tensors' norms first";
+    if (t->clip_grad_norm > 0) return "clip_grad_norm needs every gradient first";
+    if (g->distributed || g->shard_optimizer) return "the gradients are summed over the ranks first";
+    return NULL;
+}
+
+int *in_backward_positions(const IrGraph *g, int64_t min_floats) {
+    if (in_backward_refused(g)) return NULL;
     int *pos = schedule_positions(g);
     int *at = xmalloc(((size_t)g->n_params + 1) * sizeof *at), any = 0;
     for (int i = 0; i < g->n_params; i++) {
@@ -56,11 +63,7 @@ int *in_backward_positions(const IrGraph *g, int64_t min_floats) {
 }
 
 void in_backward_report(const IrGraph *g, int64_t min_floats, FILE *out) {
-    const IrTrain *t = &g->train;
-    const char *why = !rt_optimizer(t->optim)->range_fn ? "its optimizer needs whole tensors' norms first"
-                    : t->clip_grad_norm > 0            ? "clip_grad_norm needs every gradient first"
-                    : g->distributed                   ? "the gradients are summed over the ranks first"
-                                                       : NULL;
+    const char *why = in_backward_refused(g);
     int *at = why ? NULL : in_backward_positions(g, min_floats), n = 0;
     int64_t floats = 0;
     for (int i = 0; at && i < g->n_params; i++)
