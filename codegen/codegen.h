@@ -38,6 +38,9 @@ typedef struct CgBackend {
     /* Floats of per-thread host scratch the target's kernel for node n needs (mp_plan sizes
      * RtModel.scratch_per_thread with it), or NULL when its kernels need none. */
     int64_t (*node_scratch)(const IrNode *n);
+    /* The operand of node n whose buffer the target's kernel may write n's result over, each
+     * element read before it is written (mp_plan then lets them share it), or -1; NULL: none. */
+    int (*in_place)(const IrNode *n);
 
     /* The emit phases, called by cg_emit in this order. begin writes the files' headers and
      * the model description to `trainer` (the host C) and `kernels` (the kernels' source; NULL

@@ -526,11 +526,12 @@ static void emit_rows(Cg *c, const IrNode *n) {
         if (n->attr.has_ignore) cg_put(c, ", %" PRId64, n->attr.ignore_index);
         cg_end(c, ", %s, v%d);", valid_rows(c, s, rows, valid, sizeof valid), n->id);
         break;
-    case OP_XENT_BWD:
+    case OP_XENT_BWD: /* the rows' log-sum-exp from the loss (operand 3); in place over the logits */
         cg_begin(c, "rt_xent%s_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", ign, rows, cols, a, b);
         cg_lit(c->out, n->attr.smoothing);
         if (n->attr.has_ignore) cg_put(c, ", %" PRId64, n->attr.ignore_index);
-        cg_end(c, ", v%d, v%d);", n->in[2]->id, n->id);
+        cg_end(c, ", %s, v%d, v%d, v%d);", valid_rows(c, s, rows, valid, sizeof valid), n->in[3]->id, n->in[2]->id,
+               n->id);
         break;
     case OP_ACCURACY: /* of a sequence, the samples' fractions of correct positions */
         if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
@@ -1272,6 +1273,13 @@ static int64_t node_scratch(const IrNode *n) {
     return rt_attention_scratch(&r);
 }
 
+/* The kernels that may write their result over an operand (mp_plan's in_place): the gradient
+ * of cross-entropy over its logits, which nothing reads after it, so that the classifier's
+ * [rows, classes] gradient takes no buffer of its own. */
+static int in_place(const IrNode *n) {
+    return n->op == OP_XENT_BWD ? 0 : -1;
+}
+
 const CgBackend cg_cpu = {
     .name = "cpu",
     .description = "portable C with OpenBLAS and OpenMP, linked with libnetrt",
@@ -1280,6 +1288,7 @@ const CgBackend cg_cpu = {
     .fuse_reductions = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
     .node_scratch = node_scratch,
+    .in_place = in_place,
     .emit_begin = cpu_begin,
     .emit_step = cpu_step,
     .emit_optimizer = cpu_optimizer,

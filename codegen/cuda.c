@@ -605,13 +605,14 @@ static void emit_rows(Cu *u, const IrNode *n) {
             snprintf(call, sizeof call, "rt_k_xent_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, v%d);", rows, cols,
                      a, b, lit, valid, n->id);
         break;
-    case OP_XENT_BWD:
+    case OP_XENT_BWD: /* the rows' log-sum-exp from the loss (operand 3) */
         if (n->attr.has_ignore)
             snprintf(call, sizeof call, "rt_k_xent_ignore_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %" PRId64
-                     ", v%d, v%d);", rows, cols, a, b, lit, n->attr.ignore_index, n->in[2]->id, n->id);
+                     ", %s, v%d, v%d, v%d);", rows, cols, a, b, lit, n->attr.ignore_index, valid, n->in[3]->id,
+                     n->in[2]->id, n->id);
         else
-            snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d, v%d);", rows,
-                     cols, a, b, lit, n->in[2]->id, n->id);
+            snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, v%d, v%d, v%d);",
+                     rows, cols, a, b, lit, valid, n->in[3]->id, n->in[2]->id, n->id);
         break;
     case OP_ACCURACY: /* one block counts; of a sequence, its thread 0 divides by the rows per sample */
         if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
@@ -1558,6 +1559,7 @@ const CgBackend cg_cuda = {
     .krsc_filters = 1,
     .has_kernels = 1,
     .node_scratch = NULL, /* cuDNN and cuBLASLt bring their own workspace */
+    .in_place = NULL,     /* every kernel writes a buffer of its own */
     .emit_begin = cuda_begin,
     .emit_step = cuda_step,
     .emit_optimizer = cuda_optimizer,

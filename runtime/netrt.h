@@ -451,11 +451,14 @@ enum { RT_ROWS_BLOCK = 256 };
 void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const float *dy, double eps, float *out);
 /* Per-row softmax cross-entropy with label smoothing s (PyTorch's label_smoothing):
  * loss[r] = logsumexp(x[r]) - (1 - s) x[r][label[r]] - s mean_j x[r][j].
- * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message. */
+ * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message.
+ * The gradient dloss[r] * (softmax(x[r]) - target) takes the rows' log-sum-exp from `loss`
+ * (rt_xent_fwd's, for the same logits, labels and n_valid) and may be written over the logits
+ * (dlogits == logits). */
 void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                  float smoothing, int64_t n_valid, float *loss);
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
-                 float smoothing, const float *dloss, float *dlogits);
+                 float smoothing, int64_t n_valid, const float *loss, const float *dloss, float *dlogits);
 
 /* rt_index.c: embedding rows and the cross-entropy of sequences.
  * out[t] = table[idx[t]] for t < n, rows of dim floats; an index outside [0, num) stops the
@@ -471,7 +474,7 @@ void rt_gather_rows_bwd(int64_t n, int64_t num, int64_t dim, const int64_t *idx,
 void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
                         int64_t ignore, int64_t n_valid, float *loss);
 void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
-                        int64_t ignore, const float *dloss, float *dlogits);
+                        int64_t ignore, int64_t n_valid, const float *loss, const float *dloss, float *dlogits);
 
 /* Batch-norm statistics of x [N, C, HW] (row-major): stats[0][c] = mean, stats[1][c] =
  * 1/sqrt(var + eps). Training: of this batch (biased variance), then running_mean/var (at

@@ -323,13 +323,22 @@ static void check_labels(int64_t rows, int64_t cols, const int64_t *label, const
     }
 }
 
-/* log(sum(exp(x))) of one row, stable. */
+/* log(sum(exp(x))) of one row, stable. The maximum is exact in any order, so the compiler may
+ * take it in vector lanes; the sum runs in double, in order. */
 static double logsumexp(const float *x, int64_t cols) {
     float m = -INFINITY;
-    for (int64_t j = 0; j < cols; j++) m = fmaxf(m, x[j]);
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < cols; j++) m = x[j] > m ? x[j] : m;
     double s = 0;
     for (int64_t j = 0; j < cols; j++) s += exp((double)x[j] - m);
     return m + log(s);
+}
+
+/* The mean of a row, summed in double in order (label smoothing's uniform part). */
+static double row_mean(const float *x, int64_t cols) {
+    double s = 0;
+    for (int64_t j = 0; j < cols; j++) s += x[j];
+    return s / (double)cols;
 }
 
 /* Cross-entropy of rows, and its gradient, with an optional ignore index (NULL: none). */
@@ -344,18 +353,19 @@ static void xent_fwd(int64_t rows, int64_t cols, const float *logits, const int6
             continue;
         }
         const float *x = logits + r * cols;
-        double mean = 0;
-        if (smoothing != 0) {
-            for (int64_t j = 0; j < cols; j++) mean += x[j];
-            mean /= (double)cols;
-        }
-        double lse = logsumexp(x, cols);
-        loss[r] = (float)(lse - (1.0 - smoothing) * x[label[r]] - smoothing * mean);
+        double mean = smoothing != 0 ? row_mean(x, cols) : 0;
+        loss[r] = (float)(logsumexp(x, cols) - (1.0 - smoothing) * x[label[r]] - smoothing * mean);
     }
 }
 
+/* The gradient needs each row's log-sum-exp. xent_fwd's loss holds it: loss = lse - (1 - s)
+ * x[label] - s mean(x), so lse = loss + (1 - s) x[label] + s mean(x), with no exp and no pass
+ * for the maximum. The loss is a float: this lse is within half an ulp of the loss of the
+ * exact one, as near as a float lse saved by the forward pass would be. Rows at or after n_valid
+ * have loss 0 and recompute theirs. dlogits may be logits itself: each row's lse is taken before
+ * the row is written, and each element is read before it is written. */
 static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
-                     const int64_t *ignore, const float *dloss, float *dlogits) {
+                     const int64_t *ignore, int64_t n_valid, const float *loss, const float *dloss, float *dlogits) {
     double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
     check_labels(rows, cols, label, ignore);
 #pragma omp parallel for schedule(static) if (rows * cols >= 32768)
@@ -366,9 +376,12 @@ static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int6
             memset(d, 0, (size_t)cols * sizeof *d);
             continue;
         }
-        double lse = logsumexp(x, cols);
+        double lse = r < n_valid ? (double)loss[r] + (1.0 - smoothing) * x[label[r]] +
+                                       (smoothing != 0 ? smoothing * row_mean(x, cols) : 0)
+                                 : logsumexp(x, cols);
+        int64_t hit = label[r];
         for (int64_t j = 0; j < cols; j++) { /* one pass over the row: each element written once */
-            double target = off + (j == label[r] ? 1.0 - smoothing : 0.0);
+            double target = off + (j == hit ? 1.0 - smoothing : 0.0);
             d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
         }
     }
@@ -380,8 +393,8 @@ void rt_xent_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t 
 }
 
 void rt_xent_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
-                 const float *dloss, float *dlogits) {
-    xent_bwd(rows, cols, logits, label, smoothing, NULL, dloss, dlogits);
+                 int64_t n_valid, const float *loss, const float *dloss, float *dlogits) {
+    xent_bwd(rows, cols, logits, label, smoothing, NULL, n_valid, loss, dloss, dlogits);
 }
 
 void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
@@ -390,8 +403,8 @@ void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const i
 }
 
 void rt_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,
-                        int64_t ignore, const float *dloss, float *dlogits) {
-    xent_bwd(rows, cols, logits, label, smoothing, &ignore, dloss, dlogits);
+                        int64_t ignore, int64_t n_valid, const float *loss, const float *dloss, float *dlogits) {
+    xent_bwd(rows, cols, logits, label, smoothing, &ignore, n_valid, loss, dloss, dlogits);
 }
 
 float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,

@@ -620,7 +620,7 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "reductions");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     if (o->dump == DUMP_DOT || o->dump == DUMP_DOT_STEP) return ir_print_dot(g, o->dump == DUMP_DOT_STEP, stdout), 0;
-    mp_plan(g, be->node_scratch);
+    mp_plan(g, be->node_scratch, be->in_place);
     verify(g, "memplan");
     if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
     g->sync_bn = o->sync_bn, g->shard_optimizer = o->shard_optimizer;

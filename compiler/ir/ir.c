@@ -401,7 +401,8 @@ static int shape_xent(const IrNode *n, IrShape *want) {
 
 static int shape_xent_bwd(const IrNode *n, IrShape *want) {
     *want = n->in[0]->shape;
-    return want->rank >= 2 && labels_match(n->in[0], n->in[1]) && ir_shape_eq(&n->in[2]->shape, &n->in[1]->shape);
+    return want->rank >= 2 && labels_match(n->in[0], n->in[1]) && ir_shape_eq(&n->in[2]->shape, &n->in[1]->shape) &&
+           ir_shape_eq(&n->in[3]->shape, &n->in[1]->shape);
 }
 
 static int shape_accuracy(const IrNode *n, IrShape *want) {

@@ -226,8 +226,10 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
         break;
     case OP_SOFTMAX: accumulate(ad, x, lib(ad, OP_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
     case OP_LOG_SOFTMAX: accumulate(ad, x, lib(ad, OP_LOG_SOFTMAX_BWD, y, &x->shape, 2, y, dy, NULL)); break;
-    case OP_XENT: /* the labels (operand 1) are integers: no gradient */
-        accumulate(ad, x, lib(ad, OP_XENT_BWD, y, &x->shape, 3, x, w, dy));
+    case OP_XENT: /* the labels (operand 1) are integers: no gradient; the loss y gives each row's
+                   * log-sum-exp back to the kernel */
+        accumulate(ad, x, append(ad, (IrNodeSpec){.op = OP_XENT_BWD, .n_in = 4, .in = {x, w, dy, y},
+                                                  .shape = x->shape, .dtype = y->dtype, .attr = &y->attr}));
         break;
     case OP_GATHER: /* a table read twice (tied weights) sums both: accumulate */
         accumulate(ad, x, lib(ad, OP_GATHER_BWD, y, &x->shape, 2, w, dy, NULL));

@@ -265,20 +265,48 @@ static void place_in_order(IrNode **todo, int n) {
     free(gaps);
 }
 
-static void place_arena(IrGraph *g) {
-    IrNode **todo = xmalloc((size_t)(g->n + 1) * sizeof *todo);
+/* The value whose bytes n's kernel may write its result over, or NULL. The target names the
+ * operand (in_place: -1 for none); it is taken when that operand reads a whole arena buffer of
+ * n's size, directly or through reshapes, that nothing reads after n: the kernel then reads
+ * each element before it writes the same one, so the two share one buffer. */
+static IrNode *in_place_of(const IrNode *n, int (*in_place)(const IrNode *)) {
+    int k = in_place && n->storage == ST_ARENA ? in_place(n) : -1;
+    if (k < 0) return NULL;
+    IrNode *r = n->in[k];
+    for (; r->storage == ST_ALIAS; r = r->in[0])
+        if (r->op != OP_RESHAPE) return NULL;
+    if (r->storage != ST_ARENA || bytes_of(r) != bytes_of(n) || r->last_use != n->first_use) return NULL;
+    return r;
+}
+
+/* Buffers a kernel writes in place join the buffer they overwrite: one lifetime, placed once
+ * (host[i] is the node whose offset node i takes, itself when it has its own). */
+static void place_arena(IrGraph *g, int (*in_place)(const IrNode *)) {
+    IrNode **todo = xmalloc((size_t)(g->n + 1) * sizeof *todo), **host = xmalloc((size_t)(g->n + 1) * sizeof *host);
+    int *own_end = xmalloc((size_t)(g->n + 1) * sizeof *own_end);
     int n = 0;
-    for (int i = 0; i < g->n; i++)
-        if (g->nodes[i]->storage == ST_ARENA) todo[n++] = g->nodes[i];
+    for (int i = 0; i < g->n; i++) {
+        IrNode *x = g->nodes[i], *over = in_place_of(x, in_place);
+        host[i] = over ? host[over->id] : x;
+        own_end[i] = x->last_use;
+        if (over) host[i]->last_use = x->last_use; /* x is the host's last user: the span ends with x's */
+        else if (x->storage == ST_ARENA) todo[n++] = x;
+    }
     if (n <= BEST_FIT_MAX) place_best_fit(todo, n);
     else place_in_order(todo, n);
     g->arena_bytes = g->unplanned_bytes = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t end = todo[i]->offset + bytes_of(todo[i]);
+    for (int i = 0; i < g->n; i++) {
+        IrNode *x = g->nodes[i];
+        if (x->storage != ST_ARENA) continue;
+        x->offset = host[i]->offset;
+        x->last_use = own_end[i];
+        int64_t end = x->offset + bytes_of(x);
         if (end > g->arena_bytes) g->arena_bytes = end;
-        g->unplanned_bytes += bytes_of(todo[i]);
+        g->unplanned_bytes += bytes_of(x);
     }
     free(todo);
+    free(host);
+    free(own_end);
 }
 
 /* The largest per-thread scratch any node's kernel needs, as the target sizes it. */
@@ -290,13 +318,13 @@ static void size_scratch(IrGraph *g, int64_t (*node_scratch)(const IrNode *)) {
     }
 }
 
-void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *)) {
+void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *), int (*in_place)(const IrNode *)) {
     ir_renumber(g);
     for (int i = 0; i < g->n; i++) g->nodes[i]->storage = ST_NONE;
     place_params(g);
     classify(g);
     liveness(g);
-    place_arena(g);
+    place_arena(g, in_place);
     size_scratch(g, node_scratch);
 }
 

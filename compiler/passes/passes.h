@@ -57,8 +57,11 @@ void fuse_report(const IrGraph *g, FILE *out);
  * (trainable first), inputs to the runtime's batch buffers, views alias their operand,
  * everything else an offset in one arena from liveness over the schedule. Sets the graph's
  * arena_bytes, unplanned_bytes, n_param_floats, n_grad_floats, and scratch_per_thread: the
- * largest node_scratch(n) (the target's per-thread kernel scratch in floats; NULL: none). */
-void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *n));
+ * largest node_scratch(n) (the target's per-thread kernel scratch in floats; NULL: none).
+ * in_place(n) names the operand whose bytes the target's kernel for n may overwrite with its
+ * result (-1: none; NULL: no kernel may); n then shares that operand's buffer when nothing
+ * reads the operand after n. */
+void mp_plan(IrGraph *g, int64_t (*node_scratch)(const IrNode *n), int (*in_place)(const IrNode *n));
 /* --dump=memplan: each buffer's offset, size and lifetime, the arena size and the sum
  * without reuse. */
 void mp_print(const IrGraph *g, FILE *out);

@@ -337,10 +337,13 @@ static __device__ __forceinline__ void rt_k_xent_fwd(int64_t rows, int64_t cols,
 
 /* dlogits[r][j] = dloss[r] * (softmax(x[r])[j] - target[j]), target = s / cols + (1 - s) at the
  * label, as rt_xent_ignore_bwd; 0 for a row whose label is `ignore`, NaN for one whose label is
- * outside [0, cols). One block per row. */
+ * outside [0, cols). The row's log-sum-exp comes from rt_k_xent_ignore_fwd's loss, as the CPU
+ * kernel takes it: loss + (1 - s) x[label] + s mean(x); rows at or after n_valid (loss 0)
+ * recompute it. One block per row. */
 static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_t cols, const float *logits,
                                                             const int64_t *label, float smoothing, int64_t ignore,
-                                                            const float *dloss, float *dlogits) {
+                                                            int64_t n_valid, const float *loss, const float *dloss,
+                                                            float *dlogits) {
     const double off = (double)smoothing / (double)cols; /* the smoothed target of every class */
     RT_K_ROWS(r, rows) {
         const float *x = logits + r * cols;
@@ -350,7 +353,17 @@ static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_
             RT_K_COLS(j, cols) d[j] = y == ignore ? 0.0f : NAN;
             continue;
         }
-        double lse = rt_row_logsumexp(x, cols);
+        double lse;
+        if (r < n_valid) {
+            double mean = 0;
+            if (smoothing != 0) { /* the same branch for the whole block */
+                RT_K_COLS(j, cols) mean += x[j];
+                mean = __dmul_rn((double)smoothing, rt_block_sum(mean) / (double)cols);
+            }
+            lse = __dadd_rn(__dadd_rn((double)loss[r], __dmul_rn(1.0 - smoothing, (double)x[y])), mean);
+        } else {
+            lse = rt_row_logsumexp(x, cols);
+        }
         RT_K_COLS(j, cols) {
             double target = off + (j == y ? 1.0 - smoothing : 0.0);
             d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
@@ -359,9 +372,9 @@ static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_
 }
 
 static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols, const float *logits,
-                                                     const int64_t *label, float smoothing, const float *dloss,
-                                                     float *dlogits) {
-    rt_k_xent_ignore_bwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, dloss, dlogits);
+                                                     const int64_t *label, float smoothing, int64_t n_valid,
+                                                     const float *loss, const float *dloss, float *dlogits) {
+    rt_k_xent_ignore_bwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, n_valid, loss, dloss, dlogits);
 }
 
 /* out[0] = the rows among the first n_valid whose label is not `ignore` (RT_K_NO_IGNORE: none)

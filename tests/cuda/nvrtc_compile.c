@@ -67,7 +67,7 @@ static const char source[] =
     "extern \"C\" __global__ void k_xent(unsigned char *base) {\n"
     "    RtBatchHeader *b = (RtBatchHeader *)(base + 4096);\n"
     "    rt_k_xent_fwd(128, 10, F(0), L(4096 + 256), 0.1f, b->n_valid, F(1 << 20));\n"
-    "    rt_k_xent_bwd(128, 10, F(0), L(4096 + 256), 0.0f, F(1 << 21), F(1 << 22));\n"
+    "    rt_k_xent_bwd(128, 10, F(0), L(4096 + 256), 0.0f, b->n_valid, F(1 << 20), F(1 << 21), F(1 << 22));\n"
     "}\n"
     "extern \"C\" __global__ void k_accuracy(unsigned char *base) {\n"
     "    rt_k_accuracy(128, 10, F(0), L(4096 + 256), 100, F(1 << 20));\n"
@@ -146,7 +146,8 @@ static const char source[] =
     "    rt_k_gather_bwd_add(512, 1000, 64, L(1 << 20), F(1 << 21), F(1 << 22));\n"
     "    RtBatchHeader *b = (RtBatchHeader *)(base + 4096);\n"
     "    rt_k_xent_ignore_fwd(128, 10, F(0), L(4096 + 256), 0.1f, -100, b->n_valid, F(1 << 20));\n"
-    "    rt_k_xent_ignore_bwd(128, 10, F(0), L(4096 + 256), 0.0f, -100, F(1 << 21), F(1 << 22));\n"
+    "    rt_k_xent_ignore_bwd(128, 10, F(0), L(4096 + 256), 0.1f, -100, b->n_valid, F(1 << 20), F(1 << 21),\n"
+    "                         F(1 << 22));\n"
     "}\n";
 
 #define NAME(k) #k,

@@ -2,7 +2,7 @@
  * the CPU backend's output for them compiled with the warnings CI uses.
  *
  * Every plan is checked in full by check_plan(): no two arena buffers whose lifetimes overlap
- * share a byte (every pair), every arena offset is 64-byte aligned and inside the arena, the
+ * share a byte (every pair) unless one is written in place over the other, every arena offset is 64-byte aligned and inside the arena, the
  * arena is no larger than the sum of its buffers, views alias a real buffer that lives as long
  * as every read through them, parameters are packed trainable-first with grad_offset == offset.
  */
@@ -32,6 +32,14 @@ static const IrNode *root_of(const IrNode *n) {
     return n;
 }
 
+/* b's kernel writes its result over a (the CPU target's in_place), which nothing reads after
+ * b: then, and only then, the two share all their bytes. */
+static int writes_over(const IrNode *b, const IrNode *a) {
+    int k = cg_cpu.in_place(b);
+    return k >= 0 && root_of(b->in[k]) == a && a->last_use == b->first_use && a->offset == b->offset &&
+           bytes_of(a) == bytes_of(b);
+}
+
 static void check_arena(const IrGraph *g) {
     int64_t sum = 0;
     for (int i = 0; i < g->n; i++) {
@@ -47,7 +55,7 @@ static void check_arena(const IrGraph *g) {
             if (b->storage != ST_ARENA) continue;
             int live_together = a->first_use <= b->last_use && b->first_use <= a->last_use;
             int share = a->offset < b->offset + bytes_of(b) && b->offset < a->offset + bytes_of(a);
-            if (live_together && share)
+            if (live_together && share && !writes_over(b, a))
                 fail_msg("%%%d [%d,%d] and %%%d [%d,%d] share bytes", a->id, a->first_use, a->last_use,
                          b->id, b->first_use, b->last_use);
         }
@@ -148,7 +156,7 @@ static void test_mlp_forward_only(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 0);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     arena_free(&arena);
 }
@@ -157,14 +165,14 @@ static void test_mlp_with_backward(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     /* the weight's and bias's gradients are computed straight into the gradient buffer */
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].trainable) assert_int_equal(g->params[i].grad->storage, ST_GRAD);
     /* planning twice gives the same plan */
     int64_t arena_bytes = g->arena_bytes;
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     assert_int_equal(g->arena_bytes, arena_bytes);
     check_plan(g);
     arena_free(&arena);
@@ -181,7 +189,7 @@ static void test_chain_reuses_memory(void **state) {
     for (int i = 0; i < 10; i++) x = ir_add(g, i % 2 ? OP_TANH : OP_EXP, x->shape, DT_F32, here, 1, x);
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, x);
     g->n_fwd = g->n;
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     assert_true(g->arena_bytes < g->unplanned_bytes);
     assert_true(g->arena_bytes <= 3 * 3200 + 64);
@@ -212,7 +220,7 @@ static void test_large_graph_in_order(void **state) {
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, x);
     assert_true(ir_verify(g, "test"));
     assert_int_equal(ad_differentiate(g), 0);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     int buffers = 0;
     for (int i = 0; i < g->n; i++) buffers += g->nodes[i]->storage == ST_ARENA;
     assert_true(buffers > 4096);
@@ -235,7 +243,7 @@ static void test_view_extends_root(void **state) {
     IrNode *d = ir_add(g, OP_ADD, v->shape, DT_F32, here, 2, v, c);     /* reads a through v */
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, d);
     g->n_fwd = g->n;
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     assert_int_equal(v->storage, ST_ALIAS);
     assert_int_equal(a->storage, ST_ARENA);
@@ -267,7 +275,7 @@ static void test_param_order_and_grads(void **state) {
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, h);
     assert_true(ir_verify(g, "test"));
     assert_int_equal(ad_differentiate(g), 0);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     assert_int_equal(t1->offset, 0);
     assert_int_equal(t2->offset, 6);
@@ -323,7 +331,7 @@ static void test_conv_scratch(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = convnet(&arena);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     check_plan(g);
     RtConv c = {.N = 2, .C = 3, .H = 8, .W = 8, .K = 4, .R = 3, .S = 3, .P = 6, .Q = 6, .groups = 1};
     assert_int_equal(g->scratch_per_thread, rt_conv2d_scratch(&c));
@@ -339,13 +347,98 @@ static char *print_plan(const IrGraph *g) {
     return text;
 }
 
+/* A classifier: x [8,16] @ w [32,16]^T -> logits [8,32] -> xent -> mean, with an accuracy
+ * that reads the logits in the forward pass. */
+static IrGraph *classifier(Arena *arena) {
+    IrGraph *g = ir_graph_new(arena);
+    g->model_name = "classifier";
+    g->source_path = "test.net";
+    g->batch = 8;
+    IrNode *x = ir_add_input(g, "x", DIMS(2, D(8), D(16)), DT_F32, here);
+    IrNode *label = ir_add_input(g, "label", DIMS(1, D(8)), DT_I64, here);
+    IrParam *w = ir_add_param(g, "fc.weight", DIMS(2, D(32), D(16)), INIT_UNIFORM, 0.25, here);
+    IrNode *logits = ir_add(g, OP_MATMUL, DIMS(2, D(8), D(32)), DT_F32, here, 2, x, w->node);
+    logits->attr.trans_b = 1;
+    IrNode *xent = ir_add(g, OP_XENT, DIMS(1, D(8)), DT_F32, here, 2, logits, label);
+    g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, xent);
+    g->loss->attr.batch_masked = 1;
+    g->correct = ir_add(g, OP_ACCURACY, ir_scalar_shape(), DT_F32, here, 2, logits, label);
+    assert_int_equal(ad_differentiate(g), 0);
+    return g;
+}
+
+static IrNode *find_op(const IrGraph *g, IrOp op) {
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == op) return g->nodes[i];
+    fail_msg("no %s in the graph", ir_op_name(op));
+    return NULL;
+}
+
+/* The CPU's cross-entropy gradient takes the logits' buffer: nothing reads the logits after it
+ * (the accuracy reads them in the forward pass), and the plan shrinks. */
+static void test_xent_grad_in_place(void **state) {
+    (void)state;
+    Arena arena = {0};
+    IrGraph *g = classifier(&arena);
+    mp_plan(g, cg_cpu.node_scratch, NULL);
+    check_plan(g);
+    int64_t apart = g->arena_bytes;
+    IrNode *bwd = find_op(g, OP_XENT_BWD), *logits = bwd->in[0];
+    assert_int_not_equal(bwd->offset, logits->offset);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
+    check_plan(g);
+    assert_int_equal(logits->storage, ST_ARENA);
+    assert_int_equal(bwd->offset, logits->offset);
+    assert_true(g->arena_bytes < apart);
+    arena_free(&arena);
+}
+
+/* The rule itself, for a target that lets exp and expand write over their operand: taken
+ * through a reshape when nothing reads the operand later; refused when something does (here a
+ * metric read after the exp), when the operand is an input, or when its size differs. */
+static int exp_in_place(const IrNode *n) { return n->op == OP_EXP || n->op == OP_EXPAND ? 0 : -1; }
+
+static void test_in_place_rule(void **state) {
+    (void)state;
+    for (int c = 0; c < 4; c++) { /* 0: taken, 1: read later, 2: an input, 3: another size */
+        Arena arena = {0};
+        IrGraph *g = ir_graph_new(&arena);
+        g->model_name = "rule";
+        g->source_path = "test.net";
+        g->batch = 8;
+        IrNode *x = ir_add_input(g, "x", DIMS(2, D(8), D(32)), DT_F32, here);
+        IrNode *a = c == 2 ? x : ir_add(g, OP_RELU, x->shape, DT_F32, here, 1, x);
+        IrNode *r = ir_add(g, OP_RESHAPE, DIMS(1, D(256)), DT_F32, here, 1, a);
+        IrNode *b = c == 3 ? ir_add(g, OP_EXPAND, DIMS(2, D(2), D(256)), DT_F32, here, 1, r)
+                           : ir_add(g, OP_EXP, r->shape, DT_F32, here, 1, r);
+        g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, b);
+        if (c == 1) g->correct = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, a);
+        assert_true(ir_verify(g, "test"));
+        g->n_fwd = g->n;
+        mp_plan(g, NULL, exp_in_place);
+        assert_int_equal(b->storage, ST_ARENA);
+        if (c == 0) assert_int_equal(b->offset, a->offset);
+        else if (a->storage == ST_ARENA) assert_int_not_equal(b->offset, a->offset);
+        /* the pair shares bytes only when taken; every other pair never */
+        for (int i = 0; i < g->n; i++)
+            for (int j = i + 1; j < g->n; j++) {
+                const IrNode *p = g->nodes[i], *q = g->nodes[j];
+                if (p->storage != ST_ARENA || q->storage != ST_ARENA) continue;
+                int live = p->first_use <= q->last_use && q->first_use <= p->last_use;
+                int share = p->offset < q->offset + bytes_of(q) && q->offset < p->offset + bytes_of(p);
+                if (live && share) assert_true(c == 0 && p == a && q == b);
+            }
+        arena_free(&arena);
+    }
+}
+
 static void test_print_is_stable(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     char *first = print_plan(g);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     char *second = print_plan(g);
     assert_string_equal(first, second);
     assert_non_null(strstr(first, "arena: "));
@@ -374,7 +467,7 @@ static void test_emitted_mlp_compiles(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = mlp(&arena, 1);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     compile_emitted(g, "emit_mlp");
     arena_free(&arena);
 }
@@ -383,7 +476,7 @@ static void test_emitted_convnet_compiles(void **state) {
     (void)state;
     Arena arena = {0};
     IrGraph *g = convnet(&arena);
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     compile_emitted(g, "emit_convnet");
     arena_free(&arena);
 }
@@ -418,7 +511,7 @@ static void test_broadcast_index_folding(void **state) {
     sum->layout = LAYOUT_NHWC;
     g->loss = ir_add(g, OP_SUM, ir_scalar_shape(), DT_F32, here, 1, sum);
     g->n_fwd = g->n;
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     char *c = emit_text(g);
     char want[128];
     snprintf(want, sizeof want, "for (int64_t c = 0; c < 5; c++) {");
@@ -443,6 +536,8 @@ int main(void) {
         cmocka_unit_test(test_view_extends_root),
         cmocka_unit_test(test_param_order_and_grads),
         cmocka_unit_test(test_conv_scratch),
+        cmocka_unit_test(test_xent_grad_in_place),
+        cmocka_unit_test(test_in_place_rule),
         cmocka_unit_test(test_print_is_stable),
         cmocka_unit_test(test_emitted_mlp_compiles),
         cmocka_unit_test(test_emitted_convnet_compiles),

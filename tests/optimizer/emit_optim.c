@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
         t->hyper.weight_decay = atof(argv[6]);
     }
     if (!ir_verify(g, "emit_optim") || ad_differentiate(g) != 0) return 1;
-    mp_plan(g, cg_cpu.node_scratch);
+    mp_plan(g, cg_cpu.node_scratch, cg_cpu.in_place);
     FILE *f = fopen(argv[1], "w");
     if (!f) return perror(argv[1]), 1;
     int rc = cg_emit(&cg_cpu, g, f, NULL);

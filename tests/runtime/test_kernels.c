@@ -191,7 +191,8 @@ static void test_softmax_and_xent(void **state) {
     assert_close(y, ref, R * C, 1e-6, "softmax_fwd");
     rt_softmax_bwd(R, C, y, dy, dx);
     float dloss[R] = {0.5f, -1.0f, 2.0f, 0.25f};
-    rt_xent_bwd(R, C, x, label, 0.1f, dloss, d2); /* with label smoothing 0.1 */
+    rt_xent_fwd(R, C, x, label, 0.1f, R, loss);
+    rt_xent_bwd(R, C, x, label, 0.1f, R, loss, dloss, d2); /* with label smoothing 0.1 */
     double nxent[R * C];
     for (int k = 0; k < R * C; k++) {
         float x0 = x[k], yy[R * C];
@@ -221,6 +222,54 @@ static void test_softmax_and_xent(void **state) {
     for (int j = 0; j < C; j++) want -= (0.1 / C + (j == label[1] ? 0.9 : 0.0)) * log(ref[C + j]);
     assert_true(fabs(loss[1] - want) < 1e-5 * fmax(1.0, fabs(want)));
     free(x);
+}
+
+/* The gradient of cross-entropy takes each row's log-sum-exp from the forward pass's loss.
+ * Against softmax - target in double: the lse so recovered is off by at most half an ulp of
+ * the loss, which scales the row's probabilities by 1 + that, and the result is rounded to
+ * float once. The gradient written over the logits has the same bits as one written apart
+ * (the same operations, each element read before it is written). Rows past n_valid, whose loss
+ * is 0, and ignored rows are covered, with and without label smoothing. */
+static void test_xent_bwd_from_loss(void **state) {
+    (void)state;
+    enum { R = 6, C = 1000 };
+    float *x = randv(R * C), *d = malloc(R * C * sizeof *d), *inplace = malloc(R * C * sizeof *inplace);
+    float loss[R], dloss[R] = {0.5f, -1.0f, 2.0f, 0.25f, 1.0f, -0.75f};
+    int64_t label[R] = {0, 999, 3, 500, 7, 42}, n_valid = 4, ignore = 7;
+    for (int i = 0; i < R * C; i++) x[i] *= 8; /* losses from about 1 to 20 */
+    x[42 * 1 + 5 * C] = 30;                     /* one confident row past n_valid */
+    for (int smooth = 0; smooth < 2; smooth++) {
+        float s = smooth ? 0.1f : 0.0f;
+        for (int ign = 0; ign < 2; ign++) {
+            if (ign) rt_xent_ignore_fwd(R, C, x, label, s, ignore, n_valid, loss);
+            else rt_xent_fwd(R, C, x, label, s, n_valid, loss);
+            memcpy(inplace, x, R * C * sizeof *x);
+            if (ign) {
+                rt_xent_ignore_bwd(R, C, x, label, s, ignore, n_valid, loss, dloss, d);
+                rt_xent_ignore_bwd(R, C, inplace, label, s, ignore, n_valid, loss, dloss, inplace);
+            } else {
+                rt_xent_bwd(R, C, x, label, s, n_valid, loss, dloss, d);
+                rt_xent_bwd(R, C, inplace, label, s, n_valid, loss, dloss, inplace);
+            }
+            assert_memory_equal(d, inplace, R * C * sizeof *d);
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + r * C;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j < C; j++) m = fmax(m, xr[j]);
+                for (int j = 0; j < C; j++) sum += exp(xr[j] - m);
+                double lse = m + log(sum), ulp_loss = r < n_valid ? ldexp(fmax(fabs(loss[r]), 1.0), -23) : 1e-15;
+                for (int j = 0; j < C; j++) {
+                    double p = exp(xr[j] - lse), t = (double)s / C + (j == label[r] ? 1.0 - s : 0.0);
+                    double want = ign && label[r] == ignore ? 0.0 : dloss[r] * (p - t);
+                    double tol = fabs(dloss[r]) * p * ulp_loss + ldexp(fabs(want), -23) + 1e-30;
+                    if (fabs(d[r * C + j] - want) > tol)
+                        fail_msg("xent_bwd row %d class %d (smoothing %g, ignore %d): %.9g, want %.9g (tolerance %.3g)",
+                                 r, j, s, ign, d[r * C + j], want, tol);
+                }
+            }
+        }
+    }
+    free(x), free(d), free(inplace);
 }
 
 /* ---- batch normalisation */
@@ -329,7 +378,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),          cmocka_unit_test(test_conv_forward),
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
-        cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_accuracy),
+        cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),
     };
