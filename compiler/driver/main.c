@@ -60,6 +60,7 @@ typedef struct Options {
     DumpStage dump;
     int check_only; /* --check: stop after semantic analysis */
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
+    int no_remat;   /* --no-remat: keep every activation the backward pass reads */
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
     int summary;    /* --summary: print the table of layers and stop */
@@ -92,6 +93,8 @@ static void usage(FILE *out) {
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
             "  --summary            print each layer's output shape, parameters and mult-adds, and the totals\n"
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
+            "  --no-remat           keep SiLU and GELU values for the backward pass instead of computing them\n"
+            "                       again there\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
             "  --backend NAME       code generator: cpu (default) or cuda\n"
@@ -230,6 +233,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->check_only = 1;
         } else if (strcmp(a, "--no-fuse") == 0) {
             o->no_fuse = 1;
+        } else if (strcmp(a, "--no-remat") == 0) {
+            o->no_remat = 1;
         } else if (strcmp(a, "--werror") == 0) {
             o->werror = 1;
         } else if (strcmp(a, "--print-toolchain") == 0) {
@@ -607,6 +612,8 @@ static int compile(const Options *o, Arena *arena) {
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
+    if (!o->no_remat) remat_activations(g);
+    verify(g, "remat");
     layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
     if (o->precision == CG_BF16) autocast_bf16(g);

@@ -93,6 +93,11 @@ void in_backward_report(const IrGraph *g, int64_t min_floats, FILE *out);
  * per step, and the time that takes at given bus bandwidths beside the step's arithmetic. */
 void dist_report(const IrGraph *g, FILE *out);
 
+/* remat.c: SiLU and GELU values the backward pass reads only in element-wise nodes, beside
+ * their input, computed again there instead of kept from the forward pass. Returns the copies
+ * added. */
+int remat_activations(IrGraph *g);
+
 /* autocast.c: matrix products and convolutions in bf16 - casts to bf16 before them and back to
  * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
  * bf16, CUDA backend). Returns the casts added. */
