@@ -1005,23 +1005,25 @@ static void emit_layerwise_optimizer(Cg *c) {
         cg_line(c, "const RtPiece r = pc->piece[k];");
         if (nd < n) {
             cg_line(c, "const int decay = r.offset < %" PRId64 "; // the no_decay tensors lie last", nd);
-            cg_line(c, "const RtOptimParams hk = decay ? h : h_nd;");
+            if (!pass) cg_line(c, "const RtOptimParams hk = decay ? h : h_nd;");
             cg_line(c, "const RtOptimStep sk = decay ? s : s_nd;");
         }
-        cg_line(c, pass ? "float *p = params + r.offset; const float *state = optstate + r.at;"
+        cg_line(c, pass ? "float *p = params + r.offset;"
                         : "const float *p = params + r.offset; float *state = optstate + r.at;");
         if (pass) {
             cg_line(c, "const double *norm = pc->norms + 2 * r.tensor;");
             cg_line(c, "const float factor = %s(%s, %s, norm[0], norm[1]);", o->ratio_fn, sk, nd < n ? "decay" : "1");
-            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %s(%s, factor, p, state, floats, j);", o->apply_fn, hs);
-        } else {
-            cg_line(c, "%sfloat *g = grads + r.at;", clip ? "" : "const ");
+            cg_line(c, "const float *u = grads + r.at;");
+            cg_line(c, "#pragma omp simd");
+            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %s(factor, p, u, j);", o->apply_kept_fn);
+        } else { /* u over the gradient, which nothing reads after this pass, in a loop that
+                  * vectorises; then the sums in double, in order */
+            cg_line(c, "float *g = grads + r.at; // u, once computed");
+            cg_line(c, "#pragma omp simd");
+            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %sg[j] = %s(%s, p, g, state, floats, j);%s",
+                    clip ? "{ g[j] *= clip; " : "", o->update_fn, hs, clip ? " }" : "");
             cg_line(c, "double pp = 0, uu = 0;");
-            cg_open(c, "for (int64_t j = 0; j < r.count; j++) {");
-            if (clip) cg_line(c, "g[j] *= clip;");
-            cg_line(c, "const float u = %s(%s, p, g, state, floats, j);", o->update_fn, hs);
-            cg_line(c, "pp += (double)p[j] * p[j], uu += (double)u * u;");
-            cg_close(c, "}");
+            cg_line(c, "for (int64_t j = 0; j < r.count; j++) pp += (double)p[j] * p[j], uu += (double)g[j] * g[j];");
             cg_line(c, "pc->sums[2 * k] = pp, pc->sums[2 * k + 1] = uu;");
         }
         cg_close(c, "}");

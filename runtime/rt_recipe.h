@@ -221,6 +221,13 @@ RT_RECIPE_FN void rt_lamb_apply(RtOptimParams h, RtOptimStep s, float ratio, flo
     p[i] -= ratio * rt_lamb_direction(h, s, p, state, n, i);
 }
 
+/* rt_lamb_apply with element i's u as rt_lamb_update returned it, kept by the backend (the
+ * CPU's, over the gradient): the same bits, since u is a function of p and the state, which do
+ * not change between the passes. */
+RT_RECIPE_FN void rt_lamb_apply_kept(float ratio, float *p, const float *u, int64_t i) {
+    p[i] -= ratio * u[i];
+}
+
 /* The table of optimizers, one row each: X(ID, fn, layerwise, signature)
  *   ID         the enum RT_OPTIM_<ID>
  *   fn         the name: as written in .net, recorded in checkpoints, and the prefix of its
@@ -228,7 +235,8 @@ RT_RECIPE_FN void rt_lamb_apply(RtOptimParams h, RtOptimStep s, float ratio, flo
  *              learning rate and the step count) and rt_<fn>_update (one element)
  *   layerwise  1 when the update scales each tensor by a factor of its norms (LAMB): then
  *              rt_<fn>_update returns the element's direction, and rt_<fn>_ratio and
- *              rt_<fn>_apply finish the update (see LAMB above)
+ *              rt_<fn>_apply (from the state) or rt_<fn>_apply_kept (from the direction the
+ *              backend kept) finish the update (see LAMB above)
  *   signature  its .net arguments in order, with their defaults (lr comes first and has none);
  *              netc binds a call by these names and reads each hyperparameter's default here
  *
@@ -258,13 +266,15 @@ typedef struct RtOptimizer {
     int (*slots)(RtOptimParams h);
     const char *ratio_fn;  /* a layer-wise optimizer's "rt_lamb_ratio"; NULL for the others */
     const char *apply_fn;  /* its "rt_lamb_apply"; NULL for the others */
+    const char *apply_kept_fn; /* its "rt_lamb_apply_kept"; NULL for the others */
     const char *range_fn;  /* an element-wise one's "rt_sgd_update_range" (the CPU's loop); NULL for the others */
 } RtOptimizer;
 
 /* The element-wise updates over elements [i0, i1), for the CPU's threads: the same arithmetic
  * as the element functions, with the hyperparameters' tests taken once for the range where the
  * common cases allow, so that the loop can vectorise (RT_SIMD: where OpenMP is, the trainer).
- * SGD's does; AdamW's stays scalar, since sqrtf may set errno and the trainer keeps errno. */
+ * SGD's does; AdamW's too where sqrtf need not set errno (netc builds trainers with
+ * -fno-math-errno), else its sqrtf stays a call. */
 #ifdef _OPENMP
 #define RT_SIMD _Pragma("omp simd")
 #else
@@ -304,7 +314,7 @@ RT_RECIPE_FN const RtOptimizer *rt_optimizer(RtOptimKind k) {
 #define RT_OPTIM_ROW(ID, fn, layerwise, signature)                                              \
     {#fn, signature, "RT_OPTIM_" #ID, "rt_" #fn "_step", "rt_" #fn "_update", rt_##fn##_slots, \
      (layerwise) ? "rt_" #fn "_ratio" : NULL, (layerwise) ? "rt_" #fn "_apply" : NULL,              \
-     (layerwise) ? NULL : "rt_" #fn "_update_range"},
+     (layerwise) ? "rt_" #fn "_apply_kept" : NULL, (layerwise) ? NULL : "rt_" #fn "_update_range"},
     static const RtOptimizer rows[] = {RT_OPTIMIZERS(RT_OPTIM_ROW)};
 #undef RT_OPTIM_ROW
     return &rows[k];
