@@ -22,7 +22,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, HERE)
-from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+from train_pair import train_and_save, write_data  # noqa: E402  (64 samples shaped like the model's inputs)
 
 # name, source, netc options, the activations computed again (operator: count)
 MODELS = [
@@ -69,13 +69,13 @@ def main():
             assert remat < plain, f"{name}: arena {remat} bytes, {plain} with --no-remat"
         else:
             assert remat == plain, f"{name}: nothing computed again, yet the arena is {remat} bytes, not {plain}"
-        saved = []
+        saved, data = [], None
         for extra in ([], ["--no-remat"]):
             exe = os.path.join(work, name + ("-kept" if extra else ""))
             subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra, "-o", exe], check=True)
+            data = data or write_data(exe, work)  # the same inputs: --no-remat changes no input
             out = exe + ".safetensors"
-            subprocess.run([exe, *write_data(exe, work), "--steps", "3", "--no-shuffle", "--seed", "3", "--threads",
-                            "2", "--quiet", "--save", out], check=True)
+            train_and_save(exe, data, 3, out)
             saved.append(open(out, "rb").read())
         assert saved[0] == saved[1], f"{name}: the weights differ with --no-remat"
         print(f"remat: {name}: {sum(want.values())} activations computed again, arena {remat} bytes against "

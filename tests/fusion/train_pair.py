@@ -35,6 +35,13 @@ def write_data(exe, work):
     return args
 
 
+def train_and_save(exe, data, steps, out, *extra):
+    """Train `steps` steps on `data` (write_data's arguments) in file order with seed 3 and 2
+    threads, and save the parameters to `out`; `extra` are more trainer options."""
+    subprocess.run([exe, *data, "--steps", str(steps), "--no-shuffle", "--seed", "3", "--threads", "2", "--quiet",
+                    "--save", out, *extra], check=True)
+
+
 def main():
     work, steps, tol, exe_a, exe_b = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.makedirs(work, exist_ok=True)
@@ -42,8 +49,7 @@ def main():
     saved = []
     for exe in (exe_a, exe_b):
         out = exe + ".safetensors"
-        subprocess.run([exe, *data, "--steps", steps, "--no-shuffle", "--seed", "3", "--threads", "2", "--quiet",
-                        "--save", out], check=True)
+        train_and_save(exe, data, steps, out)
         saved.append(out)
     a, b = st_load(saved[0]), st_load(saved[1])
     assert a.keys() == b.keys(), "the two trainers saved different tensors"

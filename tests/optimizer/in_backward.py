@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "fusion"))
-from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+from train_pair import train_and_save, write_data  # noqa: E402  (64 samples shaped like the model's inputs)
 
 GPT2_TINY = ["-D", "vocab=256", "-D", "seq=32", "-D", "n_layer=2", "-D", "n_head=2", "-D", "n_embd=128",
              "-D", "grad_clip=0", "-D", "weight_decay=0.1"]
@@ -79,8 +79,7 @@ def main():
         saved = []
         for extra in ([], ["--update-after-backward"]):
             out = os.path.join(work, f"{name}{'-after' if extra else ''}.safetensors")
-            subprocess.run([exe, *data, "--steps", str(steps), "--no-shuffle", "--seed", "3", "--threads", "2",
-                            "--quiet", "--save", out, *extra], check=True)
+            train_and_save(exe, data, steps, out, *extra)
             saved.append(open(out, "rb").read())
         assert saved[0] == saved[1], f"{name}: the weights differ with --update-after-backward"
         print(f"in_backward: {name}: {len(got)} parameters updated in the backward pass; "
