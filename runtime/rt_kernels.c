@@ -376,10 +376,10 @@ static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int6
             memset(d, 0, (size_t)cols * sizeof *d);
             continue;
         }
-        double lse = r < n_valid ? (double)loss[r] + (1.0 - smoothing) * x[label[r]] +
+        const int64_t hit = label[r];
+        double lse = r < n_valid ? (double)loss[r] + (1.0 - smoothing) * x[hit] +
                                        (smoothing != 0 ? smoothing * row_mean(x, cols) : 0)
                                  : logsumexp(x, cols);
-        int64_t hit = label[r];
         for (int64_t j = 0; j < cols; j++) { /* one pass over the row: each element written once */
             double target = off + (j == hit ? 1.0 - smoothing : 0.0);
             d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
