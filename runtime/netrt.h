@@ -362,6 +362,14 @@ double rt_grad_sumsq(const float *g, int64_t n);
 void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
              int64_t ldc);
+/* rt_gemm without a library, what it runs under NETC_GEMM=reference (docs/trainer.md): each
+ * element of C one sum over k in increasing order, in double, rounded once to float (beta 0:
+ * C is not read). An element's bits then depend on its operands alone, whatever the product's
+ * shape, its split into calls, the thread count or the CPU, which no BLAS promises: two trainers
+ * that split a product differently (the CPU's blocks of rows or columns for an epilogue, the
+ * emulated GPU trainer's whole products) compute the same bits by construction (tests/cuda/emu). */
+void rt_gemm_reference(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* Geometry of one 2-D convolution: x [N,C,H,W], w [K,C/groups,R,S], y [N,K,P,Q]. */
 typedef struct RtConv {

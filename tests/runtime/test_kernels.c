@@ -362,6 +362,44 @@ static void test_gemm(void **state) {
         }
 }
 
+/* rt_gemm_reference: within one rounding of the double product (it is that product, rounded
+ * once: half an ulp of each element, 6e-8 relative to the largest), with beta; and the same bits
+ * for every element when the product is cut into blocks of rows or of columns, as the CPU
+ * trainer's epilogues cut it, which is what the emulation tests rely on. */
+static void test_gemm_reference(void **state) {
+    (void)state;
+    enum { M = 13, N = 9, K = 70 };
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *a = randv(M * K), *b = randv(K * N), *c0 = randv(M * N), c[M * N], blocks[M * N];
+            double ref[M * N];
+            int64_t lda = ta ? M : K, ldb = tb ? K : N;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int k = 0; k < K; k++) s += (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+                    ref[i * N + j] = 0.5 * s + 0.25 * c0[i * N + j];
+                }
+            memcpy(c, c0, sizeof c);
+            rt_gemm_reference(ta, tb, M, N, K, 0.5f, a, lda, b, ldb, 0.25f, c, N);
+            assert_close(c, ref, M * N, 1e-7, "gemm_reference");
+            for (int by_rows = 0; by_rows < 2; by_rows++) {
+                memcpy(blocks, c0, sizeof blocks);
+                for (int64_t lo = 0, step = by_rows ? 4 : 2; lo < (by_rows ? M : N); lo += step) {
+                    int64_t n = (by_rows ? M : N) - lo < step ? (by_rows ? M : N) - lo : step;
+                    if (by_rows) /* rows lo.. of op(A) */
+                        rt_gemm_reference(ta, tb, n, N, K, 0.5f, ta ? a + lo : a + lo * K, lda, b, ldb, 0.25f,
+                                          blocks + lo * N, N);
+                    else /* columns lo.. of op(B) */
+                        rt_gemm_reference(ta, tb, M, n, K, 0.5f, a, lda, tb ? b + lo * K : b + lo, ldb, 0.25f,
+                                          blocks + lo, N);
+                }
+                assert_memory_equal(blocks, c, sizeof c);
+            }
+            free(a), free(b), free(c0);
+        }
+}
+
 static void test_half(void **state) {
     (void)state;
     float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
@@ -376,7 +414,7 @@ static void test_half(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm),          cmocka_unit_test(test_conv_forward),
+        cmocka_unit_test(test_gemm),          cmocka_unit_test(test_gemm_reference), cmocka_unit_test(test_conv_forward),
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),

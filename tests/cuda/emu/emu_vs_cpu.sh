@@ -26,10 +26,19 @@
 # collectives of the step, forked onto their own stream and joined) linked against nccl_emu.c,
 # which maps NCCL's calls to MPI's. emu_compare.py --ranks compares them as above.
 #
+# Both trainers run with NETC_GEMM=reference: every matrix product one double sum per element
+# over k in order (rt_gemm), so that their products give the same bits although the CPU trainer
+# splits some into blocks of rows or columns (epilogues) that the device trainer computes whole.
+# With a BLAS the bits of an element depend on the CPU's kernels and the call's shape: on an
+# Intel Xeon (OpenBLAS 0.3.21, Prescott kernels for a CPU it does not know) the weights differed
+# after one step in the last bits, and after 10 steps of ResNet-18 by 8 % (batch norm and ReLU
+# amplify a one-ulp difference), where an AVX-512 EPYC's kernels happened to agree.
+#
 # Needs, from tests/cuda/CMakeLists.txt: NETC_EMU_CUDA_INCLUDE (cuda_runtime.h's directory, for
 # netrt_cuda.h's types) and NETC_EMU_LINK (libnetrt.a and what it links); with --ranks,
 # NETC_EMU_DIST_CFLAGS (-I for mpi.h and nccl.h) and NETC_EMU_DIST_LINK (libnetrt_mpi.a and MPI).
 set -euo pipefail
+export NETC_GEMM=reference
 ranks=
 if [ "${1:-}" = --ranks ]; then
   ranks=$2
