@@ -21,6 +21,15 @@ typedef struct RtError {
 int rt_fail(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The whole text file at path into *text (malloc'd, NUL-terminated). */
 int rt_read_text(const char *path, char **text, RtError *err);
+/* Where rt_gemm sends its products (rt_gemm.c), decided at the first call from NETC_GEMM and the
+ * CPU; a bad NETC_GEMM ends the process with status 2 (rt_main asks at start-up). */
+typedef enum {
+    RT_GEMM_BY_SIZE,   /* large ones to oneDNN's sgemm, the others to OpenBLAS (the default) */
+    RT_GEMM_ONEDNN,    /* all to oneDNN: asked for, or OpenBLAS runs kernels older than the CPU's AVX2 */
+    RT_GEMM_REFERENCE, /* all to rt_gemm_reference */
+} RtGemmRoute;
+RtGemmRoute rt_gemm_route(void);
+
 /* bytes of zeros, 64-byte aligned; out of memory ends the process with a message naming `what`. */
 void *rt_alloc(size_t bytes, const char *what);
 

@@ -7,7 +7,8 @@
  * column matrix of one sample-group [C/g*R*S, P*Q], then a private weight-gradient accumulator
  * [K, C/g*R*S] that bwd_filter sums across threads at the end. Inside the parallel region the
  * OpenMP builds of OpenBLAS and oneDNN run single-threaded, so the threads do not oversubscribe
- * the cores. Matrix products (rt_gemm) go to oneDNN's sgemm when large, else to OpenBLAS.
+ * the cores. Matrix products (rt_gemm) go to oneDNN's sgemm when large, else to OpenBLAS
+ * (rt_gemm.c chooses).
  */
 #include <cblas.h>
 #include <dnnl.h>
@@ -26,51 +27,15 @@
  * float32 sums in an order fixed by the library and the thread count. */
 enum { GEMM_DNNL_MIN = 1 << 22 };
 
-/* NETC_GEMM=reference: every product by rt_gemm_reference instead of a library. Read once. */
-static int gemm_reference_wanted(void) {
-    static int wanted = -1;
-    if (wanted < 0) {
-        const char *v = getenv("NETC_GEMM");
-        wanted = v && strcmp(v, "reference") == 0;
-    }
-    return wanted;
-}
-
-void rt_gemm_reference(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-#pragma omp parallel if (!omp_in_parallel() && M * N * K >= (1 << 20))
-    {
-        float *a = rt_alloc(sizeof *a * (size_t)K, "a reference matrix product's row");      /* row i of op(A) */
-        double *acc = rt_alloc(sizeof *acc * (size_t)N, "a reference matrix product's row"); /* of the result */
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < M; i++) {
-            for (int64_t k = 0; k < K; k++) a[k] = trans_a ? A[k * lda + i] : A[i * lda + k];
-            if (trans_b) /* a dot product per element, k in order */
-                for (int64_t j = 0; j < N; j++) {
-                    double s = 0;
-                    for (int64_t k = 0; k < K; k++) s += (double)a[k] * B[j * ldb + k];
-                    acc[j] = s;
-                }
-            else { /* row by row of B: each element's sum still runs over k in order */
-                for (int64_t j = 0; j < N; j++) acc[j] = 0;
-                for (int64_t k = 0; k < K; k++)
-                    for (int64_t j = 0; j < N; j++) acc[j] += (double)a[k] * B[k * ldb + j];
-            }
-            for (int64_t j = 0; j < N; j++) /* beta 0: C is not read (cblas) */
-                C[i * ldc + j] = (float)(alpha * acc[j] + (beta != 0.0f ? (double)beta * C[i * ldc + j] : 0.0));
-        }
-        free(a), free(acc);
-    }
-}
-
 void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
              int64_t ldc) {
-    if (gemm_reference_wanted()) {
+    RtGemmRoute route = rt_gemm_route();
+    if (route == RT_GEMM_REFERENCE) {
         rt_gemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    if (M * N * K >= GEMM_DNNL_MIN) {
+    if (route == RT_GEMM_ONEDNN || M * N * K >= GEMM_DNNL_MIN) {
         dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
                                       beta, C, ldc);
         if (st != dnnl_success) {

@@ -62,6 +62,8 @@ check "trainer --help" 0 "$weird/tr ain;er" --help
 contains "image"
 ls "$weird" | grep -q '\.tmp\.' && { echo "FAIL: temporary output left behind"; fails=$((fails+1)); } || passes=$((passes+1))
 
+check "bad NETC_GEMM" 2 env NETC_GEMM=blas "$weird/tr ain;er" --list-params
+contains "NETC_GEMM is 'blas': expected reference, onednn or auto"
 check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
 contains "fc1.weight"
 contains "101770"   # 784*128 + 128 + 128*10 + 10

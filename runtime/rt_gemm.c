@@ -1,0 +1,82 @@
+/* rt_gemm.c - where rt_gemm (rt_kernels.c) sends a matrix product, and the reference product.
+ *
+ * By default large products go to oneDNN's sgemm and the others to OpenBLAS, or all to oneDNN
+ * where OpenBLAS runs kernels older than the CPU; NETC_GEMM overrides the choice
+ * (docs/trainer.md, "Matrix products on the CPU"). This file references neither library, so
+ * that rt_main can check NETC_GEMM at start-up in every trainer, a GPU trainer (linked without
+ * them) included.
+ */
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "rt_internal.h"
+
+extern char *openblas_get_corename(void) __attribute__((weak));
+
+/* OpenBLAS picks its kernels by the CPU's model number, and a model newer than its release gets
+ * its oldest generic kernels: 0.3.21 runs Prescott's (SSE3) on an Intel Xeon of family 6 model
+ * 207, where the MLP's epoch took 0.80 s against 0.48 s with its SkylakeX kernels or with
+ * oneDNN's sgemm, which picks its kernels by the CPU's instruction sets. True when the CPU has
+ * AVX2 but OpenBLAS's kernels are none of its AVX2 ones, and OPENBLAS_CORETYPE (the user's own
+ * choice of kernels) is unset. */
+static int openblas_behind(void) {
+    static const char *const avx2_cores[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids",
+                                             "excavator"};
+    if (!openblas_get_corename || getenv("OPENBLAS_CORETYPE") || !__builtin_cpu_supports("avx2")) return 0;
+    const char *core = openblas_get_corename();
+    for (size_t i = 0; core && i < sizeof avx2_cores / sizeof *avx2_cores; i++)
+        if (strcasecmp(core, avx2_cores[i]) == 0) return 0;
+    return 1;
+}
+
+static RtGemmRoute route;
+static pthread_once_t route_once = PTHREAD_ONCE_INIT;
+
+/* NETC_GEMM: reference, onednn or auto (the default: by size, or all to oneDNN where OpenBLAS
+ * is behind the CPU); a value outside those ends the process with status 2, as a bad option. */
+static void choose_route(void) {
+    const char *v = getenv("NETC_GEMM");
+    if (v && strcmp(v, "reference") == 0) route = RT_GEMM_REFERENCE;
+    else if (v && strcmp(v, "onednn") == 0) route = RT_GEMM_ONEDNN;
+    else if (!v || !*v || strcmp(v, "auto") == 0) route = openblas_behind() ? RT_GEMM_ONEDNN : RT_GEMM_BY_SIZE;
+    else {
+        fprintf(stderr, "error: NETC_GEMM is '%s': expected reference, onednn or auto\n", v);
+        exit(2);
+    }
+}
+
+RtGemmRoute rt_gemm_route(void) {
+    pthread_once(&route_once, choose_route);
+    return route;
+}
+
+void rt_gemm_reference(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+#pragma omp parallel if (!omp_in_parallel() && M * N * K >= (1 << 20))
+    {
+        float *a = rt_alloc(sizeof *a * (size_t)K, "a reference matrix product's row");      /* row i of op(A) */
+        double *acc = rt_alloc(sizeof *acc * (size_t)N, "a reference matrix product's row"); /* of the result */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t k = 0; k < K; k++) a[k] = trans_a ? A[k * lda + i] : A[i * lda + k];
+            if (trans_b) /* a dot product per element, k in order */
+                for (int64_t j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int64_t k = 0; k < K; k++) s += (double)a[k] * B[j * ldb + k];
+                    acc[j] = s;
+                }
+            else { /* row by row of B: each element's sum still runs over k in order */
+                for (int64_t j = 0; j < N; j++) acc[j] = 0;
+                for (int64_t k = 0; k < K; k++)
+                    for (int64_t j = 0; j < N; j++) acc[j] += (double)a[k] * B[k * ldb + j];
+            }
+            for (int64_t j = 0; j < N; j++) /* beta 0: C is not read (cblas) */
+                C[i * ldc + j] = (float)(alpha * acc[j] + (beta != 0.0f ? (double)beta * C[i * ldc + j] : 0.0));
+        }
+        free(a), free(acc);
+    }
+}
