@@ -330,6 +330,12 @@ static void emit_matmul(Cg *c, const IrNode *n) {
     int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
     int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1], K = a->shape.dim[r - 1 - ta];
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1];
+    if (n->op == OP_MATMUL_ROWS) { /* the rows of a whose label counts (ignored_rows.c) */
+        cg_line(c, "rt_gemm_rows(%d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, %" PRId64 ", v%d, %" PRId64
+                   ", v%d, %" PRId64 ", v%d, %" PRId64 ");",
+                ta, tb, M, N, K, a->id, lda, b->id, ldb, n->id, N, n->in[2]->id, n->attr.ignore_index);
+        return;
+    }
     if (r == 3) {
         cg_line(c, "for (int64_t b = 0; b < %" PRId64 "; b++)", n->shape.dim[0]);
         c->depth++; /* the loop's one statement */
@@ -559,6 +565,15 @@ static void emit_index(Cg *c, const IrNode *n) {
     if (n->op == OP_GATHER_BWD) {
         cg_line(c, "rt_gather_rows_bwd(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count, ts->dim[0],
                 ts->dim[1], idx->id, n->in[1]->id, n->id);
+        return;
+    }
+    if (n->op == OP_ROW_ORDER) {
+        cg_line(c, "rt_row_order(%" PRId64 ", v%d, %" PRId64 ", v%d);", count, idx->id, n->attr.ignore_index, n->id);
+        return;
+    }
+    if (n->op == OP_ROW_COMPACT) {
+        cg_line(c, "rt_row_compact(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, %" PRId64 ", v%d);", n->shape.dim[0],
+                n->shape.dim[1], n->in[0]->id, n->in[1]->id, n->in[2]->id, n->attr.ignore_index, n->id);
         return;
     }
     if (n->op != OP_GATHER) ICE("cpu: %s is not an index kernel", ir_op_name(n->op));
@@ -1277,9 +1292,10 @@ static int64_t node_scratch(const IrNode *n) {
 
 /* The kernels that may write their result over an operand (mp_plan's in_place): the gradient
  * of cross-entropy over its logits, which nothing reads after it, so that the classifier's
- * [rows, classes] gradient takes no buffer of its own. */
+ * [rows, classes] gradient takes no buffer of its own, and that gradient's labelled rows moved
+ * to its top (row_compact). */
 static int in_place(const IrNode *n) {
-    return n->op == OP_XENT_BWD ? 0 : -1;
+    return n->op == OP_XENT_BWD || n->op == OP_ROW_COMPACT ? 0 : -1;
 }
 
 const CgBackend cg_cpu = {
@@ -1288,6 +1304,7 @@ const CgBackend cg_cpu = {
     .precisions = 1u << CG_FP32,
     .precision_note = "the CPU backend computes in float32",
     .fuse_reductions = 1,
+    .compacts_rows = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
     .node_scratch = node_scratch,
     .in_place = in_place,

@@ -477,6 +477,19 @@ void rt_gather_rows(int64_t n, int64_t num, int64_t dim, const float *table, con
 /* dtable [num, dim] = sum over t with idx[t] == k of dy[t]: each thread owns a block of table
  * rows and adds in t order, so the result does not depend on the number of threads. */
 void rt_gather_rows_bwd(int64_t n, int64_t num, int64_t dim, const int64_t *idx, const float *dy, float *dtable);
+/* The rows whose label counts, for the products that skip the others (netc's ignored_rows.c):
+ * rt_row_order writes order[0 .. rows), the positions r of the labels that are not `ignore` in
+ * increasing order, then the others in increasing order. rt_row_compact writes out [rows, cols]:
+ * row i is x's row order[i] for i below the count of labels that are not `ignore`, then zeros;
+ * out may be x itself (each row is read before it is written). */
+void rt_row_order(int64_t rows, const int64_t *label, int64_t ignore, int64_t *order);
+void rt_row_compact(int64_t rows, int64_t cols, const float *x, const int64_t *order, const int64_t *label,
+                    int64_t ignore, float *out);
+/* rt_gemm with beta 0 as if A's stored rows (op(A)'s rows, or its columns under trans_a) past
+ * the first n were zeros, n the count of label[0 .. A's rows) that are not `ignore`: C's rows
+ * past n are 0, or under trans_a the product sums over n of them. */
+void rt_gemm_rows(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, const int64_t *label, int64_t ignore);
 /* rt_xent_fwd/bwd where a row whose label is `ignore` gives loss 0 and gradient 0; other labels
  * outside [0, cols) abort with a message. */
 void rt_xent_ignore_fwd(int64_t rows, int64_t cols, const float *logits, const int64_t *label, float smoothing,

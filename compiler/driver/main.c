@@ -61,6 +61,7 @@ typedef struct Options {
     int check_only; /* --check: stop after semantic analysis */
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
     int no_remat;   /* --no-remat: keep every activation the backward pass reads */
+    int all_rows;   /* --all-rows: the classifier's backward products over every row */
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
     int summary;    /* --summary: print the table of layers and stop */
@@ -95,6 +96,8 @@ static void usage(FILE *out) {
             "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
             "  --no-remat           keep SiLU and GELU values for the backward pass instead of computing them\n"
             "                       again there\n"
+            "  --all-rows           cpu: run the classifier's backward products over every row, also those whose\n"
+            "                       label is the cross-entropy's ignore_index (their gradient is zero)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
             "  --backend NAME       code generator: cpu (default) or cuda\n"
@@ -235,6 +238,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->no_fuse = 1;
         } else if (strcmp(a, "--no-remat") == 0) {
             o->no_remat = 1;
+        } else if (strcmp(a, "--all-rows") == 0) {
+            o->all_rows = 1;
         } else if (strcmp(a, "--werror") == 0) {
             o->werror = 1;
         } else if (strcmp(a, "--print-toolchain") == 0) {
@@ -614,6 +619,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
     if (!o->no_remat) remat_activations(g);
     verify(g, "remat");
+    if (be->compacts_rows && !o->all_rows) skip_ignored_rows(g);
+    verify(g, "ignored rows");
     layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
     if (o->precision == CG_BF16) autocast_bf16(g);

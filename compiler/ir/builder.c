@@ -204,6 +204,20 @@ void irb_append(IrBuilder *b, IrNode *n) {
     b->inserted++;
 }
 
+void irb_remove(IrBuilder *b, IrNode *n) {
+    Entry *e = entry(b, n);
+    if (!e->placed) ICE("builder: removing %%%d, not in the schedule", n->id);
+    if (e->n_uses || irb_is_result(b, n) || n == b->g->output)
+        ICE("builder: removing %s %%%d, which is still read", ir_op_name(n->op), n->id);
+    if (e->prev) entry(b, e->prev)->next = e->next;
+    else b->head = e->next;
+    if (e->next) entry(b, e->next)->prev = e->prev;
+    else b->tail = e->prev;
+    e->prev = e->next = NULL;
+    e->placed = 0;
+    for (int k = 0; k < n->n_in; k++) remove_use(b, n->in[k], n, k);
+}
+
 /* ---- uses */
 
 const IrUse *irb_uses(const IrBuilder *b, const IrNode *x, int *n_uses) {

@@ -80,6 +80,9 @@ void irb_insert_before(IrBuilder *b, IrNode *at, IrNode *n);
 void irb_insert_after(IrBuilder *b, IrNode *at, IrNode *n);
 /* Place n at the end of the schedule (in the backward part when there is one). */
 void irb_append(IrBuilder *b, IrNode *n);
+/* Take n out of the schedule; nothing may read it, and it may not be one of the graph's
+ * results. It no longer reads its operands, and is dropped at irb_finish. */
+void irb_remove(IrBuilder *b, IrNode *n);
 /* n is in the schedule: an old node, or a new one already inserted. */
 int irb_placed(const IrBuilder *b, const IrNode *n);
 

@@ -340,6 +340,14 @@ static int shape_matmul(const IrNode *n, IrShape *want) {
     return 1;
 }
 
+/* matmul_rows(a, b, labels): a rank-2 product, and a label for each row of a (of op(a)'s
+ * columns under trans_a: the rows the product sums over) */
+static int shape_matmul_rows(const IrNode *n, IrShape *want) {
+    const IrNode *a = n->in[0], *labels = n->in[2];
+    return shape_matmul(n, want) && a->shape.rank == 2 && labels->dtype == DT_I64 &&
+           ir_numel(&labels->shape) == a->shape.dim[0];
+}
+
 /* Convolutions and pooling: rank 4 in and out (sema checks the window arithmetic). */
 static int shape_rank4(const IrNode *n, IrShape *want) {
     *want = n->shape;
@@ -427,6 +435,20 @@ static int shape_gather_bwd(const IrNode *n, IrShape *want) {
     for (int i = 0; i < idx->rank; i++)
         if (idx->dim[i] != dy->dim[i]) return 0;
     return dy->dim[dy->rank - 1] == n->shape.dim[1];
+}
+
+/* row_order(labels [...]) -> i64 [R], R the number of labels */
+static int shape_row_order(const IrNode *n, IrShape *want) {
+    *want = ir_shape(1, ir_numel(&n->in[0]->shape));
+    return n->in[0]->dtype == DT_I64 && n->dtype == DT_I64;
+}
+
+/* row_compact(x [R, C], order, labels) -> [R, C]; order and labels R i64 each */
+static int shape_row_compact(const IrNode *n, IrShape *want) {
+    const IrShape *x = &n->in[0]->shape;
+    *want = *x;
+    return x->rank == 2 && n->in[1]->dtype == DT_I64 && n->in[2]->dtype == DT_I64 &&
+           ir_numel(&n->in[1]->shape) == x->dim[0] && ir_numel(&n->in[2]->shape) == x->dim[0];
 }
 
 static int shape_bn_stats(const IrNode *n, IrShape *want) {

@@ -408,6 +408,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_ATTENTION_BWD: case OP_ATTENTION_MASKED_BWD: case OP_PART:
     case OP_GELU_TANH_GRAD: case OP_SILU_GRAD: case OP_LOG_SOFTMAX_BWD: case OP_LAYERNORM_BWD:
     case OP_LAYERNORM_BWD_PARAMS: case OP_RMSNORM_BWD: case OP_RMSNORM_BWD_PARAMS:
+    case OP_MATMUL_ROWS: case OP_ROW_ORDER: case OP_ROW_COMPACT:
     case OP__COUNT:
         ICE("autodiff: backward-only or post-autodiff operator %s in the forward graph (%%%d)", ir_op_name(y->op),
             y->id);

@@ -98,6 +98,11 @@ void dist_report(const IrGraph *g, FILE *out);
  * added. */
 int remat_activations(IrGraph *g);
 
+/* ignored_rows.c: the products that read a cross-entropy's gradient, with an ignore index, run
+ * over the rows whose label counts only (a target with CgBackend.compacts_rows). Returns the
+ * nodes added. */
+int skip_ignored_rows(IrGraph *g);
+
 /* autocast.c: matrix products and convolutions in bf16 - casts to bf16 before them and back to
  * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
  * bf16, CUDA backend). Returns the casts added. */

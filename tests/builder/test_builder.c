@@ -208,6 +208,29 @@ static void test_set_operand(void **state) {
     check_graph(g);
 }
 
+/* A node replaced by a new one and removed: it leaves the schedule and its operands' use-lists,
+ * and the graph keeps its size (ignored_rows.c replaces products this way). */
+static void test_remove(void **state) {
+    Fixture *f = *state;
+    IrGraph *g = f->g;
+    int n = g->n, n_fwd = g->n_fwd, x_readings = readings(g, f->x), w_readings = readings(g, f->w);
+    IrBuilder *b = irb_begin(g);
+    IrNode *again = irb_node(b, &(IrNodeSpec){.op = OP_MUL, .n_in = 2, .in = {f->x, f->w}, .shape = f->prod->shape,
+                                              .dtype = DT_F32, .phase = PHASE_FWD, .loc = loc});
+    irb_insert_before(b, f->prod, again);
+    irb_replace_uses(b, f->prod, again, NULL, NULL);
+    irb_remove(b, f->prod);
+    assert_false(irb_placed(b, f->prod));
+    check_uses(b, f->x, x_readings); /* again's reading came, prod's left */
+    check_uses(b, f->w, w_readings);
+    irb_finish(b);
+    assert_int_equal(g->n, n);
+    assert_int_equal(g->n_fwd, n_fwd);
+    for (int i = 0; i < g->n; i++) assert_ptr_not_equal(g->nodes[i], f->prod);
+    assert_int_equal(readings(g, f->x), x_readings);
+    check_graph(g);
+}
+
 /* A node made and never inserted is not in the graph. */
 static void test_unplaced_dropped(void **state) {
     Fixture *f = *state;
@@ -268,6 +291,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_replace_result, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_operand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unplaced_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_spec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_autocast_parts, setup, teardown),
     };

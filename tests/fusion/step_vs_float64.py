@@ -1,14 +1,15 @@
 """One SGD step of compiled trainers against a float64 referee, with PyTorch's float32 as the
 measure of float32 rounding (used by fused_vs_unfused.sh).
 
-    step_vs_float64.py [--ulp-spread] WORKDIR LR TRAINER... -- NETC MODEL.net [-D ...]
+    step_vs_float64.py [--ulp-spread] [--ignore INPUT=VALUE] WORKDIR LR TRAINER... -- NETC MODEL.net [-D ...]
 
 Runs `NETC MODEL.net --dump=grad` with the same -D flags the trainers were compiled with (which
 must make the first step a plain p - LR * g: weight_decay=0, no warmup, learning rate LR) and
 evaluates that graph with the float64 IR interpreter of tests/gradcheck/ir_gradcheck.py on one
 batch (floats N(0, 1), integer inputs 0..9) and parameters He-scaled N(0, 1) (batch-norm scales
 1 + N(0, 0.1^2)). The same interpreter in float32, i.e. PyTorch's float32 kernels on this CPU,
-gives the yardstick. Each trainer takes one step from those parameters (--init) on that batch;
+gives the yardstick. --ignore sets three in four of an integer input's entries (drawn from the
+same seed) to VALUE, as masked-LM labels are mostly a cross-entropy's ignore_index. Each trainer takes one step from those parameters (--init) on that batch;
 the gradient it applied is (p - p') / LR.
 
 For each trainable parameter, err = max |g - g64| / max |g64|. A trainer passes when, for every
@@ -58,13 +59,15 @@ def initial_params(nodes, params):
     return out
 
 
-def batch(nodes):
+def batch(nodes, ignore):
     rng = np.random.default_rng(6)
     data = {}
     for n in nodes:
         if n.op == "input":
             data[n.name] = (rng.integers(0, 10, n.shape).astype(np.int64) if n.dtype in INT_DTYPES
                             else rng.normal(size=n.shape).astype(np.float32))
+    for name, value in ignore:
+        data[name][rng.random(data[name].shape) < 0.75] = value
     return data
 
 
@@ -105,13 +108,18 @@ def main():
     spread_wanted = sys.argv[1] == "--ulp-spread"
     if spread_wanted:
         del sys.argv[1]
+    ignore = []
+    while sys.argv[1] == "--ignore":
+        name, value = sys.argv[2].split("=")
+        ignore.append((name, int(value)))
+        del sys.argv[1:3]
     split = sys.argv.index("--")
     work, lr, trainers = sys.argv[1], float(sys.argv[2]), sys.argv[3:split]
     netc, model, flags = sys.argv[split + 1], sys.argv[split + 2], sys.argv[split + 3:]
     dump = subprocess.run([netc, model, *flags, "--dump=grad"], capture_output=True, text=True, check=True)
     nodes, params, _, _ = parse_dump(dump.stdout)
     os.makedirs(work, exist_ok=True)
-    inputs, pvals = batch(nodes), initial_params(nodes, params)
+    inputs, pvals = batch(nodes, ignore), initial_params(nodes, params)
     init = os.path.join(work, "step-init.safetensors")
     st_save(init, pvals)
     g64 = reference(nodes, params, inputs, pvals, torch.float64)

@@ -362,6 +362,82 @@ static void test_gemm(void **state) {
         }
 }
 
+/* ---- the labelled rows only (rt_row_order, rt_row_compact, rt_gemm_rows) */
+
+enum { LR = 37, LV = 19, LD = 11, IGNORE = -100 };
+
+/* labels with every third row and the last one ignored, none, or all */
+static int64_t fill_labels(int64_t *label, int pattern) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < LR; r++) {
+        int ignored = pattern == 0 ? r % 3 == 1 || r == LR - 1 : pattern == 2;
+        label[r] = ignored ? IGNORE : r % LV;
+        n += !ignored;
+    }
+    return n;
+}
+
+/* double reference of op(A) @ op(B) over the first n stored rows of A (the others zeros) */
+static void gemm_rows_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *a, const float *b, int64_t n,
+                          double *c) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) {
+                if ((ta ? k : i) >= n) continue; /* A's stored row k (trans_a) or i */
+                s += (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+            }
+            c[i * N + j] = s;
+        }
+}
+
+static void test_ignored_rows(void **state) {
+    (void)state;
+    for (int pattern = 0; pattern < 3; pattern++) {
+        int64_t label[LR], order[LR];
+        const int64_t n = fill_labels(label, pattern);
+        rt_row_order(LR, label, IGNORE, order);
+        int64_t k = 0; /* the counted rows in increasing order, then the others */
+        for (int64_t r = 0; r < LR; r++)
+            if (label[r] != IGNORE) assert_int_equal(order[k++], r);
+        for (int64_t r = 0; r < LR; r++)
+            if (label[r] == IGNORE) assert_int_equal(order[k++], r);
+
+        /* compaction moves rows (memcpy): exact, out of place and over x itself */
+        float *x = randv(LR * LV), *out = malloc(sizeof(float) * LR * LV), *inplace = malloc(sizeof(float) * LR * LV);
+        memcpy(inplace, x, sizeof(float) * LR * LV);
+        for (int64_t i = 0; i < LR * LV; i++) out[i] = NAN;
+        rt_row_compact(LR, LV, x, order, label, IGNORE, out);
+        rt_row_compact(LR, LV, inplace, order, label, IGNORE, inplace);
+        for (int64_t i = 0; i < LR; i++)
+            for (int64_t j = 0; j < LV; j++) {
+                float want = i < n ? x[order[i] * LV + j] : 0.0f;
+                assert_true(out[i * LV + j] == want && inplace[i * LV + j] == want);
+            }
+
+        /* the products over the first n rows of A, for each transposition of the other operand:
+         * G^T B (the weight's gradient) and G op(B) (the input's); A is x, whose rows past n are
+         * not zeros, so a product that reads them fails, and the output starts as NaN, so a row
+         * left unwritten fails */
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int64_t M = ta ? LV : LR, N = LD, K = ta ? LR : LV;
+                float *b = randv(K * N), *c = malloc(sizeof(float) * M * N);
+                double *ref = malloc(sizeof(double) * M * N);
+                for (int64_t i = 0; i < M * N; i++) c[i] = NAN;
+                gemm_rows_ref(ta, tb, M, N, K, x, b, n, ref);
+                rt_gemm_rows(ta, tb, M, N, K, x, ta ? M : K, b, tb ? K : N, c, N, label, IGNORE);
+                /* float32 products summed over at most LR terms in a blocked order: a few ulps
+                 * of the largest partial sum, as test_gemm */
+                assert_close(c, ref, M * N, 1e-5, ta ? "gemm_rows G^T B" : "gemm_rows G op(B)");
+                if (!ta) /* rows past n: exactly zero, not merely small */
+                    for (int64_t i = n * N; i < M * N; i++) assert_true(c[i] == 0.0f);
+                free(b), free(c), free(ref);
+            }
+        free(x), free(out), free(inplace);
+    }
+}
+
 /* rt_gemm_reference: within one rounding of the double product (it is that product, rounded
  * once: half an ulp of each element, 6e-8 relative to the largest), with beta; and the same bits
  * for every element when the product is cut into blocks of rows or of columns, as the CPU
@@ -418,7 +494,7 @@ int main(void) {
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
-        cmocka_unit_test(test_half),
+        cmocka_unit_test(test_half),          cmocka_unit_test(test_ignored_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
