@@ -434,7 +434,7 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_GELU: call(c, "gelu", n); break;
     case OP_GELU_TANH: call(c, "gelu_tanh", n); break;
     case OP_SILU: call(c, "silu", n); break;
-    case OP_EXP: call(c, "expf", n); break;
+    case OP_EXP: call(c, "rt_expf", n); break;
     case OP_LOG: call(c, "logf", n); break;
     case OP_SQRT: call(c, "sqrtf", n); break;
     case OP_SIN: call(c, "sinf", n); break;
@@ -845,10 +845,11 @@ static const struct {
 } helpers[] = {
     {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
     {OP_RELU_GRAD, "static inline float relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }\n"},
-    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow\n"
+    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow; rt_expf (rt_bits.h)\n"
+                 "// and no branch, so that the loop vectorizes\n"
                  "static inline float sigmoid(float x) {\n"
-                 "    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));\n"
-                 "    float e = expf(x);\n    return e / (1.0f + e);\n}\n"},
+                 "    float e = rt_expf(-fabsf(x));\n"
+                 "    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n}\n"},
     {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
     {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
     {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU()\n"
@@ -856,33 +857,33 @@ static const struct {
     {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
                    "static inline float gelu_grad(float x, float dy) {\n"
                    "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
-                   "    float pdf = 0.398942280f * expf(-0.5f * x * x);\n"
+                   "    float pdf = 0.398942280f * rt_expf(-0.5f * x * x);\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
     {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's):\n"
-                   "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one expf instead of libm's much slower tanhf\n"
-                   "// (exp(-2u) = inf for very negative u gives x * 0, as tanh(u) = -1 does)\n"
+                   "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one exp (rt_expf, which vectorizes) instead of\n"
+                   "// libm's much slower tanhf (exp(-2u) = inf for very negative u gives x * 0, as tanh(u) = -1 does)\n"
                    "static inline float gelu_tanh(float x) {\n"
                    "    float u = 0.797884561f * (x + 0.044715f * (x * x * x));\n"
-                   "    return x / (1.0f + expf(-2.0f * u));\n}\n"},
+                   "    return x / (1.0f + rt_expf(-2.0f * u));\n}\n"},
     {OP_GELU_TANH_GRAD, "// d/dx gelu_tanh = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u); with s = sigmoid(2u),\n"
                         "// 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s): s (1 + 2 x (1 - s) du/dx)\n"
                         "static inline float gelu_tanh_grad(float x, float dy) {\n"
-                        "    float s = 1.0f / (1.0f + expf(-1.595769122f * (x + 0.044715f * (x * x * x))));\n"
+                        "    float s = 1.0f / (1.0f + rt_expf(-1.595769122f * (x + 0.044715f * (x * x * x))));\n"
                         "    float du = 0.797884561f * (1.0f + 0.134145f * (x * x));\n"
                         "    return dy * (s * (1.0f + (2.0f * x) * ((1.0f - s) * du)));\n}\n"},
-    {OP_SILU, "// x * sigmoid(x), exp of a non-positive number only\n"
+    {OP_SILU, "// x * sigmoid(x), exp of a non-positive number only, no branch (the loop vectorizes)\n"
               "static inline float silu(float x) {\n"
-              "    if (x >= 0.0f) return x / (1.0f + expf(-x));\n"
-              "    float e = expf(x);\n    return x * e / (1.0f + e);\n}\n"},
+              "    float e = rt_expf(-fabsf(x));\n"
+              "    return (x >= 0.0f ? x : x * e) / (1.0f + e);\n}\n"},
     {OP_SILU_GRAD, "// d/dx x sigmoid(x) = s (1 + x (1 - s))\n"
                    "static inline float silu_grad(float x, float dy) {\n"
-                   "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
+                   "    float e = rt_expf(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
                    "    return dy * (s * (1.0f + x * (1.0f - s)));\n}\n"},
     {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
                     "static inline float bce_logits(float x, float t) {\n"
-                    "    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));\n}\n"},
+                    "    return fmaxf(x, 0.0f) - x * t + log1pf(rt_expf(-fabsf(x)));\n}\n"},
     {OP_BCE_LOGITS_GRAD, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
-                         "    float s = x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));\n"
+                         "    float e = rt_expf(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
                          "    return dy * (s - t);\n}\n"},
 };
 

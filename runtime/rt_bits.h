@@ -86,6 +86,32 @@ RT_BITS_FN uint16_t rt_f32_to_f16(float f) {
     return (uint16_t)half;
 }
 
+/* e^x, within 2 ulp of the exact value for x in [-87.33, 88.72] (tests/runtime/test_kernels.c
+ * measures it), in arithmetic a compiler vectorizes: libm's expf is a call per element, which
+ * keeps the loops of the activations that read it (sigmoid, SiLU, GELU's tanh form) scalar, and
+ * the device's expf is not the host's. n = round(x / ln 2) by adding 1.5 * 2^23 (t's low bits
+ * then hold n), r = x - n ln 2 in two parts (Cody and Waite), e^r by Cephes' degree-6
+ * polynomial, times 2^n as two factors 2^h 2^(n-h), each a normal number, so that n = 128 (x
+ * within 2^-7 of ln FLT_MAX) neither overflows early nor rounds twice. Below ln FLT_MIN
+ * (-87.34) it is 0 where expf gives subnormals, above ln FLT_MAX +inf, NaN stays NaN. */
+RT_BITS_FN float rt_expf(float x) {
+    const float lo = -87.3365479f, hi = 88.7228394f, big = 12582912.0f;
+    const float xc = x < lo ? lo : x > hi ? hi : x;
+    const float t = xc * 1.44269504088896341f + big, n = t - big;
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t ni = (int32_t)(rt_bits_of(t) - rt_bits_of(big)), h = ni / 2;
+    const float s1 = rt_float_of((uint32_t)(h + 127) << 23), s2 = rt_float_of((uint32_t)(ni - h + 127) << 23);
+    const float v = p * s1 * s2; /* computed for every x, then chosen, so that the loop has no branch */
+    return x < lo ? 0.0f : x > hi ? rt_float_of(0x7f800000u) : v;
+}
+
 RT_BITS_FN float rt_bf16_to_f32(uint16_t h) { return rt_float_of((uint32_t)h << 16); }
 
 RT_BITS_FN uint16_t rt_f32_to_bf16(float f) {
