@@ -69,31 +69,6 @@ static inline float row_max(float m, const float *s, int64_t n) {
     return nan ? NAN : m;
 }
 
-/* exp(x) for the x <= 0 the softmax takes (scores less their row's maximum), NaN kept, within
- * 2 ulp of expf, in arithmetic that GCC vectorizes (libm's expf is a call per element, a sixth of
- * the time): n = round(x / ln 2) by the 1.5 * 2^23 trick, r = x - n ln 2 in two parts (Cody and
- * Waite), exp(r) by Cephes' degree-6 polynomial, times 2^n built in the exponent bits. Below -87
- * (exp < 1.7e-38, nothing beside the row maximum's exp(0) = 1) it is 0, -INFINITY included. */
-static inline float exp_le0(float x) {
-    const float big = 12582912.0f;
-    const float xc = x < -87.0f ? -87.0f : x;
-    const float t = xc * 1.44269504088896341f + big, n = t - big;
-    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits;
-    float scale;
-    memcpy(&bits, &t, sizeof bits);
-    bits = (bits - 0x4B400000 + 127) << 23; /* t's low mantissa bits hold n */
-    memcpy(&scale, &bits, sizeof scale);
-    return x < -87.0f ? 0.0f : p * scale;
-}
-
 /* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last
  * row's diagonal (top-left aligned, as PyTorch's is_causal). */
 static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
@@ -124,10 +99,10 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                     memset(s, 0, (size_t)cols * sizeof *s);
                     continue;
                 }
-                const float alpha = exp_le0(m[r] - mx);
+                const float alpha = rt_expf(m[r] - mx);
 #pragma omp simd reduction(+ : sum)
                 for (int64_t c = 0; c < cols; c++) {
-                    const float e = exp_le0(s[c] - mx);
+                    const float e = rt_expf(s[c] - mx);
                     s[c] = e;
                     sum += e;
                 }
@@ -169,7 +144,7 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
                 double sum = 0;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t c = 0; c < n; c++) {
-                    const float e = exp_le0(p[c] - mx);
+                    const float e = rt_expf(p[c] - mx);
                     p[c] = e;
                     sum += e;
                 }
