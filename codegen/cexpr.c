@@ -857,7 +857,7 @@ static const struct {
     {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
                    "static inline float gelu_grad(float x, float dy) {\n"
                    "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
-                   "    float pdf = 0.398942280f * rt_expf(-0.5f * x * x);\n"
+                   "    float pdf = 0.398942280f * expf(-0.5f * x * x); // erff keeps this loop scalar: libm's expf\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
     {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's):\n"
                    "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one exp (rt_expf, which vectorizes) instead of\n"
