@@ -45,26 +45,25 @@ static int products(const IrBuilder *b, const IrNode *mat, IrNode **out) {
     return count;
 }
 
-/* G's [R, V] matrix (G itself, or its one reshape to it) when every other reader of G is a sum
- * and the matrix's readers are products that can run over the labelled rows; its products in
- * out[0 .. *n_out), in schedule order. */
+/* G's [R, V] matrix (G itself, or its one reshape to it, every other reader of G a sum) when
+ * the matrix's readers are products that can run over the labelled rows, and sums; its products
+ * in out[0 .. *n_out), in schedule order. */
 static IrNode *gradient_matrix(const IrBuilder *b, IrNode *grad, IrNode **out, int *n_out) {
-    int64_t V = grad->shape.dim[grad->shape.rank - 1], R = ir_numel(&grad->shape) / V;
-    IrNode *mat = grad->shape.rank == 2 ? grad : NULL;
-    int n;
-    const IrUse *u = irb_uses(b, grad, &n);
     if (irb_is_result(b, grad)) return NULL;
-    for (int k = 0; k < n; k++) {
-        const IrNode *user = u[k].user;
-        if (user->op == OP_SUM_TO) continue;
-        if (user->op == OP_RESHAPE && !mat && user->shape.rank == 2 && user->shape.dim[0] == R) {
-            mat = u[k].user;
-            continue;
+    IrNode *mat = grad;
+    if (grad->shape.rank != 2) {
+        int64_t V = grad->shape.dim[grad->shape.rank - 1], R = ir_numel(&grad->shape) / V;
+        int n;
+        const IrUse *u = irb_uses(b, grad, &n);
+        mat = NULL;
+        for (int k = 0; k < n; k++) {
+            IrNode *user = u[k].user;
+            if (user->op == OP_SUM_TO) continue;
+            if (user->op != OP_RESHAPE || mat || user->shape.rank != 2 || user->shape.dim[0] != R) return NULL;
+            mat = user;
         }
-        if (mat == grad && takes_rows(user, mat)) continue;
-        return NULL;
+        if (!mat || irb_is_result(b, mat)) return NULL;
     }
-    if (!mat || irb_is_result(b, mat)) return NULL;
     *n_out = products(b, mat, out);
     return *n_out ? mat : NULL;
 }
