@@ -347,6 +347,16 @@ typedef struct RtModel {
     int64_t metric_ignore;
 } RtModel;
 
+/* The x86-64 level this runtime was compiled for (rt_cpu.c): 1 (x86-64), 3 (x86-64-v3: AVX2,
+ * FMA) or 4 (x86-64-v4: AVX-512); a trainer of level 3 or 4 checks the CPU before main. */
+extern const int rt_cpu_level;
+/* "x86-64", "x86-64-v3" or "x86-64-v4" */
+const char *rt_cpu_level_name(int level);
+/* 0 when this CPU runs code of `level`; else 1, with the features it lacks in buf (" avx2 fma") */
+int rt_cpu_missing(int level, char *buf, size_t size);
+/* The highest level this CPU runs: 4, 3 or 1. */
+int rt_cpu_host_level(void);
+
 /* The trainer's main(): parses the command line (see docs/trainer.md) and runs. */
 int rt_main(int argc, char **argv, const RtModel *model);
 

@@ -69,6 +69,31 @@ static inline float row_max(float m, const float *s, int64_t n) {
     return nan ? NAN : m;
 }
 
+/* s[c] = e^(s[c] - mx) for c in [0, n), and their sum in double. The sum has EXP_LANES partial
+ * sums, element c going to lane c % EXP_LANES, added in lane order at the end: a fixed order,
+ * the same for any vector width the compiler picks (the runtime is built for several x86-64
+ * levels, rt_cpu.c), where a simd reduction would add in an order of the width's making. */
+enum { EXP_LANES = 16 };
+static double exp_sum(float *s, int64_t n, float mx) {
+    double part[EXP_LANES] = {0};
+    int64_t c0 = 0;
+    for (; c0 + EXP_LANES <= n; c0 += EXP_LANES)
+#pragma omp simd
+        for (int l = 0; l < EXP_LANES; l++) {
+            const float e = rt_expf(s[c0 + l] - mx);
+            s[c0 + l] = e;
+            part[l] += e;
+        }
+    for (int64_t c = c0; c < n; c++) {
+        const float e = rt_expf(s[c] - mx);
+        s[c] = e;
+        part[c - c0] += e;
+    }
+    double sum = 0;
+    for (int l = 0; l < EXP_LANES; l++) sum += part[l];
+    return sum;
+}
+
 /* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last
  * row's diagonal (top-left aligned, as PyTorch's is_causal). */
 static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
@@ -92,7 +117,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
             const int64_t cols = kend - j0 < BK ? kend - j0 : BK;
             rt_gemm(0, 1, rows, cols, D, a->scale, qi, D, kb + j0 * D, D, 0.0f, sc, cols);
             for (int64_t r = 0; r < rows; r++) {
-                float *s = sc + r * cols, sum = 0;
+                float *s = sc + r * cols;
                 mask_row(a, mask, mbase, i0 + r, j0, cols, s);
                 const float mx = row_max(m[r], s, cols);
                 if (mx == -INFINITY) { /* no key of this row so far: nothing to add */
@@ -100,13 +125,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                     continue;
                 }
                 const float alpha = rt_expf(m[r] - mx);
-#pragma omp simd reduction(+ : sum)
-                for (int64_t c = 0; c < cols; c++) {
-                    const float e = rt_expf(s[c] - mx);
-                    s[c] = e;
-                    sum += e;
-                }
-                l[r] = l[r] * alpha + sum;
+                l[r] = l[r] * alpha + (float)exp_sum(s, cols, mx);
                 m[r] = mx;
                 if (a->dropout > 0) /* the sum above is the undropped one: o gets the dropped probabilities */
                     for (int64_t c = 0; c < cols; c++) s[c] *= rt_attn_drop(a, bh, i0 + r, j0 + c, inv_keep);
@@ -141,13 +160,7 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
             if (mx == -INFINITY) { /* no key: no probability, no gradient */
                 memset(p, 0, (size_t)n * sizeof *p);
             } else {
-                double sum = 0;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t c = 0; c < n; c++) {
-                    const float e = rt_expf(p[c] - mx);
-                    p[c] = e;
-                    sum += e;
-                }
+                const double sum = exp_sum(p, n, mx);
                 const float inv = (float)(1.0 / sum);
                 for (int64_t c = 0; c < n; c++) p[c] *= inv;
             }

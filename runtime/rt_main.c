@@ -136,8 +136,8 @@ static const char *dtype_name(RtDtype dt) {
 
 static void usage(const RtModel *m) {
     printf("usage: %s --data INPUT=FILE... [options]\n\n", m->name);
-    printf("Train model '%s' (compiled by netc from %s).\n\nmodel inputs (per sample; batch %lld):\n",
-           m->name, m->source, (long long)m->batch);
+    printf("Train model '%s' (compiled by netc from %s, for %s CPUs).\n\nmodel inputs (per sample; batch %lld):\n",
+           m->name, m->source, rt_cpu_level_name(rt_cpu_level), (long long)m->batch);
     for (int i = 0; i < m->n_inputs; i++) {
         printf("  %-12s %s[", m->inputs[i].name, dtype_name(m->inputs[i].dtype));
         for (int d = 0; d < m->inputs[i].rank; d++) printf("%s%lld", d ? ", " : "", (long long)m->inputs[i].shape[d]);

@@ -69,6 +69,8 @@ typedef struct Options {
     int n_sms;
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
     int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
+    const char *cpu; /* --cpu as given, or NULL */
+    int cpu_level;   /* --cpu: the x86-64 level of a CPU trainer, 1, 3 or 4; 0: this machine's */
     int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
     int distributed;     /* --distributed: a trainer of several ranks (mpirun), gradients summed over them */
     int64_t bucket_kib;  /* --bucket-kib: the size its gradient buckets are cut at */
@@ -118,6 +120,9 @@ static void usage(FILE *out) {
             "                       summed over the ranks (default: each rank's own batch, as PyTorch DDP; CPU)\n"
             "  --shard-optimizer    --distributed: each rank keeps the optimizer state of its share of the\n"
             "                       parameters and updates them alone (ZeRO-1); the others gather them\n"
+            "  --cpu LEVEL          cpu: the x86-64 level to compile the trainer for: x86-64 (every 64-bit x86\n"
+            "                       CPU), x86-64-v3 (AVX2, FMA), x86-64-v4 (AVX-512) or host (default: the\n"
+            "                       highest this machine runs); every level computes the same values\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -182,6 +187,15 @@ static int parse_archs(Options *o, const char *list) {
         if (!*p) return 0;
         p++;
     }
+}
+
+/* --cpu x86-64|x86-64-v3|x86-64-v4|host */
+static int parse_cpu(Options *o, const char *v) {
+    static const struct { const char *name; int level; } levels[] = {
+        {"host", 0}, {"x86-64", 1}, {"x86-64-v3", 3}, {"x86-64-v4", 4}};
+    for (size_t i = 0; i < sizeof levels / sizeof *levels; i++)
+        if (strcmp(v, levels[i].name) == 0) return o->cpu = v, o->cpu_level = levels[i].level, 0;
+    return usage_error("--cpu takes x86-64, x86-64-v3, x86-64-v4 or host, found '%s'", v);
 }
 
 /* --precision fp32|tf32|bf16 */
@@ -282,6 +296,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             if ((err = parse_archs(o, v))) return err;
         } else if ((v = opt_value(argc, argv, &i, "--precision", &err))) {
             if ((err = parse_precision(o, v))) return err;
+        } else if ((v = opt_value(argc, argv, &i, "--cpu", &err))) {
+            if ((err = parse_cpu(o, v))) return err;
         } else if ((v = opt_value(argc, argv, &i, "--cc", &err))) {
             o->cc = v;
         } else if ((v = opt_value(argc, argv, &i, "--runtime-dir", &err))) {
@@ -311,6 +327,9 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->shard_optimizer && !o->distributed)
         return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
                            "trainer; give --distributed too%s", "");
+    if (o->cpu && strcmp(o->backend, "cpu"))
+        return usage_error("--cpu %s: an option of --backend cpu; a GPU trainer's host code is compiled for plain "
+                           "x86-64", o->cpu);
     if (strcmp(o->opt_level, "0") && strcmp(o->opt_level, "1") && strcmp(o->opt_level, "2") &&
         strcmp(o->opt_level, "3") && strcmp(o->opt_level, "s"))
         return usage_error("-O takes 0, 1, 2, 3 or s, found '%s'", o->opt_level);
@@ -432,7 +451,7 @@ static int link_atomically(char **argv, int tmp_at, const char *out, const char 
 
 /* The shared toolchain, found on the first call (toolchain.c). */
 static const Toolchain *tools(const Options *o) {
-    return toolchain(o->cc, o->runtime_dir, o->opt_level, o->werror);
+    return toolchain(o->cc, o->runtime_dir, o->opt_level, o->werror, o->cpu_level);
 }
 
 /* Creates the --emit-dir and any missing folders above it, as `mkdir -p`; 1 after an error. */

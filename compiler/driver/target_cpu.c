@@ -8,23 +8,26 @@
  * flags, and with it a loop that chooses between values (relu's x < 0 ? 0 : x, the activations'
  * sign tests, rt_expf's range) is one vector select instead of a branch per element, so such
  * loops vectorise at all (GPT-2 small's step 7 % faster, its saved weights the same bytes):
- * the flags are the only thing it changes, not one value. */
+ * the flags are the only thing it changes, not one value. For the x86-64 level of --cpu (the
+ * machine's by default) with -march and the runtime built for it, and -ffp-contract=off, which
+ * keeps the values of every level the same (runtime/rt_cpu.c). */
 #include <stdio.h>
 
 #include "toolchain.h"
 
 static int cpu_link(const TcBuild *b) {
     const Toolchain *t = b->t;
-    char inc_rt[TC_PATH + 8], inc_blas[TC_PATH + 8], lib_rt[TC_PATH + 16], rp_cjson[TC_PATH + 16];
+    char inc_rt[TC_PATH + 8], inc_blas[TC_PATH + 8], lib_rt[TC_PATH + 48], rp_cjson[TC_PATH + 16];
     tc_cat3(inc_rt, sizeof inc_rt, "-I", t->rt_include, "");
     tc_cat3(inc_blas, sizeof inc_blas, "-I", NETC_CBLAS_INCLUDE_DIR, "");
-    tc_cat3(lib_rt, sizeof lib_rt, "", t->rt_lib, "/libnetrt.a");
+    tc_cat3(lib_rt, sizeof lib_rt, t->rt_lib, "/", t->cpu_lib);
     tc_rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
     char *argv[64] = {
         (char *)t->cc, "-std=gnu11", (char *)t->opt, (char *)t->werror, "-fopenmp", "-fno-math-errno",
-        "-fno-trapping-math", inc_rt, inc_blas, (char *)b->c_path,
+        "-fno-trapping-math", "-ffp-contract=off", inc_rt, inc_blas, (char *)b->c_path,
     };
-    int n = 10;
+    int n = 11;
+    if (t->cpu_march[0]) argv[n++] = (char *)t->cpu_march;
     if (b->distributed && (n = tc_add_mpi(t, argv, n, 40)) < 0) return 1;
     char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
                     "-lpthread", "-lm", "-o"};

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "netrt.h"
 #include "toolchain.h"
 
 const Target *const targets[] = {&target_cpu, &target_cuda, NULL};
@@ -128,7 +129,7 @@ const char *tc_dir_of(char *buf, size_t size, const char *path) {
 /* The trainer's C is compiled with -Werror only when asked (--werror, as CI does): another
  * compiler version may warn where the one netc was tested with does not. Every target's
  * libraries are looked up too, so that --print-toolchain can say where they all are. */
-const Toolchain *toolchain(const char *cc, const char *runtime_dir, const char *opt_level, int werror) {
+const Toolchain *toolchain(const char *cc, const char *runtime_dir, const char *opt_level, int werror, int cpu_level) {
     static Toolchain t; /* one per run: the options do not change */
     static int done;
     if (done) return &t;
@@ -138,6 +139,14 @@ const Toolchain *toolchain(const char *cc, const char *runtime_dir, const char *
     t.cc_from = cc ? "--cc" : env_cc && *env_cc ? "$CC" : "the compiler netc was built with";
     snprintf(t.opt, sizeof t.opt, "-O%s", opt_level);
     t.werror = werror ? "-Werror" : "-Wno-error";
+    t.cpu_level = cpu_level ? cpu_level : rt_cpu_host_level();
+    t.cpu_from = cpu_level ? "--cpu" : "this machine's; --cpu chooses another";
+    if (t.cpu_level > 1) {
+        snprintf(t.cpu_march, sizeof t.cpu_march, "-march=%s", rt_cpu_level_name(t.cpu_level));
+        snprintf(t.cpu_lib, sizeof t.cpu_lib, "libnetrt-%s.a", rt_cpu_level_name(t.cpu_level));
+    } else {
+        snprintf(t.cpu_lib, sizeof t.cpu_lib, "libnetrt.a");
+    }
     find_runtime(runtime_dir, &t);
     char build_lib[TC_PATH];
 
@@ -172,6 +181,14 @@ static int check_runtime(const Toolchain *t, const Target *tg) {
     }
     if (need_runtime_file(t, t->rt_include, NULL, "netrt.h") || need_runtime_file(t, t->rt_lib, NULL, "libnetrt.a"))
         return 1;
+    char cpu_lib[TC_PATH + 48];
+    if (tg == &target_cpu && !tc_is_file(tc_cat3(cpu_lib, sizeof cpu_lib, t->rt_lib, "/", t->cpu_lib))) {
+        fprintf(stderr, "netc: error: the runtime (%s, from %s) has no %s, its build for %s CPUs (%s)\n"
+                        "  hint: copy it there from the build's runtime/ folder, or compile the trainer for every "
+                        "x86-64 CPU with --cpu x86-64\n",
+                t->rt_lib, t->rt_from, t->cpu_lib, rt_cpu_level_name(t->cpu_level), t->cpu_from);
+        return 1;
+    }
     if (!tg || !tg->runtime_folder) return 0;
     return need_runtime_file(t, t->rt_include, tg->runtime_folder, tg->runtime_header) ||
            need_runtime_file(t, t->rt_lib, tg->runtime_folder, tg->runtime_library);
@@ -216,6 +233,8 @@ void toolchain_print(const Toolchain *t, const char *version) {
     if (t->rt_from) printf("%-18s %s (%s)\n", "runtime", t->rt_lib, t->rt_from);
     else printf("%-18s MISSING (looked in %s)\n", "runtime", t->rt_tried);
     if (t->rt_from && strcmp(t->rt_include, t->rt_lib)) printf("%-18s %s\n", "runtime headers", t->rt_include);
+    printf("%-18s %s (%s), runtime %s\n", "CPU level", rt_cpu_level_name(t->cpu_level), t->cpu_from,
+           t->cpu_lib);
     tc_print_file("cJSON", &t->cjson);
     for (int i = 0; targets[i]; i++) {
         if (targets[i]->unavailable) printf("%-18s not built (%s)\n", targets[i]->label, targets[i]->unavailable);

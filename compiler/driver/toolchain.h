@@ -30,6 +30,10 @@ typedef struct Toolchain {
     char rt_tried[4 * TC_PATH];
     ToolFile cjson;
     char opt[8];         /* -O<level> */
+    int cpu_level;       /* CPU trainers: the x86-64 level, 1, 3 or 4 (runtime/rt_cpu.c) */
+    const char *cpu_from;
+    char cpu_march[24];  /* -march=x86-64-v<level>, or "" for plain x86-64 */
+    char cpu_lib[32];    /* the runtime built for it: libnetrt.a, libnetrt-x86-64-v<level>.a */
     const char *werror;  /* -Werror with --werror (CI), else -Wno-error */
 } Toolchain;
 
@@ -74,8 +78,9 @@ extern const Target target_cpu, target_cuda;
 /* The target whose --backend name is `name`, or NULL. */
 const Target *target_named(const char *name);
 
-/* toolchain.c: the shared toolchain and every target's libraries, found on the first call. */
-const Toolchain *toolchain(const char *cc, const char *runtime_dir, const char *opt_level, int werror);
+/* toolchain.c: the shared toolchain and every target's libraries, found on the first call;
+ * cpu_level 0 is the highest level this machine runs. */
+const Toolchain *toolchain(const char *cc, const char *runtime_dir, const char *opt_level, int werror, int cpu_level);
 /* 0 when the runtime and every file a trainer of target `tg` links are there (tg NULL: the
  * shared ones); else says which is missing, where it looked and what to do, and returns 1. */
 int toolchain_check(const Toolchain *t, const Target *tg);

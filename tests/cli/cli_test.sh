@@ -45,6 +45,19 @@ check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
 contains "nhwc"
 check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout
 if grep -q nhwc <<<"$out"; then echo "FAIL: --layout=row-major left channels-last values"; fails=$((fails+1)); else passes=$((passes+1)); fi
+check "bad --cpu" 2 "$netc" "$root/models/mlp.net" --cpu native
+contains "--cpu takes x86-64, x86-64-v3, x86-64-v4 or host, found 'native'"
+check "--cpu on cuda" 2 "$netc" "$root/models/mlp.net" --backend cuda --cpu x86-64
+contains "--cpu x86-64: an option of --backend cpu"
+check "--print-toolchain --cpu" 0 "$netc" --print-toolchain --cpu x86-64
+contains "x86-64 (--cpu), runtime libnetrt.a"
+mkdir -p "$work/rt-x86-64-only"
+rt_lib=$("$netc" --print-toolchain | awk '$1 == "runtime" && $2 != "headers" {print $2}')
+cp "$root"/runtime/*.h "$rt_lib/libnetrt.a" "$work/rt-x86-64-only/"
+check "a runtime without the level's build" 1 "$netc" "$root/models/mlp.net" --runtime-dir "$work/rt-x86-64-only" \
+  --cpu x86-64-v3 -o "$work/never"
+contains "has no libnetrt-x86-64-v3.a, its build for x86-64-v3 CPUs (--cpu)"
+contains "hint: copy it there from the build's runtime/ folder, or compile the trainer for every x86-64 CPU with --cpu x86-64"
 check "no input" 2 "$netc"
 check "missing file" 1 "$netc" "$work/nope.net"
 contains "nope.net"

@@ -6,7 +6,8 @@
 #   tests/gpu/pack.sh [--out DIR] [--build DIR] [--models mlp,lenet,...] [--no-fashion]
 #                     [--no-bench] [--toolchain-only]
 #
-#   DIR/netc, DIR/runtime/   netc and its runtime (found by netc beside itself): netrt.h, libnetrt.a,
+#   DIR/netc, DIR/runtime/   netc and its runtime (found by netc beside itself): netrt.h, libnetrt.a
+#                            (and libnetrt-x86-64-v3.a, -v4.a for CPU trainers of those levels),
 #                            libnetrt_mpi.a, cuda/ (libnetrt_cuda.a, libnetrt_nccl.a, the CUDA headers a trainer's host C includes,
 #                            libcudart_static.a), libcjson; fallback/: libgomp, libz for a machine
 #                            that lacks them (run.sh adds it only then)
@@ -61,6 +62,8 @@ rt_inc=${rt_inc:-$rt_lib}
 cp "$rt_inc"/netrt.h "$rt_inc"/rt_bits.h "$rt_inc"/rt_recipe.h "$rt_lib"/libnetrt.a "$out/runtime/"
 cp "$rt_inc"/cuda/netrt_cuda.h "$rt_inc"/cuda/rt_devstate.h "$rt_inc"/cuda/netrt_*.cuh \
    "$rt_lib"/cuda/libnetrt_cuda.a "$out/runtime/cuda/"
+# the runtime built for newer CPUs (netc --cpu x86-64-v3, -v4), where this build has it
+for lib in "$rt_lib"/libnetrt-x86-64-v*.a; do if [ -f "$lib" ]; then cp "$lib" "$out/runtime/"; fi; done
 # a distributed trainer's collectives (netc --distributed), where this build has them
 [ -f "$rt_lib"/libnetrt_mpi.a ] && cp "$rt_lib"/libnetrt_mpi.a "$out/runtime/"
 [ -f "$rt_lib"/cuda/libnetrt_nccl.a ] && cp "$rt_lib"/cuda/libnetrt_nccl.a "$out/runtime/cuda/"

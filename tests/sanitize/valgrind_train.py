@@ -4,7 +4,7 @@ write, no use of uninitialised memory, no leak (docs/testing.md).
 
     valgrind_train.py NETC WORKDIR MODEL.net [-D NAME=VALUE]...
 
-Compiles MODEL.net with the -D overrides (keep the model small: memcheck runs the trainer tens
+Compiles MODEL.net with the -D overrides, for the x86-64 level valgrind emulates (keep the model small: memcheck runs the trainer tens
 of times slower), writes synthetic .npy data from the inputs the trainer's --help lists (float
 inputs N(0, 1), integer inputs 0 or 1, which is a class label of every model), and runs under
 `valgrind --leak-check=full --error-exitcode=99`:
@@ -62,6 +62,16 @@ def run(what, argv, expect=0):
         sys.exit(f"valgrind_train: {what}: the trainer exited with {r.returncode}, not {expect}")
 
 
+def valgrind_level(netc):
+    """The x86-64 level of the CPU that valgrind presents (3.19's memcheck runs AVX2 but not
+    AVX-512 code), which the trainer is compiled for: netc names it when run under valgrind."""
+    out = subprocess.run(["valgrind", "--quiet", netc, "--print-toolchain"], capture_output=True, text=True).stdout
+    m = re.search(r"^CPU level +(\S+)", out, re.M)
+    if not m:
+        sys.exit(f"valgrind_train: netc --print-toolchain under valgrind names no CPU level:\n{out}")
+    return m.group(1)
+
+
 def main():
     if not shutil.which("valgrind"):
         sys.exit("valgrind_train: valgrind not found; install Debian's valgrind package")
@@ -69,7 +79,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     name = os.path.basename(model)[:-4]
     trainer = os.path.join(work, name)
-    subprocess.run([netc, model, "-o", trainer] + defines, check=True)
+    subprocess.run([netc, model, "-o", trainer, "--cpu", valgrind_level(netc)] + defines, check=True)
     inputs, batch = inputs_of(trainer)
     rng = np.random.default_rng(1)
     data = sum((["--data", a] for a in write_data(work, inputs, 2 * batch + 1, "train", rng)), [])
