@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "netrt.h"
+#include "rt_internal.h"
 
 /* The mask's offset for slice bh: its strides along the leading axes, bh split into them. */
 static int64_t mask_base(const RtAttn *a, int64_t bh) {
@@ -69,29 +69,20 @@ static inline float row_max(float m, const float *s, int64_t n) {
     return nan ? NAN : m;
 }
 
-/* s[c] = e^(s[c] - mx) for c in [0, n), and their sum in double. The sum has EXP_LANES partial
- * sums, element c going to lane c % EXP_LANES, added in lane order at the end: a fixed order,
- * the same for any vector width the compiler picks (the runtime is built for several x86-64
- * levels, rt_cpu.c), where a simd reduction would add in an order of the width's making. */
-enum { EXP_LANES = 16 };
+/* s[c] = e^(s[c] - mx) for c in [0, n), and their sum in double, in lanes (rt_internal.h): a
+ * fixed order whatever the vector width, where a simd reduction would add in the width's. */
 static double exp_sum(float *s, int64_t n, float mx) {
-    double part[EXP_LANES] = {0};
-    int64_t c0 = 0;
-    for (; c0 + EXP_LANES <= n; c0 += EXP_LANES)
+    double part[RT_LANES] = {0};
+    for (int64_t c0 = 0; c0 < n; c0 += RT_LANES) {
+        const int64_t m = rt_lanes_at(c0, n);
 #pragma omp simd
-        for (int l = 0; l < EXP_LANES; l++) {
+        for (int64_t l = 0; l < m; l++) {
             const float e = rt_expf(s[c0 + l] - mx);
             s[c0 + l] = e;
             part[l] += e;
         }
-    for (int64_t c = c0; c < n; c++) {
-        const float e = rt_expf(s[c] - mx);
-        s[c] = e;
-        part[c - c0] += e;
     }
-    double sum = 0;
-    for (int l = 0; l < EXP_LANES; l++) sum += part[l];
-    return sum;
+    return rt_lanes_total(part);
 }
 
 /* Keys that query rows [i0, i0 + rows) can see: all S, or under causal masking up to the last

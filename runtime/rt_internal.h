@@ -30,6 +30,20 @@ typedef enum {
 } RtGemmRoute;
 RtGemmRoute rt_gemm_route(void);
 
+/* Sums along a row in double in RT_LANES partial sums, element j into lane j % RT_LANES, the
+ * lanes added in order at the end (rt_lanes_total): a fixed order, so the same bits at every
+ * vector width (the runtime is built for several x86-64 levels, rt_cpu.c), and RT_LANES
+ * independent chains of additions, which vectorise, where one running sum is a chain of
+ * dependent ones. A loop takes the columns j0 + l, l < rt_lanes_at(j0, n), for j0 = 0, RT_LANES,
+ * ... (rt_rows.c: the norms; rt_kernels.c: cross-entropy; rt_attention.c: the softmax). */
+enum { RT_LANES = 16 };
+static inline int64_t rt_lanes_at(int64_t j0, int64_t n) { return n - j0 < RT_LANES ? n - j0 : RT_LANES; }
+static inline double rt_lanes_total(const double *part) {
+    double s = 0;
+    for (int l = 0; l < RT_LANES; l++) s += part[l];
+    return s;
+}
+
 /* bytes of zeros, 64-byte aligned; out of memory ends the process with a message naming `what`. */
 void *rt_alloc(size_t bytes, const char *what);
 

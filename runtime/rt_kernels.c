@@ -330,14 +330,19 @@ static void check_labels(int64_t rows, int64_t cols, const int64_t *label, const
 }
 
 /* log(sum(exp(x))) of one row, stable. The maximum is exact in any order, so the compiler may
- * take it in vector lanes; the sum runs in double, in order. */
+ * take it in vector lanes; each exp(x - m) is rt_expf's (x - m rounded to float, as PyTorch's
+ * float32 logsumexp takes it), summed in double in lanes (rt_internal.h). */
 static double logsumexp(const float *x, int64_t cols) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < cols; j++) m = x[j] > m ? x[j] : m;
-    double s = 0;
-    for (int64_t j = 0; j < cols; j++) s += exp((double)x[j] - m);
-    return m + log(s);
+    double part[RT_LANES] = {0};
+    for (int64_t j0 = 0; j0 < cols; j0 += RT_LANES) {
+        const int64_t n = rt_lanes_at(j0, cols);
+#pragma omp simd
+        for (int64_t l = 0; l < n; l++) part[l] += rt_expf(x[j0 + l] - m);
+    }
+    return m + log(rt_lanes_total(part));
 }
 
 /* The mean of a row, summed in double in order (label smoothing's uniform part). */
@@ -386,9 +391,12 @@ static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int6
         double lse = r < n_valid ? (double)loss[r] + (1.0 - smoothing) * x[hit] +
                                        (smoothing != 0 ? smoothing * row_mean(x, cols) : 0)
                                  : logsumexp(x, cols);
-        for (int64_t j = 0; j < cols; j++) { /* one pass over the row: each element written once */
+        /* one pass over the row, each element written once; the probability is rt_expf's of
+         * x - lse rounded to float (a vector loop; PyTorch's float32 softmax rounds it too) */
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) {
             double target = off + (j == hit ? 1.0 - smoothing : 0.0);
-            d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
+            d[j] = (float)(dloss[r] * ((double)rt_expf((float)((double)x[j] - lse)) - target));
         }
     }
 }

@@ -3,7 +3,7 @@
  *
  * Every kernel is deterministic and independent of the number of threads: OpenMP splits only
  * independent outputs (rows, or columns of the parameter gradients), and every sum runs in a
- * fixed order in double (the norms' row sums in ROW_LANES lanes, below).
+ * fixed order in double (the norms' row sums in RT_LANES lanes, rt_internal.h).
  * runtime/cuda/netrt_rows.cuh computes the same formulas; its row sums add per-thread partial
  * sums by a fixed tree, so they can differ from these in the last bits,
  * while the parameter gradients' sums (fixed blocks of RT_ROWS_BLOCK rows, then the blocks in
@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "netrt.h"
+#include "rt_internal.h"
 
 /* ---- softmax and log-softmax along an axis: x is [outer, n, inner], the axis the middle one */
 
@@ -73,26 +73,11 @@ void rt_log_softmax_bwd(int64_t outer, int64_t n, int64_t inner, const float *y,
 
 /* ---- layer norm and RMS norm over the last axis of [rows, D] */
 
-/* A row's sums run in double in ROW_LANES partial sums, element j into lane j % ROW_LANES, the
- * lanes added in order at the end: a fixed order, so the same bits at every vector width (the
- * runtime is built for several x86-64 levels, rt_cpu.c), and ROW_LANES independent chains of
- * additions, which vectorise, where one running sum would be a chain of D dependent ones. */
-enum { ROW_LANES = 16 };
-
-static double lanes_total(const double *part) {
-    double s = 0;
-    for (int l = 0; l < ROW_LANES; l++) s += part[l];
-    return s;
-}
-
-/* The columns j0 + l (l < ROW_LANES) of a row of D, as far as the row goes. */
-static inline int64_t lanes_at(int64_t j0, int64_t D) { return D - j0 < ROW_LANES ? D - j0 : ROW_LANES; }
-
 /* sum of x[j] (m = NULL) or of (x[j] - *m)^2 */
 static double row_sum(const float *x, int64_t D, const double *m) {
-    double part[ROW_LANES] = {0};
-    for (int64_t j0 = 0; j0 < D; j0 += ROW_LANES) {
-        const int64_t n = lanes_at(j0, D);
+    double part[RT_LANES] = {0};
+    for (int64_t j0 = 0; j0 < D; j0 += RT_LANES) {
+        const int64_t n = rt_lanes_at(j0, D);
         if (!m) {
 #pragma omp simd
             for (int64_t l = 0; l < n; l++) part[l] += x[j0 + l];
@@ -104,7 +89,7 @@ static double row_sum(const float *x, int64_t D, const double *m) {
             }
         }
     }
-    return lanes_total(part);
+    return rt_lanes_total(part);
 }
 
 /* A row's statistics: layer norm's mean and 1/sqrt(var + eps) (biased variance, two passes in
@@ -144,9 +129,9 @@ void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *
         const float *xr = x + r * D, *gr = dy + r * D;
         float m, rs;
         row_stats(xr, D, rms, eps, &m, &rs);
-        double p1[ROW_LANES] = {0}, p2[ROW_LANES] = {0}; /* sums of g and g * xh, in lanes */
-        for (int64_t j0 = 0; j0 < D; j0 += ROW_LANES) {
-            const int64_t n = lanes_at(j0, D);
+        double p1[RT_LANES] = {0}, p2[RT_LANES] = {0}; /* sums of g and g * xh, in lanes */
+        for (int64_t j0 = 0; j0 < D; j0 += RT_LANES) {
+            const int64_t n = rt_lanes_at(j0, D);
 #pragma omp simd
             for (int64_t l = 0; l < n; l++) {
                 float g = gr[j0 + l] * w[j0 + l], xh = (xr[j0 + l] - m) * rs;
@@ -154,7 +139,7 @@ void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *
                 p2[l] += (double)g * xh;
             }
         }
-        float a = rms ? 0.0f : (float)(lanes_total(p1) / (double)D), c = (float)(lanes_total(p2) / (double)D);
+        float a = rms ? 0.0f : (float)(rt_lanes_total(p1) / (double)D), c = (float)(rt_lanes_total(p2) / (double)D);
         for (int64_t j = 0; j < D; j++) {
             float g = gr[j] * w[j], xh = (xr[j] - m) * rs;
             dx[r * D + j] = rs * ((g - a) - xh * c);

@@ -287,13 +287,13 @@ static __device__ __forceinline__ void rt_k_softmax_bwd(int64_t rows, int64_t co
 }
 
 /* log(sum(exp(x))) of one row of `cols` floats, stable: the row's maximum m, then m + log of
- * the sum of exp(x - m) in double. Every thread of the block gets it. */
+ * the sum of rt_expf(x - m) in double, as rt_kernels.c's. Every thread of the block gets it. */
 static __device__ __forceinline__ double rt_row_logsumexp(const float *x, int64_t cols) {
     float m = -INFINITY;
     RT_K_COLS(j, cols) m = fmaxf(m, x[j]);
     m = rt_block_max(m);
     double s = 0;
-    RT_K_COLS(j, cols) s += exp((double)x[j] - m);
+    RT_K_COLS(j, cols) s += rt_expf(x[j] - m);
     return m + log(rt_block_sum(s));
 }
 
@@ -366,7 +366,7 @@ static __device__ __forceinline__ void rt_k_xent_ignore_bwd(int64_t rows, int64_
         }
         RT_K_COLS(j, cols) {
             double target = off + (j == y ? 1.0 - smoothing : 0.0);
-            d[j] = (float)(dloss[r] * (exp((double)x[j] - lse) - target));
+            d[j] = (float)(dloss[r] * ((double)rt_expf((float)((double)x[j] - lse)) - target));
         }
     }
 }

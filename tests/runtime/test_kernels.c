@@ -225,9 +225,13 @@ static void test_softmax_and_xent(void **state) {
 }
 
 /* The gradient of cross-entropy takes each row's log-sum-exp from the forward pass's loss.
- * Against softmax - target in double: the lse so recovered is off by at most half an ulp of
- * the loss, which scales the row's probabilities by 1 + that, and the result is rounded to
- * float once. The gradient written over the logits has the same bits as one written apart
+ * Against softmax - target in double, a probability's relative error is at most the sum of:
+ *   - the lse's error: the forward's exponentials are rt_expf's (2 ulp, 2^-22) of x - max
+ *     rounded to float (2^-24 |x - max|), so the sum, and lse, are off by at most
+ *     2^-24 max|x - max| + 2^-22; the lse recovered from the float loss adds half an ulp of the
+ *     loss (rows past n_valid recompute it: the first part only);
+ *   - x - lse rounded to float, 2^-24 |x - lse|, and rt_expf's 2 ulp of it, 2^-22;
+ * and the result is rounded to float once. The gradient written over the logits has the same bits as one written apart
  * (the same operations, each element read before it is written). Rows past n_valid, whose loss
  * is 0, and ignored rows are covered, with and without label smoothing. */
 static void test_xent_bwd_from_loss(void **state) {
@@ -254,14 +258,16 @@ static void test_xent_bwd_from_loss(void **state) {
             assert_memory_equal(d, inplace, R * C * sizeof *d);
             for (int r = 0; r < R; r++) {
                 const float *xr = x + r * C;
-                double m = -INFINITY, sum = 0;
+                double m = -INFINITY, sum = 0, spread = 0;
                 for (int j = 0; j < C; j++) m = fmax(m, xr[j]);
-                for (int j = 0; j < C; j++) sum += exp(xr[j] - m);
-                double lse = m + log(sum), ulp_loss = r < n_valid ? ldexp(fmax(fabs(loss[r]), 1.0), -23) : 1e-15;
+                for (int j = 0; j < C; j++) sum += exp(xr[j] - m), spread = fmax(spread, m - xr[j]);
+                double lse = m + log(sum), e_lse = ldexp(spread, -24) + ldexp(1.0, -22) +
+                                                   (r < n_valid ? ldexp(fmax(fabs(loss[r]), 1.0), -24) : 0);
                 for (int j = 0; j < C; j++) {
                     double p = exp(xr[j] - lse), t = (double)s / C + (j == label[r] ? 1.0 - s : 0.0);
                     double want = ign && label[r] == ignore ? 0.0 : dloss[r] * (p - t);
-                    double tol = fabs(dloss[r]) * p * ulp_loss + ldexp(fabs(want), -23) + 1e-30;
+                    double e_p = e_lse + ldexp(fabs(xr[j] - lse), -24) + ldexp(1.0, -22);
+                    double tol = fabs(dloss[r]) * p * e_p + ldexp(fabs(want), -24) + 1e-30;
                     if (fabs(d[r * C + j] - want) > tol)
                         fail_msg("xent_bwd row %d class %d (smoothing %g, ignore %d): %.9g, want %.9g (tolerance %.3g)",
                                  r, j, s, ign, d[r * C + j], want, tol);
