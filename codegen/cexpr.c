@@ -852,12 +852,12 @@ static const struct {
                  "    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n}\n"},
     {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
     {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
-    {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU()\n"
-              "static inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.707106781f)); }\n"},
+    {OP_GELU, "// the exact GELU, x * Phi(x), as torch.nn.GELU(); rt_erff (rt_bits.h) vectorizes\n"
+              "static inline float gelu(float x) { return 0.5f * x * (1.0f + rt_erff(x * 0.707106781f)); }\n"},
     {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
                    "static inline float gelu_grad(float x, float dy) {\n"
-                   "    float cdf = 0.5f * (1.0f + erff(x * 0.707106781f));\n"
-                   "    float pdf = 0.398942280f * expf(-0.5f * x * x); // erff keeps this loop scalar: libm's expf\n"
+                   "    float cdf = 0.5f * (1.0f + rt_erff(x * 0.707106781f));\n"
+                   "    float pdf = 0.398942280f * rt_expf(-0.5f * x * x);\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
     {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's):\n"
                    "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one exp (rt_expf, which vectorizes) instead of\n"

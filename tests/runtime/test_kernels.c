@@ -509,6 +509,30 @@ static void test_expf(void **state) {
     assert_true(rt_expf(0.0f) == 1.0f && rt_expf(-0.0f) == 1.0f && isnan(rt_expf(NAN)));
 }
 
+/* rt_erff against the exact erf at every 97th float with |x| < 6 (erf is 1 beyond, in float),
+ * both signs: within 2 ulp of the float nearest the exact value. */
+static void test_erff(void **state) {
+    (void)state;
+    double worst = 0;
+    for (uint32_t bits = 0; bits < 0x40c00000u; bits += 97) { /* [0, 6) */
+        for (int sign = 0; sign < 2; sign++) {
+            float x = rt_float_of(bits | (sign ? 0x80000000u : 0));
+            double want = erf((double)x);
+            int e;
+            frexp(want, &e);
+            double err = fabs(rt_erff(x) - want) / ldexp(1.0, (fabs(want) < 0x1p-126 ? -125 : e) - 24);
+            if (err > worst) worst = err;
+            if (err > 2.0) {
+                print_error("rt_erff(%.9g) = %.9g, erf %.17g: %.3g ulp\n", x, rt_erff(x), want, err);
+                fail();
+            }
+        }
+    }
+    print_message("rt_erff: at most %.3f ulp\n", worst);
+    assert_true(rt_erff(0.0f) == 0.0f && rt_erff(INFINITY) == 1.0f && rt_erff(-INFINITY) == -1.0f);
+    assert_true(rt_erff(10.0f) == 1.0f && rt_erff(-4.5f) == -1.0f && isnan(rt_erff(NAN)));
+}
+
 static void test_half(void **state) {
     (void)state;
     float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
@@ -528,6 +552,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),          cmocka_unit_test(test_ignored_rows), cmocka_unit_test(test_expf),
+        cmocka_unit_test(test_erff),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
