@@ -9,12 +9,11 @@
  *
  * The level changes speed, never a value: the trainer and the runtime are compiled with
  * -ffp-contract=off (no multiply-add is fused at one level and not at another), and a sum that
- * vector lanes share adds them in a fixed order (rt_attention.c), so a trainer computes the
+ * vector lanes share adds them in a fixed order (rt_internal.h: RT_LANES), so a trainer computes the
  * same bits at every level (test cpu_levels). netc reads the machine's level here too.
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "netrt.h"
 

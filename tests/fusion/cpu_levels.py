@@ -6,8 +6,8 @@ netc compiles a CPU trainer and links the runtime for one level: x86-64, x86-64-
 or x86-64-v4 (AVX-512), by default the highest this machine runs (runtime/rt_cpu.c). The level
 may change how wide the vector loops are, never a value: the trainer's C and the runtime are
 compiled with -ffp-contract=off (no multiply-add fused at one level and not at another), no loop
-may reassociate a float sum (no -ffast-math), and the one sum that vector lanes share (the
-attention's softmax) adds them in a fixed order of 16 lanes. So, guaranteed by construction, for
+may reassociate a float sum (no -ffast-math), and the sums that vector lanes share (attention's
+softmax, layer and RMS norm, cross-entropy) add 16 lanes in a fixed order (rt_internal.h). So, guaranteed by construction, for
 each model below at each level:
   - a level this CPU runs: a few training steps from the same weights and data save the same
     bytes as the x86-64 trainer's, and the trainer's --help names its level;
