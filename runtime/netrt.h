@@ -557,8 +557,18 @@ float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const 
  * the scaled scores (RT_ATTN_ADD), or u8 where 0 leaves the key out (RT_ATTN_KEEP). A row with
  * no key left gives 0 and no gradient. Grouped-query attention: with `group` > 1, k and v hold
  * BH / group slices and query slice bh reads key/value slice bh / group (k and v have fewer
- * heads, the last leading axis; 0 is read as 1). */
+ * heads, the last leading axis; 0 is read as 1).
+ *
+ * Where the slices lie (RtAttnView, one for q and dq, k and dk, v and dv, out and dout): by
+ * default one after another, slice s of rows x width at s * rows * width. With heads read from
+ * tokens (row != 0: q, k and v as the projections wrote them, [batch, rows, ...] with each row
+ * holding the heads side by side, maybe beside other projections' columns, and out written so),
+ * the last leading axis is the heads: slice s = (b, h) starts at b * batch + h * width and its
+ * row i lies `row` floats after row i - 1. The caller's pointer is the operand's first column. */
 enum { RT_ATTN_NO_MASK, RT_ATTN_ADD, RT_ATTN_KEEP };
+typedef struct RtAttnView {
+    int64_t batch, row; /* floats between batch entries and between rows; 0, 0: dense slices */
+} RtAttnView;
 enum {
     RT_ATTN_BLOCK = 64, /* query rows per task */
     RT_ATTN_KEYS = 256, /* keys per block of the forward's online softmax */
@@ -579,9 +589,19 @@ typedef struct RtAttn {
     double dropout;
     int seed_id;
     uint64_t seed;                      /* the step's dropout seed (RtCtx.seed) */
+    RtAttnView q, k, v, o;              /* where the slices lie; zero: dense */
 } RtAttn;
 /* Query slices per key/value slice: RtAttn.group, 0 read as 1. */
 static inline int64_t rt_attn_group(const RtAttn *a) { return a->group > 1 ? a->group : 1; }
+/* The first element of slice s of an operand viewed by w, whose slices are rows x width with
+ * `heads` of them per batch entry, and the floats between its rows. */
+static inline int64_t rt_attn_at(const RtAttnView *w, int64_t s, int64_t heads, int64_t rows, int64_t width) {
+    return w->row ? s / heads * w->batch + s % heads * width : s * rows * width;
+}
+static inline int64_t rt_attn_ld(const RtAttnView *w, int64_t width) { return w->row ? w->row : width; }
+/* Query slices per batch entry (the last leading axis), and key/value slices. */
+static inline int64_t rt_attn_heads(const RtAttn *a) { return a->n_lead ? a->lead[a->n_lead - 1] : 1; }
+static inline int64_t rt_attn_kv_heads(const RtAttn *a) { return rt_attn_heads(a) / rt_attn_group(a); }
 /* Probability (bh, i, j)'s factor under RtAttn.dropout: 0 where dropped, else 1 / (1 - p) as
  * `inv_keep` gives it (rounded to float, as the element-wise dropout's). */
 static inline float rt_attn_drop(const RtAttn *a, int64_t bh, int64_t i, int64_t j, float inv_keep) {
@@ -602,7 +622,8 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
 void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                       const float *out, const float *dout, float *dq, float *dk, float *dv, float *scratch,
                       int64_t scratch_per_thread);
-/* The unfused reference the tests compare with: whole [T, S] matrices, in double. */
+/* The unfused reference the tests compare with: whole [T, S] matrices, in double; it reads the
+ * operands through their views and writes out, dq, dk and dv as dense slices. */
 void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           double *out);
 void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,

@@ -2,8 +2,10 @@
  * code calls (rt_attention_fwd, rt_attention_bwd) and a plain reference (rt_attention_ref_*)
  * that forms the whole [T, S] matrix in double, for the tests.
  *
- * Every (batch * head) slice is independent: q [T, D], k [S, D], v [S, E], out [T, E], with the
- * mask (RtAttn) read through strides, broadcast where its stride is 0. Under grouped-query
+ * Every (batch * head) slice is independent: q [T, D], k [S, D], v [S, E], out [T, E], each
+ * where its RtAttnView puts it (rows one after another, or a row stride apart when the heads are
+ * read from the tokens as the projections wrote them), with the mask read through strides,
+ * broadcast where its stride is 0. Under grouped-query
  * attention `group` query slices share one key/value slice (slice bh reads bh / group).
  *
  * Forward (FlashAttention-2): one task per (slice, block of RT_ATTN_BLOCK query rows); the keys
@@ -94,19 +96,22 @@ static int64_t keys_seen(const RtAttn *a, int64_t i0, int64_t rows) {
 void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask, float *out,
                       float *scratch, int64_t scratch_per_thread) {
     const int64_t B = RT_ATTN_BLOCK, BK = RT_ATTN_KEYS, T = a->T, S = a->S, D = a->D, E = a->E;
-    const int64_t nqb = (T + B - 1) / B, G = rt_attn_group(a);
+    const int64_t nqb = (T + B - 1) / B, G = rt_attn_group(a), H = rt_attn_heads(a), HK = rt_attn_kv_heads(a);
+    const int64_t ldq = rt_attn_ld(&a->q, D), ldk = rt_attn_ld(&a->k, D), ldv = rt_attn_ld(&a->v, E);
+    const int64_t ldo = rt_attn_ld(&a->o, E);
     const float inv_keep = (float)(1.0 / (1.0 - a->dropout));
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < a->BH * nqb; task++) {
         const int64_t bh = task / nqb, i0 = task % nqb * B, rows = T - i0 < B ? T - i0 : B;
         const int64_t kend = keys_seen(a, i0, rows), mbase = mask_base(a, bh);
         float *sc = scratch + omp_get_thread_num() * scratch_per_thread, *o = sc + B * BK, *m = o + B * E, *l = m + B;
-        const float *qi = q + (bh * T + i0) * D, *kb = k + bh / G * S * D, *vb = v + bh / G * S * E;
+        const float *qi = q + rt_attn_at(&a->q, bh, H, T, D) + i0 * ldq;
+        const float *kb = k + rt_attn_at(&a->k, bh / G, HK, S, D), *vb = v + rt_attn_at(&a->v, bh / G, HK, S, E);
         memset(o, 0, (size_t)(rows * E) * sizeof *o);
         for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += BK) {
             const int64_t cols = kend - j0 < BK ? kend - j0 : BK;
-            rt_gemm(0, 1, rows, cols, D, a->scale, qi, D, kb + j0 * D, D, 0.0f, sc, cols);
+            rt_gemm(0, 1, rows, cols, D, a->scale, qi, ldq, kb + j0 * ldk, ldk, 0.0f, sc, cols);
             for (int64_t r = 0; r < rows; r++) {
                 float *s = sc + r * cols;
                 mask_row(a, mask, mbase, i0 + r, j0, cols, s);
@@ -123,10 +128,10 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                 if (alpha != 1.0f)
                     for (int64_t e = 0; e < E; e++) o[r * E + e] *= alpha;
             }
-            rt_gemm(0, 0, rows, E, cols, 1.0f, sc, cols, vb + j0 * E, E, 1.0f, o, E);
+            rt_gemm(0, 0, rows, E, cols, 1.0f, sc, cols, vb + j0 * ldv, ldv, 1.0f, o, E);
         }
         for (int64_t r = 0; r < rows; r++) {
-            float *y = out + (bh * T + i0 + r) * E;
+            float *y = out + rt_attn_at(&a->o, bh, H, T, E) + (i0 + r) * ldo;
             const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];
             for (int64_t e = 0; e < E; e++) y[e] = o[r * E + e] * inv;
         }
@@ -134,16 +139,18 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
 }
 
 /* One query slice bh's part of the backward: its dq, and its terms added into dk and dv of the
- * key/value slice kb, vb it reads (dkb, dvb); P is the thread's scratch. */
+ * key/value slice kb, vb it reads (dkb, dvb: k's and v's row strides); P is the thread's scratch. */
 static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *kb, const float *vb, const void *mask,
                       const float *out, const float *dout, float *dq, float *dkb, float *dvb, float *P) {
-    const int64_t B = RT_ATTN_BLOCK, T = a->T, S = a->S, D = a->D, E = a->E, mbase = mask_base(a, bh);
+    const int64_t B = RT_ATTN_BLOCK, T = a->T, D = a->D, E = a->E, mbase = mask_base(a, bh), H = rt_attn_heads(a);
+    const int64_t ldq = rt_attn_ld(&a->q, D), ldk = rt_attn_ld(&a->k, D), ldv = rt_attn_ld(&a->v, E);
+    const int64_t ldo = rt_attn_ld(&a->o, E), at_q = rt_attn_at(&a->q, bh, H, T, D), at_o = rt_attn_at(&a->o, bh, H, T, E);
     const float inv_keep = (float)(1.0 / (1.0 - a->dropout));
-    float *dP = P + B * S, *delta = dP + B * S;
+    float *dP = P + B * a->S, *delta = dP + B * a->S;
     for (int64_t i0 = 0; i0 < T; i0 += B) {
         const int64_t rows = T - i0 < B ? T - i0 : B, n = keys_seen(a, i0, rows);
-        const float *qi = q + (bh * T + i0) * D, *oi = out + (bh * T + i0) * E, *gi = dout + (bh * T + i0) * E;
-        rt_gemm(0, 1, rows, n, D, a->scale, qi, D, kb, D, 0.0f, P, n);
+        const float *qi = q + at_q + i0 * ldq, *oi = out + at_o + i0 * ldo, *gi = dout + at_o + i0 * ldo;
+        rt_gemm(0, 1, rows, n, D, a->scale, qi, ldq, kb, ldk, 0.0f, P, n);
         for (int64_t r = 0; r < rows; r++) {
             float *p = P + r * n;
             mask_row(a, mask, mbase, i0 + r, 0, n, p);
@@ -156,10 +163,10 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
                 for (int64_t c = 0; c < n; c++) p[c] *= inv;
             }
             double d = 0;
-            for (int64_t e = 0; e < E; e++) d += (double)gi[r * E + e] * oi[r * E + e];
+            for (int64_t e = 0; e < E; e++) d += (double)gi[r * ldo + e] * oi[r * ldo + e];
             delta[r] = (float)d;
         }
-        rt_gemm(0, 1, rows, n, E, 1.0f, gi, E, vb, E, 0.0f, dP, n);
+        rt_gemm(0, 1, rows, n, E, 1.0f, gi, ldo, vb, ldv, 0.0f, dP, n);
         /* with dropout, out = (P z) v: dS = P (z dP - delta) (delta = dout . out is still the row's
          * sum of P z dP), and dv takes P z, into which P turns here */
         for (int64_t r = 0; r < rows; r++)
@@ -168,23 +175,29 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
                 dP[r * n + c] = p * (z * dP[r * n + c] - delta[r]);
                 P[r * n + c] = p * z;
             }
-        rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, E, 1.0f, dvb, E);
-        rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, D, 0.0f, dq + (bh * T + i0) * D, D);
-        rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, D, 1.0f, dkb, D);
+        rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, ldo, 1.0f, dvb, ldv);
+        rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, ldk, 0.0f, dq + at_q + i0 * ldq, ldq);
+        rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, ldq, 1.0f, dkb, ldk);
     }
+}
+
+/* rows x width floats `ld` apart set to 0. */
+static void zero_rows(float *x, int64_t rows, int64_t width, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) memset(x + r * ld, 0, (size_t)width * sizeof *x);
 }
 
 void rt_attention_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                       const float *out, const float *dout, float *dq, float *dk, float *dv, float *scratch,
                       int64_t scratch_per_thread) {
-    const int64_t S = a->S, D = a->D, E = a->E, G = rt_attn_group(a);
+    const int64_t S = a->S, D = a->D, E = a->E, G = rt_attn_group(a), HK = rt_attn_kv_heads(a);
 #pragma omp parallel for schedule(static)
     for (int64_t kv = 0; kv < a->BH / G; kv++) {
-        float *dkb = dk + kv * S * D, *dvb = dv + kv * S * E;
-        memset(dkb, 0, (size_t)(S * D) * sizeof *dkb);
-        memset(dvb, 0, (size_t)(S * E) * sizeof *dvb);
+        const int64_t at_k = rt_attn_at(&a->k, kv, HK, S, D), at_v = rt_attn_at(&a->v, kv, HK, S, E);
+        float *dkb = dk + at_k, *dvb = dv + at_v;
+        zero_rows(dkb, S, D, rt_attn_ld(&a->k, D));
+        zero_rows(dvb, S, E, rt_attn_ld(&a->v, E));
         for (int64_t bh = kv * G; bh < (kv + 1) * G; bh++) /* the query slices that read kv, in order */
-            bwd_slice(a, bh, q, k + kv * S * D, v + kv * S * E, mask, out, dout, dq, dkb, dvb,
+            bwd_slice(a, bh, q, k + at_k, v + at_v, mask, out, dout, dq, dkb, dvb,
                       scratch + omp_get_thread_num() * scratch_per_thread);
     }
 }
@@ -200,12 +213,15 @@ static void ref_drop(const RtAttn *a, int64_t bh, double *Z) {
 
 /* Probabilities P [T, S] of slice bh in double; a row with no key left is 0. */
 static void ref_probs(const RtAttn *a, const float *q, const float *k, const void *mask, int64_t bh, double *P) {
-    const int64_t T = a->T, S = a->S, D = a->D, mbase = mask_base(a, bh), kv = bh / rt_attn_group(a);
+    const int64_t T = a->T, S = a->S, D = a->D, mbase = mask_base(a, bh), ldq = rt_attn_ld(&a->q, D);
+    const int64_t ldk = rt_attn_ld(&a->k, D), kv = bh / rt_attn_group(a);
+    q += rt_attn_at(&a->q, bh, rt_attn_heads(a), T, D);
+    k += rt_attn_at(&a->k, kv, rt_attn_kv_heads(a), S, D);
     for (int64_t i = 0; i < T; i++) {
         double *p = P + i * S, mx = -INFINITY, sum = 0;
         for (int64_t j = 0; j < S; j++) {
             double s = 0;
-            for (int64_t d = 0; d < D; d++) s += (double)q[(bh * T + i) * D + d] * k[(kv * S + j) * D + d];
+            for (int64_t d = 0; d < D; d++) s += (double)q[i * ldq + d] * k[j * ldk + d];
             s *= a->scale;
             int64_t at = mbase + i * a->mask_t + j * a->mask_s;
             if (a->mask == RT_ATTN_ADD) s += ((const float *)mask)[at];
@@ -220,15 +236,16 @@ static void ref_probs(const RtAttn *a, const float *q, const float *k, const voi
 
 void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           double *out) {
-    const int64_t T = a->T, S = a->S, E = a->E, G = rt_attn_group(a);
+    const int64_t T = a->T, S = a->S, E = a->E, G = rt_attn_group(a), ldv = rt_attn_ld(&a->v, E);
     double *P = malloc((size_t)(T * S) * sizeof *P), *Z = malloc((size_t)(T * S) * sizeof *Z);
     for (int64_t bh = 0; bh < a->BH; bh++) {
+        const float *vb = v + rt_attn_at(&a->v, bh / G, rt_attn_kv_heads(a), S, E);
         ref_probs(a, q, k, mask, bh, P);
         ref_drop(a, bh, Z);
         for (int64_t i = 0; i < T; i++)
             for (int64_t e = 0; e < E; e++) {
                 double o = 0;
-                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * Z[i * S + j] * v[(bh / G * S + j) * E + e];
+                for (int64_t j = 0; j < S; j++) o += P[i * S + j] * Z[i * S + j] * vb[j * ldv + e];
                 out[(bh * T + i) * E + e] = o;
             }
     }
@@ -238,21 +255,24 @@ void rt_attention_ref_fwd(const RtAttn *a, const float *q, const float *k, const
 
 void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const float *v, const void *mask,
                           const float *dout, double *dq, double *dk, double *dv) {
-    const int64_t T = a->T, S = a->S, D = a->D, E = a->E, G = rt_attn_group(a);
+    const int64_t T = a->T, S = a->S, D = a->D, E = a->E, G = rt_attn_group(a), H = rt_attn_heads(a);
+    const int64_t HK = rt_attn_kv_heads(a), ldq = rt_attn_ld(&a->q, D), ldk = rt_attn_ld(&a->k, D);
+    const int64_t ldv = rt_attn_ld(&a->v, E), ldo = rt_attn_ld(&a->o, E);
     double *P = malloc((size_t)(T * S) * sizeof *P), *dS = malloc((size_t)(T * S) * sizeof *dS);
     double *Z = malloc((size_t)(T * S) * sizeof *Z);
     memset(dk, 0, (size_t)(a->BH / G * S * D) * sizeof *dk);
     memset(dv, 0, (size_t)(a->BH / G * S * E) * sizeof *dv);
     for (int64_t bh = 0; bh < a->BH; bh++) {
-        const float *g = dout + bh * T * E;
         const int64_t kv = bh / G;
+        const float *g = dout + rt_attn_at(&a->o, bh, H, T, E), *qb = q + rt_attn_at(&a->q, bh, H, T, D);
+        const float *kb = k + rt_attn_at(&a->k, kv, HK, S, D), *vb = v + rt_attn_at(&a->v, kv, HK, S, E);
         ref_probs(a, q, k, mask, bh, P);
         ref_drop(a, bh, Z);
         for (int64_t i = 0; i < T; i++) { /* out = (P Z) v: dS = P (Z dP - sum_j P Z dP) */
             double rowdot = 0;
             for (int64_t j = 0; j < S; j++) {
                 double dp = 0;
-                for (int64_t e = 0; e < E; e++) dp += (double)g[i * E + e] * v[(kv * S + j) * E + e];
+                for (int64_t e = 0; e < E; e++) dp += (double)g[i * ldo + e] * vb[j * ldv + e];
                 dS[i * S + j] = Z[i * S + j] * dp;
                 rowdot += P[i * S + j] * Z[i * S + j] * dp;
             }
@@ -261,18 +281,18 @@ void rt_attention_ref_bwd(const RtAttn *a, const float *q, const float *k, const
         for (int64_t i = 0; i < T; i++)
             for (int64_t d = 0; d < D; d++) {
                 double s = 0;
-                for (int64_t j = 0; j < S; j++) s += dS[i * S + j] * k[(kv * S + j) * D + d];
+                for (int64_t j = 0; j < S; j++) s += dS[i * S + j] * kb[j * ldk + d];
                 dq[(bh * T + i) * D + d] = s * a->scale;
             }
         for (int64_t j = 0; j < S; j++) {
             for (int64_t d = 0; d < D; d++) {
                 double s = 0;
-                for (int64_t i = 0; i < T; i++) s += dS[i * S + j] * q[(bh * T + i) * D + d];
+                for (int64_t i = 0; i < T; i++) s += dS[i * S + j] * qb[i * ldq + d];
                 dk[(kv * S + j) * D + d] += s * a->scale;
             }
             for (int64_t e = 0; e < E; e++) {
                 double s = 0;
-                for (int64_t i = 0; i < T; i++) s += P[i * S + j] * Z[i * S + j] * g[i * E + e];
+                for (int64_t i = 0; i < T; i++) s += P[i * S + j] * Z[i * S + j] * g[i * ldo + e];
                 dv[(kv * S + j) * E + e] += s;
             }
         }

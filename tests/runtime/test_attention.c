@@ -3,7 +3,7 @@
  * no mask, causal (T == S and T != S, top-left aligned), additive and boolean masks broadcast
  * several ways, rows that lose every key, T not a multiple of the block, T = 1, d = 64, S != T,
  * d != e, grouped-query attention (2 and 4 query heads per key/value head), dropout of the
- * probabilities. Also: the same bits for 1 and 2 threads.
+ * probabilities; heads read from tokens (RtAttnView). Also: the same bits for 1 and 2 threads.
  *
  *     test_attention            the cmocka tests
  *     test_attention --bench    times the kernels on B*H = 48, T = 256, d = 64
@@ -214,6 +214,81 @@ static void test_dropout(void **state) {
     free(q), free(k), free(v), free(o), free(o0), free(scratch);
 }
 
+/* Slice s of an operand viewed by w (rows x width, `heads` per batch entry) copied out dense. */
+static void gather(const RtAttnView *w, const float *x, int64_t slices, int64_t heads, int64_t rows, int64_t width,
+                   float *dense) {
+    for (int64_t s = 0; s < slices; s++)
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(dense + (s * rows + i) * width, x + rt_attn_at(w, s, heads, rows, width) + i * rt_attn_ld(w, width),
+                   (size_t)width * sizeof *dense);
+}
+
+/* Heads read from tokens (RtAttnView), as GPT-2's packed projection holds them: q, k and v side
+ * by side in the rows of one [B, T, W] buffer starting at column 3 (or k and v in a second one
+ * when S != T), a spare column after them, out in rows of H * E + 2. The kernels read and write
+ * through the views (against the reference reading the same views), and leave the columns
+ * outside the operands as they were: dq, dk and dv land in a buffer of the operands' layout
+ * filled with NaN first. */
+static void run_view_case(const Case *c) {
+    RtAttn a = c->a;
+    const int64_t B = a.lead[0], H = rt_attn_heads(&a), HK = rt_attn_kv_heads(&a), T = a.T, S = a.S, D = a.D;
+    const int64_t E = a.E, shared = S == T; /* k and v in q's buffer */
+    const int64_t wq = 3 + H * D + (shared ? HK * (D + E) : 0) + 1, wkv = shared ? wq : HK * (D + E) + 1;
+    const int64_t col_k = shared ? 3 + H * D : 0, col_v = col_k + HK * D, wo = H * E + 2;
+    a.q = (RtAttnView){.batch = T * wq, .row = wq};
+    a.k = (RtAttnView){.batch = S * wkv, .row = wkv};
+    a.v = a.k, a.o = (RtAttnView){.batch = T * wo, .row = wo};
+    int64_t nx = B * T * wq, ny = shared ? 0 : B * S * wkv, no = B * T * wo;
+    float *x = randv(nx), *y = shared ? x : randv(ny), *dout = randv(no), *out = malloc((size_t)no * sizeof *out);
+    for (int64_t i = 0; i < nx; i++) x[i] *= 3; /* scores of a few units, as run_case's */
+    float *dx = malloc((size_t)nx * sizeof *dx), *dy = shared ? dx : malloc((size_t)ny * sizeof *dy);
+    for (int64_t i = 0; i < nx; i++) dx[i] = NAN;
+    for (int64_t i = 0; i < ny; i++) dy[i] = NAN;
+    for (int64_t i = 0; i < no; i++) out[i] = NAN;
+    const float *q = x + 3, *k = y + col_k, *v = y + col_v;
+    void *mask = a.mask ? make_mask(c) : NULL;
+    int64_t per, nq = a.BH * T * D, nk = B * HK * S * D, nv = B * HK * S * E, nd = a.BH * T * E;
+    float *scratch = scratch_for(&a, &per);
+    rt_attention_fwd(&a, q, k, v, mask, out, scratch, per);
+    rt_attention_bwd(&a, q, k, v, mask, out, dout, dx + 3, dy + col_k, dy + col_v, scratch, per);
+    double *rout = malloc((size_t)nd * sizeof *rout), *rdq = malloc((size_t)nq * sizeof *rdq);
+    double *rdk = malloc((size_t)nk * sizeof *rdk), *rdv = malloc((size_t)nv * sizeof *rdv);
+    rt_attention_ref_fwd(&a, q, k, v, mask, rout);
+    rt_attention_ref_bwd(&a, q, k, v, mask, dout, rdq, rdk, rdv);
+    print_message("%s, heads from tokens: BH %lld T %lld S %lld d %lld e %lld group %lld\n", c->name,
+                  (long long)a.BH, (long long)T, (long long)S, (long long)D, (long long)E, (long long)rt_attn_group(&a));
+    float *g = malloc((size_t)(nq + nk + nv + nd) * sizeof *g);
+    gather(&a.o, out, a.BH, H, T, E, g); /* run_case's tolerances, for the same reasons */
+    assert_near(g, rout, nd, 1e-5, "out");
+    gather(&a.q, dx + 3, a.BH, H, T, D, g);
+    assert_near(g, rdq, nq, 5e-5, "dq");
+    gather(&a.k, dy + col_k, B * HK, HK, S, D, g);
+    assert_near(g, rdk, nk, 5e-5, "dk");
+    gather(&a.v, dy + col_v, B * HK, HK, S, E, g);
+    assert_near(g, rdv, nv, 5e-5, "dv");
+    for (int64_t r = 0; r < B * T; r++) { /* the columns no operand has: untouched */
+        assert_true(isnan(dx[r * wq]) && isnan(dx[r * wq + 2]) && isnan(dx[r * wq + wq - 1]));
+        assert_true(isnan(out[r * wo + H * E]) && isnan(out[r * wo + wo - 1]));
+    }
+    for (int64_t r = 0; r < B * S && !shared; r++) assert_true(isnan(dy[r * wkv + wkv - 1]));
+    if (!shared) free(y), free(dy);
+    free(x), free(dx), free(dout), free(out), free(mask), free(scratch), free(rout), free(rdq), free(rdk), free(rdv);
+    free(g);
+}
+
+static void test_views(void **state) {
+    (void)state;
+    Case c = {"causal, T = S = 70", geom(2, 4, 70, 70, 16, 16, 1), 0, 0};
+    run_view_case(&c);
+    c = (Case){"group 2, S != T, d != e, bool [B, 1, 1, S], dropout", geom(2, 4, 37, 90, 8, 12, 0), 2 * 90, 3};
+    c.a.group = 2, c.a.mask = RT_ATTN_KEEP, c.a.mask_lead[0] = 90, c.a.mask_s = 1;
+    c.a.dropout = 0.2, c.a.seed = 5;
+    run_view_case(&c);
+    c = (Case){"T = S = 150, d = 64, group 4", geom(1, 4, 150, 150, 64, 64, 0), 0, 0};
+    c.a.group = 4;
+    run_view_case(&c);
+}
+
 static double clock_s(clockid_t id) {
     struct timespec ts;
     clock_gettime(id, &ts);
@@ -253,6 +328,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_grouped),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_views),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
