@@ -1037,13 +1037,17 @@ void cg_conv_geometry(Cg *c, const IrNode *n, const char *name) {
 double cg_attn_dropout(const Cg *c, const IrNode *n) { return c->eval ? 0 : n->attr.p; }
 
 void cg_attention_dims(const IrNode *n, CgAttn *a) {
-    const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2];
     const IrNode *m = n->op == OP_ATTENTION_MASKED ? n->in[3] : n->op == OP_ATTENTION_MASKED_BWD ? n->in[5] : NULL;
-    int r = q->shape.rank;
-    *a = (CgAttn){.T = q->shape.dim[r - 2], .S = k->shape.dim[r - 2], .D = q->shape.dim[r - 1],
-                  .E = v->shape.dim[r - 1], .n_lead = r - 2, .BH = 1, .group = 1, .mask_node = m};
-    for (int i = 0; i < r - 2; i++) a->lead[i] = q->shape.dim[i], a->BH *= q->shape.dim[i];
-    if (r > 2) a->group = q->shape.dim[r - 3] / k->shape.dim[r - 3];
+    IrShape s[3]; /* q, k, v as [..., T|S, d|e] */
+    if (!ir_attention_qkv(n, s)) ICE("codegen: attention with operands it cannot read");
+    const IrShape *q = &s[0], *k = &s[1], *v = &s[2];
+    int r = q->rank;
+    *a = (CgAttn){.T = q->dim[r - 2], .S = k->dim[r - 2], .D = q->dim[r - 1], .E = v->dim[r - 1], .n_lead = r - 2,
+                  .BH = 1, .group = 1, .mask_node = m, .tokens = n->attr.attn_heads[0] != 0};
+    for (int i = 0; i < r - 2; i++) a->lead[i] = q->dim[i], a->BH *= q->dim[i];
+    if (r > 2) a->group = q->dim[r - 3] / k->dim[r - 3];
+    for (int i = 0; i < 3 && a->tokens; i++) a->row[i] = n->in[i]->shape.dim[2], a->col[i] = n->attr.attn_col[i];
+    if (a->tokens) a->row[3] = q->dim[1] * a->E;
     if (!m) return;
     a->mask = m->dtype == DT_U8 ? 2 : 1;
     int64_t stride = 1, st[IR_MAX_RANK] = {0};

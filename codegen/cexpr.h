@@ -144,6 +144,9 @@ typedef struct CgAttn {
     int64_t lead[IR_MAX_RANK], mask_lead[IR_MAX_RANK], mask_t, mask_s;
     int mask;
     const IrNode *mask_node;
+    int tokens;       /* heads read from tokens (attr.attn_heads): the operands' rows are */
+    int64_t row[4];   /* row[0..3] floats apart (q, k, v, out) and q, k, v start at */
+    int64_t col[3];   /* columns col[0..2] of them */
 } CgAttn;
 void cg_attention_dims(const IrNode *n, CgAttn *a);
 

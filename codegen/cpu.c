@@ -705,20 +705,46 @@ static void emit_attention(Cg *c, const IrNode *n) {
         cg_dbl(c->out, dropout);
         cg_put(c, ", .seed_id = %d, .seed = ctx->seed", n->attr.seed_id);
     }
+    if (a.tokens) { /* heads read from the tokens: rows of the bases, [B, T, row] */
+        static const char *const view[] = {"q", "k", "v", "o"};
+        cg_end(c, ",");
+        for (int i = 0; i < 4; i++) {
+            int64_t batch = (i == 1 || i == 2 ? a.S : a.T) * a.row[i];
+            if (i == 0) cg_begin(c, ".q = {.batch = %" PRId64 ", .row = %" PRId64 "}", batch, a.row[i]);
+            else cg_put(c, ", .%s = {.batch = %" PRId64 ", .row = %" PRId64 "}", view[i], batch, a.row[i]);
+        }
+    }
     cg_end(c, "};");
     c->depth--;
-    char mask[16] = "NULL";
+    char mask[16] = "NULL", in[3][48];
     if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
-    const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
+    for (int i = 0; i < 3; i++) /* q, k, v: where their first columns are */
+        if (a.tokens && a.col[i]) snprintf(in[i], sizeof in[i], "v%d + %" PRId64, n->in[i]->id, a.col[i]);
+        else snprintf(in[i], sizeof in[i], "v%d", n->in[i]->id);
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
-        cg_line(c, "rt_attention_fwd(&attn%d, v%d, v%d, v%d, %s, v%d, ctx->scratch, ctx->scratch_per_thread);", n->id, q,
-                k, v, mask, n->id);
+        cg_line(c, "rt_attention_fwd(&attn%d, %s, %s, %s, %s, v%d, ctx->scratch, ctx->scratch_per_thread);", n->id,
+                in[0], in[1], in[2], mask, n->id);
         return;
     }
-    int64_t nq = ir_numel(&n->in[0]->shape), nk = ir_numel(&n->in[1]->shape); /* dq, dk, dv packed (autodiff) */
-    cg_line(c, "rt_attention_bwd(&attn%d, v%d, v%d, v%d, %s, v%d, v%d, v%d, v%d + %" PRId64 ", v%d + %" PRId64
-               ", ctx->scratch, ctx->scratch_per_thread); // dq, dk, dv",
-            n->id, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq, n->id, nq + nk);
+    /* dq, dk, dv packed (autodiff): a base's columns that no operand has are 0 in its gradient */
+    for (int i = 0; i < 3 && a.tokens; i++) {
+        if (ir_attention_first(n, i) != i) continue;
+        int64_t covered = 0;
+        for (int j = i; j < 3; j++)
+            if (ir_attention_first(n, j) == i) covered += n->attr.attn_heads[j] * n->attr.attn_hdim[j];
+        if (covered < a.row[i])
+            cg_line(c, "memset(v%d + %" PRId64 ", 0, %" PRId64 " * sizeof(float)); // columns no head has", n->id,
+                    ir_attention_grad_at(n, i), ir_numel(&n->in[i]->shape));
+    }
+    char grad[3][48];
+    for (int i = 0; i < 3; i++) {
+        int64_t at = ir_attention_grad_at(n, i) + (a.tokens ? a.col[i] : 0);
+        if (at) snprintf(grad[i], sizeof grad[i], "v%d + %" PRId64, n->id, at);
+        else snprintf(grad[i], sizeof grad[i], "v%d", n->id);
+    }
+    cg_line(c, "rt_attention_bwd(&attn%d, %s, %s, %s, %s, v%d, v%d, %s, %s, %s, ctx->scratch, ctx->scratch_per_thread);"
+               " // dq, dk, dv",
+            n->id, in[0], in[1], in[2], mask, n->in[3]->id, n->in[4]->id, grad[0], grad[1], grad[2]);
 }
 
 static void emit_lib(Cg *c, const IrNode *n) {
@@ -1305,6 +1331,7 @@ const CgBackend cg_cpu = {
     .precision_note = "the CPU backend computes in float32",
     .fuse_reductions = 1,
     .compacts_rows = 1,
+    .heads_from_tokens = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
     .node_scratch = node_scratch,
     .in_place = in_place,

@@ -837,6 +837,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
     const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
     const int64_t q_tiles = a.BH * ((a.T + BLOCK - 1) / BLOCK), k_tiles = a.BH / a.group * ((a.S + BLOCK - 1) / BLOCK);
     if (a.n_lead > 4) ICE("cuda: attention with %d leading axes", a.n_lead);
+    if (a.tokens) ICE("cuda: attention reading heads from tokens (the backend reads dense slices)");
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
         snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d);", a.D,
                  a.E, geom, q, k, v, mask, n->id);

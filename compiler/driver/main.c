@@ -95,7 +95,8 @@ static void usage(FILE *out) {
             "                       (dot -Tsvg), dot-step the whole training step\n"
             "  --report             print the fusion report (groups, layouts, kernels, traffic, memory) and stop\n"
             "  --summary            print each layer's output shape, parameters and mult-adds, and the totals\n"
-            "  --no-fuse            do not fuse element-wise operators (one loop per operator)\n"
+            "  --no-fuse            do not fuse element-wise operators (one loop per operator), and copy\n"
+            "                       attention's heads as written\n"
             "  --no-remat           keep SiLU and GELU values for the backward pass instead of computing them\n"
             "                       again there\n"
             "  --all-rows           cpu: run the classifier's backward products over every row, also those whose\n"
@@ -633,6 +634,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;
+    if (be->heads_from_tokens && !o->no_fuse) fold_attention_heads(g);
+    verify(g, "attention heads");
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;

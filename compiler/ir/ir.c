@@ -523,11 +523,9 @@ static int shape_max_bwd(const IrNode *n, IrShape *want) {
 /* Attention: q [..., T, d], k [..., S, d], v [..., S, e] with the same leading axes, f32, except
  * that k's and v's last leading axis (the heads) may divide q's (grouped-query attention); the
  * result [..., T, e]; a mask (operand 3) f32 or u8 and broadcast to [..., T, S]. */
-int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask) {
-    const IrShape *a = &q->shape, *b = &k->shape, *c = &v->shape;
+static int attention_shapes_ok(const IrShape *a, const IrShape *b, const IrShape *c, const IrNode *mask) {
     int r = a->rank;
-    if (r < 2 || b->rank != r || c->rank != r || q->dtype != DT_F32 || k->dtype != DT_F32 || v->dtype != DT_F32)
-        return 0;
+    if (r < 2 || b->rank != r || c->rank != r) return 0;
     for (int i = 0; i < r - 2; i++)
         if (c->dim[i] != b->dim[i] || (b->dim[i] != a->dim[i] && (i != r - 3 || a->dim[i] % b->dim[i]))) return 0;
     if (b->dim[r - 1] != a->dim[r - 1] || c->dim[r - 2] != b->dim[r - 2]) return 0;
@@ -538,25 +536,80 @@ int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrN
            ir_broadcast(&mask->shape, &scores, &s) && ir_shape_eq(&s, &scores);
 }
 
-static int shape_attention(const IrNode *n, IrShape *want) {
-    const IrNode *q = n->in[0], *v = n->in[2];
-    *want = q->shape;
-    want->dim[want->rank - 1] = v->shape.dim[v->shape.rank - 1];
-    return ir_attention_ok(q, n->in[1], v, n->n_in > 3 ? n->in[3] : NULL);
+int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask) {
+    return q->dtype == DT_F32 && k->dtype == DT_F32 && v->dtype == DT_F32 &&
+           attention_shapes_ok(&q->shape, &k->shape, &v->shape, mask);
 }
 
-/* The packed gradient: dq, dk, dv, then two floats per query row (lse, delta). */
-int64_t ir_attention_bwd_numel(const IrNode *q, const IrNode *k, const IrNode *v) {
-    return ir_numel(&q->shape) + ir_numel(&k->shape) + ir_numel(&v->shape) +
-           2 * (ir_numel(&q->shape) / q->shape.dim[q->shape.rank - 1]);
+int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
+    const IrAttrs *a = &n->attr;
+    for (int i = 0; i < 3; i++) {
+        const IrShape *x = &n->in[i]->shape;
+        if (n->in[i]->dtype != DT_F32) return 0;
+        if (!a->attn_heads[0]) {
+            qkv[i] = *x;
+            continue;
+        }
+        if (x->rank != 3 || a->attn_heads[i] < 1 || a->attn_hdim[i] < 1 || a->attn_col[i] < 0 ||
+            a->attn_col[i] + a->attn_heads[i] * a->attn_hdim[i] > x->dim[2])
+            return 0;
+        qkv[i] = ir_shape(4, x->dim[0], (int64_t)a->attn_heads[i], x->dim[1], a->attn_hdim[i]);
+    }
+    /* two operands of one base read disjoint columns: their gradients share it (autodiff) */
+    for (int i = 0; i < 3 && a->attn_heads[0]; i++)
+        for (int j = 0; j < i; j++)
+            if (n->in[i] == n->in[j] && a->attn_col[i] < a->attn_col[j] + a->attn_heads[j] * a->attn_hdim[j] &&
+                a->attn_col[j] < a->attn_col[i] + a->attn_heads[i] * a->attn_hdim[i])
+                return 0;
+    return 1;
+}
+
+/* The result [..., T, e]; heads read from tokens: [B, T, heads * e], the heads side by side. */
+static int attention_out(const IrNode *n, IrShape *want) {
+    IrShape s[3];
+    if (!ir_attention_qkv(n, s)) return 0;
+    *want = s[0];
+    want->dim[want->rank - 1] = s[2].dim[s[2].rank - 1];
+    if (n->attr.attn_heads[0]) *want = ir_shape(3, s[0].dim[0], s[0].dim[2], s[0].dim[1] * s[2].dim[3]);
+    return 1;
+}
+
+static int shape_attention(const IrNode *n, IrShape *want) {
+    IrShape s[3];
+    return attention_out(n, want) && ir_attention_qkv(n, s) &&
+           attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 3 ? n->in[3] : NULL);
+}
+
+int ir_attention_first(const IrNode *n, int i) {
+    for (int j = 0; j < i && n->attr.attn_heads[0]; j++)
+        if (n->in[j] == n->in[i]) return j;
+    return i;
+}
+
+int64_t ir_attention_grad_at(const IrNode *n, int i) {
+    int64_t at = 0;
+    i = ir_attention_first(n, i);
+    for (int j = 0; j < i; j++)
+        if (ir_attention_first(n, j) == j) at += ir_numel(&n->in[j]->shape);
+    return at;
+}
+
+int64_t ir_attention_bwd_numel(const IrNode *n) {
+    IrShape s[3];
+    if (!ir_attention_qkv(n, s)) return 0;
+    int64_t grads = 0;
+    for (int j = 0; j < 3; j++)
+        if (ir_attention_first(n, j) == j) grads += ir_numel(&n->in[j]->shape);
+    return grads + 2 * (ir_numel(&s[0]) / s[0].dim[s[0].rank - 1]);
 }
 
 static int shape_attention_bwd(const IrNode *n, IrShape *want) {
-    const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *out = n->in[3], *dout = n->in[4];
-    if (!ir_attention_ok(q, k, v, n->n_in > 5 ? n->in[5] : NULL)) return 0;
-    *want = ir_shape(1, ir_attention_bwd_numel(q, k, v));
-    IrShape o = q->shape;
-    o.dim[o.rank - 1] = v->shape.dim[v->shape.rank - 1];
+    const IrNode *out = n->in[3], *dout = n->in[4];
+    IrShape s[3], o;
+    if (!ir_attention_qkv(n, s) || !attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 5 ? n->in[5] : NULL) ||
+        !attention_out(n, &o))
+        return 0;
+    *want = ir_shape(1, ir_attention_bwd_numel(n));
     return ir_shape_eq(&out->shape, &o) && ir_shape_eq(&dout->shape, &o);
 }
 
@@ -591,7 +644,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
         return 1;
     case ATTR_AXIS: return !a->axis;
     case ATTR_SLICE: return !a->start;
-    case ATTR_ATTN: return !a->causal && a->attn_scale == 0;
+    case ATTR_ATTN: return !a->causal && a->attn_scale == 0 && !a->attn_heads[0];
     case ATTR_PART: return !a->part;
     case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
     case ATTR_NORM: return a->norm_eps == 0;
@@ -720,6 +773,11 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_ATTN:
         if (a->causal) fprintf(out, " causal");
         fprintf(out, " scale=%.9g", a->attn_scale);
+        if (a->attn_heads[0]) /* heads read from tokens */
+            fprintf(out, " heads=%d,%d,%d head_dim=%lld,%lld,%lld cols=%lld,%lld,%lld", a->attn_heads[0],
+                    a->attn_heads[1], a->attn_heads[2], (long long)a->attn_hdim[0], (long long)a->attn_hdim[1],
+                    (long long)a->attn_hdim[2], (long long)a->attn_col[0], (long long)a->attn_col[1],
+                    (long long)a->attn_col[2]);
         break;
     case ATTR_PART: fprintf(out, " part=%lld", (long long)a->part); break;
     case ATTR_IGNORE:
@@ -801,7 +859,7 @@ static const char *const lib_names[] = {
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
-    "eps", "causal scale", "ignore_index", "part",
+    "eps", "causal scale heads head_dim cols", "ignore_index", "part",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

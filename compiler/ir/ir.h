@@ -132,6 +132,9 @@ typedef struct IrAttrs {
     int64_t start;                            /* slice, slice_bwd: the first index along axis */
     int causal; double attn_scale;            /* attention: key j > query i masked out; the
                                                * scores' factor (1/sqrt(d) by default) */
+    int attn_heads[3];                        /* attention: q, k, v's heads read from tokens
+                                               * (fold_attention_heads); 0: the plain form */
+    int64_t attn_hdim[3], attn_col[3];        /* ... their head sizes and first columns */
     int64_t part;                             /* part: element offset into operand 0 */
     int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
     int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
@@ -343,8 +346,20 @@ const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
  * same leading axes (k's and v's last one may divide q's: grouped-query attention), and mask
  * (NULL: none) f32 or u8, broadcast to [..., T, S]. */
 int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask);
-/* Elements of attention_bwd's packed result: dq, dk, dv, and lse and delta per query row. */
-int64_t ir_attention_bwd_numel(const IrNode *q, const IrNode *k, const IrNode *v);
+/* Attention n's (or its gradient's) q, k and v as [..., T, d], [..., S, d], [..., S, e]: the
+ * operands' own shapes, or with heads read from tokens (attr.attn_heads, fold_attention_heads)
+ * [B, heads, T, head_dim] of the base [B, T, W] whose columns attn_col .. attn_col + heads *
+ * head_dim hold them; 0 when the attributes do not fit the bases, or two operands of one base
+ * overlap. */
+int ir_attention_qkv(const IrNode *n, IrShape qkv[3]);
+/* The first of n's operands 0 .. i that has operand i's base: i itself in the plain form. */
+int ir_attention_first(const IrNode *n, int i);
+/* Where operand i's gradient starts in attention_bwd's packed result: the plain form's dq, dk,
+ * dv one after another; heads read from tokens, one gradient per base (in the order of the
+ * bases' first operands), which every operand of that base writes its columns of. */
+int64_t ir_attention_grad_at(const IrNode *n, int i);
+/* Elements of attention_bwd's packed result: the gradients, and lse and delta per query row. */
+int64_t ir_attention_bwd_numel(const IrNode *n);
 
 /* ---- building */
 IrGraph *ir_graph_new(Arena *arena);

@@ -57,8 +57,10 @@ static int64_t node_macs(const IrGraph *g, const IrNode *n) {
         return per_sample * a->dim[a->rank - (n->attr.trans_a ? 2 : 1)];
     }
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) { /* q k^T and P v, causal or not */
-        const IrShape *k = &n->in[1]->shape;
-        int64_t e = n->shape.dim[n->shape.rank - 1], S = k->dim[k->rank - 2], d = k->dim[k->rank - 1];
+        IrShape qkv[3]; /* as [..., T|S, d|e], whatever form the operands are in */
+        if (!ir_attention_qkv(n, qkv)) ICE("summary: attention with operands it cannot read");
+        const IrShape *k = &qkv[1], *v = &qkv[2];
+        int64_t e = v->dim[v->rank - 1], S = k->dim[k->rank - 2], d = k->dim[k->rank - 1];
         return per_sample / e * S * (d + e);
     }
     return 0;

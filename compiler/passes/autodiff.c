@@ -315,24 +315,22 @@ static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
 }
 
 /* Attention: one backward node computes dq, dk and dv together (packed, with the kernels'
- * scratch after them), and PART views project the three. The mask gets no gradient: a mask
- * that would need one is an error (ad_differentiate reports it before any rule runs). */
+ * scratch after them), and PART views project them: one per operand, or with heads read from
+ * tokens one per base (ir_attention_grad_at: the operands of one base write their columns of
+ * one gradient). The mask gets no gradient: a mask that would need one is an error
+ * (ad_differentiate reports it before any rule runs). */
 static void grad_attention(Ad *ad, IrNode *y, IrNode *dy) {
-    IrNode *q = y->in[0], *k = y->in[1], *v = y->in[2];
     int masked = y->op == OP_ATTENTION_MASKED;
     IrNodeSpec spec = {.op = masked ? OP_ATTENTION_MASKED_BWD : OP_ATTENTION_BWD, .n_in = masked ? 6 : 5,
-                       .in = {q, k, v, y, dy, masked ? y->in[3] : NULL},
-                       .shape = ir_shape(1, ir_attention_bwd_numel(q, k, v)), .dtype = DT_F32, .attr = &y->attr};
+                       .in = {y->in[0], y->in[1], y->in[2], y, dy, masked ? y->in[3] : NULL},
+                       .shape = ir_shape(1, ir_attention_bwd_numel(y)), .dtype = DT_F32, .attr = &y->attr};
     IrNode *packed = append(ad, spec);
-    int64_t at = 0;
     for (int i = 0; i < 3; i++) {
         IrNode *x = y->in[i];
-        if (wants(ad, x)) {
-            IrNode *d = emit(ad, OP_PART, x->shape, DT_F32, 1, packed, NULL, NULL);
-            d->attr.part = at;
-            accumulate(ad, x, d);
-        }
-        at += ir_numel(&x->shape);
+        if (ir_attention_first(y, i) != i || !wants(ad, x)) continue;
+        IrNode *d = emit(ad, OP_PART, x->shape, DT_F32, 1, packed, NULL, NULL);
+        d->attr.part = ir_attention_grad_at(y, i);
+        accumulate(ad, x, d);
     }
 }
 

@@ -238,18 +238,36 @@ class Interp:
 
     def attention(self, n, x):
         """attention and attention_masked; their gradient packs dq, dk, dv and the kernels'
-        scratch (2 floats per query row, zeros here: nothing reads them)."""
+        scratch (2 floats per query row, zeros here: nothing reads them). With heads read from
+        tokens (attributes heads, head_dim, cols: the CPU backend's fold_attention_heads), q, k
+        and v are [B, heads, T, head_dim] views of columns of their operands [B, T, W], the
+        result is [B, T, heads * e], and the gradient packs one gradient per distinct operand."""
         causal, scale = "causal" in n.attr, n.attr["scale"][0]
-        q, k = x[0], x[1]  # dropout: one fixed mask of the probabilities' shape per seed id
-        drop = self.mask(n, (*q.shape[:-1], k.shape[-2])) if "p" in n.attr else None
+        tokens = "heads" in n.attr
+        bases = list(dict.fromkeys(n.ins[:3])) if tokens else list(range(3))  # one gradient each
+        leaves = [x[n.ins.index(b) if tokens else b].detach().requires_grad_(True) for b in bases]
+
+        def qkv():
+            if not tokens: return leaves
+            H, d, c = ([int(v) for v in n.attr[key]] for key in ("heads", "head_dim", "cols"))
+            ts = [leaves[bases.index(n.ins[i])] for i in range(3)]
+            return [t[..., c[i]:c[i] + H[i] * d[i]].reshape(t.shape[0], t.shape[1], H[i], d[i]).transpose(1, 2)
+                    for i, t in enumerate(ts)]
+
+        def forward():
+            q, k, v = qkv()  # dropout: one fixed mask of the probabilities' shape per seed id
+            drop = self.mask(n, (*q.shape[:-1], k.shape[-2])) if "p" in n.attr else None
+            mask = x[3] if len(x) > 3 and not n.op.endswith("_bwd") else x[5] if len(x) > 5 else None
+            y = self.sdpa(q, k, v, mask, causal, scale, drop)
+            return y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1) if tokens else y
+
         if not n.op.endswith("_bwd"):
-            return self.sdpa(x[0], x[1], x[2], x[3] if len(x) > 3 else None, causal, scale, drop)
-        q, k, v, _, dy = x[:5]
-        mask = x[5] if len(x) > 5 else None
-        qkv = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        grads = torch.autograd.grad(self.sdpa(*qkv, mask, causal, scale, drop), qkv, dy)
+            return forward().detach()
+        grads = torch.autograd.grad(forward(), leaves, x[4], allow_unused=True)
+        q = qkv()[0]
         rows = q.numel() // q.shape[-1]
-        return torch.cat([g.reshape(-1) for g in grads] + [torch.zeros(2 * rows, dtype=q.dtype)])
+        return torch.cat([(g if g is not None else torch.zeros_like(t)).reshape(-1) for g, t in zip(grads, leaves)]
+                         + [torch.zeros(2 * rows, dtype=q.dtype)])
 
     def norm(self, n, x):
         """Layer norm (torch's F.layer_norm) and RMS norm (LlamaRMSNorm's formula) over the last
