@@ -643,6 +643,8 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "remat");
     if (be->compacts_rows && !o->all_rows) skip_ignored_rows(g);
     verify(g, "ignored rows");
+    if (!o->no_fuse) ew_through_reshapes(g);
+    verify(g, "reshapes");
     layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
     if (o->precision == CG_BF16) autocast_bf16(g);

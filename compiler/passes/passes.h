@@ -25,6 +25,12 @@ int fold_attention_heads(IrGraph *g);
  * are summed. Frozen parameters get none. Returns 0 on success. */
 int ad_differentiate(IrGraph *g);
 
+/* reshapes.c: an element-wise node whose operands are reshapes of one shape with fewer leading
+ * axes (a dense layer's rows), besides scalars and last-axis vectors, is computed in that shape
+ * and reshaped after, so that it joins the product's element-wise tail (fusion, epilogues).
+ * Same values, same bits. Run before layout selection. Returns the number of nodes moved. */
+int ew_through_reshapes(IrGraph *g);
+
 /* layout.c: choose each value's physical layout: channels-last (NHWC) through convolution
  * chains when `channels_last`, else row-major everywhere; with `krsc_filters` too, channels-last
  * convolutions read their filters and write their filter gradients channels-last (KRSC); insert
