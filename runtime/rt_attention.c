@@ -130,8 +130,9 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
             }
             rt_gemm(0, 0, rows, E, cols, 1.0f, sc, cols, vb + j0 * ldv, ldv, 1.0f, o, E);
         }
+        float *yi = out + rt_attn_at(&a->o, bh, H, T, E) + i0 * ldo;
         for (int64_t r = 0; r < rows; r++) {
-            float *y = out + rt_attn_at(&a->o, bh, H, T, E) + (i0 + r) * ldo;
+            float *y = yi + r * ldo;
             const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];
             for (int64_t e = 0; e < E; e++) y[e] = o[r * E + e] * inv;
         }

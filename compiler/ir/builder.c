@@ -204,11 +204,15 @@ void irb_append(IrBuilder *b, IrNode *n) {
     b->inserted++;
 }
 
+/* Nothing reads n: no node, and not the graph (a result, or the model's output). */
+static int unread(const IrBuilder *b, const IrNode *n) {
+    return !entry(b, n)->n_uses && !irb_is_result(b, n) && n != b->g->output;
+}
+
 void irb_remove(IrBuilder *b, IrNode *n) {
     Entry *e = entry(b, n);
     if (!e->placed) ICE("builder: removing %%%d, not in the schedule", n->id);
-    if (e->n_uses || irb_is_result(b, n) || n == b->g->output)
-        ICE("builder: removing %s %%%d, which is still read", ir_op_name(n->op), n->id);
+    if (!unread(b, n)) ICE("builder: removing %s %%%d, which is still read", ir_op_name(n->op), n->id);
     if (e->prev) entry(b, e->prev)->next = e->next;
     else b->head = e->next;
     if (e->next) entry(b, e->next)->prev = e->prev;
@@ -216,6 +220,12 @@ void irb_remove(IrBuilder *b, IrNode *n) {
     e->prev = e->next = NULL;
     e->placed = 0;
     for (int k = 0; k < n->n_in; k++) remove_use(b, n->in[k], n, k);
+}
+
+int irb_remove_unread(IrBuilder *b, IrNode *n) {
+    if (!entry(b, n)->placed || !unread(b, n)) return 0;
+    irb_remove(b, n);
+    return 1;
 }
 
 /* ---- uses */

@@ -83,6 +83,9 @@ void irb_append(IrBuilder *b, IrNode *n);
 /* Take n out of the schedule; nothing may read it, and it may not be one of the graph's
  * results. It no longer reads its operands, and is dropped at irb_finish. */
 void irb_remove(IrBuilder *b, IrNode *n);
+/* irb_remove(n) when n is in the schedule and nothing reads it (a copy a rewrite left behind);
+ * returns whether it did. */
+int irb_remove_unread(IrBuilder *b, IrNode *n);
 /* n is in the schedule: an old node, or a new one already inserted. */
 int irb_placed(const IrBuilder *b, const IrNode *n);
 

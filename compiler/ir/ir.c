@@ -564,20 +564,20 @@ int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
     return 1;
 }
 
-/* The result [..., T, e]; heads read from tokens: [B, T, heads * e], the heads side by side. */
-static int attention_out(const IrNode *n, IrShape *want) {
-    IrShape s[3];
-    if (!ir_attention_qkv(n, s)) return 0;
-    *want = s[0];
-    want->dim[want->rank - 1] = s[2].dim[s[2].rank - 1];
-    if (n->attr.attn_heads[0]) *want = ir_shape(3, s[0].dim[0], s[0].dim[2], s[0].dim[1] * s[2].dim[3]);
-    return 1;
+/* The result of attention n whose q, k, v are s: [..., T, e]; heads read from tokens,
+ * [B, T, heads * e], the heads side by side. */
+static IrShape attention_out(const IrNode *n, const IrShape s[3]) {
+    if (n->attr.attn_heads[0]) return ir_shape(3, s[0].dim[0], s[0].dim[2], s[0].dim[1] * s[2].dim[3]);
+    IrShape y = s[0];
+    y.dim[y.rank - 1] = s[2].dim[s[2].rank - 1];
+    return y;
 }
 
 static int shape_attention(const IrNode *n, IrShape *want) {
     IrShape s[3];
-    return attention_out(n, want) && ir_attention_qkv(n, s) &&
-           attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 3 ? n->in[3] : NULL);
+    if (!ir_attention_qkv(n, s)) return 0;
+    *want = attention_out(n, s);
+    return attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 3 ? n->in[3] : NULL);
 }
 
 int ir_attention_first(const IrNode *n, int i) {
@@ -604,13 +604,12 @@ int64_t ir_attention_bwd_numel(const IrNode *n) {
 }
 
 static int shape_attention_bwd(const IrNode *n, IrShape *want) {
-    const IrNode *out = n->in[3], *dout = n->in[4];
-    IrShape s[3], o;
-    if (!ir_attention_qkv(n, s) || !attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 5 ? n->in[5] : NULL) ||
-        !attention_out(n, &o))
+    IrShape s[3];
+    if (!ir_attention_qkv(n, s) || !attention_shapes_ok(&s[0], &s[1], &s[2], n->n_in > 5 ? n->in[5] : NULL))
         return 0;
     *want = ir_shape(1, ir_attention_bwd_numel(n));
-    return ir_shape_eq(&out->shape, &o) && ir_shape_eq(&dout->shape, &o);
+    IrShape o = attention_out(n, s);
+    return ir_shape_eq(&n->in[3]->shape, &o) && ir_shape_eq(&n->in[4]->shape, &o);
 }
 
 /* ---- verifier */

@@ -58,15 +58,8 @@ static int heads_of(const IrNode *x, IrNode **base, int64_t *col, int *heads, in
 static int kept(const IrGraph *g, const IrBuilder *b, const IrNode *x) { return irb_is_result(b, x) || x == g->output; }
 
 /* x and the copies under it that nothing else reads any more, out of the schedule. */
-static void drop_unread(const IrGraph *g, IrBuilder *b, IrNode *x) {
-    while (x && (x->op == OP_PERMUTE || x->op == OP_RESHAPE || x->op == OP_SLICE)) {
-        int n_uses;
-        irb_uses(b, x, &n_uses);
-        if (n_uses || kept(g, b, x) || !irb_placed(b, x)) return;
-        IrNode *below = x->in[0];
-        irb_remove(b, x);
-        x = below;
-    }
+static void drop_unread(IrBuilder *b, IrNode *x) {
+    while ((x->op == OP_PERMUTE || x->op == OP_RESHAPE || x->op == OP_SLICE) && irb_remove_unread(b, x)) x = x->in[0];
 }
 
 /* Attention y with its heads read from tokens, or 0 when it does not have the form. */
@@ -99,9 +92,8 @@ static int fold(IrGraph *g, IrBuilder *b, IrNode *y) {
         irb_replace_uses(b, p, r, NULL, NULL);
         irb_remove(b, p);
     }
-    IrNode *in[3] = {y->in[0], y->in[1], y->in[2]};
     irb_remove(b, y);
-    for (int i = 0; i < 3; i++) drop_unread(g, b, in[i]);
+    for (int i = 0; i < 3; i++) drop_unread(b, y->in[i]);
     return 1;
 }
 

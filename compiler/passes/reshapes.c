@@ -47,14 +47,6 @@ static int source_shape(const IrNode *n, IrShape *from) {
     return found;
 }
 
-/* A reshape that nothing reads any more, out of the schedule. */
-static void drop_unread(const IrGraph *g, IrBuilder *b, IrNode *x) {
-    int n_uses;
-    irb_uses(b, x, &n_uses);
-    if (!n_uses && x->op == OP_RESHAPE && irb_placed(b, x) && !irb_is_result(b, x) && x != g->output)
-        irb_remove(b, x);
-}
-
 int ew_through_reshapes(IrGraph *g) {
     IrBuilder *b = irb_begin(g);
     int moved = 0;
@@ -73,11 +65,9 @@ int ew_through_reshapes(IrGraph *g) {
         irb_insert_after(b, m, r);
         irb_replace_uses(b, n, r, NULL, NULL);
         if (g->output == n) g->output = r;
-        IrNode *in[IR_MAX_OPERANDS];
-        for (int k = 0; k < n->n_in; k++) in[k] = n->in[k];
-        int n_in = n->n_in;
         irb_remove(b, n);
-        for (int k = 0; k < n_in; k++) drop_unread(g, b, in[k]);
+        for (int k = 0; k < n->n_in; k++) /* the reshapes it read, if nothing else does */
+            if (n->in[k]->op == OP_RESHAPE) irb_remove_unread(b, n->in[k]);
         moved++;
     }
     irb_finish(b);
