@@ -31,17 +31,21 @@ typedef enum {
 RtGemmRoute rt_gemm_route(void);
 
 /* Sums along a row in double in RT_LANES partial sums, element j into lane j % RT_LANES, the
- * lanes added in order at the end (rt_lanes_total): a fixed order, so the same bits at every
- * vector width (the runtime is built for several x86-64 levels, rt_cpu.c), and RT_LANES
- * independent chains of additions, which vectorise, where one running sum is a chain of
- * dependent ones. A loop takes the columns j0 + l, l < rt_lanes_at(j0, n), for j0 = 0, RT_LANES,
- * ... (rt_rows.c: the norms; rt_kernels.c: cross-entropy; rt_attention.c: the softmax). */
+ * lanes added at the end by halving (rt_lanes_total: lane l + 8 onto lane l, then l + 4, l + 2,
+ * l + 1): a fixed order, so the same bits at every vector width (the runtime is built for several
+ * x86-64 levels, rt_cpu.c), and RT_LANES independent chains of additions, which vectorise, where
+ * one running sum is a chain of dependent ones; the halving is 4 dependent additions where adding
+ * the lanes in turn was 16, which a short row (a softmax of 128 keys) felt. A loop takes the
+ * columns j0 + l, l < rt_lanes_at(j0, n), for j0 = 0, RT_LANES, ... (rt_rows.c: the norms;
+ * rt_kernels.c: cross-entropy; rt_attention.c: the softmax). */
 enum { RT_LANES = 16 };
 static inline int64_t rt_lanes_at(int64_t j0, int64_t n) { return n - j0 < RT_LANES ? n - j0 : RT_LANES; }
 static inline double rt_lanes_total(const double *part) {
-    double s = 0;
-    for (int l = 0; l < RT_LANES; l++) s += part[l];
-    return s;
+    double h[RT_LANES];
+    for (int l = 0; l < RT_LANES; l++) h[l] = part[l];
+    for (int w = RT_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) h[l] += h[l + w];
+    return h[0];
 }
 
 /* bytes of zeros, 64-byte aligned; out of memory ends the process with a message naming `what`. */
