@@ -1064,6 +1064,25 @@ void cg_attention_dims(const IrNode *n, CgAttn *a) {
     }
 }
 
+void cg_attention_operand(const IrNode *n, const CgAttn *a, int i, char *buf, size_t size) {
+    if (a->tokens && a->col[i]) snprintf(buf, size, "v%d + %" PRId64, n->in[i]->id, a->col[i]);
+    else snprintf(buf, size, "v%d", n->in[i]->id);
+}
+
+void cg_attention_grad(const IrNode *n, const CgAttn *a, int i, char *buf, size_t size) {
+    int64_t at = ir_attention_grad_at(n, i) + (a->tokens ? a->col[i] : 0);
+    if (at) snprintf(buf, size, "v%d + %" PRId64, n->id, at);
+    else snprintf(buf, size, "v%d", n->id);
+}
+
+int cg_attention_zeroed(const IrNode *n, const CgAttn *a, int i) {
+    if (!a->tokens || ir_attention_first(n, i) != i) return 0;
+    int64_t covered = 0;
+    for (int j = i; j < 3; j++)
+        if (ir_attention_first(n, j) == i) covered += n->attr.attn_heads[j] * n->attr.attn_hdim[j];
+    return covered < a->row[i];
+}
+
 /* The library kernels of both backends take float tensors (labels: int64) in the layouts
  * ir_operand_layout names; anything else is a compiler bug. */
 void cg_check_lib_operands(const IrNode *n, const char *backend) {

@@ -149,6 +149,13 @@ typedef struct CgAttn {
     int64_t col[3];   /* columns col[0..2] of them */
 } CgAttn;
 void cg_attention_dims(const IrNode *n, CgAttn *a);
+/* The C expression for where operand i (q, k, v) of attention n starts ("v12", "v12 + 256"),
+ * and for where its gradient starts in attention_bwd n's packed result. */
+void cg_attention_operand(const IrNode *n, const CgAttn *a, int i, char *buf, size_t size);
+void cg_attention_grad(const IrNode *n, const CgAttn *a, int i, char *buf, size_t size);
+/* Whether attention_bwd n must zero the gradient of operand i's base first: its first operand
+ * of that base, with columns that no operand's heads cover. */
+int cg_attention_zeroed(const IrNode *n, const CgAttn *a, int i);
 
 /* Which pooling n is: max or average, forward or backward; any other operator is a bug. */
 void cg_pool_kind(const IrNode *n, int *max, int *bwd);

@@ -36,7 +36,6 @@ typedef struct CgBackend {
     int krsc_filters;    /* channels-last convolutions take filters channels-last (layout_select) */
     int has_kernels;     /* it writes device kernels' source (NAME.cu, --dump=cu) beside the host C */
     int compacts_rows;   /* it runs row_order, row_compact and matmul_rows (skip_ignored_rows) */
-    int heads_from_tokens; /* its attention reads heads from the projections' rows (fold_attention_heads) */
     /* Floats of per-thread host scratch the target's kernel for node n needs (mp_plan sizes
      * RtModel.scratch_per_thread with it), or NULL when its kernels need none. */
     int64_t (*node_scratch)(const IrNode *n);

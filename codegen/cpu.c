@@ -718,30 +718,19 @@ static void emit_attention(Cg *c, const IrNode *n) {
     c->depth--;
     char mask[16] = "NULL", in[3][48];
     if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
-    for (int i = 0; i < 3; i++) /* q, k, v: where their first columns are */
-        if (a.tokens && a.col[i]) snprintf(in[i], sizeof in[i], "v%d + %" PRId64, n->in[i]->id, a.col[i]);
-        else snprintf(in[i], sizeof in[i], "v%d", n->in[i]->id);
+    for (int i = 0; i < 3; i++) cg_attention_operand(n, &a, i, in[i], sizeof in[i]); /* where their first columns are */
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
         cg_line(c, "rt_attention_fwd(&attn%d, %s, %s, %s, %s, v%d, ctx->scratch, ctx->scratch_per_thread);", n->id,
                 in[0], in[1], in[2], mask, n->id);
         return;
     }
     /* dq, dk, dv packed (autodiff): a base's columns that no operand has are 0 in its gradient */
-    for (int i = 0; i < 3 && a.tokens; i++) {
-        if (ir_attention_first(n, i) != i) continue;
-        int64_t covered = 0;
-        for (int j = i; j < 3; j++)
-            if (ir_attention_first(n, j) == i) covered += n->attr.attn_heads[j] * n->attr.attn_hdim[j];
-        if (covered < a.row[i])
+    for (int i = 0; i < 3; i++)
+        if (cg_attention_zeroed(n, &a, i))
             cg_line(c, "memset(v%d + %" PRId64 ", 0, %" PRId64 " * sizeof(float)); // columns no head has", n->id,
                     ir_attention_grad_at(n, i), ir_numel(&n->in[i]->shape));
-    }
     char grad[3][48];
-    for (int i = 0; i < 3; i++) {
-        int64_t at = ir_attention_grad_at(n, i) + (a.tokens ? a.col[i] : 0);
-        if (at) snprintf(grad[i], sizeof grad[i], "v%d + %" PRId64, n->id, at);
-        else snprintf(grad[i], sizeof grad[i], "v%d", n->id);
-    }
+    for (int i = 0; i < 3; i++) cg_attention_grad(n, &a, i, grad[i], sizeof grad[i]);
     cg_line(c, "rt_attention_bwd(&attn%d, %s, %s, %s, %s, v%d, v%d, %s, %s, %s, ctx->scratch, ctx->scratch_per_thread);"
                " // dq, dk, dv",
             n->id, in[0], in[1], in[2], mask, n->in[3]->id, n->in[4]->id, grad[0], grad[1], grad[2]);
@@ -1331,7 +1320,6 @@ const CgBackend cg_cpu = {
     .precision_note = "the CPU backend computes in float32",
     .fuse_reductions = 1,
     .compacts_rows = 1,
-    .heads_from_tokens = 1,
     .krsc_filters = 0, /* oneDNN reorders the weights itself */
     .node_scratch = node_scratch,
     .in_place = in_place,

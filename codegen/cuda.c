@@ -807,7 +807,10 @@ static void emit_axes(Cu *u, const IrNode *n) {
 
 /* Attention (netrt_attention.cuh): the forward one kernel, a block per (slice, tile of 256 query
  * rows); the gradient two, the rows' (dq, and the log-sum-exp and delta into the packed
- * result's tail) and then the keys' (dk, dv), a block per (slice, tile of 256 keys). */
+ * result's tail) and then the keys' (dk, dv), a block per (slice, tile of 256 keys). With heads
+ * read from the tokens (fold_attention_heads) the operands are views of their bases, as on the
+ * CPU (emit_attention in cpu.c), and a base's gradient with columns no head covers is zeroed
+ * by a kernel of its own first. */
 static void emit_attention(Cu *u, const IrNode *n) {
     CgAttn a;
     cg_attention_dims(n, &a);
@@ -824,33 +827,49 @@ static void emit_attention(Cu *u, const IrNode *n) {
                                                i < a.n_lead ? a.mask_lead[i] : 0);
     at += snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64, a.mask_t, a.mask_s);
     const double dropout = cg_attn_dropout(&u->c, n);
-    if (a.group > 1 || dropout > 0) /* grouped-query attention, or dropout after it */
+    if (a.group > 1 || dropout > 0 || a.tokens) /* grouped-query attention, or a field after it */
         at += snprintf(geom + at, sizeof geom - (size_t)at, ", %" PRId64, a.group);
-    if (dropout > 0) { /* attention dropout: the mask at the step's seed */
+    if (dropout > 0 || a.tokens) { /* attention dropout (the mask at the step's seed), or views after it */
         FILE *fp = fmemopen(lit, sizeof lit, "w");
         cg_dbl(fp, dropout);
         fclose(fp);
-        at += snprintf(geom + at, sizeof geom - (size_t)at, ", %s, %d, ctx->seed", lit, n->attr.seed_id);
+        at += snprintf(geom + at, sizeof geom - (size_t)at, ", %s, %d, %s", lit, n->attr.seed_id,
+                       dropout > 0 ? "ctx->seed" : "0");
     }
+    for (int i = 0; i < 4 && a.tokens; i++) /* the views of q, k, v and out: {batch, row} */
+        at += snprintf(geom + at, sizeof geom - (size_t)at, ", {%" PRId64 ", %" PRId64 "}",
+                       (i == 1 || i == 2 ? a.S : a.T) * a.row[i], a.row[i]);
     snprintf(geom + at, sizeof geom - (size_t)at, "}");
     if (a.mask_node) snprintf(mask, sizeof mask, "v%d", a.mask_node->id);
-    const int q = n->in[0]->id, k = n->in[1]->id, v = n->in[2]->id;
+    char in[3][48]; /* q, k, v: where their first columns are */
+    for (int i = 0; i < 3; i++) cg_attention_operand(n, &a, i, in[i], sizeof in[i]);
     const int64_t q_tiles = a.BH * ((a.T + BLOCK - 1) / BLOCK), k_tiles = a.BH / a.group * ((a.S + BLOCK - 1) / BLOCK);
     if (a.n_lead > 4) ICE("cuda: attention with %d leading axes", a.n_lead);
-    if (a.tokens) ICE("cuda: attention reading heads from tokens (the backend reads dense slices)");
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
-        snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d);", a.D,
-                 a.E, geom, q, k, v, mask, n->id);
+        snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d);", a.D, a.E,
+                 geom, in[0], in[1], in[2], mask, n->id);
         lib_kernel(u, n, call, "", rows_grid(q_tiles), BLOCK);
         return;
     }
-    const int64_t nq = ir_numel(&n->in[0]->shape), nk = ir_numel(&n->in[1]->shape), nv = ir_numel(&n->in[2]->shape);
-    snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d, v%d, "
-             "v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[3]->id, n->in[4]->id, n->id, n->id, nq + nk + nv);
+    for (int i = 0; i < 3; i++) { /* a base's columns that no operand has are 0 in its gradient */
+        if (!cg_attention_zeroed(n, &a, i)) continue;
+        const int64_t len = ir_numel(&n->in[i]->shape);
+        snprintf(call, sizeof call, "rt_k_attention_zero(v%d + %" PRId64 ", %" PRId64 ");", n->id,
+                 ir_attention_grad_at(n, i), len);
+        char suffix[16];
+        snprintf(suffix, sizeof suffix, "_zero%d", i);
+        lib_kernel(u, n, call, suffix, grid_for(len), BLOCK);
+    }
+    char grad[3][48];
+    for (int i = 0; i < 3; i++) cg_attention_grad(n, &a, i, grad[i], sizeof grad[i]);
+    const int64_t stats = ir_attention_bwd_numel(n) - 2 * a.BH * a.T; /* lse and delta: the packed result's tail */
+    snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d, v%d, %s, "
+             "v%d + %" PRId64 ");", a.D, a.E, geom, in[0], in[1], in[2], mask, n->in[3]->id, n->in[4]->id, grad[0],
+             n->id, stats);
     lib_kernel(u, n, call, "_rows", rows_grid(q_tiles), BLOCK);
-    snprintf(call, sizeof call, "rt_k_attention_bwd_keys<%" PRId64 ", %" PRId64 ">(%s, v%d, v%d, v%d, %s, v%d, v%d + %"
-             PRId64 ", v%d + %" PRId64 ", v%d + %" PRId64 ");", a.D, a.E, geom, q, k, v, mask, n->in[4]->id, n->id,
-             nq + nk + nv, n->id, nq, n->id, nq + nk);
+    snprintf(call, sizeof call, "rt_k_attention_bwd_keys<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d, v%d + %"
+             PRId64 ", %s, %s);", a.D, a.E, geom, in[0], in[1], in[2], mask, n->in[4]->id, n->id, stats, grad[1],
+             grad[2]);
     lib_kernel(u, n, call, "_keys", rows_grid(k_tiles), BLOCK);
 }
 

@@ -634,7 +634,7 @@ static int compile(const Options *o, Arena *arena) {
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;
-    if (be->heads_from_tokens && !o->no_fuse) fold_attention_heads(g);
+    if (!o->no_fuse) fold_attention_heads(g);
     verify(g, "attention heads");
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");

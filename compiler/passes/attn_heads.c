@@ -28,8 +28,8 @@
  *
  * Folded only when every operand has that form, the operands of one base read disjoint columns,
  * and everything reading the result is the permute back; nothing is folded that the graph itself
- * reads (the loss, the model's output). Copies left unread are removed. The CPU backend runs it
- * (RtAttnView); the CUDA kernels read dense slices, so a CUDA trainer computes the copies.
+ * reads (the loss, the model's output). Copies left unread are removed. Both backends' kernels
+ * read such operands (RtAttnView in netrt.h, RtKAttnView in netrt_attention.cuh).
  */
 #include "passes.h"
 

@@ -13,9 +13,8 @@
  * reshape, maybe of a slice along the last axis) and whose result is only permuted back reads
  * the projections' rows and writes its result's rows directly (attr.attn_heads, attn_hdim,
  * attn_col): the copies are removed, and autodiff writes the operands' gradients into one
- * gradient per projection. Run on the forward graph, before autodiff, for a backend whose
- * attention kernel reads such operands (CgBackend.heads_from_tokens). Returns the number of
- * attentions folded. */
+ * gradient per projection. Run on the forward graph, before autodiff (both backends' attention
+ * kernels read such operands). Returns the number of attentions folded. */
 int fold_attention_heads(IrGraph *g);
 
 /* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);

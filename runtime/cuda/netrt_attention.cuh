@@ -9,7 +9,10 @@
  * out [T, E] = softmax(q k^T * scale + mask) v, keys j > query i left out when causal; the mask
  * f32 (added) or u8 (0 leaves the key out), read through strides; under grouped-query attention
  * `group` query slices read one key/value slice (bh / group). D and E are template
- * parameters, so each thread keeps its query row and accumulator in registers.
+ * parameters, so each thread keeps its query row and accumulator in registers. Each operand lies
+ * where its view (RtKAttnView, netrt.h's RtAttnView) puts it: dense slices, or the heads read
+ * from the tokens as the projections wrote them, a row stride apart (q and dq share q's view, k
+ * and dk k's, v and dv v's, out and dout o's).
  *
  *   forward          one block per (slice, tile of 256 query rows), a thread per row; the keys
  *                    and values in tiles of KT rows through shared memory, the online softmax
@@ -31,6 +34,11 @@
 #ifndef NETRT_ATTENTION_CUH
 #define NETRT_ATTENTION_CUH
 
+/* netrt.h's RtAttnView: floats between batch entries and between rows; 0, 0: dense slices. */
+struct RtKAttnView {
+    int64_t batch, row;
+};
+
 /* netrt.h's RtAttn, as the generated kernels write it. */
 struct RtKAttn {
     int64_t BH, T, S, D, E;
@@ -42,10 +50,28 @@ struct RtKAttn {
     double dropout; /* attention(..., dropout = p) in training, with the mask seed_id at the step's seed */
     int seed_id;
     unsigned long long seed;
+    RtKAttnView q, k, v, o; /* where the slices lie; left out: dense */
 };
 
 /* Query slices per key/value slice: RtKAttn.group, 0 read as 1. */
 static __device__ __forceinline__ int64_t rt_attn_group(const RtKAttn &a) { return a.group > 1 ? a.group : 1; }
+
+/* netrt.h's rt_attn_at, rt_attn_ld: the first element of slice s of an operand viewed by w, whose
+ * slices are rows x width with `heads` of them per batch entry, and the floats between its rows. */
+static __device__ __forceinline__ int64_t rt_attn_at(const RtKAttnView &w, int64_t s, int64_t heads, int64_t rows,
+                                                     int64_t width) {
+    return w.row ? s / heads * w.batch + s % heads * width : s * rows * width;
+}
+static __device__ __forceinline__ int64_t rt_attn_ld(const RtKAttnView &w, int64_t width) {
+    return w.row ? w.row : width;
+}
+/* Query slices per batch entry (the last leading axis), and key/value slices. */
+static __device__ __forceinline__ int64_t rt_attn_heads(const RtKAttn &a) {
+    return a.n_lead ? a.lead[a.n_lead - 1] : 1;
+}
+static __device__ __forceinline__ int64_t rt_attn_kv_heads(const RtKAttn &a) {
+    return rt_attn_heads(a) / rt_attn_group(a);
+}
 
 /* Probability (bh, i, j)'s dropout factor: 0 where dropped, 1 / (1 - p) rounded to float where
  * kept, 1 without dropout (netrt.h's rt_attn_drop). */
@@ -80,10 +106,16 @@ static __device__ __forceinline__ float rt_attn_score(const RtKAttn &a, const vo
 /* The larger of m and s, NaN once either is (fmaxf would skip a NaN score): as the CPU's. */
 static __device__ __forceinline__ float rt_attn_max(float m, float s) { return s > m || s != s ? s : m; }
 
-/* Copy rows [r0, r0 + n) of a [.., W] slice into shared s, the block's threads together. */
+/* Copy rows [r0, r0 + n) of a slice of W columns whose rows lie ld floats apart into shared s
+ * (rows W apart), the block's threads together. */
 template <int W>
-static __device__ __forceinline__ void rt_attn_load(float *s, const float *x, int64_t r0, int64_t n) {
-    for (int64_t t = threadIdx.x; t < n * W; t += blockDim.x) s[t] = x[r0 * W + t];
+static __device__ __forceinline__ void rt_attn_load(float *s, const float *x, int64_t ld, int64_t r0, int64_t n) {
+    for (int64_t t = threadIdx.x; t < n * W; t += blockDim.x) s[t] = x[(r0 + t / W) * ld + t % W];
+}
+
+/* n floats at x set to 0: the columns of a gradient that no operand's heads cover. */
+static __device__ __forceinline__ void rt_k_attention_zero(float *x, int64_t n) {
+    RT_K_FOR(t, n) x[t] = 0.0f;
 }
 
 template <int D, int E>
@@ -91,20 +123,24 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
                                                           const void *mask, float *out) {
     enum { KT = RT_K_ATTN_TILE(D, E) };
     __shared__ float ks[KT * D], vs[KT * E];
-    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK;
+    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK, H = rt_attn_heads(a), HK = rt_attn_kv_heads(a);
+    const int64_t ldq = rt_attn_ld(a.q, D), ldk = rt_attn_ld(a.k, D), ldv = rt_attn_ld(a.v, E), ldo = rt_attn_ld(a.o, E);
     for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) { /* uniform across the block */
         const int64_t bh = b / tiles, i0 = b % tiles * RT_K_BLOCK, i = i0 + threadIdx.x;
         const int64_t last = i0 + RT_K_BLOCK < a.T ? i0 + RT_K_BLOCK : a.T;
         const int64_t kend = a.causal && last < a.S ? last : a.S, mbase = rt_attn_mask_base(a, bh);
+        const float *qi = q + rt_attn_at(a.q, bh, H, a.T, D) + i * ldq;
+        const float *kb = k + rt_attn_at(a.k, bh / rt_attn_group(a), HK, a.S, D);
+        const float *vb = v + rt_attn_at(a.v, bh / rt_attn_group(a), HK, a.S, E);
         const bool live = i < a.T;
         float qr[D], o[E], m = -INFINITY, l = 0;
-        for (int d = 0; d < D; d++) qr[d] = live ? q[(bh * a.T + i) * D + d] : 0.0f;
+        for (int d = 0; d < D; d++) qr[d] = live ? qi[d] : 0.0f;
         for (int e = 0; e < E; e++) o[e] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += KT) {
             const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
             __syncthreads(); /* the previous tile is used up */
-            rt_attn_load<D>(ks, k + bh / rt_attn_group(a) * a.S * D, j0, cols);
-            rt_attn_load<E>(vs, v + bh / rt_attn_group(a) * a.S * E, j0, cols);
+            rt_attn_load<D>(ks, kb, ldk, j0, cols);
+            rt_attn_load<E>(vs, vb, ldv, j0, cols);
             __syncthreads();
             if (!live) continue;
             float s[KT], mx = m;
@@ -125,8 +161,9 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
             }
             m = mx;
         }
+        float *yi = out + rt_attn_at(a.o, bh, H, a.T, E) + i * ldo;
         if (live)
-            for (int e = 0; e < E; e++) out[(bh * a.T + i) * E + e] = l == 0 ? 0.0f : __fdiv_rn(o[e], l);
+            for (int e = 0; e < E; e++) yi[e] = l == 0 ? 0.0f : __fdiv_rn(o[e], l);
     }
 }
 
@@ -139,18 +176,22 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
                                                                const float *dout, float *dq, float *stats) {
     enum { KT = RT_K_ATTN_TILE(D, E) };
     __shared__ float ks[KT * D], vs[KT * E];
-    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK;
+    const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK, H = rt_attn_heads(a), HK = rt_attn_kv_heads(a);
+    const int64_t ldq = rt_attn_ld(a.q, D), ldk = rt_attn_ld(a.k, D), ldv = rt_attn_ld(a.v, E), ldo = rt_attn_ld(a.o, E);
     for (int64_t b = blockIdx.x; b < a.BH * tiles; b += gridDim.x) {
         const int64_t bh = b / tiles, i0 = b % tiles * RT_K_BLOCK, i = i0 + threadIdx.x, row = bh * a.T + i;
         const int64_t last = i0 + RT_K_BLOCK < a.T ? i0 + RT_K_BLOCK : a.T;
         const int64_t kend = a.causal && last < a.S ? last : a.S, mbase = rt_attn_mask_base(a, bh);
+        const int64_t at_q = rt_attn_at(a.q, bh, H, a.T, D) + i * ldq, at_o = rt_attn_at(a.o, bh, H, a.T, E) + i * ldo;
+        const float *kb = k + rt_attn_at(a.k, bh / rt_attn_group(a), HK, a.S, D);
+        const float *vb = v + rt_attn_at(a.v, bh / rt_attn_group(a), HK, a.S, E);
         const bool live = i < a.T;
         float qr[D], g[E], acc[D], m = -INFINITY, l = 0, delta = 0;
-        for (int d = 0; d < D; d++) qr[d] = live ? q[row * D + d] : 0.0f, acc[d] = 0;
+        for (int d = 0; d < D; d++) qr[d] = live ? q[at_q + d] : 0.0f, acc[d] = 0;
         double dd = 0;
         for (int e = 0; e < E; e++) {
-            g[e] = live ? dout[row * E + e] : 0.0f;
-            if (live) dd = __dadd_rn(dd, __dmul_rn((double)g[e], (double)out[row * E + e]));
+            g[e] = live ? dout[at_o + e] : 0.0f;
+            if (live) dd = __dadd_rn(dd, __dmul_rn((double)g[e], (double)out[at_o + e]));
         }
         delta = (float)dd;
         for (int pass = 0; pass < 2; pass++) { /* 0: the log-sum-exp; 1: dq */
@@ -158,8 +199,8 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
             for (int64_t j0 = 0; j0 < kend; j0 += KT) {
                 const int cols = (int)(kend - j0 < KT ? kend - j0 : KT);
                 __syncthreads();
-                rt_attn_load<D>(ks, k + bh / rt_attn_group(a) * a.S * D, j0, cols);
-                if (pass) rt_attn_load<E>(vs, v + bh / rt_attn_group(a) * a.S * E, j0, cols);
+                rt_attn_load<D>(ks, kb, ldk, j0, cols);
+                if (pass) rt_attn_load<E>(vs, vb, ldv, j0, cols);
                 __syncthreads();
                 if (!live) continue;
                 for (int c = 0; c < cols; c++) {
@@ -180,7 +221,7 @@ static __device__ __forceinline__ void rt_k_attention_bwd_rows(const RtKAttn a, 
                 }
             }
             if (pass && live) {
-                for (int d = 0; d < D; d++) dq[row * D + d] = __fmul_rn(acc[d], a.scale);
+                for (int d = 0; d < D; d++) dq[at_q + d] = __fmul_rn(acc[d], a.scale);
                 stats[row] = lse;
                 stats[a.BH * a.T + row] = delta;
             }
@@ -196,21 +237,24 @@ static __device__ __forceinline__ void rt_k_attention_bwd_keys(const RtKAttn a, 
                                                                const float *stats, float *dk, float *dv) {
     enum { QT = RT_K_ATTN_TILE(D, E) };
     __shared__ float qs[QT * D], gs[QT * E], ls[QT], ds_[QT];
-    const int64_t tiles = (a.S + RT_K_BLOCK - 1) / RT_K_BLOCK, G = rt_attn_group(a);
+    const int64_t tiles = (a.S + RT_K_BLOCK - 1) / RT_K_BLOCK, G = rt_attn_group(a), H = rt_attn_heads(a);
+    const int64_t HK = rt_attn_kv_heads(a), ldq = rt_attn_ld(a.q, D), ldo = rt_attn_ld(a.o, E);
     for (int64_t b = blockIdx.x; b < a.BH / G * tiles; b += gridDim.x) {
-        const int64_t kv = b / tiles, j0 = b % tiles * RT_K_BLOCK, j = j0 + threadIdx.x, key = kv * a.S + j;
+        const int64_t kv = b / tiles, j0 = b % tiles * RT_K_BLOCK, j = j0 + threadIdx.x;
+        const int64_t at_k = rt_attn_at(a.k, kv, HK, a.S, D) + j * rt_attn_ld(a.k, D);
+        const int64_t at_v = rt_attn_at(a.v, kv, HK, a.S, E) + j * rt_attn_ld(a.v, E);
         const int64_t first = a.causal ? (j0 < a.T ? j0 : a.T) : 0;
         const bool live = j < a.S;
         float kr[D], vr[E], gk[D], gv[E];
-        for (int d = 0; d < D; d++) kr[d] = live ? k[key * D + d] : 0.0f, gk[d] = 0;
-        for (int e = 0; e < E; e++) vr[e] = live ? v[key * E + e] : 0.0f, gv[e] = 0;
+        for (int d = 0; d < D; d++) kr[d] = live ? k[at_k + d] : 0.0f, gk[d] = 0;
+        for (int e = 0; e < E; e++) vr[e] = live ? v[at_v + e] : 0.0f, gv[e] = 0;
         for (int64_t bh = kv * G; bh < (kv + 1) * G; bh++) { /* the query slices that read kv, in order */
             const int64_t mbase = rt_attn_mask_base(a, bh);
             for (int64_t r0 = first; r0 < a.T; r0 += QT) {
                 const int rows = (int)(a.T - r0 < QT ? a.T - r0 : QT);
                 __syncthreads();
-                rt_attn_load<D>(qs, q + bh * a.T * D, r0, rows);
-                rt_attn_load<E>(gs, dout + bh * a.T * E, r0, rows);
+                rt_attn_load<D>(qs, q + rt_attn_at(a.q, bh, H, a.T, D), ldq, r0, rows);
+                rt_attn_load<E>(gs, dout + rt_attn_at(a.o, bh, H, a.T, E), ldo, r0, rows);
                 for (int t = threadIdx.x; t < rows; t += blockDim.x) {
                     ls[t] = stats[bh * a.T + r0 + t];
                     ds_[t] = stats[a.BH * a.T + bh * a.T + r0 + t];
@@ -235,8 +279,8 @@ static __device__ __forceinline__ void rt_k_attention_bwd_keys(const RtKAttn a, 
             }
         }
         if (live) {
-            for (int d = 0; d < D; d++) dk[key * D + d] = __fmul_rn(gk[d], a.scale);
-            for (int e = 0; e < E; e++) dv[key * E + e] = gv[e];
+            for (int d = 0; d < D; d++) dk[at_k + d] = __fmul_rn(gk[d], a.scale);
+            for (int e = 0; e < E; e++) dv[at_v + e] = gv[e];
         }
     }
 }

@@ -5,8 +5,9 @@ float64, tests/torch against PyTorch):
   - attention reading its heads where the projections wrote them (compiler/passes/attn_heads.c):
     GPT-2 (packed q, k, v of one product), BERT (three products, a padding mask), GPT-2 under
     LoRA: every attention and its gradient carry heads=, and no permute, slice or slice_bwd is
-    left in the step; with --no-fuse, and for Llama (rotary embeddings between the projections
-    and the attention), none does;
+    left in the step, with either backend (the CPU's RtAttnView, the device kernels'
+    RtKAttnView); with --no-fuse, and for Llama (rotary embeddings between the projections and
+    the attention), none does;
   - element-wise operators computed on a dense layer's rows (compiler/passes/reshapes.c): GPT-2's
     GELU and its gradient on [B*T, 4C], each in the epilogue group of the product before it, and
     Llama's SiLU-gated product on [B*T, intermediate]; with --no-fuse on [B, T, 4C].
@@ -83,10 +84,13 @@ def reshapes():
 
 
 def main():
-    heads("gpt2", "gpt2.net", GPT2, 2, True)
-    heads("gpt2 lora", "gpt2.net", GPT2 + ["-D", "lora_r=4"], 2, True)
-    heads("bert", "bert.net", BERT, 2, True)
-    heads("llama", "llama.net", LLAMA, 2, False)
+    for backend in ("cpu", "cuda"):
+        be = ["--backend", backend]
+        tag = "" if backend == "cpu" else " cuda"
+        heads("gpt2" + tag, "gpt2.net", GPT2 + be, 2, True)
+        heads("gpt2 lora" + tag, "gpt2.net", GPT2 + be + ["-D", "lora_r=4"], 2, True)
+        heads("bert" + tag, "bert.net", BERT + be, 2, True)
+        heads("llama" + tag, "llama.net", LLAMA + be, 2, False)
     reshapes()
     if failures:
         sys.exit(f"heads_reshapes: {len(failures)} failed")
