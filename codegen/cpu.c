@@ -476,14 +476,19 @@ static void emit_norm(Cg *c, const IrNode *n, int64_t rows, int64_t D) {
         cg_begin(c, "rt_rmsnorm_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, ", rows, D, n->in[0]->id, n->in[1]->id);
         break;
     case OP_LAYERNORM_BWD:
-    case OP_RMSNORM_BWD:
+    case OP_RMSNORM_BWD: /* dx, and with attr.norm_params the parameter gradients after it */
         cg_begin(c, "rt_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, ", rows, D, rms, n->in[0]->id,
                  n->in[1]->id, n->in[2]->id);
-        break;
-    default:
-        cg_begin(c, "rt_norm_bwd_params(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, ", rows, D, rms, n->in[0]->id,
+        cg_dbl(c->out, n->attr.norm_eps);
+        if (n->attr.norm_params) cg_end(c, ", v%d, v%d + %" PRId64 ");", n->id, n->id, rows * D);
+        else cg_end(c, ", v%d, NULL);", n->id);
+        return;
+    default: /* the parameter gradients alone: dy is operand 1 */
+        cg_begin(c, "rt_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, NULL, v%d, ", rows, D, rms, n->in[0]->id,
                  n->in[1]->id);
-        break;
+        cg_dbl(c->out, n->attr.norm_eps);
+        cg_end(c, ", NULL, v%d);", n->id);
+        return;
     }
     cg_dbl(c->out, n->attr.norm_eps);
     cg_end(c, ", v%d);", n->id);

@@ -38,6 +38,7 @@ enum {
     BLOCK = 256,          /* threads per block of every generated kernel */
     MAX_GRID = 1 << 20,   /* blocks of a grid-stride kernel; more elements loop */
     BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
+    NORM_ROWS = 32,       /* rows per partial sum of the norms' parameter gradients (RT_K_NORM_ROWS) */
     ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
     CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
     PIECE = 16 * BLOCK,   /* floats per block of a layer-wise optimizer's kernels (emit_layerwise) */
@@ -100,7 +101,8 @@ static void norm_dims(const IrNode *x, int64_t *rows, int64_t *D) {
 
 /* Bytes of a norm parameter gradient's [blocks, 2, D] double partial sums, before its row
  * statistics in the partial-sum region. */
-static int64_t norm_part_bytes(int64_t rows, int64_t D) { return bn_blocks(rows) * 2 * D * 8; }
+static int64_t norm_blocks(int64_t rows) { return (rows + NORM_ROWS - 1) / NORM_ROWS; }
+static int64_t norm_part_bytes(int64_t rows, int64_t D) { return norm_blocks(rows) * 2 * D * 8; }
 
 /* A layer-wise optimizer's blocks (emit_layerwise): the pieces of at most PIECE floats its
  * trainable tensors are cut into, each tensor on its own; *tensors the tensors. */
@@ -130,7 +132,7 @@ static Map plan_memory(const IrGraph *g) {
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
-        if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS) {
+        if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS || n->attr.norm_params) {
             int64_t rows, D;
             norm_dims(n->in[0], &rows, &D);
             if (norm_part_bytes(rows, D) + rows * 2 * 4 > part) part = norm_part_bytes(rows, D) + rows * 2 * 4;
@@ -505,45 +507,51 @@ static void emit_pool(Cu *u, const IrNode *n) {
 }
 
 /* Layer norm and RMS norm over the last axis D of [rows, D]: a block per row, or for the
- * parameter gradients three kernels through the partial-sum region (netrt_rows.cuh). */
+ * parameter gradients three kernels through the partial-sum region (netrt_rows.cuh): the row
+ * statistics (written by dx's kernel when the node computes dx too, attr.norm_params), the
+ * blocks' partial sums, their totals. */
 static void emit_norm(Cu *u, const IrNode *n) {
     int64_t rows, D;
     norm_dims(n->in[0], &rows, &D);
     int rms = n->op == OP_RMSNORM || n->op == OP_RMSNORM_BWD || n->op == OP_RMSNORM_BWD_PARAMS;
     int x = n->in[0]->id, w = n->in[1]->id; /* the parameter gradients: w is dy */
-    char call[512], eps[48];
+    char call[512], eps[48], stats[96], params[48];
+    const char *part = "(double *)(base + NETC_OFF_PART)";
     snprintf(eps, sizeof eps, "%.17g", n->attr.norm_eps);
+    snprintf(stats, sizeof stats, "(float *)(base + NETC_OFF_PART + %" PRId64 "LL)", norm_part_bytes(rows, D));
     switch (n->op) {
     case OP_LAYERNORM:
         snprintf(call, sizeof call, "rt_k_norm_fwd(%" PRId64 ", %" PRId64 ", 0, v%d, v%d, v%d, %s, v%d);", rows, D, x, w,
                  n->in[2]->id, eps, n->id);
-        break;
+        lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+        return;
     case OP_RMSNORM: /* no bias */
         snprintf(call, sizeof call, "rt_k_norm_fwd(%" PRId64 ", %" PRId64 ", 1, v%d, v%d, NULL, %s, v%d);", rows, D, x,
                  w, eps, n->id);
-        break;
+        lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+        return;
     case OP_LAYERNORM_BWD:
     case OP_RMSNORM_BWD:
-        snprintf(call, sizeof call, "rt_k_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s, v%d);", rows, D, rms,
-                 x, w, n->in[2]->id, eps, n->id);
+        snprintf(call, sizeof call, "rt_k_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s, v%d, %s);", rows, D,
+                 rms, x, w, n->in[2]->id, eps, n->id, n->attr.norm_params ? stats : "NULL");
+        lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+        if (!n->attr.norm_params) return;
+        w = n->in[2]->id; /* dy, for the parameter gradients after dx */
+        snprintf(params, sizeof params, "v%d + %" PRId64, n->id, rows * D);
         break;
-    default: { /* the parameter gradients: dy is operand 1 */
-        char stats[96];
-        const char *part = "(double *)(base + NETC_OFF_PART)";
-        snprintf(stats, sizeof stats, "(float *)(base + NETC_OFF_PART + %" PRId64 "LL)", norm_part_bytes(rows, D));
+    default: /* the parameter gradients alone: dy is operand 1 */
         snprintf(call, sizeof call, "rt_k_norm_stats(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", rows, D, rms, x, eps,
                  stats);
         lib_kernel(u, n, call, "_stats", rows_grid(rows), BLOCK);
-        snprintf(call, sizeof call, "rt_k_norm_params_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s);", rows, D, x, w,
-                 stats, part);
-        lib_kernel(u, n, call, "_part", grid_for(bn_blocks(rows) * D), BLOCK);
-        snprintf(call, sizeof call, "rt_k_norm_params_final(%" PRId64 ", %" PRId64 ", %d, %s, v%d);", D,
-                 bn_blocks(rows), rms, part, n->id);
-        lib_kernel(u, n, call, "_sum", grid_for(D), BLOCK);
-        return;
+        snprintf(params, sizeof params, "v%d", n->id);
+        break;
     }
-    }
-    lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
+    snprintf(call, sizeof call, "rt_k_norm_params_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s);", rows, D, x, w,
+             stats, part);
+    lib_kernel(u, n, call, "_part", grid_for(norm_blocks(rows) * D), BLOCK);
+    snprintf(call, sizeof call, "rt_k_norm_params_final(%" PRId64 ", %" PRId64 ", %d, %s, %s);", D, norm_blocks(rows),
+             rms, part, params);
+    lib_kernel(u, n, call, "_sum", grid_for(D), BLOCK);
 }
 
 /* Softmax and log-softmax along any axis: a block per row of [outer * inner rows, len]. */

@@ -460,13 +460,14 @@ void rt_log_softmax_bwd(int64_t outer, int64_t n, int64_t inner, const float *y,
 void rt_layernorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, const float *b, double eps, float *y);
 /* LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * w. */
 void rt_rmsnorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, double eps, float *y);
-/* dx of layer norm (rms = 0) or RMS norm (rms = 1), the row statistics recomputed from x. */
+/* The gradient of layer norm (rms = 0) or RMS norm (rms = 1) in one pass over x and dy, the row
+ * statistics recomputed from x: dx (NULL: not wanted; then w may be NULL too) and the parameter
+ * gradients `params` (NULL: not wanted): params[j] = sum over rows of dy * xhat, and for layer
+ * norm params[D + j] = sum of dy, each summed in double over fixed blocks of RT_NORM_ROWS rows in
+ * order, then the blocks in order (the device's partial and final sums alike). */
+enum { RT_NORM_ROWS = 32 };
 void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *w, const float *dy, double eps,
-                 float *dx);
-/* The parameter gradients: out[j] = sum over rows of dy * xhat, and for layer norm out[D + j] =
- * sum of dy; over fixed blocks of RT_ROWS_BLOCK rows, then the blocks in order. */
-enum { RT_ROWS_BLOCK = 256 };
-void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const float *dy, double eps, float *out);
+                 float *dx, float *params);
 /* Per-row softmax cross-entropy with label smoothing s (PyTorch's label_smoothing):
  * loss[r] = logsumexp(x[r]) - (1 - s) x[r][label[r]] - s mean_j x[r][j].
  * Rows at or after n_valid get loss 0. A label outside [0, cols) aborts with a message.

@@ -6,12 +6,13 @@
  * fixed order in double (the norms' row sums in RT_LANES lanes, rt_internal.h).
  * runtime/cuda/netrt_rows.cuh computes the same formulas; its row sums add per-thread partial
  * sums by a fixed tree, so they can differ from these in the last bits,
- * while the parameter gradients' sums (fixed blocks of RT_ROWS_BLOCK rows, then the blocks in
- * order) are the same on both.
+ * while the norms' parameter gradients' sums (fixed blocks of RT_NORM_ROWS rows, then the blocks
+ * in order) are the same on both.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rt_internal.h"
 
@@ -120,15 +121,15 @@ void rt_rmsnorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, dou
     }
 }
 
-/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w, xhat = (x - mean) * rstd; RMS
- * norm has no mean: dx = rstd * (g - xhat * mean(g * xhat)), xhat = x * rstd. */
-void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *w, const float *dy, double eps,
-                 float *dx) {
-    #pragma omp parallel for schedule(static) if (rows * D > 32768)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * D, *gr = dy + r * D;
-        float m, rs;
-        row_stats(xr, D, rms, eps, &m, &rs);
+/* Row xr's part of the gradient: dxr = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w,
+ * xhat = (x - mean) * rstd (RMS norm has no mean: dx = rstd * (g - xhat * mean(g * xhat)),
+ * xhat = x * rstd), unless dxr is NULL; and, unless pw is NULL, dy * xhat added to pw and, for
+ * layer norm, dy to pb (the parameter gradients' sums over the row's block). */
+static void norm_bwd_row(int64_t D, int rms, const float *xr, const float *w, const float *gr, double eps, float *dxr,
+                         double *pw, double *pb) {
+    float m, rs, a = 0, c = 0;
+    row_stats(xr, D, rms, eps, &m, &rs);
+    if (dxr) {
         double p1[RT_LANES] = {0}, p2[RT_LANES] = {0}; /* sums of g and g * xh, in lanes */
         for (int64_t j0 = 0; j0 < D; j0 += RT_LANES) {
             const int64_t n = rt_lanes_at(j0, D);
@@ -139,51 +140,63 @@ void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *
                 p2[l] += (double)g * xh;
             }
         }
-        float a = rms ? 0.0f : (float)(rt_lanes_total(p1) / (double)D), c = (float)(rt_lanes_total(p2) / (double)D);
+        a = rms ? 0.0f : (float)(rt_lanes_total(p1) / (double)D), c = (float)(rt_lanes_total(p2) / (double)D);
+    }
+    if (dxr && pw) {
+#pragma omp simd
         for (int64_t j = 0; j < D; j++) {
             float g = gr[j] * w[j], xh = (xr[j] - m) * rs;
-            dx[r * D + j] = rs * ((g - a) - xh * c);
+            dxr[j] = rs * ((g - a) - xh * c);
+            pw[j] += (double)gr[j] * xh;
+            pb[j] += gr[j];
+        }
+    } else if (dxr) {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) {
+            float g = gr[j] * w[j], xh = (xr[j] - m) * rs;
+            dxr[j] = rs * ((g - a) - xh * c);
+        }
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) {
+            float xh = (xr[j] - m) * rs;
+            pw[j] += (double)gr[j] * xh;
+            pb[j] += gr[j];
         }
     }
 }
 
-/* out[j] = sum over rows of dy * xhat (the weight's gradient) and, for layer norm, out[D + j] =
- * sum of dy (the bias's): over fixed blocks of RT_ROWS_BLOCK rows, each summed in double, then
- * the blocks in order, as the device's partial and final sums. A thread takes a strip of
- * NORM_COLS columns and walks the rows in order, reading each row's strip contiguously. */
-enum { NORM_COLS = 64 };
-void rt_norm_bwd_params(int64_t rows, int64_t D, int rms, const float *x, const float *dy, double eps, float *out) {
-    float *stats = malloc((size_t)(2 * rows) * sizeof *stats);
-    if (!stats) {
-        fprintf(stderr, "error: out of memory in a %s parameter gradient (%lld rows)\n", rms ? "rmsnorm" : "layernorm",
-                (long long)rows);
+/* One task per block of RT_NORM_ROWS rows, its rows in order: each row is read once for dx and
+ * the block's parameter sums (part[b] = its [2, D] sums, in double); then the blocks' sums
+ * added in order, a thread per column. RMS norm's pb sums are computed and not used. */
+void rt_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *w, const float *dy, double eps,
+                 float *dx, float *params) {
+    const int64_t nb = (rows + RT_NORM_ROWS - 1) / RT_NORM_ROWS;
+    double *part = NULL;
+    if (params && !(part = malloc((size_t)(nb * 2 * D) * sizeof *part))) {
+        fprintf(stderr, "error: out of memory in a %s gradient (%lld rows of %lld)\n", rms ? "rmsnorm" : "layernorm",
+                (long long)rows, (long long)D);
         exit(1);
     }
-    #pragma omp parallel for schedule(static) if (rows * D > 32768)
-    for (int64_t r = 0; r < rows; r++) row_stats(x + r * D, D, rms, eps, &stats[2 * r], &stats[2 * r + 1]);
-    int64_t strips = (D + NORM_COLS - 1) / NORM_COLS;
-    #pragma omp parallel for schedule(static) if (rows * D > 32768)
-    for (int64_t s = 0; s < strips; s++) {
-        int64_t j0 = s * NORM_COLS, nj = D - j0 < NORM_COLS ? D - j0 : NORM_COLS;
-        double tw[NORM_COLS] = {0}, tb[NORM_COLS] = {0};
-        for (int64_t b0 = 0; b0 < rows; b0 += RT_ROWS_BLOCK) {
-            int64_t b1 = b0 + RT_ROWS_BLOCK < rows ? b0 + RT_ROWS_BLOCK : rows;
-            double pw[NORM_COLS] = {0}, pb[NORM_COLS] = {0};
-            for (int64_t r = b0; r < b1; r++) {
-                const float *xr = x + r * D + j0, *gr = dy + r * D + j0;
-                float m = stats[2 * r], rs = stats[2 * r + 1];
-                for (int64_t j = 0; j < nj; j++) {
-                    float xh = (xr[j] - m) * rs;
-                    pw[j] += (double)gr[j] * xh;
-                    pb[j] += gr[j];
-                }
-            }
-            for (int64_t j = 0; j < nj; j++) tw[j] += pw[j], tb[j] += pb[j];
+    #pragma omp parallel if (rows * D > 32768)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            double *pw = part ? part + b * 2 * D : NULL, *pb = pw ? pw + D : NULL;
+            if (pw) memset(pw, 0, (size_t)(2 * D) * sizeof *pw);
+            const int64_t r1 = (b + 1) * RT_NORM_ROWS < rows ? (b + 1) * RT_NORM_ROWS : rows;
+            for (int64_t r = b * RT_NORM_ROWS; r < r1; r++)
+                norm_bwd_row(D, rms, x + r * D, w, dy + r * D, eps, dx ? dx + r * D : NULL, pw, pb);
         }
-        for (int64_t j = 0; j < nj; j++) {
-            out[j0 + j] = (float)tw[j];
-            if (!rms) out[D + j0 + j] = (float)tb[j];
+        if (part) {
+            #pragma omp for schedule(static)
+            for (int64_t j = 0; j < D; j++) {
+                double tw = 0, tb = 0;
+                for (int64_t b = 0; b < nb; b++) tw += part[b * 2 * D + j], tb += part[b * 2 * D + D + j];
+                params[j] = (float)tw;
+                if (!rms) params[D + j] = (float)tb;
+            }
         }
     }
-    free(stats);
+    free(part);
 }

@@ -368,13 +368,16 @@ static int shape_softmax_bwd(const IrNode *n, IrShape *want) {
 }
 
 /* Layer and RMS norm over the last axis D of x (operand 0, the output's shape): the weight and
- * bias are [D], a gradient's dy (its last operand) has x's shape. */
+ * bias are [D], a gradient's dy (its last operand) has x's shape. A gradient with
+ * attr.norm_params is flat: dx, then the parameter gradients (layernorm's [2, D], rmsnorm's [D]). */
 static int shape_norm(const IrNode *n, IrShape *want) {
     const IrShape *x = &n->in[0]->shape;
     *want = *x;
     if (x->rank < 1) return 0;
     int64_t D = x->dim[x->rank - 1];
     int bwd = n->op == OP_LAYERNORM_BWD || n->op == OP_RMSNORM_BWD;
+    if (n->attr.norm_params && !bwd) return 0;
+    if (n->attr.norm_params) *want = ir_shape(1, ir_numel(x) + (n->op == OP_LAYERNORM_BWD ? 2 : 1) * D);
     for (int i = 1; i < n->n_in; i++) {
         const IrShape *s = &n->in[i]->shape;
         if (bwd && i == n->n_in - 1 ? !ir_shape_eq(s, x) : !(s->rank == 1 && s->dim[0] == D)) return 0;
@@ -646,7 +649,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_ATTN: return !a->causal && a->attn_scale == 0 && !a->attn_heads[0];
     case ATTR_PART: return !a->part;
     case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
-    case ATTR_NORM: return a->norm_eps == 0;
+    case ATTR_NORM: return a->norm_eps == 0 && !a->norm_params;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
 }
@@ -782,7 +785,7 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_IGNORE:
         if (a->has_ignore) fprintf(out, " ignore_index=%lld", (long long)a->ignore_index);
         break;
-    case ATTR_NORM: fprintf(out, " eps=%g", a->norm_eps); break;
+    case ATTR_NORM: fprintf(out, " eps=%g%s", a->norm_eps, a->norm_params ? " params" : ""); break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
 }
@@ -858,7 +861,7 @@ static const char *const lib_names[] = {
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
-    "eps", "causal scale heads head_dim cols", "ignore_index", "part",
+    "eps params", "causal scale heads head_dim cols", "ignore_index", "part",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

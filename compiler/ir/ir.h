@@ -139,6 +139,8 @@ typedef struct IrAttrs {
     int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
     int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
     double norm_eps;                          /* layernorm, rmsnorm: added to the variance */
+    int norm_params;                          /* layernorm_bwd, rmsnorm_bwd: the parameter gradients
+                                               * packed after dx (grad_norm) */
 } IrAttrs;
 
 typedef enum {

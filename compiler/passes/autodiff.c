@@ -352,12 +352,34 @@ static void grad_where(Ad *ad, IrNode *y, IrNode *dy) {
 /* Layer norm and RMS norm over the last axis: dx recomputes the row statistics from x
  * (*NORM_BWD), and one reduction over the rows gives the parameters' gradients: layernorm's
  * [2, D] (row 0 the weight's, row 1 the bias's, read through ROW views as batch norm's sums),
- * rmsnorm's [D]. A layernorm without a bias has zeros as its bias operand, which wants no
- * gradient. */
+ * rmsnorm's [D]. When both are wanted, one node computes them in one pass over x and dy
+ * (attr.norm_params): PART views take dx and each parameter's row, and each row is copied out
+ * (EXPAND to its own shape) so that the packed result, dx's size, is not kept until the step's
+ * end for the few floats the parameters' gradients are. A layernorm without a bias has zeros as
+ * its bias operand, which wants no gradient. */
 static void grad_norm(Ad *ad, IrNode *y, IrNode *dy) {
     IrNode *x = y->in[0], *w = y->in[1], *b = y->op == OP_LAYERNORM ? y->in[2] : NULL;
     int ln = y->op == OP_LAYERNORM;
-    if (wants(ad, w) || (b && wants(ad, b))) {
+    int want_params = wants(ad, w) || (b && wants(ad, b));
+    if (want_params && wants(ad, x)) {
+        const int64_t D = w->shape.dim[0], nx = ir_numel(&x->shape);
+        IrAttrs attr = y->attr;
+        attr.norm_params = 1;
+        IrNode *packed = append(ad, (IrNodeSpec){.op = ln ? OP_LAYERNORM_BWD : OP_RMSNORM_BWD, .n_in = 3,
+                                                 .in = {x, w, dy}, .shape = ir_shape(1, nx + (ln ? 2 : 1) * D),
+                                                 .dtype = DT_F32, .attr = &attr});
+        IrNode *dx = emit(ad, OP_PART, x->shape, DT_F32, 1, packed, NULL, NULL);
+        accumulate(ad, x, dx);
+        for (int r = 0; r < (ln ? 2 : 1); r++) {
+            IrNode *p = r ? b : w;
+            if (!wants(ad, p)) continue;
+            IrNode *g = emit(ad, OP_PART, p->shape, DT_F32, 1, packed, NULL, NULL);
+            g->attr.part = nx + r * D;
+            accumulate(ad, p, emit(ad, OP_EXPAND, p->shape, DT_F32, 1, g, NULL, NULL));
+        }
+        return;
+    }
+    if (want_params) {
         IrShape ps = ir_shape(1, w->shape.dim[0]);
         if (ln) ps = ir_shape(2, (int64_t)2, w->shape.dim[0]);
         IrNode *sums = lib(ad, ln ? OP_LAYERNORM_BWD_PARAMS : OP_RMSNORM_BWD_PARAMS, y, &ps, 2, x, dy, NULL);

@@ -49,6 +49,7 @@ typedef unsigned char uint8_t;
 enum {
     RT_K_BLOCK = 256,   /* threads of a block-per-row or one-block kernel */
     RT_K_BN_ROWS = 256, /* rows per partial sum of the batch-norm kernels (RT_BN_BLOCK_ROWS) */
+    RT_K_NORM_ROWS = 32, /* rows per partial sum of the norms' parameter gradients (RT_NORM_ROWS) */
 };
 
 /* Grid-stride loop over [0, T); every thread of every block takes its share. */

@@ -7,9 +7,9 @@
  * take columns t, t + 256, ...; each sums its columns in order in double, and rt_block_sum adds
  * the 256 partial sums by its fixed tree, so the row sums can differ from the CPU's (left to
  * right) in the last bits. The norms' parameter gradients are three kernels with the CPU's
- * order exactly: the row statistics (a block per row) into the partial-sum region, a partial
- * sum per (fixed block of RT_K_BN_ROWS = RT_ROWS_BLOCK rows, column), then the blocks in order
- * per column. No atomics anywhere.
+ * order exactly: the row statistics (a block per row, by the data gradient's kernel when there is
+ * one) into the partial-sum region, a partial sum per (fixed block of RT_K_NORM_ROWS =
+ * RT_NORM_ROWS rows, column), then the blocks in order per column. No atomics anywhere.
  */
 #ifndef NETRT_ROWS_CUH
 #define NETRT_ROWS_CUH
@@ -110,13 +110,15 @@ static __device__ __forceinline__ void rt_k_norm_fwd(int64_t rows, int64_t D, in
 }
 
 /* dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)), g = dy * w (no mean(g) for RMS norm),
- * as rt_norm_bwd. */
+ * as rt_norm_bwd; with `stats` (not NULL) each row's mean and rstd there too, as rt_k_norm_stats
+ * writes them for the parameter gradients. */
 static __device__ __forceinline__ void rt_k_norm_bwd(int64_t rows, int64_t D, int rms, const float *x, const float *w,
-                                                     const float *dy, double eps, float *dx) {
+                                                     const float *dy, double eps, float *dx, float *stats) {
     RT_K_ROWS(r, rows) {
         const float *xr = x + r * D, *gr = dy + r * D;
         float m, rs;
         rt_norm_row_stats(xr, D, rms, eps, &m, &rs);
+        if (stats && threadIdx.x == 0) stats[2 * r] = m, stats[2 * r + 1] = rs;
         double s1 = 0, s2 = 0;
         RT_K_COLS(j, D) {
             float g = __fmul_rn(gr[j], w[j]), xh = __fmul_rn(xr[j] - m, rs);
@@ -148,11 +150,11 @@ static __device__ __forceinline__ void rt_k_norm_stats(int64_t rows, int64_t D, 
  * of dy, in row order. One thread per (block, column). */
 static __device__ __forceinline__ void rt_k_norm_params_part(int64_t rows, int64_t D, const float *x, const float *dy,
                                                              const float *stats, double *part) {
-    int64_t nb = (rows + RT_K_BN_ROWS - 1) / RT_K_BN_ROWS;
+    int64_t nb = (rows + RT_K_NORM_ROWS - 1) / RT_K_NORM_ROWS;
     RT_K_FOR(t, nb * D) {
-        int64_t b = t / D, j = t % D, r1 = (b + 1) * RT_K_BN_ROWS < rows ? (b + 1) * RT_K_BN_ROWS : rows;
+        int64_t b = t / D, j = t % D, r1 = (b + 1) * RT_K_NORM_ROWS < rows ? (b + 1) * RT_K_NORM_ROWS : rows;
         double pw = 0, pb = 0;
-        for (int64_t r = b * RT_K_BN_ROWS; r < r1; r++) {
+        for (int64_t r = b * RT_K_NORM_ROWS; r < r1; r++) {
             float g = dy[r * D + j], xh = __fmul_rn(x[r * D + j] - stats[2 * r], stats[2 * r + 1]);
             pw = __dadd_rn(pw, __dmul_rn((double)g, (double)xh));
             pb += g;

@@ -279,15 +279,21 @@ class Interp:
         rms = lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w  # noqa: E731
         if n.op == "layernorm": return ln(*x)
         if n.op == "rmsnorm": return rms(*x)
-        if n.op == "layernorm_bwd": return vjp(lambda t: ln(t, x[1], None), x[0], x[2])
-        if n.op == "rmsnorm_bwd": return vjp(lambda t: rms(t, x[1]), x[0], x[2])
         ones = torch.ones(D, dtype=self.dtype)
-        if n.op == "layernorm_bwd_params":
-            w = ones.clone().requires_grad_(True)
-            b = torch.zeros(D, dtype=self.dtype, requires_grad=True)
-            gw, gb = torch.autograd.grad(ln(x[0], w, b), (w, b), x[1])
-            return torch.stack([gw, gb])
-        if n.op == "rmsnorm_bwd_params": return vjp(lambda w: rms(x[0], w), ones, x[1])
+
+        def params(op, t, dy):
+            if op == "layernorm":
+                w = ones.clone().requires_grad_(True)
+                b = torch.zeros(D, dtype=self.dtype, requires_grad=True)
+                return torch.stack(torch.autograd.grad(ln(t, w, b), (w, b), dy))
+            return vjp(lambda w: rms(t, w), ones, dy)
+        if n.op in ("layernorm_bwd", "rmsnorm_bwd"):
+            f = (lambda t: ln(t, x[1], None)) if n.op == "layernorm_bwd" else (lambda t: rms(t, x[1]))  # noqa: E731
+            dx = vjp(f, x[0], x[2])
+            if not n.attr.get("params"): return dx
+            # attr.norm_params: dx, then the parameter gradients, flat
+            return torch.cat([dx.flatten(), params(n.op[:-4], x[0], x[2]).flatten()])
+        if n.op in ("layernorm_bwd_params", "rmsnorm_bwd_params"): return params(n.op[:-11], x[0], x[1])
         raise SystemExit(f"ir_gradcheck: no reference for operator '{n.op}'")
 
     def batchnorm(self, n, x):

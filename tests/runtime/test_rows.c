@@ -111,7 +111,7 @@ static double norm_dot(const float *x, const float *w, const float *b, const flo
 
 static void test_norms(void **state) {
     (void)state;
-    enum { R = 300, D = 12, RS = 3 }; /* R rows: two blocks of the parameter sums */
+    enum { R = 300, D = 12, RS = 3 }; /* R rows: 9 blocks of RT_NORM_ROWS and part of a tenth */
     float *x = randv(R * D), *dy = randv(R * D), *w = randv(D), *b = randv(D), *y = malloc(R * D * sizeof *y);
     double *ref = malloc(R * D * sizeof *ref), num[RS * D];
     for (int k = 0; k < R * D; k++) x[k] = 3 * x[k] + 1; /* a mean and scale to remove */
@@ -124,7 +124,7 @@ static void test_norms(void **state) {
 
         /* dx on the first RS rows against finite differences */
         float dx[RS * D];
-        rt_norm_bwd(RS, D, rms, x, w, dy, 1e-5, dx);
+        rt_norm_bwd(RS, D, rms, x, w, dy, 1e-5, dx, NULL);
         for (int k = 0; k < RS * D; k++) {
             float x0 = x[k];
             x[k] = x0 + 1e-2f;
@@ -147,11 +147,20 @@ static void test_norms(void **state) {
             for (int r = 0; r < R; r++) want[j] += dy[r * D + j] * ref[r * D + j], want[D + j] += dy[r * D + j];
         }
         omp_set_num_threads(1);
-        rt_norm_bwd_params(R, D, rms, x, dy, 1e-5, p1);
+        rt_norm_bwd(R, D, rms, x, NULL, dy, 1e-5, NULL, p1);
         omp_set_num_threads(2);
-        rt_norm_bwd_params(R, D, rms, x, dy, 1e-5, p2);
+        rt_norm_bwd(R, D, rms, x, NULL, dy, 1e-5, NULL, p2);
         assert_close(p1, want, rms ? D : 2 * D, 1e-5, what);
         assert_memory_equal(p1, p2, (rms ? D : 2 * D) * sizeof *p1); /* independent of the threads */
+
+        /* both in one pass: the same operations in the same order as each alone, so the same bits */
+        float *dx_all = malloc(R * D * sizeof *dx_all), *dx_one = malloc(R * D * sizeof *dx_one), p3[2 * D];
+        rt_norm_bwd(R, D, rms, x, w, dy, 1e-5, dx_all, p3);
+        rt_norm_bwd(R, D, rms, x, w, dy, 1e-5, dx_one, NULL);
+        assert_memory_equal(p3, p1, (rms ? D : 2 * D) * sizeof *p1);
+        assert_memory_equal(dx_all, dx_one, R * D * sizeof *dx_all);
+        assert_memory_equal(dx_all, dx, RS * D * sizeof *dx); /* the rows checked above */
+        free(dx_all), free(dx_one);
     }
     free(x), free(dy), free(w), free(b), free(y), free(ref);
 }
