@@ -407,35 +407,44 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
     kernel_close(u, name, grid, block, ir_op_name(n->op));
 }
 
-/* A product whose epilogue group is exactly `mm + bias` or `relu(mm + bias)`, with only the
- * group's last value read elsewhere and the product read by nothing else: cuBLASLt computes
- * the group in its epilogue (BIAS, RELU_BIAS) and writes the last value directly. Returns that
- * value and sets *bias and *epi, or NULL. */
-static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **bias, const char **epi) {
+/* A product whose epilogue group is exactly `mm + bias`, `relu(mm + bias)` or, in float32,
+ * `gelu_tanh(mm + bias)` (cuBLASLt's GELU is the tanh form), with only the group's last value
+ * read elsewhere and the product read by nothing else: cuBLASLt computes the group in its
+ * epilogue (BIAS, RELU_BIAS, GELU_BIAS) and writes the last value directly. GELU's input may be
+ * stored too (its gradient reads it): then cuBLASLt writes it as the aux matrix
+ * (GELU_AUX_BIAS), whose leading dimension must be a multiple of 8. Returns the last value and
+ * sets *bias, *aux (the stored input, or NULL) and *epi, or returns NULL. */
+static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **bias, const IrNode **aux,
+                                 const char **epi) {
     const IrGraph *g = u->g;
     if (!mm->epilogue || mm->shape.rank != 2 || u->readers[mm->id] != 1) return NULL;
     const char *kind = epilogue_kind(g, mm);
-    if (strcmp(kind, "BIAS") != 0 && strcmp(kind, "RELU_BIAS") != 0) return NULL;
+    int gelu = strcmp(kind, "GELU_TANH_BIAS") == 0;
+    if (strcmp(kind, "BIAS") != 0 && strcmp(kind, "RELU_BIAS") != 0 && !(gelu && mm->dtype == DT_F32)) return NULL;
     const IrNode *add = NULL, *last = NULL;
     for (int i = mm->id + 1; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->op == OP_CONST) continue;
         if (n->group != mm->epilogue) break;
         if (n->op == OP_ADD) add = n;
-        if (last && !last->internal) return NULL; /* a value before the last one is stored: keep the kernel */
+        if (last && !last->internal && !(gelu && last == add)) return NULL; /* a value before the last one is
+                                                                             * stored: keep the kernel */
         last = n;
     }
     if (!add || (add->in[0] != mm && add->in[1] != mm) || last->internal) return NULL;
+    if (gelu && (last->in[0] != add || (!add->internal && mm->shape.dim[1] % 8))) return NULL;
     *bias = add->in[0] == mm ? add->in[1] : add->in[0];
     if (ir_numel(&(*bias)->shape) != mm->shape.dim[1] || ir_storage_root(*bias)->storage != ST_PARAM) return NULL;
-    *epi = strcmp(kind, "BIAS") == 0 ? "RT_EPI_BIAS" : "RT_EPI_RELU_BIAS";
+    *aux = gelu && !add->internal ? add : NULL;
+    *epi = strcmp(kind, "BIAS") == 0 ? "RT_EPI_BIAS" : !gelu ? "RT_EPI_RELU_BIAS"
+           : *aux ? "RT_EPI_GELU_AUX_BIAS" : "RT_EPI_GELU_BIAS";
     return last;
 }
 
 static void emit_matmul(Cu *u, const IrNode *n) {
-    const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *out = n;
+    const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *aux = NULL, *out = n;
     const char *epi = "RT_EPI_NONE";
-    const IrNode *last = lt_epilogue(u, n, &bias, &epi);
+    const IrNode *last = lt_epilogue(u, n, &bias, &aux, &epi);
     if (last) { /* the group is the product's epilogue: no kernel of its own */
         u->c.done[n->epilogue] = 1;
         out = last;
@@ -460,6 +469,9 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     host_ptr(u, out, 1);
     cg_put(&u->step, ", ");
     if (bias) host_ptr(u, bias, 0);
+    else cg_put(&u->step, "NULL");
+    cg_put(&u->step, ", ");
+    if (aux) host_ptr(u, aux, 1);
     else cg_put(&u->step, "NULL");
     cg_end(&u->step, ");");
 }

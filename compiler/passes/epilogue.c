@@ -55,7 +55,7 @@ int fuse_epilogues(IrGraph *g) {
 }
 
 const char *epilogue_kind(const IrGraph *g, const IrNode *mm) {
-    int members = 0, bias = 0, relu = 0, gelu = 0, drelu = 0, dgelu = 0;
+    int members = 0, bias = 0, relu = 0, gelu = 0, gelu_tanh = 0, drelu = 0, dgelu = 0;
     int64_t cols = mm->shape.dim[1];
     for (int i = mm->id + 1; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
@@ -71,6 +71,7 @@ const char *epilogue_kind(const IrGraph *g, const IrNode *mm) {
             break;
         case OP_RELU: relu++; break;
         case OP_GELU: gelu++; break;
+        case OP_GELU_TANH: gelu_tanh++; break;
         case OP_RELU_GRAD: drelu += n->in[1] == mm; break;
         case OP_GELU_GRAD: dgelu += n->in[1] == mm; break;
         default: break;
@@ -79,6 +80,7 @@ const char *epilogue_kind(const IrGraph *g, const IrNode *mm) {
     if (members == 1 && bias == 1) return "BIAS";
     if (members == 2 && bias == 1 && relu == 1) return "RELU_BIAS";
     if (members == 2 && bias == 1 && gelu == 1) return "GELU_BIAS";
+    if (members == 2 && bias == 1 && gelu_tanh == 1) return "GELU_TANH_BIAS";
     if (members == 1 && relu == 1) return "RELU";
     if (members == 1 && gelu == 1) return "GELU";
     if (members == 1 && drelu == 1) return "DRELU";

@@ -132,18 +132,21 @@ void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block);
  * for A, B, C and the bias alike, accumulated in float32 - netc --precision bf16):
  *   C[M,N] = op(A) @ op(B), op = transpose when trans_*, leading dimensions lda, ldb, ldc,
  * `batch` of them at element strides sa, sb, sc (batch 1: strides ignored), then the epilogue:
- *   RT_EPI_NONE       C = A B
- *   RT_EPI_BIAS       C = A B + bias[N] (broadcast over rows)
- *   RT_EPI_RELU_BIAS  C = relu(A B + bias)
- * (cuBLASLt's GELU epilogue is the tanh approximation, not the erf form the models use, so
- * GELU groups stay generated kernels.)
- * Built once (algorithm chosen, workspace reserved) and run as often as wanted. */
-typedef enum { RT_EPI_NONE, RT_EPI_BIAS, RT_EPI_RELU_BIAS } RtEpilogue;
+ *   RT_EPI_NONE           C = A B
+ *   RT_EPI_BIAS           C = A B + bias[N] (broadcast over rows)
+ *   RT_EPI_RELU_BIAS      C = relu(A B + bias)
+ *   RT_EPI_GELU_BIAS      C = gelu_tanh(A B + bias), GELU's tanh approximation (cuBLASLt's GELU;
+ *                         the erf form, torch.nn.GELU()'s default, stays a generated kernel)
+ *   RT_EPI_GELU_AUX_BIAS  the same, and aux = A B + bias (GELU's input, which its gradient
+ *                         reads), laid out as C (ldc, sc); ldc and sc must be multiples of 8
+ * Built once (algorithm chosen, workspace reserved) and run as often as wanted; `aux` is NULL but
+ * for RT_EPI_GELU_AUX_BIAS. */
+typedef enum { RT_EPI_NONE, RT_EPI_BIAS, RT_EPI_RELU_BIAS, RT_EPI_GELU_BIAS, RT_EPI_GELU_AUX_BIAS } RtEpilogue;
 typedef struct RtGemmPlan RtGemmPlan;
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                               int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                               int64_t sc, RtEpilogue epi, RtDtype dtype);
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias);
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias, void *aux);
 
 /* A convolution on the device through cuDNN: `which` 0 = forward y = conv(x, w), 1 = data
  * gradient dx from (dy, w), 2 = filter gradient dw from (x, dy); activations NHWC when `nhwc`

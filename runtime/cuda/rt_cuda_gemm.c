@@ -16,6 +16,13 @@
  * bias[N] broadcast over the M rows of C, with no further transposition. The bias batch
  * stride stays 0, so every product of a batch adds the same bias.
  *
+ * GELU. CUBLASLT_EPILOGUE_GELU_BIAS applies GELU's tanh approximation after the bias (what
+ * PyTorch's addmm with the GELU epilogue documents as approximate="tanh"; the CPU computes the
+ * same formula in its own float operations, so the two agree to rounding, not bit for bit).
+ * _GELU_AUX_BIAS also writes GELU's input into the aux matrix, a column-major N x M matrix like
+ * D: our row-major [M, N] with leading dimension AUX_LD = ldc (cublasLt.h: in elements, a
+ * multiple of 8, at least D's rows, N) and batch stride sc (also a multiple of 8), of D's type.
+ *
  * Alignment. The heuristic cannot see the operand pointers; unless told otherwise it assumes
  * 256-byte aligned matrices and may pick kernels that need 16-byte aligned (vector) loads. The
  * parameters are one packed buffer and views may start anywhere, so a plan asks for two
@@ -106,11 +113,13 @@ static cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_
  * so it gets a stand-in with exactly that alignment; rt_cuda_gemm sets the real one. Returns
  * the status; *ws is the algorithm's workspace. */
 static cublasStatus_t heuristic(RtCuda *cu, RtGemmPlan *p, uint32_t align, cublasLtMatmulAlgo_t *algo, size_t *ws) {
-    if (p->epi != RT_EPI_NONE) {
-        const void *stand_in = (const void *)(uintptr_t)align;
+    const void *stand_in = (const void *)(uintptr_t)align;
+    if (p->epi != RT_EPI_NONE)
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof stand_in,
                  "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-    }
+    if (p->epi == RT_EPI_GELU_AUX_BIAS) /* the aux pointer's alignment too (cublasLt.h) */
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &stand_in, sizeof stand_in,
+                 "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
     cublasLtMatmulPreference_t pref;
     rt_cuda_check_blas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     uint64_t max_ws = GEMM_MAX_WORKSPACE;
@@ -146,11 +155,13 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     snprintf(p->shape, sizeof p->shape, "C[%lld,%lld] = A%s B%s (K %lld, ld %lld %lld %lld, batch %lld, %s, %s)",
              (long long)M, (long long)N, trans_a ? "^T" : "", trans_b ? "^T" : "", (long long)K, (long long)lda,
              (long long)ldb, (long long)ldc, (long long)batch,
-             epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : "relu(+ bias)",
+             epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : epi == RT_EPI_RELU_BIAS ? "relu(+ bias)"
+             : epi == RT_EPI_GELU_BIAS ? "gelu(+ bias)" : "gelu(+ bias), aux",
              dtype == RT_BF16 ? "bf16" : "float32");
     /* Arguments no correct caller passes: an internal error, not the user's. */
     if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
-        ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
+        ldb < (trans_b ? K : N) || ldc < N || epi < RT_EPI_NONE || epi > RT_EPI_GELU_AUX_BIAS ||
+        (epi == RT_EPI_GELU_AUX_BIAS && (ldc % 8 || (batch > 1 && sc % 8))))
         rt_cuda_die("internal error: bad matrix product %s (epilogue %d)", p->shape, (int)epi);
     p->sa = batch > 1 ? sa : 0;
     p->sb = batch > 1 ? sb : 0;
@@ -166,10 +177,20 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof op_lt_a, "cublasLtMatmulDescSetAttribute(TRANSA)");
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof op_lt_b, "cublasLtMatmulDescSetAttribute(TRANSB)");
-    cublasLtEpilogue_t e = epi == RT_EPI_BIAS        ? CUBLASLT_EPILOGUE_BIAS
-                           : epi == RT_EPI_RELU_BIAS ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                     : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t e = epi == RT_EPI_BIAS          ? CUBLASLT_EPILOGUE_BIAS
+                           : epi == RT_EPI_RELU_BIAS   ? CUBLASLT_EPILOGUE_RELU_BIAS
+                           : epi == RT_EPI_GELU_BIAS   ? CUBLASLT_EPILOGUE_GELU_BIAS
+                           : epi == RT_EPI_GELU_AUX_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                       : CUBLASLT_EPILOGUE_DEFAULT;
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e, "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+    if (epi == RT_EPI_GELU_AUX_BIAS) { /* the aux matrix is laid out as D (see the top) */
+        int64_t aux_ld = ldc, aux_stride = p->sc;
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld,
+                 "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)");
+        if (batch > 1)
+            set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride, sizeof aux_stride,
+                     "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_BATCH_STRIDE)");
+    }
     /* The bias has D's type (float or bf16) by default: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE unset. */
 
     /* Each layout is the stored row-major matrix read column-major: stored rows become columns. */
@@ -201,21 +222,24 @@ static int aligned16(const void *ptr, int64_t stride, size_t elem) {
     return (uintptr_t)ptr % 16 == 0 && (uint64_t)stride * elem % 16 == 0;
 }
 
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias) {
-    if ((p->epi != RT_EPI_NONE) != (bias != NULL))
-        rt_cuda_die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi,
-                    bias ? "with" : "without");
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias, void *aux) {
+    if ((p->epi != RT_EPI_NONE) != (bias != NULL) || (p->epi == RT_EPI_GELU_AUX_BIAS) != (aux != NULL))
+        rt_cuda_die("internal error: matrix product with epilogue %d run %s a bias and %s an aux matrix", (int)p->epi,
+                    bias ? "with" : "without", aux ? "with" : "without");
     /* Setting an attribute only writes host memory: safe while the stream is being captured. */
     if (bias)
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
                  "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    if (aux)
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux,
+                 "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
     int aligned = aligned16(A, p->sa, p->elem) && aligned16(B, p->sb, p->elem) && aligned16(C, p->sc, p->elem) &&
-                  (!bias || aligned16(bias, 0, p->elem));
+                  (!bias || aligned16(bias, 0, p->elem)) && (!aux || aligned16(aux, p->sc, p->elem));
     int which = aligned && p->has[ALGO_ALIGNED16] ? ALGO_ALIGNED16 : ALGO_ANY;
     if (!p->has[which])
         rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s on operands that are not 16-byte "
-                    "aligned (A %p, B %p, C %p, bias %p)",
-                    p->shape, A, B, C, bias);
+                    "aligned (A %p, B %p, C %p, bias %p, aux %p)",
+                    p->shape, A, B, C, bias, aux);
     size_t ws_bytes = 0;
     void *ws = rt_cuda_workspace(cu, &ws_bytes);
     static const float one = 1.0f, zero = 0.0f; /* scale type CUDA_R_32F for both dtypes */

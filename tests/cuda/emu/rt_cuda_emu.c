@@ -318,7 +318,8 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
     check_dtype(dtype, "a matrix product");
     /* rt_cuda_gemm.c's check: arguments no correct caller passes */
     if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
-        ldb < (trans_b ? K : N) || ldc < N || (epi != RT_EPI_NONE && epi != RT_EPI_BIAS && epi != RT_EPI_RELU_BIAS))
+        ldb < (trans_b ? K : N) || ldc < N || epi < RT_EPI_NONE || epi > RT_EPI_GELU_AUX_BIAS ||
+        (epi == RT_EPI_GELU_AUX_BIAS && (ldc % 8 || (batch > 1 && sc % 8))))
         die("internal error: bad matrix product C[%lld,%lld] K %lld ld %lld %lld %lld batch %lld epilogue %d",
             (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc,
             (long long)batch, (int)epi);
@@ -333,9 +334,17 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
 /* Elements from a row-major rows x cols matrix's first element to its last, + 1. */
 static int64_t extent(int64_t rows, int64_t cols, int64_t ld) { return (rows - 1) * ld + cols; }
 
-void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias) {
-    if ((p->epi != RT_EPI_NONE) != (bias != NULL))
-        die("internal error: matrix product with epilogue %d run %s a bias", (int)p->epi, bias ? "with" : "without");
+/* GELU's tanh approximation as the generated CPU code computes it (codegen/cexpr.c's gelu_tanh):
+ * what cuBLASLt's GELU epilogues stand for here; the real ones round in their own way. */
+static float gelu_tanh(float x) {
+    float u = 0.797884561f * (x + 0.044715f * (x * x * x));
+    return x / (1.0f + rt_expf(-2.0f * u));
+}
+
+void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias, void *aux) {
+    if ((p->epi != RT_EPI_NONE) != (bias != NULL) || (p->epi == RT_EPI_GELU_AUX_BIAS) != (aux != NULL))
+        die("internal error: matrix product with epilogue %d run %s a bias and %s an aux matrix", (int)p->epi,
+            bias ? "with" : "without", aux ? "with" : "without");
     const int64_t last = p->batch - 1;
     const int64_t na = last * p->sa + extent(p->trans_a ? p->K : p->M, p->trans_a ? p->M : p->K, p->lda);
     const int64_t nb = last * p->sb + extent(p->trans_b ? p->N : p->K, p->trans_b ? p->K : p->N, p->ldb);
@@ -348,6 +357,11 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B,
     check_apart(C, nc, A, na, e, "A", "matrix product");
     check_apart(C, nc, B, nb, e, "B", "matrix product");
     if (bias) check_apart(C, nc, bias, p->N, e, "the bias", "matrix product");
+    if (aux) {
+        check_inside(cu, aux, nc, e, "the aux matrix", "matrix product");
+        check_apart(C, nc, aux, nc, e, "the aux matrix", "matrix product");
+        if (p->dtype != RT_F32) die("internal error: a GELU epilogue with an aux matrix on dtype %d", (int)p->dtype);
+    }
     const float *a = widen(cu, 0, A, na, p->dtype), *b = widen(cu, 1, B, nb, p->dtype);
     const float *fbias = bias ? widen(cu, 3, bias, p->N, p->dtype) : NULL;
     float *c = result(cu, 2, C, nc, p->dtype);
@@ -358,8 +372,11 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B,
         if (fbias)
             for (int64_t i = 0; i < p->M; i++)
                 for (int64_t j = 0; j < p->N; j++) {
-                    float v = ck[i * p->ldc + j] + fbias[j];
-                    ck[i * p->ldc + j] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f : v;
+                    const int64_t at = i * p->ldc + j;
+                    float v = ck[at] + fbias[j];
+                    if (aux) ((float *)aux)[k * p->sc + at] = v;
+                    ck[at] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f
+                             : p->epi == RT_EPI_GELU_BIAS || p->epi == RT_EPI_GELU_AUX_BIAS ? gelu_tanh(v) : v;
                 }
         if (p->dtype == RT_BF16) narrow((uint16_t *)C + k * p->sc, ck, p->M, p->N, p->ldc);
     }

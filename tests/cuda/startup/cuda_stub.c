@@ -648,6 +648,8 @@ typedef struct {
     int32_t transa, transb;
     uint32_t epilogue;
     const void *bias;
+    const void *aux;            /* EPILOGUE_AUX_POINTER: GELU's input, with _GELU_AUX_BIAS */
+    int64_t aux_ld, aux_stride; /* in elements */
 } MatmulDesc;
 typedef struct { uint64_t max_workspace; } Preference;
 
@@ -723,6 +725,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_TRANSB: set_attr(&m->transb, sizeof m->transb, buf, size, "TRANSB"); break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE: set_attr(&m->epilogue, sizeof m->epilogue, buf, size, "EPILOGUE"); break;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: set_attr(&m->bias, sizeof m->bias, buf, size, "BIAS_POINTER"); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: set_attr(&m->aux, sizeof m->aux, buf, size, "EPILOGUE_AUX_POINTER"); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: set_attr(&m->aux_ld, sizeof m->aux_ld, buf, size, "EPILOGUE_AUX_LD"); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE:
+        set_attr(&m->aux_stride, sizeof m->aux_stride, buf, size, "EPILOGUE_AUX_BATCH_STRIDE");
+        break;
     default: violation("matmul descriptor attribute %d is not one the runtime sets", (int)attr);
     }
     return CUBLAS_STATUS_SUCCESS;
@@ -805,8 +812,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     check_matrix(B, (const Layout *)b, "cublasLtMatmul B");
     check_matrix(C, (const Layout *)c, "cublasLtMatmul C");
     check_matrix(D, (const Layout *)d, "cublasLtMatmul D");
+    const Layout *dl = (const Layout *)d;
     if (m->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-        check_device(m->bias, ((const Layout *)d)->rows * type_bytes(((const Layout *)d)->type), "cublasLtMatmul bias");
+        check_device(m->bias, dl->rows * type_bytes(dl->type), "cublasLtMatmul bias");
+    if (m->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) { /* cublasLt.h: AUX_LD and its stride in elements, % 8 */
+        if (m->aux_ld % 8 || m->aux_ld < (int64_t)dl->rows || (dl->batch > 1 && m->aux_stride % 8))
+            violation("a GELU aux matrix with leading dimension %lld and batch stride %lld for D %llux%llu",
+                      (long long)m->aux_ld, (long long)m->aux_stride, (unsigned long long)dl->rows,
+                      (unsigned long long)dl->cols);
+        Layout aux = *dl;
+        aux.ld = m->aux_ld, aux.stride = m->aux_stride;
+        check_matrix(m->aux, &aux, "cublasLtMatmul GELU aux matrix");
+    } else if (m->epilogue != CUBLASLT_EPILOGUE_DEFAULT && m->epilogue != CUBLASLT_EPILOGUE_BIAS &&
+               m->epilogue != CUBLASLT_EPILOGUE_RELU_BIAS && m->epilogue != CUBLASLT_EPILOGUE_GELU_BIAS) {
+        violation("a product with epilogue %u (the runtime asks for BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX_BIAS)",
+                  (unsigned)m->epilogue);
+    }
     if (!algo)
         violation("cublasLtMatmul without an algorithm");
     if (ws_bytes)
