@@ -1,7 +1,8 @@
 /* test_rows.c - rt_rows.c's kernels (softmax and log-softmax along an axis, layer norm, RMS
  * norm) against plain double reference loops, their backward passes against central finite
  * differences of their forward passes, and the parameter gradients' sums against a double
- * reference over more rows than one block of RT_ROWS_BLOCK, bit-identical with 1 and 2 threads.
+ * reference over several blocks of RT_NORM_ROWS, bit-identical with 1 and 2 threads and whether
+ * dx is computed in the same pass or not.
  *
  * Tolerances: forward values are float32 results of double sums, within a few ulps of the
  * double reference: 1e-5 relative to the largest value. Finite differences use double
