@@ -74,7 +74,7 @@ typedef struct Cu {
     Cg cu;             /* the kernels, in launch order */
     Cg step;           /* the body of the host function being written (train or eval) */
     Cg plan;           /* the body of the host plan() function */
-    unsigned char *planned; /* planned[id]: node id's library plan exists */
+    unsigned char *planned; /* planned[id]: node id's library plan exists (2: and a fallback, emit_matmul) */
     int *readers;      /* readers[id]: nodes of the training step that read node id */
     Kernel *kernels;
     int n_kernels, cap;
@@ -413,9 +413,10 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
  * epilogue (BIAS, RELU_BIAS, GELU_BIAS) and writes the last value directly. GELU's input may be
  * stored too (its gradient reads it): then cuBLASLt writes it as the aux matrix
  * (GELU_AUX_BIAS), whose leading dimension must be a multiple of 8. Returns the last value and
- * sets *bias, *aux (the stored input, or NULL) and *epi, or returns NULL. */
+ * sets *bias, *aux (the stored input, or NULL), *head (the group's first member) and *epi, or
+ * returns NULL. */
 static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **bias, const IrNode **aux,
-                                 const char **epi) {
+                                 const IrNode **head, const char **epi) {
     const IrGraph *g = u->g;
     if (!mm->epilogue || mm->shape.rank != 2 || u->readers[mm->id] != 1) return NULL;
     const char *kind = epilogue_kind(g, mm);
@@ -429,6 +430,7 @@ static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **b
         if (n->op == OP_ADD) add = n;
         if (last && !last->internal && !(gelu && last == add)) return NULL; /* a value before the last one is
                                                                              * stored: keep the kernel */
+        if (!last) *head = n;
         last = n;
     }
     if (!add || (add->in[0] != mm && add->in[1] != mm) || last->internal) return NULL;
@@ -441,10 +443,16 @@ static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **b
     return last;
 }
 
+/* A product, with its epilogue group when cuBLASLt computes it (lt_epilogue). cuBLASLt may have
+ * no algorithm for a GELU epilogue on some GPU and version (BIAS and RELU_BIAS are everywhere):
+ * such a product is planned with rt_cuda_gemm_plan_try, and where that finds nothing, a plain
+ * product (gemmN_plain) into the product's own buffer and the group's generated kernel run
+ * instead, chosen once at start-up. */
 static void emit_matmul(Cu *u, const IrNode *n) {
-    const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *aux = NULL, *out = n;
+    const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *aux = NULL, *head = NULL, *out = n;
     const char *epi = "RT_EPI_NONE";
-    const IrNode *last = lt_epilogue(u, n, &bias, &aux, &epi);
+    const IrNode *last = lt_epilogue(u, n, &bias, &aux, &head, &epi);
+    const int fallback = last && strstr(epi, "GELU") != NULL;
     if (last) { /* the group is the product's epilogue: no kernel of its own */
         u->c.done[n->epilogue] = 1;
         out = last;
@@ -452,15 +460,21 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     int r = n->shape.rank, ta = n->attr.trans_a, tb = n->attr.trans_b;
     int64_t M = n->shape.dim[r - 2], N = n->shape.dim[r - 1], K = a->shape.dim[r - 1 - ta];
     int64_t lda = a->shape.dim[r - 1], ldb = b->shape.dim[r - 1], batch = r == 3 ? n->shape.dim[0] : 1;
+    char args[256];
+    snprintf(args, sizeof args, "cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+             ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N);
     if (!u->planned[n->id]) {
-        u->planned[n->id] = 1;
-        cg_line(&u->plan, "gemm%d = rt_cuda_gemm_plan(cu, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                          ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %s);",
-                n->id, ta, tb, M, N, K, lda, ldb, N, batch, M * K, K * N, M * N, epi, rt_dtype(n));
+        u->planned[n->id] = fallback ? 2 : 1;
+        cg_line(&u->plan, "gemm%d = rt_cuda_gemm_plan%s(%s, %s, %s);", n->id, fallback ? "_try" : "", args, epi,
+                rt_dtype(n));
+        if (fallback)
+            cg_line(&u->plan, "if (!gemm%d) gemm%d_plain = rt_cuda_gemm_plan(%s, RT_EPI_NONE, %s);", n->id, n->id, args,
+                    rt_dtype(n));
     }
     if (last)
         cg_line(&u->step, "// with its epilogue, fused group %d (%s): cuBLASLt writes %%%d", n->epilogue,
                 epilogue_kind(u->g, n), last->id);
+    if (fallback) cg_open(&u->step, "if (gemm%d) {", n->id);
     cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d, ", n->id);
     host_ptr(u, a, 0);
     cg_put(&u->step, ", ");
@@ -474,6 +488,18 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     if (aux) host_ptr(u, aux, 1);
     else cg_put(&u->step, "NULL");
     cg_end(&u->step, ");");
+    if (!fallback) return;
+    cg_close(&u->step, "} else { /* no algorithm with the epilogue: the product, then the group's kernel */");
+    u->step.depth++;
+    cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d_plain, ", n->id);
+    host_ptr(u, a, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, b, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, n, 1);
+    cg_end(&u->step, ", NULL, NULL);");
+    emit_group(u, head);
+    cg_close(&u->step, "}");
 }
 
 /* cuDNN takes the filter in the activations' format: KRSC beside NHWC (the layout pass's
@@ -1502,7 +1528,9 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     for (int i = 0; i < g->n; i++) {
         if (!u->planned[g->nodes[i]->id]) continue;
         const IrNode *n = g->nodes[i];
-        if (n->op == OP_MATMUL) cg_line(&c, "static RtGemmPlan *gemm%d;", n->id);
+        if (n->op == OP_MATMUL && u->planned[n->id] == 2) /* a GELU epilogue and its fallback */
+            cg_line(&c, "static RtGemmPlan *gemm%d, *gemm%d_plain;", n->id, n->id);
+        else if (n->op == OP_MATMUL) cg_line(&c, "static RtGemmPlan *gemm%d;", n->id);
         else cg_line(&c, "static RtCudaConvPlan *conv%d;", n->id);
     }
     cg_blank(&c); /* whether or not plans were declared */

@@ -146,6 +146,12 @@ typedef struct RtGemmPlan RtGemmPlan;
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                               int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                               int64_t sc, RtEpilogue epi, RtDtype dtype);
+/* The same, but NULL (and a note on stderr) where cuBLASLt has no algorithm for it, where
+ * rt_cuda_gemm_plan stops the trainer: for the GELU epilogues, which the generated code can
+ * replace by a plain product and its own kernel. */
+RtGemmPlan *rt_cuda_gemm_plan_try(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                  int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
+                                  int64_t sc, RtEpilogue epi, RtDtype dtype);
 void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B, void *C, const void *bias, void *aux);
 
 /* A convolution on the device through cuDNN: `which` 0 = forward y = conv(x, w), 1 = data

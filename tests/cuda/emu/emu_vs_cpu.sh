@@ -67,6 +67,7 @@ if [ -n "$ranks" ]; then
 fi
 case " $* " in *" --sync-bn "*) dir=$dir-sync-bn ;; esac # beside the same model's other runs
 case " $* " in *" --shard-optimizer "*) dir=$dir-shard ;; esac
+[ -z "${NETC_EMU_NO_GELU_EPILOGUE:-}" ] || dir=$dir-no-gelu-epilogue # rt_cuda_emu.c: the fallback
 rm -rf "$dir" && mkdir -p "$dir"
 
 "$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"

@@ -779,6 +779,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                   (const Layout *)d);
     if (requested < 1)
         violation("cublasLtMatmulAlgoGetHeuristic asked for %d results", requested);
+    uint32_t epi = ((const MatmulDesc *)desc)->epilogue;
+    if ((epi == CUBLASLT_EPILOGUE_GELU_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
+        getenv("NETC_STUB_NO_GELU_EPILOGUE")) { /* as a cuBLASLt without such kernels answers */
+        *returned = 0;
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     memset(&results[0], 0, sizeof results[0]);
     uint64_t ws = 1 << 20;
     results[0].workspaceSize = ws < ((Preference *)pref)->max_workspace ? ws : ((Preference *)pref)->max_workspace;
