@@ -443,6 +443,24 @@ static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **b
     return last;
 }
 
+/* `rt_cuda_gemm(cu, PLAN, a, b, out, bias, aux);` on the step, bias and aux NULL when not given. */
+static void gemm_call(Cu *u, const char *plan, const IrNode *a, const IrNode *b, const IrNode *out, const IrNode *bias,
+                      const IrNode *aux) {
+    cg_begin(&u->step, "rt_cuda_gemm(cu, %s, ", plan);
+    host_ptr(u, a, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, b, 0);
+    cg_put(&u->step, ", ");
+    host_ptr(u, out, 1);
+    cg_put(&u->step, ", ");
+    if (bias) host_ptr(u, bias, 0);
+    else cg_put(&u->step, "NULL");
+    cg_put(&u->step, ", ");
+    if (aux) host_ptr(u, aux, 1);
+    else cg_put(&u->step, "NULL");
+    cg_end(&u->step, ");");
+}
+
 /* A product, with its epilogue group when cuBLASLt computes it (lt_epilogue). cuBLASLt may have
  * no algorithm for a GELU epilogue on some GPU and version (BIAS and RELU_BIAS are everywhere):
  * such a product is planned with rt_cuda_gemm_plan_try, and where that finds nothing, a plain
@@ -474,30 +492,15 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     if (last)
         cg_line(&u->step, "// with its epilogue, fused group %d (%s): cuBLASLt writes %%%d", n->epilogue,
                 epilogue_kind(u->g, n), last->id);
-    if (fallback) cg_open(&u->step, "if (gemm%d) {", n->id);
-    cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d, ", n->id);
-    host_ptr(u, a, 0);
-    cg_put(&u->step, ", ");
-    host_ptr(u, b, 0);
-    cg_put(&u->step, ", ");
-    host_ptr(u, out, 1);
-    cg_put(&u->step, ", ");
-    if (bias) host_ptr(u, bias, 0);
-    else cg_put(&u->step, "NULL");
-    cg_put(&u->step, ", ");
-    if (aux) host_ptr(u, aux, 1);
-    else cg_put(&u->step, "NULL");
-    cg_end(&u->step, ");");
+    char plan[32];
+    snprintf(plan, sizeof plan, "gemm%d", n->id);
+    if (fallback) cg_open(&u->step, "if (%s) {", plan);
+    gemm_call(u, plan, a, b, out, bias, aux);
     if (!fallback) return;
     cg_close(&u->step, "} else { /* no algorithm with the epilogue: the product, then the group's kernel */");
     u->step.depth++;
-    cg_begin(&u->step, "rt_cuda_gemm(cu, gemm%d_plain, ", n->id);
-    host_ptr(u, a, 0);
-    cg_put(&u->step, ", ");
-    host_ptr(u, b, 0);
-    cg_put(&u->step, ", ");
-    host_ptr(u, n, 1);
-    cg_end(&u->step, ", NULL, NULL);");
+    snprintf(plan, sizeof plan, "gemm%d_plain", n->id);
+    gemm_call(u, plan, a, b, n, NULL, NULL);
     emit_group(u, head);
     cg_close(&u->step, "}");
 }

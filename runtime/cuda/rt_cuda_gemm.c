@@ -154,11 +154,11 @@ static void plan_free(RtGemmPlan *p) {
     free(p);
 }
 
-/* The plan, or NULL with *status the heuristic's answer where neither alignment has an
- * algorithm. */
+/* The plan; where neither alignment has an algorithm, a stop with a message, or when `optional`
+ * a note and NULL. */
 static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
                              int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc,
-                             RtEpilogue epi, RtDtype dtype, cublasStatus_t *status, char *shape, size_t shape_size) {
+                             RtEpilogue epi, RtDtype dtype, int optional) {
     RtGemmPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a matrix product plan");
     cudaDataType_t type = blas_type(dtype, &p->elem);
@@ -215,9 +215,13 @@ static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, in
     s[ALGO_ANY] = heuristic(cu, p, (uint32_t)p->elem, &p->algo[ALGO_ANY], &ws[ALGO_ANY]);
     s[ALGO_ALIGNED16] = heuristic(cu, p, 16, &p->algo[ALGO_ALIGNED16], &ws[ALGO_ALIGNED16]);
     for (int i = 0; i < 2; i++) p->has[i] = s[i] == CUBLAS_STATUS_SUCCESS;
-    snprintf(shape, shape_size, "%s", p->shape);
+    if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16] && !optional)
+        rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s within %d MiB of workspace: %s\n"
+                    "  hint: this is a netc bug (or a cuBLASLt limit); please report the product above",
+                    p->shape, GEMM_MAX_WORKSPACE >> 20, cublasLtGetStatusString(s[ALGO_ANY]));
     if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16]) {
-        *status = s[ALGO_ANY];
+        fprintf(stderr, "note: cuBLASLt has no algorithm for the matrix product %s (%s); its epilogue runs as a "
+                        "kernel of its own\n", p->shape, cublasLtGetStatusString(s[ALGO_ANY]));
         plan_free(p);
         return NULL;
     }
@@ -231,28 +235,13 @@ static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, in
 RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                               int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                               int64_t sc, RtEpilogue epi, RtDtype dtype) {
-    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    char shape[160];
-    RtGemmPlan *p = make_plan(cu, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, epi, dtype, &s, shape,
-                         sizeof shape);
-    if (!p)
-        rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s within %d MiB of workspace: %s\n"
-                    "  hint: this is a netc bug (or a cuBLASLt limit); please report the product above",
-                    shape, GEMM_MAX_WORKSPACE >> 20, cublasLtGetStatusString(s));
-    return p;
+    return make_plan(cu, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, epi, dtype, 0);
 }
 
 RtGemmPlan *rt_cuda_gemm_plan_try(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                   int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                                   int64_t sc, RtEpilogue epi, RtDtype dtype) {
-    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    char shape[160];
-    RtGemmPlan *p = make_plan(cu, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, epi, dtype, &s, shape,
-                         sizeof shape);
-    if (!p)
-        fprintf(stderr, "note: cuBLASLt has no algorithm for the matrix product %s (%s); its epilogue runs as a "
-                        "kernel of its own\n", shape, cublasLtGetStatusString(s));
-    return p;
+    return make_plan(cu, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, epi, dtype, 1);
 }
 
 /* Whether a matrix at `ptr`, and every one `stride` elements of `elem` bytes after it, is
