@@ -464,9 +464,12 @@ static int op_has_axis(const IrNode *n) {
     return n->op == OP_SOFTMAX || n->op == OP_SOFTMAX_BWD || n->op == OP_LOG_SOFTMAX || n->op == OP_LOG_SOFTMAX_BWD;
 }
 
-/* Layer norm and RMS norm over the last axis D of x, [rows, D]: the kernel's call with eps. */
+/* Layer norm and RMS norm over the last axis D of x, [rows, D]: the kernel's call, its operands,
+ * eps, then its results (`out`). */
 static void emit_norm(Cg *c, const IrNode *n, int64_t rows, int64_t D) {
     int rms = n->op == OP_RMSNORM || n->op == OP_RMSNORM_BWD || n->op == OP_RMSNORM_BWD_PARAMS;
+    char out[64];
+    snprintf(out, sizeof out, "v%d", n->id);
     switch (n->op) {
     case OP_LAYERNORM:
         cg_begin(c, "rt_layernorm_fwd(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, ", rows, D, n->in[0]->id, n->in[1]->id,
@@ -479,19 +482,17 @@ static void emit_norm(Cg *c, const IrNode *n, int64_t rows, int64_t D) {
     case OP_RMSNORM_BWD: /* dx, and with attr.norm_params the parameter gradients after it */
         cg_begin(c, "rt_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, ", rows, D, rms, n->in[0]->id,
                  n->in[1]->id, n->in[2]->id);
-        cg_dbl(c->out, n->attr.norm_eps);
-        if (n->attr.norm_params) cg_end(c, ", v%d, v%d + %" PRId64 ");", n->id, n->id, rows * D);
-        else cg_end(c, ", v%d, NULL);", n->id);
-        return;
+        if (n->attr.norm_params) snprintf(out, sizeof out, "v%d, v%d + %" PRId64, n->id, n->id, rows * D);
+        else snprintf(out, sizeof out, "v%d, NULL", n->id);
+        break;
     default: /* the parameter gradients alone: dy is operand 1 */
         cg_begin(c, "rt_norm_bwd(%" PRId64 ", %" PRId64 ", %d, v%d, NULL, v%d, ", rows, D, rms, n->in[0]->id,
                  n->in[1]->id);
-        cg_dbl(c->out, n->attr.norm_eps);
-        cg_end(c, ", NULL, v%d);", n->id);
-        return;
+        snprintf(out, sizeof out, "NULL, v%d", n->id);
+        break;
     }
     cg_dbl(c->out, n->attr.norm_eps);
-    cg_end(c, ", v%d);", n->id);
+    cg_end(c, ", %s);", out);
 }
 
 /* Softmax, cross-entropy, accuracy and the norms see their first operand as [rows, last axis];

@@ -215,11 +215,11 @@ static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, in
     s[ALGO_ANY] = heuristic(cu, p, (uint32_t)p->elem, &p->algo[ALGO_ANY], &ws[ALGO_ANY]);
     s[ALGO_ALIGNED16] = heuristic(cu, p, 16, &p->algo[ALGO_ALIGNED16], &ws[ALGO_ALIGNED16]);
     for (int i = 0; i < 2; i++) p->has[i] = s[i] == CUBLAS_STATUS_SUCCESS;
-    if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16] && !optional)
-        rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s within %d MiB of workspace: %s\n"
-                    "  hint: this is a netc bug (or a cuBLASLt limit); please report the product above",
-                    p->shape, GEMM_MAX_WORKSPACE >> 20, cublasLtGetStatusString(s[ALGO_ANY]));
     if (!p->has[ALGO_ANY] && !p->has[ALGO_ALIGNED16]) {
+        if (!optional)
+            rt_cuda_die("cuBLASLt has no algorithm for the matrix product %s within %d MiB of workspace: %s\n"
+                        "  hint: this is a netc bug (or a cuBLASLt limit); please report the product above",
+                        p->shape, GEMM_MAX_WORKSPACE >> 20, cublasLtGetStatusString(s[ALGO_ANY]));
         fprintf(stderr, "note: cuBLASLt has no algorithm for the matrix product %s (%s); its epilogue runs as a "
                         "kernel of its own\n", p->shape, cublasLtGetStatusString(s[ALGO_ANY]));
         plan_free(p);
