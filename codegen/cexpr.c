@@ -170,6 +170,7 @@ void cg_ptr(Cg *c, const IrNode *n) {
     case ST_PARAM: cg_put(c, "ctx->params + %" PRId64, r->offset + elems); break;
     case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
     case ST_INPUT: cg_put(c, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
+    case ST_STATE: cg_put(c, "&ctx->state->loss_scale"); break; /* a device trainer's (rt_devstate.h) */
     default: ICE("codegen: %%%d = %s has no storage to point at", n->id, ir_op_name(n->op));
     }
 }
@@ -786,6 +787,7 @@ void cg_emit_model_recipe(Cg *c) {
         cg_dbl(c->out, t->clip_grad_norm);
         cg_end(c, ",");
     }
+    if (g->loss_scaling) cg_line(c, ".loss_scaling = 1, // --precision fp16: a dynamic loss scale on the device");
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);

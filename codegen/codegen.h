@@ -22,6 +22,7 @@ typedef enum {
     CG_FP32, /* float32 throughout (the default; no TF32) */
     CG_TF32, /* TF32 tensor cores for products and convolutions */
     CG_BF16, /* products and convolutions in bf16, float32 master weights */
+    CG_FP16, /* products and convolutions in fp16, float32 master weights, dynamic loss scaling */
 } CgPrecision;
 
 /* A target's state while it emits one graph; each target defines it in its own file. */

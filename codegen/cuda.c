@@ -25,6 +25,7 @@
  * does) are written once.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,6 +180,7 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
     case ST_PARAM: return u->map.params + r->offset * 4 + bytes;
     case ST_GRAD: return u->map.grads + r->offset * 4 + bytes;
     case ST_INPUT: return u->map.batch + u->map.input[r->index] + bytes;
+    case ST_STATE: return u->map.state + (int64_t)offsetof(RtDevState, loss_scale);
     default: ICE("cuda: %%%d = %s has no device storage", n->id, ir_op_name(n->op));
     }
 }
@@ -379,8 +381,11 @@ static void emit_reduce(Cu *u, const IrNode *n) {
 
 /* ---- library operators */
 
-/* The data type of a product or convolution: float32, or bf16 under --precision bf16. */
-static const char *rt_dtype(const IrNode *n) { return n->dtype == DT_BF16 ? "RT_BF16" : "RT_F32"; }
+/* The data type of a product or convolution: float32, or bf16 or fp16 under --precision bf16 or
+ * fp16. */
+static const char *rt_dtype(const IrNode *n) {
+    return n->dtype == DT_BF16 ? "RT_BF16" : n->dtype == DT_F16 ? "RT_F16" : "RT_F32";
+}
 
 /* A kernel that calls one device function of netrt_kernels.cuh on the node's pointers. The
  * call's text is in `call`; the pointers v<id> of n and its operands are declared first. */
@@ -924,7 +929,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
 
 static void emit_lib(Cu *u, const IrNode *n) {
     IrLibClass cls = ir_op_lib(n->op);
-    if (!((cls == LIB_MATMUL || cls == LIB_CONV) && n->dtype == DT_BF16)) /* bf16 products: autocast.c */
+    if (!((cls == LIB_MATMUL || cls == LIB_CONV) && ir_dtype_is_half(n->dtype))) /* half products: autocast.c */
         cg_check_lib_operands(n, "cuda");
     switch (cls) {
     case LIB_MATMUL: emit_matmul(u, n); break;
@@ -1054,16 +1059,40 @@ static void emit_slices(Cu *u, int floats) {
     if (floats) cg_line(c, "const long long floats = slice[%d];", 3 * u->g->n_buckets);
 }
 
-/* clip_grad_norm: the gradients' 2-norm in two kernels with fixed trees, no atomics, and the
- * scale the optimizer kernel reads (st->clip_scale), all on the device. The first kernel's
- * `nb` blocks each add the squares of elements b*256 + t, b*256 + t + nb*256, ... per thread
- * in double, then the block's 256 threads by rt_block_sum's tree, into the partial-sum
- * region; the second, one block, adds those nb sums the same way. */
+/* --precision fp16: torch.cuda.amp.GradScaler's unscale_ and update() in the clip_scale kernel,
+ * from the squares' sum `sq` of the scaled gradients: `unscale` = 1 / S (a power of two: exact),
+ * the step skipped (st->scale_skip) and S halved when sq is not finite, S doubled after
+ * scale_interval finite steps in a row. Not finite at the smallest scale is divergence: the run
+ * stops as on a non-finite loss. */
+static void emit_loss_scale(Cg *c) {
+    cg_line(c, "// dynamic loss scaling: the gradients are S times the true ones");
+    cg_line(c, "const float unscale = 1.0f / st->loss_scale;");
+    cg_line(c, "st->scale_skip = !isfinite(sq);");
+    cg_open(c, "if (st->scale_skip) { // an overflow: no update, and S halved");
+    cg_line(c, "st->skipped_steps += 1, st->scale_good = 0;");
+    cg_line(c, "if (st->loss_scale > RT_LOSS_SCALE_MIN) st->loss_scale *= 0.5f;");
+    cg_line(c, "else if (st->nonfinite_step == 0) st->nonfinite_step = st->step + 1, st->nonfinite_grads = 1;");
+    cg_close(c, "} else if (++st->scale_good == st->scale_interval) { // finite that many steps in a row: S doubled");
+    c->depth++;
+    cg_line(c, "if (st->loss_scale < RT_LOSS_SCALE_MAX) st->loss_scale *= 2.0f;");
+    cg_line(c, "st->scale_good = 0;");
+    cg_close(c, "}");
+}
+
+/* clip_grad_norm, and --precision fp16's dynamic loss scaling: the gradients' 2-norm in two
+ * kernels with fixed trees, no atomics, and the scale the optimizer kernel reads
+ * (st->clip_scale), all on the device. The first kernel's `nb` blocks each add the squares of
+ * elements b*256 + t, b*256 + t + nb*256, ... per thread in double, then the block's 256 threads
+ * by rt_block_sum's tree, into the partial-sum region; the second, one block, adds those nb sums
+ * the same way. Under loss scaling the sum is the overflow check too: one gradient that is not
+ * finite makes it NaN or Inf (emit_loss_scale). */
 static void emit_clip(Cu *u) {
     const IrTrain *t = &u->g->train;
     int64_t n = u->g->n_grad_floats, nb = (n + BLOCK - 1) / BLOCK;
     if (nb > CLIP_BLOCKS) nb = CLIP_BLOCKS;
-    int shard = u->g->shard_optimizer;
+    int shard = u->g->shard_optimizer, clip = t->clip_grad_norm > 0, scaling = u->g->loss_scaling;
+    const char *what = clip && scaling ? "clip_grad_norm and the loss scale" : clip ? "clip_grad_norm" : "the loss scale";
+    char why[96];
     Cg *c = &u->c;
     kernel_open(u);
     cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
@@ -1085,7 +1114,8 @@ static void emit_clip(Cu *u) {
     if (shard) cg_close(c, "}");
     cg_line(c, "sq = rt_block_sum(sq);");
     cg_line(c, "if (threadIdx.x == 0) part[blockIdx.x] = sq;");
-    kernel_close(u, "clip_sums", (unsigned)nb, BLOCK, "clip_grad_norm: the squares' sums per block");
+    snprintf(why, sizeof why, "%s: the squares' sums per block", what);
+    kernel_close(u, "clip_sums", (unsigned)nb, BLOCK, why);
     kernel_open(u);
     if (!shard) cg_line(c, "RtDevState *st = ctx->state;");
     cg_line(c, "%sdouble *part = (%sdouble *)(base + NETC_OFF_PART);", shard ? "" : "const ", shard ? "" : "const ");
@@ -1094,7 +1124,8 @@ static void emit_clip(Cu *u) {
     cg_line(c, "sq = rt_block_sum(sq);");
     if (shard) { /* the ranks' sums added, then the norm */
         cg_line(c, "if (threadIdx.x == 0) part[%d] = sq;", CLIP_BLOCKS);
-        kernel_close(u, "clip_total", 1, BLOCK, "clip_grad_norm: this rank's squares' sum");
+        snprintf(why, sizeof why, "%s: this rank's squares' sum", what);
+        kernel_close(u, "clip_total", 1, BLOCK, why);
         cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 ", 1); // the squares' sum over the ranks",
                 u->map.part + CLIP_BLOCKS * 8);
         kernel_open(u);
@@ -1102,11 +1133,13 @@ static void emit_clip(Cu *u) {
         cg_line(c, "const double sq = ((const double *)(base + NETC_OFF_PART))[%d];", CLIP_BLOCKS);
     }
     cg_open(c, "if (threadIdx.x == 0) {");
-    cg_line(c, "st->grad_norm = sqrt(sq);");
-    cg_emit_clip_scale(c, t, "st->grad_norm");
-    cg_line(c, "st->clip_scale = clip;");
+    if (scaling) emit_loss_scale(c);
+    cg_line(c, "st->grad_norm = sqrt(sq)%s;", scaling ? " * unscale" : "");
+    if (clip) cg_emit_clip_scale(c, t, "st->grad_norm");
+    cg_line(c, "st->clip_scale = %s;", clip && scaling ? "clip * unscale" : clip ? "clip" : "unscale");
     cg_close(c, "}");
-    kernel_close(u, "clip_scale", 1, shard ? 1 : BLOCK, "clip_grad_norm: the norm and the scale");
+    snprintf(why, sizeof why, "%s: the norm and the scale", what);
+    kernel_close(u, "clip_scale", 1, shard ? 1 : BLOCK, why);
 }
 
 /* The gradient bucket that holds trainable parameter p's gradient (buckets never split one). */
@@ -1147,6 +1180,20 @@ static void emit_piece_table(Cu *u) {
     }
     cg_close(c, "};");
     free(t);
+}
+
+/* The start of each optimizer kernel: nothing once a loss was not finite, nor on a step the
+ * loss scale skips; the hyperparameters at the step, which counts the updates made (the steps
+ * taken less those skipped, as torch.optim counts the step() calls that GradScaler lets through). */
+static void emit_optim_head(Cu *u) {
+    const IrTrain *t = &u->g->train;
+    const char *step = u->g->loss_scaling ? "st->step - st->skipped_steps" : "st->step";
+    Cg *c = &u->c;
+    cg_line(c, "const RtDevState *st = ctx->state;");
+    if (u->g->loss_scaling) cg_line(c, "if (st->nonfinite_step || st->scale_skip) return;");
+    else cg_line(c, "if (st->nonfinite_step) return;");
+    cg_emit_optim_step(c, t, "st->lr", step, NULL);
+    if (u->g->n_decay_floats < u->g->n_grad_floats) cg_emit_optim_no_decay(c, t, "st->lr", step);
 }
 
 /* emit_layerwise's first or last pass (the block's piece found) with --shard-optimizer: the
@@ -1203,10 +1250,7 @@ static void emit_layerwise(Cu *u, int clip) {
     Cg *c = &u->c;
     for (int pass = 0; pass < 3; pass++) {
         kernel_open(u);
-        cg_line(c, "const RtDevState *st = ctx->state;");
-        cg_line(c, "if (st->nonfinite_step) return;");
-        cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
-        if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
+        emit_optim_head(u);
         emit_piece_table(u);
         if (pass < 2) cg_line(c, "double *sums = (double *)(base + NETC_OFF_PART); // [%" PRId64 "][2]", pieces);
         if (pass > 0)
@@ -1290,17 +1334,15 @@ static void emit_optimizer(Cu *u) {
     int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
     if (n == 0) return;
     Cg *c = &u->c;
-    int clip = t->clip_grad_norm > 0;
+    /* clip: the gradients are multiplied by st->clip_scale, clip_grad_norm's and the loss scale's */
+    int clip = t->clip_grad_norm > 0 || u->g->loss_scaling;
     if (clip) emit_clip(u);
     if (rt_optimizer(t->optim)->apply_fn) {
         emit_layerwise(u, clip);
         return;
     }
     kernel_open(u);
-    cg_line(c, "const RtDevState *st = ctx->state;");
-    cg_line(c, "if (st->nonfinite_step) return;");
-    cg_emit_optim_step(c, t, "st->lr", "st->step", NULL);
-    if (nd < n) cg_emit_optim_no_decay(c, t, "st->lr", "st->step");
+    emit_optim_head(u);
     if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
     if (u->g->shard_optimizer) {
         emit_optimizer_sharded(u, clip);
@@ -1625,7 +1667,7 @@ static int cuda_model(CgEmit *e) {
 const CgBackend cg_cuda = {
     .name = "cuda",
     .description = "host C with CUDA C kernels (NVRTC), cuDNN and cuBLASLt; the step is one CUDA Graph",
-    .precisions = 1u << CG_FP32 | 1u << CG_TF32 | 1u << CG_BF16,
+    .precisions = 1u << CG_FP32 | 1u << CG_TF32 | 1u << CG_BF16 | 1u << CG_FP16,
     .fuse_reductions = 0,
     .krsc_filters = 1,
     .has_kernels = 1,

@@ -154,12 +154,25 @@ void rt_piece_norms(RtCtx *ctx);
  * of RtModel are not called. Nothing here waits for the device unless it says so. */
 typedef struct RtModel RtModel;
 
+/* --precision fp16: the dynamic loss scale's state, as torch.cuda.amp.GradScaler keeps it. The
+ * device moves it each step (runtime/cuda/rt_devstate.h); the host sets it before the first
+ * step, reads it at log intervals and saves it in checkpoints. */
+typedef struct RtLossScale {
+    double scale;     /* S: the loss gradient's seed (--loss-scale, 65536 by default) */
+    int64_t good;     /* finite steps in a row since S last changed */
+    int64_t interval; /* S doubles after this many (--loss-scale-interval, 2000 by default) */
+    int64_t skipped;  /* steps skipped in the run so far because a gradient overflowed */
+} RtLossScale;
+
 typedef struct RtDeviceSums {
     double loss;             /* training loss summed over `steps` steps */
     double correct;          /* correct predictions summed over them (0 without a metric) */
     int64_t steps;
     int64_t nonfinite_step;  /* the first step (1-based) whose loss was NaN or Inf, 0 if none */
     double grad_norm;        /* clip_grad_norm: the last step's gradient norm before clipping */
+    int nonfinite_grads;     /* loss scaling: nonfinite_step's gradients, not its loss, were not finite
+                              * even at the smallest scale */
+    RtLossScale scale;       /* loss scaling: the scale after the last step */
 } RtDeviceSums;
 
 /* This process's place in its job (netc --distributed; one rank of one for other trainers):
@@ -181,8 +194,9 @@ typedef struct RtDevice {
     /* Host parameters and optimizer state to the device, and back (waits). */
     void (*upload)(const float *params, const float *optstate);
     void (*download)(float *params, float *optstate);
-    /* The run's constants: steps taken so far, steps per epoch and in the run, the seed. */
-    void (*start)(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed);
+    /* The run's constants: steps taken so far, steps per epoch and in the run, the seed; and for
+     * a trainer with loss_scaling the loss scale's state (NULL otherwise). */
+    void (*start)(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed, const RtLossScale *scale);
     /* Enqueue one training step (forward, backward, optimizer) on `batch`, host buffers as
      * rt_gather fills them; returns once the batch is staged, without waiting for the step. */
     void (*train_step)(void *const *batch);
@@ -331,6 +345,8 @@ typedef struct RtModel {
                                 * of `epochs` whole epochs (0: not given) */
     double clip_grad_norm;     /* clip_grad_norm = C: the gradients' global norm is clipped to C
                                 * before each update (0: off) */
+    int loss_scaling;          /* netc --precision fp16: the device keeps a dynamic loss scale
+                                * (RtLossScale), which the trainer logs and checkpoints */
     /* netc --distributed: the collectives and the gradient buckets; NULL and 0 for a trainer
      * that runs as one process */
     const RtComm *comm;

@@ -194,6 +194,13 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
     meta_int(meta, "shuffle", s->shuffle);
     meta_int(meta, "threads", s->threads);
     if (s->augment[0]) cJSON_AddStringToObject(meta, "augment", s->augment); /* only when augmenting */
+    if (s->has_scale) { /* only from a loss-scaling trainer: the scale, a power of two, printed exactly */
+        snprintf(buf, sizeof buf, "%.17g", s->scale.scale);
+        cJSON_AddStringToObject(meta, "loss_scale", buf);
+        meta_int(meta, "loss_scale_good", s->scale.good);
+        meta_int(meta, "loss_scale_interval", s->scale.interval);
+        meta_int(meta, "skipped_steps", s->scale.skipped);
+    }
 }
 
 /* The header (unpadded JSON) for these buffers; the checksum needs the tensor bytes first. */
@@ -462,6 +469,23 @@ static int meta_int64(const Ckpt *c, const char *key, int64_t min, int64_t *out,
     return 0;
 }
 
+/* A loss-scaling trainer's scale (RtLossScale), recorded by such a trainer only. */
+static int read_scale(const Ckpt *c, RtTrainState *s, RtError *err) {
+    const char *v = meta_str(c, "loss_scale");
+    char *end;
+    errno = 0;
+    double scale = strtod(v, &end);
+    int e;
+    if (!*v || *end || errno || !(scale > 0 && scale <= 0x1p127) || frexp(scale, &e) != 0.5)
+        return rt_fail(err, "checkpoint '%s': metadata 'loss_scale' is '%s', not a power of two", c->path, v);
+    s->has_scale = 1, s->scale.scale = scale;
+    return meta_int64(c, "loss_scale_good", 0, &s->scale.good, err) ||
+                   meta_int64(c, "loss_scale_interval", 1, &s->scale.interval, err) ||
+                   meta_int64(c, "skipped_steps", 0, &s->scale.skipped, err)
+               ? -1
+               : 0;
+}
+
 static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *s, RtError *err) {
     int64_t eval_done, shuffle, threads, was_ranks = 1;
     if (meta_str(c, "ranks") && meta_int64(c, "ranks", 2, &was_ranks, err)) return -1;
@@ -478,6 +502,7 @@ static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *
     if (augment && strlen(augment) >= sizeof s->augment)
         return rt_fail(err, "checkpoint '%s': metadata 'augment' is too long", c->path);
     snprintf(s->augment, sizeof s->augment, "%s", augment ? augment : "");
+    if (meta_str(c, "loss_scale") && read_scale(c, s, err)) return -1;
     int64_t per_epoch = s->samples / (m->batch * ranks), at;
     /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
     int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);

@@ -244,6 +244,8 @@ typedef struct RtTrainState {
     char augment[256];    /* --augment as rt_augment_text writes it; "" = none */
     int ranks;            /* the ranks of a distributed run (1: one process); its global batch is
                            * ranks * RtModel.batch, and its position counts batches of that size */
+    int has_scale;        /* a loss-scaling trainer's run (netc --precision fp16): `scale` holds */
+    RtLossScale scale;
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "rt_internal.h"
+#include "cuda/rt_devstate.h" /* the loss scale's range, RT_LOSS_SCALE_MIN and _MAX */
 
 /* OpenBLAS's thread count, when the trainer links OpenBLAS: a CPU trainer does; a GPU trainer
  * does not, and this weak reference then stays NULL. */
@@ -45,6 +46,9 @@ typedef struct Options {
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
+    double loss_scale;        /* --loss-scale: the first loss scale of a loss-scaling trainer */
+    int64_t loss_scale_interval; /* --loss-scale-interval: finite steps in a row that double it */
+    int loss_scale_given, loss_scale_interval_given;
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
     RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
     const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
@@ -69,6 +73,7 @@ typedef struct Trainer {
     double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
+    RtLossScale scale;        /* loss scaling (m->loss_scaling): as of the last read of the device */
     double counted;           /* the last step's positions the accuracy counts (counted_positions) */
     RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
@@ -197,6 +202,12 @@ static void usage(const RtModel *m) {
                "  --eval-async           evaluate on a copy of the parameters on a second stream, one\n"
                "                         batch per training step, while training goes on\n",
                m->device->name);
+    if (m->loss_scaling)
+        printf("  --loss-scale S         the dynamic loss scale's first value, a power of two (default 65536);\n"
+               "                         halved on a step whose gradients overflow, which is skipped\n"
+               "  --loss-scale-interval N\n"
+               "                         double the loss scale after N steps in a row without an overflow\n"
+               "                         (default 2000)\n");
     printf("  --help                 this text\n"
            "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
@@ -273,9 +284,21 @@ static const char *lora_option(const RtModel *m, const char *option, const char 
     return value;
 }
 
+/* --loss-scale S: a power of two, so that unscaling (1 / S) is exact, within the device's range. */
+static double loss_scale_option(const char *option, const char *value) {
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    int e;
+    if (!*value || *end || errno || !(v >= RT_LOSS_SCALE_MIN && v <= RT_LOSS_SCALE_MAX) || frexp(v, &e) != 0.5)
+        die_usage("%s needs a power of two from 2^-24 to 2^127 (65536, 0.5, ...), found '%s'", option, value);
+    return v;
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
-                   .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper};
+                   .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
+                   .loss_scale = 65536, .loss_scale_interval = 2000}; /* GradScaler's defaults */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -308,6 +331,10 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
         else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
         else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
+        else if (strcmp(a, "--loss-scale") == 0 && m->loss_scaling)
+            o->loss_scale = loss_scale_option(a, VALUE()), o->loss_scale_given = 1;
+        else if (strcmp(a, "--loss-scale-interval") == 0 && m->loss_scaling)
+            o->loss_scale_interval = number(a, VALUE(), 1), o->loss_scale_interval_given = 1;
         else if (strcmp(a, "--update-after-backward") == 0 && !m->device) o->update_after_backward = 1;
         else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
         else if (strcmp(a, "--eval-rank") == 0 && m->comm) o->eval_rank = 1;
@@ -436,6 +463,10 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
         if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
         json_number(t->log, "lr", lr);
         if (t->m->clip_grad_norm > 0) json_number(t->log, "grad_norm", t->grad_norm);
+        if (t->m->loss_scaling) { /* the scale after the step, and the steps skipped so far */
+            fprintf(t->log, ", \"loss_scale\": %.17g, \"skipped_steps\": %lld", t->scale.scale, /* exact */
+                    (long long)t->scale.skipped);
+        }
         json_number(t->log, "samples_per_s", rate);
         if (t->m->comm) { /* distributed: the batch of each rank and of the step, and the share of
                            * the interval spent waiting for the other ranks */
@@ -448,8 +479,11 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
     }
     char accuracy[32] = "";
     if (t->m->has_accuracy) snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
-    char norm[40] = "";
+    char norm[96] = "";
     if (t->m->clip_grad_norm > 0) snprintf(norm, sizeof norm, " grad_norm %.4g", t->grad_norm);
+    if (t->m->loss_scaling)
+        snprintf(norm + strlen(norm), sizeof norm - strlen(norm), " scale %.4g (%lld skipped)", t->scale.scale,
+                 (long long)t->scale.skipped);
     char comm[48] = "";
     if (t->dist.ranks > 1) snprintf(comm, sizeof comm, " (%.0f%% waiting)", 100 * wait);
     rt_console_line(&t->con, "epoch %lld step %lld/%lld loss %.4f%s lr %.4g%s %.0f samples/s%s", (long long)epoch,
@@ -680,7 +714,7 @@ static int serve_evals(Trainer *t, const RtDataset *ds, void *const *bufs) {
         if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err);
         if (t->dev) { /* the parameters, and (once) a device state whose sums are zero */
             t->dev->upload(t->ctx.params, NULL);
-            if (first) t->dev->start(0, 1, 1, t->o.seed);
+            if (first) t->dev->start(0, 1, 1, t->o.seed, NULL);
         }
         double sums[3];
         int rc = eval_sums(t, ds, bufs, 1, sums);
@@ -798,6 +832,7 @@ static int write_checkpoint(Trainer *t) {
     RtTrainState s = t->pos; /* the position, and the number of samples */
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
     s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads, s.ranks = t->dist.ranks;
+    s.has_scale = t->m->loss_scaling, s.scale = t->scale;
     rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
     float *state = t->ctx.optstate, *whole = NULL; /* the whole state, as one process holds it */
     if (t->gather_state) {
@@ -908,6 +943,15 @@ static int device_sums(Trainer *t) {
     /* a distributed trainer's device sums each step's loss and correct predictions over the ranks */
     t->dev_loss += s.loss / t->dist.ranks, t->dev_correct += s.correct, t->dev_steps += s.steps;
     t->grad_norm = s.grad_norm;
+    if (t->m->loss_scaling) t->scale = s.scale;
+    if (s.nonfinite_step && s.nonfinite_grads) {
+        if (t->dist.rank > 0) return EXIT_NONFINITE;
+        fprintf(stderr, "%serror: the gradients are NaN or infinite at step %lld although the loss is finite, even "
+                        "with the loss scale at its smallest (2^-24); stopping before any weights are saved\n"
+                        "  hint: lower the learning rate, or train with --precision bf16 or fp32\n",
+                t->tty ? "\n" : "", (long long)s.nonfinite_step);
+        return EXIT_NONFINITE;
+    }
     return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
 
@@ -1375,6 +1419,13 @@ static void resume(Trainer *t, const RtDataset *ds) {
     if (!t->o.shuffle && s.shuffle)
         die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
     t->o.seed = s.seed, t->o.shuffle = s.shuffle;
+    if (s.has_scale && t->m->loss_scaling) { /* the scale goes on from where it was */
+        if (t->o.loss_scale_given && t->o.loss_scale != s.scale.scale)
+            die_usage("--loss-scale %g: checkpoint '%s' records the run's loss scale, %g; leave --loss-scale out",
+                      t->o.loss_scale, f, s.scale.scale);
+        t->scale.scale = s.scale.scale, t->scale.good = s.scale.good, t->scale.skipped = s.scale.skipped;
+        if (!t->o.loss_scale_interval_given) t->scale.interval = s.scale.interval; /* as recorded */
+    }
     if (rt_augment_resume(t->m, &t->aug, s.augment, f, &err)) die_usage("%s", err.msg);
     resume_target(t, &s);
     if (s.threads != t->o.threads && !t->o.quiet)
@@ -1407,7 +1458,7 @@ static int eval_only(Trainer *t) {
     if (t->o.log) t->log = open_log(t, t->o.log);
     if (t->dev) { /* the parameters, and a device state whose sums are zero */
         t->dev->upload(t->ctx.params, t->ctx.optstate);
-        t->dev->start(0, 1, 1, t->o.seed);
+        t->dev->start(0, 1, 1, t->o.seed, NULL);
     }
     void **bufs = batch_buffers(m);
     int rc = finish(t, evaluate(t, &ds, bufs, 0));
@@ -1541,6 +1592,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     open_data(m, t.o.data, &train_ds);
     if (t.o.n_eval) open_data(m, t.o.eval, &eval_ds);
     setup_context(&t);
+    t.scale = (RtLossScale){.scale = t.o.loss_scale, .interval = t.o.loss_scale_interval};
     if (!t.o.gradcheck) {
         plan_run(&t, &train_ds);
         if (t.o.resume) resume(&t, &train_ds);
@@ -1551,7 +1603,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     rt_mllog_run_start(&t.ml, global_batch(&t), m->schedule.base_lr, train_ds.n_samples);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
-        t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t));
+        t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t), m->loss_scaling ? &t.scale : NULL);
     }
     void **bufs = batch_buffers(m);
     int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)

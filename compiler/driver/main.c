@@ -106,8 +106,9 @@ static void usage(FILE *out) {
             "  --backend NAME       code generator: cpu (default) or cuda\n"
             "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90\n"
             "                       (default: sm_90); PTX of the lowest is embedded too\n"
-            "  --precision P        cuda: fp32 (default; no TF32), tf32, or bf16 (products and convolutions\n"
-            "                       in bf16 with float32 master weights) for products and convolutions\n"
+            "  --precision P        cuda: fp32 (default; no TF32), tf32, bf16 (products and convolutions in\n"
+            "                       bf16 with float32 master weights) or fp16 (the same in fp16, with a\n"
+            "                       dynamic loss scale on the device)\n"
             "  -O LEVEL, -OLEVEL    C compiler optimisation level for the trainer: 0, 1, 2, 3 or s (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
@@ -199,15 +200,15 @@ static int parse_cpu(Options *o, const char *v) {
     return usage_error("--cpu takes x86-64, x86-64-v3, x86-64-v4 or host, found '%s'", v);
 }
 
-/* --precision fp32|tf32|bf16 */
+/* --precision fp32|tf32|bf16|fp16 */
 static int parse_precision(Options *o, const char *v) {
-    static const char *const names[] = {[CG_FP32] = "fp32", [CG_TF32] = "tf32", [CG_BF16] = "bf16"};
+    static const char *const names[] = {[CG_FP32] = "fp32", [CG_TF32] = "tf32", [CG_BF16] = "bf16", [CG_FP16] = "fp16"};
     for (int p = 0; p < (int)(sizeof names / sizeof *names); p++)
         if (strcmp(v, names[p]) == 0) {
             o->precision = (CgPrecision)p;
             return 0;
         }
-    return usage_error("--precision takes fp32, tf32 or bf16, found '%s' (fp16 is not implemented yet)", v);
+    return usage_error("--precision takes fp32, tf32, bf16 or fp16, found '%s'", v);
 }
 
 /* The targets with a property, as `--backend A, --backend B` (prefix before each name). */
@@ -636,6 +637,7 @@ static int compile(const Options *o, Arena *arena) {
     if (o->summary) return ir_summary(g, stdout), 0;
     if (!o->no_fuse) fold_attention_heads(g);
     verify(g, "attention heads");
+    g->loss_scaling = o->precision == CG_FP16; /* the loss gradient's seed is the loss scale */
     if (ad_differentiate(g) != 0) return 1;
     verify(g, "autodiff");
     if (o->dump == DUMP_GRAD) return ir_print(g, stdout), 0;
@@ -647,7 +649,7 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "reshapes");
     layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
-    if (o->precision == CG_BF16) autocast_bf16(g);
+    if (o->precision == CG_BF16 || o->precision == CG_FP16) autocast_half(g, o->precision == CG_BF16 ? DT_BF16 : DT_F16);
     verify(g, "autocast");
     if (o->dump == DUMP_LAYOUT) return ir_print(g, stdout), 0;
     if (!o->no_fuse) fuse_elementwise(g);

@@ -95,7 +95,7 @@ static void cuda_print(void) {
 }
 #endif
 
-/* tf32 and bf16 trainers, built for speed, let NVRTC contract a * b + c to one FMA. */
+/* tf32, bf16 and fp16 trainers, built for speed, let NVRTC contract a * b + c to one FMA. */
 static int cuda_compile_kernels(const TcBuild *b, FILE *images) {
     return nvrtc_compile(b->cu_path, b->t->rt_include, b->sms, b->n_sms, b->precision != CG_FP32, images);
 }

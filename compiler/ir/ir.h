@@ -152,6 +152,7 @@ typedef enum {
     ST_ALIAS,  /* the storage of operand 0 (views) */
     ST_INLINE, /* scalar constants: no storage, the value is written into the code */
     ST_FUSED,  /* a value inside a fused group that nothing outside it reads: never stored */
+    ST_STATE,  /* LOSS_SCALE: the loss scale in the trainer's device state */
 } IrStorage;
 
 typedef enum { PHASE_FWD, PHASE_BWD } IrPhase;
@@ -295,6 +296,8 @@ typedef struct IrGraph {
                                 * summed over the ranks (runtime/rt_bn.c) */
     int shard_optimizer;       /* --shard-optimizer: each rank updates its slices of the buckets
                                 * (ZeRO-1; runtime/rt_dist.c) */
+    int loss_scaling;          /* --precision fp16: the loss gradient is seeded with the dynamic
+                                * loss scale (OP_LOSS_SCALE), set before autodiff */
 } IrGraph;
 
 /* ---- the operator table */

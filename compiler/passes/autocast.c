@@ -1,7 +1,10 @@
-/* autocast.c - mixed precision: matrix products and convolutions in bfloat16.
+/* autocast.c - mixed precision: matrix products and convolutions in bfloat16 (--precision
+ * bf16) or IEEE half (--precision fp16; written "bf16" below, the pass is the same).
  *
  * Requires:    a differentiated graph with layouts chosen (layout_select has run); no fusion
- *              or memory plan yet.
+ *              or memory plan yet. Under fp16 the graph was differentiated with loss_scaling,
+ *              so the gradients the products see are the loss scale times the true ones, which
+ *              keeps the small ones above fp16's subnormals (autodiff.c, codegen/cuda.c).
  * Guarantees:  every float32 MATMUL, CONV2D, CONV2D_BWD_DATA and CONV2D_BWD_FILTER (forward and
  *              backward) reads bf16 operands and produces bf16: an operand that is another
  *              product's result is read as it is, any other through a CAST to bf16 placed
@@ -34,7 +37,7 @@ static int reads_f32(const IrNode *user, const void *ctx) {
     return !user || !is_product(user);
 }
 
-static int reads_bf16(const IrNode *user, const void *ctx) {
+static int reads_half(const IrNode *user, const void *ctx) {
     (void)ctx;
     return user && is_product(user);
 }
@@ -52,10 +55,10 @@ static int read_by_products_only(const IrBuilder *b, const IrNode *x) {
  * back to float32, left unplaced here: place_casts_back() puts it before its first reader. A
  * layout conversion that is p's only reader becomes the cast back itself, widening as it
  * permutes. */
-static void cast_back(IrBuilder *b, IrNode *p) {
+static void cast_back(IrBuilder *b, IrNode *p, IrDtype half) {
     int n_uses;
     const IrUse *use = irb_uses(b, p, &n_uses);
-    p->dtype = DT_BF16;
+    p->dtype = half;
     if (n_uses == 1 && use[0].user->op == OP_LAYOUT && !irb_is_result(b, p)) {
         use[0].user->op = OP_CAST;
         return;
@@ -66,15 +69,15 @@ static void cast_back(IrBuilder *b, IrNode *p) {
 /* Value x is read by products: they read a bf16 cast placed right after x, so that fusion can
  * take it into x's group. A layout conversion that only products read becomes the cast
  * itself, rounding as it permutes. */
-static void cast_for_products(IrBuilder *b, IrNode *x) {
+static void cast_for_products(IrBuilder *b, IrNode *x, IrDtype half) {
     if (x->op == OP_LAYOUT && read_by_products_only(b, x)) {
         x->op = OP_CAST;
-        x->dtype = DT_BF16;
+        x->dtype = half;
         return;
     }
-    IrNode *c = irb_unary(b, OP_CAST, x, DT_BF16, x->layout, x);
+    IrNode *c = irb_unary(b, OP_CAST, x, half, x->layout, x);
     irb_insert_after(b, x, c);
-    irb_replace_uses(b, x, c, reads_bf16, NULL);
+    irb_replace_uses(b, x, c, reads_half, NULL);
 }
 
 /* Some product reads x. */
@@ -94,15 +97,16 @@ static void place_casts_back(IrBuilder *b, IrNode *n) {
 
 /* One walk in schedule order. A value's readers come after it, so when it is visited they are
  * as they were: the products among them are still float32, which is how they are recognised. */
-int autocast_bf16(IrGraph *g) {
+int autocast_half(IrGraph *g, IrDtype half) {
+    if (half != DT_BF16 && half != DT_F16) ICE("autocast: %s is not a half type", ir_dtype_name(half));
     if ((g->loss && is_product(g->loss)) || (g->correct && is_product(g->correct)))
         ICE("autocast: the loss is a product"); /* losses are reductions, never products */
     IrBuilder *b = irb_begin(g);
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         place_casts_back(b, n);
-        if (is_product(n)) cast_back(b, n);
-        else if (feeds_product(b, n)) cast_for_products(b, n);
+        if (is_product(n)) cast_back(b, n, half);
+        else if (feeds_product(b, n)) cast_for_products(b, n, half);
     }
     for (int i = 0; i < g->n_params; i++) { /* a weight gradient straight from a product */
         IrNode *grad = g->params[i].grad;

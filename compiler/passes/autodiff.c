@@ -400,7 +400,7 @@ static void grad_norm(Ad *ad, IrNode *y, IrNode *dy) {
 /* Apply y's rule: add the contributions of dy (y's adjoint) to y's operands' adjoints. */
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
-    case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_ACCURACY: case OP_BN_STATS: break;
+    case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_LOSS_SCALE: case OP_ACCURACY: case OP_BN_STATS: break;
     case OP_IOTA: case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE:
         break; /* integer results: never on a gradient's path */
     case OP_WHERE: grad_where(ad, y, dy); break;
@@ -512,7 +512,9 @@ int ad_differentiate(IrGraph *g) {
     if (check_masks(&ad)) return 1;
     if (ad.need[g->loss->id]) {
         ad.loc = g->loss->loc;
-        ad.adj[g->loss->id] = constant(&ad, 1.0, g->loss->dtype);
+        ad.adj[g->loss->id] = g->loss_scaling ? emit(&ad, OP_LOSS_SCALE, ir_scalar_shape(), g->loss->dtype, 0, NULL,
+                                                     NULL, NULL)
+                                              : constant(&ad, 1.0, g->loss->dtype);
     }
     for (int i = g->n_fwd - 1; i >= 0; i--) {
         IrNode *y = g->nodes[i];

@@ -87,6 +87,7 @@ static void classify(IrGraph *g) {
         switch (n->op) {
         case OP_INPUT: n->storage = ST_INPUT; break;
         case OP_CONST: n->storage = ST_INLINE; break;
+        case OP_LOSS_SCALE: n->storage = ST_STATE; break;
         default:
             if (ir_op_kind(n->op) != OPK_VIEW) n->storage = ST_ARENA;
             else n->storage = n->in[0]->storage == ST_INLINE ? ST_INLINE : ST_ALIAS; /* a view of a constant is one */
@@ -332,6 +333,7 @@ static const char *storage_name(IrStorage s) {
     static const char *const names[] = {
         [ST_NONE] = "none",   [ST_ARENA] = "arena", [ST_INPUT] = "input", [ST_PARAM] = "param",
         [ST_GRAD] = "grad",   [ST_ALIAS] = "alias", [ST_INLINE] = "inline", [ST_FUSED] = "fused",
+        [ST_STATE] = "state",
     };
     return names[s];
 }
@@ -350,6 +352,7 @@ void mp_print(const IrGraph *g, FILE *out) {
         if (n->storage == ST_INLINE) continue;
         if (n->storage == ST_ALIAS) snprintf(where, sizeof where, "%%%d", ir_storage_root(n)->id);
         else if (n->storage == ST_INPUT) snprintf(where, sizeof where, "#%d", n->index);
+        else if (n->storage == ST_STATE) snprintf(where, sizeof where, "state");
         else if (n->storage == ST_FUSED) snprintf(where, sizeof where, "g%d", n->group);
         else snprintf(where, sizeof where, "%lld", (long long)n->offset);
         fprintf(out, "%%%-6d %-18s %-4s %-22s %-7s %12s %12lld  [%d, %d]\n", n->id, ir_op_name(n->op),

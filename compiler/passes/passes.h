@@ -117,9 +117,9 @@ int remat_activations(IrGraph *g);
  * nodes added. */
 int skip_ignored_rows(IrGraph *g);
 
-/* autocast.c: matrix products and convolutions in bf16 - casts to bf16 before them and back to
- * float32 after them; parameters, gradients and optimizer state stay float32 (netc --precision
- * bf16, CUDA backend). Returns the casts added. */
-int autocast_bf16(IrGraph *g);
+/* autocast.c: matrix products and convolutions in `half` (DT_BF16 or DT_F16) - casts to it
+ * before them and back to float32 after them; parameters, gradients and optimizer state stay
+ * float32 (netc --precision bf16 or fp16, CUDA backend). Returns the casts added. */
+int autocast_half(IrGraph *g, IrDtype half);
 
 #endif

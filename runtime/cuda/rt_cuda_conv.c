@@ -15,7 +15,9 @@
  *
  * Data types. RT_F32: x, w, y CUDNN_DATA_FLOAT. RT_BF16 (netc --precision bf16): all of them
  * CUDNN_DATA_BFLOAT16, while the convolution descriptor's compute type stays CUDNN_DATA_FLOAT -
- * bf16 tensors accumulated in float, the result rounded to bf16 once when it is written. The
+ * bf16 tensors accumulated in float, the result rounded to bf16 once when it is written. RT_F16
+ * (--precision fp16): the same with CUDNN_DATA_HALF (cuDNN's "pseudo-half" configuration:
+ * half data, float compute). The
  * alpha and beta of every call stay float: cuDNN takes double scaling factors only for double
  * data.
  *
@@ -40,7 +42,7 @@
  *     but no down-conversion to FP16 (that is ALLOW_CONVERSION, refused here too). cuDNN
  *     decides whether a kernel uses tensor cores from the algorithm and the descriptor's math
  *     type together, so the descriptor takes the math type of the result chosen.
- *   bf16 data, whatever the RtCudaMath: as RT_MATH_TF32 - CUDNN_TENSOR_OP_MATH asked, tensor-op
+ *   bf16 and fp16 data, whatever the RtCudaMath: as RT_MATH_TF32 - CUDNN_TENSOR_OP_MATH asked, tensor-op
  *     (and FMA or default) results accepted, ALLOW_CONVERSION refused, the descriptor taking the
  *     chosen result's math type. CUDNN_FMA_MATH would restrict cuDNN to FMA-instruction kernels,
  *     and its bf16 convolutions are tensor-core kernels. Unlike TF32 for float data, tensor cores
@@ -78,13 +80,14 @@ typedef struct {
     cudnnMathType_t math;
 } Candidate;
 
-/* The cuDNN type of every tensor for `dtype`, and its size in bytes; any dtype but float32
- * and bfloat16 is a netc bug. */
+/* The cuDNN type of every tensor for `dtype`, and its size in bytes; any dtype but float32,
+ * bfloat16 and fp16 is a netc bug. */
 static cudnnDataType_t dnn_type(RtDtype dtype, size_t *elem) {
     switch (dtype) {
     case RT_F32: *elem = 4; return CUDNN_DATA_FLOAT;
     case RT_BF16: *elem = 2; return CUDNN_DATA_BFLOAT16;
-    default: rt_cuda_die("internal error: convolution on dtype %d (only float32 and bfloat16)", (int)dtype);
+    case RT_F16: *elem = 2; return CUDNN_DATA_HALF;
+    default: rt_cuda_die("internal error: convolution on dtype %d (only float32, bfloat16 and fp16)", (int)dtype);
     }
 }
 
@@ -98,7 +101,7 @@ static const char *describe(const RtConv *c, int which, int nhwc, RtDtype dtype)
              which >= 0 && which < 3 ? dir[which] : "unknown", (long long)c->N, (long long)c->C, (long long)c->H,
              (long long)c->W, (long long)c->K, (long long)(c->groups > 0 ? c->C / c->groups : c->C),
              (long long)c->R, (long long)c->S, (long long)c->N, (long long)c->K, (long long)c->P,
-             (long long)c->Q, nhwc ? "NHWC" : "NCHW", dtype == RT_BF16 ? "bf16" : "float32", c->stride_h,
+             (long long)c->Q, nhwc ? "NHWC" : "NCHW", rt_cuda_dtype_name(dtype), c->stride_h,
              c->stride_w, c->pad_h, c->pad_w, c->dil_h, c->dil_w, c->groups);
     return buf;
 }
@@ -287,8 +290,8 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     cudnnDataType_t type = dnn_type(dtype, &elem);
     check_geometry(c, which, nhwc, dtype);
     RtCudaMath math = rt_cuda_math(cu);
-    /* bf16 always takes tensor-op math: its kernels are tensor-core kernels (see the top). */
-    int tensor_ops = dtype == RT_BF16 || math == RT_MATH_TF32;
+    /* bf16 and fp16 always take tensor-op math: their kernels are tensor-core kernels (see the top). */
+    int tensor_ops = dtype != RT_F32 || math == RT_MATH_TF32;
     cudnnMathType_t asked = tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
     RtCudaConvPlan *p = calloc(1, sizeof *p);
     if (!p) rt_cuda_die("out of host memory for a convolution plan");
@@ -322,7 +325,8 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
                     "default; the last: %s)\n"
                     "  hint: compile with the other netc --layout (row-major or channels-last): cuDNN's "
                     "algorithms differ by layout",
-                    dtype == RT_BF16 ? "BF16" : math == RT_MATH_TF32 ? "TF32" : "FP32", describe(c, which, nhwc, dtype),
+                    dtype == RT_BF16 ? "BF16" : dtype == RT_F16 ? "FP16" : math == RT_MATH_TF32 ? "TF32" : "FP32",
+                    describe(c, which, nhwc, dtype),
                     n, why);
     rt_cuda_reserve_workspace(cu, bytes);
 

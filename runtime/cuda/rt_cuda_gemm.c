@@ -46,7 +46,10 @@
  * the RtCudaMath; the result is rounded to bf16 once, when D is written. The bias needs no
  * attribute: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE defaults to D's type (cublasLt.h: "Bias vector
  * elements are the same type as the elements of output matrix (Dtype)", exceptions only for
- * IMMA and fp8 kernels), which is float or bf16 exactly as the bias is stored.
+ * IMMA and fp8 kernels), which is float or bf16 exactly as the bias is stored. RT_F16 (netc
+ * --precision fp16) is the same with CUDA_R_16F: fp16 tensor cores, float accumulation, the
+ * result rounded to fp16 once - to infinity beyond 65504, which is how the step's overflow check
+ * (a non-finite gradient norm) sees a loss scale that is too large.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -81,12 +84,13 @@ static void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr
 }
 
 /* The cuBLASLt type of every matrix (and the bias) for `dtype`, and its size in bytes; any
- * dtype but float32 and bfloat16 is a netc bug. */
+ * dtype but float32, bfloat16 and fp16 is a netc bug. */
 static cudaDataType_t blas_type(RtDtype dtype, size_t *elem) {
     switch (dtype) {
     case RT_F32: *elem = 4; return CUDA_R_32F;
     case RT_BF16: *elem = 2; return CUDA_R_16BF;
-    default: rt_cuda_die("internal error: matrix product on dtype %d (only float32 and bfloat16)", (int)dtype);
+    case RT_F16: *elem = 2; return CUDA_R_16F;
+    default: rt_cuda_die("internal error: matrix product on dtype %d (only float32, bfloat16 and fp16)", (int)dtype);
     }
 }
 
@@ -167,7 +171,7 @@ static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, in
              (long long)ldb, (long long)ldc, (long long)batch,
              epi == RT_EPI_NONE ? "no epilogue" : epi == RT_EPI_BIAS ? "+ bias" : epi == RT_EPI_RELU_BIAS ? "relu(+ bias)"
              : epi == RT_EPI_GELU_BIAS ? "gelu(+ bias)" : "gelu(+ bias), aux",
-             dtype == RT_BF16 ? "bf16" : "float32");
+             rt_cuda_dtype_name(dtype));
     /* Arguments no correct caller passes: an internal error, not the user's. */
     if (M < 1 || N < 1 || K < 1 || batch < 1 || batch > INT32_MAX || lda < (trans_a ? M : K) ||
         ldb < (trans_b ? K : N) || ldc < N || epi < RT_EPI_NONE || epi > RT_EPI_GELU_AUX_BIAS ||
@@ -178,7 +182,7 @@ static RtGemmPlan *make_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, in
     p->sc = batch > 1 ? sc : 0;
     p->epi = epi;
 
-    /* bf16 data: float accumulation on bf16 tensor cores, whatever the math setting (see the top). */
+    /* bf16 and fp16 data: float accumulation on tensor cores, whatever the math setting (see the top). */
     cublasComputeType_t compute = dtype == RT_F32 && rt_cuda_math(cu) == RT_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                                                     : CUBLAS_COMPUTE_32F;
     rt_cuda_check_blas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");

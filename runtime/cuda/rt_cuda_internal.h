@@ -32,6 +32,11 @@ void *rt_cuda_workspace(const RtCuda *cu, size_t *bytes);
  * first reason is kept. */
 void rt_cuda_refuse(RtCuda *cu, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The data type of a product or convolution in messages: "float32", "bf16" or "fp16". */
+static inline const char *rt_cuda_dtype_name(RtDtype d) {
+    return d == RT_BF16 ? "bf16" : d == RT_F16 ? "fp16" : "float32";
+}
+
 /* Plans are kept until the trainer exits; rt_cuda.c frees them all at close. */
 void rt_cuda_gemm_plans_free(void);
 void rt_cuda_conv_plans_free(void);

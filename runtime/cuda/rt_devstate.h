@@ -32,9 +32,24 @@ typedef struct RtDevState {
     double eval_correct;      /* evaluation: correct predictions, summed */
     /* clip_grad_norm: this step's, written by the second clipping kernel, read by the optimizer */
     double grad_norm;         /* the gradients' 2-norm before clipping */
-    float clip_scale;         /* rt_clip_scale(grad_norm, C): what every gradient is multiplied by */
-    float pad1;
+    float clip_scale;         /* what every gradient is multiplied by: rt_clip_scale(grad_norm, C),
+                                 times 1 / loss_scale under --precision fp16 */
+    /* --precision fp16: the dynamic loss scale (torch.cuda.amp.GradScaler's), set by the host
+       before the first step (and again on resume), then moved by the clip_scale kernel */
+    float loss_scale;         /* S: the loss gradient's seed, so every gradient is S times the true one */
+    int scale_skip;           /* this step's gradients are not all finite: the optimizer skips it */
+    int nonfinite_grads;      /* set with nonfinite_step: gradients not finite at the smallest scale */
+    long long scale_good;     /* finite steps in a row since S last changed (the growth tracker) */
+    long long scale_interval; /* S doubles after this many (growth_interval) */
+    long long skipped_steps;  /* steps skipped in the whole run; the optimizer's count leaves them out */
 } RtDevState;
+
+/* --precision fp16: the loss scale never grows past RT_LOSS_SCALE_MAX (a float's largest power
+ * of two); a step whose gradients are not finite at a scale of RT_LOSS_SCALE_MIN (fp16's
+ * smallest subnormal) or below is not an overflow but divergence, and stops the run as a
+ * non-finite loss does. */
+#define RT_LOSS_SCALE_MAX 0x1p127f
+#define RT_LOSS_SCALE_MIN 0x1p-24f
 
 /* The head of a staged batch: the inputs follow at offsets the generated code fixes. */
 typedef struct RtBatchHeader {

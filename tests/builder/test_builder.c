@@ -272,7 +272,7 @@ static void test_autocast_parts(void **state) {
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, loc, 1, y);
     assert_int_equal(ad_differentiate(g), 0);
     int n_fwd = g->n_fwd;
-    int added = autocast_bf16(g);
+    int added = autocast_half(g, DT_BF16);
     assert_true(added > 0);
     assert_int_equal(g->n_fwd, n_fwd + 3); /* x and w to bf16, the product back to f32 */
     assert_int_equal(mm->dtype, DT_BF16);

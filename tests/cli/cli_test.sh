@@ -23,8 +23,10 @@ check "bad --layout" 2 "$netc" "$root/models/lenet.net" --layout=nchw
 contains "channels-last or row-major"
 check "--precision without cuda" 2 "$netc" "$root/models/mlp.net" --precision bf16
 contains "--precision is an option of --backend cuda"
-check "bad --precision" 2 "$netc" "$root/models/mlp.net" --backend cuda --precision fp16
-contains "--precision takes fp32, tf32 or bf16, found 'fp16'"
+check "bad --precision" 2 "$netc" "$root/models/mlp.net" --backend cuda --precision fp8
+contains "--precision takes fp32, tf32, bf16 or fp16, found 'fp8'"
+check "fp16 without cuda" 2 "$netc" "$root/models/mlp.net" --precision fp16
+contains "--precision is an option of --backend cuda"
 check "bad --arch" 2 "$netc" "$root/models/mlp.net" --backend cuda --arch sm_70
 contains "--arch takes a comma-separated list like sm_80,sm_90"
 check "--arch twice" 2 "$netc" "$root/models/mlp.net" --backend cuda --arch sm_90,sm_90

@@ -2,6 +2,7 @@
 
     emu_compare.py WORKDIR STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --bf16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
+    emu_compare.py WORKDIR --fp16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --ranks N STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
 
 Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
@@ -26,7 +27,9 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
 Prints the worst differences.
 
 With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
-main_bf16 requires instead that both runs converge alike on learnable data.
+main_bf16 requires instead that both runs converge alike on learnable data. With --fp16
+(--precision fp16) main_fp16 requires the same, then checks the dynamic loss scale with forced
+overflows (loss_scale_checks).
 
 With --ranks N both trainers are distributed and run as N ranks under mpirun (main_ranks): the
 same parameters, checkpoints and logs within TOLERANCE, and the same step on a NaN.
@@ -187,7 +190,7 @@ def compare_logs(emu, cpu, tol):
     return len(a), worst_loss, worst_acc
 
 
-# ---- bf16: the same convergence, not the same bits
+# ---- bf16 and fp16: the same convergence, not the same bits
 
 def write_learnable_data(exe, work, n_train, n_eval):
     """Ten classes a model can learn: each floating-point input is its class's fixed pattern,
@@ -203,13 +206,13 @@ def write_learnable_data(exe, work, n_train, n_eval):
     for name, dt, dims in inputs:
         shape = tuple(int(d) for d in dims.split(",") if d.strip())
         if dt in ("i32", "i64"):
-            assert not shape, f"bf16 comparison: integer input {name} is not a label"
+            assert not shape, f"half-precision comparison: integer input {name} is not a label"
         elif len(shape) >= 2 and shape[-1] % 4 == 0 and shape[-2] % 4 == 0:
             coarse = rng.normal(size=(10,) + shape[:-2] + (shape[-2] // 4, shape[-1] // 4))
             patterns[name] = np.kron(coarse, np.ones((4, 4)))
         else:
             patterns[name] = rng.normal(size=(10,) + shape)
-    assert len(patterns) == len(inputs) - 1, f"bf16 comparison: needs floating-point inputs and a label: {inputs}"
+    assert len(patterns) == len(inputs) - 1, f"half-precision comparison: needs floating-point inputs and a label: {inputs}"
     args = []
     for tag, n in (("data", n_train), ("eval-data", n_eval)):
         label = rng.integers(0, 10, n)
@@ -229,12 +232,12 @@ def travelled_apart(a_path, b_path, init_path):
     """The largest, over tensors, of |a - b| / |b - init| (Frobenius norms): how far run a ended
     from run b, as a fraction of how far b moved from the common start."""
     a, b, p0 = st_load(a_path), st_load(b_path), st_load(init_path)
-    assert a.keys() == b.keys(), "bf16 vs CPU: different tensors saved"
+    assert a.keys() == b.keys(), "half precision vs CPU: different tensors saved"
     worst, where = 0.0, ""
     for k in b:
         moved = np.linalg.norm(np.float64(b[k]) - p0[k])
         if moved == 0:  # never trained (num_batches_tracked): must agree exactly
-            assert np.array_equal(a[k], b[k]), f"bf16 vs CPU: {k} differs but does not train"
+            assert np.array_equal(a[k], b[k]), f"half precision vs CPU: {k} differs but does not train"
             continue
         d = float(np.linalg.norm(np.float64(a[k]) - b[k]) / moved)
         if d > worst:
@@ -242,8 +245,8 @@ def travelled_apart(a_path, b_path, init_path):
     return worst, where
 
 
-def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
-    """The emulated --precision bf16 trainer against the float32 CPU trainer: the same init,
+def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu):
+    """The emulated --precision bf16 (KIND) trainer against the float32 CPU trainer: the same init,
     data and batches for EPOCHS epochs of write_learnable_data's 256 samples, evaluated on its 64
     held-out ones after every epoch. Required, with L0 the first step's loss (the initial
     weights' loss, about ln 10):
@@ -259,7 +262,9 @@ def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
     average). A gradient passes two or three such roundings per product, and a ReLU whose input
     moved across 0 passes or blocks a term: mlp's first-step fc1 gradient is 5% off the float32
     one, exactly as a numpy model of the same bf16 roundings gives. Batch after batch these
-    errors partly cancel and partly steer the run along a nearby path."""
+    errors partly cancel and partly steer the run along a nearby path. fp16 keeps 11 bits
+    (2^-12 relative per rounding) and under a loss scale its gradients stay clear of the
+    subnormals, so its tolerances are tighter."""
     os.makedirs(work, exist_ok=True)
     data = write_learnable_data(cpu, work, 256, 64)
     init = os.path.join(work, "init.safetensors")
@@ -273,25 +278,143 @@ def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
         rs = records(log)
         return [next(r["loss"] for r in rs if "step" in r)] + [r["loss"] for r in rs if r.get("eval")]
     cc, ec = curve(cpu_log), curve(emu_log)
-    assert len(cc) == len(ec) == epochs + 1 and None not in cc + ec, f"bf16 vs CPU: curves {ec} and {cc}"
+    assert len(cc) == len(ec) == epochs + 1 and None not in cc + ec, f"{kind} vs CPU: curves {ec} and {cc}"
     l0 = cc[0]
     assert cc[-1] < l0 / 20, f"the CPU trainer does not learn the data: evaluation losses {cc[1:]}, first {l0}"
-    assert ec[-1] < l0 / 20, f"the bf16 trainer does not learn: evaluation losses {ec[1:]}, first {ec[0]}"
+    assert ec[-1] < l0 / 20, f"the {kind} trainer does not learn: evaluation losses {ec[1:]}, first {ec[0]}"
     gap = max(abs(x - y) for x, y in zip(ec, cc)) / l0
-    assert gap <= loss_tol, f"bf16 vs CPU losses differ by {gap:.3g} of the first ({loss_tol:g} allowed): " \
-                            f"first step, then evaluations: bf16 {ec}, CPU {cc}"
+    assert gap <= loss_tol, f"{kind} vs CPU losses differ by {gap:.3g} of the first ({loss_tol:g} allowed): " \
+                            f"first step, then evaluations: {kind} {ec}, CPU {cc}"
     apart, where = travelled_apart(emu_out, cpu_out, init)
-    assert apart <= param_tol, f"bf16 vs CPU: {where} ends {apart:.3g} of its travel from the CPU run's " \
+    assert apart <= param_tol, f"{kind} vs CPU: {where} ends {apart:.3g} of its travel from the CPU run's " \
                                f"({param_tol:g} allowed)"
 
     _, reversed_out = train(emu, common, "emu-reversed", work, env=dict(os.environ, NETC_EMU_REVERSE="1"))
     a, b = st_load(reversed_out), st_load(emu_out)
     for k in b:
-        assert np.array_equal(a[k], b[k]), f"bf16, blocks and threads in reverse order: {k} differs (a race)"
+        assert np.array_equal(a[k], b[k]), f"{kind}, blocks and threads in reverse order: {k} differs (a race)"
 
-    print(f"bf16 emulated vs float32 CPU over {epochs} epochs: evaluation loss {ec[-1]:.4g} vs {cc[-1]:.4g} "
+    print(f"{kind} emulated vs float32 CPU over {epochs} epochs: evaluation loss {ec[-1]:.4g} vs {cc[-1]:.4g} "
           f"(first step {ec[0]:.5g} vs {cc[0]:.5g}), curves within {gap:.3g} of the first loss; parameters "
           f"within {apart:.3g} of their travel ({where}); reverse block order: identical")
+
+
+def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
+    converge_half("bf16", work, epochs, param_tol, loss_tol, cpu, emu)
+
+
+def main_fp16(work, epochs, param_tol, loss_tol, cpu, emu):
+    converge_half("fp16", work, epochs, param_tol, loss_tol, cpu, emu)
+    loss_scale_checks(os.path.join(work, "scale"), cpu, emu)
+
+
+def training_data(args):
+    """The --data arguments of write_learnable_data's."""
+    return [x for pair in zip(args[::2], args[1::2]) if pair[0] == "--data" for x in pair]
+
+
+def step_records(log):
+    """(loss, loss_scale, skipped_steps) of each step record of a --log-every 1 run."""
+    return [(r["loss"], r["loss_scale"], r["skipped_steps"]) for r in records(log) if not r.get("eval")]
+
+
+def scales_by_rule(first, interval, skipped):
+    """The scale after each step by torch.cuda.amp.GradScaler's update(): halved on a step that
+    overflowed (its skipped count grew), doubled after `interval` finite steps in a row."""
+    scale, good, out, before = first, 0, [], 0
+    for n in skipped:
+        if n > before:
+            scale, good = scale / 2, 0
+        else:
+            good += 1
+            if good == interval:
+                scale, good = scale * 2, 0
+        out.append(scale)
+        before = n
+    return out
+
+
+def loss_scale_checks(work, cpu, emu):
+    """--precision fp16's dynamic loss scale, with overflows forced by a first scale of 2^32 (the
+    loss gradient's seed, so fp16 products of the scaled gradients overflow until it comes down),
+    on data of one batch without shuffling, so that every step sees the same batch:
+      - the run skips its first m >= 1 steps, and those steps leave the parameters alone: each
+        of the first m + 1 steps logs the first step's loss to the bit, the step after them not;
+      - the logged scale follows GradScaler's rule from the logged skips (halved on an
+        overflow; with --loss-scale-interval 3, doubled after 3 finite steps, and an overflow
+        again where that is too much);
+      - the run equals, bit for bit, a run started at the scale the skips reached, 2^(32-m),
+        with m fewer steps: a skipped step changes nothing, nor counts as an update in AdamW's
+        bias correction (its step count would differ by m), and the unscaling is exact;
+      - stopped inside the skipped steps and resumed from the checkpoint: the same bits and the
+        same log (the scale and its counters are checkpointed), and --loss-scale against that
+        checkpoint is refused;
+      - a NaN in the data stops the run at the step the CPU trainer names, exit status 3: an
+        overflow skips a step, a non-finite loss still ends the run;
+      - --loss-scale that is not a power of two is refused, as is --loss-scale for a trainer
+        without loss scaling."""
+    os.makedirs(work, exist_ok=True)
+    text = subprocess.run([emu, "--help"], capture_output=True, text=True, check=True).stdout
+    batch = int(re.search(r"batch (\d+)\)", text).group(1))
+    learn = write_learnable_data(cpu, work, batch, batch)
+    one = training_data(learn)
+    init = os.path.join(work, "init.safetensors")
+    write_init(cpu, init)
+    steps, first = 40, 2 ** 32
+    common = [*one, "--init", init, "--no-shuffle", "--seed", "3", "--threads", "2", "--quiet", "--log-every", "1"]
+
+    a_log, a_out = train(emu, [*common, "--steps", str(steps)], "forced", work, "--loss-scale", str(first))
+    a = step_records(a_log)
+    skipped = [r[2] for r in a]
+    m = next((i for i, n in enumerate(skipped) if n == i), len(a))  # the leading skipped steps
+    assert len(a) == steps and 1 <= m <= steps - 10, f"first scale 2^32: {m} leading steps skipped of {len(a)}"
+    assert [r[1] for r in a] == scales_by_rule(first, 2000, skipped), f"scales {[r[1] for r in a]}, skips {skipped}"
+    losses = [r[0] for r in a]
+    assert losses[:m + 1] == [losses[0]] * (m + 1) and losses[m + 1] != losses[0], \
+        f"the {m} skipped steps moved the parameters: losses {losses[:m + 2]}"
+
+    b_log, b_out = train(emu, [*common, "--steps", str(steps - m)], "unforced", work, "--loss-scale",
+                         str(first >> m))
+    x, y = st_load(a_out), st_load(b_out)
+    for k in y:
+        assert np.array_equal(x[k], y[k]), f"{m} skipped steps, then {steps - m}: {k} differs from a run of " \
+                                           f"{steps - m} steps at scale 2^{32 - m}"
+    assert [r[0] for r in step_records(b_log)] == losses[m:], "the runs' losses differ after the skipped steps"
+
+    g_log, _ = train(emu, [*common, "--steps", "12"], "growth", work, "--loss-scale", str(first >> m),
+                     "--loss-scale-interval", "3")
+    g = step_records(g_log)
+    got = [r[1] for r in g]
+    assert got == scales_by_rule(first >> m, 3, [r[2] for r in g]) and max(got) > first >> m, \
+        f"--loss-scale-interval 3: scales {got}, skips {[r[2] for r in g]}"
+
+    stop, ckpt = max(1, m // 2), os.path.join(work, "forced.ckpt")
+    resumed = [*common, "--steps", str(steps)]
+    train(emu, resumed, "resumed", work, "--loss-scale", str(first), "--checkpoint", ckpt, "--stop-at", str(stop),
+          expect=4)
+    _, r_out = train(emu, [*one, "--threads", "2", "--quiet", "--log-every", "1"], "resumed", work, "--resume", ckpt,
+                     "--checkpoint", ckpt)
+    x = st_load(r_out)
+    for k in y:
+        assert np.array_equal(x[k], st_load(a_out)[k]), f"resumed at step {stop}: {k} differs"
+    assert records(os.path.join(work, "resumed.jsonl")) == records(a_log), f"resumed at step {stop}: the log differs"
+    r = subprocess.run([emu, *one, "--resume", ckpt, "--loss-scale", "1024", "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 2 and "leave --loss-scale out" in r.stderr, f"--loss-scale on resume: {r.stderr!r}"
+
+    several = os.path.join(work, "batches")
+    os.makedirs(several, exist_ok=True)
+    nan = [*poisoned_data(cpu, training_data(write_learnable_data(cpu, several, 4 * batch, batch)), work),
+           "--steps", "6", "--threads", "2", "--quiet", "--init", init, "--no-shuffle", "--seed", "3"]
+    at = nonfinite_step(cpu, nan), nonfinite_step(emu, nan)
+    assert at[0] == at[1] == 3, f"NaN in the third batch: the CPU trainer stops at step {at[0]}, fp16 at {at[1]}"
+
+    for exe, value, needle in ((emu, "3", "needs a power of two"), (emu, "0x1p200", "needs a power of two"),
+                               (cpu, "1024", "--loss-scale")):
+        r = subprocess.run([exe, *one, "--loss-scale", value], capture_output=True, text=True)
+        assert r.returncode == 2 and needle in r.stderr, f"--loss-scale {value}: status {r.returncode}, {r.stderr!r}"
+    print(f"fp16 loss scale: from 2^32, {m} steps skipped, parameters untouched by them, scale 2^{32 - m} after; "
+          f"bit-identical to {steps - m} steps from 2^{32 - m}; growth every 3 steps as GradScaler's; stopped at step "
+          f"{stop} and resumed: identical; NaN data stops at step {at[1]}")
 
 
 # ---- distributed: N ranks of each, the emulated one's gradients and loss summed by NCCL's calls
@@ -385,8 +508,9 @@ def main():
     if sys.argv[2] == "--ranks":
         return main_ranks(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
                           sys.argv[7])
-    if sys.argv[2] == "--bf16":
-        return main_bf16(sys.argv[1], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
+    if sys.argv[2] in ("--bf16", "--fp16"):
+        half = main_bf16 if sys.argv[2] == "--bf16" else main_fp16
+        return half(sys.argv[1], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
                          sys.argv[7])
     work, steps, tol, cpu, emu = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.makedirs(work, exist_ok=True)

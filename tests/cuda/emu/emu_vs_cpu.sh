@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # emu_vs_cpu.sh NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --bf16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
+# emu_vs_cpu.sh --fp16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --ranks N NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
 #
 # The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
@@ -19,7 +20,8 @@
 # convolutions on bfloat16 operands, accumulated in float32) and cannot match the float32 CPU
 # trainer's bits: emu_compare.py --bf16 trains both EPOCHS epochs on learnable data and requires
 # that they converge alike - final evaluation losses within LOSS_TOL, parameters within
-# PARAM_TOL of the distance they travelled (see there).
+# PARAM_TOL of the distance they travelled (see there). --fp16 is the same comparison with
+# --precision fp16, then the dynamic loss scale's own checks (emu_compare.py main_fp16).
 #
 # With --ranks N both trainers are distributed (netc --distributed) and run as N ranks under
 # mpirun: the emulated one with the real runtime/cuda/rt_cuda_nccl.c (libnetrt_nccl: the NCCL
@@ -44,8 +46,8 @@ if [ "${1:-}" = --ranks ]; then
   ranks=$2
   shift 2
 fi
-if [ "${1:-}" = --bf16 ]; then # emu_compare.py's bf16 mode: EPOCHS PARAM_TOL LOSS_TOL
-  netc=$2 work=$3 model=$4 precision=bf16 compare=(--bf16 "$5" "$6" "$7")
+if [ "${1:-}" = --bf16 ] || [ "${1:-}" = --fp16 ]; then # emu_compare.py's half modes: EPOCHS PARAM_TOL LOSS_TOL
+  netc=$2 work=$3 model=$4 precision=${1#--} compare=("$1" "$5" "$6" "$7")
   shift 7
 else # STEPS TOL
   netc=$1 work=$2 model=$3 precision=fp32 compare=("$4" "$5")

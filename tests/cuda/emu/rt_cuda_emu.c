@@ -12,8 +12,9 @@
  * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
  * products are rt_gemm (OpenBLAS) plus the epilogue, convolutions the CPU's rt_conv2d_* (or
  * rt_conv2d_nhwc_*, oneDNN, with the filter permuted between the KRSC order a channels-last
- * plan is given and oneDNN's KCRS); on bfloat16 data (netc --precision bf16) the same kernels on the
- * operands widened to float32, the result (after the epilogue) rounded once to bfloat16, as
+ * plan is given and oneDNN's KCRS); on bfloat16 or fp16 data (netc --precision bf16, fp16) the
+ * same kernels on the operands widened to float32, the result (after the epilogue) rounded once
+ * to bfloat16 or fp16 (to infinity beyond fp16's 65504, as the GPU's conversion does), as
  * cuBLASLt and cuDNN accumulate and apply the epilogue in float32. Kernels run block after
  * block, a block's threads as fibers (below), with the host's libm, and without FMA
  * contraction. Real launch limits, memory coherence, truly concurrent threads and the GPU's
@@ -244,9 +245,9 @@ static size_t dtype_bytes(RtDtype t) {
     return bytes[t];
 }
 
-/* A library call's element type: float32, or bfloat16 (accumulated in float32). */
+/* A library call's element type: float32, or bfloat16 or fp16 (accumulated in float32). */
 static void check_dtype(RtDtype t, const char *op) {
-    if (t != RT_F32 && t != RT_BF16) die("internal error: %s planned on element type %d", op, (int)t);
+    if (t != RT_F32 && t != RT_BF16 && t != RT_F16) die("internal error: %s planned on element type %d", op, (int)t);
 }
 
 /* Stop unless the n elements of `elem` bytes at p lie inside the arena: an operand the
@@ -276,28 +277,33 @@ static float *wide_scratch(RtCuda *cu, int slot, int64_t n) {
     return cu->wide[slot];
 }
 
-/* The n elements at p as float32: p itself for float32 data, else bfloat16 widened into the
- * host scratch `slot` (exactly: every bfloat16 is a float32). */
+/* The n elements at p as float32: p itself for float32 data, else bfloat16 or fp16 widened
+ * into the host scratch `slot` (exactly: every bfloat16 and fp16 is a float32). */
 static const float *widen(RtCuda *cu, int slot, const void *p, int64_t n, RtDtype t) {
     if (t == RT_F32) return p;
     float *f = wide_scratch(cu, slot, n);
     const uint16_t *h = p;
-    for (int64_t i = 0; i < n; i++) f[i] = rt_bf16_to_f32(h[i]);
+    if (t == RT_F16)
+        for (int64_t i = 0; i < n; i++) f[i] = rt_f16_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) f[i] = rt_bf16_to_f32(h[i]);
     return f;
 }
 
 /* Where a result of n elements at p is computed in float32: p itself, or host scratch `slot`
- * that narrow() then rounds to bfloat16 at p. */
+ * that narrow() then rounds to bfloat16 or fp16 at p. */
 static float *result(RtCuda *cu, int slot, void *p, int64_t n, RtDtype t) {
     return t == RT_F32 ? p : wide_scratch(cu, slot, n);
 }
 
-/* Round rows x cols float32 results f (row stride ld, in elements) to bfloat16 at p, leaving
- * the elements between rows alone. */
-static void narrow(void *p, const float *f, int64_t rows, int64_t cols, int64_t ld) {
+/* Round rows x cols float32 results f (row stride ld, in elements) to type t, bfloat16 or fp16,
+ * at p, leaving the elements between rows alone; nothing for float32, computed in place. */
+static void narrow(void *p, const float *f, int64_t rows, int64_t cols, int64_t ld, RtDtype t) {
     uint16_t *h = p;
+    if (t == RT_F32) return;
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) h[i * ld + j] = rt_f32_to_bf16(f[i * ld + j]);
+        for (int64_t j = 0; j < cols; j++)
+            h[i * ld + j] = t == RT_F16 ? rt_f32_to_f16(f[i * ld + j]) : rt_f32_to_bf16(f[i * ld + j]);
 }
 
 /* ---- matrix products: rt_gemm, then the epilogue */
@@ -388,7 +394,7 @@ void rt_cuda_gemm(RtCuda *cu, const RtGemmPlan *p, const void *A, const void *B,
                     ck[at] = p->epi == RT_EPI_RELU_BIAS && v < 0.0f ? 0.0f
                              : p->epi == RT_EPI_GELU_BIAS || p->epi == RT_EPI_GELU_AUX_BIAS ? gelu_tanh(v) : v;
                 }
-        if (p->dtype == RT_BF16) narrow((uint16_t *)C + k * p->sc, ck, p->M, p->N, p->ldc);
+        narrow((uint16_t *)C + k * p->sc, ck, p->M, p->N, p->ldc, p->dtype);
     }
 }
 
@@ -483,7 +489,7 @@ void rt_cuda_conv(RtCuda *cu, const RtCudaConvPlan *cp, const void *in0, const v
         else rt_conv2d_bwd_filter(c, a, b, r, conv_scratch(cu, c), per);
         break;
     }
-    if (p->dtype == RT_BF16) narrow(out, r, 1, nout, nout);
+    narrow(out, r, 1, nout, nout, p->dtype);
 }
 
 static void plans_free(void) {
@@ -611,11 +617,14 @@ static void emu_download(float *params, float *optstate) {
     if (state_floats && optstate) memcpy(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float));
 }
 
-static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed) {
+static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed, const RtLossScale *scale) {
     RtCuda *cu = &g_cu;
     RtDevState st;
     memset(&st, 0, sizeof st);
     st.step = step, st.per_epoch = per_epoch, st.total = total, st.seed = seed;
+    if (scale)
+        st.loss_scale = (float)scale->scale, st.scale_good = scale->good, st.scale_interval = scale->interval,
+        st.skipped_steps = scale->skipped;
     memcpy(cu->base + cu->dm->off_state, &st, sizeof st);
 }
 
@@ -646,6 +655,8 @@ static void emu_read_train(RtDeviceSums *sums) {
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
     sums->grad_norm = st->grad_norm;
+    sums->nonfinite_grads = st->nonfinite_grads;
+    sums->scale = (RtLossScale){st->loss_scale, st->scale_good, st->scale_interval, st->skipped_steps};
     st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
 }
 

@@ -11,7 +11,7 @@ NETC_ARGS. On each stub device it must:
     deterministic algorithm with the math the precision allows that needs at most 1 GiB of
     workspace and runs: the stub ranks a non-deterministic algorithm, a tensor-op one, one
     wanting 4 GiB and one that fails when run before PyTorch's default (algorithm 1), so bf16
-    plans take the tensor-op one and float32 plans try the failing one once, then take the
+    and fp16 plans take the tensor-op one and float32 plans try the failing one once, then take the
     default;
   - ask for blocking waits (device flags and every event);
   - capture four graphs (training and evaluation, two staging slots), replay them for every
@@ -61,7 +61,7 @@ def summary(lines):
 
 def main():
     work, exe = sys.argv[1], sys.argv[2]
-    bf16 = "bf16" in sys.argv[3:]
+    half = "bf16" in sys.argv[3:] or "fp16" in sys.argv[3:]  # --precision: tensor-op convolutions
     distributed = "--distributed" in sys.argv[3:]
     host = open(os.path.join(work, "src", os.path.basename(exe)[: -len("-stub")] + ".c")).read()
     names = re.search(r"kernel_names\[N_KERNELS\] = \{(.*?)\};", host, re.S).group(1)
@@ -101,10 +101,10 @@ def main():
                   "expected none (the generated kernels permute the filters)")
             ran = {re.sub(r"^convolution: cudnnConvolution\w+ ", "", ln) for ln in lines
                    if ln.startswith("convolution: ") and ln.endswith(": ran")}
-            want = "algorithm 2, math tensor-op: ran" if bf16 else "algorithm 1, math FMA: ran"
+            want = "algorithm 2, math tensor-op: ran" if half else "algorithm 1, math FMA: ran"
             check(ran == ({want} if n_conv else set()), f"{tag}: convolutions ran with {ran}, expected {want}")
             failed = sum(ln.startswith("convolution: ") and ln.endswith(": failed") for ln in lines)
-            check(failed == (0 if bf16 else n_conv), f"{tag}: {failed} trial runs failed, expected one per plan "
+            check(failed == (0 if half else n_conv), f"{tag}: {failed} trial runs failed, expected one per plan "
                   f"({n_conv}) in float32, where the failing algorithm 4 is reached")
             check("device schedule: blocking sync" in lines and
                   not any(ln.startswith("an event whose waits spin") for ln in lines),
