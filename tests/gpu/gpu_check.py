@@ -698,6 +698,10 @@ def cmd_converge(args):
         problems.append(f"eval accuracy GPU {acc(ge)} vs CPU {acc(ce)}")
     detail = (f"{steps} steps: loss {gl[0]:.3f} -> {tail(gl):.3f} (CPU {cl[0]:.3f} -> {tail(cl):.3f}), "
               f"eval accuracy {acc(ge)} (CPU {acc(ce)})") if not problems else "; ".join(problems)
+    if args.precision == "fp16":  # the dynamic loss scale where the run ended, and its skips
+        last = [json.loads(x) for x in open(log) if '"loss_scale"' in x]
+        if last:
+            detail += f"; loss scale {last[-1]['loss_scale']:g}, {last[-1]['skipped_steps']} steps skipped"
     return result(check_name, model, "FAIL" if problems else "PASS", detail)
 
 
@@ -784,7 +788,7 @@ def cmd_pack(args):
             if cfg["converge"]:
                 step = "converge"
                 work, _, _ = prepare_converge(args, model, cfg, cfg["converge"])
-                for precision in ("fp32", "bf16"):
+                for precision in ("fp32", "bf16", "fp16"):
                     args.precision = precision
                     build(args, model, cfg, os.path.join(work, f"gpu-{precision}"), gpu_build_flags(args),
                           f"GPU trainer ({precision})", cfg.get("converge_defs", []))
@@ -842,8 +846,9 @@ def main():
             p.add_argument("--tol", type=float, help="override the model's tolerance")
         if name == "converge":
             p.add_argument("--steps", type=int, help="override the model's convergence steps")
-            p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                           help="the GPU trainer's --precision (bf16: mixed precision, same margins)")
+            p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                           help="the GPU trainer's --precision (bf16, fp16: mixed precision, same margins; "
+                                "fp16 also reports its loss scale)")
     sub.add_parser("fashion", parents=[common])
     p = sub.add_parser("pack", parents=[common])
     p.add_argument("--models", required=True, help="comma-separated models to prepare")
