@@ -4,6 +4,7 @@
     emu_compare.py WORKDIR --bf16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --fp16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --ranks N STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
+    emu_compare.py WORKDIR --ranks N --fp16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
 
 Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
 samples in file order, extended to every input dtype) from the same initial weights (--init,
@@ -245,7 +246,7 @@ def travelled_apart(a_path, b_path, init_path):
     return worst, where
 
 
-def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu):
+def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu, ranks=1):
     """The emulated --precision bf16 (KIND) trainer against the float32 CPU trainer: the same init,
     data and batches for EPOCHS epochs of write_learnable_data's 256 samples, evaluated on its 64
     held-out ones after every epoch. Required, with L0 the first step's loss (the initial
@@ -269,10 +270,11 @@ def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu):
     data = write_learnable_data(cpu, work, 256, 64)
     init = os.path.join(work, "init.safetensors")
     write_init(cpu, init)
-    common = [*data, "--epochs", str(epochs), "--init", init, "--seed", "3", "--threads", "2", "--quiet",
+    run = ranks_run(ranks)
+    common = [*data, "--epochs", str(epochs), "--init", init, "--seed", "3", "--threads", threads(ranks), "--quiet",
               "--log-every", "1"]
-    cpu_log, cpu_out = train(cpu, common, "cpu", work)
-    emu_log, emu_out = train(emu, common, "emu", work)
+    cpu_log, cpu_out = train(cpu, common, "cpu", work, **run)
+    emu_log, emu_out = train(emu, common, "emu", work, **run)
 
     def curve(log):  # the first step's loss, then each epoch's evaluation loss
         rs = records(log)
@@ -289,7 +291,8 @@ def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu):
     assert apart <= param_tol, f"{kind} vs CPU: {where} ends {apart:.3g} of its travel from the CPU run's " \
                                f"({param_tol:g} allowed)"
 
-    _, reversed_out = train(emu, common, "emu-reversed", work, env=dict(os.environ, NETC_EMU_REVERSE="1"))
+    reverse = dict(run, env=dict(run.get("env") or os.environ, NETC_EMU_REVERSE="1"))
+    _, reversed_out = train(emu, common, "emu-reversed", work, **reverse)
     a, b = st_load(reversed_out), st_load(emu_out)
     for k in b:
         assert np.array_equal(a[k], b[k]), f"{kind}, blocks and threads in reverse order: {k} differs (a race)"
@@ -303,9 +306,18 @@ def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
     converge_half("bf16", work, epochs, param_tol, loss_tol, cpu, emu)
 
 
-def main_fp16(work, epochs, param_tol, loss_tol, cpu, emu):
-    converge_half("fp16", work, epochs, param_tol, loss_tol, cpu, emu)
-    loss_scale_checks(os.path.join(work, "scale"), cpu, emu)
+def main_fp16(work, epochs, param_tol, loss_tol, cpu, emu, ranks=1):
+    converge_half("fp16", work, epochs, param_tol, loss_tol, cpu, emu, ranks)
+    loss_scale_checks(os.path.join(work, "scale"), cpu, emu, ranks)
+
+
+def ranks_run(ranks):
+    """train()'s and nonfinite_step()'s launch and environment for `ranks` ranks (none for one)."""
+    return dict(env=mpi_env(), launch=mpirun_args(ranks)) if ranks > 1 else {}
+
+
+def threads(ranks):
+    return "1" if ranks > 1 else "2"  # the ranks share the 2 cores
 
 
 def training_data(args):
@@ -334,7 +346,7 @@ def scales_by_rule(first, interval, skipped):
     return out
 
 
-def loss_scale_checks(work, cpu, emu):
+def loss_scale_checks(work, cpu, emu, ranks=1):
     """--precision fp16's dynamic loss scale, with overflows forced by a first scale of 2^32 (the
     loss gradient's seed, so fp16 products of the scaled gradients overflow until it comes down),
     on data of one batch without shuffling, so that every step sees the same batch:
@@ -352,18 +364,24 @@ def loss_scale_checks(work, cpu, emu):
       - a NaN in the data stops the run at the step the CPU trainer names, exit status 3: an
         overflow skips a step, a non-finite loss still ends the run;
       - --loss-scale that is not a power of two is refused, as is --loss-scale for a trainer
-        without loss scaling."""
+        without loss scaling.
+    With `ranks` ranks (distributed trainers) each rank takes its batch of the global one, so
+    the ranks must decide every skip alike (their parameters are compared at the end of each
+    run: a rank that skipped alone would stop the run); the data is one global batch."""
     os.makedirs(work, exist_ok=True)
+    run = ranks_run(ranks)
+    launch, env = run.get("launch", []), run.get("env")
     text = subprocess.run([emu, "--help"], capture_output=True, text=True, check=True).stdout
     batch = int(re.search(r"batch (\d+)\)", text).group(1))
-    learn = write_learnable_data(cpu, work, batch, batch)
+    learn = write_learnable_data(cpu, work, batch * ranks, batch)
     one = training_data(learn)
     init = os.path.join(work, "init.safetensors")
     write_init(cpu, init)
     steps, first = 40, 2 ** 32
-    common = [*one, "--init", init, "--no-shuffle", "--seed", "3", "--threads", "2", "--quiet", "--log-every", "1"]
+    common = [*one, "--init", init, "--no-shuffle", "--seed", "3", "--threads", threads(ranks), "--quiet",
+              "--log-every", "1"]
 
-    a_log, a_out = train(emu, [*common, "--steps", str(steps)], "forced", work, "--loss-scale", str(first))
+    a_log, a_out = train(emu, [*common, "--steps", str(steps)], "forced", work, "--loss-scale", str(first), **run)
     a = step_records(a_log)
     skipped = [r[2] for r in a]
     m = next((i for i, n in enumerate(skipped) if n == i), len(a))  # the leading skipped steps
@@ -374,7 +392,7 @@ def loss_scale_checks(work, cpu, emu):
         f"the {m} skipped steps moved the parameters: losses {losses[:m + 2]}"
 
     b_log, b_out = train(emu, [*common, "--steps", str(steps - m)], "unforced", work, "--loss-scale",
-                         str(first >> m))
+                         str(first >> m), **run)
     x, y = st_load(a_out), st_load(b_out)
     for k in y:
         assert np.array_equal(x[k], y[k]), f"{m} skipped steps, then {steps - m}: {k} differs from a run of " \
@@ -382,7 +400,7 @@ def loss_scale_checks(work, cpu, emu):
     assert [r[0] for r in step_records(b_log)] == losses[m:], "the runs' losses differ after the skipped steps"
 
     g_log, _ = train(emu, [*common, "--steps", "12"], "growth", work, "--loss-scale", str(first >> m),
-                     "--loss-scale-interval", "3")
+                     "--loss-scale-interval", "3", **run)
     g = step_records(g_log)
     got = [r[1] for r in g]
     assert got == scales_by_rule(first >> m, 3, [r[2] for r in g]) and max(got) > first >> m, \
@@ -391,28 +409,30 @@ def loss_scale_checks(work, cpu, emu):
     stop, ckpt = max(1, m // 2), os.path.join(work, "forced.ckpt")
     resumed = [*common, "--steps", str(steps)]
     train(emu, resumed, "resumed", work, "--loss-scale", str(first), "--checkpoint", ckpt, "--stop-at", str(stop),
-          expect=4)
-    _, r_out = train(emu, [*one, "--threads", "2", "--quiet", "--log-every", "1"], "resumed", work, "--resume", ckpt,
-                     "--checkpoint", ckpt)
+          expect=4, **run)
+    _, r_out = train(emu, [*one, "--threads", threads(ranks), "--quiet", "--log-every", "1"], "resumed", work,
+                     "--resume", ckpt, "--checkpoint", ckpt, **run)
     x = st_load(r_out)
     for k in y:
         assert np.array_equal(x[k], st_load(a_out)[k]), f"resumed at step {stop}: {k} differs"
     assert records(os.path.join(work, "resumed.jsonl")) == records(a_log), f"resumed at step {stop}: the log differs"
-    r = subprocess.run([emu, *one, "--resume", ckpt, "--loss-scale", "1024", "--quiet"], capture_output=True, text=True)
+    r = subprocess.run([*launch, emu, *one, "--resume", ckpt, "--loss-scale", "1024", "--quiet"], capture_output=True,
+                       text=True, env=env)
     assert r.returncode == 2 and "leave --loss-scale out" in r.stderr, f"--loss-scale on resume: {r.stderr!r}"
 
     several = os.path.join(work, "batches")
     os.makedirs(several, exist_ok=True)
-    nan = [*poisoned_data(cpu, training_data(write_learnable_data(cpu, several, 4 * batch, batch)), work),
-           "--steps", "6", "--threads", "2", "--quiet", "--init", init, "--no-shuffle", "--seed", "3"]
-    at = nonfinite_step(cpu, nan), nonfinite_step(emu, nan)
+    nan = [*poisoned_data(cpu, training_data(write_learnable_data(cpu, several, 4 * batch * ranks, batch)), work,
+                          ranks), "--steps", "6", "--threads", threads(ranks), "--quiet", "--init", init, "--no-shuffle",
+           "--seed", "3"]
+    at = nonfinite_step(cpu, nan, **run), nonfinite_step(emu, nan, **run)
     assert at[0] == at[1] == 3, f"NaN in the third batch: the CPU trainer stops at step {at[0]}, fp16 at {at[1]}"
 
     for exe, value, needle in ((emu, "3", "needs a power of two"), (emu, "0x1p200", "needs a power of two"),
                                (cpu, "1024", "--loss-scale")):
-        r = subprocess.run([exe, *one, "--loss-scale", value], capture_output=True, text=True)
+        r = subprocess.run([*launch, exe, *one, "--loss-scale", value], capture_output=True, text=True, env=env)
         assert r.returncode == 2 and needle in r.stderr, f"--loss-scale {value}: status {r.returncode}, {r.stderr!r}"
-    print(f"fp16 loss scale: from 2^32, {m} steps skipped, parameters untouched by them, scale 2^{32 - m} after; "
+    print(f"fp16 loss scale{f' ({ranks} ranks)' if ranks > 1 else ''}: from 2^32, {m} steps skipped, parameters untouched by them, scale 2^{32 - m} after; "
           f"bit-identical to {steps - m} steps from 2^{32 - m}; growth every 3 steps as GradScaler's; stopped at step "
           f"{stop} and resumed: identical; NaN data stops at step {at[1]}")
 
@@ -505,6 +525,9 @@ def compare_eval_async(emu, args, work, emu_out, emu_log, later, env=None, launc
 
 
 def main():
+    if sys.argv[2] == "--ranks" and sys.argv[4] == "--fp16":
+        return main_fp16(sys.argv[1], int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), sys.argv[8],
+                         sys.argv[9], ranks=int(sys.argv[3]))
     if sys.argv[2] == "--ranks":
         return main_ranks(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6],
                           sys.argv[7])
