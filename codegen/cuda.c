@@ -145,9 +145,10 @@ static Map plan_memory(const IrGraph *g) {
         int64_t need = bn_blocks(M) * 2 * C * 8 + (g->sync_bn ? (2 * C + 2) * 8 : 0);
         if (need > part) part = need;
     }
-    /* emit_clip's sums, and with a sharded optimizer their total, summed over the ranks */
+    /* emit_clip's sums (clip_grad_norm, or the loss scale's overflow check), and with a sharded
+     * optimizer their total, summed over the ranks */
     int64_t clip_part = (CLIP_BLOCKS + (g->shard_optimizer ? 1 : 0)) * 8;
-    if (g->train.clip_grad_norm > 0 && part < clip_part) part = clip_part;
+    if ((g->train.clip_grad_norm > 0 || g->loss_scaling) && part < clip_part) part = clip_part;
     if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
         int tensors;
         int64_t pieces = layerwise_pieces(g, &tensors);
