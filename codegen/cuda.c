@@ -1060,6 +1060,14 @@ static void emit_slices(Cu *u, int floats) {
     if (floats) cg_line(c, "const long long floats = slice[%d];", 3 * u->g->n_buckets);
 }
 
+/* The optimizer's kernels use `bytes` of the partial-sum region, which device_map sized: an
+ * internal error if it did not size it for them (they would write over the gradients after it). */
+static void part_room(const Cu *u, int64_t bytes, const char *what) {
+    if (bytes > u->map.eval_end - u->map.part)
+        ICE("cuda: %s needs %" PRId64 " bytes of the partial-sum region, which has %" PRId64, what, bytes,
+            u->map.eval_end - u->map.part);
+}
+
 /* --precision fp16: torch.cuda.amp.GradScaler's unscale_ and update() in the clip_scale kernel,
  * from the squares' sum `sq` of the scaled gradients: `unscale` = 1 / S (a power of two: exact),
  * the step skipped (st->scale_skip) and S halved when sq is not finite, S doubled after
@@ -1095,6 +1103,7 @@ static void emit_clip(Cu *u) {
     const char *what = clip && scaling ? "clip_grad_norm and the loss scale" : clip ? "clip_grad_norm" : "the loss scale";
     char why[96];
     Cg *c = &u->c;
+    part_room(u, (CLIP_BLOCKS + shard) * 8, what);
     kernel_open(u);
     cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
     cg_line(c, "double sq = 0;");
@@ -1249,6 +1258,7 @@ static void emit_layerwise(Cu *u, int clip) {
     int nt;
     const int64_t pieces = layerwise_pieces(u->g, &nt);
     Cg *c = &u->c;
+    part_room(u, pieces * 16 + nt * 4, "the layer-wise optimizer");
     for (int pass = 0; pass < 3; pass++) {
         kernel_open(u);
         emit_optim_head(u);
