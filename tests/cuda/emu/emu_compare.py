@@ -364,7 +364,9 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
       - a NaN in the data stops the run at the step the CPU trainer names, exit status 3: an
         overflow skips a step, a non-finite loss still ends the run; where the model drops the
         NaN from the loss (a max-pooling's fmaxf does), its gradients are not finite and that
-        step is skipped, as GradScaler skips it, while the float32 run's parameters turn NaN;
+        step is skipped, as GradScaler skips it, while the float32 run's parameters turn NaN; and
+        with such a NaN in every sample, every step is skipped until the scale is 2^-24, where
+        the run stops (status 3) naming the gradients;
       - --loss-scale that is not a power of two is refused, as is --loss-scale for a trainer
         without loss scaling.
     With `ranks` ranks (distributed trainers) each rank takes its batch of the global one, so
@@ -440,7 +442,24 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
         skipped = [x["skipped_steps"] for x in records(nan_log) if not x.get("eval")]
         assert r.returncode == 0 and len(skipped) == 6 and skipped[2] > skipped[1], \
             f"NaN in the third batch, not in the loss: exit status {r.returncode}, skips {skipped}, {r.stderr!r}"
-        nan_end = f"skips step 3 (the CPU run stops at step {at})"
+        # NaN in every sample: every step's gradients, never the loss. Skipped, and the scale
+        # halved, until it is 2^-24, where that is divergence: from 2^-22, the third step stops
+        poisoned = []
+        for opt, spec in zip(learn[::2], learn[1::2]):
+            name, path = spec.split("=", 1)
+            arr = np.load(path)
+            if opt == "--data" and arr.dtype.kind == "f":
+                arr = arr.copy()
+                arr.reshape(len(arr), -1)[:, 0] = np.nan
+                path = os.path.join(work, f"all-nan-{name}.npy")
+                np.save(path, arr)
+            if opt == "--data":
+                poisoned += [opt, f"{name}={path}"]
+        r = subprocess.run([*launch, emu, *poisoned, "--steps", "6", "--threads", threads(ranks), "--quiet", "--init",
+                            init, "--loss-scale", "0x1p-22"], capture_output=True, text=True, env=env)
+        assert r.returncode == 3 and "gradients are NaN or infinite at step 3 although the loss is finite" in r.stderr, \
+            f"NaN gradients in every step from a scale of 2^-22: exit status {r.returncode}, {r.stderr!r}"
+        nan_end = f"skips step 3 (the CPU run stops at step {at}); NaN gradients at every step stop it at 2^-24"
 
     for exe, value, needle in ((emu, "3", "needs a power of two"), (emu, "0x1p200", "needs a power of two"),
                                (cpu, "1024", "--loss-scale")):
