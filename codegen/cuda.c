@@ -382,12 +382,6 @@ static void emit_reduce(Cu *u, const IrNode *n) {
 
 /* ---- library operators */
 
-/* The data type of a product or convolution: float32, or bf16 or fp16 under --precision bf16 or
- * fp16. */
-static const char *rt_dtype(const IrNode *n) {
-    return n->dtype == DT_BF16 ? "RT_BF16" : n->dtype == DT_F16 ? "RT_F16" : "RT_F32";
-}
-
 /* A kernel that calls one device function of netrt_kernels.cuh on the node's pointers. The
  * call's text is in `call`; the pointers v<id> of n and its operands are declared first. */
 static int mentions(const char *call, int id) {
@@ -490,10 +484,10 @@ static void emit_matmul(Cu *u, const IrNode *n) {
     if (!u->planned[n->id]) {
         u->planned[n->id] = fallback ? 2 : 1;
         cg_line(&u->plan, "gemm%d = rt_cuda_gemm_plan%s(%s, %s, %s);", n->id, fallback ? "_try" : "", args, epi,
-                rt_dtype(n));
+                cg_dtype_enums[n->dtype]);
         if (fallback)
             cg_line(&u->plan, "if (!gemm%d) gemm%d_plain = rt_cuda_gemm_plan(%s, RT_EPI_NONE, %s);", n->id, n->id, args,
-                    rt_dtype(n));
+                    cg_dtype_enums[n->dtype]);
     }
     if (last)
         cg_line(&u->step, "// with its epilogue, fused group %d (%s): cuBLASLt writes %%%d", n->epilogue,
@@ -524,7 +518,7 @@ static void emit_conv(Cu *u, const IrNode *n) {
         u->planned[n->id] = 1;
         cg_conv_geometry(&u->plan, n, "geom");
         cg_line(&u->plan, "conv%d = rt_cuda_conv_plan(cu, &geom%d, %d, %d, %s);", n->id, n->id, which, nhwc,
-                rt_dtype(n));
+                cg_dtype_enums[n->dtype]);
     }
     cg_begin(&u->step, "rt_cuda_conv(cu, conv%d, ", n->id);
     host_ptr(u, n->in[0], 0);

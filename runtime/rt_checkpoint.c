@@ -29,6 +29,7 @@
 #include <zlib.h>
 
 #include "rt_internal.h"
+#include "cuda/rt_devstate.h" /* the loss scale's range, RT_LOSS_SCALE_MIN and _MAX */
 
 #define OPTSTATE_NAME "netc:optimizer_state"
 enum { MAX_HEADER = 100 << 20 };
@@ -469,16 +470,24 @@ static int meta_int64(const Ckpt *c, const char *key, int64_t min, int64_t *out,
     return 0;
 }
 
+int rt_parse_loss_scale(const char *text, double *scale) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    int e;
+    if (!*text || *end || errno || !(v >= RT_LOSS_SCALE_MIN && v <= RT_LOSS_SCALE_MAX) || frexp(v, &e) != 0.5)
+        return -1;
+    *scale = v;
+    return 0;
+}
+
 /* A loss-scaling trainer's scale (RtLossScale), recorded by such a trainer only. */
 static int read_scale(const Ckpt *c, RtTrainState *s, RtError *err) {
     const char *v = meta_str(c, "loss_scale");
-    char *end;
-    errno = 0;
-    double scale = strtod(v, &end);
-    int e;
-    if (!*v || *end || errno || !(scale > 0 && scale <= 0x1p127) || frexp(scale, &e) != 0.5)
-        return rt_fail(err, "checkpoint '%s': metadata 'loss_scale' is '%s', not a power of two", c->path, v);
-    s->has_scale = 1, s->scale.scale = scale;
+    if (rt_parse_loss_scale(v, &s->scale.scale))
+        return rt_fail(err, "checkpoint '%s': metadata 'loss_scale' is '%s', not a power of two from 2^-24 to "
+                            "2^127", c->path, v);
+    s->has_scale = 1;
     return meta_int64(c, "loss_scale_good", 0, &s->scale.good, err) ||
                    meta_int64(c, "loss_scale_interval", 1, &s->scale.interval, err) ||
                    meta_int64(c, "skipped_steps", 0, &s->scale.skipped, err)

@@ -229,6 +229,10 @@ void rt_init_params(const RtModel *m, float *params, uint64_t seed);
 
 enum { RT_CKPT_VERSION = 1 }; /* the format version a checkpoint records and a trainer reads */
 
+/* A loss scale as a checkpoint or --loss-scale gives it: a power of two (so that unscaling is
+ * exact) from RT_LOSS_SCALE_MIN to _MAX (rt_devstate.h), into *scale; -1 for any other text. */
+int rt_parse_loss_scale(const char *text, double *scale);
+
 /* Where a run stands and the settings that decide what its remaining steps compute. After
  * `step` optimizer steps the run is `batch` batches into epoch `epoch` (counted from 1), so
  * step == (epoch - 1) * (samples / model batch) + batch. */

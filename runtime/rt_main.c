@@ -24,7 +24,6 @@
 #include <unistd.h>
 
 #include "rt_internal.h"
-#include "cuda/rt_devstate.h" /* the loss scale's range, RT_LOSS_SCALE_MIN and _MAX */
 
 /* OpenBLAS's thread count, when the trainer links OpenBLAS: a CPU trainer does; a GPU trainer
  * does not, and this weak reference then stays NULL. */
@@ -286,11 +285,8 @@ static const char *lora_option(const RtModel *m, const char *option, const char 
 
 /* --loss-scale S: a power of two, so that unscaling (1 / S) is exact, within the device's range. */
 static double loss_scale_option(const char *option, const char *value) {
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    int e;
-    if (!*value || *end || errno || !(v >= RT_LOSS_SCALE_MIN && v <= RT_LOSS_SCALE_MAX) || frexp(v, &e) != 0.5)
+    double v;
+    if (rt_parse_loss_scale(value, &v))
         die_usage("%s needs a power of two from 2^-24 to 2^127 (65536, 0.5, ...), found '%s'", option, value);
     return v;
 }
@@ -920,13 +916,19 @@ static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
     }
 }
 
-static int nonfinite_loss(Trainer *t, int64_t step, const char *what) {
-    if (t->dist.rank > 0) return EXIT_NONFINITE; /* the summed loss: every rank stops, rank 0 says why */
-    fprintf(stderr, "%serror: the loss is %s at step %lld; stopping before any weights are saved\n"
-                    "  hint: lower the learning rate, or check the data for NaN/Inf values\n",
-            t->tty ? "\n" : "", what, (long long)step);
+/* The run stops at `step`: `what` is not finite there (`after`: more of the reason). */
+static int nonfinite_stop(Trainer *t, int64_t step, const char *what, const char *after, const char *hint) {
+    if (t->dist.rank > 0) return EXIT_NONFINITE; /* the ranks' sums: every rank stops, rank 0 says why */
+    fprintf(stderr, "%serror: %s at step %lld%s; stopping before any weights are saved\n  hint: %s\n",
+            t->tty ? "\n" : "", what, (long long)step, after, hint);
     if (t->o.checkpoint) fprintf(stderr, "  note: checkpoint '%s' is left as it was\n", t->o.checkpoint);
     return EXIT_NONFINITE;
+}
+
+static int nonfinite_loss(Trainer *t, int64_t step, const char *what) {
+    char loss[48];
+    snprintf(loss, sizeof loss, "the loss is %s", what);
+    return nonfinite_stop(t, step, loss, "", "lower the learning rate, or check the data for NaN/Inf values");
 }
 
 static int check_finite(Trainer *t, int64_t step) {
@@ -944,14 +946,10 @@ static int device_sums(Trainer *t) {
     t->dev_loss += s.loss / t->dist.ranks, t->dev_correct += s.correct, t->dev_steps += s.steps;
     t->grad_norm = s.grad_norm;
     if (t->m->loss_scaling) t->scale = s.scale;
-    if (s.nonfinite_step && s.nonfinite_grads) {
-        if (t->dist.rank > 0) return EXIT_NONFINITE;
-        fprintf(stderr, "%serror: the gradients are NaN or infinite at step %lld although the loss is finite, even "
-                        "with the loss scale at its smallest (2^-24); stopping before any weights are saved\n"
-                        "  hint: lower the learning rate, or train with --precision bf16 or fp32\n",
-                t->tty ? "\n" : "", (long long)s.nonfinite_step);
-        return EXIT_NONFINITE;
-    }
+    if (s.nonfinite_step && s.nonfinite_grads) /* loss scaling: not an overflow, divergence */
+        return nonfinite_stop(t, s.nonfinite_step, "the gradients are NaN or infinite",
+                              " although the loss is finite, even with the loss scale at its smallest (2^-24)",
+                              "lower the learning rate, or train with --precision bf16 or fp32");
     return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
 }
 

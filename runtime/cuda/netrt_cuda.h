@@ -28,6 +28,16 @@
 extern "C" {
 #endif
 
+/* The loss scale's part of the device state (netc --precision fp16), set from the host's
+ * RtLossScale before the first step and read back into one with the sums. */
+static inline void rt_devstate_set_scale(RtDevState *st, const RtLossScale *s) {
+    st->loss_scale = (float)s->scale, st->scale_good = s->good, st->scale_interval = s->interval,
+    st->skipped_steps = s->skipped;
+}
+static inline RtLossScale rt_devstate_scale(const RtDevState *st) {
+    return (RtLossScale){st->loss_scale, st->scale_good, st->scale_interval, st->skipped_steps};
+}
+
 /* One compiled form of the model's kernels: a cubin for one architecture, or PTX that the
  * driver compiles for any architecture at or above `sm`. A table of them (netc's NAME_images.c,
  * `netc_images`) ends with an entry whose `data` is NULL. */

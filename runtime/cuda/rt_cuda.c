@@ -737,12 +737,7 @@ static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t 
     cu->host_state->per_epoch = per_epoch;
     cu->host_state->total = total;
     cu->host_state->seed = seed;
-    if (scale) {
-        cu->host_state->loss_scale = (float)scale->scale;
-        cu->host_state->scale_good = scale->good;
-        cu->host_state->scale_interval = scale->interval;
-        cu->host_state->skipped_steps = scale->skipped;
-    }
+    if (scale) rt_devstate_set_scale(cu->host_state, scale);
     rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_state, cu->host_state, sizeof *cu->host_state,
                                   cudaMemcpyHostToDevice, cu->stream),
                   "cudaMemcpyAsync (the run's state to the device)");
@@ -792,7 +787,7 @@ static void cuda_read_train(RtDeviceSums *sums) {
     sums->nonfinite_step = st->nonfinite_step;
     sums->grad_norm = st->grad_norm;
     sums->nonfinite_grads = st->nonfinite_grads;
-    sums->scale = (RtLossScale){st->loss_scale, st->scale_good, st->scale_interval, st->skipped_steps};
+    sums->scale = rt_devstate_scale(st);
     ZERO_STATE_FIELD(cu, loss_sum);
     ZERO_STATE_FIELD(cu, correct_sum);
     ZERO_STATE_FIELD(cu, loss_steps);

@@ -104,9 +104,10 @@ def write_init(exe, path):
     st_save(path, tensors)
 
 
-def poisoned_data(exe, train_args, work, ranks=1):
+def poisoned_data(exe, train_args, work, ranks=1, every=False):
     """The training data with NaN in the first sample of the third (global) batch (--no-shuffle),
-    or of the second where an epoch has no third."""
+    or of the second where an epoch has no third; with `every`, in every sample (its first
+    element)."""
     text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
     batch = int(re.search(r"batch (\d+)\)", text).group(1)) * ranks
     args = []
@@ -115,8 +116,11 @@ def poisoned_data(exe, train_args, work, ranks=1):
         arr = np.load(path)
         if arr.dtype.kind == "f":
             arr = arr.copy()
-            arr[(2 if 3 * batch <= len(arr) else 1) * batch].flat[0] = np.nan
-            path = os.path.join(work, f"nan-{name}.npy")
+            if every:
+                arr.reshape(len(arr), -1)[:, 0] = np.nan
+            else:
+                arr[(2 if 3 * batch <= len(arr) else 1) * batch].flat[0] = np.nan
+            path = os.path.join(work, f"{'all-' if every else ''}nan-{name}.npy")
             np.save(path, arr)
         args += [opt, f"{name}={path}"]
     return args
@@ -477,17 +481,7 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
                 f"NaN in the third batch, not in the loss: exit status {r.returncode}, skips {skipped}, {r.stderr!r}"
             # NaN in every sample: every step's gradients, never the loss. Skipped, and the scale
             # halved, until it is 2^-24, where that is divergence: from 2^-22, the third step stops
-            poisoned = []
-            for opt, spec in zip(learn[::2], learn[1::2]):
-                name, path = spec.split("=", 1)
-                arr = np.load(path)
-                if opt == "--data" and arr.dtype.kind == "f":
-                    arr = arr.copy()
-                    arr.reshape(len(arr), -1)[:, 0] = np.nan
-                    path = os.path.join(work, f"all-nan-{name}.npy")
-                    np.save(path, arr)
-                if opt == "--data":
-                    poisoned += [opt, f"{name}={path}"]
+            poisoned = poisoned_data(cpu, one, work, ranks, every=True)
             r = subprocess.run([*launch, emu, *poisoned, "--steps", "6", "--threads", threads(ranks), "--quiet",
                                 "--init", init, "--loss-scale", "0x1p-22"], capture_output=True, text=True, env=env)
             stopped = "gradients are NaN or infinite at step 3 although the loss is finite" in r.stderr

@@ -646,9 +646,7 @@ static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t s
     RtDevState st;
     memset(&st, 0, sizeof st);
     st.step = step, st.per_epoch = per_epoch, st.total = total, st.seed = seed;
-    if (scale)
-        st.loss_scale = (float)scale->scale, st.scale_good = scale->good, st.scale_interval = scale->interval,
-        st.skipped_steps = scale->skipped;
+    if (scale) rt_devstate_set_scale(&st, scale);
     memcpy(cu->base + cu->dm->off_state, &st, sizeof st);
 }
 
@@ -680,7 +678,7 @@ static void emu_read_train(RtDeviceSums *sums) {
     sums->nonfinite_step = st->nonfinite_step;
     sums->grad_norm = st->grad_norm;
     sums->nonfinite_grads = st->nonfinite_grads;
-    sums->scale = (RtLossScale){st->loss_scale, st->scale_good, st->scale_interval, st->skipped_steps};
+    sums->scale = rt_devstate_scale(st);
     st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
 }
 
