@@ -167,7 +167,11 @@ void cg_ptr(Cg *c, const IrNode *n) {
         cg_put(c, "(%s *)(ctx->arena + %" PRId64 ")", t, r->offset);
         if (elems) cg_put(c, " + %" PRId64, elems);
         break;
-    case ST_PARAM: cg_put(c, "ctx->params + %" PRId64, r->offset + elems); break;
+    case ST_PARAM:
+        if (r->dtype != DT_F32) /* autocast_half keeps only those that library products read */
+            ICE("codegen: %%%d reads parameter %%%d, kept in %s, in a kernel", n->id, r->id, ir_dtype_name(r->dtype));
+        cg_put(c, "ctx->params + %" PRId64, r->offset + elems);
+        break;
     case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
     case ST_INPUT: cg_put(c, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;
     case ST_STATE: cg_put(c, "&ctx->state->loss_scale"); break; /* a device trainer's (rt_devstate.h) */
@@ -738,7 +742,16 @@ void cg_emit_model_head(Cg *c) {
     cg_line(c, ".n_param_floats = %" PRId64 ",", g->n_param_floats);
     cg_line(c, ".n_grad_floats = %" PRId64 ",", g->n_grad_floats);
     cg_line(c, ".n_state_slots = %d,", cg_state_slots(&g->train));
+    if (g->n_half_params)
+        cg_line(c, ".n_half_params = %" PRId64 ", .half_params_dtype = %s,", g->n_half_params,
+                cg_dtype_enums[cg_half_params_dtype(g)]);
     if (g->lora.r) cg_line(c, ".lora = &lora,");
+}
+
+IrDtype cg_half_params_dtype(const IrGraph *g) {
+    for (int i = 0; i < g->n_params; i++)
+        if (g->params[i].node->dtype != DT_F32) return g->params[i].node->dtype;
+    return DT_F32;
 }
 
 int cg_has_output(const IrGraph *g) {

@@ -112,6 +112,9 @@ void cg_emit_clip_scale(Cg *c, const IrTrain *t, const char *norm);
 /* The members of the RtModel initializer that every target writes alike, at c->depth: the
  * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
 void cg_emit_model_head(Cg *c);
+/* The type of the frozen parameters a device keeps in half (netc --frozen-half; IrGraph's
+ * n_half_params), DT_F32 when there are none. */
+IrDtype cg_half_params_dtype(const IrGraph *g);
 void cg_emit_model_recipe(Cg *c);
 /* --distributed: the table of gradient buckets the RtModel names (before it), and the calls
  * that start the sums of the buckets ready after schedule position `position` (g->n: the end

@@ -49,6 +49,7 @@ enum {
 typedef struct Map {
     int64_t state, batch, params, grads, optstate, arena, part, total;
     int64_t shard; /* --shard-optimizer: this rank's slices (netrt_cuda.h's off_shard); else 0 */
+    int64_t half_params; /* --frozen-half: the flat buffer's last n_half_params values, in half */
     int64_t eval_end; /* what an evaluation step touches ends here: state to partial sums */
     int64_t batch_bytes;
     int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
@@ -127,7 +128,8 @@ static Map plan_memory(const IrGraph *g) {
     }
     m.batch_bytes = in;
     at += in;
-    m.params = at, at = align_up(at + g->n_param_floats * 4);
+    m.params = at, at = align_up(at + (g->n_param_floats - g->n_half_params) * 4);
+    if (g->n_half_params) m.half_params = at, at = align_up(at + g->n_half_params * 2);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
@@ -178,7 +180,10 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
     int64_t bytes = elems * ir_dtype_size(n->dtype);
     switch (r->storage) {
     case ST_ARENA: return u->map.arena + r->offset + bytes;
-    case ST_PARAM: return u->map.params + r->offset * 4 + bytes;
+    case ST_PARAM:
+        if (r->dtype != DT_F32) /* kept in half (--frozen-half) */
+            return u->map.half_params + (r->offset - (u->g->n_param_floats - u->g->n_half_params)) * 2 + bytes;
+        return u->map.params + r->offset * 4 + bytes;
     case ST_GRAD: return u->map.grads + r->offset * 4 + bytes;
     case ST_INPUT: return u->map.batch + u->map.input[r->index] + bytes;
     case ST_STATE: return u->map.state + (int64_t)offsetof(RtDevState, loss_scale);
@@ -1483,7 +1488,11 @@ static void emit_host_header(Cu *u, Cg *c) {
             g->shard_optimizer ? " and the optimizer state of this rank's slices" : "");
     cg_line(c, "//   %12" PRId64 "  step state (RtDevState)", u->map.state);
     cg_line(c, "//   %12" PRId64 "  the staged batch (%" PRId64 " bytes)", u->map.batch, u->map.batch_bytes);
-    cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params, g->n_param_floats);
+    cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params,
+            g->n_param_floats - g->n_half_params);
+    if (g->n_half_params)
+        cg_line(c, "//   %12" PRId64 "  frozen parameters in %s, the flat buffer's last %" PRId64 " (netc --frozen-half)",
+                u->map.half_params, ir_dtype_name(cg_half_params_dtype(g)), g->n_half_params);
     cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
             g->arena_bytes);
     cg_line(c, "//   %12" PRId64 "  batch-norm partial sums", u->map.part);
@@ -1542,6 +1551,7 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".device_bytes = %" PRId64 ",", u->map.total);
     cg_line(c, ".eval_bytes = %" PRId64 ",", u->map.eval_end);
     cg_line(c, ".off_params = %" PRId64 ",", u->map.params);
+    if (g->n_half_params) cg_line(c, ".off_half_params = %" PRId64 ",", u->map.half_params);
     cg_line(c, ".off_grads = %" PRId64 ",", u->map.grads);
     cg_line(c, ".off_optstate = %" PRId64 ",", u->map.optstate);
     cg_line(c, ".off_state = %" PRId64 ",", u->map.state);

@@ -389,8 +389,10 @@ static void list_params(const RtModel *m) {
         for (int d = 0; d < p->rank; d++)
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
         strcat(shape, "]");
-        printf("%-32s %-20s %12lld%s\n", p->name, shape, (long long)rt_param_numel(p),
-               p->buffer ? "  buffer" : p->grad_offset < 0 ? "  frozen" : "");
+        int half = p->offset >= m->n_param_floats - m->n_half_params; /* netc --frozen-half */
+        printf("%-32s %-20s %12lld%s%s\n", p->name, shape, (long long)rt_param_numel(p),
+               p->buffer ? "  buffer" : p->grad_offset < 0 ? "  frozen" : "",
+               !half ? "" : m->half_params_dtype == RT_BF16 ? " (bf16 on the device)" : " (fp16 on the device)");
         if (p->buffer) {
             buffers += rt_param_numel(p);
             continue;
@@ -403,7 +405,8 @@ static void list_params(const RtModel *m) {
     if (buffers) printf(", %lld buffer values (running statistics)", (long long)buffers);
     printf("\n");
     /* the static memory plan: what setup_context allocates, the same in every step */
-    double mib = 1.0 / (1 << 20), params = (double)m->n_param_floats * 4 * mib, grads = (double)m->n_grad_floats * 4 * mib;
+    double mib = 1.0 / (1 << 20), grads = (double)m->n_grad_floats * 4 * mib;
+    double params = (double)((m->n_param_floats - m->n_half_params) * 4 + m->n_half_params * 2) * mib;
     double state = (double)(m->n_state_slots * m->n_grad_floats) * 4 * mib, acts = (double)m->arena_bytes * mib;
     printf("memory: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB; "
            "%.1f MiB in all\n", params, grads, state, acts, params + grads + state + acts);

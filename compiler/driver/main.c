@@ -68,6 +68,7 @@ typedef struct Options {
     int sms[MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
     int n_sms;
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
+    int frozen_half; /* --frozen-half: frozen weights that only products read kept in their half type */
     int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
     const char *cpu; /* --cpu as given, or NULL */
     int cpu_level;   /* --cpu: the x86-64 level of a CPU trainer, 1, 3 or 4; 0: this machine's */
@@ -109,6 +110,9 @@ static void usage(FILE *out) {
             "  --precision P        cuda: fp32 (default; no TF32), tf32, bf16 (products and convolutions in\n"
             "                       bf16 with float32 master weights) or fp16 (the same in fp16, with a\n"
             "                       dynamic loss scale on the device)\n"
+            "  --frozen-half        cuda, with --precision bf16 or fp16: keep each frozen weight that only\n"
+            "                       matrix products read (LoRA's base, frozen layers) in that type on the device,\n"
+            "                       half its float32 memory; weight files and checkpoints keep the float32 values\n"
             "  -O LEVEL, -OLEVEL    C compiler optimisation level for the trainer: 0, 1, 2, 3 or s (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
@@ -270,6 +274,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->sync_bn = 1;
         } else if (strcmp(a, "--shard-optimizer") == 0) {
             o->shard_optimizer = 1;
+        } else if (strcmp(a, "--frozen-half") == 0) {
+            o->frozen_half = 1;
         } else if ((v = opt_value(argc, argv, &i, "--bucket-kib", &err))) {
             char *end;
             long long kib = strtoll(v, &end, 10);
@@ -329,6 +335,9 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->shard_optimizer && !o->distributed)
         return usage_error("--shard-optimizer splits the optimizer state between the ranks of a distributed "
                            "trainer; give --distributed too%s", "");
+    if (o->frozen_half && o->precision != CG_BF16 && o->precision != CG_FP16)
+        return usage_error("--frozen-half keeps frozen weights in the type the products compute in; give "
+                           "--backend cuda --precision bf16 (or fp16) too%s", "");
     if (o->cpu && strcmp(o->backend, "cpu"))
         return usage_error("--cpu %s: an option of --backend cpu; a GPU trainer's host code is compiled for plain "
                            "x86-64", o->cpu);
@@ -614,6 +623,36 @@ static int verify(const IrGraph *g, const char *stage) {
     ICE("the IR is invalid after %s", stage);
 }
 
+/* --frozen-half: an error when the model has no frozen parameter; a note naming the frozen ones
+ * that stay float32 because something other than a matrix product reads them. */
+static int report_frozen_half(const IrGraph *g, const char *input) {
+    int frozen = 0, kept = 0;
+    for (int i = 0; i < g->n_params; i++)
+        if (!g->params[i].trainable && !g->params[i].buffer) {
+            frozen++;
+            kept += g->params[i].node->dtype == DT_F32;
+        }
+    if (!frozen) {
+        fprintf(stderr, "netc: error: %s: --frozen-half: model '%s' has no frozen parameters (give its train "
+                        "section freeze = [...] or lora = lora(...))\n", input, g->model_name);
+        return 1;
+    }
+    if (!kept) return 0;
+    fprintf(stderr, "netc: note: --frozen-half: %d of the %d frozen parameters stay float32 (read by more than "
+                    "matrix products):", kept, frozen);
+    for (int i = 0, shown = 0; i < g->n_params; i++) {
+        const IrParam *p = &g->params[i];
+        if (p->trainable || p->buffer || p->node->dtype != DT_F32) continue;
+        if (shown++ == 4) {
+            fprintf(stderr, " ...");
+            break;
+        }
+        fprintf(stderr, "%s %s", shown > 1 ? "," : "", p->name);
+    }
+    fprintf(stderr, "\n");
+    return 0;
+}
+
 /* The pipeline: parse, analyse, differentiate, plan, emit, build. */
 static int compile(const Options *o, Arena *arena) {
     const Target *tg = target_named(o->backend);
@@ -649,8 +688,10 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "reshapes");
     layout_select(g, !o->row_major, be->krsc_filters);
     verify(g, "layout");
-    if (o->precision == CG_BF16 || o->precision == CG_FP16) autocast_half(g, o->precision == CG_BF16 ? DT_BF16 : DT_F16);
+    if (o->precision == CG_BF16 || o->precision == CG_FP16)
+        autocast_half(g, o->precision == CG_BF16 ? DT_BF16 : DT_F16, o->frozen_half);
     verify(g, "autocast");
+    if (o->frozen_half && (rc = report_frozen_half(g, o->input)) != 0) return rc;
     if (o->dump == DUMP_LAYOUT) return ir_print(g, stdout), 0;
     if (!o->no_fuse) fuse_elementwise(g);
     verify(g, "fusion");

@@ -283,6 +283,9 @@ typedef struct IrGraph {
     int64_t arena_bytes;       /* size of the planned arena */
     int64_t unplanned_bytes;   /* sum of every arena buffer without reuse */
     int64_t n_param_floats;    /* flat parameter buffer */
+    int64_t n_half_params;     /* its last n_half_params values: frozen parameters that a device
+                                * trainer keeps in the products' half type (netc --frozen-half;
+                                * their OP_PARAM nodes have that dtype) */
     int64_t n_grad_floats;     /* flat gradient buffer = trainable parameters */
     int64_t n_decay_floats;    /* the first n_decay_floats of them are decayed, the rest (no_decay) not */
     int64_t scratch_per_thread; /* floats of per-thread scratch the library kernels need */

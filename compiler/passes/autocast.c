@@ -15,6 +15,11 @@
  *              statistics, losses. So the schedule keeps its order and meaning, with the
  *              products' inputs rounded to bf16 (8 significant bits) and their sums taken in
  *              float32 by the libraries.
+ *              With frozen_half (netc --frozen-half), a frozen parameter that only products
+ *              read is itself bf16 (its OP_PARAM node's dtype): no cast, and the memory plan
+ *              puts it among the last values of the flat buffer, which a device trainer keeps
+ *              in bf16 - rounded once when the parameters are uploaded, as the cast would
+ *              round it in every step, so the products read the same bits.
  * Invalidates: node ids (renumbered); n_fwd grows by the forward casts.
  *
  * The casts are element-wise, so fusion folds most of them into the groups that produce or
@@ -42,13 +47,13 @@ static int reads_half(const IrNode *user, const void *ctx) {
     return user && is_product(user);
 }
 
-/* Every reading of x is by a product (none by the graph itself). */
+/* Every reading of x is by a product (none by the graph itself), and there is one. */
 static int read_by_products_only(const IrBuilder *b, const IrNode *x) {
     int n_uses;
     const IrUse *use = irb_uses(b, x, &n_uses);
     for (int i = 0; i < n_uses; i++)
         if (!is_product(use[i].user)) return 0;
-    return !irb_is_result(b, x);
+    return n_uses > 0 && !irb_is_result(b, x);
 }
 
 /* Product p now yields bf16; every other reader (and the graph, for a gradient) reads a cast
@@ -97,7 +102,7 @@ static void place_casts_back(IrBuilder *b, IrNode *n) {
 
 /* One walk in schedule order. A value's readers come after it, so when it is visited they are
  * as they were: the products among them are still float32, which is how they are recognised. */
-int autocast_half(IrGraph *g, IrDtype half) {
+int autocast_half(IrGraph *g, IrDtype half, int frozen_half) {
     if (half != DT_BF16 && half != DT_F16) ICE("autocast: %s is not a half type", ir_dtype_name(half));
     if ((g->loss && is_product(g->loss)) || (g->correct && is_product(g->correct)))
         ICE("autocast: the loss is a product"); /* losses are reductions, never products */
@@ -105,7 +110,9 @@ int autocast_half(IrGraph *g, IrDtype half) {
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         place_casts_back(b, n);
-        if (is_product(n)) cast_back(b, n, half);
+        if (frozen_half && n->op == OP_PARAM && !g->params[n->index].trainable && read_by_products_only(b, n))
+            n->dtype = half; /* stored in half: the products read it as it is */
+        else if (is_product(n)) cast_back(b, n, half);
         else if (feeds_product(b, n)) cast_for_products(b, n, half);
     }
     for (int i = 0; i < g->n_params; i++) { /* a weight gradient straight from a product */

@@ -6,6 +6,8 @@
  *     grads[i] belongs to params[i] and the optimizer is one loop over [0, n_grad_floats); the
  *     trainable ones without weight decay (no_decay) after the others, so each of the two
  *     parameter groups is one range, [0, n_decay_floats) and [n_decay_floats, n_grad_floats);
+ *     frozen ones after them, those a device keeps in half (netc --frozen-half) last, the
+ *     final n_half_params values;
  *   - a trainable parameter's gradient node (or the node a view chain over it reads) is written
  *     straight into the gradient buffer when it can be (computed by its own backward kernel,
  *     not already the gradient of another parameter); otherwise the backend copies it there
@@ -28,15 +30,18 @@
 enum { ALIGN = 64 };
 
 
-/* The group of the flat buffer a parameter belongs to, in the order they are placed. */
-enum { GROUP_DECAY, GROUP_NO_DECAY, GROUP_FROZEN, N_GROUPS };
+/* The group of the flat buffer a parameter belongs to, in the order they are placed: frozen
+ * parameters kept in half (autocast_half's frozen_half) last, so that the device's float32
+ * parameters are one prefix of the host's flat buffer. */
+enum { GROUP_DECAY, GROUP_NO_DECAY, GROUP_FROZEN, GROUP_FROZEN_HALF, N_GROUPS };
 
 static int param_group(const IrParam *p) {
-    return !p->trainable ? GROUP_FROZEN : p->no_decay ? GROUP_NO_DECAY : GROUP_DECAY;
+    if (!p->trainable) return p->node->dtype == DT_F32 ? GROUP_FROZEN : GROUP_FROZEN_HALF;
+    return p->no_decay ? GROUP_NO_DECAY : GROUP_DECAY;
 }
 
 static void place_params(IrGraph *g) {
-    int64_t off = 0;
+    int64_t off = 0, half_from = 0;
     g->n_grad_floats = g->n_decay_floats = 0;
     for (int group = 0; group < N_GROUPS; group++) {
         for (int i = 0; i < g->n_params; i++) {
@@ -45,13 +50,15 @@ static void place_params(IrGraph *g) {
             p->offset = off;
             p->node->storage = ST_PARAM;
             p->node->offset = off;
-            p->grad_offset = group != GROUP_FROZEN ? off : -1;
+            p->grad_offset = p->trainable ? off : -1;
             off += ir_numel(&p->node->shape);
         }
         if (group == GROUP_DECAY) g->n_decay_floats = off;
         if (group == GROUP_NO_DECAY) g->n_grad_floats = off;
+        if (group == GROUP_FROZEN) half_from = off;
     }
     g->n_param_floats = off;
+    g->n_half_params = off - half_from;
 }
 
 /* The node whose storage would hold p's gradient: the gradient node itself, or the node a
@@ -365,6 +372,9 @@ void mp_print(const IrGraph *g, FILE *out) {
             (long long)g->arena_bytes, (long long)g->unplanned_bytes, saved);
     fprintf(out, "parameters: %lld floats (%lld bytes), %lld trainable\n", (long long)g->n_param_floats,
             (long long)g->n_param_floats * 4, (long long)g->n_grad_floats);
+    if (g->n_half_params)
+        fprintf(out, "frozen parameters kept in half on the device: the last %lld (%lld bytes there)\n",
+                (long long)g->n_half_params, (long long)g->n_half_params * 2);
     fprintf(out, "gradients: %lld floats (%lld bytes)\n", (long long)g->n_grad_floats,
             (long long)g->n_grad_floats * 4);
     fprintf(out, "kernel scratch: %lld floats per thread\n", (long long)g->scratch_per_thread);

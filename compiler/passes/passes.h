@@ -119,7 +119,8 @@ int skip_ignored_rows(IrGraph *g);
 
 /* autocast.c: matrix products and convolutions in `half` (DT_BF16 or DT_F16) - casts to it
  * before them and back to float32 after them; parameters, gradients and optimizer state stay
- * float32 (netc --precision bf16 or fp16, CUDA backend). Returns the casts added. */
-int autocast_half(IrGraph *g, IrDtype half);
+ * float32 (netc --precision bf16 or fp16, CUDA backend); with frozen_half (--frozen-half), frozen
+ * parameters read only by products are stored in `half` instead. Returns the casts added. */
+int autocast_half(IrGraph *g, IrDtype half, int frozen_half);
 
 #endif

@@ -38,6 +38,16 @@ static inline RtLossScale rt_devstate_scale(const RtDevState *st) {
     return (RtLossScale){st->loss_scale, st->scale_good, st->scale_interval, st->skipped_steps};
 }
 
+/* The parameters the device keeps in float32: the flat buffer's first values, all but the last
+ * RtModel.n_half_params (netc --frozen-half), which rt_half_params rounds into `out`, as the
+ * kernels' casts (rt_bits.h) would round them, for the device's half region. */
+static inline size_t rt_device_param_floats(const RtModel *m) { return (size_t)(m->n_param_floats - m->n_half_params); }
+static inline void rt_half_params(const RtModel *m, const float *params, uint16_t *out) {
+    const float *x = params + rt_device_param_floats(m);
+    for (int64_t i = 0; i < m->n_half_params; i++)
+        out[i] = m->half_params_dtype == RT_BF16 ? rt_f32_to_bf16(x[i]) : rt_f32_to_f16(x[i]);
+}
+
 /* One compiled form of the model's kernels: a cubin for one architecture, or PTX that the
  * driver compiles for any architecture at or above `sm`. A table of them (netc's NAME_images.c,
  * `netc_images`) ends with an entry whose `data` is NULL. */
@@ -83,6 +93,7 @@ typedef struct RtCudaModel {
                                       * batch, parameters, arena and partial sums; the gradients and
                                       * optimizer state lie after): what --eval-async copies */
     int64_t off_params, off_grads, off_optstate, off_state;
+    int64_t off_half_params;         /* RtModel.n_half_params values in half (netc --frozen-half) */
     /* netc --shard-optimizer: where the device finds the slices this rank updates (ZeRO-1;
      * rt_shard_slices), written by the runtime at start-up: long long [n_buckets][3] {offset,
      * count, at}, then the slices' floats F. The optimizer state is then [slots][F] floats at

@@ -704,22 +704,33 @@ static void cuda_upload(const float *params, const float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
     size_t state_floats = (size_t)cu->state_floats;
-    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float),
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_params, params, rt_device_param_floats(m) * sizeof(float),
                                   cudaMemcpyHostToDevice, cu->stream),
                   "cudaMemcpyAsync (parameters to the device)");
+    uint16_t *half = NULL; /* netc --frozen-half: the frozen parameters it keeps in half */
+    if (m->n_half_params) {
+        if (!(half = malloc((size_t)m->n_half_params * sizeof *half)))
+            rt_cuda_die("out of host memory for %lld frozen parameters in half", (long long)m->n_half_params);
+        rt_half_params(m, params, half);
+        rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_half_params, half, (size_t)m->n_half_params * sizeof *half,
+                                      cudaMemcpyHostToDevice, cu->stream),
+                      "cudaMemcpyAsync (frozen parameters in half to the device)");
+    }
     if (state_floats && optstate)
         rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_optstate, optstate, state_floats * sizeof(float),
                                       cudaMemcpyHostToDevice, cu->stream),
                       "cudaMemcpyAsync (optimizer state to the device)");
     /* the host buffers are pageable and the caller's to reuse once this returns */
     sync_stream(cu, "cudaStreamSynchronize (after the upload)");
+    free(half);
 }
 
 static void cuda_download(float *params, float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
     size_t state_floats = (size_t)cu->state_floats;
-    rt_cuda_check(cudaMemcpyAsync(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float),
+    /* not the frozen parameters kept in half: the host's float32 values are theirs */
+    rt_cuda_check(cudaMemcpyAsync(params, cu->base + cu->dm->off_params, rt_device_param_floats(m) * sizeof(float),
                                   cudaMemcpyDeviceToHost, cu->stream),
                   "cudaMemcpyAsync (parameters from the device)");
     if (state_floats && optstate)
@@ -808,9 +819,14 @@ static void cuda_eval_async_begin(void) {
     RtCuda *cu = &g_cu;
     const RtCudaModel *dm = cu->dm;
     rt_cuda_check(cudaMemcpyAsync(cu->side.base + dm->off_params, cu->base + dm->off_params,
-                                  (size_t)cu->model->n_param_floats * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  rt_device_param_floats(cu->model) * sizeof(float), cudaMemcpyDeviceToDevice,
                                   cu->stream),
                   "cudaMemcpyAsync (the parameters to evaluate)");
+    if (cu->model->n_half_params) /* frozen, but the second arena was never uploaded to */
+        rt_cuda_check(cudaMemcpyAsync(cu->side.base + dm->off_half_params, cu->base + dm->off_half_params,
+                                      (size_t)cu->model->n_half_params * sizeof(uint16_t), cudaMemcpyDeviceToDevice,
+                                      cu->stream),
+                      "cudaMemcpyAsync (the frozen parameters in half to evaluate)");
     rt_cuda_check(cudaEventRecord(cu->snapshot, cu->stream), "cudaEventRecord (the parameters to evaluate)");
     rt_cuda_check(cudaStreamWaitEvent(cu->side.stream, cu->snapshot, 0), "cudaStreamWaitEvent (the evaluation)");
     rt_cuda_check(cudaMemsetAsync(cu->side.base + dm->off_state, 0, sizeof(RtDevState), cu->side.stream),

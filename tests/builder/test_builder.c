@@ -260,26 +260,61 @@ static void test_node_spec(void **state) {
     assert_int_equal(ir_node_new(f->g, &spec)->attr.groups, 1);
 }
 
-/* autocast edits through the builder: its forward casts land in the forward part. */
-static void test_autocast_parts(void **state) {
-    IrGraph *g = ir_graph_new(&((Fixture *)*state)->arena);
+/* mean(relu(x @ w)), differentiated; w frozen when asked, and with `other_reader` + mean(-w). */
+static IrNode *product_graph(IrGraph *g, int frozen, int other_reader) {
     g->model_name = "mm";
     g->batch = 4;
     IrNode *x = ir_add_input(g, "x", ir_shape(2, (int64_t)4, (int64_t)8), DT_F32, loc);
-    IrNode *w = ir_add_param(g, "w", ir_shape(2, (int64_t)8, (int64_t)8), INIT_NORMAL, 1.0, loc)->node;
-    IrNode *mm = ir_add(g, OP_MATMUL, ir_shape(2, (int64_t)4, (int64_t)8), DT_F32, loc, 2, x, w);
+    IrParam *p = ir_add_param(g, "w", ir_shape(2, (int64_t)8, (int64_t)8), INIT_NORMAL, 1.0, loc);
+    p->trainable = !frozen;
+    IrNode *mm = ir_add(g, OP_MATMUL, ir_shape(2, (int64_t)4, (int64_t)8), DT_F32, loc, 2, x, p->node);
     IrNode *y = ir_add(g, OP_RELU, mm->shape, DT_F32, loc, 1, mm);
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, loc, 1, y);
+    if (other_reader) {
+        IrNode *neg = ir_add(g, OP_NEG, p->node->shape, DT_F32, loc, 1, p->node);
+        g->loss = ir_add(g, OP_ADD, ir_scalar_shape(), DT_F32, loc, 2, g->loss,
+                         ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, loc, 1, neg));
+    }
     assert_int_equal(ad_differentiate(g), 0);
+    return mm;
+}
+
+/* autocast edits through the builder: its forward casts land in the forward part. */
+static void test_autocast_parts(void **state) {
+    IrGraph *g = ir_graph_new(&((Fixture *)*state)->arena);
+    IrNode *mm = product_graph(g, 0, 0);
     int n_fwd = g->n_fwd;
-    int added = autocast_half(g, DT_BF16);
+    int added = autocast_half(g, DT_BF16, 1); /* frozen_half: w is trainable, so it does nothing */
     assert_true(added > 0);
     assert_int_equal(g->n_fwd, n_fwd + 3); /* x and w to bf16, the product back to f32 */
     assert_int_equal(mm->dtype, DT_BF16);
     assert_int_equal(mm->in[0]->op, OP_CAST);
-    assert_int_equal(mm->in[0]->id, x->id + 1); /* right after the value */
+    assert_int_equal(mm->in[0]->id, mm->in[0]->in[0]->id + 1); /* right after the value */
+    assert_int_equal(g->params[0].node->dtype, DT_F32);
     assert_int_equal(g->params[0].grad->dtype, DT_F32);
     check_graph(g);
+}
+
+/* --frozen-half: a frozen weight only products read is itself bf16, read without a cast; one
+ * that something else reads too stays float32 behind a cast. */
+static void test_autocast_frozen_half(void **state) {
+    for (int other = 0; other < 2; other++) {
+        IrGraph *g = ir_graph_new(&((Fixture *)*state)->arena);
+        IrNode *mm = product_graph(g, 1, other);
+        int n_fwd = g->n_fwd;
+        autocast_half(g, DT_BF16, 1);
+        IrNode *w = g->params[0].node;
+        assert_int_equal(w->dtype, other ? DT_F32 : DT_BF16);
+        assert_ptr_equal(mm->in[1], other ? mm->in[1] : w);
+        if (other) assert_int_equal(mm->in[1]->op, OP_CAST);
+        assert_int_equal(g->n_fwd, n_fwd + (other ? 3 : 2));
+        check_graph(g);
+    }
+    IrGraph *g = ir_graph_new(&((Fixture *)*state)->arena); /* without frozen_half: a cast as ever */
+    IrNode *mm = product_graph(g, 1, 0);
+    autocast_half(g, DT_BF16, 0);
+    assert_int_equal(g->params[0].node->dtype, DT_F32);
+    assert_int_equal(mm->in[1]->op, OP_CAST);
 }
 
 int main(void) {
@@ -294,6 +329,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_spec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_autocast_parts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_autocast_frozen_half, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,6 +43,16 @@ check "--precision on an unknown backend" 2 "$netc" "$root/models/mlp.net" --bac
 contains "--precision is an option of --backend cuda (the CPU backend computes in float32)"
 check "bf16 autocast" 0 "$netc" "$root/models/lenet.net" --backend cuda --precision bf16 --dump=fused
 contains "conv2d(%4, %6) bf16"
+check "--frozen-half without a half precision" 2 "$netc" "$root/tests/cuda/emu/lora.net" --backend cuda --frozen-half
+contains "--frozen-half keeps frozen weights in the type the products compute in; give --backend cuda --precision bf16"
+check "--frozen-half, nothing frozen" 1 "$netc" "$root/models/mlp.net" --backend cuda --precision bf16 --frozen-half \
+  --dump=layout
+contains "models/mlp.net: --frozen-half: model 'mlp' has no frozen parameters"
+check "--frozen-half" 0 "$netc" "$root/tests/cuda/emu/lora.net" --backend cuda --precision bf16 --frozen-half \
+  --dump=layout
+contains '%3 = param "fc1.weight" bf16[24, 12]'
+contains '%4 = param "fc1.bias" f32[24]'
+contains "note: --frozen-half: 3 of the 6 frozen parameters stay float32 (read by more than matrix products): fc1.bias,"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
 contains "nhwc"
 check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout

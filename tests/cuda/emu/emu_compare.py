@@ -5,6 +5,7 @@
     emu_compare.py WORKDIR --fp16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --ranks N STEPS TOLERANCE CPU_TRAINER EMU_TRAINER
     emu_compare.py WORKDIR --ranks N --fp16 EPOCHS PARAM_TOL LOSS_TOL CPU_TRAINER EMU_TRAINER
+    emu_compare.py WORKDIR --frozen-half STEPS PLAIN_EMU_TRAINER FROZEN_HALF_EMU_TRAINER
 
 Both train STEPS steps on the same synthetic data (as tests/fusion/train_pair.py's, 64 seeded
 samples in file order, extended to every input dtype) from the same initial weights (--init,
@@ -31,6 +32,9 @@ With --bf16 the emulated trainer was built with --precision bf16 and the bits ca
 main_bf16 requires instead that both runs converge alike on learnable data. With --fp16
 (--precision fp16) main_fp16 requires the same, then checks the dynamic loss scale with forced
 overflows (loss_scale_checks).
+
+With --frozen-half two emulated trainers of one model in bf16 or fp16, without and with netc
+--frozen-half, must give the same bits (main_frozen_half).
 
 With --ranks N both trainers are distributed and run as N ranks under mpirun (main_ranks): the
 same parameters, checkpoints and logs within TOLERANCE, and the same step on a NaN.
@@ -587,7 +591,79 @@ def compare_eval_async(emu, args, work, emu_out, emu_log, later, env=None, launc
     return len(evals_a)
 
 
+def half_marked(exe):
+    """--list-params: {name: marked as kept in half on the device} for each frozen parameter."""
+    text = subprocess.run([exe, "--list-params"], capture_output=True, text=True, check=True).stdout
+    return {m.group(1): m.group(2) is not None for m in re.finditer(r"^(\S+) .*  frozen( \(\w+ on the device\))?$",
+                                                                      text, re.M)}
+
+
+def main_frozen_half(work, steps, plain, frozen):
+    """The device trainer compiled with --frozen-half (FROZEN: its frozen weights that only
+    products read kept in bf16 or fp16 on the device, rounded once at the upload) against the
+    same without it (PLAIN: those weights float32 on the device, cast to the same type in every
+    step by the kernels' rt_bits.h rounding, the function the upload rounds with). The products
+    read the same bits, so everything else must be the same bits too:
+      - --list-params marks some frozen parameters, and only in FROZEN;
+      - the saved parameters, the checkpoints (optimizer state included) and the logs of STEPS
+        steps; every frozen parameter saved is the init's value exactly (the host's float32
+        copy is what files are written from, never the device's rounded one);
+      - FROZEN stopped half way and resumed (the upload rounds the checkpoint's values again);
+      - FROZEN with --eval-async (its second arena gets the half values too);
+      - a LoRA model's --save-adapter and --save-merged files, byte for byte."""
+    os.makedirs(work, exist_ok=True)
+    marked, unmarked = half_marked(frozen), half_marked(plain)
+    assert any(marked.values()), f"--frozen-half: --list-params marks no frozen parameter as kept in half: {marked}"
+    assert unmarked.keys() == marked.keys() and not any(unmarked.values()), \
+        f"without --frozen-half --list-params marks {unmarked}"
+    data = write_data(plain, work)
+    init = os.path.join(work, "init.safetensors")
+    write_init(plain, init)
+    evals = write_eval_data(data, work)
+    common = [*data, *evals, "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2"]
+    fresh = ["--init", init, "--no-shuffle", "--seed", "3"]
+    lora = any(".lora_A." in k for k in st_load(init))
+    outs = {}
+    for tag, exe in (("plain", plain), ("frozen", frozen)):
+        extra = ["--checkpoint-every", "3", "--checkpoint", os.path.join(work, f"{tag}.ckpt")]
+        if lora:
+            extra += ["--save-adapter", os.path.join(work, f"{tag}-adapter"), "--save-merged",
+                      os.path.join(work, f"{tag}-merged.safetensors")]
+        outs[tag] = train(exe, common + fresh, tag, work, *extra)
+
+    def same_bits(a_path, b_path, what):
+        a, b = st_load(a_path), st_load(b_path)
+        assert a.keys() == b.keys(), f"--frozen-half: {what}: different tensors"
+        for k in b:
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), f"--frozen-half: {what}: {k} differs"
+    (plain_log, plain_out), (frozen_log, frozen_out) = outs["plain"], outs["frozen"]
+    same_bits(frozen_out, plain_out, "the saved parameters")
+    same_bits(os.path.join(work, "frozen.ckpt"), os.path.join(work, "plain.ckpt"), "the final checkpoints")
+    assert records(frozen_log) == records(plain_log), "--frozen-half: the logs differ"
+    saved, p0 = st_load(frozen_out), st_load(init)
+    for k in marked:
+        assert np.array_equal(saved[k], p0[k].astype(np.float32)), f"--frozen-half: frozen {k} is not the init's"
+    if lora:
+        for f in ("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "merged.safetensors"):
+            a, b = (os.path.join(work, f"{tag}-{f}") for tag in ("frozen", "plain"))
+            assert open(a, "rb").read() == open(b, "rb").read(), f"--frozen-half: {f} differs"
+
+    stop = max(2, steps // 2 // 2 * 2)
+    ckpt = os.path.join(work, "frozen-stopped.ckpt")
+    train(frozen, common + fresh, "frozen-resumed", work, "--checkpoint", ckpt, "--stop-at", str(stop), expect=4)
+    _, resumed = train(frozen, common, "frozen-resumed", work, "--resume", ckpt, "--checkpoint", ckpt)
+    same_bits(resumed, frozen_out, f"stopped at step {stop} and resumed")
+    n_async = compare_eval_async(frozen, [*common, *fresh], work, frozen_out, frozen_log, True)
+    kept = [k for k, v in marked.items() if v]
+    print(f"--frozen-half: {len(kept)} of {len(marked)} frozen parameters kept in half ({', '.join(kept)}); "
+          f"{steps} steps: parameters, checkpoints and logs identical to the plain trainer's, frozen ones the "
+          f"init's{', adapters and merged weights identical' if lora else ''}; resumed at step {stop}: identical; "
+          f"--eval-async: {n_async} evaluations identical")
+
+
 def main():
+    if sys.argv[2] == "--frozen-half":
+        return main_frozen_half(sys.argv[1], int(sys.argv[3]), sys.argv[4], sys.argv[5])
     if sys.argv[2] == "--ranks" and sys.argv[4] == "--fp16":
         return main_fp16(sys.argv[1], int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]), sys.argv[8],
                          sys.argv[9], ranks=int(sys.argv[3]))

@@ -3,6 +3,7 @@
 # emu_vs_cpu.sh --bf16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --fp16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --ranks N NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
+# emu_vs_cpu.sh --frozen-half bf16|fp16 NETC WORK MODEL STEPS [-D NAME=VALUE]...
 #
 # The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
 # or a path ending in .net) is compiled twice: as a CPU trainer, and with --backend cuda, whose
@@ -22,6 +23,10 @@
 # that they converge alike - final evaluation losses within LOSS_TOL, parameters within
 # PARAM_TOL of the distance they travelled (see there). --fp16 is the same comparison with
 # --precision fp16, then the dynamic loss scale's own checks (emu_compare.py main_fp16).
+#
+# With --frozen-half there is no CPU trainer: the device trainer compiled with --precision bf16 (or
+# fp16) and the same compiled with --frozen-half too are emulated, and emu_compare.py
+# --frozen-half requires the same bits from both (main_frozen_half).
 #
 # With --ranks N both trainers are distributed (netc --distributed) and run as N ranks under
 # mpirun: the emulated one with the real runtime/cuda/rt_cuda_nccl.c (libnetrt_nccl: the NCCL
@@ -46,7 +51,11 @@ if [ "${1:-}" = --ranks ]; then
   ranks=$2
   shift 2
 fi
-if [ "${1:-}" = --bf16 ] || [ "${1:-}" = --fp16 ]; then # emu_compare.py's half modes: EPOCHS PARAM_TOL LOSS_TOL
+frozen_half=
+if [ "${1:-}" = --frozen-half ]; then # emu_compare.py's: STEPS, the plain half trainer against --frozen-half's
+  frozen_half=1 netc=$3 work=$4 model=$5 precision=$2 compare=("$6")
+  shift 6
+elif [ "${1:-}" = --bf16 ] || [ "${1:-}" = --fp16 ]; then # emu_compare.py's half modes: EPOCHS PARAM_TOL LOSS_TOL
   netc=$2 work=$3 model=$4 precision=${1#--} compare=("$1" "$5" "$6" "$7")
   shift 7
 else # STEPS TOL
@@ -63,6 +72,7 @@ case $model in
 esac
 dir=$work/emu-$model
 [ "$precision" = fp32 ] || dir=$dir-$precision
+[ -z "$frozen_half" ] || dir=$dir-frozen-half
 dist=()
 if [ -n "$ranks" ]; then
   dir=$dir-ranks$ranks dist=(--distributed) compare=(--ranks "$ranks" "${compare[@]}")
@@ -72,47 +82,60 @@ case " $* " in *" --shard-optimizer "*) dir=$dir-shard ;; esac
 [ -z "${NETC_EMU_NO_GELU_EPILOGUE:-}" ] || dir=$dir-no-gelu-epilogue # rt_cuda_emu.c: the fallback
 rm -rf "$dir" && mkdir -p "$dir"
 
-"$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"
-"$netc" "$src" "$@" "${dist[@]}" --backend cuda --precision "$precision" --emit-dir "$dir/gen" -o "$dir/gen/$model"
+# The emulated trainer of the CUDA trainer netc compiles with NETC_ARGS: DIR/$model-emu.
+emu_build() { # DIR NETC_ARGS...
+  local d=$1
+  shift
+  mkdir -p "$d/gen"
+  "$netc" "$src" "$@" --backend cuda --emit-dir "$d/gen" -o "$d/gen/$model"
 
-# The kernels by name: the .cu and a table of its kernel_names (from the host C), one object
-# whose only global symbols are the table, so no kernel name can meet a library's symbol.
-names=$(sed -n '/kernel_names\[N_KERNELS\] = {/,/^};/s/^ *"\([A-Za-z_][A-Za-z0-9_]*\)",$/\1/p' "$dir/gen/$model.c")
-[ -n "$names" ] || { echo "emu_vs_cpu: no kernel_names in $dir/gen/$model.c" >&2; exit 1; }
-{
-  echo "#include \"$model.cu\""
-  echo 'extern "C" {'
-  echo 'struct EmuKernel { const char *name; void (*fn)(unsigned char *); };'
-  echo 'extern const EmuKernel emu_kernels[] = {'
-  for k in $names; do echo "    {\"$k\", $k},"; done
-  echo '};'
-  echo "extern const int emu_n_kernels = $(echo "$names" | wc -l);"
-  echo '}'
-} >"$dir/kernels_emu.cpp"
+  # The kernels by name: the .cu and a table of its kernel_names (from the host C), one object
+  # whose only global symbols are the table, so no kernel name can meet a library's symbol.
+  local names
+  names=$(sed -n '/kernel_names\[N_KERNELS\] = {/,/^};/s/^ *"\([A-Za-z_][A-Za-z0-9_]*\)",$/\1/p' "$d/gen/$model.c")
+  [ -n "$names" ] || { echo "emu_vs_cpu: no kernel_names in $d/gen/$model.c" >&2; exit 1; }
+  {
+    echo "#include \"$model.cu\""
+    echo 'extern "C" {'
+    echo 'struct EmuKernel { const char *name; void (*fn)(unsigned char *); };'
+    echo 'extern const EmuKernel emu_kernels[] = {'
+    for k in $names; do echo "    {\"$k\", $k},"; done
+    echo '};'
+    echo "extern const int emu_n_kernels = $(echo "$names" | wc -l);"
+    echo '}'
+  } >"$d/kernels_emu.cpp"
 
-flags=(-O2 -g -fopenmp -ffp-contract=off -I"$root/runtime" -I"$root/runtime/cuda" -I"$NETC_EMU_CUDA_INCLUDE")
-g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -include "$here/cuda_emu.h" -I"$dir/gen" \
-  -c "$dir/kernels_emu.cpp" -o "$dir/kernels_emu.o"
-objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$dir/kernels_emu.o"
-# NETC_EMU_SANITIZE: the sanitizer flags of a NETC_SANITIZE build, whose libnetrt needs them at
-# link time; the generated host C gets them too, the emulation itself (fibers) does not.
-# shellcheck disable=SC2086 # a list of words
-gcc "${flags[@]}" ${NETC_EMU_SANITIZE:-} -std=gnu11 -Wall -Wextra -Werror -c "$dir/gen/$model.c" -o "$dir/host.o"
-gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$dir/rt_cuda_emu.o"
-# the host C points RtCudaModel.images at the NVRTC images (the emulation runs kernels by name)
-gcc "${flags[@]}" -std=gnu11 -c "$dir/gen/${model}_images.c" -o "$dir/images.o"
-objs=("$dir/host.o" "$dir/images.o" "$dir/kernels_emu.o" "$dir/rt_cuda_emu.o")
-if [ -n "$ranks" ]; then # libnetrt_nccl's source, and NCCL as MPI
-  : "${NETC_EMU_DIST_CFLAGS:?set it to -I for mpi.h and nccl.h (tests/cuda/CMakeLists.txt does)}"
-  : "${NETC_EMU_DIST_LINK:?set it to libnetrt_mpi.a and MPI (tests/cuda/CMakeLists.txt does)}"
+  local flags=(-O2 -g -fopenmp -ffp-contract=off -I"$root/runtime" -I"$root/runtime/cuda" -I"$NETC_EMU_CUDA_INCLUDE")
+  g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -include "$here/cuda_emu.h" -I"$d/gen" \
+    -c "$d/kernels_emu.cpp" -o "$d/kernels_emu.o"
+  objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$d/kernels_emu.o"
+  # NETC_EMU_SANITIZE: the sanitizer flags of a NETC_SANITIZE build, whose libnetrt needs them at
+  # link time; the generated host C gets them too, the emulation itself (fibers) does not.
   # shellcheck disable=SC2086 # a list of words
-  gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$root/runtime/cuda/rt_cuda_nccl.c" \
-    -o "$dir/rt_cuda_nccl.o"
-  # shellcheck disable=SC2086
-  gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$here/nccl_emu.c" -o "$dir/nccl_emu.o"
-  objs+=("$dir/rt_cuda_nccl.o" "$dir/nccl_emu.o")
-fi
-# shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
-g++ -fopenmp ${NETC_EMU_SANITIZE:-} "${objs[@]}" ${NETC_EMU_DIST_LINK:-} $NETC_EMU_LINK -o "$dir/$model-emu"
+  gcc "${flags[@]}" ${NETC_EMU_SANITIZE:-} -std=gnu11 -Wall -Wextra -Werror -c "$d/gen/$model.c" -o "$d/host.o"
+  gcc "${flags[@]}" -std=gnu11 -Wall -Wextra -Werror -c "$here/rt_cuda_emu.c" -o "$d/rt_cuda_emu.o"
+  # the host C points RtCudaModel.images at the NVRTC images (the emulation runs kernels by name)
+  gcc "${flags[@]}" -std=gnu11 -c "$d/gen/${model}_images.c" -o "$d/images.o"
+  local objs=("$d/host.o" "$d/images.o" "$d/kernels_emu.o" "$d/rt_cuda_emu.o")
+  if [ -n "$ranks" ]; then # libnetrt_nccl's source, and NCCL as MPI
+    : "${NETC_EMU_DIST_CFLAGS:?set it to -I for mpi.h and nccl.h (tests/cuda/CMakeLists.txt does)}"
+    : "${NETC_EMU_DIST_LINK:?set it to libnetrt_mpi.a and MPI (tests/cuda/CMakeLists.txt does)}"
+    # shellcheck disable=SC2086 # a list of words
+    gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$root/runtime/cuda/rt_cuda_nccl.c" \
+      -o "$d/rt_cuda_nccl.o"
+    # shellcheck disable=SC2086
+    gcc "${flags[@]}" $NETC_EMU_DIST_CFLAGS -std=gnu11 -Wall -Wextra -Werror -c "$here/nccl_emu.c" -o "$d/nccl_emu.o"
+    objs+=("$d/rt_cuda_nccl.o" "$d/nccl_emu.o")
+  fi
+  # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
+  g++ -fopenmp ${NETC_EMU_SANITIZE:-} "${objs[@]}" ${NETC_EMU_DIST_LINK:-} $NETC_EMU_LINK -o "$d/$model-emu"
+}
 
+emu_build "$dir" "$@" "${dist[@]}" --precision "$precision"
+if [ -n "$frozen_half" ]; then # the emulated trainer with --frozen-half against the plain one
+  emu_build "$dir/frozen-half" "$@" --precision "$precision" --frozen-half
+  exec /usr/bin/python3 "$here/emu_compare.py" "$dir/run" --frozen-half "${compare[@]}" "$dir/$model-emu" \
+    "$dir/frozen-half/$model-emu"
+fi
+"$netc" "$src" "$@" "${dist[@]}" -o "$dir/$model-cpu"
 /usr/bin/python3 "$here/emu_compare.py" "$dir/run" "${compare[@]}" "$dir/$model-cpu" "$dir/$model-emu"

@@ -628,7 +628,8 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int e
 static void emu_upload(const float *params, const float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
-    memcpy(cu->base + cu->dm->off_params, params, (size_t)m->n_param_floats * sizeof(float));
+    memcpy(cu->base + cu->dm->off_params, params, rt_device_param_floats(m) * sizeof(float));
+    if (m->n_half_params) rt_half_params(m, params, (uint16_t *)(cu->base + cu->dm->off_half_params));
     size_t state_floats = (size_t)cu->state_floats;
     if (state_floats && optstate) memcpy(cu->base + cu->dm->off_optstate, optstate, state_floats * sizeof(float));
 }
@@ -636,7 +637,7 @@ static void emu_upload(const float *params, const float *optstate) {
 static void emu_download(float *params, float *optstate) {
     RtCuda *cu = &g_cu;
     const RtModel *m = cu->model;
-    memcpy(params, cu->base + cu->dm->off_params, (size_t)m->n_param_floats * sizeof(float));
+    memcpy(params, cu->base + cu->dm->off_params, rt_device_param_floats(m) * sizeof(float));
     size_t state_floats = (size_t)cu->state_floats;
     if (state_floats && optstate) memcpy(optstate, cu->base + cu->dm->off_optstate, state_floats * sizeof(float));
 }
@@ -696,7 +697,9 @@ static void emu_eval_async_begin(void) {
     RtCuda *cu = &g_cu;
     if (!cu->side) die("--eval-async's evaluation begun on a device opened without it");
     memcpy(cu->side + cu->dm->off_params, cu->base + cu->dm->off_params,
-           (size_t)cu->model->n_param_floats * sizeof(float));
+           rt_device_param_floats(cu->model) * sizeof(float));
+    memcpy(cu->side + cu->dm->off_half_params, cu->base + cu->dm->off_half_params,
+           (size_t)cu->model->n_half_params * sizeof(uint16_t));
     memset(cu->side + cu->dm->off_state, 0, sizeof(RtDevState));
 }
 
