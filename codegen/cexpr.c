@@ -168,9 +168,10 @@ void cg_ptr(Cg *c, const IrNode *n) {
         if (elems) cg_put(c, " + %" PRId64, elems);
         break;
     case ST_PARAM:
-        if (r->dtype != DT_F32) /* autocast_half keeps only those that library products read */
-            ICE("codegen: %%%d reads parameter %%%d, kept in %s, in a kernel", n->id, r->id, ir_dtype_name(r->dtype));
-        cg_put(c, "ctx->params + %" PRId64, r->offset + elems);
+        if (r->dtype != DT_F32) /* kept in half on the device (--frozen-half): a permuting cast reads it */
+            cg_put(c, "(%s *)ctx->half_params + %" PRId64, t,
+                   r->offset - (c->g->n_param_floats - c->g->n_half_params) + elems);
+        else cg_put(c, "ctx->params + %" PRId64, r->offset + elems);
         break;
     case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
     case ST_INPUT: cg_put(c, "(const %s *)ctx->inputs[%d] + %" PRId64, t, r->index, elems); break;

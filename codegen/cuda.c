@@ -1408,6 +1408,7 @@ static void emit_cu_context(Cu *u, Cg *c) {
     cg_line(c, "#define NETC_OFF_STATE %" PRId64 "LL", u->map.state);
     cg_line(c, "#define NETC_OFF_BATCH %" PRId64 "LL", u->map.batch);
     cg_line(c, "#define NETC_OFF_PARAMS %" PRId64 "LL", u->map.params);
+    if (g->n_half_params) cg_line(c, "#define NETC_OFF_HALF_PARAMS %" PRId64 "LL", u->map.half_params);
     cg_line(c, "#define NETC_OFF_GRADS %" PRId64 "LL", u->map.grads);
     cg_line(c, "#define NETC_OFF_OPTSTATE %" PRId64 "LL", u->map.optstate);
     cg_line(c, "#define NETC_OFF_ARENA %" PRId64 "LL", u->map.arena);
@@ -1418,6 +1419,7 @@ static void emit_cu_context(Cu *u, Cg *c) {
     cg_open(c, "struct NetCtx {");
     cg_line(c, "unsigned char *arena;");
     cg_line(c, "float *params, *grads, *optstate;");
+    if (g->n_half_params) cg_line(c, "unsigned char *half_params; // frozen parameters in half (netc --frozen-half)");
     cg_line(c, "const void *inputs[%d];", g->n_inputs > 0 ? g->n_inputs : 1);
     cg_line(c, "RtDevState *state;");
     cg_line(c, "uint64_t seed;   // this step's dropout seed");
@@ -1427,6 +1429,7 @@ static void emit_cu_context(Cu *u, Cg *c) {
     cg_line(c, "NetCtx c;");
     cg_line(c, "c.arena = base + NETC_OFF_ARENA;");
     cg_line(c, "c.params = (float *)(base + NETC_OFF_PARAMS);");
+    if (g->n_half_params) cg_line(c, "c.half_params = base + NETC_OFF_HALF_PARAMS;");
     cg_line(c, "c.grads = (float *)(base + NETC_OFF_GRADS);");
     cg_line(c, "c.optstate = (float *)(base + NETC_OFF_OPTSTATE);");
     for (int i = 0; i < g->n_inputs; i++)

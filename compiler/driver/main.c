@@ -110,9 +110,9 @@ static void usage(FILE *out) {
             "  --precision P        cuda: fp32 (default; no TF32), tf32, bf16 (products and convolutions in\n"
             "                       bf16 with float32 master weights) or fp16 (the same in fp16, with a\n"
             "                       dynamic loss scale on the device)\n"
-            "  --frozen-half        cuda, with --precision bf16 or fp16: keep each frozen weight that only\n"
-            "                       matrix products read (LoRA's base, frozen layers) in that type on the device,\n"
-            "                       half its float32 memory; weight files and checkpoints keep the float32 values\n"
+            "  --frozen-half        cuda, with --precision bf16 or fp16: keep each frozen weight that only matrix\n"
+            "                       products and convolutions read (LoRA's base, a frozen backbone) in that type on\n"
+            "                       the device, half its float32 memory; weight files keep the float32 values\n"
             "  -O LEVEL, -OLEVEL    C compiler optimisation level for the trainer: 0, 1, 2, 3 or s (default: 2)\n"
             "  --cc CC              C compiler to build the trainer (default: $CC or the one netc was built with)\n"
             "  --runtime-dir DIR    where netrt.h and libnetrt.a live (default: $NETC_RUNTIME_DIR, runtime/ beside\n"
@@ -624,7 +624,7 @@ static int verify(const IrGraph *g, const char *stage) {
 }
 
 /* --frozen-half: an error when the model has no frozen parameter; a note naming the frozen ones
- * that stay float32 because something other than a matrix product reads them. */
+ * that stay float32 because something other than products and convolutions reads them. */
 static int report_frozen_half(const IrGraph *g, const char *input) {
     int frozen = 0, kept = 0;
     for (int i = 0; i < g->n_params; i++)
@@ -639,7 +639,7 @@ static int report_frozen_half(const IrGraph *g, const char *input) {
     }
     if (!kept) return 0;
     fprintf(stderr, "netc: note: --frozen-half: %d of the %d frozen parameters stay float32 (read by more than "
-                    "matrix products):", kept, frozen);
+                    "products and convolutions):", kept, frozen);
     for (int i = 0, shown = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
         if (p->trainable || p->buffer || p->node->dtype != DT_F32) continue;

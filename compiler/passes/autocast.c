@@ -16,7 +16,9 @@
  *              products' inputs rounded to bf16 (8 significant bits) and their sums taken in
  *              float32 by the libraries.
  *              With frozen_half (netc --frozen-half), a frozen parameter that only products
- *              read is itself bf16 (its OP_PARAM node's dtype): no cast, and the memory plan
+ *              read (directly, or through a layout conversion only they read, which becomes a
+ *              permuting bf16-to-bf16 cast) is itself bf16 (its OP_PARAM node's dtype): no
+ *              rounding in the step, and the memory plan
  *              puts it among the last values of the flat buffer, which a device trainer keeps
  *              in bf16 - rounded once when the parameters are uploaded, as the cast would
  *              round it in every step, so the products read the same bits.
@@ -85,6 +87,19 @@ static void cast_for_products(IrBuilder *b, IrNode *x, IrDtype half) {
     irb_replace_uses(b, x, c, reads_half, NULL);
 }
 
+/* Frozen parameter x can be kept in half (--frozen-half): products read it, directly or through
+ * layout conversions that only products read (a channels-last filter, which becomes a permuting
+ * cast from half to half when visited), and nothing else does. */
+static int half_frozen(const IrGraph *g, const IrBuilder *b, const IrNode *x) {
+    if (x->op != OP_PARAM || g->params[x->index].trainable || irb_is_result(b, x)) return 0;
+    int n_uses;
+    const IrUse *use = irb_uses(b, x, &n_uses);
+    for (int i = 0; i < n_uses; i++)
+        if (!is_product(use[i].user) && !(use[i].user->op == OP_LAYOUT && read_by_products_only(b, use[i].user)))
+            return 0;
+    return n_uses > 0;
+}
+
 /* Some product reads x. */
 static int feeds_product(const IrBuilder *b, const IrNode *x) {
     int n_uses;
@@ -110,8 +125,8 @@ int autocast_half(IrGraph *g, IrDtype half, int frozen_half) {
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         place_casts_back(b, n);
-        if (frozen_half && n->op == OP_PARAM && !g->params[n->index].trainable && read_by_products_only(b, n))
-            n->dtype = half; /* stored in half: the products read it as it is */
+        if (frozen_half && half_frozen(g, b, n))
+            n->dtype = half; /* stored in half: the products read it as it is, or permuted */
         else if (is_product(n)) cast_back(b, n, half);
         else if (feeds_product(b, n)) cast_for_products(b, n, half);
     }

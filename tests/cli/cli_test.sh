@@ -52,7 +52,7 @@ check "--frozen-half" 0 "$netc" "$root/tests/cuda/emu/lora.net" --backend cuda -
   --dump=layout
 contains '%3 = param "fc1.weight" bf16[24, 12]'
 contains '%4 = param "fc1.bias" f32[24]'
-contains "note: --frozen-half: 3 of the 6 frozen parameters stay float32 (read by more than matrix products): fc1.bias,"
+contains "note: --frozen-half: 3 of the 6 frozen parameters stay float32 (read by more than products and convolutions): fc1.bias,"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
 contains "nhwc"
 check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout
