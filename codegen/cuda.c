@@ -1196,7 +1196,9 @@ static void emit_piece_table(Cu *u) {
  * taken less those skipped, as torch.optim counts the step() calls that GradScaler lets through). */
 static void emit_optim_head(Cu *u) {
     const IrTrain *t = &u->g->train;
-    const char *step = u->g->loss_scaling ? "st->step - st->skipped_steps" : "st->step";
+    /* the updates made: a loss-scaling run's skipped steps (carried from its checkpoint into a
+     * trainer that does not scale, rt_main.c) made none */
+    const char *step = "st->step - st->skipped_steps";
     Cg *c = &u->c;
     cg_line(c, "const RtDevState *st = ctx->state;");
     if (u->g->loss_scaling) cg_line(c, "if (st->nonfinite_step || st->scale_skip) return;");

@@ -195,7 +195,8 @@ typedef struct RtDevice {
     void (*upload)(const float *params, const float *optstate);
     void (*download)(float *params, float *optstate);
     /* The run's constants: steps taken so far, steps per epoch and in the run, the seed; and for
-     * a trainer with loss_scaling the loss scale's state (NULL otherwise). */
+     * a trainer with loss_scaling, or one resuming the checkpoint of such a run, the loss scale's
+     * state, whose skipped steps the optimizer leaves out of its count (NULL otherwise). */
     void (*start)(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed, const RtLossScale *scale);
     /* Enqueue one training step (forward, backward, optimizer) on `batch`, host buffers as
      * rt_gather fills them; returns once the batch is staged, without waiting for the step. */

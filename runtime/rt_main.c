@@ -73,6 +73,9 @@ typedef struct Trainer {
     int64_t dev_steps;
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
     RtLossScale scale;        /* loss scaling (m->loss_scaling): as of the last read of the device */
+    int carry_scale;          /* resumed a loss-scaling run without loss scaling (a CPU trainer): `scale` as
+                               * the checkpoint recorded it, passed on to this run's checkpoints, and its
+                               * skipped steps left out of the optimizer's count of updates */
     double counted;           /* the last step's positions the accuracy counts (counted_positions) */
     RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
@@ -831,7 +834,7 @@ static int write_checkpoint(Trainer *t) {
     RtTrainState s = t->pos; /* the position, and the number of samples */
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
     s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads, s.ranks = t->dist.ranks;
-    s.has_scale = t->m->loss_scaling, s.scale = t->scale;
+    s.has_scale = t->m->loss_scaling || t->carry_scale, s.scale = t->scale;
     rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
     float *state = t->ctx.optstate, *whole = NULL; /* the whole state, as one process holds it */
     if (t->gather_state) {
@@ -974,7 +977,7 @@ static int train_step(Trainer *t, void *const *batch) {
     int64_t step = t->pos.step;
     t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
-    t->ctx.step = step;
+    t->ctx.step = step - t->scale.skipped; /* updates made: a loss-scaling run's skipped steps made none */
     t->ctx.seed = rt_step_seed(rank_seed(t), step);
     t->ctx.n_valid = m->batch;
     t->counted = counted_positions(m, batch, m->batch);
@@ -1426,6 +1429,8 @@ static void resume(Trainer *t, const RtDataset *ds) {
                       t->o.loss_scale, f, s.scale.scale);
         t->scale.scale = s.scale.scale, t->scale.good = s.scale.good, t->scale.skipped = s.scale.skipped;
         if (!t->o.loss_scale_interval_given) t->scale.interval = s.scale.interval; /* as recorded */
+    } else if (s.has_scale) { /* this trainer does not scale: it updates at every step from here on */
+        t->scale = s.scale, t->carry_scale = 1;
     }
     if (rt_augment_resume(t->m, &t->aug, s.augment, f, &err)) die_usage("%s", err.msg);
     resume_target(t, &s);
@@ -1604,7 +1609,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     rt_mllog_run_start(&t.ml, global_batch(&t), m->schedule.base_lr, train_ds.n_samples);
     if (t.dev) {
         t.dev->upload(t.ctx.params, t.ctx.optstate);
-        t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t), m->loss_scaling ? &t.scale : NULL);
+        t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t), m->loss_scaling || t.carry_scale ? &t.scale : NULL);
     }
     void **bufs = batch_buffers(m);
     int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)

@@ -41,7 +41,8 @@ typedef struct RtDevState {
     int nonfinite_grads;      /* set with nonfinite_step: gradients not finite at the smallest scale */
     long long scale_good;     /* finite steps in a row since S last changed (the growth tracker) */
     long long scale_interval; /* S doubles after this many (growth_interval) */
-    long long skipped_steps;  /* steps skipped in the whole run; the optimizer's count leaves them out */
+    long long skipped_steps;  /* steps skipped in the whole run; the optimizer's count leaves them out
+                               * (also in a trainer without loss scaling that resumed such a run) */
 } RtDevState;
 
 /* --precision fp16: the loss scale never grows past RT_LOSS_SCALE_MAX (a float's largest power

@@ -42,6 +42,7 @@ same parameters, checkpoints and logs within TOLERANCE, and the same step on a N
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -380,6 +381,40 @@ def scales_by_rule(first, interval, skipped):
     return out
 
 
+def st_metadata(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def cpu_resumes_scaled(work, common, one, m, steps, first, cpu, emu, ranks):
+    """A trainer without loss scaling (the CPU one) resuming the fp16 run's checkpoint after its m
+    skipped steps counts only the updates made in AdamW's bias correction, as the fp16 trainer
+    does: resumed 2 steps after the skips, it ends with the bits it ends with when it resumes the
+    run started at the scale the skips reached, 2 steps in (the same parameters and optimizer
+    state, m steps fewer); and its own checkpoints pass the loss scale on as they found it."""
+    run = ranks_run(ranks)
+    forced, unforced = (os.path.join(work, f"{t}-late.ckpt") for t in ("forced", "unforced"))
+    train(emu, [*common, "--steps", str(steps)], "forced-late", work, "--loss-scale", str(first), "--checkpoint",
+          forced, "--stop-at", str(m + 2), expect=4, **run)
+    train(emu, [*common, "--steps", str(steps - m)], "unforced-late", work, "--loss-scale", str(first >> m),
+          "--checkpoint", unforced, "--stop-at", "2", expect=4, **run)
+    again = [*one, "--threads", threads(ranks), "--quiet", "--log-every", "1"]
+    passed_on = os.path.join(work, "cpu-after-forced.ckpt")
+    _, a = train(cpu, again, "cpu-after-forced", work, "--resume", forced, "--checkpoint", passed_on, **run)
+    _, b = train(cpu, again, "cpu-after-unforced", work, "--resume", unforced, **run)
+    x, y = st_load(a), st_load(b)
+    for k in y:
+        assert np.array_equal(x[k], y[k]), f"the CPU trainer resuming after {m} skipped steps: {k} differs from " \
+                                           f"its resuming the run without them (its optimizer counted the skips)"
+    got, had = st_metadata(passed_on), st_metadata(forced)
+    keys = ("loss_scale", "loss_scale_good", "loss_scale_interval", "skipped_steps")
+    assert all(got.get(k) == had[k] for k in keys) and int(had["skipped_steps"]) == m, \
+        f"the CPU trainer's checkpoint after resuming the fp16 run: {[got.get(k) for k in keys]}, " \
+        f"the fp16 run's {[had.get(k) for k in keys]}"
+    return "; the CPU trainer resuming it after the skips counts the updates alike and passes the scale on"
+
+
 def loss_scale_checks(work, cpu, emu, ranks=1):
     """--precision fp16's dynamic loss scale, with overflows forced by a first scale of 2^32 (the
     loss gradient's seed, so fp16 products of the scaled gradients overflow until it comes down),
@@ -392,6 +427,8 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
       - the run equals, bit for bit, a run started at the scale the skips reached, 2^(32-m),
         with m fewer steps: a skipped step changes nothing, nor counts as an update in AdamW's
         bias correction (its step count would differ by m), and the unscaling is exact;
+      - the CPU trainer resumes such a run after its skips counting the updates alike
+        (cpu_resumes_scaled);
       - stopped inside the skipped steps and resumed from the checkpoint: the same bits and the
         same log (the scale and its counters are checkpointed), and --loss-scale against that
         checkpoint is refused;
@@ -439,6 +476,7 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
                                                f"{steps - m} steps at scale 2^{32 - m}"
         assert [r[0] for r in step_records(b_log)] == losses[m:], "the runs' losses differ after the skipped steps"
         same = f"bit-identical to {steps - m} steps from 2^{32 - m}"
+        same += cpu_resumes_scaled(work, common, one, m, steps, first, cpu, emu, ranks)
     else:  # a schedule over the run's length (GPT-2's cosine) gives the shorter run other rates
         same = "a shorter run has other learning rates (a schedule over the run), not compared"
 
