@@ -144,8 +144,8 @@ static IrNode *refuse_half(Args *A, int i, IrNode *x) {
     const char *layer = A->label ? arena_printf(A->S->arena, "%s '%s'", A->b->name, A->label) : A->b->name;
     diag_error(loc_of(A, i), "'%s' of %s must be an f32 tensor, found %s", A->b->params[i], layer,
                sema_value_desc(A->S, sema_tensor(x)));
-    diag_hint("the CPU and CUDA fp32 kernels take f32 only: convert it with f32(x); for bf16 "
-              "products and convolutions compile with --backend cuda --precision bf16, which "
+    diag_hint("the CPU and CUDA fp32 kernels take f32 only: convert it with f32(x); for bf16 or fp16 "
+              "products and convolutions compile with --backend cuda --precision bf16 (or fp16), which "
               "casts f32 values itself");
     A->ok = 0;
     return NULL;
