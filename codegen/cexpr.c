@@ -598,6 +598,7 @@ const char *const cg_dtype_enums[] = {
 };
 const char *const cg_sched_enums[] = {
     [SCHED_CONSTANT] = "RT_SCHED_CONSTANT", [SCHED_STEP] = "RT_SCHED_STEP", [SCHED_COSINE] = "RT_SCHED_COSINE",
+    [SCHED_POLY] = "RT_SCHED_POLY",
 };
 const char *const cg_loss_names[] = {
     [LOSS_CROSS_ENTROPY] = "cross_entropy", [LOSS_MSE] = "mse", [LOSS_BCE_LOGITS] = "bce_logits",
@@ -713,6 +714,10 @@ static void emit_schedule(Cg *c, const IrTrain *t) {
     cg_dbl(o, t->gamma);
     cg_put(c, ", .min_lr = ");
     cg_dbl(o, t->min_lr);
+    if (t->sched == SCHED_POLY) {
+        cg_put(c, ", .power = ");
+        cg_dbl(o, t->power);
+    }
     if (!t->warmup_steps && !t->step_steps) {
         cg_end(c, "},");
         return;

@@ -1013,7 +1013,7 @@ static void emit_sharded_optimizer(Cg *c) {
     cg_blank(c);
 }
 
-/* A layer-wise optimizer (LAMB): the update of ctx->pieces (RtPieces in netrt.h), the floats
+/* A layer-wise optimizer (LAMB, LARS): the update of ctx->pieces (RtPieces in netrt.h), the floats
  * this rank updates cut inside tensors, in three passes: the moments and each piece's sums of
  * squares, the tensors' norms (rt_piece_norms), and the update scaled per tensor. */
 static void emit_layerwise_optimizer(Cg *c) {
@@ -1031,7 +1031,7 @@ static void emit_layerwise_optimizer(Cg *c) {
             shard ? "ctx->shard->grads" : "ctx->grads");
     if (shard) cg_line(c, "const int64_t floats = ctx->shard->floats; // per slot of the state");
     else cg_line(c, "const int64_t floats = %" PRId64 "; // per slot of the state", n);
-    const char *hs = nd < n ? "hk, sk" : "h, s", *sk = nd < n ? "sk" : "s";
+    const char *hs = nd < n ? "hk, sk" : "h, s";
     for (int pass = 0; pass < 2; pass++) {
         if (pass) cg_line(c, "rt_piece_norms(ctx); // per tensor, the 2-norms of p and u%s", shard ? ", over the ranks" : "");
         cg_line(c, pass ? "// each tensor's factor, and the update p -= factor * u"
@@ -1041,17 +1041,18 @@ static void emit_layerwise_optimizer(Cg *c) {
         cg_line(c, "const RtPiece r = pc->piece[k];");
         if (nd < n) {
             cg_line(c, "const int decay = r.offset < %" PRId64 "; // the no_decay tensors lie last", nd);
-            if (!pass) cg_line(c, "const RtOptimParams hk = decay ? h : h_nd;");
+            cg_line(c, "const RtOptimParams hk = decay ? h : h_nd;");
             cg_line(c, "const RtOptimStep sk = decay ? s : s_nd;");
         }
-        cg_line(c, pass ? "float *p = params + r.offset;"
+        cg_line(c, pass ? "float *p = params + r.offset, *state = optstate + r.at;"
                         : "const float *p = params + r.offset; float *state = optstate + r.at;");
         if (pass) {
             cg_line(c, "const double *norm = pc->norms + 2 * r.tensor;");
-            cg_line(c, "const float factor = %s(%s, %s, norm[0], norm[1]);", o->ratio_fn, sk, nd < n ? "decay" : "1");
+            cg_line(c, "const float factor = %s(%s, %s, norm[0], norm[1]);", o->ratio_fn, hs, nd < n ? "decay" : "1");
             cg_line(c, "const float *u = grads + r.at;");
             cg_line(c, "#pragma omp simd");
-            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %s(factor, p, u, j);", o->apply_kept_fn);
+            cg_line(c, "for (int64_t j = 0; j < r.count; j++) %s(%s, factor, p, u, state, floats, j);", o->apply_kept_fn,
+                    hs);
         } else { /* u over the gradient, which nothing reads after this pass, in a loop that
                   * vectorises; then the sums in double, in order */
             cg_line(c, "float *g = grads + r.at; // u, once computed");

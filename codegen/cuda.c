@@ -968,9 +968,9 @@ static void emit_step_begin(Cu *u) {
     kernel_open(u);
     cg_line(c, "RtDevState *st = ctx->state;");
     cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
-    int in_steps = t->warmup_steps || t->step_steps;
-    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s}",
-            in_steps ? ", warmup_steps, step_steps" : "");
+    int poly = t->sched == SCHED_POLY, in_steps = t->warmup_steps || t->step_steps || poly;
+    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s%s}",
+            in_steps ? ", warmup_steps, step_steps" : "", poly ? ", power" : "");
     cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
     cg_dbl(c->out, t->lr);
     cg_put(c, ", ");
@@ -986,6 +986,10 @@ static void emit_step_begin(Cu *u) {
         cg_dbl(c->out, t->warmup_steps);
         cg_put(c, ", ");
         cg_dbl(c->out, t->step_steps);
+    }
+    if (poly) {
+        cg_put(c, ", ");
+        cg_dbl(c->out, t->power);
     }
     cg_end(c, "};");
     cg_line(c, "st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);");
@@ -1222,9 +1226,10 @@ static void emit_layerwise_sharded(Cu *u, int pass, int clip, const char *hs) {
     cg_line(c, "%sfloat *p = ctx->params + a;", pass == 0 ? "const " : "");
     cg_line(c, "float *state = ctx->optstate + mine[2];");
     if (pass == 2) {
+        cg_line(c, "const float *g = ctx->grads + a;");
         cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d)", BLOCK);
-        cg_line(c, "    if (i >= a && i < b) %s(%s, factor[lo], p, state, floats, i - a);", o->apply_fn, hs);
-        kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: p -= factor * u, this rank's parameters");
+        cg_line(c, "    if (i >= a && i < b) %s(%s, factor[lo], p, g, state, floats, i - a);", o->apply_fn, hs);
+        kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: each tensor's update by its factor, this rank's parameters");
         return;
     }
     if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
@@ -1245,7 +1250,7 @@ static void emit_layerwise_sharded(Cu *u, int pass, int clip, const char *hs) {
             u->map.part, 2 * pieces);
 }
 
-/* A layer-wise optimizer (LAMB, rt_recipe.h) in three kernels, as the CPU backend's three
+/* A layer-wise optimizer (LAMB, LARS: rt_recipe.h) in three kernels, as the CPU backend's three
  * passes: a block per piece of PIECE floats inside one tensor moves the moments and sums the
  * squares of p and of the direction u (rt_block_sum's fixed tree, in double); a thread per
  * tensor adds its pieces' sums in piece order into the tensor's factor; a block per piece
@@ -1274,8 +1279,8 @@ static void emit_layerwise(Cu *u, int clip) {
             cg_line(c, "double pp = 0, uu = 0;");
             cg_line(c, "for (long long b = tensor[k][2]; b < end; b++) pp += sums[2 * b], uu += sums[2 * b + 1];");
             if (nd < n) cg_line(c, "const int decay = tensor[k][0] < %" PRId64 "; // the no_decay tensors lie last", nd);
-            cg_line(c, "factor[k] = %s(%s, %s, sqrt(pp), sqrt(uu));", o->ratio_fn, nd < n ? "decay ? s : s_nd" : "s",
-                    nd < n ? "decay" : "1");
+            cg_line(c, "factor[k] = %s(%s, %s, sqrt(pp), sqrt(uu));", o->ratio_fn,
+                    nd < n ? "decay ? h : h_nd, decay ? s : s_nd" : "h, s", nd < n ? "decay" : "1");
             kernel_close(u, "optimizer_factors", (unsigned)((nt + BLOCK - 1) / BLOCK), BLOCK,
                          "optimizer: each tensor's norms and factor");
             continue;
@@ -1312,8 +1317,8 @@ static void emit_layerwise(Cu *u, int clip) {
                          "optimizer: the moments, and each piece's squares of p and u");
         } else {
             cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d) %s(%s, factor[lo], ctx->params, "
-                       "ctx->optstate, %" PRId64 ", i);", BLOCK, o->apply_fn, hs, n);
-            kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: p -= factor * u, every parameter");
+                       "ctx->grads, ctx->optstate, %" PRId64 ", i);", BLOCK, o->apply_fn, hs, n);
+            kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: each tensor's update by its factor, every parameter");
         }
     }
 }

@@ -71,8 +71,11 @@ static uint64_t fingerprint(const RtModel *m, int64_t batch) {
                  s->step_epochs, s->gamma, s->min_lr);
     if (s->warmup_steps || s->step_steps) /* only when given: older checkpoints keep their fingerprint */
         h = fnv_text(h, "in steps %a %a;", s->warmup_steps, s->step_steps);
+    if (s->kind == RT_SCHED_POLY) h = fnv_text(h, "power %a;", s->power);
     if (m->clip_grad_norm > 0) h = fnv_text(h, "clip_grad_norm %a;", m->clip_grad_norm);
-#define HYPER(name) h = fnv_text(h, #name " %a;", m->hyper.name);
+    /* eta (LARS's) only when given: older checkpoints keep their fingerprint */
+#define HYPER(name)                                                  \
+    if (strcmp(#name, "eta") != 0 || m->hyper.name != 0) h = fnv_text(h, #name " %a;", m->hyper.name);
     RT_OPTIM_PARAMS(HYPER)
 #undef HYPER
     for (int i = 0; i < m->n_params; i++) {

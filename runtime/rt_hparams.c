@@ -1,5 +1,6 @@
 /* rt_hparams.c - the training recipe's values a user may change on the trainer's command line
- * (--lr, --weight-decay, --warmup-epochs, --step-epochs, --gamma, --min-lr) without recompiling.
+ * (--lr, --weight-decay, --warmup-epochs, --step-epochs, --gamma, --min-lr, --end-lr, --power)
+ * without recompiling.
  *
  * The runtime computes the learning-rate schedule itself (rt_lr_at reads RtModel.schedule and
  * hands the rate to the generated optimizer through RtCtx.lr), and a CPU trainer's optimizer
@@ -34,10 +35,12 @@ static const HParam hparams[] = {
     {"--step-steps", RT_SCHED_STEP, 0, offsetof(RtSchedule, step_steps), 1, "step(): optimizer steps between decays"},
     {"--gamma", RT_SCHED_STEP, 0, offsetof(RtSchedule, gamma), 0, "step(): factor of each decay"},
     {"--min-lr", RT_SCHED_COSINE, 0, offsetof(RtSchedule, min_lr), 0, "cosine(): learning rate at the end"},
+    {"--end-lr", RT_SCHED_POLY, 0, offsetof(RtSchedule, min_lr), 0, "poly(): learning rate at the end"},
+    {"--power", RT_SCHED_POLY, 0, offsetof(RtSchedule, power), 0, "poly(): the decay's exponent"},
 };
 enum { N_HPARAMS = sizeof hparams / sizeof hparams[0] };
 
-static const char *const sched_names[] = {"constant()", "step(...)", "cosine(...)"};
+static const char *const sched_names[] = {"constant()", "step(...)", "cosine(...)", "poly(...)"};
 
 static _Noreturn void usage_error(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "error: ");

@@ -1387,11 +1387,11 @@ static void resume_target(Trainer *t, const RtTrainState *s) {
         return;
     }
     if (t->total == s->total_steps) return;
-    if (t->m->schedule.kind == RT_SCHED_COSINE)
-        die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its cosine schedule spans the whole "
+    if (t->m->schedule.kind == RT_SCHED_COSINE || t->m->schedule.kind == RT_SCHED_POLY)
+        die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its %s schedule spans the whole "
                   "run, so the steps already taken would have had other learning rates; leave out --epochs and "
                   "--steps to finish the recorded run", t->o.steps_given ? "steps" : "epochs", t->o.resume,
-                  recorded, (long long)t->total);
+                  recorded, (long long)t->total, t->m->schedule.kind == RT_SCHED_POLY ? "poly" : "cosine");
     if (t->total < s->step)
         die_usage("checkpoint '%s' is at step %lld, past the %lld steps asked for", t->o.resume,
                   (long long)s->step, (long long)t->total);

@@ -33,6 +33,7 @@ typedef enum {
     RT_SCHED_CONSTANT, /* base_lr throughout */
     RT_SCHED_STEP,     /* base_lr * gamma^floor(epoch / step_epochs), or floor(step / step_steps) */
     RT_SCHED_COSINE,   /* from base_lr down to min_lr over the run, half a cosine */
+    RT_SCHED_POLY,     /* from base_lr down to min_lr over the steps after the warm-up, (1 - progress)^power */
 } RtSchedKind;
 
 typedef struct RtSchedule {
@@ -41,11 +42,12 @@ typedef struct RtSchedule {
     double warmup_epochs; /* linear ramp to the schedule's rate over this many epochs (see rt_lr_at) */
     double step_epochs;   /* RT_SCHED_STEP: lr *= gamma every step_epochs epochs */
     double gamma;
-    double min_lr;        /* RT_SCHED_COSINE: lr at the end of training */
+    double min_lr;        /* RT_SCHED_COSINE, RT_SCHED_POLY: lr at the end of training (poly's end_lr) */
     /* the same two in optimizer steps instead of epochs (0: not given; the .net file gives one
      * of each pair, and a value here takes the place of its epoch twin) */
     double warmup_steps;  /* linear ramp over this many steps (warmup_steps = N) */
     double step_steps;    /* RT_SCHED_STEP: lr *= gamma every step_steps steps (step(every_steps = S)) */
+    double power;         /* RT_SCHED_POLY: the exponent of the decay */
 } RtSchedule;
 
 /* The learning rate of the step taken after `step` steps, in a run of total_steps steps of
@@ -54,10 +56,14 @@ typedef struct RtSchedule {
  * (warmup_steps, or warmup_epochs * steps_per_epoch), S = step_steps and T = total_steps this
  * is torch.optim.lr_scheduler.LambdaLR(opt, f) stepped once after every optimizer step, with
  *   f(k) = g(k) * ((k + 1) / W if k < W else 1),
- *   g(k) = 1 (constant), gamma^floor(k / S) (step), or
- *          (min_lr + (base_lr - min_lr) * (1 + cos(pi * min(k / T, 1))) / 2) / base_lr (cosine). */
+ *   g(k) = 1 (constant), gamma^floor(k / S) (step),
+ *          (min_lr + (base_lr - min_lr) * (1 + cos(pi * min(k / T, 1))) / 2) / base_lr (cosine), or
+ *          (min_lr + (base_lr - min_lr) * (1 - min(max(k - W, 0) / (T - W), 1))^power) / base_lr (poly:
+ *          the decay after the warm-up, as MLPerf's ResNet-50 and BERT recipes and Hugging Face's
+ *          get_polynomial_decay_schedule_with_warmup decay; no decay when T <= W). */
 RT_RECIPE_FN double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
     double e = (double)step / (double)steps_per_epoch, lr = s->base_lr;
+    double warm = s->warmup_steps > 0 ? s->warmup_steps : s->warmup_epochs * (double)steps_per_epoch;
     switch (s->kind) {
     case RT_SCHED_CONSTANT: break;
     case RT_SCHED_STEP:
@@ -69,8 +75,13 @@ RT_RECIPE_FN double rt_lr_at(const RtSchedule *s, int64_t step, int64_t steps_pe
         lr = s->min_lr + (s->base_lr - s->min_lr) * (1 + cos(3.141592653589793 * fmin(e / total, 1.0))) / 2;
         break;
     }
+    case RT_SCHED_POLY: {
+        double span = (double)total_steps - warm;
+        double done = span > 0 ? fmin(fmax((double)step - warm, 0.0) / span, 1.0) : 0.0;
+        lr = s->min_lr + (s->base_lr - s->min_lr) * pow(1.0 - done, s->power);
+        break;
     }
-    double warm = s->warmup_steps > 0 ? s->warmup_steps : s->warmup_epochs * (double)steps_per_epoch;
+    }
     if (warm > 0 && (double)step < warm) lr *= ((double)step + 1) / warm;
     return lr;
 }
@@ -92,13 +103,14 @@ RT_RECIPE_FN float rt_clip_scale(double norm, double max_norm) {
 /* Every optimizer's hyperparameters, as the .net file gives them (a flag is 0 or 1); each
  * optimizer reads its own. netc writes them in this order into the generated code. */
 #define RT_OPTIM_PARAMS(X)                                                     \
-    X(momentum)     /* SGD */                                                  \
+    X(momentum)     /* SGD, LARS */                                            \
     X(dampening)    /* SGD */                                                  \
-    X(weight_decay) /* SGD (added to the gradient), AdamW and LAMB (decoupled) */ \
+    X(weight_decay) /* SGD and LARS (added to the gradient), AdamW and LAMB (decoupled) */ \
     X(beta1)        /* AdamW, LAMB */                                          \
     X(beta2)        /* AdamW, LAMB */                                          \
-    X(eps)          /* AdamW, LAMB */                                          \
-    X(nesterov)     /* SGD: 1 for Nesterov momentum */
+    X(eps)          /* AdamW, LAMB, LARS */                                    \
+    X(nesterov)     /* SGD: 1 for Nesterov momentum */                         \
+    X(eta)          /* LARS: the trust coefficient */
 
 #define RT_OPTIM_PARAM_FIELD(name) double name;
 typedef struct RtOptimParams {
@@ -211,21 +223,73 @@ RT_RECIPE_FN float rt_lamb_update(RtOptimParams h, RtOptimStep s, const float *p
 
 /* The factor of u for a tensor whose parameters and update have the 2-norms p_norm and
  * u_norm: lr times the trust ratio, or lr alone for the parameters of no_decay (adapt 0). */
-RT_RECIPE_FN float rt_lamb_ratio(RtOptimStep s, int adapt, double p_norm, double u_norm) {
+RT_RECIPE_FN float rt_lamb_ratio(RtOptimParams h, RtOptimStep s, int adapt, double p_norm, double u_norm) {
+    (void)h;
     if (!adapt || !(p_norm > 0) || !(u_norm > 0)) return s.lr;
     return (float)((double)s.lr * (p_norm / u_norm));
 }
 
-RT_RECIPE_FN void rt_lamb_apply(RtOptimParams h, RtOptimStep s, float ratio, float *p, const float *state, int64_t n,
-                                int64_t i) {
+RT_RECIPE_FN void rt_lamb_apply(RtOptimParams h, RtOptimStep s, float ratio, float *p, const float *g, float *state,
+                                int64_t n, int64_t i) {
+    (void)g;
     p[i] -= ratio * rt_lamb_direction(h, s, p, state, n, i);
 }
 
 /* rt_lamb_apply with element i's u as rt_lamb_update returned it, kept by the backend (the
  * CPU's, over the gradient): the same bits, since u is a function of p and the state, which do
  * not change between the passes. */
-RT_RECIPE_FN void rt_lamb_apply_kept(float ratio, float *p, const float *u, int64_t i) {
+RT_RECIPE_FN void rt_lamb_apply_kept(RtOptimParams h, RtOptimStep s, float ratio, float *p, const float *u,
+                                     float *state, int64_t n, int64_t i) {
+    (void)h, (void)s, (void)state, (void)n;
     p[i] -= ratio * u[i];
+}
+
+/* LARS (You, Gitman and Ginsburg, "Large Batch Training of Convolutional Networks", 2017) as
+ * MLPerf's ResNet-50 trains with it (the MLPerf reference's LARS optimizer): per tensor, the
+ * trust ratio of the parameters' and the gradient's 2-norms (the gradient before weight decay)
+ *   ratio = eta * ||p|| / (||g|| + weight_decay * ||p|| + eps)      (1 when either norm is 0)
+ * scales the learning rate of a momentum step on the decayed gradient,
+ *   v = momentum * v + lr * ratio * (g + weight_decay * p),   p -= v.
+ * The parameters of no_decay take neither weight decay nor the trust ratio (the reference's
+ * skip_list: batch norm and biases): v = momentum * v + lr * g. One slot, v, from zero; the
+ * learning rate is inside the momentum, as the reference's (not torch.optim.SGD's, outside).
+ *
+ * In the layer-wise passes rt_lars_update returns the gradient itself as the direction u, whose
+ * norm the ratio needs, and moves nothing; rt_lars_apply moves v and p. */
+RT_RECIPE_FN int rt_lars_slots(RtOptimParams h) {
+    (void)h;
+    return 1;
+}
+
+RT_RECIPE_FN RtOptimStep rt_lars_step(RtOptimParams h, float lr, int64_t step) {
+    (void)h;
+    RtOptimStep s = {lr, step == 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    return s;
+}
+
+RT_RECIPE_FN float rt_lars_update(RtOptimParams h, RtOptimStep s, const float *p, const float *g, float *state,
+                                  int64_t n, int64_t i) {
+    (void)h, (void)s, (void)p, (void)state, (void)n;
+    return g[i];
+}
+
+RT_RECIPE_FN float rt_lars_ratio(RtOptimParams h, RtOptimStep s, int adapt, double p_norm, double g_norm) {
+    if (!adapt || !(p_norm > 0) || !(g_norm > 0)) return s.lr;
+    return (float)((double)s.lr * (h.eta * p_norm / (g_norm + h.weight_decay * p_norm + h.eps)));
+}
+
+RT_RECIPE_FN void rt_lars_apply(RtOptimParams h, RtOptimStep s, float factor, float *p, const float *g, float *state,
+                                int64_t n, int64_t i) {
+    (void)s, (void)n;
+    float *v = state;
+    v[i] = v[i] * (float)h.momentum + factor * (g[i] + (float)h.weight_decay * p[i]);
+    p[i] -= v[i];
+}
+
+/* The same from u, the gradient, kept by the backend where it was. */
+RT_RECIPE_FN void rt_lars_apply_kept(RtOptimParams h, RtOptimStep s, float factor, float *p, const float *u,
+                                     float *state, int64_t n, int64_t i) {
+    rt_lars_apply(h, s, factor, p, u, state, n, i);
 }
 
 /* The table of optimizers, one row each: X(ID, fn, layerwise, signature)
@@ -233,10 +297,11 @@ RT_RECIPE_FN void rt_lamb_apply_kept(float ratio, float *p, const float *u, int6
  *   fn         the name: as written in .net, recorded in checkpoints, and the prefix of its
  *              functions above: rt_<fn>_slots, rt_<fn>_step (once per step, from the
  *              learning rate and the step count) and rt_<fn>_update (one element)
- *   layerwise  1 when the update scales each tensor by a factor of its norms (LAMB): then
- *              rt_<fn>_update returns the element's direction, and rt_<fn>_ratio and
- *              rt_<fn>_apply (from the state) or rt_<fn>_apply_kept (from the direction the
- *              backend kept) finish the update (see LAMB above)
+ *   layerwise  1 when the update scales each tensor by a factor of its norms (LAMB, LARS): then
+ *              rt_<fn>_update returns the element's direction u, and rt_<fn>_ratio (of the
+ *              tensor's norms of p and u) and rt_<fn>_apply (from the state and the gradient)
+ *              or rt_<fn>_apply_kept (from the u the backend kept over the gradient) finish
+ *              the update (see LAMB above)
  *   signature  its .net arguments in order, with their defaults (lr comes first and has none);
  *              netc binds a call by these names and reads each hyperparameter's default here
  *
@@ -244,12 +309,13 @@ RT_RECIPE_FN void rt_lamb_apply_kept(float ratio, float *p, const float *u, int6
  * from RtOptimParams (a new one is a line of RT_OPTIM_PARAMS and an entry in sema_train.c's
  * table of hyperparameters, which checks its value); its section in docs/language.md; a case
  * against torch.optim in tests/optimizer, or against its formula written in tests/torch's
- * recipe_crosscheck.py (LAMB, which torch lacks). A layer-wise one's passes are the backends'
+ * recipe_crosscheck.py (LAMB and LARS, which torch lacks). A layer-wise one's passes are the backends'
  * (codegen/cpu.c and codegen/cuda.c: emit_layerwise*). Nothing else names an optimizer. */
 #define RT_OPTIMIZERS(X)                                                           \
     X(SGD, sgd, 0, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
     X(ADAMW, adamw, 0, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")     \
-    X(LAMB, lamb, 1, "lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01")
+    X(LAMB, lamb, 1, "lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01")    \
+    X(LARS, lars, 1, "lr, momentum=0.9, weight_decay=0, eta=0.001, eps=0")
 
 #define RT_OPTIM_ENUM(ID, fn, layerwise, signature) RT_OPTIM_##ID,
 typedef enum { RT_OPTIMIZERS(RT_OPTIM_ENUM) RT_N_OPTIMS } RtOptimKind;
@@ -264,7 +330,7 @@ typedef struct RtOptimizer {
     const char *step_fn;   /* "rt_sgd_step" */
     const char *update_fn; /* "rt_sgd_update" */
     int (*slots)(RtOptimParams h);
-    const char *ratio_fn;  /* a layer-wise optimizer's "rt_lamb_ratio"; NULL for the others */
+    const char *ratio_fn;  /* a layer-wise optimizer's "rt_lamb_ratio" (or LARS'); NULL for the others */
     const char *apply_fn;  /* its "rt_lamb_apply"; NULL for the others */
     const char *apply_kept_fn; /* its "rt_lamb_apply_kept"; NULL for the others */
     const char *range_fn;  /* an element-wise one's "rt_sgd_update_range" (the CPU's loop); NULL for the others */

@@ -15,6 +15,7 @@ static const SemaBuiltin schedule_calls[] = {
     {"constant", "", NULL, 0, 0, {""}},
     {"step", "every, gamma=0.1, every_steps", NULL, 0, 3, {"every", "gamma", "every_steps"}},
     {"cosine", "min_lr=0", NULL, 0, 1, {"min_lr"}},
+    {"poly", "power=1, end_lr=0", NULL, 0, 2, {"power", "end_lr"}},
 };
 
 /* Bind a recipe call such as sgd(0.1, momentum=0.9) to `b`, the one of its kind named like the
@@ -59,6 +60,7 @@ static const Hyper hypers[] = {
     {"nesterov", HP_BOOL, 0, offsetof(RtOptimParams, nesterov)},
     {"betas", HP_BETAS, 0, 0},
     {"eps", HP_NUMBER, 1, offsetof(RtOptimParams, eps)},
+    {"eta", HP_NUMBER, 1e3, offsetof(RtOptimParams, eta)},
 };
 
 /* An optimizer's row as a built-in to bind calls with, and the defaults its signature gives:
@@ -159,7 +161,7 @@ static void train_schedule(Sema *S, const AstExpr *e) {
         if (e->kind == AST_CALL && strcmp(schedule_calls[i].name, e->name) == 0) b = &schedule_calls[i];
         suggest_try(&sg, schedule_calls[i].name);
     }
-    if (!(b = recipe_call(S, e, b, "constant() step(...) cosine(...)", &sg, a))) return;
+    if (!(b = recipe_call(S, e, b, "constant() step(...) cosine(...) poly(...)", &sg, a))) return;
     Args A_ = {S, e, b, a, 1, NULL}, *A = &A_;
     IrTrain *t = &S->g->train;
     if (strcmp(b->name, "constant") == 0) t->sched = SCHED_CONSTANT;
@@ -178,6 +180,10 @@ static void train_schedule(Sema *S, const AstExpr *e) {
             diag_error(arg_loc(e, "every_steps", 2), "'every_steps' of step must be an integer in [1, 1e+12], found %s",
                        sema_value_text(S, a[2]));
         else t->step_steps = arg_num(A, 2, 1, 1, 1e12);
+    } else if (strcmp(b->name, "poly") == 0) {
+        t->sched = SCHED_POLY;
+        t->power = arg_num(A, 0, 1, 0, 100);
+        t->min_lr = arg_num(A, 1, 0, 0, 1e6);
     } else {
         t->sched = SCHED_COSINE;
         t->min_lr = arg_num(A, 0, 0, 0, 1e6);

@@ -208,7 +208,7 @@ typedef struct IrInput {
     SrcLoc loc;
 } IrInput;
 
-typedef enum { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE } IrSchedKind;
+typedef enum { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE, SCHED_POLY } IrSchedKind;
 typedef enum { LOSS_CROSS_ENTROPY, LOSS_MSE, LOSS_BCE_LOGITS } IrLossKind;
 
 /* The training recipe from the train { } section; units as in docs/language.md. */
@@ -220,7 +220,7 @@ typedef struct IrTrain {
     double warmup_epochs; /* linear warm-up from 0 over this many epochs (may be fractional) */
     double step_epochs;   /* SCHED_STEP: multiply by gamma every step_epochs epochs */
     double gamma;
-    double min_lr;        /* SCHED_COSINE: the floor */
+    double min_lr;        /* SCHED_COSINE: the floor; SCHED_POLY: end_lr */
     int64_t epochs;
     int64_t eval_every;   /* epochs between evaluations */
     int64_t log_every;    /* steps between log lines */
@@ -229,6 +229,7 @@ typedef struct IrTrain {
     double warmup_steps;  /* warmup_steps = N: the warm-up in steps instead of epochs (0: none) */
     double step_steps;    /* SCHED_STEP with every_steps: multiply by gamma every step_steps steps */
     double clip_grad_norm; /* clip_grad_norm = C: global-norm gradient clipping (0: off) */
+    double power;         /* SCHED_POLY: the decay's exponent */
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and

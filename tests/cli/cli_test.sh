@@ -53,6 +53,11 @@ check "--frozen-half" 0 "$netc" "$root/tests/cuda/emu/lora.net" --backend cuda -
 contains '%3 = param "fc1.weight" bf16[24, 12]'
 contains '%4 = param "fc1.bias" f32[24]'
 contains "note: --frozen-half: 3 of the 6 frozen parameters stay float32 (read by more than products and convolutions): fc1.bias,"
+check "resnet50 -D lars=true" 0 "$netc" "$root/models/resnet50.net" -D lars=true -D image_size=32 -D batch=2 --dump=c
+contains "rt_lars_apply_kept(hk, sk, factor, p, u, state, floats, j)"
+contains ".kind = RT_SCHED_POLY"
+check "poly with a negative end_lr" 1 "$netc" "$root/models/resnet50.net" -D lars=true -D end_lr=-1 --check
+contains "'end_lr' of poly must be a number in [0, 1e+06], found -1"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
 contains "nhwc"
 check "--layout=row-major" 0 "$netc" "$root/models/lenet.net" --layout=row-major --dump=layout

@@ -284,23 +284,25 @@ def case_shard(netc, work):
         if check.expect(run(argv + args + ["--resume", f, "--save", res]), 0, f"{what} resume"):
             d, name = max_rel(st_load(out[2]), st_load(res))
             check(d <= SAME_RUN, f"{what}: {name} differs from the uninterrupted run by {d:.3g} relative")
-    # distributed LAMB: each rank's slices cut tensors (1 KiB buckets, 3 ranks unevenly), so every
-    # tensor's norms are the ranks' sums; one rank is the plain trainer, bit for bit
-    lamb = ["-D", "lamb=true", "--distributed", "--bucket-kib", "1", "--shard-optimizer"]
-    lone = os.path.join(work, "lamb_plain")
-    subprocess.run([netc, recipe, "-D", "batch=24", "-D", "lamb=true", "-o", lone] + CLIP, check=True)
-    check.expect(run([lone] + args + ["--save", os.path.join(work, "lamb.st")]), 0, "LAMB, one process")
-    for ranks in (1, 2, 3):
-        path, res = os.path.join(work, f"lamb_zero{ranks}"), os.path.join(work, f"lamb{ranks}.st")
-        subprocess.run([netc, recipe, "-D", f"batch={24 // ranks}", "-o", path] + CLIP + lamb, check=True)
-        if check.expect(mpirun(ranks, [path] + args + ["--save", res]), 0, f"sharded LAMB, {ranks} ranks"):
-            if ranks == 1:
-                check(open(os.path.join(work, "lamb.st"), "rb").read() == open(res, "rb").read(),
-                      "sharded LAMB: one rank differs from the plain trainer")
-                continue
-            d, name = max_rel(st_load(os.path.join(work, "lamb.st")), st_load(res))
-            if check(d <= SAME_RUN, f"sharded LAMB, {ranks} ranks: {name} differs by {d:.3g} relative"):
-                print(f"ok   sharded LAMB: {ranks} ranks = one process, largest difference {d:.2g} ({name})")
+    # distributed LAMB and LARS: each rank's slices cut tensors (1 KiB buckets, 3 ranks unevenly),
+    # so every tensor's norms are the ranks' sums; one rank is the plain trainer, bit for bit
+    for opt in ("lamb", "lars"):
+        name_ = opt.upper()
+        sharded = ["-D", f"{opt}=true", "--distributed", "--bucket-kib", "1", "--shard-optimizer"]
+        lone, whole = os.path.join(work, f"{opt}_plain"), os.path.join(work, f"{opt}.st")
+        subprocess.run([netc, recipe, "-D", "batch=24", "-D", f"{opt}=true", "-o", lone] + CLIP, check=True)
+        check.expect(run([lone] + args + ["--save", whole]), 0, f"{name_}, one process")
+        for ranks in (1, 2, 3):
+            path, res = os.path.join(work, f"{opt}_zero{ranks}"), os.path.join(work, f"{opt}{ranks}.st")
+            subprocess.run([netc, recipe, "-D", f"batch={24 // ranks}", "-o", path] + CLIP + sharded, check=True)
+            if check.expect(mpirun(ranks, [path] + args + ["--save", res]), 0, f"sharded {name_}, {ranks} ranks"):
+                if ranks == 1:
+                    check(open(whole, "rb").read() == open(res, "rb").read(),
+                          f"sharded {name_}: one rank differs from the plain trainer")
+                    continue
+                d, name = max_rel(st_load(whole), st_load(res))
+                if check(d <= SAME_RUN, f"sharded {name_}, {ranks} ranks: {name} differs by {d:.3g} relative"):
+                    print(f"ok   sharded {name_}: {ranks} ranks = one process, largest difference {d:.2g} ({name})")
     r = run([netc, recipe, "--distributed", "--shard-optimizer", "--report"])
     check.expect(r, 0, "--report of a sharded trainer", "updates 1/N of the 837 trainable floats")
     r = run([netc, recipe, "--shard-optimizer", "-o", os.path.join(work, "refused")])

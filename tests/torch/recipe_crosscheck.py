@@ -23,6 +23,11 @@ Cases:
                  group), whose update is linear in the gradient, so the scale itself shows.
   clip_off       clip_grad_norm = 0: no clipping at all, same schedule as clip_active; and a
                  bound no norm reaches (1e6) trains the same bits (the scale is 1.0f, g * 1 == g).
+  lars           LARS (torch has none: optim_ref.Lars is the MLPerf ResNet-50 reference's formula)
+                 with clip_grad_norm = 0.3 active, a warm-up of 3 steps and poly(power = 2,
+                 end_lr) after it; the no_decay group takes neither weight decay nor the trust
+                 ratio, which shows as in lamb; a run stopped and resumed ends with the same bits;
+                 --power and --end-lr on the command line equal -D power and -D min_lr.
   lamb           LAMB (torch has none: optim_ref.Lamb is its formula, as MLPerf BERT's apex
                  FusedLAMB computes it) with clip_grad_norm = 0.3 active, the warm-up and cosine schedule;
                  the no_decay group takes neither decay nor the trust ratio. The trust ratio
@@ -44,10 +49,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from netc_testlib import Checks, run_cases, st_load, st_save  # noqa: E402
-from optim_ref import Lamb  # noqa: E402
+from optim_ref import Lamb, Lars  # noqa: E402
 
 check = Checks()
 BATCH, SAMPLES, LR, WD, BETAS, EPS = 16, 48, 0.01, 0.1, (0.9, 0.95), 1e-8
+ETA = 0.02  # LARS's trust coefficient in recipe.net: large enough for lr * ratio to move the weights
 
 # Tolerances. netc computes in float32, the reference in float64: the forward and backward of
 # this MLP (dot products of 20 and 32 terms) carry relative rounding errors of a few float32
@@ -60,12 +66,14 @@ BATCH, SAMPLES, LR, WD, BETAS, EPS = 16, 48, 0.01, 0.1, (0.9, 0.95), 1e-8
 TOL, LR_TOL = 2e-6, 1e-7
 
 
-def lr_lambda(k, sched, warmup, total, every, min_lr):
+def lr_lambda(k, sched, warmup, total, every, min_lr, power=2):
     """rt_recipe.h's rt_lr_at as a LambdaLR factor of the base rate."""
     if sched == 0:
         g = (min_lr + (LR - min_lr) * (1 + math.cos(math.pi * min(k / total, 1.0))) / 2) / LR
-    else:
+    elif sched == 1:
         g = 0.5 ** math.floor(k / every)
+    else:  # poly: the decay over the steps after the warm-up
+        g = (min_lr + (LR - min_lr) * (1 - min(max(k - warmup, 0) / (total - warmup), 1.0)) ** power) / LR
     return g * ((k + 1) / warmup if k < warmup else 1.0)
 
 
@@ -88,10 +96,12 @@ def data(work):
     return x, y
 
 
-def trainer(netc, work, name, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False):
+def trainer(netc, work, name, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False, lars=False,
+            power=2):
     exe = os.path.join(work, name)
     d = dict(clip=clip, sched=sched, warmup=warmup, steps=steps, every=every, min_lr=min_lr, batch=BATCH, lr=LR,
-             sgd="true" if sgd else "false", lamb="true" if lamb else "false")
+             sgd="true" if sgd else "false", lamb="true" if lamb else "false", lars="true" if lars else "false",
+             eta=ETA, power=power)
     cmd = [netc, os.path.join(HERE, "recipe.net"), "-o", exe]
     for k, v in d.items():
         cmd += ["-D", f"{k}={v}"]
@@ -110,9 +120,10 @@ def run(exe, work, tag, *extra):
     return (st_load(out) if os.path.exists(out) else None), [ln for ln in lines if "loss" in ln and "eval" not in ln]
 
 
-def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False, adapt=True):
+def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd=False, lamb=False, lars=False,
+              power=2, adapt=True):
     """torch in float64: per step (loss, lr, norm before clipping), and the final state dict
-    (adapt=False: LAMB without its trust ratio, to show that it matters)."""
+    (adapt=False: LAMB or LARS without its trust ratio, to show that it matters)."""
     torch.manual_seed(0)
     net = MLP().double()
     net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()}, strict=True)
@@ -124,9 +135,12 @@ def reference(x, y, init, clip, sched, warmup, steps, every=4, min_lr=0.001, sgd
     elif lamb:
         groups[0]["adapt"], groups[1]["adapt"] = adapt, False
         opt = Lamb(groups, lr=LR, betas=BETAS, eps=1e-6)
+    elif lars:
+        groups[0]["adapt"], groups[1]["adapt"] = adapt, False
+        opt = Lars(groups, lr=LR, momentum=0.9, eta=ETA)
     else:
         opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
-    sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, sched, warmup, steps, every, min_lr))
+    sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_lambda(k, sched, warmup, steps, every, min_lr, power))
     per_epoch = SAMPLES // BATCH
     rows = []
     for k in range(steps):
@@ -255,8 +269,34 @@ def case_lamb(netc, work):
     check(all(np.array_equal(resumed[k], params[k]) for k in params), "lamb: resumed run ends with the same bits")
 
 
+def case_lars(netc, work):
+    x, y, init = setup(netc, work)
+    cfg = dict(clip=0.3, sched=2, warmup=3, steps=12, lars=True)
+    exe = trainer(netc, work, "lars", **cfg)
+    params, log = run(exe, work, "lars")
+    rows, ref = reference(x, y, init, **cfg)
+    check(all(norm > cfg["clip"] for _, _, norm in rows), "lars: every norm is above the bound")
+    check(rows[3][1] > rows[-1][1] > 0.001 * 0.999, f"lars: the poly schedule decays after the warm-up: "
+                                                    f"{[r[1] for r in rows]}")
+    compare("lars", params, log, rows, ref, cfg["clip"])
+    _, plain = reference(x, y, init, **cfg, adapt=False)
+    far = min(np.linalg.norm(params[k] - plain[k]) / np.linalg.norm(plain[k]) for k in ("fc1.weight", "fc2.weight"))
+    print(f"lars: the weights without the trust ratio are {far:.2e} away")
+    check(far > 100 * TOL, f"lars: the trust ratio moves the weights by only {far:.2e}")
+    ck = os.path.join(work, "lars.ckpt")
+    run(exe, work, "stopped", "--checkpoint", ck, "--stop-at", "5")
+    resumed, _ = run(exe, work, "resumed", "--resume", ck)
+    check(all(np.array_equal(resumed[k], params[k]) for k in params), "lars: resumed run ends with the same bits")
+    # --power and --end-lr on the command line train the bits of -D power and -D min_lr
+    flags, _ = run(exe, work, "flags", "--power", "1", "--end-lr", "0.002")
+    compiled, _ = run(trainer(netc, work, "compiled", **dict(cfg, power=1, min_lr=0.002)), work, "compiled")
+    check(all(np.array_equal(flags[k], compiled[k]) for k in flags) and
+          not all(np.array_equal(flags[k], params[k]) for k in flags),
+          "lars: --power 1 --end-lr 0.002 equal -D power=1 -D min_lr=0.002")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cases = {"clip_active": case_clip_active, "clip_inactive": case_clip_inactive, "clip_sgd": case_clip_sgd,
-             "clip_off": case_clip_off, "lamb": case_lamb}
+             "clip_off": case_clip_off, "lamb": case_lamb, "lars": case_lars}
     sys.exit(run_cases(cases, "recipe_crosscheck", check, sys.argv))
