@@ -101,6 +101,12 @@ typedef struct RtCtx {
                                 * parameters the backward pass is done with (training steps only,
                                 * not --gradcheck); out: it did (the loss was finite), so that
                                 * optimizer_step updates only the others */
+    /* The trainer's --accumulate K: a step's gradients are summed over K batches. accum holds the
+     * sum of its earlier batches' gradients (NULL without it), and micro_left counts the batches
+     * after this one: rt_grads_ready sums the buckets over the ranks only in the last (0), after
+     * adding accum into them. */
+    float *accum;
+    int micro_left;
 } RtCtx;
 
 /* netc --shard-optimizer (ZeRO-1): the optimizer state is split between the ranks. Rank r owns

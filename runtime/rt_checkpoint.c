@@ -180,11 +180,13 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
     cJSON_AddStringToObject(meta, "format", "pt");
     meta_int(meta, "netc_checkpoint", RT_CKPT_VERSION);
     cJSON_AddStringToObject(meta, "model", m->name);
-    snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint(m, m->batch * s->ranks));
+    const int64_t global = m->batch * s->ranks * (s->accumulate > 1 ? s->accumulate : 1);
+    snprintf(buf, sizeof buf, "%016" PRIx64, fingerprint(m, global));
     cJSON_AddStringToObject(meta, "fingerprint", buf);
     cJSON_AddStringToObject(meta, "optimizer", optim_name(m->optim));
-    meta_int(meta, "batch", m->batch * s->ranks); /* the global batch */
+    meta_int(meta, "batch", global); /* the global batch */
     if (s->ranks > 1) meta_int(meta, "ranks", s->ranks); /* only when distributed */
+    if (s->accumulate > 1) meta_int(meta, "accumulate", s->accumulate); /* only with --accumulate */
     meta_int(meta, "step", s->step);
     meta_int(meta, "epoch", s->epoch);
     meta_int(meta, "batch_in_epoch", s->batch);
@@ -365,26 +367,30 @@ static int check_crc(const Ckpt *c, RtError *err) {
     return 0;
 }
 
-/* A run resumes at the global batch it was written with: the steps taken, the position in the
- * epoch and the schedule all count batches of that size. */
-static int check_model(const Ckpt *c, const RtModel *m, int ranks, RtError *err) {
+/* A run resumes at the global batch it was written with (the model's batch x ranks x
+ * accumulated batches): the steps taken, the position in the epoch and the schedule all count
+ * batches of that size. */
+static int check_model(const Ckpt *c, const RtModel *m, int ranks, int accumulate, RtError *err) {
     const char *name = meta_str(c, "model"), *batch = meta_str(c, "batch"), *optim = meta_str(c, "optimizer");
     const char *fp = meta_str(c, "fingerprint"), *was_ranks = meta_str(c, "ranks");
+    const char *was_accumulate = meta_str(c, "accumulate");
     char want_batch[32], want_fp[32];
-    snprintf(want_batch, sizeof want_batch, "%" PRId64, m->batch * ranks);
-    snprintf(want_fp, sizeof want_fp, "%016" PRIx64, fingerprint(m, m->batch * ranks));
+    snprintf(want_batch, sizeof want_batch, "%" PRId64, m->batch * ranks * accumulate);
+    snprintf(want_fp, sizeof want_fp, "%016" PRIx64, fingerprint(m, m->batch * ranks * accumulate));
     if (!name || strcmp(name, m->name) != 0)
         return rt_fail(err, "checkpoint '%s' was written by model '%s', not '%s'", c->path, name ? name : "?", m->name);
-    if ((!batch || strcmp(batch, want_batch) != 0) && !was_ranks && ranks == 1)
+    if ((!batch || strcmp(batch, want_batch) != 0) && !was_ranks && !was_accumulate && ranks == 1 && accumulate == 1)
         return rt_fail(err, "checkpoint '%s' was written with batch %s; this trainer has batch %s\n"
-                            "  hint: recompile with -D batch=%s", c->path, batch ? batch : "?", want_batch,
-                       batch ? batch : "?");
+                            "  hint: recompile with -D batch=%s, or give --accumulate to reach it", c->path,
+                       batch ? batch : "?", want_batch, batch ? batch : "?");
     if (!batch || strcmp(batch, want_batch) != 0)
-        return rt_fail(err, "checkpoint '%s' was written at a global batch of %s (%s rank%s); this run's is %s (%d "
-                            "rank%s of batch %" PRId64 ")\n  hint: resume with ranks x batch = %s: the same "
-                            "ranks, or a trainer compiled with -D batch=%s/RANKS", c->path, batch ? batch : "?",
-                       was_ranks ? was_ranks : "1", was_ranks && strcmp(was_ranks, "1") ? "s" : "", want_batch,
-                       ranks, ranks > 1 ? "s" : "", m->batch, batch ? batch : "?", batch ? batch : "?");
+        return rt_fail(err, "checkpoint '%s' was written at a global batch of %s (%s rank%s, --accumulate %s); "
+                            "this run's is %s (%d rank%s x --accumulate %d x batch %" PRId64 ")\n  hint: resume "
+                            "with ranks x accumulate x batch = %s: the same ranks, other ranks with --accumulate "
+                            "or -D batch to make up for them", c->path, batch ? batch : "?",
+                       was_ranks ? was_ranks : "1", was_ranks && strcmp(was_ranks, "1") ? "s" : "",
+                       was_accumulate ? was_accumulate : "1", want_batch, ranks, ranks > 1 ? "s" : "", accumulate,
+                       m->batch, batch ? batch : "?");
     if (!optim || strcmp(optim, optim_name(m->optim)) != 0)
         return rt_fail(err, "checkpoint '%s' was written with optimizer %s; this trainer uses %s", c->path,
                        optim ? optim : "?", optim_name(m->optim));
@@ -498,14 +504,16 @@ static int read_scale(const Ckpt *c, RtTrainState *s, RtError *err) {
                : 0;
 }
 
-static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *s, RtError *err) {
-    int64_t eval_done, shuffle, threads, was_ranks = 1;
+static int read_state(const Ckpt *c, int64_t global, RtTrainState *s, RtError *err) {
+    int64_t eval_done, shuffle, threads, was_ranks = 1, was_accumulate = 1;
     if (meta_str(c, "ranks") && meta_int64(c, "ranks", 2, &was_ranks, err)) return -1;
+    if (meta_str(c, "accumulate") && meta_int64(c, "accumulate", 2, &was_accumulate, err)) return -1;
     s->ranks = was_ranks > 1 << 20 ? 1 << 20 : (int)was_ranks;
+    s->accumulate = was_accumulate > 1 << 20 ? 1 << 20 : (int)was_accumulate;
     if (meta_int64(c, "step", 0, &s->step, err) || meta_int64(c, "epoch", 1, &s->epoch, err) ||
         meta_int64(c, "batch_in_epoch", 0, &s->batch, err) || meta_int64(c, "eval_done", 0, &eval_done, err) ||
         meta_int64(c, "total_steps", 1, &s->total_steps, err) || meta_int64(c, "epochs", 1, &s->epochs, err) ||
-        meta_int64(c, "steps", 0, &s->steps, err) || meta_int64(c, "samples", m->batch * ranks, &s->samples, err) ||
+        meta_int64(c, "steps", 0, &s->steps, err) || meta_int64(c, "samples", global, &s->samples, err) ||
         meta_int64(c, "shuffle", 0, &shuffle, err) || meta_int64(c, "threads", 1, &threads, err) ||
         meta_u64(c, "seed", 0, &s->seed, err))
         return -1;
@@ -515,7 +523,7 @@ static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *
         return rt_fail(err, "checkpoint '%s': metadata 'augment' is too long", c->path);
     snprintf(s->augment, sizeof s->augment, "%s", augment ? augment : "");
     if (meta_str(c, "loss_scale") && read_scale(c, s, err)) return -1;
-    int64_t per_epoch = s->samples / (m->batch * ranks), at;
+    int64_t per_epoch = s->samples / global, at;
     /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
     int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);
     if (wraps || s->batch > per_epoch || s->step != at || s->step > s->total_steps)
@@ -525,14 +533,14 @@ static int read_state(const Ckpt *c, const RtModel *m, int ranks, RtTrainState *
     return 0;
 }
 
-int rt_ckpt_load(const char *path, const RtModel *m, int ranks, float *params, float *optstate, RtTrainState *s,
-                 RtError *err) {
+int rt_ckpt_load(const char *path, const RtModel *m, int ranks, int accumulate, float *params, float *optstate,
+                 RtTrainState *s, RtError *err) {
     Ckpt c;
     const unsigned char *opt = NULL;
     int64_t shape[2] = {m->n_state_slots, m->n_grad_floats};
     RtTrainState st = {0};
-    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) || check_model(&c, m, ranks, err) ||
-             read_state(&c, m, ranks, &st, err) ||
+    int rc = ckpt_open(&c, path, err) || check_size(&c, err) || check_crc(&c, err) ||
+             check_model(&c, m, ranks, accumulate, err) || read_state(&c, m->batch * ranks * accumulate, &st, err) ||
              (m->n_state_slots > 0 && find_tensor(&c, OPTSTATE_NAME, 0, 2, shape, &opt, err)) ||
              copy_params(&c, m, params, err);
     if (!rc) {

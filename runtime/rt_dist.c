@@ -4,7 +4,9 @@
  * Global batch g is samples [g*B*N, (g+1)*B*N) of the epoch's order, the same order on every rank;
  * rank r takes the r-th B of them. Every rank sums its gradients with the others' (in buckets,
  * as the backward pass finishes them) and divides by N, so each holds the gradient of the mean
- * loss over the global batch, and the same update keeps the ranks' parameters equal. A trainer
+ * loss over the global batch, and the same update keeps the ranks' parameters equal. With
+ * --accumulate K an optimizer step takes K such global batches: each rank sums its K batches'
+ * gradients first (the last one's buckets as they are written), and the ranks then theirs, / N K. A trainer
  * without RtComm is one rank, and every function here leaves it as it was.
  */
 #define _GNU_SOURCE
@@ -28,10 +30,16 @@ int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv, int eval_
     return 0;
 }
 
+void rt_grads_add(float *g, const float *acc, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) g[i] += acc[i];
+}
+
 void rt_grads_ready(RtCtx *ctx, int k) {
     RtDist *d = ctx->dist;
-    if (!d) return;
+    if (!d || ctx->micro_left) return; /* --accumulate: summed with the step's last batch */
     const RtBucket *b = &d->m->buckets[k];
+    if (ctx->accum) rt_grads_add(ctx->grads + b->offset, ctx->accum + b->offset, b->count);
     if (d->m->shard_optimizer) /* only this rank's slice of the sum */
         d->comm->start_sum_scatter(ctx->grads + b->offset, d->counts + k * d->ranks, d->shard.grads + d->slices[k].at);
     else d->comm->start_sum(ctx->grads + b->offset, b->count);
@@ -40,7 +48,7 @@ void rt_grads_ready(RtCtx *ctx, int k) {
 void rt_dist_mean_grads(RtDist *d, RtCtx *ctx) {
     if (d->ranks == 1) return;
     d->wait_s += d->comm->wait_sums("summing the gradients");
-    float scale = 1.0f / (float)d->ranks, *g = d->m->shard_optimizer ? d->shard.grads : ctx->grads;
+    float scale = 1.0f / (float)(d->ranks * (d->accumulate > 1 ? d->accumulate : 1)), *g = d->m->shard_optimizer ? d->shard.grads : ctx->grads;
     int64_t n = d->m->shard_optimizer ? d->shard.floats : d->m->n_grad_floats;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) g[i] *= scale;

@@ -247,7 +247,8 @@ typedef struct RtTrainState {
     int threads;          /* recorded so a resume can warn: bit-identity needs the same count */
     char augment[256];    /* --augment as rt_augment_text writes it; "" = none */
     int ranks;            /* the ranks of a distributed run (1: one process); its global batch is
-                           * ranks * RtModel.batch, and its position counts batches of that size */
+                           * ranks * accumulate * RtModel.batch, and its position counts batches of that size */
+    int accumulate;       /* --accumulate: batches per rank and optimizer step (0 or 1: none) */
     int has_scale;        /* a loss-scaling trainer's run (netc --precision fp16): `scale` holds */
     RtLossScale scale;
 } RtTrainState;
@@ -257,10 +258,11 @@ typedef struct RtTrainState {
 int rt_ckpt_save(const char *path, const RtModel *m, const float *params, const float *optstate,
                  const RtTrainState *s, RtError *err);
 /* Read a checkpoint this model wrote: checks the version, size, checksum, model fingerprint and
- * position before it copies anything into params, optstate and *s. `ranks`: this run's; the
- * checkpoint must have been written at the same global batch (m->batch * ranks). */
-int rt_ckpt_load(const char *path, const RtModel *m, int ranks, float *params, float *optstate, RtTrainState *s,
-                 RtError *err);
+ * position before it copies anything into params, optstate and *s. `ranks` and `accumulate`:
+ * this run's; the checkpoint must have been written at the same global batch (m->batch * ranks *
+ * accumulate). */
+int rt_ckpt_load(const char *path, const RtModel *m, int ranks, int accumulate, float *params, float *optstate,
+                 RtTrainState *s, RtError *err);
 /* Check a checkpoint's size and checksum, for reading its parameters as a weight file. */
 int rt_ckpt_verify(const char *path, RtError *err);
 /* 1 when the file is a safetensors file whose __metadata__ marks it as a netc checkpoint. */
@@ -327,6 +329,7 @@ typedef struct RtDist {
     const RtModel *m;
     int rank, ranks, local_rank; /* ranks: the training ranks */
     int evaluator;        /* --eval-rank: this process evaluates, and does not train (rank == ranks) */
+    int accumulate;       /* --accumulate: the batches whose gradients each rank sums per step */
     double wait_s;        /* seconds spent waiting for the other ranks, summed since it was last reset */
     /* --shard-optimizer (rt_dist_shard_open): this rank's slices, and per bucket k each rank's
      * floats (counts[k * ranks + r]) from the bucket's start (displs[k * ranks + r]) */
@@ -338,9 +341,12 @@ typedef struct RtDist {
 /* Join the job (m->comm) and fill *d, or make *d the only rank; with eval_rank (--eval-rank) the
  * job's last process is the evaluator. 1 after saying why it failed. */
 int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv, int eval_rank);
-/* After forward_backward: wait for the buckets' sums and divide by the number of ranks (with
- * --shard-optimizer, of this rank's slices). */
+/* After forward_backward: wait for the buckets' sums and divide by the number of ranks times
+ * the accumulated batches (with --shard-optimizer, of this rank's slices). */
 void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
+/* g += acc over n floats: --accumulate's sum of a step's batches, the last one's gradient plus
+ * the earlier ones' (rt_grads_ready per bucket, rt_main for a lone process). */
+void rt_grads_add(float *g, const float *acc, int64_t n);
 /* --shard-optimizer: cut this rank's slices (one slice of the whole buffer, at ctx->grads, for
  * one rank) and point ctx->shard at them; the optimizer state floats they need. */
 int64_t rt_dist_shard_open(RtDist *d, RtCtx *ctx);

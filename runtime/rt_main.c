@@ -36,6 +36,7 @@ typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
     const char *predict_out;  /* --predict-out: the model's output for the --predict files */
     int64_t epochs, steps, log_every, checkpoint_every, stop_at;
+    int accumulate;           /* --accumulate K: micro-batches of the model's batch per optimizer step */
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
     int eval_only;            /* one evaluation of the --init or --resume weights, no training */
@@ -131,8 +132,8 @@ static _Noreturn void die_usage(const char *fmt, ...) {
     exit(2);
 }
 
-/* Samples per optimizer step, over all ranks. */
-static int64_t global_batch(const Trainer *t) { return t->m->batch * t->dist.ranks; }
+/* Samples per optimizer step, over all ranks and micro-batches. */
+static int64_t global_batch(const Trainer *t) { return t->m->batch * t->dist.ranks * t->o.accumulate; }
 
 static const char *dtype_name(RtDtype dt) {
     static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
@@ -175,6 +176,8 @@ static void usage(const RtModel *m) {
            "  --resume FILE          continue the run a checkpoint recorded; gives the same bits as\n"
            "                         a run that was never stopped\n"
            "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
+           "  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
+           "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
@@ -297,7 +300,8 @@ static double loss_scale_option(const char *option, const char *value) {
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
                    .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
-                   .loss_scale = 65536, .loss_scale_interval = 2000}; /* GradScaler's defaults */
+                   .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
+                   .accumulate = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -323,6 +327,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--checkpoint-every") == 0) o->checkpoint_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--resume") == 0) o->resume = VALUE();
         else if (strcmp(a, "--stop-at") == 0) o->stop_at = number(a, VALUE(), 1);
+        else if (strcmp(a, "--accumulate") == 0) o->accumulate = (int)number_at_most(a, VALUE(), 1, 1 << 20);
         else if (strcmp(a, "--log") == 0) o->log = VALUE();
         else if (strcmp(a, "--mllog") == 0) o->mllog = VALUE();
         else if (strcmp(a, "--no-shuffle") == 0) o->shuffle = 0;
@@ -363,6 +368,9 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
+    if (o->accumulate > 1 && m->device)
+        die_usage("--accumulate: this %s trainer's step is one graph, forward, backward and update; gradient "
+                  "accumulation runs in CPU trainers so far (netc --backend cpu), or raise -D batch", m->device->name);
     if (o->list_params) return;
     int using = o->eval_only || o->predict_out || o->n_predict;
     if (using) check_eval_only(m, o);
@@ -470,12 +478,12 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
                     (long long)t->scale.skipped);
         }
         json_number(t->log, "samples_per_s", rate);
-        if (t->m->comm) { /* distributed: the batch of each rank and of the step, and the share of
-                           * the interval spent waiting for the other ranks */
+        if (t->m->comm || t->o.accumulate > 1) { /* the batch of each rank and of the step */
             fprintf(t->log, ", \"ranks\": %d, \"batch\": %lld, \"global_batch\": %lld", t->dist.ranks,
                     (long long)t->m->batch, (long long)global_batch(t));
-            json_number(t->log, "comm_wait", wait);
+            if (t->o.accumulate > 1) fprintf(t->log, ", \"accumulate\": %d", t->o.accumulate);
         }
+        if (t->m->comm) json_number(t->log, "comm_wait", wait); /* waiting for the other ranks */
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
@@ -834,6 +842,7 @@ static int write_checkpoint(Trainer *t) {
     RtTrainState s = t->pos; /* the position, and the number of samples */
     s.total_steps = t->total, s.epochs = t->o.epochs, s.steps = t->o.steps;
     s.seed = t->o.seed, s.shuffle = t->o.shuffle, s.threads = t->o.threads, s.ranks = t->dist.ranks;
+    s.accumulate = t->o.accumulate;
     s.has_scale = t->m->loss_scaling || t->carry_scale, s.scale = t->scale;
     rt_augment_text(t->m, &t->aug, s.augment, sizeof s.augment);
     float *state = t->ctx.optstate, *whole = NULL; /* the whole state, as one process holds it */
@@ -971,24 +980,47 @@ static uint64_t rank_seed(const Trainer *t) {
     return t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed;
 }
 
-/* One optimizer step on `batch`, at the position t->pos, which it then advances. */
-static int train_step(Trainer *t, void *const *batch) {
+/* One optimizer step on the next --accumulate batches of `pf` (K, one without it), at the
+ * position t->pos, which it then advances. With K > 1 the gradients of the step's first K - 1
+ * batches are summed in ctx.accum, the last one's added to them (bucket by bucket before the
+ * ranks' sums: rt_grads_ready), and the optimizer takes their mean, the gradient of the mean loss
+ * over the K batches: what one batch K times the size gives, up to the order of the sums. */
+static int train_step(Trainer *t, RtPrefetch *pf) {
     const RtModel *m = t->m;
+    const int K = t->o.accumulate;
     int64_t step = t->pos.step;
-    t->ctx.inputs = batch;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step - t->scale.skipped; /* updates made: a loss-scaling run's skipped steps made none */
-    t->ctx.seed = rt_step_seed(rank_seed(t), step);
     t->ctx.n_valid = m->batch;
-    t->counted = counted_positions(m, batch, m->batch);
-    if (t->dev) { /* queued; the device keeps the learning rate, seed and step itself */
-        t->dev->train_step(batch);
-        t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
-        t->ckpt_current = 0;
-        return 0;
+    double loss = 0, correct = 0;
+    t->counted = 0;
+    for (int j = 0; j < K; j++) {
+        void *const *batch = rt_prefetch_next(pf);
+        if (!batch) return data_changed(t, &pf->err);
+        t->ctx.inputs = batch;
+        t->ctx.seed = rt_step_seed(rank_seed(t), K > 1 ? step * K + j : step); /* each batch its masks */
+        t->counted += counted_positions(m, batch, m->batch);
+        if (t->dev) { /* queued (K is 1); the device keeps the learning rate, seed and step itself */
+            t->dev->train_step(batch);
+            t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
+            t->ckpt_current = 0;
+            return 0;
+        }
+        t->ctx.micro_left = K - 1 - j;
+        t->ctx.update_in_backward = !t->o.update_after_backward && K == 1; /* the sum is not there yet */
+        m->forward_backward(&t->ctx);
+        loss += t->ctx.loss, correct += t->ctx.correct;
+        if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
+        else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
-    t->ctx.update_in_backward = !t->o.update_after_backward;
-    m->forward_backward(&t->ctx);
+    t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
+    if (K > 1 && t->dist.ranks == 1) { /* the mean of the K batches' gradients (the ranks': below) */
+        rt_grads_add(t->ctx.grads, t->ctx.accum, m->n_grad_floats);
+        const float scale = 1.0f / (float)K;
+        float *g = t->ctx.grads;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m->n_grad_floats; i++) g[i] *= scale;
+    }
     if (t->dist.ranks > 1) { /* the mean gradient, loss and accuracy over the ranks, and any stop asked */
         rt_dist_mean_grads(&t->dist, &t->ctx);
         double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
@@ -1016,21 +1048,17 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     if (rt_dataset_unchanged(ds, &err)) return data_changed(t, &err); /* checked at every epoch */
     for (int64_t i = 0; i < ds->n_samples; i++) order[i] = i;
     if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
-    if (t->dist.ranks > 1) rt_dist_shard(&t->dist, order, n, m->batch, local), order = local;
+    const int64_t K = t->o.accumulate; /* batches per step (--accumulate), each rank's of the step's */
+    if (t->dist.ranks > 1) rt_dist_shard(&t->dist, order, n * K, m->batch, local), order = local;
     int64_t first = p->batch, since = 0;
     RtPrefetch pf;
-    rt_prefetch_start(&pf, m, ds, order + first * m->batch, n - first, t->aug.any ? &t->aug : NULL, t->o.seed,
-                      p->epoch);
+    rt_prefetch_start(&pf, m, ds, order + first * K * m->batch, (n - first) * K, t->aug.any ? &t->aug : NULL,
+                      t->o.seed, p->epoch);
     double t0 = now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
     t->dist.wait_s = 0;
     int rc = 0;
-    void *const *batch;
     while (p->batch < n && !stopping(t)) {
-        if (!(batch = rt_prefetch_next(&pf))) {
-            rc = data_changed(t, &pf.err);
-            break;
-        }
-        if ((rc = train_step(t, batch))) break;
+        if ((rc = train_step(t, &pf))) break;
         loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
         progress(t, p->batch - first, t0);
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
@@ -1330,6 +1358,9 @@ static void setup_context(Trainer *t) {
     RtCtx *c = &t->ctx;
     c->params = rt_alloc((size_t)m->n_param_floats * sizeof(float), "parameters");
     c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
+    if (t->o.accumulate > 1) /* --accumulate: the sum of a step's earlier batches' gradients */
+        c->accum = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "the accumulated gradients");
+    t->dist.accumulate = t->o.accumulate;
     /* floats per slot; the evaluator of --eval-rank keeps none */
     int64_t state = t->dist.evaluator         ? 0
                     : m->shard_optimizer      ? rt_dist_shard_open(&t->dist, c)
@@ -1364,11 +1395,13 @@ static void free_context(RtCtx *c) {
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
 static void plan_run(Trainer *t, const RtDataset *ds) {
     t->per_epoch = ds->n_samples / global_batch(t);
-    char ranks[64] = ""; /* a distributed run's batch is each rank's batch times the ranks */
-    if (t->dist.ranks > 1) snprintf(ranks, sizeof ranks, " (%d ranks of %lld)", t->dist.ranks, (long long)t->m->batch);
+    char ranks[96] = ""; /* a distributed run's batch is each rank's batch times the ranks */
+    if (t->dist.ranks > 1 || t->o.accumulate > 1)
+        snprintf(ranks, sizeof ranks, " (%d rank%s x --accumulate %d x batch %lld)", t->dist.ranks,
+                 t->dist.ranks > 1 ? "s" : "", t->o.accumulate, (long long)t->m->batch);
     if (t->per_epoch == 0)
         die("%s has %lld samples, fewer than one %sbatch of %lld%s", t->o.data[0], (long long)ds->n_samples,
-            t->dist.ranks > 1 ? "global " : "", (long long)global_batch(t), ranks);
+            t->dist.ranks > 1 || t->o.accumulate > 1 ? "global " : "", (long long)global_batch(t), ranks);
     t->total = t->o.steps;
     if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
         die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
@@ -1408,12 +1441,18 @@ static void resume(Trainer *t, const RtDataset *ds) {
     float *state = take ? rt_alloc((size_t)(t->m->n_state_slots * t->m->n_grad_floats) * sizeof *state,
                                        "the whole optimizer state")
                         : t->ctx.optstate;
-    if (rt_ckpt_load(f, t->m, t->dist.ranks, t->ctx.params, state, &s, &err)) die("%s", err.msg);
+    if (rt_ckpt_load(f, t->m, t->dist.ranks, t->o.accumulate, t->ctx.params, state, &s, &err)) die("%s", err.msg);
     if (take) rt_dist_take_state(&t->dist, state, t->ctx.optstate), free(state);
-    if (s.ranks != t->dist.ranks && !t->o.quiet)
-        printf("note: checkpoint '%s' was written by %d rank%s of batch %lld; this run has %d of batch %lld, the "
-               "same global batch\n", f, s.ranks, s.ranks > 1 ? "s" : "", (long long)(global_batch(t) / s.ranks),
-               t->dist.ranks, (long long)t->m->batch);
+    int was_accumulate = s.accumulate > 1 ? s.accumulate : 1;
+    if ((s.ranks != t->dist.ranks || was_accumulate != t->o.accumulate) && !t->o.quiet) {
+        char was[64] = "", is[64] = ""; /* --accumulate, where either run has it */
+        if (was_accumulate > 1 || t->o.accumulate > 1)
+            snprintf(was, sizeof was, ", --accumulate %d", was_accumulate),
+                snprintf(is, sizeof is, ", --accumulate %d", t->o.accumulate);
+        printf("note: checkpoint '%s' was written by %d rank%s of batch %lld%s; this run has %d of batch %lld%s, the "
+               "same global batch\n", f, s.ranks, s.ranks > 1 ? "s" : "",
+               (long long)(global_batch(t) / s.ranks / was_accumulate), was, t->dist.ranks, (long long)t->m->batch, is);
+    }
     if (s.samples != ds->n_samples)
         die("checkpoint '%s' was written for %lld training samples, but %s has %lld\n"
             "  hint: resume with the same --data", f, (long long)s.samples, t->o.data[0], (long long)ds->n_samples);

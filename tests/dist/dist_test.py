@@ -18,6 +18,12 @@
   sync_bn      ResNet-18 (narrow): a step of 2 and 4 ranks with --sync-bn against one process at
                the global batch, one rank against the plain trainer; per-rank statistics end with
                rank 0's running statistics, which a sharded evaluation uses on every rank
+  accumulate   --accumulate K (gradient accumulation): one process at batch B with K = 4, 2 ranks with
+               K = 2 (plain and --shard-optimizer; AdamW with clip_grad_norm active) against one
+               process at batch 4B: the same samples in each step, the same parameters up to the
+               order of the sums; K = 1 the plain trainer's bits; stopped and resumed with the same
+               K bit for bit, and as another split of the same global batch within rounding;
+               another global batch refused
   eval_rank    --eval-rank: 2 and 1 training ranks with an evaluation rank against the same ranks
                evaluating between epochs (ResNet-18, narrow): the same weights and evaluations,
                the results taken after later steps; stopped and resumed; refusals
@@ -31,6 +37,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 from netc_testlib import Checks, fashion, fashion_files, mpi_env, mpirun_args, run_cases, st_load  # noqa: E402
@@ -309,6 +317,66 @@ def case_shard(netc, work):
     check.expect(r, 2, "--shard-optimizer alone", "give --distributed too")
 
 
+def case_accumulate(netc, work):
+    recipe = os.path.join(REPO, "tests", "torch", "recipe.net")
+
+    def trainer(batch, *flags):
+        exe = os.path.join(work, f"recipe_b{batch}{''.join(f.replace('-', '_') for f in flags)}")
+        if not os.path.exists(exe):
+            subprocess.run([netc, recipe, "-D", f"batch={batch}", "-D", "steps=12", "-D", "clip=0.05", "-o", exe,
+                            *flags], check=True)
+        return exe
+
+    x, y = os.path.join(work, "x.npy"), os.path.join(work, "label.npy")
+    rng = np.random.default_rng(4)
+    np.save(x, rng.normal(size=(256, 20)).astype(np.float32))
+    np.save(y, rng.integers(0, 5, 256).astype(np.int64))
+    args = ["--data", f"x={x}", "--data", f"label={y}", "--threads", "1", "--quiet", "--seed", "5"]
+
+    def train(what, argv, *extra):
+        out = os.path.join(work, what.replace(" ", "_").replace(",", "") + ".st")
+        return out if check.expect(run(argv + args + list(extra) + ["--save", out]), 0, what) else None
+
+    whole = train("batch 64", [trainer(64)])
+    plain = train("batch 16", [trainer(16)])
+    one = train("batch 16 accumulate 1", [trainer(16)], "--accumulate", "1")
+    check(open(one, "rb").read() == open(plain, "rb").read(), "--accumulate 1 differs from the plain trainer")
+    far, _ = max_rel(st_load(whole), st_load(plain))
+    check(far > 100 * SAME_RUN, f"a batch of 16 ends only {far:.3g} from a batch of 64: the comparison is blind")
+    log = os.path.join(work, "k4.jsonl")
+    k4 = train("batch 16 accumulate 4", [trainer(16)], "--accumulate", "4", "--log", log)
+    outs = [k4, train("2 ranks accumulate 2", mpirun_args(2) + [trainer(16, "--distributed")], "--accumulate", "2"),
+            train("2 sharded ranks accumulate 2", mpirun_args(2) + [trainer(16, "--distributed", "--shard-optimizer")],
+                  "--accumulate", "2")]
+    for what, out in zip(("batch 16 with --accumulate 4", "2 ranks of 16 with --accumulate 2",
+                          "2 sharded ranks of 16 with --accumulate 2"), outs):
+        d, name = max_rel(st_load(whole), st_load(out))
+        if check(d <= SAME_RUN, f"{what}: {name} differs from one batch of 64 by {d:.3g} relative"):
+            print(f"ok   {what} = one batch of 64, largest difference {d:.2g} ({name})")
+    lines = [json.loads(s) for s in open(log)]
+    check(any(ln.get("accumulate") == 4 and ln.get("global_batch") == 64 for ln in lines),
+          f"--accumulate 4: the log names it and the global batch: {lines[:1]}")
+    # stopped at step 5 and resumed: with the same K bit for bit; as 2 ranks with K = 2 or one
+    # batch of 64 (the same global batch) within rounding; K = 2 alone (32) refused
+    ck = os.path.join(work, "k4.ckpt")
+    check.expect(run([trainer(16)] + args + ["--accumulate", "4", "--checkpoint", ck, "--stop-at", "5"]), 4,
+                 "--accumulate 4, --stop-at 5")
+    res = train("batch 16 accumulate 4 resumed", [trainer(16)], "--accumulate", "4", "--resume", ck)
+    check(open(res, "rb").read() == open(k4, "rb").read(), "--accumulate 4 resumed differs from the uninterrupted run")
+    for what, argv in (("2 ranks with --accumulate 2", mpirun_args(2) + [trainer(16, "--distributed"), "--accumulate",
+                                                                         "2"]),
+                       ("one batch of 64", [trainer(64)])):
+        res = train(f"resumed as {what}", argv, "--resume", ck)
+        d, name = max_rel(st_load(k4), st_load(res))
+        if check(d <= SAME_RUN, f"resumed as {what}: {name} differs by {d:.3g} relative"):
+            print(f"ok   --accumulate 4's checkpoint resumed as {what}, largest difference {d:.2g} ({name})")
+    r = run([trainer(16)] + args + ["--accumulate", "2", "--resume", ck])
+    check.expect(r, 1, "--accumulate 2 refuses an --accumulate 4 checkpoint", "global batch of 64",
+                 "this run's is 32 (1 rank x --accumulate 2 x batch 16)")
+    r = run([trainer(16)] + args + ["--accumulate", "0"])
+    check.expect(r, 2, "--accumulate 0", "--accumulate needs an integer >= 1, found '0'")
+
+
 def case_checkpoint(netc, work):
     dist, half, one = build(netc, work, "mlp", 32, True), build(netc, work, "mlp", 16, True), \
         build(netc, work, "mlp", 64, False)
@@ -500,7 +568,7 @@ def case_eval_rank(netc, work):
 
 
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
-         "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank}
+         "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank, "accumulate": case_accumulate}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))

@@ -25,7 +25,7 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
     only the parameters it reached through the gradients carry it on): the device's on-device
     non-finite check, read back at the next log interval;
   - --eval-only on the emulated run's saved weights logs exactly its final evaluation (the
-    device path of rt_main's --eval-only).
+    device path of rt_main's --eval-only); --accumulate is refused (CPU trainers only, so far).
 Prints the worst differences.
 
 With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
@@ -755,6 +755,9 @@ def main():
                               (cpu, [*data, *evals], "--eval-async evaluates on a second stream of a GPU trainer")):
         r = subprocess.run([exe, *args, "--eval-async"], capture_output=True, text=True)
         assert r.returncode == 2 and needle in r.stderr, f"--eval-async refused: status {r.returncode}, {r.stderr!r}"
+    r = subprocess.run([emu, *data, "--accumulate", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "gradient accumulation runs in CPU trainers so far" in r.stderr, \
+        f"a device trainer's --accumulate: status {r.returncode}, {r.stderr!r}"
 
     # --eval-only on the saved weights: the device evaluates them as the run's final evaluation did
     eval_log = os.path.join(work, "emu-eval-only.jsonl")
