@@ -809,6 +809,7 @@ void cg_emit_model_recipe(Cg *c) {
     if (g->loss_scaling) cg_line(c, ".loss_scaling = 1, // --precision fp16: a dynamic loss scale on the device");
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
+    if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
     if (g->correct && g->correct->attr.has_ignore) { /* the trainer counts the positions of the labels */
         const IrNode *lab = g->correct->in[1];

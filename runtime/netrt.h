@@ -322,6 +322,8 @@ typedef struct RtModel {
     int64_t n_param_floats;    /* trainable parameters first, then frozen ones */
     int64_t n_grad_floats;     /* = trainable parameter floats; grads[i] belongs to params[i] */
     int n_state_slots;         /* optimizer state per trainable float: SGD+momentum 1, AdamW 2 */
+    int accumulate;            /* accumulate = K in the train section: batches per optimizer step, the
+                                * trainer's --accumulate default (0: one) */
     /* netc --frozen-half: the flat buffer's last n_half_params values are frozen parameters that
      * the device keeps in half_params_dtype (RT_BF16 or RT_F16), rounded from these float32 ones
      * when they are uploaded; the host's float32 values stay what files are written from */

@@ -178,6 +178,7 @@ static void usage(const RtModel *m) {
            "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
            "  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
            "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
+           "                         (default: the model's accumulate, or 1)\n"
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
@@ -301,7 +302,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
                    .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
                    .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
-                   .accumulate = 1};
+                   .accumulate = m->accumulate > 1 ? m->accumulate : 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;

@@ -671,6 +671,13 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
     IrGraph *g = sema_build(arena, prog, (SemaDefine *)o->defs, o->n_defs);
     if (!g) return 1;
+    if (g->train.accumulate > 1 && be->has_kernels) {
+        const SrcLoc *l = &g->train.accumulate_loc;
+        fprintf(stderr, "%s:%d:%d: error: accumulate = %lld: the %s backend's step is one graph, forward, backward "
+                        "and update, and does not accumulate gradients yet\n  hint: raise batch, or train with "
+                        "--backend cpu\n", l->file, l->line, l->col, (long long)g->train.accumulate, be->name);
+        return 1;
+    }
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;

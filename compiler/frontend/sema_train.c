@@ -343,6 +343,8 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1), seen->epochs = s;
     else if (strcmp(s->name, "steps") == 0) t->steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->steps = s;
     else if (strcmp(s->name, "clip_grad_norm") == 0) t->clip_grad_norm = train_num(S, s, 0, 1e9, 0);
+    else if (strcmp(s->name, "accumulate") == 0)
+        t->accumulate = (int64_t)train_num(S, s, 1, 1 << 20, 1), t->accumulate_loc = s->name_loc;
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
@@ -352,14 +354,14 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else {
         static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup",
                                            "warmup_steps", "epochs", "steps", "clip_grad_norm", "eval_every",
-                                           "log_every", "freeze", "no_decay", "output", "lora"};
+                                           "log_every", "freeze", "no_decay", "output", "lora", "accumulate"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, warmup_steps, epochs, steps, "
-                  "clip_grad_norm, eval_every, log_every, freeze, no_decay, output, lora");
+                  "clip_grad_norm, accumulate, eval_every, log_every, freeze, no_decay, output, lora");
     }
 }
 

@@ -230,6 +230,9 @@ typedef struct IrTrain {
     double step_steps;    /* SCHED_STEP with every_steps: multiply by gamma every step_steps steps */
     double clip_grad_norm; /* clip_grad_norm = C: global-norm gradient clipping (0: off) */
     double power;         /* SCHED_POLY: the decay's exponent */
+    int64_t accumulate;   /* accumulate = K: batches per optimizer step, the trainer's --accumulate
+                           * default (0: not given) */
+    SrcLoc accumulate_loc;
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and

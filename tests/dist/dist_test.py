@@ -375,6 +375,15 @@ def case_accumulate(netc, work):
                  "this run's is 32 (1 rank x --accumulate 2 x batch 16)")
     r = run([trainer(16)] + args + ["--accumulate", "0"])
     check.expect(r, 2, "--accumulate 0", "--accumulate needs an integer >= 1, found '0'")
+    # accumulate = 4 in the train section: the default, the bits of --accumulate 4; the option wins
+    compiled = train("accumulate = 4", [trainer(16, "-D", "acc=4")])
+    check(open(compiled, "rb").read() == open(k4, "rb").read(), "accumulate = 4 differs from --accumulate 4")
+    log2 = os.path.join(work, "acc4_k2.jsonl")
+    train("accumulate = 4 with --accumulate 2", [trainer(16, "-D", "acc=4")], "--accumulate", "2", "--log", log2)
+    check(any(json.loads(s).get("accumulate") == 2 for s in open(log2)), "--accumulate 2 over accumulate = 4")
+    r = run([netc, recipe, "-D", "acc=2", "--backend", "cuda", "--dump=c"])
+    check.expect(r, 1, "a GPU trainer with accumulate = 2", "recipe.net:", "accumulate = 2: the cuda backend's step "
+                 "is one graph")
 
 
 def case_checkpoint(netc, work):

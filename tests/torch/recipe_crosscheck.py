@@ -251,42 +251,37 @@ def case_clip_off(netc, work):
     check(all(np.array_equal(far[k], params[k]) for k in params), "clip_off: clip = 1e6 gives clip = 0's bits")
 
 
-def case_lamb(netc, work):
+def layerwise_case(netc, work, name, **cfg):
+    """A layer-wise optimizer (LAMB, LARS) against its reference with clip_grad_norm = 0.3 active:
+    the run matches, the trust ratio shows (the reference without it ends far away), and a run
+    stopped at step 5 and resumed ends with the same bits. Returns the trainer, its parameters
+    and the reference's rows."""
     x, y, init = setup(netc, work)
-    cfg = dict(clip=0.3, sched=0, warmup=3, steps=12, lamb=True)
-    exe = trainer(netc, work, "lamb", **cfg)
-    params, log = run(exe, work, "lamb")
+    exe = trainer(netc, work, name, **cfg)
+    params, log = run(exe, work, name)
     rows, ref = reference(x, y, init, **cfg)
-    check(all(norm > cfg["clip"] for _, _, norm in rows), "lamb: every norm is above the bound")
-    compare("lamb", params, log, rows, ref, cfg["clip"])
+    check(all(norm > cfg["clip"] for _, _, norm in rows), f"{name}: every norm is above the bound")
+    compare(name, params, log, rows, ref, cfg["clip"])
     _, plain = reference(x, y, init, **cfg, adapt=False)
     far = min(np.linalg.norm(params[k] - plain[k]) / np.linalg.norm(plain[k]) for k in ("fc1.weight", "fc2.weight"))
-    print(f"lamb: the weights without the trust ratio are {far:.2e} away")
-    check(far > 100 * TOL, f"lamb: the trust ratio moves the weights by only {far:.2e}")
-    ck = os.path.join(work, "lamb.ckpt")
+    print(f"{name}: the weights without the trust ratio are {far:.2e} away")
+    check(far > 100 * TOL, f"{name}: the trust ratio moves the weights by only {far:.2e}")
+    ck = os.path.join(work, f"{name}.ckpt")
     run(exe, work, "stopped", "--checkpoint", ck, "--stop-at", "5")
     resumed, _ = run(exe, work, "resumed", "--resume", ck)
-    check(all(np.array_equal(resumed[k], params[k]) for k in params), "lamb: resumed run ends with the same bits")
+    check(all(np.array_equal(resumed[k], params[k]) for k in params), f"{name}: resumed run ends with the same bits")
+    return exe, params, rows
+
+
+def case_lamb(netc, work):
+    layerwise_case(netc, work, "lamb", clip=0.3, sched=0, warmup=3, steps=12, lamb=True)
 
 
 def case_lars(netc, work):
-    x, y, init = setup(netc, work)
     cfg = dict(clip=0.3, sched=2, warmup=3, steps=12, lars=True)
-    exe = trainer(netc, work, "lars", **cfg)
-    params, log = run(exe, work, "lars")
-    rows, ref = reference(x, y, init, **cfg)
-    check(all(norm > cfg["clip"] for _, _, norm in rows), "lars: every norm is above the bound")
+    exe, params, rows = layerwise_case(netc, work, "lars", **cfg)
     check(rows[3][1] > rows[-1][1] > 0.001 * 0.999, f"lars: the poly schedule decays after the warm-up: "
                                                     f"{[r[1] for r in rows]}")
-    compare("lars", params, log, rows, ref, cfg["clip"])
-    _, plain = reference(x, y, init, **cfg, adapt=False)
-    far = min(np.linalg.norm(params[k] - plain[k]) / np.linalg.norm(plain[k]) for k in ("fc1.weight", "fc2.weight"))
-    print(f"lars: the weights without the trust ratio are {far:.2e} away")
-    check(far > 100 * TOL, f"lars: the trust ratio moves the weights by only {far:.2e}")
-    ck = os.path.join(work, "lars.ckpt")
-    run(exe, work, "stopped", "--checkpoint", ck, "--stop-at", "5")
-    resumed, _ = run(exe, work, "resumed", "--resume", ck)
-    check(all(np.array_equal(resumed[k], params[k]) for k in params), "lars: resumed run ends with the same bits")
     # --power and --end-lr on the command line train the bits of -D power and -D min_lr
     flags, _ = run(exe, work, "flags", "--power", "1", "--end-lr", "0.002")
     compiled, _ = run(trainer(netc, work, "compiled", **dict(cfg, power=1, min_lr=0.002)), work, "compiled")
