@@ -176,9 +176,7 @@ static void usage(const RtModel *m) {
            "  --resume FILE          continue the run a checkpoint recorded; gives the same bits as\n"
            "                         a run that was never stopped\n"
            "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
-           "  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
-           "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
-           "                         (default: the model's accumulate, or 1)\n"
+
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
@@ -199,7 +197,10 @@ static void usage(const RtModel *m) {
                    : "",
            (long long)m->log_every);
     if (!m->device)
-        printf("  --update-after-backward\n"
+        printf("  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
+               "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
+               "                         (default: the model's accumulate setting, or 1)\n"
+               "  --update-after-backward\n"
                "                         update every parameter after the whole backward pass, not each as\n"
                "                         soon as the pass is done with it (same results; for comparison)\n");
     if (m->device)
