@@ -169,8 +169,7 @@ void cg_ptr(Cg *c, const IrNode *n) {
         break;
     case ST_PARAM:
         if (r->dtype != DT_F32) /* kept in half on the device (--frozen-half): a permuting cast reads it */
-            cg_put(c, "(%s *)ctx->half_params + %" PRId64, t,
-                   r->offset - (c->g->n_param_floats - c->g->n_half_params) + elems);
+            cg_put(c, "(%s *)ctx->half_params + %" PRId64, t, r->offset - cg_half_params_from(c->g) + elems);
         else cg_put(c, "ctx->params + %" PRId64, r->offset + elems);
         break;
     case ST_GRAD: cg_put(c, "ctx->grads + %" PRId64, r->offset + elems); break;
@@ -753,6 +752,8 @@ void cg_emit_model_head(Cg *c) {
                 cg_dtype_enums[cg_half_params_dtype(g)]);
     if (g->lora.r) cg_line(c, ".lora = &lora,");
 }
+
+int64_t cg_half_params_from(const IrGraph *g) { return g->n_param_floats - g->n_half_params; }
 
 IrDtype cg_half_params_dtype(const IrGraph *g) {
     for (int i = 0; i < g->n_params; i++)

@@ -112,6 +112,9 @@ void cg_emit_clip_scale(Cg *c, const IrTrain *t, const char *norm);
 /* The members of the RtModel initializer that every target writes alike, at c->depth: the
  * model and its buffers (.name .. .n_state_slots), and the recipe (.optim .. .loss_name). */
 void cg_emit_model_head(Cg *c);
+/* The first of the flat parameter buffer's values a device keeps in half (netc --frozen-half):
+ * also the number it keeps in float32, all of them when there are none. */
+int64_t cg_half_params_from(const IrGraph *g);
 /* The type of the frozen parameters a device keeps in half (netc --frozen-half; IrGraph's
  * n_half_params), DT_F32 when there are none. */
 IrDtype cg_half_params_dtype(const IrGraph *g);

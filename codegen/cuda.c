@@ -128,7 +128,7 @@ static Map plan_memory(const IrGraph *g) {
     }
     m.batch_bytes = in;
     at += in;
-    m.params = at, at = align_up(at + (g->n_param_floats - g->n_half_params) * 4);
+    m.params = at, at = align_up(at + cg_half_params_from(g) * 4);
     if (g->n_half_params) m.half_params = at, at = align_up(at + g->n_half_params * 2);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
@@ -182,7 +182,7 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
     case ST_ARENA: return u->map.arena + r->offset + bytes;
     case ST_PARAM:
         if (r->dtype != DT_F32) /* kept in half (--frozen-half) */
-            return u->map.half_params + (r->offset - (u->g->n_param_floats - u->g->n_half_params)) * 2 + bytes;
+            return u->map.half_params + (r->offset - cg_half_params_from(u->g)) * 2 + bytes;
         return u->map.params + r->offset * 4 + bytes;
     case ST_GRAD: return u->map.grads + r->offset * 4 + bytes;
     case ST_INPUT: return u->map.batch + u->map.input[r->index] + bytes;
@@ -1498,8 +1498,7 @@ static void emit_host_header(Cu *u, Cg *c) {
             g->shard_optimizer ? " and the optimizer state of this rank's slices" : "");
     cg_line(c, "//   %12" PRId64 "  step state (RtDevState)", u->map.state);
     cg_line(c, "//   %12" PRId64 "  the staged batch (%" PRId64 " bytes)", u->map.batch, u->map.batch_bytes);
-    cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params,
-            g->n_param_floats - g->n_half_params);
+    cg_line(c, "//   %12" PRId64 "  parameters (%" PRId64 " floats)", u->map.params, cg_half_params_from(g));
     if (g->n_half_params)
         cg_line(c, "//   %12" PRId64 "  frozen parameters in %s, the flat buffer's last %" PRId64 " (netc --frozen-half)",
                 u->map.half_params, ir_dtype_name(cg_half_params_dtype(g)), g->n_half_params);

@@ -6,8 +6,9 @@
  * as the backward pass finishes them) and divides by N, so each holds the gradient of the mean
  * loss over the global batch, and the same update keeps the ranks' parameters equal. With
  * --accumulate K an optimizer step takes K such global batches: each rank sums its K batches'
- * gradients first (the last one's buckets as they are written), and the ranks then theirs, / N K. A trainer
- * without RtComm is one rank, and every function here leaves it as it was.
+ * gradients first (the last one's buckets as they are written), the ranks then theirs, and the
+ * sum is divided by N K. A trainer without RtComm is one rank, and every function here leaves it
+ * as it was.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -45,10 +46,11 @@ void rt_grads_ready(RtCtx *ctx, int k) {
     else d->comm->start_sum(ctx->grads + b->offset, b->count);
 }
 
-void rt_dist_mean_grads(RtDist *d, RtCtx *ctx) {
-    if (d->ranks == 1) return;
-    d->wait_s += d->comm->wait_sums("summing the gradients");
-    float scale = 1.0f / (float)(d->ranks * (d->accumulate > 1 ? d->accumulate : 1)), *g = d->m->shard_optimizer ? d->shard.grads : ctx->grads;
+void rt_dist_mean_grads(RtDist *d, RtCtx *ctx, int accumulate) {
+    if (d->ranks > 1) d->wait_s += d->comm->wait_sums("summing the gradients");
+    else if (accumulate > 1) rt_grads_add(ctx->grads, ctx->accum, d->m->n_grad_floats); /* no bucket sum added it */
+    else return;
+    float scale = 1.0f / (float)(d->ranks * accumulate), *g = d->m->shard_optimizer ? d->shard.grads : ctx->grads;
     int64_t n = d->m->shard_optimizer ? d->shard.floats : d->m->n_grad_floats;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) g[i] *= scale;

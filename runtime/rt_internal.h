@@ -329,7 +329,6 @@ typedef struct RtDist {
     const RtModel *m;
     int rank, ranks, local_rank; /* ranks: the training ranks */
     int evaluator;        /* --eval-rank: this process evaluates, and does not train (rank == ranks) */
-    int accumulate;       /* --accumulate: the batches whose gradients each rank sums per step */
     double wait_s;        /* seconds spent waiting for the other ranks, summed since it was last reset */
     /* --shard-optimizer (rt_dist_shard_open): this rank's slices, and per bucket k each rank's
      * floats (counts[k * ranks + r]) from the bucket's start (displs[k * ranks + r]) */
@@ -342,8 +341,10 @@ typedef struct RtDist {
  * job's last process is the evaluator. 1 after saying why it failed. */
 int rt_dist_open(RtDist *d, const RtModel *m, int *argc, char ***argv, int eval_rank);
 /* After forward_backward: wait for the buckets' sums and divide by the number of ranks times
- * the accumulated batches (with --shard-optimizer, of this rank's slices). */
-void rt_dist_mean_grads(RtDist *d, RtCtx *ctx);
+ * the `accumulate` batches summed (with --shard-optimizer, of this rank's slices); one rank
+ * that accumulates adds ctx->accum first, as rt_grads_ready does for several. Nothing for one
+ * rank and one batch. */
+void rt_dist_mean_grads(RtDist *d, RtCtx *ctx, int accumulate);
 /* g += acc over n floats: --accumulate's sum of a step's batches, the last one's gradient plus
  * the earlier ones' (rt_grads_ready per bucket, rt_main for a lone process). */
 void rt_grads_add(float *g, const float *acc, int64_t n);

@@ -176,7 +176,6 @@ static void usage(const RtModel *m) {
            "  --resume FILE          continue the run a checkpoint recorded; gives the same bits as\n"
            "                         a run that was never stopped\n"
            "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
-
            "  --log FILE             JSON Lines log of training and evaluation\n"
            "  --log-every N          steps between log lines (default %lld)\n"
            "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
@@ -1016,15 +1015,8 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
     t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
-    if (K > 1 && t->dist.ranks == 1) { /* the mean of the K batches' gradients (the ranks': below) */
-        rt_grads_add(t->ctx.grads, t->ctx.accum, m->n_grad_floats);
-        const float scale = 1.0f / (float)K;
-        float *g = t->ctx.grads;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < m->n_grad_floats; i++) g[i] *= scale;
-    }
-    if (t->dist.ranks > 1) { /* the mean gradient, loss and accuracy over the ranks, and any stop asked */
-        rt_dist_mean_grads(&t->dist, &t->ctx);
+    rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
+    if (t->dist.ranks > 1) { /* the loss and accuracy over the ranks, and any stop asked */
         double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
         rt_dist_sum(&t->dist, sums, 4, "summing the loss");
         t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
@@ -1362,7 +1354,6 @@ static void setup_context(Trainer *t) {
     c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
     if (t->o.accumulate > 1) /* --accumulate: the sum of a step's earlier batches' gradients */
         c->accum = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "the accumulated gradients");
-    t->dist.accumulate = t->o.accumulate;
     /* floats per slot; the evaluator of --eval-rank keeps none */
     int64_t state = t->dist.evaluator         ? 0
                     : m->shard_optimizer      ? rt_dist_shard_open(&t->dist, c)

@@ -672,10 +672,10 @@ static int compile(const Options *o, Arena *arena) {
     IrGraph *g = sema_build(arena, prog, (SemaDefine *)o->defs, o->n_defs);
     if (!g) return 1;
     if (g->train.accumulate > 1 && be->has_kernels) {
-        const SrcLoc *l = &g->train.accumulate_loc;
-        fprintf(stderr, "%s:%d:%d: error: accumulate = %lld: the %s backend's step is one graph, forward, backward "
-                        "and update, and does not accumulate gradients yet\n  hint: raise batch, or train with "
-                        "--backend cpu\n", l->file, l->line, l->col, (long long)g->train.accumulate, be->name);
+        diag_error(g->train.accumulate_loc, "accumulate = %lld: the %s backend's step is one graph, forward, "
+                   "backward and update, and does not accumulate gradients yet", (long long)g->train.accumulate,
+                   be->name);
+        diag_hint("raise batch, or train with --backend cpu");
         return 1;
     }
     if (o->check_only) return 0;

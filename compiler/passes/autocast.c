@@ -18,10 +18,10 @@
  *              With frozen_half (netc --frozen-half), a frozen parameter that only products
  *              read (directly, or through a layout conversion only they read, which becomes a
  *              permuting bf16-to-bf16 cast) is itself bf16 (its OP_PARAM node's dtype): no
- *              rounding in the step, and the memory plan
- *              puts it among the last values of the flat buffer, which a device trainer keeps
- *              in bf16 - rounded once when the parameters are uploaded, as the cast would
- *              round it in every step, so the products read the same bits.
+ *              rounding in the step, and the memory plan puts it among the last values of the
+ *              flat buffer, which a device trainer keeps in bf16 - rounded once when the
+ *              parameters are uploaded, as the cast would round it in every step, so the
+ *              products read the same bits.
  * Invalidates: node ids (renumbered); n_fwd grows by the forward casts.
  *
  * The casts are element-wise, so fusion folds most of them into the groups that produce or
