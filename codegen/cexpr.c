@@ -853,13 +853,6 @@ void cg_emit_buckets(Cg *c) {
     cg_blank(c);
 }
 
-void cg_emit_grads_ready(Cg *c, int position, const char *call) {
-    const IrGraph *g = c->g;
-    for (int k = 0; g->distributed && k < g->n_buckets; k++)
-        if (g->buckets[k].ready == position)
-            cg_line(c, "%s%d); // its gradients are final: start their sum over the ranks", call, k);
-}
-
 /* ---- prologue: header comment and the scalar helpers this model uses */
 
 static const struct {

@@ -119,12 +119,9 @@ int64_t cg_half_params_from(const IrGraph *g);
  * n_half_params), DT_F32 when there are none. */
 IrDtype cg_half_params_dtype(const IrGraph *g);
 void cg_emit_model_recipe(Cg *c);
-/* --distributed: the table of gradient buckets the RtModel names (before it), and the calls
- * that start the sums of the buckets ready after schedule position `position` (g->n: the end
- * of the backward pass), `call` followed by the bucket's number and ");" (the CPU's
- * "rt_grads_ready(ctx, "); nothing for a trainer of one process. */
+/* --distributed: the table of gradient buckets the RtModel names (before it); nothing for a
+ * trainer of one process. */
 void cg_emit_buckets(Cg *c);
-void cg_emit_grads_ready(Cg *c, int position, const char *call);
 void cg_emit_helpers(Cg *c);
 void cg_ew_store(Cg *c, const IrNode *n, int scalar);
 void cg_sum_to_base(FILE *o, const IrNode *n);

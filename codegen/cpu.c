@@ -795,6 +795,15 @@ static void emit_outputs(Cg *c) {
     else cg_line(c, "ctx->correct = 0;");
 }
 
+/* --distributed: the buckets whose gradients are final after schedule position `position`
+ * (g->n: the end of the backward pass) start their sums over the ranks. */
+static void emit_grads_ready(Cg *c, int position) {
+    const IrGraph *g = c->g;
+    for (int k = 0; g->distributed && k < g->n_buckets; k++)
+        if (g->buckets[k].ready == position)
+            cg_line(c, "rt_grads_ready(ctx, %d); // its gradients are final: start their sum over the ranks", k);
+}
+
 /* Gradients that could not be computed in place in ctx->grads are copied there last. */
 static void emit_grad_copies(Cg *c) {
     const IrGraph *g = c->g;
@@ -912,13 +921,13 @@ static void emit_forward_backward(Cg *c) {
             if (at) emit_in_backward_head(c, at);
         }
         emit_node(c, g->nodes[i]);
-        cg_emit_grads_ready(c, i, "rt_grads_ready(ctx, ");
+        emit_grads_ready(c, i);
         if (at) emit_in_backward_at(c, at, i);
     }
     c->in_backward = NULL;
     free(at);
     emit_grad_copies(c);
-    cg_emit_grads_ready(c, g->n, "rt_grads_ready(ctx, ");
+    emit_grads_ready(c, g->n);
     emit_outputs(c);
     cg_close(c, "}");
     cg_blank(c);

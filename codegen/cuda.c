@@ -967,7 +967,7 @@ static void emit_step_begin(Cu *u) {
     Cg *c = &u->c;
     kernel_open(u);
     cg_line(c, "RtDevState *st = ctx->state;");
-    cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step);");
+    cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step * st->accumulate + st->micro); // each batch its masks");
     int poly = t->sched == SCHED_POLY, in_steps = t->warmup_steps || t->step_steps || poly;
     cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s%s}",
             in_steps ? ", warmup_steps, step_steps" : "", poly ? ", power" : "");
@@ -1011,22 +1011,94 @@ static void emit_step_end(Cu *u, int eval) {
         kernel_close(u, "eval_end", 1, 1, "evaluation sums");
         return;
     }
-    cg_line(c, "const float loss = *(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
+    /* --accumulate K: the mean of the step's K losses, added in order in double as the CPU
+     * trainer adds them (for K = 1 the batch's own, exactly) */
+    cg_line(c, "const float loss = (float)((st->micro_loss + (double)*(const float *)(base + %" PRId64
+               ")) / (double)st->accumulate);", dev_offset(u, g->loss));
     cg_line(c, "st->loss = loss;");
-    cg_line(c, "st->correct = %s;", correct);
+    cg_line(c, "st->correct = (float)(st->micro_correct + (double)%s);", correct);
+    cg_line(c, "st->micro = 0, st->micro_loss = 0, st->micro_correct = 0;");
+    snprintf(correct, sizeof correct, "st->correct");
     if (g->distributed) { /* every rank adds up, and checks, the loss summed over the ranks */
         kernel_close(u, "step_loss", 1, 1, "this rank's loss and correct predictions");
         cg_line(&u->step, "rt_cuda_sum_join(cu); // summed over the ranks, once every gradient's mean is done");
         kernel_open(u);
         cg_line(c, "RtDevState *st = ctx->state;");
         cg_line(c, "const float loss = st->loss;");
-        snprintf(correct, sizeof correct, "st->correct");
     }
     cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
     cg_line(c, "st->loss_sum += (double)loss;");
     cg_line(c, "st->loss_steps += 1;");
     if (g->correct) cg_line(c, "st->correct_sum += (double)%s;", correct);
     kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
+}
+
+/* --accumulate K (RtStepPart): the step's summed gradients, n_grad_floats floats at
+ * RtDevState.accum_at, which the runtime allocates and zeroes. Each RT_STEP_SUM batch adds its
+ * gradients to the sum (zero plus the first batch's: the CPU trainer's copy of it, but for a
+ * -0.0f, which becomes +0.0f); RT_STEP_LAST adds the sum to the last batch's gradients, divides
+ * by K - (g + sum) * (1 / K), as the CPU trainer rounds it - and zeroes the sum for the next
+ * step. A distributed step does that bucket by bucket, before each bucket's mean over the ranks
+ * (whose 1 / ranks follows: the same bits as the CPU's 1 / (ranks K) where both are powers of
+ * two), and its SUM batches start no collective. */
+static void emit_grads_mean(Cu *u, int64_t offset, int64_t count, const char *name) {
+    Cg *c = &u->c;
+    kernel_open(u);
+    cg_line(c, "const RtDevState *st = ctx->state;");
+    if (offset)
+        cg_line(c, "float *g = ctx->grads + %" PRId64 ", *sum = (float *)(base + st->accum_at) + %" PRId64 ";", offset,
+                offset);
+    else cg_line(c, "float *g = ctx->grads, *sum = (float *)(base + st->accum_at);");
+    cg_line(c, "const float mean = 1.0f / (float)st->accumulate;");
+    cg_open(c, "NETC_FOR(i, %" PRId64 ") {", count);
+    cg_line(c, "g[i] = (g[i] + sum[i]) * mean;");
+    cg_line(c, "sum[i] = 0.0f;");
+    cg_close(c, "}");
+    cg_line(&u->step, "if (part == RT_STEP_LAST)");
+    u->step.depth++;
+    kernel_close(u, name, grid_for(count), BLOCK, "--accumulate: the step's sum added, divided by K");
+    u->step.depth--;
+}
+
+/* The gradients of the buckets final at `position` of the training step: with --accumulate the
+ * step's sum added (emit_grads_mean), then their mean over the ranks started, but in RT_STEP_SUM
+ * batches. */
+static void emit_grads_ready(Cu *u, int position) {
+    const IrGraph *g = u->g;
+    for (int k = 0; g->distributed && k < g->n_buckets; k++) {
+        if (g->buckets[k].ready != position) continue;
+        char name[32];
+        snprintf(name, sizeof name, "grads_mean_b%d", k);
+        emit_grads_mean(u, g->buckets[k].offset, g->buckets[k].count, name);
+        cg_line(&u->step, "if (part != RT_STEP_SUM) rt_cuda_sum_start(cu, %d); // final: start their mean over the "
+                          "ranks", k);
+    }
+}
+
+/* The end of an RT_STEP_SUM batch: its gradients, loss and correct predictions added to the
+ * step's, then no update; and a whole trainer's RT_STEP_LAST mean (a distributed one's is per
+ * bucket, emit_grads_ready). */
+static void emit_grads_sum(Cu *u) {
+    const IrGraph *g = u->g;
+    Cg *c = &u->c;
+    int64_t n = g->n_grad_floats;
+    kernel_open(u);
+    cg_line(c, "RtDevState *st = ctx->state;");
+    if (n) {
+        cg_line(c, "float *sum = (float *)(base + st->accum_at);");
+        cg_line(c, "NETC_FOR(i, %" PRId64 ") sum[i] += ctx->grads[i];", n);
+    }
+    cg_open(c, "if (blockIdx.x == 0 && threadIdx.x == 0) { // what step_end makes the step's mean of");
+    cg_line(c, "st->micro_loss += (double)*(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
+    if (g->correct) cg_line(c, "st->micro_correct += (double)*(const float *)(base + %" PRId64 ");",
+                            dev_offset(u, g->correct));
+    cg_line(c, "st->micro += 1;");
+    cg_close(c, "}");
+    cg_open(&u->step, "if (part == RT_STEP_SUM) { // --accumulate: one of the step's first K - 1 batches");
+    kernel_close(u, "grads_sum", grid_for(n), BLOCK, "its gradients, loss and accuracy added to the step's");
+    cg_line(&u->step, "return; // no update until the step's last batch");
+    cg_close(&u->step, "}");
+    if (!g->distributed && n) emit_grads_mean(u, 0, n, "grads_mean");
 }
 
 /* Gradients the memory plan could not place in the gradient buffer are copied there. */
@@ -1399,10 +1471,13 @@ static void walk(Cu *u, int eval) {
     for (int i = 0; i < end; i++) {
         if (i == g->n_fwd) cg_line(&u->step, "// ---- backward");
         emit_node(u, g->nodes[i]);
-        if (!eval) cg_emit_grads_ready(&u->step, i, "rt_cuda_sum_start(cu, ");
+        if (!eval) emit_grads_ready(u, i);
     }
-    if (!eval) emit_grad_copies(u);
-    if (!eval) cg_emit_grads_ready(&u->step, g->n, "rt_cuda_sum_start(cu, ");
+    if (!eval) {
+        emit_grad_copies(u);
+        emit_grads_ready(u, g->n);
+        emit_grads_sum(u);
+    }
     emit_step_end(u, eval);
     u->c.eval = 0;
 }
@@ -1514,6 +1589,8 @@ static void emit_host_header(Cu *u, Cg *c) {
     if (g->shard_optimizer)
         cg_line(c, "//   %12" PRId64 "  optimizer state of this rank's slices (allocated with the rest at start-up)",
                 u->map.optstate);
+    cg_line(c, "// and with the trainer's --accumulate, last, the step's summed gradients (%" PRId64 " floats)",
+            g->n_grad_floats);
     cg_blank(c);
     cg_line(c, "#include <stddef.h>");
     cg_line(c, "#include <stdint.h>\n");
@@ -1543,7 +1620,7 @@ static void emit_kernel_table(Cu *u, Cg *c) {
 
 /* train() or eval(): `name`, whose body, the step's launches printed at depth 1, is `body`. */
 static void emit_host_step(Cg *c, const char *name, const char *body) {
-    cg_open(c, "static void %s(RtCuda *cu) {", name);
+    cg_open(c, "static void %s(RtCuda *cu%s) {", name, strcmp(name, "train") == 0 ? ", RtStepPart part" : "");
     cg_line(c, "unsigned char *const base = rt_cuda_base(cu);");
     cg_line(c, "(void)base;");
     fputs(body, c->out);
@@ -1607,7 +1684,11 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     cg_line(&c, "(void)cu;");
     fputs(plan, o); /* printed at depth 1 */
     cg_close(&c, "}\n");
-    cg_line(&c, "// ---- the training step: forward, backward, sums, optimizer\n");
+    cg_line(&c, "// ---- the training step: forward, backward, sums, optimizer");
+    cg_line(&c, "//");
+    cg_line(&c, "// `part`: RT_STEP_WHOLE, a step of one batch; with the trainer's --accumulate K, RT_STEP_SUM");
+    cg_line(&c, "// for each of a step's first K - 1 batches (their gradients summed, no update) and");
+    cg_line(&c, "// RT_STEP_LAST for its K-th (the sum added in and divided by K, the update).\n");
     emit_host_step(&c, "train", train);
     cg_line(&c, "// ---- evaluation: the forward pass with running statistics, dropout off\n");
     emit_host_step(&c, "eval", eval);

@@ -190,13 +190,28 @@ typedef struct RtRanks {
     const struct RtComm *comm;
 } RtRanks;
 
+/* How the trainer runs its device: its options that shape the device's memory and graphs. */
+typedef struct RtDeviceOptions {
+    int use_graph;  /* 0: --no-graph, each step's work enqueued anew */
+    int eval_async; /* --eval-async: a second arena and stream for evaluations */
+    int accumulate; /* --accumulate K: batches per optimizer step (1: none) */
+} RtDeviceOptions;
+
+/* What one training launch of the device does; with --accumulate K a step is K of them. */
+typedef enum {
+    RT_STEP_WHOLE, /* the step's one batch: forward, backward, update (K = 1) */
+    RT_STEP_SUM,   /* one of its first K - 1 batches: forward, backward, the gradients added to
+                    * the step's sum, no update */
+    RT_STEP_LAST,  /* its K-th: forward, backward, the sum added in and divided by K, the update */
+} RtStepPart;
+
 typedef struct RtDevice {
     const char *name; /* "cuda" */
     /* At start-up, before any data is read: find a usable device (a distributed trainer's
      * rank takes GPU local_rank of its machine's), load the kernels, allocate and plan. Returns
      * 0, or non-zero with the reason (no device, no driver, an architecture the trainer has no
      * kernels for) in `why`. */
-    int (*open)(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size);
+    int (*open)(const RtModel *m, const RtRanks *ranks, const RtDeviceOptions *o, char *why, size_t size);
     /* Host parameters and optimizer state to the device, and back (waits). */
     void (*upload)(const float *params, const float *optstate);
     void (*download)(float *params, float *optstate);
@@ -204,9 +219,10 @@ typedef struct RtDevice {
      * a trainer with loss_scaling, or one resuming the checkpoint of such a run, the loss scale's
      * state, whose skipped steps the optimizer leaves out of its count (NULL otherwise). */
     void (*start)(int64_t step, int64_t per_epoch, int64_t total, uint64_t seed, const RtLossScale *scale);
-    /* Enqueue one training step (forward, backward, optimizer) on `batch`, host buffers as
-     * rt_gather fills them; returns once the batch is staged, without waiting for the step. */
-    void (*train_step)(void *const *batch);
+    /* Enqueue one training launch, `part` of a step (RT_STEP_WHOLE without --accumulate), on
+     * `batch`, host buffers as rt_gather fills them; returns once the batch is staged, without
+     * waiting for the work. */
+    void (*train_step)(void *const *batch, RtStepPart part);
     /* Enqueue one evaluation batch with `n_valid` real rows; its loss and accuracy add up on
      * the device. */
     void (*eval_step)(void *const *batch, int64_t n_valid);

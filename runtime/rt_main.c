@@ -195,11 +195,11 @@ static void usage(const RtModel *m) {
                      "  --save-merged FILE     write the model with the adapters merged in, W + (alpha/r) B A\n"
                    : "",
            (long long)m->log_every);
+    printf("  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
+           "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
+           "                         (default: the model's accumulate setting, or 1)\n");
     if (!m->device)
-        printf("  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
-               "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
-               "                         (default: the model's accumulate setting, or 1)\n"
-               "  --update-after-backward\n"
+        printf("  --update-after-backward\n"
                "                         update every parameter after the whole backward pass, not each as\n"
                "                         soon as the pass is done with it (same results; for comparison)\n");
     if (m->device)
@@ -369,9 +369,6 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
     if (o->gradcheck && m->device)
         die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
-    if (o->accumulate > 1 && m->device)
-        die_usage("--accumulate: this %s trainer's step is one graph, forward, backward and update; gradient "
-                  "accumulation runs in CPU trainers so far (netc --backend cpu), or raise -D batch", m->device->name);
     if (o->list_params) return;
     int using = o->eval_only || o->predict_out || o->n_predict;
     if (using) check_eval_only(m, o);
@@ -985,7 +982,8 @@ static uint64_t rank_seed(const Trainer *t) {
  * position t->pos, which it then advances. With K > 1 the gradients of the step's first K - 1
  * batches are summed in ctx.accum, the last one's added to them (bucket by bucket before the
  * ranks' sums: rt_grads_ready), and the optimizer takes their mean, the gradient of the mean loss
- * over the K batches: what one batch K times the size gives, up to the order of the sums. */
+ * over the K batches: what one batch K times the size gives, up to the order of the sums. A
+ * device does the same on its own (RtStepPart): the step is K launches, queued. */
 static int train_step(Trainer *t, RtPrefetch *pf) {
     const RtModel *m = t->m;
     const int K = t->o.accumulate;
@@ -1001,11 +999,9 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         t->ctx.inputs = batch;
         t->ctx.seed = rt_step_seed(rank_seed(t), K > 1 ? step * K + j : step); /* each batch its masks */
         t->counted += counted_positions(m, batch, m->batch);
-        if (t->dev) { /* queued (K is 1); the device keeps the learning rate, seed and step itself */
-            t->dev->train_step(batch);
-            t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
-            t->ckpt_current = 0;
-            return 0;
+        if (t->dev) { /* queued; the device keeps the learning rate, seeds, sums and step itself */
+            t->dev->train_step(batch, K == 1 ? RT_STEP_WHOLE : j < K - 1 ? RT_STEP_SUM : RT_STEP_LAST);
+            continue;
         }
         t->ctx.micro_left = K - 1 - j;
         t->ctx.update_in_backward = !t->o.update_after_backward && K == 1; /* the sum is not there yet */
@@ -1013,6 +1009,11 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         loss += t->ctx.loss, correct += t->ctx.correct;
         if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
+    }
+    if (t->dev) {
+        t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
+        t->ckpt_current = 0;
+        return 0;
     }
     t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
     rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
@@ -1352,7 +1353,7 @@ static void setup_context(Trainer *t) {
     RtCtx *c = &t->ctx;
     c->params = rt_alloc((size_t)m->n_param_floats * sizeof(float), "parameters");
     c->grads = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "gradients");
-    if (t->o.accumulate > 1) /* --accumulate: the sum of a step's earlier batches' gradients */
+    if (t->o.accumulate > 1 && !m->device) /* --accumulate: the sum of a step's earlier batches' gradients */
         c->accum = rt_alloc((size_t)m->n_grad_floats * sizeof(float), "the accumulated gradients");
     /* floats per slot; the evaluator of --eval-rank keeps none */
     int64_t state = t->dist.evaluator         ? 0
@@ -1617,7 +1618,9 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         char why[1024] = "";
         /* the evaluator of --eval-rank takes a GPU but no part in the collectives */
         RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.evaluator ? NULL : t.dist.comm};
-        if (m->device->open(m, &ranks, !t.o.no_graph, t.o.eval_async, why, sizeof why)) {
+        /* and no sum of gradients to keep */
+        RtDeviceOptions opts = {!t.o.no_graph, t.o.eval_async, t.dist.evaluator ? 1 : t.o.accumulate};
+        if (m->device->open(m, &ranks, &opts, why, sizeof why)) {
             fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
             return EXIT_NO_DEVICE;
         }

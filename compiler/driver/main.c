@@ -671,13 +671,6 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
     IrGraph *g = sema_build(arena, prog, (SemaDefine *)o->defs, o->n_defs);
     if (!g) return 1;
-    if (g->train.accumulate > 1 && be->has_kernels) {
-        diag_error(g->train.accumulate_loc, "accumulate = %lld: the %s backend's step is one graph, forward, "
-                   "backward and update, and does not accumulate gradients yet", (long long)g->train.accumulate,
-                   be->name);
-        diag_hint("raise batch, or train with --backend cpu");
-        return 1;
-    }
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;

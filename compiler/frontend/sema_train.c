@@ -343,8 +343,7 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "epochs") == 0) t->epochs = (int64_t)train_num(S, s, 1, 1e9, 1), seen->epochs = s;
     else if (strcmp(s->name, "steps") == 0) t->steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->steps = s;
     else if (strcmp(s->name, "clip_grad_norm") == 0) t->clip_grad_norm = train_num(S, s, 0, 1e9, 0);
-    else if (strcmp(s->name, "accumulate") == 0)
-        t->accumulate = (int64_t)train_num(S, s, 1, 1 << 20, 1), t->accumulate_loc = s->name_loc;
+    else if (strcmp(s->name, "accumulate") == 0) t->accumulate = (int64_t)train_num(S, s, 1, 1 << 20, 1);
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);

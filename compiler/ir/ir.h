@@ -232,7 +232,6 @@ typedef struct IrTrain {
     double power;         /* SCHED_POLY: the decay's exponent */
     int64_t accumulate;   /* accumulate = K: batches per optimizer step, the trainer's --accumulate
                            * default (0: not given) */
-    SrcLoc accumulate_loc;
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and

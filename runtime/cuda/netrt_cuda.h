@@ -108,8 +108,11 @@ typedef struct RtCudaModel {
     void (*plan)(RtCuda *cu);
     /* Enqueue on rt_cuda_stream(cu), without waiting for anything: forward, backward, metric
      * sums, optimizer (train), or the forward in evaluation mode and its sums (eval). The
-     * staged batch is already at off_batch. */
-    void (*train)(RtCuda *cu);
+     * staged batch is already at off_batch. train's `part` (--accumulate): RT_STEP_SUM adds the
+     * batch's gradients to the step's sum at RtDevState.accum_at and stops before the update;
+     * RT_STEP_LAST adds that sum to the batch's gradients, divides by K and zeroes it, bucket by
+     * bucket before each bucket's mean over the ranks, then updates as RT_STEP_WHOLE does. */
+    void (*train)(RtCuda *cu, RtStepPart part);
     void (*eval)(RtCuda *cu);
     const RtCudaColl *coll;          /* netc --distributed: the ranks' collectives; else NULL */
 } RtCudaModel;

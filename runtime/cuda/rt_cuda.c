@@ -5,7 +5,9 @@
  * stream and the cuBLASLt and cuDNN handles, allocates the arena (every buffer is at a constant
  * offset from its base), lets the generated plan() build the library plans, allocates the one
  * shared workspace, warms up, and captures four CUDA Graphs: a training and an evaluation step
- * for each of the two pinned staging slots. Each graph is
+ * for each of the two pinned staging slots (with --accumulate, two training graphs per slot:
+ * RT_STEP_SUM for a step's first batches, whose gradients the device sums, and RT_STEP_LAST for
+ * its last, which updates; the sum lives after everything else in the arena). Each graph is
  *
  *     copy slot s -> arena batch  ->  record slot_free[s]  ->  the step's kernels and library calls
  *
@@ -62,7 +64,9 @@ struct RtCuda {
     cublasLtHandle_t blaslt;
     cudnnHandle_t dnn;
     unsigned char *base;        /* the arena: `bytes` */
-    size_t bytes;               /* dm->device_bytes, and a sharded optimizer's state (plan_shard) */
+    size_t bytes;               /* dm->device_bytes, a sharded optimizer's state, --accumulate's sum (size_arena) */
+    int accumulate;             /* --accumulate K: batches per step, RT_STEP_SUM K - 1 times, then RT_STEP_LAST */
+    int64_t accum_at;           /* with K > 1: the step's summed gradients, last in the arena (RtDevState.accum_at) */
     int64_t state_floats;       /* the optimizer state's floats on this device */
     long long *shard;           /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
     size_t workspace_reserved;  /* the largest reservation made while planning */
@@ -75,7 +79,7 @@ struct RtCuda {
     size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
     RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
     int coll_open;                           /* dm->coll joined its ranks (close it at teardown) */
-    cudaGraphExec_t train_graph[RT_CUDA_SLOTS];
+    cudaGraphExec_t train_graph[RT_CUDA_SLOTS][3];  /* by RtStepPart: WHOLE, or with --accumulate SUM and LAST */
     cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
     int eval_async;                          /* --eval-async: `side` exists */
     Lane side;                               /* its lane, while the step's is in the fields above */
@@ -428,28 +432,37 @@ static void alloc_staging(RtCuda *cu) {
  * (dm->off_shard) only its rank's slices' (rt_shard_slices; all of them for a process outside
  * the ranks' collectives: one rank, or the evaluator of --eval-rank), after the rest of the
  * allocation. Sets the allocation's size. */
-static int plan_shard(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
+/* The arena's bytes: what netc sized, then a sharded optimizer's state of this rank's slices,
+ * then with --accumulate the step's summed gradients. */
+static int size_arena(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
     const RtModel *m = cu->model;
     cu->bytes = (size_t)cu->dm->device_bytes;
     cu->state_floats = (int64_t)m->n_state_slots * m->n_grad_floats;
-    if (!cu->dm->off_shard)
-        return 0;
-    if (!(cu->shard = calloc((size_t)m->n_buckets * 3 + 1, sizeof *cu->shard)))
-        return fail(why, size, "out of host memory for %d gradient buckets", m->n_buckets);
-    cu->state_floats = (int64_t)m->n_state_slots * rt_shard_table(m, ranks, cu->shard);
-    cu->bytes += (size_t)cu->state_floats * sizeof(float);
+    if (cu->dm->off_shard) {
+        if (!(cu->shard = calloc((size_t)m->n_buckets * 3 + 1, sizeof *cu->shard)))
+            return fail(why, size, "out of host memory for %d gradient buckets", m->n_buckets);
+        cu->state_floats = (int64_t)m->n_state_slots * rt_shard_table(m, ranks, cu->shard);
+        cu->bytes += (size_t)cu->state_floats * sizeof(float);
+    }
+    if (cu->accumulate > 1) {
+        cu->accum_at = (int64_t)((cu->bytes + 255) & ~(size_t)255);
+        cu->bytes = (size_t)cu->accum_at + (size_t)m->n_grad_floats * sizeof(float);
+    }
     return 0;
 }
 
-/* The slice table into the arena: once allocated, and again after the warm-up zeroes it. */
-static void write_shard(RtCuda *cu) {
-    if (!cu->shard)
-        return;
-    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_shard, cu->shard,
-                                  ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard, cudaMemcpyHostToDevice,
-                                  cu->stream),
-                  "cudaMemcpyAsync (the optimizer's slices to the device)");
-    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the optimizer's slices)");
+/* What the kernels read before any run starts (the slice table, where --accumulate's sum lives
+ * and its K): once allocated, and again after the warm-up zeroes the arena. */
+static void write_layout(RtCuda *cu) {
+    if (cu->shard)
+        rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_shard, cu->shard,
+                                      ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard,
+                                      cudaMemcpyHostToDevice, cu->stream),
+                      "cudaMemcpyAsync (the optimizer's slices to the device)");
+    const RtDevState st = {.accumulate = cu->accumulate, .accum_at = cu->accum_at}; /* pageable: waited for */
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_state, &st, sizeof st, cudaMemcpyHostToDevice, cu->stream),
+                  "cudaMemcpyAsync (the step state's layout to the device)");
+    rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after the arena's layout)");
 }
 
 #define SWAP(a, b)                                                                                        \
@@ -516,32 +529,44 @@ static void sync_stream(RtCuda *cu, const char *what) {
 
 /* ---- the step, enqueued directly or captured */
 
+enum { EVAL = -1 }; /* enqueue_step's `part` for an evaluation step; else the RtStepPart of a training one */
+
+static void run_step(RtCuda *cu, int part) {
+    if (part == EVAL)
+        cu->dm->eval(cu);
+    else
+        cu->dm->train(cu, (RtStepPart)part);
+}
+
 /* Slot s's batch to the arena, then the step. In a capture the event record becomes a graph node
  * (cudaEventRecordExternal), so every launch of the graph records it again. */
-static void enqueue_step(RtCuda *cu, int s, void (*step)(RtCuda *), int in_graph) {
+static void enqueue_step(RtCuda *cu, int s, int part, int in_graph) {
     rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_batch, cu->slot[s], (size_t)cu->dm->batch_bytes,
                                   cudaMemcpyHostToDevice, cu->stream),
                   "cudaMemcpyAsync (staging slot to the device)");
     rt_cuda_check(cudaEventRecordWithFlags(cu->slot_free[s], cu->stream,
                                            in_graph ? cudaEventRecordExternal : cudaEventRecordDefault),
                   "cudaEventRecordWithFlags (staging slot free)");
-    step(cu);
+    run_step(cu, part);
 }
 
 /* Libraries may allocate or load lazily on their first call, which a capture forbids: run each
  * step once on the zeroed arena first. Parameters and state are uploaded and started later, but
  * the arena is zeroed again so nothing of this run is left behind. */
 static void warm_up(RtCuda *cu) {
-    cu->dm->train(cu);
-    cu->dm->eval(cu);
+    if (cu->accumulate > 1)
+        run_step(cu, RT_STEP_SUM), run_step(cu, RT_STEP_LAST);
+    else
+        run_step(cu, RT_STEP_WHOLE);
+    run_step(cu, EVAL);
     sync_stream(cu, "the warm-up step");
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize");
-    write_shard(cu);
+    write_layout(cu);
     if (!cu->eval_async)
         return;
     swap_lane(cu); /* the evaluation's lane the same way */
-    cu->dm->eval(cu);
+    run_step(cu, EVAL);
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, (size_t)cu->dm->eval_bytes, cu->stream),
                   "cudaMemsetAsync (the evaluation's arena)");
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (the evaluation's warm-up)");
@@ -553,12 +578,11 @@ static void warm_up(RtCuda *cu) {
  * makes CUDA calls of its own while a distributed step's collectives are captured (NCCL's own
  * tests capture this way), and no other thread of the trainer calls CUDA (the loader thread
  * reads files only). */
-static int capture(RtCuda *cu, int s, void (*step)(RtCuda *), const char *name, cudaGraphExec_t *exec, char *why,
-                   size_t size) {
+static int capture(RtCuda *cu, int s, int part, const char *name, cudaGraphExec_t *exec, char *why, size_t size) {
     cudaGraph_t graph = NULL;
     cu->capturing = 1;
     rt_cuda_check(cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    enqueue_step(cu, s, step, 1);
+    enqueue_step(cu, s, part, 1);
     cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);
     cu->capturing = 0;
     if (e != cudaSuccess) {
@@ -578,8 +602,13 @@ static int capture(RtCuda *cu, int s, void (*step)(RtCuda *), const char *name, 
 
 static int capture_graphs(RtCuda *cu, char *why, size_t size) {
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
-        if (capture(cu, s, cu->dm->train, "training", &cu->train_graph[s], why, size) ||
-            capture(cu, s, cu->dm->eval, "evaluation", &cu->eval_graph[s], why, size))
+        int failed = cu->accumulate > 1
+                         ? capture(cu, s, RT_STEP_SUM, "training (a batch summed)", &cu->train_graph[s][RT_STEP_SUM],
+                                   why, size) ||
+                               capture(cu, s, RT_STEP_LAST, "training (a step's last batch)",
+                                       &cu->train_graph[s][RT_STEP_LAST], why, size)
+                         : capture(cu, s, RT_STEP_WHOLE, "training", &cu->train_graph[s][RT_STEP_WHOLE], why, size);
+        if (failed || capture(cu, s, EVAL, "evaluation", &cu->eval_graph[s], why, size))
             return 1;
     }
     if (!cu->eval_async)
@@ -587,7 +616,7 @@ static int capture_graphs(RtCuda *cu, char *why, size_t size) {
     swap_lane(cu);
     int failed = 0;
     for (int s = 0; s < RT_CUDA_SLOTS && !failed; s++)
-        failed = capture(cu, s, cu->dm->eval, "evaluation (--eval-async)", &cu->eval_graph[s], why, size);
+        failed = capture(cu, s, EVAL, "evaluation (--eval-async)", &cu->eval_graph[s], why, size);
     swap_lane(cu);
     return failed;
 }
@@ -619,8 +648,9 @@ static void teardown(RtCuda *cu) {
     if (cu->snapshot)
         cudaEventDestroy(cu->snapshot);
     for (int s = 0; s < RT_CUDA_SLOTS; s++)
-        if (cu->train_graph[s])
-            cudaGraphExecDestroy(cu->train_graph[s]);
+        for (int p = 0; p < 3; p++)
+            if (cu->train_graph[s][p])
+                cudaGraphExecDestroy(cu->train_graph[s][p]);
     free_slots(cu->eval_graph, cu->slot_free, cu->slot);
     if (cu->host_state)
         cudaFreeHost(cu->host_state);
@@ -656,9 +686,9 @@ static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const
             return 1;
         cu->coll_open = 1;
     }
-    if (plan_shard(cu, ranks, why, size) || alloc_arena(cu, gpu, why, size))
+    if (size_arena(cu, ranks, why, size) || alloc_arena(cu, gpu, why, size))
         return 1;
-    write_shard(cu);
+    write_layout(cu);
     if (cu->dm->plan)
         cu->dm->plan(cu);
     if (cu->refused[0])
@@ -671,15 +701,16 @@ static int set_up(RtCuda *cu, const RtRanks *ranks, const RtCudaImage *im, const
     return cu->use_graph ? capture_graphs(cu, why, size) : 0;
 }
 
-static int cuda_open(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size) {
+static int cuda_open(const RtModel *m, const RtRanks *ranks, const RtDeviceOptions *o, char *why, size_t size) {
     RtCuda *cu = &g_cu;
     struct cudaDeviceProp prop;
     if (cu->dm)
         return fail(why, size, "internal error: the CUDA device is already open");
     cu->model = m;
     cu->dm = m->device_model;
-    cu->use_graph = use_graph;
-    cu->eval_async = eval_async;
+    cu->use_graph = o->use_graph;
+    cu->eval_async = o->eval_async;
+    cu->accumulate = o->accumulate > 1 ? o->accumulate : 1;
     if (!cu->dm || !cu->dm->train || !cu->dm->eval) {
         memset(cu, 0, sizeof *cu);
         return fail(why, size, "internal error: the trainer has no CUDA step");
@@ -748,6 +779,8 @@ static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t 
     cu->host_state->per_epoch = per_epoch;
     cu->host_state->total = total;
     cu->host_state->seed = seed;
+    cu->host_state->accumulate = cu->accumulate;
+    cu->host_state->accum_at = cu->accum_at;
     if (scale) rt_devstate_set_scale(cu->host_state, scale);
     rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_state, cu->host_state, sizeof *cu->host_state,
                                   cudaMemcpyHostToDevice, cu->stream),
@@ -756,7 +789,7 @@ static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t 
 }
 
 /* Fill the next staging slot (once the device has copied out of it) and enqueue the step. */
-static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
+static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     RtCuda *cu = &g_cu;
     int s = cu->next_slot;
     cu->next_slot = (s + 1) % RT_CUDA_SLOTS;
@@ -765,14 +798,18 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
     for (int i = 0; i < cu->model->n_inputs; i++)
         memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
     if (cu->use_graph)
-        rt_cuda_check(cudaGraphLaunch(eval ? cu->eval_graph[s] : cu->train_graph[s], cu->stream),
-                      eval ? "cudaGraphLaunch (evaluation step)" : "cudaGraphLaunch (training step)");
+        rt_cuda_check(cudaGraphLaunch(part == EVAL ? cu->eval_graph[s] : cu->train_graph[s][part], cu->stream),
+                      part == EVAL ? "cudaGraphLaunch (evaluation step)" : "cudaGraphLaunch (training step)");
     else
-        enqueue_step(cu, s, eval ? cu->dm->eval : cu->dm->train, 0);
+        enqueue_step(cu, s, part, 0);
 }
 
-static void cuda_train_step(void *const *batch) { stage_and_run(batch, g_cu.model->batch, 0); }
-static void cuda_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, 1); }
+static void cuda_train_step(void *const *batch, RtStepPart part) {
+    if ((part == RT_STEP_WHOLE) != (g_cu.accumulate == 1))
+        rt_cuda_die("internal error: a training launch of part %d with --accumulate %d", (int)part, g_cu.accumulate);
+    stage_and_run(batch, g_cu.model->batch, (int)part);
+}
+static void cuda_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, EVAL); }
 
 /* The device state as of the end of the queued work: the one place the host waits for steps. */
 static const RtDevState *read_state(RtCuda *cu) {
@@ -835,7 +872,7 @@ static void cuda_eval_async_begin(void) {
 
 static void cuda_eval_async_step(void *const *batch, int64_t n_valid) {
     swap_lane(&g_cu);
-    stage_and_run(batch, n_valid, 1);
+    stage_and_run(batch, n_valid, EVAL);
     swap_lane(&g_cu);
 }
 

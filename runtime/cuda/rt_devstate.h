@@ -3,8 +3,8 @@
  * header netc hands it). Plain C types only, so both compilers lay it out the same way.
  *
  * The device arena holds one RtDevState and, for each staged batch, one RtBatchHeader followed
- * by the model's inputs. The host writes the run's constants (step, per_epoch, total, seed) once
- * before the first step; from then on only kernels write it, and the host reads the sums
+ * by the model's inputs. The host writes the run's constants (step, per_epoch, total, seed,
+ * accumulate, accum_at) once before the first step; from then on only kernels write it, and the host reads the sums
  * asynchronously at log intervals and after evaluation.
  */
 #ifndef RT_DEVSTATE_H
@@ -16,11 +16,19 @@ typedef struct RtDevState {
     long long per_epoch;     /* steps per epoch, for the learning-rate schedule */
     long long total;         /* steps in the whole run */
     unsigned long long seed; /* the run's --seed */
+    long long accumulate;    /* the trainer's --accumulate K: batches per step (1 without) */
+    long long accum_at;      /* with K > 1: the byte offset in the allocation of the step's summed
+                              * gradients, n_grad_floats floats the runtime allocates last */
+    /* --accumulate: the step's batches so far, each run by the graph of RT_STEP_SUM */
+    long long micro;          /* batches of this step already summed: 0 .. K - 1 */
+    double micro_loss;        /* their losses, added in order */
+    double micro_correct;     /* their correct predictions */
     /* this step's, written by its first kernel */
-    unsigned long long step_seed; /* rt_mix(seed ^ rt_mix(step)), the dropout masks' seed */
+    unsigned long long step_seed; /* rt_step_seed(seed, step * accumulate + micro), the dropout
+                                   * masks' seed: each batch of the step its own, as on the CPU */
     float lr;                     /* the schedule at `step` */
-    float loss;                   /* this step's mean loss */
-    float correct;                /* this step's correct predictions */
+    float loss;                   /* this step's mean loss (over its --accumulate batches) */
+    float correct;                /* this step's correct predictions (summed over them) */
     float pad0;
     /* sums the host reads and resets */
     double loss_sum;          /* training loss summed over the steps since the last read */

@@ -25,7 +25,9 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
     only the parameters it reached through the gradients carry it on): the device's on-device
     non-finite check, read back at the next log interval;
   - --eval-only on the emulated run's saved weights logs exactly its final evaluation (the
-    device path of rt_main's --eval-only); --accumulate is refused (CPU trainers only, so far).
+    device path of rt_main's --eval-only);
+  - with --accumulate 2 the same again against the CPU trainer's --accumulate 2, a stop and
+    resume and a NaN (compare_accumulate).
 Prints the worst differences.
 
 With --bf16 the emulated trainer was built with --precision bf16 and the bits cannot match:
@@ -415,6 +417,31 @@ def cpu_resumes_scaled(work, common, one, m, steps, first, cpu, emu, ranks):
     return "; the CPU trainer resuming it after the skips counts the updates alike and passes the scale on"
 
 
+def accumulate_scaled(work, common, one, steps, first, a_log, a_out, emu):
+    """The forced run again with --accumulate 2 on its one batch twice over: each step sums the
+    batch's scaled gradients twice and halves them - (g + g) / 2 is g exactly, as (l + l) / 2 is
+    the loss - so the run must give the forced run's bits: the same steps skipped (an overflow in
+    either batch makes the sum Inf), the same scales, losses and parameters. A scale moved
+    between a step's batches, a batch's overflow lost, or a skipped step that kept the sum,
+    would not."""
+    twice = []
+    for opt, spec in zip(one[::2], one[1::2]):
+        name, path = spec.split("=", 1)
+        arr = np.load(path)
+        doubled = os.path.join(work, f"twice-{name}.npy")
+        np.save(doubled, np.concatenate([arr, arr]))
+        twice += [opt, f"{name}={doubled}"]
+    base = [x for x in common if x not in one]  # the same options but the data
+    log, out = train(emu, [*twice, *base, "--steps", str(steps)], "forced-acc", work, "--loss-scale", str(first),
+                     "--accumulate", "2")
+    assert step_records(log) == step_records(a_log), \
+        f"--accumulate 2 on the batch twice: {step_records(log)[:6]}, without {step_records(a_log)[:6]}"
+    x, y = st_load(out), st_load(a_out)
+    for k in y:
+        assert np.array_equal(x[k], y[k]), f"--accumulate 2 on the batch twice: {k} differs from the forced run's"
+    return "--accumulate 2 on the batch twice: the same skips, scales and bits"
+
+
 def loss_scale_checks(work, cpu, emu, ranks=1):
     """--precision fp16's dynamic loss scale, with overflows forced by a first scale of 2^32 (the
     loss gradient's seed, so fp16 products of the scaled gradients overflow until it comes down),
@@ -465,6 +492,9 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
     losses = [r[0] for r in a]
     assert losses[:m + 1] == [losses[0]] * (m + 1) and losses[m + 1] != losses[0], \
         f"the {m} skipped steps moved the parameters: losses {losses[:m + 2]}"
+
+    if ranks == 1:
+        accumulated = accumulate_scaled(work, common, one, steps, first, a_log, a_out, emu)
 
     b_log, b_out = train(emu, [*common, "--steps", str(steps - m)], "unforced", work, "--loss-scale",
                          str(first >> m), **run)
@@ -539,7 +569,7 @@ def loss_scale_checks(work, cpu, emu, ranks=1):
         assert r.returncode == 2 and needle in r.stderr, f"--loss-scale {value}: status {r.returncode}, {r.stderr!r}"
     print(f"fp16 loss scale{f' ({ranks} ranks)' if ranks > 1 else ''}: from 2^32, {m} steps skipped, parameters "
           f"untouched by them, scale 2^{32 - m} after; {same}; growth every 3 steps as GradScaler's; stopped at step "
-          f"{stop} and resumed: identical; NaN data {nan_end}")
+          f"{stop} and resumed: identical; NaN data {nan_end}{'; ' + accumulated if ranks == 1 else ''}")
 
 
 # ---- distributed: N ranks of each, the emulated one's gradients and loss summed by NCCL's calls
@@ -557,8 +587,9 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
     init = os.path.join(work, "init.safetensors")
     write_init(cpu, init)
     evals = write_eval_data(data, work)
-    common = [*data, *evals, "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2", "--init",
-              init, "--seed", "3"]
+    base = [*data, *evals, "--steps", str(steps), "--threads", "1", "--quiet", "--log-every", "2"]
+    fresh = ["--init", init, "--seed", "3"]
+    common = base + fresh
     every = ["--checkpoint-every", "3", "--checkpoint"]
     cpu_log, cpu_out = train(cpu, common, "cpu", work, *every, os.path.join(work, "cpu.ckpt"), env=env,
                              launch=launch)
@@ -577,12 +608,54 @@ def main_ranks(work, ranks, steps, tol, cpu, emu):
     at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
     assert at[0] == at[1] and at[0] >= 2, \
         f"NaN in the data: {ranks} CPU ranks stop at step {at[0]}, {ranks} emulated ranks at {at[1]}"
+    # the step's sum bucket by bucket before its mean over the ranks, no collective in a summed batch
+    acc = compare_accumulate(cpu, emu, base, fresh, data, work, tol, max(2, steps // 2 // 2 * 2), ranks, env, launch)
 
     print(f"{ranks} emulated ranks vs {ranks} CPU ranks after {steps} steps: parameters {worst:.3g} "
           f"({where or 'identical'}), final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), {n} log "
           f"records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; NaN found by both at step {at[0]}; "
           f"with an evaluation rank the same weights and {n_evals} evaluations; with --eval-async the same "
-          f"weights and {n_async} evaluations, logged later")
+          f"weights and {n_async} evaluations, logged later; {acc}")
+
+
+def compare_accumulate(cpu, emu, common, fresh, data, work, tol, stop, ranks=1, env=None, launch=()):
+    """Both trainers again with --accumulate 2: each step two batches, whose gradients the device
+    sums in its arena (the step's graphs RT_STEP_SUM, then RT_STEP_LAST) as the CPU trainer does
+    in memory, then halves (exact), dropout masks drawn per batch, the step's loss the two
+    batches' mean. Required: the same parameters, final checkpoints and log records within
+    TOLERANCE, as without; the emulated run stopped at step `stop` and resumed, the same bits
+    and log (the device's sum is empty at every step's end); with a NaN in the third batch (the
+    second step's first), both stop at the same step. A sum not halved, not emptied, a batch's
+    loss left out or masks not drawn per batch move the parameters by a gradient's share or the
+    NaN's step (step 2 where the batch's NaN reaches its loss). Returns what it found, for the summary line."""
+    acc = ["--accumulate", "2"]
+    run = dict(env=env, launch=launch)
+    ckpt = lambda tag: ["--checkpoint", os.path.join(work, f"{tag}.ckpt")]  # noqa: E731
+    cpu_log, cpu_out = train(cpu, common + fresh + acc, "cpu-acc", work, *ckpt("cpu-acc"), **run)
+    emu_log, emu_out = train(emu, common + fresh + acc, "emu-acc", work, *ckpt("emu-acc"), **run)
+    worst, where = compare_params(emu_out, cpu_out, tol, "--accumulate 2: emulated vs CPU")
+    compare_params(os.path.join(work, "emu-acc.ckpt"), os.path.join(work, "cpu-acc.ckpt"), tol,
+                   "--accumulate 2: emulated vs CPU checkpoints")
+    n, worst_loss, _ = compare_logs(emu_log, cpu_log, tol)
+    with open(emu_log) as f:
+        assert any(json.loads(line).get("accumulate") == 2 for line in f), "--accumulate 2: the log does not say so"
+    stopped = os.path.join(work, "emu-acc-stopped.ckpt")
+    train(emu, common + fresh + acc, "emu-acc-resumed", work, "--checkpoint", stopped, "--stop-at", str(stop),
+          expect=4, **run)
+    _, resumed = train(emu, common + acc, "emu-acc-resumed", work, "--resume", stopped, "--checkpoint", stopped, **run)
+    a, b = st_load(resumed), st_load(emu_out)
+    for k in b:
+        assert np.array_equal(a[k], b[k]), f"--accumulate 2, resumed at step {stop}: {k} differs"
+    assert records(os.path.join(work, "emu-acc-resumed.jsonl")) == records(emu_log), \
+        f"--accumulate 2, resumed at step {stop}: the log differs from the uninterrupted run's"
+    steps = common[common.index("--steps") + 1]
+    nan = [*poisoned_data(cpu, data, work, ranks), "--steps", steps, "--threads", common[common.index("--threads") + 1],
+           "--quiet", "--log-every", "2", *fresh, *acc]
+    at = nonfinite_step(cpu, nan, launch, env), nonfinite_step(emu, nan, launch, env)
+    assert at[0] == at[1], f"--accumulate 2, NaN in the data: the CPU trainer stops at step {at[0]}, the emulated " \
+                           f"one at {at[1]}"
+    return (f"--accumulate 2: parameters {worst:.3g} ({where or 'identical'}), {n} log records, losses "
+            f"{worst_loss:.3g}, resumed at step {stop}: identical, NaN found by both at step {at[0]}")
 
 
 def compare_eval_rank(emu, common, work, ranks, env, emu_out, emu_log):
@@ -755,9 +828,7 @@ def main():
                               (cpu, [*data, *evals], "--eval-async evaluates on a second stream of a GPU trainer")):
         r = subprocess.run([exe, *args, "--eval-async"], capture_output=True, text=True)
         assert r.returncode == 2 and needle in r.stderr, f"--eval-async refused: status {r.returncode}, {r.stderr!r}"
-    r = subprocess.run([emu, *data, "--accumulate", "2"], capture_output=True, text=True)
-    assert r.returncode == 2 and "gradient accumulation runs in CPU trainers so far" in r.stderr, \
-        f"a device trainer's --accumulate: status {r.returncode}, {r.stderr!r}"
+    acc = compare_accumulate(cpu, emu, common, fresh, data, work, tol, stop)
 
     # --eval-only on the saved weights: the device evaluates them as the run's final evaluation did
     eval_log = os.path.join(work, "emu-eval-only.jsonl")
@@ -780,7 +851,7 @@ def main():
           f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
           f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
           f"NaN found by both at step {at[0]}; --eval-only: the final evaluation; --eval-async: the same weights "
-          f"and {n_async} evaluations, logged later")
+          f"and {n_async} evaluations, logged later; {acc}")
 
 
 if __name__ == "__main__":

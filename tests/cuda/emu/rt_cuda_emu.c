@@ -230,7 +230,9 @@ struct RtCuda {
     const RtCudaModel *dm;
     void (**kernels)(unsigned char *); /* dm->n_kernels, indexed like dm->kernel_names */
     unsigned char *base;               /* the arena (`bytes`), then EMU_GUARD guard bytes */
-    size_t bytes;                      /* rt_cuda.c's: device_bytes, and a sharded optimizer's state */
+    size_t bytes;                      /* rt_cuda.c's: device_bytes, a sharded optimizer's state, --accumulate's sum */
+    int accumulate;                    /* --accumulate K (1: none) */
+    int64_t accum_at;                  /* with K > 1: the step's summed gradients, last in the arena */
     int64_t state_floats;              /* the optimizer state's floats */
     long long *shard;                  /* --shard-optimizer: the slice table at dm->off_shard, or NULL */
     unsigned char *side;               /* --eval-async: rt_cuda.c's second arena, then guard bytes */
@@ -575,25 +577,30 @@ static int find_kernels(RtCuda *cu, char *why, size_t size) {
     return 0;
 }
 
-/* rt_cuda.c's: zeroed, with the slice table of a sharded optimizer written again */
+/* rt_cuda.c's: zeroed, with its layout written again (write_layout: the slice table of a
+ * sharded optimizer, --accumulate's K and sum in the step state) */
 static void zero_arena(RtCuda *cu) {
     memset(cu->base, 0, cu->bytes);
     if (cu->shard)
         memcpy(cu->base + cu->dm->off_shard, cu->shard, ((size_t)cu->model->n_buckets * 3 + 1) * sizeof *cu->shard);
+    RtDevState *st = (RtDevState *)(cu->base + cu->dm->off_state);
+    st->accumulate = cu->accumulate, st->accum_at = cu->accum_at;
 }
 
-static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int eval_async, char *why, size_t size) {
+static int emu_open(const RtModel *m, const RtRanks *ranks, const RtDeviceOptions *o, char *why, size_t size) {
     RtCuda *cu = &g_cu;
-    (void)use_graph; /* no graphs here: every step runs as it is enqueued */
+    /* no graphs here (o->use_graph): every step runs as it is enqueued */
     if (cu->dm) return fail(why, size, "internal error: the CUDA device is already open");
     cu->model = m, cu->dm = m->device_model;
+    cu->accumulate = o->accumulate > 1 ? o->accumulate : 1;
     if (!cu->dm || !cu->dm->train || !cu->dm->eval) return fail(why, size, "internal error: no CUDA step");
     if (size_inputs(cu, why, size) || find_kernels(cu, why, size)) return 1;
     if (cu->dm->coll && ranks && ranks->comm) { /* rt_cuda.c's order: before the warm-up step */
         if (cu->dm->coll->open(cu, ranks, why, size)) return 1;
         cu->coll_open = 1;
     }
-    /* rt_cuda.c's plan_shard: the optimizer state of this rank's slices after the rest */
+    /* rt_cuda.c's size_arena: the optimizer state of this rank's slices after the rest, then
+     * --accumulate's sum */
     cu->bytes = (size_t)cu->dm->device_bytes;
     cu->state_floats = (int64_t)m->n_state_slots * m->n_grad_floats;
     if (cu->dm->off_shard) {
@@ -602,12 +609,16 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int e
         cu->state_floats = (int64_t)m->n_state_slots * rt_shard_table(m, ranks, cu->shard);
         cu->bytes += (size_t)cu->state_floats * sizeof(float);
     }
+    if (cu->accumulate > 1) {
+        cu->accum_at = (int64_t)((cu->bytes + 255) & ~(size_t)255);
+        cu->bytes = (size_t)cu->accum_at + (size_t)m->n_grad_floats * sizeof(float);
+    }
     size_t bytes = (cu->bytes + EMU_GUARD + 255) & ~(size_t)255;
     cu->base = aligned_alloc(256, bytes); /* cudaMalloc's alignment */
     if (!cu->base) return fail(why, size, "out of host memory for the %zu-byte arena", cu->bytes);
     zero_arena(cu);
     memset(cu->base + cu->bytes, EMU_GUARD_BYTE, EMU_GUARD);
-    if (eval_async) {
+    if (o->eval_async) {
         cu->side_bytes = (size_t)cu->dm->eval_bytes;
         if (!cu->side_bytes || cu->side_bytes > cu->bytes) return fail(why, size, "internal error: eval_bytes");
         cu->side = aligned_alloc(256, (cu->side_bytes + EMU_GUARD + 255) & ~(size_t)255);
@@ -618,8 +629,11 @@ static int emu_open(const RtModel *m, const RtRanks *ranks, int use_graph, int e
     if (cu->dm->plan) cu->dm->plan(cu);
     for (int s = 0; s < EMU_SLOTS; s++)
         if (!(cu->slot[s] = calloc(1, (size_t)cu->dm->batch_bytes))) return fail(why, size, "out of host memory");
-    /* rt_cuda.c's warm-up: both steps once on the zeroed arena, then zeroed again */
-    cu->dm->train(cu);
+    /* rt_cuda.c's warm-up: each step once on the zeroed arena, then zeroed again */
+    if (cu->accumulate > 1)
+        cu->dm->train(cu, RT_STEP_SUM), cu->dm->train(cu, RT_STEP_LAST);
+    else
+        cu->dm->train(cu, RT_STEP_WHOLE);
     cu->dm->eval(cu);
     zero_arena(cu);
     return 0;
@@ -647,11 +661,14 @@ static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t s
     RtDevState st;
     memset(&st, 0, sizeof st);
     st.step = step, st.per_epoch = per_epoch, st.total = total, st.seed = seed;
+    st.accumulate = cu->accumulate, st.accum_at = cu->accum_at;
     if (scale) rt_devstate_set_scale(&st, scale);
     memcpy(cu->base + cu->dm->off_state, &st, sizeof st);
 }
 
-static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
+enum { EVAL = -1 }; /* stage_and_run's `part` for an evaluation step (rt_cuda.c's) */
+
+static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     RtCuda *cu = &g_cu;
     int s = cu->next_slot;
     cu->next_slot = (s + 1) % EMU_SLOTS;
@@ -659,11 +676,18 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int eval) {
     for (int i = 0; i < cu->model->n_inputs; i++)
         memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
     memcpy(cu->base + cu->dm->off_batch, cu->slot[s], (size_t)cu->dm->batch_bytes);
-    (eval ? cu->dm->eval : cu->dm->train)(cu);
+    if (part == EVAL)
+        cu->dm->eval(cu);
+    else
+        cu->dm->train(cu, (RtStepPart)part);
 }
 
-static void emu_train_step(void *const *batch) { stage_and_run(batch, g_cu.model->batch, 0); }
-static void emu_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, 1); }
+static void emu_train_step(void *const *batch, RtStepPart part) {
+    if ((part == RT_STEP_WHOLE) != (g_cu.accumulate == 1))
+        die("internal error: a training launch of part %d with --accumulate %d", (int)part, g_cu.accumulate);
+    stage_and_run(batch, g_cu.model->batch, (int)part);
+}
+static void emu_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(batch, n_valid, EVAL); }
 
 /* rt_cuda.c's read_state: the wait a distributed trainer's collectives watch */
 static RtDevState *state(RtCuda *cu) {
@@ -713,7 +737,7 @@ static void swap_arenas(RtCuda *cu) {
 
 static void emu_eval_async_step(void *const *batch, int64_t n_valid) {
     swap_arenas(&g_cu);
-    stage_and_run(batch, n_valid, 1);
+    stage_and_run(batch, n_valid, EVAL);
     swap_arenas(&g_cu);
 }
 

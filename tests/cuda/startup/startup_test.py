@@ -15,7 +15,9 @@ NETC_ARGS. On each stub device it must:
     default;
   - ask for blocking waits (device flags and every event);
   - capture four graphs (training and evaluation, two staging slots), replay them for every
-    step, and exit 0; with --no-graph capture nothing and launch the kernels directly;
+    step, and exit 0; with --no-graph capture nothing and launch the kernels directly; with
+    --accumulate 2 capture two training graphs per slot (a summed batch's, with no collective,
+    and a step's last batch's) and launch both each step;
   - distributed (--distributed): join a communicator of one rank (MPI's singleton) and run each
     training step's collectives - one per gradient bucket and one for the loss - on a stream
     forked from the step's and joined back, so that each captured training graph holds them (the
@@ -76,6 +78,9 @@ def main():
     sharded = "--shard-optimizer" in sys.argv[3:]
     per_step = (int(buckets.group(1)) * (2 if sharded else 1) + 1 + host.count("rt_cuda_sum_doubles(cu,")
                 if distributed else 0)
+    # --accumulate: a summed batch's, --sync-bn's sums in its forward and backward passes alone
+    train = host[host.index("static void train("):]
+    per_sum = train[:train.index("if (part == RT_STEP_SUM)")].count("rt_cuda_sum_doubles(cu,")
     data = write_data(exe, work)
     args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
     log = os.path.join(work, "stub.log")
@@ -135,6 +140,25 @@ def main():
               f"{batches if graph else 0} (the evaluation batches)")
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
         print(f"{tag}: {summary(lines)}")
+
+    # --accumulate 2: two training graphs per slot, a summed batch's (no bucket's collective, and
+    # no fork left unjoined, which fails its capture; --sync-bn's sums) and a step's last
+    # batch's, each step launching both, as the warm-up does
+    for graph in (True, False):
+        tag = "sm_90 --accumulate 2" + ("" if graph else " --no-graph")
+        p, lines = run(exe, args + ["--accumulate", "2"] + ([] if graph else ["--no-graph"]), 90, log)
+        check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
+        captures = sum(ln.startswith("captured a graph") for ln in lines)
+        check(captures == (6 if graph else 0), f"{tag}: {captures} graphs captured, expected {6 if graph else 0}")
+        got = summary(lines)
+        check((got.get("graph launches", 0) >= 2 * STEPS) == graph, f"{tag}: {got.get('graph launches')} graph "
+              f"launches, expected {2 * STEPS} training ones at least")
+        both = per_sum + per_step
+        want = (both * 3, both * 2) if graph else (both * (1 + STEPS), 0)
+        have = (got.get("collectives", 0), got.get("captured collectives", 0))
+        check(have == want, f"{tag}: {have[0]} collectives ({have[1]} captured), expected {want[0]} ({want[1]})")
+        check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
+        print(f"{tag}: {got}")
 
     p, lines = run(exe, args, 75, log)
     check(p.returncode == 5, f"sm_75: exit status {p.returncode}, expected 5")
