@@ -413,7 +413,7 @@ def cmd_check(args):
         cfg["tol"] = args.tol
     say(f"== {model} ({' '.join('-D ' + d for d in merge_defs(cfg['defs'], args.define or []))}), "
         f"{cfg['steps']} step(s) against the CPU, {GRAPH_STEPS} for the bit checks, {label}")
-    checks = ("cpu-vs-gpu", "gpu-deterministic", "graph-vs-no-graph")
+    checks = ("cpu-vs-gpu", "gpu-deterministic", "graph-vs-no-graph", "accumulate")
     try:
         work, gpu = gpu_work(args, model)
         build(args, model, cfg, gpu, gpu_build_flags(args),
@@ -450,6 +450,10 @@ def cmd_check(args):
                             ("no-graph", [] if args.self_test else ["--no-graph"])):
             saved[name] = os.path.join(work, f"gpu-{name}.safetensors")
             train(gpu, data, GRAPH_STEPS, files["init"], saved[name], extra)
+        twice = batches_twice(gpu, work, data)
+        if twice:
+            saved["accumulate"] = os.path.join(work, "gpu-accumulate.safetensors")
+            train(gpu, twice, GRAPH_STEPS, files["init"], saved["accumulate"], ["--accumulate", "2"])
         if not cpu_error:
             loss_cpu, loss_gpu = first_loss(files["log"]), first_loss(os.path.join(work, "gpu.jsonl"))
     except CheckFailed as e:
@@ -463,7 +467,34 @@ def cmd_check(args):
     for check, other in zip(checks[1:], ("graph-again", "no-graph")):
         ok &= bit_result(check, model, saved[other], saved["graph"],
                          " (self-test: both plain CPU runs)" if args.self_test else "")
+    if "accumulate" in saved:
+        ok &= bit_result("accumulate", model, saved["accumulate"], saved["graph"],
+                         ", --accumulate 2 on each batch twice (the device's sum, halved)")
+    else:
+        result("accumulate", model, "SKIPPED", "batch norm moves its running statistics once per batch: "
+                                               "a batch given twice is not the batch once")
     return ok
+
+
+def batches_twice(exe, work, data):
+    """--data arguments of the data with each batch given twice in a row (--no-shuffle's order),
+    or None for a model with running statistics. With --accumulate 2 the device then sums each
+    batch's gradients twice and halves them - (g + g) / 2 is g exactly, as (l + l) / 2 is the
+    loss - so the run must give the plain run's bits."""
+    if any("running_" in name for name, _, _ in list_params(exe)):
+        return None
+    help_text, _ = run([exe, "--help"], "--help")
+    batch = int(re.search(r"batch (\d+)\)", help_text.stdout).group(1))
+    out = []
+    for opt, spec in zip(data[::2], data[1::2]):
+        name, path = spec.split("=", 1)
+        arr = np.load(path)
+        whole = len(arr) // batch * batch
+        blocks = arr[:whole].reshape(whole // batch, batch, *arr.shape[1:])
+        doubled = os.path.join(work, f"twice-{name}.npy")
+        np.save(doubled, np.repeat(blocks, 2, axis=0).reshape(2 * whole, *arr.shape[1:]))
+        out += [opt, f"{name}={doubled}"]
+    return out
 
 
 def gpu_work(args, model):

@@ -28,6 +28,7 @@ grep -q "reusing the prepared CPU run in .*mlp$" "$work/self/check.log" || fail 
 grep -q "reusing the prepared CPU run in .*mlp/converge" "$work/self/converge.log" || fail "converge did not reuse it"
 grep -q "^cpu-vs-gpu  *mlp  *PASS" "$work/self.out" || fail "no cpu-vs-gpu PASS row"
 grep -q "^converge  *mlp  *PASS" "$work/self.out" || fail "no converge PASS row"
+grep -q "^accumulate  *mlp  *PASS" "$work/self.out" || fail "no accumulate PASS row"
 grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PASS row"
 grep -q "^shard-1-rank  *mlp  *PASS" "$work/self.out" || fail "no shard-1-rank PASS row (--shard-optimizer)"
 grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
