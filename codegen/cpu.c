@@ -127,8 +127,10 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
     }
     cg_line(c, "const int64_t end = (b + 1) * %d < %" PRId64 " ? (b + 1) * %d : %" PRId64 ";", RT_BN_BLOCK_ROWS, M,
             RT_BN_BLOCK_ROWS, M);
-    cg_line(c, "for (int64_t r = b * %d; r < end; r++)", RT_BN_BLOCK_ROWS);
-    c->depth++; /* the row loop's one statement */
+    cg_open(c, "for (int64_t r = b * %d; r < end; r++) {", RT_BN_BLOCK_ROWS);
+    /* lanes across the channels, each channel's sums still over the rows in order: the same
+     * bits as one channel at a time (which GCC left scalar, the pointers' aliasing unknown) */
+    cg_line(c, "#pragma omp simd");
     cg_open(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", C);
     cg_line(c, "const int64_t i = r * %" PRId64 " + c;", C);
     c->inner = C;
@@ -141,7 +143,7 @@ static void emit_group_with_sums(Cg *c, const IrNode *head) {
                 x, st, st, C);
     }
     cg_close(c, "}");
-    c->depth--;
+    cg_close(c, "}");
     cg_close(c, "}");
     FOR_SUMS(s, head) {
         int sync = sync_bn(c, s); /* then the double sums are added over the ranks before they are rounded */
