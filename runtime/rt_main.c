@@ -1618,8 +1618,9 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         char why[1024] = "";
         /* the evaluator of --eval-rank takes a GPU but no part in the collectives */
         RtRanks ranks = {t.dist.rank, t.dist.ranks, t.dist.local_rank, t.dist.evaluator ? NULL : t.dist.comm};
-        /* and no sum of gradients to keep */
-        RtDeviceOptions opts = {!t.o.no_graph, t.o.eval_async, t.dist.evaluator ? 1 : t.o.accumulate};
+        /* a process that does not train keeps no sum of gradients */
+        int trains = !t.dist.evaluator && !t.o.eval_only && !t.o.predict_out;
+        RtDeviceOptions opts = {!t.o.no_graph, t.o.eval_async, trains ? t.o.accumulate : 1};
         if (m->device->open(m, &ranks, &opts, why, sizeof why)) {
             fprintf(stderr, "error: this trainer runs on a %s device: %s\n", m->device->name, why);
             return EXIT_NO_DEVICE;
