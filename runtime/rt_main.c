@@ -978,6 +978,28 @@ static uint64_t rank_seed(const Trainer *t) {
     return t->dist.rank ? t->o.seed ^ rt_mix((uint64_t)t->dist.rank) : t->o.seed;
 }
 
+/* The host's update after a step's batches (not a device's, which updates on its own): the
+ * mean gradient over the ranks and the step's K batches, the step's loss (the batches' mean,
+ * `loss` their sum) and correct predictions over the ranks, the non-finite check, the optimizer. */
+static int host_update(Trainer *t, int64_t step, double loss, double correct) {
+    const RtModel *m = t->m;
+    const int K = t->o.accumulate;
+    t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
+    rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
+    if (t->dist.ranks > 1) { /* the loss and accuracy over the ranks, and any stop asked */
+        double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
+        rt_dist_sum(&t->dist, sums, 4, "summing the loss");
+        t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
+        t->stop_agreed = sums[2] > 0, t->counted = sums[3];
+    }
+    int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
+    if (rc) return rc;
+    m->optimizer_step(&t->ctx);
+    if (m->shard_optimizer) rt_dist_gather_params(&t->dist, t->ctx.params);
+    t->grad_norm = t->ctx.grad_norm;
+    return 0;
+}
+
 /* One optimizer step on the next --accumulate batches of `pf` (K, one without it), at the
  * position t->pos, which it then advances. With K > 1 the gradients of the step's first K - 1
  * batches are summed in ctx.accum, the last one's added to them (bucket by bucket before the
@@ -996,13 +1018,13 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
     for (int j = 0; j < K; j++) {
         void *const *batch = rt_prefetch_next(pf);
         if (!batch) return data_changed(t, &pf->err);
-        t->ctx.inputs = batch;
-        t->ctx.seed = rt_step_seed(rank_seed(t), K > 1 ? step * K + j : step); /* each batch its masks */
         t->counted += counted_positions(m, batch, m->batch);
         if (t->dev) { /* queued; the device keeps the learning rate, seeds, sums and step itself */
             t->dev->train_step(batch, K == 1 ? RT_STEP_WHOLE : j < K - 1 ? RT_STEP_SUM : RT_STEP_LAST);
             continue;
         }
+        t->ctx.inputs = batch;
+        t->ctx.seed = rt_step_seed(rank_seed(t), K > 1 ? step * K + j : step); /* each batch its masks */
         t->ctx.micro_left = K - 1 - j;
         t->ctx.update_in_backward = !t->o.update_after_backward && K == 1; /* the sum is not there yet */
         m->forward_backward(&t->ctx);
@@ -1010,24 +1032,8 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
-    if (t->dev) {
-        t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
-        t->ckpt_current = 0;
-        return 0;
-    }
-    t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
-    rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
-    if (t->dist.ranks > 1) { /* the loss and accuracy over the ranks, and any stop asked */
-        double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
-        rt_dist_sum(&t->dist, sums, 4, "summing the loss");
-        t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
-        t->stop_agreed = sums[2] > 0, t->counted = sums[3];
-    }
-    int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
+    int rc = t->dev ? 0 : host_update(t, step, loss, correct);
     if (rc) return rc;
-    m->optimizer_step(&t->ctx);
-    if (m->shard_optimizer) rt_dist_gather_params(&t->dist, t->ctx.params);
-    t->grad_norm = t->ctx.grad_norm;
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
     t->ckpt_current = 0;
     return 0;

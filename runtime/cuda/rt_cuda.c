@@ -428,12 +428,10 @@ static void alloc_staging(RtCuda *cu) {
     memset(cu->host_state, 0, sizeof *cu->host_state);
 }
 
-/* The optimizer state this device keeps: every trainable float's, or with --shard-optimizer
- * (dm->off_shard) only its rank's slices' (rt_shard_slices; all of them for a process outside
- * the ranks' collectives: one rank, or the evaluator of --eval-rank), after the rest of the
- * allocation. Sets the allocation's size. */
-/* The arena's bytes: what netc sized, then a sharded optimizer's state of this rank's slices,
- * then with --accumulate the step's summed gradients. */
+/* The arena's bytes: what netc sized, then the optimizer state this device keeps - every
+ * trainable float's, or with --shard-optimizer (dm->off_shard) only its rank's slices'
+ * (rt_shard_slices; all of them for a process outside the ranks' collectives: one rank, or the
+ * evaluator of --eval-rank) - then with --accumulate the step's summed gradients. */
 static int size_arena(RtCuda *cu, const RtRanks *ranks, char *why, size_t size) {
     const RtModel *m = cu->model;
     cu->bytes = (size_t)cu->dm->device_bytes;
@@ -531,6 +529,14 @@ static void sync_stream(RtCuda *cu, const char *what) {
 
 enum { EVAL = -1 }; /* enqueue_step's `part` for an evaluation step; else the RtStepPart of a training one */
 
+/* The training parts this run launches, into part[]: RT_STEP_WHOLE, or with --accumulate
+ * RT_STEP_SUM and RT_STEP_LAST; returns how many. */
+static int train_parts(const RtCuda *cu, RtStepPart part[2]) {
+    if (cu->accumulate == 1)
+        return part[0] = RT_STEP_WHOLE, 1;
+    return part[0] = RT_STEP_SUM, part[1] = RT_STEP_LAST, 2;
+}
+
 static void run_step(RtCuda *cu, int part) {
     if (part == EVAL)
         cu->dm->eval(cu);
@@ -554,10 +560,9 @@ static void enqueue_step(RtCuda *cu, int s, int part, int in_graph) {
  * step once on the zeroed arena first. Parameters and state are uploaded and started later, but
  * the arena is zeroed again so nothing of this run is left behind. */
 static void warm_up(RtCuda *cu) {
-    if (cu->accumulate > 1)
-        run_step(cu, RT_STEP_SUM), run_step(cu, RT_STEP_LAST);
-    else
-        run_step(cu, RT_STEP_WHOLE);
+    RtStepPart part[2];
+    for (int p = 0, n = train_parts(cu, part); p < n; p++)
+        run_step(cu, part[p]);
     run_step(cu, EVAL);
     sync_stream(cu, "the warm-up step");
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, cu->bytes, cu->stream), "cudaMemsetAsync (the arena)");
@@ -601,14 +606,15 @@ static int capture(RtCuda *cu, int s, int part, const char *name, cudaGraphExec_
 }
 
 static int capture_graphs(RtCuda *cu, char *why, size_t size) {
+    static const char *const names[] = {[RT_STEP_WHOLE] = "training", [RT_STEP_SUM] = "training (a batch summed)",
+                                        [RT_STEP_LAST] = "training (a step's last batch)"};
+    RtStepPart part[2];
+    int n = train_parts(cu, part);
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
-        int failed = cu->accumulate > 1
-                         ? capture(cu, s, RT_STEP_SUM, "training (a batch summed)", &cu->train_graph[s][RT_STEP_SUM],
-                                   why, size) ||
-                               capture(cu, s, RT_STEP_LAST, "training (a step's last batch)",
-                                       &cu->train_graph[s][RT_STEP_LAST], why, size)
-                         : capture(cu, s, RT_STEP_WHOLE, "training", &cu->train_graph[s][RT_STEP_WHOLE], why, size);
-        if (failed || capture(cu, s, EVAL, "evaluation", &cu->eval_graph[s], why, size))
+        for (int p = 0; p < n; p++)
+            if (capture(cu, s, part[p], names[part[p]], &cu->train_graph[s][part[p]], why, size))
+                return 1;
+        if (capture(cu, s, EVAL, "evaluation", &cu->eval_graph[s], why, size))
             return 1;
     }
     if (!cu->eval_async)
