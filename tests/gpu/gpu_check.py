@@ -540,6 +540,18 @@ def singleton_env():
     return env
 
 
+def stand_in_env(args, env=None):
+    """The environment of a distributed check's run. Under --self-test the trainers are CPU
+    stand-ins, and the plain one computes a weight gradient in row blocks (its update fused into
+    the backward pass) that the distributed one computes in one product: OpenBLAS's AVX2 kernels
+    (Zen, Haswell) round a product cut in blocks differently, so both then run netc's reference
+    product (NETC_GEMM=reference, docs/trainer.md), whose bits depend on the operands alone."""
+    env = dict(env or os.environ)
+    if args.self_test:
+        env["NETC_GEMM"] = "reference"
+    return env
+
+
 def cmd_dist(args):
     """The distributed trainer as one rank equals the plain trainer, bit for bit: its bucket
     means (ncclAvg over one rank) and loss sum return their inputs, and the split of the step's
@@ -565,9 +577,9 @@ def cmd_dist(args):
                 write_init(plain, init)
             saved = [os.path.join(work, f"{name}.safetensors") for name in ("gpu-plain", f"gpu{suffix}1")]
             # the distributed one first: where it cannot start (MPI, NCCL), that is what the row says
-            train(dist, data_args(work), GRAPH_STEPS, init, saved[1], env=singleton_env())
+            train(dist, data_args(work), GRAPH_STEPS, init, saved[1], env=stand_in_env(args, singleton_env()))
             if plain_saved is None:  # once for both
-                train(plain, data_args(work), GRAPH_STEPS, init, saved[0])
+                train(plain, data_args(work), GRAPH_STEPS, init, saved[0], env=stand_in_env(args))
                 plain_saved = saved[0]
         except CheckFailed as e:
             say(str(e))
