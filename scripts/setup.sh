@@ -11,7 +11,7 @@ packages=(
   gcc make cmake flex bison          # the compiler and its generated parser
   zlib1g-dev libcjson-dev            # gzip'd IDX data, safetensors headers
   libopenblas-openmp-dev             # matrix products and row-major convolutions
-  libdnnl-dev                        # channels-last convolutions (oneDNN)
+  libdnnl-dev python3-pip            # channels-last convolutions (oneDNN 2.6; pip fetches 3.2 below)
   libcmocka-dev                      # C unit tests
   openmpi-bin libopenmpi-dev         # distributed trainers (netc --distributed) and their tests
   clang valgrind                     # the libFuzzer run of the front end, memcheck over training
@@ -32,6 +32,15 @@ if ((${#missing[@]})); then
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
+# oneDNN 3.2 from its PyPI wheels where they can be fetched (faster AVX2 convolutions), Debian's
+# 2.6 otherwise; the trainers netc builds use the same one (scripts/fetch_onednn.sh).
+onednn=$(realpath -m "$BUILD_DIR")/onednn
+if scripts/fetch_onednn.sh "$onednn"; then
+  dnnl=(-DDNNL_INCLUDE_DIR="$onednn/include" -DDNNL_LIBRARY="$onednn/lib/libdnnl.so")
+else
+  echo "setup: could not fetch oneDNN 3.2; building with Debian's oneDNN 2.6 (slower convolutions on AVX2 CPUs)"
+  dnnl=(-DDNNL_INCLUDE_DIR=DNNL_INCLUDE_DIR-NOTFOUND -DDNNL_LIBRARY=DNNL_LIBRARY-NOTFOUND)  # found again
+fi
 cmake -S . -B "$BUILD_DIR" -DNETC_WERROR="${NETC_WERROR:-OFF}" -DNETC_SANITIZE="${NETC_SANITIZE:-OFF}" \
-      -DNETC_CUDA="${NETC_CUDA:-AUTO}" >/dev/null
+      -DNETC_CUDA="${NETC_CUDA:-AUTO}" "${dnnl[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,5 +1,6 @@
 /* target_cpu.c - the toolchain half of the CPU target: its trainer links libnetrt with oneDNN
- * and OpenBLAS, those of the build that made netc; a distributed one (--distributed) links
+ * and OpenBLAS, those of the build that made netc (with a run path to oneDNN's folder: setup's
+ * oneDNN 3.2 lives in the build tree); a distributed one (--distributed) links
  * libnetrt_mpi and the build's MPI library too. The generated code is compiled with
  * -fno-math-errno: no trainer reads errno after a math function, and with it sqrtf is one
  * instruction that vectorises (the optimizers' updates) instead of a call kept for its errno;
@@ -17,11 +18,13 @@
 
 static int cpu_link(const TcBuild *b) {
     const Toolchain *t = b->t;
-    char inc_rt[TC_PATH + 8], inc_blas[TC_PATH + 8], lib_rt[TC_PATH + 48], rp_cjson[TC_PATH + 16];
+    char inc_rt[TC_PATH + 8], inc_blas[TC_PATH + 8], lib_rt[TC_PATH + 48], rp_cjson[TC_PATH + 16],
+        rp_dnnl[TC_PATH + 16];
     tc_cat3(inc_rt, sizeof inc_rt, "-I", t->rt_include, "");
     tc_cat3(inc_blas, sizeof inc_blas, "-I", NETC_CBLAS_INCLUDE_DIR, "");
     tc_cat3(lib_rt, sizeof lib_rt, t->rt_lib, "/", t->cpu_lib);
     tc_rpath_of(rp_cjson, sizeof rp_cjson, t->cjson.path);
+    tc_rpath_of(rp_dnnl, sizeof rp_dnnl, NETC_DNNL_LIBRARY); /* setup's oneDNN 3.2 is in the build tree */
     char *argv[64] = {
         (char *)t->cc, "-std=gnu11", (char *)t->opt, (char *)t->werror, "-fopenmp", "-fno-math-errno",
         "-fno-trapping-math", "-ffp-contract=off", inc_rt, inc_blas, (char *)b->c_path,
@@ -29,14 +32,21 @@ static int cpu_link(const TcBuild *b) {
     int n = 11;
     if (t->cpu_march[0]) argv[n++] = (char *)t->cpu_march;
     if (b->distributed && (n = tc_add_mpi(t, argv, n, 40)) < 0) return 1;
-    char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
+    char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, rp_dnnl, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
                     "-lpthread", "-lm", "-o"};
     for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
     argv[n + 1] = NULL;
     return b->link(b, argv, n);
 }
 
+/* The libraries of the build that made netc, which every CPU trainer links. */
+static void cpu_print(void) {
+    printf("%-18s %s\n", "oneDNN", NETC_DNNL_LIBRARY);
+    printf("%-18s %s\n", "OpenBLAS", NETC_BLAS_LIBRARY);
+}
+
 const Target target_cpu = {
     .cg = &cg_cpu,
     .link = cpu_link,
+    .print = cpu_print,
 };

@@ -68,6 +68,7 @@ check "--cpu on cuda" 2 "$netc" "$root/models/mlp.net" --backend cuda --cpu x86-
 contains "--cpu x86-64: an option of --backend cpu"
 check "--print-toolchain --cpu" 0 "$netc" --print-toolchain --cpu x86-64
 contains "x86-64 (--cpu), runtime libnetrt.a"
+contains "oneDNN             /"
 mkdir -p "$work/rt-x86-64-only"
 rt_lib=$("$netc" --print-toolchain | awk '$1 == "runtime" && $2 != "headers" {print $2}')
 cp "$root"/runtime/*.h "$rt_lib/libnetrt.a" "$work/rt-x86-64-only/"
