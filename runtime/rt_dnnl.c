@@ -17,13 +17,14 @@
 #include <dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "netrt.h"
 
 enum { FWD, BWD_DATA, BWD_WEIGHTS };
 
 struct RtConvPlan {
-    dnnl_primitive_t conv;
+    dnnl_primitive_t conv;           /* NULL for a weight gradient by im2col + sgemm */
     dnnl_memory_t act_in, act_out;   /* the NHWC activation operands (user pointers) */
     dnnl_memory_t wei_user, wei_lib; /* oihw weights (user) and oneDNN's format (same when equal) */
     dnnl_primitive_t reorder;        /* oihw -> library format (forward, data) or back (weights) */
@@ -150,10 +151,86 @@ static dnnl_memory_t user_mem(MdRef md) {
     return m;
 }
 
+/* ---- the weight gradient as one matrix product, where oneDNN has no AVX-512
+ *
+ * Without AVX-512 (an AVX2 CPU, or oneDNN held to an older set), oneDNN's channels-last weight
+ * gradient is its direct jit kernel, at 58-85 GFLOP/s on ResNet-18's 3x3 geometries on a 2-core
+ * AVX2 AMD EPYC (Zen 3), where its sgemm runs the same sums as one product at 95-140: the rows
+ * of the NHWC input's im2col, col[(n, p, q)][(r, s, c)] (each (r, s) a contiguous copy of C
+ * channels), and dW[k][(r, s, c)] = sum over rows of dy[row][k] * col[row][(r, s, c)], then
+ * permuted to oihw. Its sum runs over N·P·Q in the library's fixed blocking, float32-accurate as
+ * oneDNN's (runtime_dnnl_accuracy). Rows go in chunks of at most RT_WGRAD_COL_FLOATS columns'
+ * floats (a chunk after the first adds to the product: beta 1), so the scratch is bounded
+ * whatever the batch; the chunks are a function of the geometry alone, so are the bits. With
+ * AVX-512 oneDNN's own kernel (jit:avx512_core) runs at about 93 % of the matmul peak and stays. */
+enum { RT_WGRAD_COL_FLOATS = 8 << 20 };
+
+static int gemm_weight_gradient(const RtConv *c) {
+    init_engine();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return c->groups == 1 && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+}
+
+/* One scratch for every plan: the trainer runs one convolution at a time. */
+static float *wgrad_scratch(size_t floats) {
+    static float *buf;
+    static size_t have;
+    if (floats > have) {
+        free(buf);
+        buf = malloc(floats * sizeof *buf);
+        if (!buf) {
+            fprintf(stderr, "error: out of memory for a convolution's weight-gradient scratch (%zu floats)\n", floats);
+            exit(1);
+        }
+        have = floats;
+    }
+    return buf;
+}
+
+/* Rows [m0, m1) of the NHWC input's im2col, each R·S·C floats. */
+static void im2col_rows(const RtConv *c, const float *x, int64_t m0, int64_t m1, float *col) {
+    int64_t rsc = c->R * c->S * c->C;
+    #pragma omp parallel for schedule(static)
+    for (int64_t m = m0; m < m1; m++) {
+        int64_t n = m / (c->P * c->Q), p = m / c->Q % c->P, q = m % c->Q;
+        float *row = col + (m - m0) * rsc;
+        for (int64_t r = 0; r < c->R; r++) {
+            int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
+            for (int64_t s = 0; s < c->S; s++) {
+                int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
+                float *out = row + (r * c->S + s) * c->C;
+                if (h < 0 || h >= c->H || w < 0 || w >= c->W) memset(out, 0, (size_t)c->C * sizeof *out);
+                else memcpy(out, x + ((n * c->H + h) * c->W + w) * c->C, (size_t)c->C * sizeof *out);
+            }
+        }
+    }
+}
+
+static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw) {
+    int64_t rsc = c->R * c->S * c->C, rows = c->N * c->P * c->Q;
+    int64_t chunk = RT_WGRAD_COL_FLOATS / rsc > 0 ? RT_WGRAD_COL_FLOATS / rsc : 1;
+    if (chunk > rows) chunk = rows;
+    float *col = wgrad_scratch((size_t)(chunk * rsc + c->K * rsc)), *dw_krsc = col + chunk * rsc;
+    for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
+        int64_t m1 = m0 + chunk < rows ? m0 + chunk : rows;
+        im2col_rows(c, x, m0, m1, col);
+        check(dnnl_sgemm('T', 'N', c->K, rsc, m1 - m0, 1.0f, dy + m0 * c->K, c->K, col, rsc, m0 ? 1.0f : 0.0f,
+                         dw_krsc, rsc),
+              "the weight gradient's sgemm");
+    }
+    /* [K][R][S][C] -> [K][C][R][S] */
+    int64_t rs = c->R * c->S;
+    #pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < c->K; k++)
+        for (int64_t ch = 0; ch < c->C; ch++)
+            for (int64_t i = 0; i < rs; i++) dw[(k * c->C + ch) * rs + i] = dw_krsc[(k * rs + i) * c->C + ch];
+}
+
 static RtConvPlan *make_plan(const RtConv *c, int kind) {
     init_engine();
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
+    if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) return p; /* no primitive: gemm_bwd_filter */
     MemDesc x = act_md(c->N, c->C, c->H, c->W), y = act_md(c->N, c->K, c->P, c->Q);
     MemDesc w_user = wei_md(c, 0), w_any = wei_md(c, 1);
     Geometry g = geometry(c);
@@ -216,6 +293,10 @@ void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy
 void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw) {
     if (!*plan) *plan = make_plan(c, BWD_WEIGHTS);
     RtConvPlan *p = *plan;
+    if (!p->conv) {
+        gemm_bwd_filter(c, x, dy, dw);
+        return;
+    }
     dnnl_memory_set_data_handle(p->act_in, (void *)x);
     dnnl_memory_set_data_handle(p->act_out, (void *)dy);
     dnnl_memory_set_data_handle(p->wei_user, dw);
@@ -229,6 +310,7 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
 const char *rt_conv_plan_impl(const RtConvPlan *p) {
     const_dnnl_primitive_desc_t pd;
     const char *impl = "?";
+    if (!p->conv) return "im2col+sgemm";
     if (dnnl_primitive_get_primitive_desc(p->conv, &pd) == dnnl_success)
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     return impl;
@@ -236,6 +318,7 @@ const char *rt_conv_plan_impl(const RtConvPlan *p) {
 
 void rt_conv_plan_free(RtConvPlan *p) {
     if (!p) return;
+    if (!p->conv) return free(p);
     dnnl_primitive_destroy(p->conv);
     if (p->reorder) dnnl_primitive_destroy(p->reorder);
     if (p->wei_lib != p->wei_user) dnnl_memory_destroy(p->wei_lib);
