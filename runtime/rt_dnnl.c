@@ -162,13 +162,15 @@ static dnnl_memory_t user_mem(MdRef md) {
  * oneDNN's (runtime_dnnl_accuracy). Rows go in chunks of at most RT_WGRAD_COL_FLOATS columns'
  * floats (a chunk after the first adds to the product: beta 1), so the scratch is bounded
  * whatever the batch; the chunks are a function of the geometry alone, so are the bits. With
- * AVX-512 oneDNN's own kernel (jit:avx512_core) runs at about 93 % of the matmul peak and stays. */
-enum { RT_WGRAD_COL_FLOATS = 8 << 20 };
+ * AVX-512 oneDNN's own kernel (jit:avx512_core) runs at about 93 % of the matmul peak and stays.
+ * So does it below RT_WGRAD_MIN_C input channels, where the im2col's copies are too short to pay
+ * (LeNet's 1 and 6 channels: half its step in the im2col, at 1x PyTorch's speed against 2.6x). */
+enum { RT_WGRAD_COL_FLOATS = 8 << 20, RT_WGRAD_MIN_C = 32 };
 
 static int gemm_weight_gradient(const RtConv *c) {
     init_engine();
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return c->groups == 1 && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+    return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
 }
 
 /* One scratch for every plan: the trainer runs one convolution at a time. */

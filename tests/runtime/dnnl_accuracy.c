@@ -18,7 +18,8 @@
  * jit:avx512_core, an AMD EPYC with avx512_bf16) 0.13-1.25x the loop's error, AVX2 0.2-1.8x,
  * SSE41 0.1-1.6x; oneDNN 3.2 on an AVX2 AMD EPYC (brgconv:avx2 forward and data gradient)
  * 0.14-1.25x, SSE41 0.07-1.61x. Without AVX-512 the weight gradient is the runtime's im2col and
- * sgemm (rt_dnnl.c; "im2col+sgemm" in the table), 0.08-0.29x there. 4x leaves room for another order and nothing for a wrong one, which is off by
+ * sgemm from 32 input channels (rt_dnnl.c; "im2col+sgemm" in the table), 0.11-0.29x there.
+ * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
  * With --report it prints the same table and asserts only the instruction set.
