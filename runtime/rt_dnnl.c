@@ -168,7 +168,6 @@ static dnnl_memory_t user_mem(MdRef md) {
 enum { RT_WGRAD_COL_FLOATS = 8 << 20, RT_WGRAD_MIN_C = 32 };
 
 static int gemm_weight_gradient(const RtConv *c) {
-    init_engine();
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
 }
@@ -220,12 +219,9 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
                          dw_krsc, rsc),
               "the weight gradient's sgemm");
     }
-    /* [K][R][S][C] -> [K][C][R][S] */
-    int64_t rs = c->R * c->S;
-    #pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < c->K; k++)
-        for (int64_t ch = 0; ch < c->C; ch++)
-            for (int64_t i = 0; i < rs; i++) dw[(k * c->C + ch) * rs + i] = dw_krsc[(k * rs + i) * c->C + ch];
+    /* [K][R·S][C] -> [K][C][R·S] */
+    int64_t dims[] = {c->K, c->R * c->S, c->C};
+    rt_permute(3, dims, (const int[]){0, 2, 1}, sizeof(float), dw_krsc, dw);
 }
 
 static RtConvPlan *make_plan(const RtConv *c, int kind) {
