@@ -226,8 +226,14 @@ typedef struct RtDevice {
     /* Enqueue one evaluation batch with `n_valid` real rows; its loss and accuracy add up on
      * the device. */
     void (*eval_step)(void *const *batch, int64_t n_valid);
-    /* Wait for the queued work and take the sums since the last read. */
-    void (*read_train)(RtDeviceSums *s);
+    /* The training sums since the last post, without waiting: post_train has the device copy
+     * them for the host behind the queued work, and start new ones, and returns at once;
+     * take_train returns 1 with the copy once the device has made it, waiting for that when
+     * `wait`, else returning 0 while the device is still on the work before it. One post is
+     * taken before the next is made. */
+    void (*post_train)(void);
+    int (*take_train)(RtDeviceSums *s, int wait);
+    /* Wait for the queued work and take the evaluation's sums since the last read. */
     void (*read_eval)(double *loss_sum, double *correct);
     /* --eval-async (opened with eval_async): an evaluation beside the training steps, on a copy
      * of the parameters in a second arena and stream of the device.

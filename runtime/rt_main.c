@@ -72,6 +72,14 @@ typedef struct Trainer {
     double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
     double dev_correct;       /* and correct predictions */
     int64_t dev_steps;
+    int posted;               /* the device has sums posted (RtDevice.post_train) that are not taken yet */
+    int dev_stop;             /* the exit status a take found where the run could not stop (take_sums) */
+    struct {                  /* the log line the posted sums end: its host side, kept until they arrive */
+        int pending;
+        int64_t step, epoch;
+        double lr, samples, wait, counted;
+    } line;
+    double line_t;            /* when the device's last line was written: its samples/s count from there */
     double grad_norm;         /* clip_grad_norm: the last step's gradient norm, for the log */
     RtLossScale scale;        /* loss scaling (m->loss_scaling): as of the last read of the device */
     int carry_scale;          /* resumed a loss-scaling run without loss scaling (a CPU trainer): `scale` as
@@ -610,6 +618,8 @@ static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const doub
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
 }
 
+static int take_sums(Trainer *t, int wait);
+
 /* --eval-rank, training rank 0: the evaluation in flight logged once the evaluator has sent its
  * sums; when `wait`, after waiting for them. */
 static void collect_eval(Trainer *t, int wait) {
@@ -617,6 +627,9 @@ static void collect_eval(Trainer *t, int wait) {
     int64_t epoch;
     if (!t->eval_epoch || !t->dist.comm->eval_result(sums, 3, &epoch, wait)) return;
     t->eval_epoch = 0;
+    /* the training line before it; rank 0 alone is here, so a stop waits in t->dev_stop for the
+     * next log point, where every rank finds it */
+    if (t->dev) (void)take_sums(t, 1);
     log_eval_sums(t, t->eval_samples, epoch, sums);
 }
 
@@ -661,6 +674,7 @@ static int finish_eval(Trainer *t) {
     if (!t->ae.active) return 0;
     int rc = feed_eval(t, INT64_MAX);
     if (rc) return rc;
+    if ((rc = take_sums(t, 1))) return rc; /* the training line before it */
     double sums[3] = {0, 0, t->ae.counted};
     t->dev->eval_async_read(&sums[0], &sums[1]);
     t->ae.active = 0;
@@ -949,21 +963,56 @@ static int check_finite(Trainer *t, int64_t step) {
     return nonfinite_loss(t, step, isnan(t->ctx.loss) ? "NaN" : "infinite");
 }
 
-/* Device trainers: wait for the queued steps and add their loss sums to t->dev_loss. The
- * device checks every step's loss itself and, from the first non-finite one on, leaves the
- * parameters alone, so the run stops here with the last good parameters, as on the CPU. */
-static int device_sums(Trainer *t) {
+/* Device trainers: take the sums posted at a log point (or by device_sums), waiting for the
+ * device to get there when `wait`, else only if it already has (0 otherwise); add them to
+ * t->dev_loss, and write the log line they end. The exit status of a non-finite loss they show,
+ * kept in t->dev_stop for a caller that cannot stop the run there, or 0. The device checks every
+ * step's loss itself and, from the first non-finite one on, leaves the parameters alone, so a run
+ * that stops a few steps later still ends with the last good parameters, as on the CPU. */
+static int take_sums(Trainer *t, int wait) {
     RtDeviceSums s;
-    t->dev->read_train(&s);
+    if (!t->posted || !t->dev->take_train(&s, wait)) return 0;
+    t->posted = 0;
     /* a distributed trainer's device sums each step's loss and correct predictions over the ranks */
     t->dev_loss += s.loss / t->dist.ranks, t->dev_correct += s.correct, t->dev_steps += s.steps;
     t->grad_norm = s.grad_norm;
     if (t->m->loss_scaling) t->scale = s.scale;
     if (s.nonfinite_step && s.nonfinite_grads) /* loss scaling: not an overflow, divergence */
-        return nonfinite_stop(t, s.nonfinite_step, "the gradients are NaN or infinite",
-                              " although the loss is finite, even with the loss scale at its smallest (2^-24)",
-                              "lower the learning rate, or train with --precision bf16 or fp32");
-    return s.nonfinite_step ? nonfinite_loss(t, s.nonfinite_step, "NaN or infinite") : 0;
+        return t->dev_stop = nonfinite_stop(t, s.nonfinite_step, "the gradients are NaN or infinite",
+                                            " although the loss is finite, even with the loss scale at its "
+                                            "smallest (2^-24)",
+                                            "lower the learning rate, or train with --precision bf16 or fp32");
+    if (s.nonfinite_step) return t->dev_stop = nonfinite_loss(t, s.nonfinite_step, "NaN or infinite");
+    if (!t->line.pending) return 0;
+    double tn = now();
+    log_interval(t, t->line.step, t->line.epoch, t->dev_loss / (double)t->dev_steps,
+                 accuracy_of(t->m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), t->line.counted),
+                 t->line.lr, t->line.samples / (tn - t->line_t), t->line.wait);
+    t->line_t = tn, t->line.pending = 0;
+    t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
+    return 0;
+}
+
+/* Device trainers: every step queued so far in the sums (a checkpoint, the end of the run): the
+ * line posted before, then the rest of the interval, waiting for both. */
+static int device_sums(Trainer *t) {
+    int rc = t->dev_stop ? t->dev_stop : take_sums(t, 1);
+    if (rc) return rc;
+    t->dev->post_train(), t->posted = 1;
+    return take_sums(t, 1);
+}
+
+/* Device trainers at a log point: the interval's sums posted, to be taken once the device has
+ * finished its steps (take_sums), while the host goes on queueing the next ones. The line of the
+ * interval before is taken first, if the device is still on it, so one post is out at a time. */
+static int post_line(Trainer *t, double samples, double wait, double counted) {
+    int rc = take_sums(t, 1);
+    if (rc || (rc = t->dev_stop)) return rc;
+    const RtTrainState *p = &t->pos;
+    t->line.pending = 1, t->line.step = p->step, t->line.epoch = p->epoch, t->line.lr = t->ctx.lr;
+    t->line.samples = samples, t->line.wait = wait, t->line.counted = counted;
+    t->dev->post_train(), t->posted = 1;
+    return 0;
 }
 
 /* Steps in epoch e: all of them but in the last epoch of a --steps run. */
@@ -1056,29 +1105,28 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     rt_prefetch_start(&pf, m, ds, order + first * K * m->batch, (n - first) * K, t->aug.any ? &t->aug : NULL,
                       t->o.seed, p->epoch);
     double t0 = now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
-    t->dist.wait_s = 0;
+    t->dist.wait_s = 0, t->line_t = t0;
     int rc = 0;
     while (p->batch < n && !stopping(t)) {
         if ((rc = train_step(t, &pf))) break;
         loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
         progress(t, p->batch - first, t0);
+        /* one rank: the posted line as soon as the device has got there; several take it at the
+         * same point of the run on every rank, the next log point, so that they stop together */
+        if (t->dev && t->dist.ranks == 1 && (rc = take_sums(t, 0))) break;
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double mean = loss_sum / (double)since;
-            double acc = accuracy_of(m, correct, (double)(since * global_batch(t)), counted);
-            if (t->dev) { /* the only wait for the device inside an epoch: the steps it summed */
-                if ((rc = device_sums(t))) break;
+            double tn = now(), samples = (double)(since * global_batch(t)), wait = t->dist.wait_s / (tn - t_log);
+            if (t->dev) { /* no wait for the device inside an epoch: the line comes when its sums do */
                 if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
                     double sums[2] = {counted, stop_asked(t)};
                     rt_dist_sum(&t->dist, sums, 2, "summing the positions counted");
                     counted = sums[0], t->stop_agreed = sums[1] > 0;
                 }
-                mean = t->dev_loss / (double)t->dev_steps;
-                acc = accuracy_of(m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), counted);
-                t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
+                if ((rc = post_line(t, samples, wait, counted))) break;
+            } else {
+                log_interval(t, p->step, p->epoch, loss_sum / (double)since,
+                             accuracy_of(m, correct, samples, counted), t->ctx.lr, samples / (tn - t_log), wait);
             }
-            double tn = now();
-            log_interval(t, p->step, p->epoch, mean, acc, t->ctx.lr, (double)(since * global_batch(t)) / (tn - t_log),
-                         t->dist.wait_s / (tn - t_log));
             t_log = tn, loss_sum = 0, correct = 0, counted = 0, since = 0, t->dist.wait_s = 0;
         }
         collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
@@ -1089,6 +1137,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             break;
     }
     rt_prefetch_stop(&pf); /* joins the loader thread on every way out */
+    if (!rc && t->dev && !(rc = take_sums(t, 1))) rc = t->dev_stop; /* the epoch's last line, before its evaluation */
     return rc;
 }
 

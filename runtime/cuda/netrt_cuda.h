@@ -75,10 +75,11 @@ typedef struct RtCudaColl {
      * called for the evaluator of --eval-rank (ranks->comm NULL): its steps' collectives are
      * left out. */
     int (*open)(RtCuda *cu, const RtRanks *ranks, char *why, size_t size);
-    /* Wait for the work queued on the stream, as cudaStreamSynchronize, but end the whole job
-     * (exit status RT_EXIT_COMM on every rank) when a collective fails or the other ranks do
-     * not answer within RtComm.timeout. */
-    void (*wait)(RtCuda *cu, const char *what);
+    /* Wait for `until` (recorded on the stream), or with NULL for all the work queued on the
+     * stream, as cudaEventSynchronize or cudaStreamSynchronize, but end the whole job (exit
+     * status RT_EXIT_COMM on every rank) when a collective fails or the other ranks do not
+     * answer within RtComm.timeout. */
+    void (*wait)(RtCuda *cu, cudaEvent_t until, const char *what);
     void (*close)(void);
 } RtCudaColl;
 

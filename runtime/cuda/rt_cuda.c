@@ -78,6 +78,8 @@ struct RtCuda {
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
     RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
+    RtDevState *posted;                      /* pinned: the copy post_train asks for, behind the steps */
+    cudaEvent_t posted_copied;               /* recorded once that copy is done */
     int coll_open;                           /* dm->coll joined its ranks (close it at teardown) */
     cudaGraphExec_t train_graph[RT_CUDA_SLOTS][3];  /* by RtStepPart: WHOLE, or with --accumulate SUM and LAST */
     cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
@@ -426,6 +428,11 @@ static void alloc_staging(RtCuda *cu) {
     rt_cuda_check(cudaHostAlloc((void **)&cu->host_state, sizeof *cu->host_state, cudaHostAllocDefault),
                   "cudaHostAlloc (the device state)");
     memset(cu->host_state, 0, sizeof *cu->host_state);
+    rt_cuda_check(cudaHostAlloc((void **)&cu->posted, sizeof *cu->posted, cudaHostAllocDefault),
+                  "cudaHostAlloc (the device's sums for the log)");
+    memset(cu->posted, 0, sizeof *cu->posted);
+    rt_cuda_check(cudaEventCreateWithFlags(&cu->posted_copied, cudaEventDisableTiming | cudaEventBlockingSync),
+                  "cudaEventCreateWithFlags");
 }
 
 /* The arena's bytes: what netc sized, then the optimizer state this device keeps - every
@@ -520,7 +527,7 @@ static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
 /* Wait for the queued work; a distributed trainer's wait also watches its collectives. */
 static void sync_stream(RtCuda *cu, const char *what) {
     if (cu->coll_open)
-        cu->dm->coll->wait(cu, what);
+        cu->dm->coll->wait(cu, NULL, what);
     else
         rt_cuda_check(cudaStreamSynchronize(cu->stream), what);
 }
@@ -658,6 +665,10 @@ static void teardown(RtCuda *cu) {
             if (cu->train_graph[s][p])
                 cudaGraphExecDestroy(cu->train_graph[s][p]);
     free_slots(cu->eval_graph, cu->slot_free, cu->slot);
+    if (cu->posted_copied)
+        cudaEventDestroy(cu->posted_copied);
+    if (cu->posted)
+        cudaFreeHost(cu->posted);
     if (cu->host_state)
         cudaFreeHost(cu->host_state);
     if (cu->coll_open)
@@ -832,9 +843,34 @@ static const RtDevState *read_state(RtCuda *cu) {
                                   sizeof(((RtDevState *)0)->field), (cu)->stream),                       \
                   "cudaMemsetAsync (resetting RtDevState." #field ")")
 
-static void cuda_read_train(RtDeviceSums *sums) {
+/* The training sums since the last post, copied behind the queued steps into `posted` and reset
+ * in stream order; the host goes on queueing steps and takes the copy once the device has got
+ * there (cudaEventQuery), or waits for it (a blocking-sync event: the host sleeps). */
+static void cuda_post_train(void) {
     RtCuda *cu = &g_cu;
-    const RtDevState *st = read_state(cu);
+    rt_cuda_check(cudaMemcpyAsync(cu->posted, cu->base + cu->dm->off_state, sizeof *cu->posted,
+                                  cudaMemcpyDeviceToHost, cu->stream),
+                  "cudaMemcpyAsync (the device's sums to the host)");
+    rt_cuda_check(cudaEventRecord(cu->posted_copied, cu->stream), "cudaEventRecord (the device's sums copied)");
+    ZERO_STATE_FIELD(cu, loss_sum);
+    ZERO_STATE_FIELD(cu, correct_sum);
+    ZERO_STATE_FIELD(cu, loss_steps);
+}
+
+static int cuda_take_train(RtDeviceSums *sums, int wait) {
+    RtCuda *cu = &g_cu;
+    const char *what = "cudaEventSynchronize (the device's sums for the log)";
+    if (!wait) {
+        cudaError_t e = cudaEventQuery(cu->posted_copied);
+        if (e == cudaErrorNotReady)
+            return 0;
+        rt_cuda_check(e, "cudaEventQuery (the device's sums for the log)");
+    } else if (cu->coll_open) {
+        cu->dm->coll->wait(cu, cu->posted_copied, what);
+    } else {
+        rt_cuda_check(cudaEventSynchronize(cu->posted_copied), what);
+    }
+    const RtDevState *st = cu->posted;
     sums->loss = st->loss_sum;
     sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
@@ -842,9 +878,7 @@ static void cuda_read_train(RtDeviceSums *sums) {
     sums->grad_norm = st->grad_norm;
     sums->nonfinite_grads = st->nonfinite_grads;
     sums->scale = rt_devstate_scale(st);
-    ZERO_STATE_FIELD(cu, loss_sum);
-    ZERO_STATE_FIELD(cu, correct_sum);
-    ZERO_STATE_FIELD(cu, loss_steps);
+    return 1;
 }
 
 static void cuda_read_eval(double *loss_sum, double *correct) {
@@ -909,7 +943,8 @@ const RtDevice rt_cuda_device = {
     .start = cuda_start,
     .train_step = cuda_train_step,
     .eval_step = cuda_eval_step,
-    .read_train = cuda_read_train,
+    .post_train = cuda_post_train,
+    .take_train = cuda_take_train,
     .read_eval = cuda_read_eval,
     .eval_async_begin = cuda_eval_async_begin,
     .eval_async_step = cuda_eval_async_step,

@@ -208,11 +208,11 @@ void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n) {
     beside_step(cu, sum_doubles, &d);
 }
 
-static void nccl_wait(RtCuda *cu, const char *what) {
+static void nccl_wait(RtCuda *cu, cudaEvent_t until, const char *what) {
     double t0 = now(), limit = g_nccl.ranks.comm->timeout();
     struct timespec nap = {0, 100000}; /* 0.1 ms: the host has nothing else to do */
     for (;;) {
-        cudaError_t e = cudaStreamQuery(rt_cuda_stream(cu));
+        cudaError_t e = until ? cudaEventQuery(until) : cudaStreamQuery(rt_cuda_stream(cu));
         if (e == cudaSuccess)
             return;
         if (e != cudaErrorNotReady)

@@ -101,6 +101,11 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     return cudaSuccess; /* the emulated work is done when it is enqueued */
 }
 
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    check_handle(e, "cudaEventQuery");
+    return cudaSuccess; /* as cudaStreamQuery */
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     check_handle(e, "cudaEventDestroy");
     return cudaSuccess;

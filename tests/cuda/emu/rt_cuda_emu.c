@@ -5,8 +5,10 @@
  * What it mirrors of runtime/cuda/rt_cuda.c, the real device: the one zeroed arena, the kernels
  * looked up by name, plan() then a warm-up run of both steps on the zeroed arena (zeroed again
  * after), two staging slots holding an RtBatchHeader and the inputs at RtCudaModel.off_input,
- * copied to off_batch before each step, start() writing a fresh RtDevState, read_train and
- * read_eval reading the sums and resetting exactly the fields the real one resets.
+ * copied to off_batch before each step, start() writing a fresh RtDevState, post_train and
+ * read_eval reading the sums and resetting exactly the fields the real one resets. take_train
+ * answers as a device running behind the host would: a post is not ready to a caller that does
+ * not wait until EMU_SLOTS more launches (all the host can queue ahead) have been staged.
  *
  * What it does not test: every CUDA, cuBLASLt and cuDNN call. The stream and the CUDA Graphs
  * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
@@ -239,6 +241,9 @@ struct RtCuda {
     size_t side_bytes;                 /* its size: the evaluation's regions alone (eval_bytes) */
     unsigned char *slot[EMU_SLOTS];    /* staging: RtBatchHeader, then the inputs */
     int next_slot;
+    long launches;                     /* steps staged so far */
+    RtDevState posted;                 /* post_train's copy of the sums */
+    long posted_at;                    /* `launches` when it was made */
     size_t input_bytes[RT_MAX_INPUTS];
     int coll_open;                     /* dm->coll joined its ranks (nccl_emu.c) */
     float *conv_scratch;               /* the NCHW convolutions' per-thread scratch */
@@ -672,6 +677,7 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     RtCuda *cu = &g_cu;
     int s = cu->next_slot;
     cu->next_slot = (s + 1) % EMU_SLOTS;
+    cu->launches++;
     ((RtBatchHeader *)cu->slot[s])->n_valid = n_valid;
     for (int i = 0; i < cu->model->n_inputs; i++)
         memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
@@ -691,12 +697,22 @@ static void emu_eval_step(void *const *batch, int64_t n_valid) { stage_and_run(b
 
 /* rt_cuda.c's read_state: the wait a distributed trainer's collectives watch */
 static RtDevState *state(RtCuda *cu) {
-    if (cu->coll_open) cu->dm->coll->wait(cu, "reading the device state");
+    if (cu->coll_open) cu->dm->coll->wait(cu, NULL, "reading the device state");
     return (RtDevState *)(cu->base + cu->dm->off_state);
 }
 
-static void emu_read_train(RtDeviceSums *sums) {
-    RtDevState *st = state(&g_cu);
+static void emu_post_train(void) {
+    RtCuda *cu = &g_cu;
+    RtDevState *st = (RtDevState *)(cu->base + cu->dm->off_state);
+    cu->posted = *st, cu->posted_at = cu->launches;
+    st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
+}
+
+static int emu_take_train(RtDeviceSums *sums, int wait) {
+    RtCuda *cu = &g_cu;
+    if (!wait && cu->launches < cu->posted_at + EMU_SLOTS) return 0; /* the device is still behind */
+    if (wait && cu->coll_open) cu->dm->coll->wait(cu, NULL, "taking the device's sums");
+    const RtDevState *st = &cu->posted;
     sums->loss = st->loss_sum;
     sums->correct = st->correct_sum;
     sums->steps = st->loss_steps;
@@ -704,7 +720,7 @@ static void emu_read_train(RtDeviceSums *sums) {
     sums->grad_norm = st->grad_norm;
     sums->nonfinite_grads = st->nonfinite_grads;
     sums->scale = rt_devstate_scale(st);
-    st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
+    return 1;
 }
 
 static void emu_read_eval(double *loss_sum, double *correct) {
@@ -773,7 +789,8 @@ const RtDevice rt_cuda_device = {
     .start = emu_start,
     .train_step = emu_train_step,
     .eval_step = emu_eval_step,
-    .read_train = emu_read_train,
+    .post_train = emu_post_train,
+    .take_train = emu_take_train,
     .read_eval = emu_read_eval,
     .eval_async_begin = emu_eval_async_begin,
     .eval_async_step = emu_eval_async_step,

@@ -65,6 +65,8 @@ static struct {
     long kernels_found, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
     long collectives, captured_collectives;
     long second_stream_launches; /* graphs launched on another stream than the first one captured on */
+    long stream_syncs;           /* cudaStreamSynchronize and cudaStreamQuery: the host waits for all its work */
+    long queries_not_ready;      /* cudaEventQuery answered cudaErrorNotReady */
 } counts;
 
 static void stub_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -100,10 +102,10 @@ static _Noreturn void violation(const char *fmt, ...) {
 __attribute__((destructor)) static void summary(void) {
     stub_log("summary: %ld kernels found, %ld kernel launches (%ld captured), %ld graph launches, %ld products, "
              "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives, "
-             "%ld graph launches on a second stream",
+             "%ld graph launches on a second stream, %ld stream waits, %ld events not ready",
              counts.kernels_found, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
              counts.transforms, counts.copies, counts.collectives, counts.captured_collectives,
-             counts.second_stream_launches);
+             counts.second_stream_launches, counts.stream_syncs, counts.queries_not_ready);
 }
 
 /* ---- the device: compute capability and memory from the environment */
@@ -193,6 +195,7 @@ struct CUgraphExec_st {
 static cudaStream_t first_capture; /* the stream of the first capture: the training step's */
 struct CUevent_st {
     int recorded;
+    int queried;              /* cudaEventQuery has answered since the last recording */
     cudaStream_t captured_on; /* recorded during the capture on this stream, else NULL */
     long work;                /* captured_on's work when it was recorded */
 };
@@ -369,6 +372,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     (void)s;
     if (prohibited("cudaStreamSynchronize"))
         return ret(cudaErrorStreamCaptureUnsupported);
+    counts.stream_syncs++;
     return cudaSuccess;
 }
 
@@ -461,7 +465,7 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int
         violation("an event recorded in a capture without cudaEventRecordExternal: a graph launch would not "
                   "record it");
     enqueue(s);
-    e->recorded = 1;
+    e->recorded = 1, e->queried = 0;
     return cudaSuccess;
 }
 
@@ -475,7 +479,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
         enqueue(s);
         e->captured_on = NULL;
     }
-    e->recorded = 1;
+    e->recorded = 1, e->queried = 0;
     return cudaSuccess;
 }
 
@@ -502,7 +506,23 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
         violation("cudaStreamQuery on the legacy stream");
     if (prohibited("cudaStreamQuery"))
         return ret(cudaErrorStreamCaptureUnsupported);
+    counts.stream_syncs++; /* a distributed trainer's wait polls the stream */
     return cudaSuccess; /* the stub's work is done when it is enqueued */
+}
+
+/* The work before the event is done, except at the first query after each recording: a device
+ * behind the host, so that a trainer's answer to cudaErrorNotReady runs too. */
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e || !e->recorded)
+        violation("cudaEventQuery without an event, or on one never recorded");
+    if (prohibited("cudaEventQuery"))
+        return ret(cudaErrorStreamCaptureUnsupported);
+    if (!e->queried) {
+        e->queried = 1;
+        counts.queries_not_ready++;
+        return cudaErrorNotReady; /* not an error: CUDA does not record it as the last one */
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {

@@ -82,7 +82,8 @@ def main():
     train = host[host.index("static void train("):]
     per_sum = train[:train.index("if (part == RT_STEP_SUM)")].count("rt_cuda_sum_doubles(cu,")
     data = write_data(exe, work)
-    args = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--log-every", "2", "--quiet"]
+    base = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--quiet"]
+    args = base + ["--log-every", "2"]
     log = os.path.join(work, "stub.log")
 
     for sm, image in [(80, "cubin sm_80"), (86, "cubin sm_80"), (89, "cubin sm_80"), (90, "cubin sm_90"),
@@ -159,6 +160,31 @@ def main():
         check(have == want, f"{tag}: {have[0]} collectives ({have[1]} captured), expected {want[0]} ({want[1]})")
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
         print(f"{tag}: {got}")
+
+    # The log's sums are read behind the steps (an asynchronous copy and an event), never by
+    # waiting for the stream: a run that logs every step waits for its stream as often as one
+    # that logs only at the end of each epoch, and writes every line, in order, although the
+    # stub's events answer "not ready" once after each recording
+    waits, lines_seen = {}, {}
+    for every in (1, 10**6):
+        tag = f"sm_90 --log-every {every}"
+        jsonl = os.path.join(work, f"log-every-{every}.jsonl")
+        if os.path.exists(jsonl):
+            os.unlink(jsonl)
+        p, lines = run(exe, base + ["--log-every", str(every), "--log", jsonl], 90, log)
+        check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
+        got = summary(lines)
+        waits[every] = got.get("stream waits")
+        steps = [int(m) for m in re.findall(r'^\{"step": (\d+)', open(jsonl).read(), re.M)] if os.path.exists(jsonl) else []
+        lines_seen[every] = steps
+        if every == 1:
+            check(got.get("events not ready", 0) > 0, f"{tag}: the trainer never found an event not ready")
+        print(f"{tag}: {got.get('stream waits')} stream waits, {got.get('events not ready')} events not ready, "
+              f"lines for steps {steps}")
+    check(waits[1] is not None and waits[1] == waits[10**6],
+          f"{waits[1]} stream waits logging every step, {waits[10**6]} logging once an epoch: a log line waited "
+          "for the stream")
+    check(lines_seen[1] == list(range(1, STEPS + 1)), f"logging every step: lines for steps {lines_seen[1]}")
 
     p, lines = run(exe, args, 75, log)
     check(p.returncode == 5, f"sm_75: exit status {p.returncode}, expected 5")
