@@ -22,7 +22,9 @@
  * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
- * With --report it prints the same table and asserts only the instruction set.
+ * It also asserts the path of each result (the weight gradient's im2col+sgemm exactly where
+ * rt_dnnl.c's rule puts it). With --report it prints the same table and asserts only the
+ * instruction set and the paths.
  */
 #include <dnnl.h>
 #include <math.h>
@@ -136,6 +138,12 @@ static dnnl_cpu_isa_t best_isa(void) {
     return dnnl_cpu_isa_sse41;
 }
 
+/* Results that took another path than rt_dnnl.c's rule gives: without AVX-512, the weight
+ * gradient of a convolution of at least 32 input channels is the runtime's im2col and sgemm;
+ * every other result is a oneDNN primitive's. A silent fallback would change the speed and the
+ * rounding this table measures. */
+static int wrong_paths;
+
 /* One geometry, three directions; returns how many results are beyond the bound. */
 static int check(const char *name, RtConv c) {
     int64_t nx = c.N * c.H * c.W * c.C, ny = c.N * c.P * c.Q * c.K, nw = c.K * c.C * c.R * c.S;
@@ -153,8 +161,14 @@ static int check(const char *name, RtConv c) {
         direct_f32(&c, dir, x, w, dy, loop);
         double e = error(got, exact, n_out[dir]), e_loop = error(loop, exact, n_out[dir]);
         int bad = !(e <= 4 * e_loop + 1e-7);
-        printf("  %-16s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s\n", name, direction[dir],
-               rt_conv_plan_impl(plan), e, e_loop, e / e_loop, bad ? "  <- above 4x" : "");
+        dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+        int avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+        int want_sgemm = dir == BWD_WEIGHTS && c.C >= 32 && !avx512;
+        int wrong = (strcmp(rt_conv_plan_impl(plan), "im2col+sgemm") == 0) != want_sgemm;
+        printf("  %-16s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s%s\n", name, direction[dir],
+               rt_conv_plan_impl(plan), e, e_loop, e / e_loop, bad ? "  <- above 4x" : "",
+               wrong ? (want_sgemm ? "  <- expected im2col+sgemm" : "  <- expected a oneDNN primitive") : "");
+        wrong_paths += wrong;
         failed += bad;
         rt_conv_plan_free(plan);
         free(got), free(exact), free(loop);
@@ -202,6 +216,10 @@ int main(int argc, char **argv) {
     int isa_ok = !want_isa ? (ran & best) == best : ran == want || (want == dnnl_cpu_isa_avx2 && ran == dnnl_cpu_isa_avx2_vnni);
     if (!isa_ok) {
         fprintf(stderr, "dnnl_accuracy: oneDNN ran %s, expected %s\n", isa, isa_name(want));
+        return 1;
+    }
+    if (wrong_paths) {
+        fprintf(stderr, "dnnl_accuracy: %d results took another path than the runtime's rule\n", wrong_paths);
         return 1;
     }
     if (report) {
