@@ -196,10 +196,14 @@ static void im2col_rows(const RtConv *c, const float *x, int64_t m0, int64_t m1,
         int64_t n = m / (c->P * c->Q), p = m / c->Q % c->P, q = m % c->Q;
         float *row = col + (m - m0) * rsc;
         for (int64_t r = 0; r < c->R; r++) {
-            int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h;
-            for (int64_t s = 0; s < c->S; s++) {
-                int64_t w = q * c->stride_w - c->pad_w + s * c->dil_w;
-                float *out = row + (r * c->S + s) * c->C;
+            int64_t h = p * c->stride_h - c->pad_h + r * c->dil_h, w0 = q * c->stride_w - c->pad_w;
+            float *out = row + r * c->S * c->C;
+            if (c->dil_w == 1 && h >= 0 && h < c->H && w0 >= 0 && w0 + c->S <= c->W) { /* S·C floats in a row */
+                memcpy(out, x + ((n * c->H + h) * c->W + w0) * c->C, (size_t)(c->S * c->C) * sizeof *out);
+                continue;
+            }
+            for (int64_t s = 0; s < c->S; s++, out += c->C) {
+                int64_t w = w0 + s * c->dil_w;
                 if (h < 0 || h >= c->H || w < 0 || w >= c->W) memset(out, 0, (size_t)c->C * sizeof *out);
                 else memcpy(out, x + ((n * c->H + h) * c->W + w) * c->C, (size_t)c->C * sizeof *out);
             }
