@@ -524,13 +524,16 @@ static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
     return 0;
 }
 
-/* Wait for the queued work; a distributed trainer's wait also watches its collectives. */
-static void sync_stream(RtCuda *cu, const char *what) {
+/* Wait for `until` (an event recorded on the stream), or with NULL for all the queued work; a
+ * distributed trainer's wait also watches its collectives. */
+static void wait_until(RtCuda *cu, cudaEvent_t until, const char *what) {
     if (cu->coll_open)
-        cu->dm->coll->wait(cu, NULL, what);
+        cu->dm->coll->wait(cu, until, what);
     else
-        rt_cuda_check(cudaStreamSynchronize(cu->stream), what);
+        rt_cuda_check(until ? cudaEventSynchronize(until) : cudaStreamSynchronize(cu->stream), what);
 }
+
+static void sync_stream(RtCuda *cu, const char *what) { wait_until(cu, NULL, what); }
 
 /* ---- the step, enqueued directly or captured */
 
@@ -859,16 +862,13 @@ static void cuda_post_train(void) {
 
 static int cuda_take_train(RtDeviceSums *sums, int wait) {
     RtCuda *cu = &g_cu;
-    const char *what = "cudaEventSynchronize (the device's sums for the log)";
     if (!wait) {
         cudaError_t e = cudaEventQuery(cu->posted_copied);
         if (e == cudaErrorNotReady)
             return 0;
         rt_cuda_check(e, "cudaEventQuery (the device's sums for the log)");
-    } else if (cu->coll_open) {
-        cu->dm->coll->wait(cu, cu->posted_copied, what);
     } else {
-        rt_cuda_check(cudaEventSynchronize(cu->posted_copied), what);
+        wait_until(cu, cu->posted_copied, "cudaEventSynchronize (the device's sums for the log)");
     }
     const RtDevState *st = cu->posted;
     sums->loss = st->loss_sum;
