@@ -1,18 +1,19 @@
-"""SiLU and GELU values computed again in the backward pass (compiler/passes/remat.c): that
-frees memory and never changes a bit.
+"""SiLU, GELU and dropout values computed again in the backward pass (compiler/passes/remat.c):
+that frees memory and never changes a bit.
 
     remat.py NETC WORKDIR
 
 For each model below: compile it as it is and with --no-remat, and require
   - the activations computed again: in the backward pass (--dump=fused, after the forward part),
-    one copy per activation the pass should take, each fused into a loop (`internal`), and none
-    with --no-remat;
+    one copy per activation the pass should take, each SiLU or GELU fused into a loop
+    (`internal`; a dropout a product reads has a loop of its own), and none with --no-remat;
   - the memory plan's arena smaller than with --no-remat, by at least the bytes of the forward
     values no longer kept, or equal where nothing is computed again (GPT-2: its GELU output is
     read by c_proj's weight gradient, a product);
   - a few training steps from the same weights and data to save the same bytes both ways. That
     equality is guaranteed by construction: the copy applies the same function to the same
-    stored float, and the rest of the step is unchanged.
+    stored float (a dropout's mask is a hash of the step's seed, the mask and the element), and the
+    rest of the step is unchanged.
 """
 import os
 import re
@@ -28,11 +29,17 @@ from train_pair import train_and_save, write_data  # noqa: E402  (64 samples sha
 MODELS = [
     ("geglu", "tests/fusion/geglu.net", [], {"gelu": 1, "gelu_tanh": 1, "silu": 1}),
     ("llama", "models/llama.net", ["-D", "n_layer=2", "-D", "seq=32"], {"silu": 2}),
-    ("llama_lora", "models/llama.net", ["-D", "n_layer=2", "-D", "seq=32", "-D", "lora_r=4"], {"silu": 2}),
+    # the adapters on q, k and v drop the same normed input, each with its own mask (dropout 0.1, the
+    # model's default): the input is kept, the three dropped copies computed again; o_proj's
+    # dropout, the only one of its input, stays kept
+    ("llama_lora", "models/llama.net", ["-D", "n_layer=2", "-D", "seq=32", "-D", "lora_r=4"],
+     {"silu": 2, "dropout": 6}),
+    ("llama_lora_p0", "models/llama.net", ["-D", "n_layer=2", "-D", "seq=32", "-D", "lora_r=4", "-D",
+                                           "lora_dropout=0"], {"silu": 2}),
     ("gpt2", "models/gpt2.net", ["-D", "vocab=256", "-D", "seq=32", "-D", "n_layer=2", "-D", "n_head=2",
                                  "-D", "n_embd=64"], {}),
 ]
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "dropout")
 
 
 def netc_out(netc, src, opts, *extra):
@@ -47,7 +54,7 @@ def backward_copies(fused):
     for line in fused.split("\nbackward:\n", 1)[1].splitlines():
         m = re.match(r"\s*%\d+ = (\w+)\(", line)
         if m and m.group(1) in ACTIVATIONS:
-            assert "internal" in line, f"a copy not fused into a loop: {line.strip()}"
+            assert "internal" in line or m.group(1) == "dropout", f"a copy not fused into a loop: {line.strip()}"
             count[m.group(1)] = count.get(m.group(1), 0) + 1
     return count
 
