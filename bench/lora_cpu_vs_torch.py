@@ -15,8 +15,14 @@ AdamW's two moments the larger part of full fine-tuning's memory, as in the mode
 that); with smaller widths and longer sequences the activations, which LoRA does not shrink,
 dominate both. Each run trains 2 warm-up steps plus --steps timed steps (netc: from its JSON log,
 one line per step; PyTorch: timed around its loop); the runs alternate so that noise on a shared
-machine hits all four; medians are compared. Peak memory is each process's maximum resident set,
+machine hits all six; medians are compared. Peak memory is each process's maximum resident set,
 which includes the runtime's libraries (OpenBLAS, oneDNN; PyTorch's, larger).
+
+netc's two runs are also made with glibc's per-thread cache of small freed blocks off
+(GLIBC_TUNABLES=glibc.malloc.tcache_count=0, the "tcache off" rows): oneDNN's sgemm allocates
+its packing buffers page-aligned at every call, in whichever thread multiplies, and the small
+blocks glibc cuts off to align them stay in that cache, so the thread's heap keeps growing
+around them (docs/trainer.md, "Memory beyond the plan").
 """
 import argparse
 import json
@@ -28,6 +34,7 @@ import tempfile
 from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
+TCACHE_OFF = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -72,7 +79,8 @@ def main():
     a = ap.parse_args()
     sizes = dict(vocab=a.vocab, n_layer=a.n_layer, n_head=a.n_head, n_kv_head=a.n_kv_head, hidden=a.hidden,
                  intermediate=a.intermediate)
-    runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full")}
+    runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full", "netc lora, tcache off",
+                            "netc full, tcache off")}
     with tempfile.TemporaryDirectory() as work:
         token_files(work, a.batch * (a.steps + WARMUP), a.seq, a.vocab)
         exes = {}
@@ -87,8 +95,9 @@ def main():
         lora = dict(targets=TARGETS, r=R, alpha=ALPHA, dropout=DROPOUT)
         for _ in range(a.repeat):
             for kind in ("lora", "full"):
-                r = run_netc(exes[kind], args, a.threads, a.steps, a.batch, work)
-                runs[f"netc {kind}"].append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
+                for suffix, env in (("", None), (", tcache off", TCACHE_OFF)):
+                    r = run_netc(exes[kind], args, a.threads, a.steps, a.batch, work, env)
+                    runs[f"netc {kind}{suffix}"].append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
                 cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work,
                            lora=lora if kind == "lora" else None)
                 runs[f"torch {kind}"].append(run_torch(a.python, TORCH_LOOP, os.path.join(ROOT, "tests", "torch"),
@@ -105,9 +114,10 @@ def main():
     print("|---|---|---|")
     for k in runs:
         print(f"| {k} | {tps[k]:.0f} | {mem[k]:.0f} MiB |")
-    for side in ("netc", "torch"):
-        print(f"{side}: LoRA / full fine-tuning: peak memory **{mem[side + ' lora'] / mem[side + ' full']:.2f}x**, "
-              f"speed {tps[side + ' lora'] / tps[side + ' full']:.2f}x")
+    for side, suffix in (("netc", ""), ("netc", ", tcache off"), ("torch", "")):
+        lora, full = f"{side} lora{suffix}", f"{side} full{suffix}"
+        print(f"{side}{suffix}: LoRA / full fine-tuning: peak memory **{mem[lora] / mem[full]:.2f}x**, "
+              f"speed {tps[lora] / tps[full]:.2f}x")
     for kind in ("lora", "full"):
         print(f"netc / PyTorch, {kind}: speed **{tps['netc ' + kind] / tps['torch ' + kind]:.2f}x**, "
               f"memory {mem['netc ' + kind] / mem['torch ' + kind]:.2f}x")
