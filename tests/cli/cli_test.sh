@@ -94,7 +94,7 @@ contains "image"
 ls "$weird" | grep -q '\.tmp\.' && { echo "FAIL: temporary output left behind"; fails=$((fails+1)); } || passes=$((passes+1))
 
 check "bad NETC_GEMM" 2 env NETC_GEMM=blas "$weird/tr ain;er" --list-params
-contains "NETC_GEMM is 'blas': expected reference, onednn or auto"
+contains "NETC_GEMM is 'blas': expected auto, by-size, onednn or reference"
 check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
 contains "fc1.weight"
 contains "101770"   # 784*128 + 128 + 128*10 + 10

@@ -349,23 +349,37 @@ static void test_accuracy(void **state) {
     assert_true(rt_accuracy(3, 3, logits, label, 1) == 1.0f);
 }
 
+/* rt_gemm on whichever library NETC_GEMM and the CPU route it to (CMakeLists.txt runs this file
+ * under each route): a tiny product, a skinny one (a LoRA adapter's rank) and one past
+ * GEMM_DNNL_MIN, each element within gamma_K sum_k |a_ik b_kj| of its double sum, gamma_K =
+ * K u / (1 - K u) with u = 2^-24: the bound on a float32 dot product of length K summed in any
+ * order (with or without fused multiply-adds). */
 static void test_gemm(void **state) {
     (void)state;
-    enum { M = 5, N = 4, K = 3 };
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) {
-            float *a = randv(M * K), *b = randv(K * N), c[M * N];
-            double ref[M * N];
-            for (int i = 0; i < M; i++)
-                for (int j = 0; j < N; j++) {
-                    double s = 0;
-                    for (int k = 0; k < K; k++) s += (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
-                    ref[i * N + j] = s;
-                }
-            rt_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
-            assert_close(c, ref, M * N, 1e-5, "gemm");
-            free(a), free(b);
-        }
+    static const int64_t shapes[][3] = {{5, 4, 3}, {64, 8, 96}, {96, 64, 8}, {256, 136, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                float *a = randv(M * K), *b = randv(K * N), *c = malloc(sizeof *c * (size_t)(M * N));
+                rt_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double sum = 0, mag = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            double p = (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+                            sum += p, mag += fabs(p);
+                        }
+                        double gamma = (double)K * 0x1p-24 / (1 - (double)K * 0x1p-24), bound = gamma * mag;
+                        if (fabs(c[i * N + j] - sum) > bound) {
+                            print_error("gemm %lldx%lldx%lld ta %d tb %d [%lld,%lld]: got %.9g want %.9g (bound %g)\n",
+                                        (long long)M, (long long)N, (long long)K, ta, tb, (long long)i, (long long)j,
+                                        c[i * N + j], sum, bound);
+                            fail();
+                        }
+                    }
+                free(a), free(b), free(c);
+            }
 }
 
 /* ---- the labelled rows only (rt_row_order, rt_row_compact, rt_gemm_rows) */
