@@ -35,11 +35,10 @@ static int openblas_behind(void) {
 }
 
 /* With AVX2 and without AVX-512 oneDNN's sgemm is at least as fast as OpenBLAS's on every
- * product measured,
- * the small ones too: on the 2-core AVX2 EPYC (Zen 3, OpenBLAS 0.3.21 running its Zen kernels,
- * oneDNN 3.2) a LoRA adapter's rank-8 products took 30-80 us in oneDNN against 70-180 us in
- * OpenBLAS, the MLP's and the attention's 64-784 wide ones 0.6-1.0x OpenBLAS's time, and the
- * rank-8 LoRA Llama's step was 5 % faster. With AVX-512 (a 2-core EPYC) OpenBLAS's call cost
+ * product measured, the small ones too: on the 2-core AVX2 EPYC (Zen 3, OpenBLAS 0.3.21 running
+ * its Zen kernels, oneDNN 3.2) a LoRA adapter's rank-8 products took 30-80 us in oneDNN against
+ * 70-180 us in OpenBLAS, the MLP's and the attention's 64-784 wide ones 0.6-1.0x OpenBLAS's
+ * time, and the rank-8 LoRA Llama's step was 5 % faster. With AVX-512 (a 2-core EPYC) OpenBLAS's call cost
  * less on small products, which keep going there (rt_kernels.c, GEMM_DNNL_MIN). */
 static int onednn_everywhere(void) {
     return (__builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f")) || openblas_behind();
@@ -49,8 +48,8 @@ static RtGemmRoute route;
 static pthread_once_t route_once = PTHREAD_ONCE_INIT;
 
 /* NETC_GEMM: auto (the default: all to oneDNN with AVX2 but not AVX-512, else by size),
- * by-size, onednn or reference;
- * a value outside those ends the process with status 2, as a bad option. */
+ * by-size, onednn or reference; a value outside those ends the process with status 2, as a bad
+ * option. */
 static void choose_route(void) {
     const char *v = getenv("NETC_GEMM");
     if (v && strcmp(v, "reference") == 0) route = RT_GEMM_REFERENCE;

@@ -24,7 +24,7 @@ int rt_read_text(const char *path, char **text, RtError *err);
 /* Where rt_gemm sends its products (rt_gemm.c), decided at the first call from NETC_GEMM and the
  * CPU; a bad NETC_GEMM ends the process with status 2 (rt_main asks at start-up). */
 typedef enum {
-    RT_GEMM_BY_SIZE,   /* large ones to oneDNN's sgemm, the others to OpenBLAS (the default, but see below) */
+    RT_GEMM_BY_SIZE,   /* large ones to oneDNN's sgemm, the others to OpenBLAS (the default, save below) */
     RT_GEMM_ONEDNN,    /* all to oneDNN: asked for, AVX2 without AVX-512, or OpenBLAS behind the CPU */
     RT_GEMM_REFERENCE, /* all to rt_gemm_reference */
 } RtGemmRoute;

@@ -21,9 +21,10 @@
 #include "rt_internal.h"
 
 /* Products of at least this many multiply-adds go to oneDNN's sgemm, the others to OpenBLAS
- * (with AVX2 but not AVX-512, all to oneDNN: rt_gemm.c): on a 2-core AVX-512 EPYC oneDNN's reaches 215-230 GFLOP/s on GPT-2's products where OpenBLAS
- * 0.3.21 reaches 175-200 (a GPT-2 step 13 % faster), while on small ones (a thread's rows of
- * the MLP's, 3M multiply-adds) its call costs more than it saves. Either way the products are
+ * (with AVX2 but not AVX-512, all to oneDNN: rt_gemm.c): on a 2-core AVX-512 EPYC oneDNN's
+ * reaches 215-230 GFLOP/s on GPT-2's products where OpenBLAS 0.3.21 reaches 175-200 (a GPT-2
+ * step 13 % faster), while on small ones (a thread's rows of the MLP's, 3M multiply-adds) its
+ * call costs more than it saves. Either way the products are
  * float32 sums in an order fixed by the library and the thread count. */
 enum { GEMM_DNNL_MIN = 1 << 22 };
 

@@ -72,9 +72,9 @@ static const IrNode *unreshaped(const IrNode *x) {
     return x;
 }
 
-/* A dropout the backward pass reads (not a result), whose value the backward pass can compute again. */
+/* A forward dropout the backward pass reads (not a result): its value can be computed again there. */
 static int kept_dropout(const IrBuilder *b, const IrNode *v) {
-    return v->op == OP_DROPOUT && v->phase == PHASE_FWD && !irb_is_result(b, v) && read_in_backward(b, v);
+    return v->op == OP_DROPOUT && !irb_is_result(b, v) && read_in_backward(b, v);
 }
 
 /* Whether the backward pass reads x or a reshape of it. */

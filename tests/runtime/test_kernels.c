@@ -361,6 +361,7 @@ static void test_gemm(void **state) {
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
                 const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                const double gamma = (double)K * 0x1p-24 / (1 - (double)K * 0x1p-24);
                 float *a = randv(M * K), *b = randv(K * N), *c = malloc(sizeof *c * (size_t)(M * N));
                 rt_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
                 for (int64_t i = 0; i < M; i++)
@@ -370,7 +371,7 @@ static void test_gemm(void **state) {
                             double p = (double)(ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
                             sum += p, mag += fabs(p);
                         }
-                        double gamma = (double)K * 0x1p-24 / (1 - (double)K * 0x1p-24), bound = gamma * mag;
+                        double bound = gamma * mag;
                         if (fabs(c[i * N + j] - sum) > bound) {
                             print_error("gemm %lldx%lldx%lld ta %d tb %d [%lld,%lld]: got %.9g want %.9g (bound %g)\n",
                                         (long long)M, (long long)N, (long long)K, ta, tb, (long long)i, (long long)j,
