@@ -108,8 +108,8 @@ void in_backward_report(const IrGraph *g, int64_t min_floats, FILE *out);
 void dist_report(const IrGraph *g, FILE *out);
 
 /* remat.c: SiLU and GELU values the backward pass reads only in element-wise nodes, beside
- * their input, computed again there instead of kept from the forward pass. Returns the copies
- * added. */
+ * their input, dropouts and norms whose inputs it has anyway, computed again there instead of
+ * kept from the forward pass. Returns the copies added. */
 int remat_activations(IrGraph *g);
 
 /* ignored_rows.c: the products that read a cross-entropy's gradient, with an ignore index, run
