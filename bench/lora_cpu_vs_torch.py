@@ -18,15 +18,17 @@ one line per step; PyTorch: timed around its loop); the runs alternate so that n
 machine hits all six; medians are compared. Peak memory is each process's maximum resident set,
 which includes the runtime's libraries (OpenBLAS, oneDNN; PyTorch's, larger).
 
-netc's two runs are also made with glibc's per-thread cache of small freed blocks off
-(GLIBC_TUNABLES=glibc.malloc.tcache_count=0, the "tcache off" rows): oneDNN's sgemm allocates
-its packing buffers page-aligned at every call, in whichever thread multiplies, and the small
-blocks glibc cuts off to align them stay in that cache, so the thread's heap keeps growing
-around them (docs/trainer.md, "Memory beyond the plan").
+netc's two trainers are also built with --system-malloc (the "system malloc" rows): the C
+library's malloc instead of the jemalloc netc links when its build found it (the first line
+printed says which). oneDNN's sgemm allocates its packing buffers page-aligned at every call, in
+whichever thread multiplies, and the small blocks glibc's malloc cuts off to align them stay in
+its per-thread cache, so the thread's heap keeps growing around them (docs/trainer.md, "Memory
+beyond the plan").
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -34,7 +36,6 @@ import tempfile
 from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
-TCACHE_OFF = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -79,24 +80,27 @@ def main():
     a = ap.parse_args()
     sizes = dict(vocab=a.vocab, n_layer=a.n_layer, n_head=a.n_head, n_kv_head=a.n_kv_head, hidden=a.hidden,
                  intermediate=a.intermediate)
-    runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full", "netc lora, tcache off",
-                            "netc full, tcache off")}
+    runs = {k: [] for k in ("netc lora", "netc full", "torch lora", "torch full", "netc lora, system malloc",
+                            "netc full, system malloc")}
+    malloc = subprocess.run([a.netc, "--print-toolchain"], capture_output=True, text=True).stdout
+    print("netc's trainers link malloc:", re.search(r"^malloc +(.*)$", malloc, re.M).group(1))
     with tempfile.TemporaryDirectory() as work:
         token_files(work, a.batch * (a.steps + WARMUP), a.seq, a.vocab)
         exes = {}
         for kind, extra in (("lora", {"lora_r": R, "lora_alpha": ALPHA, "lora_dropout": DROPOUT}), ("full", {})):
-            exes[kind] = os.path.join(work, f"llama_{kind}")
-            cmd = [a.netc, os.path.join(ROOT, "models", "llama.net"), "-o", exes[kind], "-D", f"batch={a.batch}",
-                   "-D", f"seq={a.seq}", "-D", "lr=1e-4", "-D", "weight_decay=0"]
-            for k, v in dict(sizes, **extra).items():
-                cmd += ["-D", f"{k}={v}"]
-            subprocess.run(cmd, check=True)
+            for suffix, flags in (("", []), (", system malloc", ["--system-malloc"])):
+                exes[kind + suffix] = os.path.join(work, f"llama_{kind}{suffix.replace(', ', '_').replace(' ', '_')}")
+                cmd = [a.netc, os.path.join(ROOT, "models", "llama.net"), "-o", exes[kind + suffix], *flags, "-D",
+                       f"batch={a.batch}", "-D", f"seq={a.seq}", "-D", "lr=1e-4", "-D", "weight_decay=0"]
+                for k, v in dict(sizes, **extra).items():
+                    cmd += ["-D", f"{k}={v}"]
+                subprocess.run(cmd, check=True)
         args = ["--data", f"tokens={work}/tokens.npy", "--data", f"targets={work}/targets.npy"]
         lora = dict(targets=TARGETS, r=R, alpha=ALPHA, dropout=DROPOUT)
         for _ in range(a.repeat):
             for kind in ("lora", "full"):
-                for suffix, env in (("", None), (", tcache off", TCACHE_OFF)):
-                    r = run_netc(exes[kind], args, a.threads, a.steps, a.batch, work, env)
+                for suffix in ("", ", system malloc"):
+                    r = run_netc(exes[kind + suffix], args, a.threads, a.steps, a.batch, work)
                     runs[f"netc {kind}{suffix}"].append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
                 cfg = dict(sizes, threads=a.threads, batch=a.batch, steps=a.steps, data=work,
                            lora=lora if kind == "lora" else None)
@@ -114,7 +118,7 @@ def main():
     print("|---|---|---|")
     for k in runs:
         print(f"| {k} | {tps[k]:.0f} | {mem[k]:.0f} MiB |")
-    for side, suffix in (("netc", ""), ("netc", ", tcache off"), ("torch", "")):
+    for side, suffix in (("netc", ""), ("netc", ", system malloc"), ("torch", "")):
         lora, full = f"{side} lora{suffix}", f"{side} full{suffix}"
         print(f"{side}{suffix}: LoRA / full fine-tuning: peak memory **{mem[lora] / mem[full]:.2f}x**, "
               f"speed {tps[lora] / tps[full]:.2f}x")

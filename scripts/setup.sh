@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev libcjson-dev            # gzip'd IDX data, safetensors headers
   libopenblas-openmp-dev             # matrix products and row-major convolutions
   libdnnl-dev python3-pip            # channels-last convolutions (oneDNN 2.6; pip fetches 3.2 below)
+  libjemalloc-dev                    # the allocator CPU trainers link (docs/trainer.md)
   libcmocka-dev                      # C unit tests
   openmpi-bin libopenmpi-dev         # distributed trainers (netc --distributed) and their tests
   clang valgrind                     # the libFuzzer run of the front end, memcheck over training

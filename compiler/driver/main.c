@@ -70,6 +70,7 @@ typedef struct Options {
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
     int frozen_half; /* --frozen-half: frozen weights that only products read kept in their half type */
     int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
+    int system_malloc; /* --system-malloc: a CPU trainer allocates with the C library's malloc */
     const char *cpu; /* --cpu as given, or NULL */
     int cpu_level;   /* --cpu: the x86-64 level of a CPU trainer, 1, 3 or 4; 0: this machine's */
     int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
@@ -129,6 +130,8 @@ static void usage(FILE *out) {
             "  --cpu LEVEL          cpu: the x86-64 level to compile the trainer for: x86-64 (every 64-bit x86\n"
             "                       CPU), x86-64-v3 (AVX2, FMA), x86-64-v4 (AVX-512) or host (default: the\n"
             "                       highest this machine runs); every level computes the same values\n"
+            "  --system-malloc      cpu: the trainer allocates with the C library's malloc, not the jemalloc\n"
+            "                       netc links when it was built with it (one shared library fewer to deploy)\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -262,6 +265,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->all_rows = 1;
         } else if (strcmp(a, "--werror") == 0) {
             o->werror = 1;
+        } else if (strcmp(a, "--system-malloc") == 0) {
+            o->system_malloc = 1;
         } else if (strcmp(a, "--print-toolchain") == 0) {
             o->print_toolchain = 1;
         } else if (strcmp(a, "--report") == 0) {
@@ -553,7 +558,7 @@ static int emit_and_build(const Options *o, const Target *tg, const IrGraph *g) 
     const char *slash = strrchr(out, '/');
     char paths[N_WORK][4096];
     TcBuild b = {.t = tools(o), .precision = o->precision, .sms = o->sms, .n_sms = o->n_sms,
-                 .distributed = o->distributed,
+                 .distributed = o->distributed, .system_malloc = o->system_malloc,
                  .c_path = paths[WORK_C], .cu_path = paths[WORK_CU], .images_path = paths[WORK_IMAGES],
                  .out = out, .link = link_trainer};
     int rc = toolchain_check(b.t, tg);

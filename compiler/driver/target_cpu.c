@@ -11,7 +11,14 @@
  * loops vectorise at all (GPT-2 small's step 7 % faster, its saved weights the same bytes):
  * the flags are the only thing it changes, not one value. For the x86-64 level of --cpu (the
  * machine's by default) with -march and the runtime built for it, and -ffp-contract=off, which
- * keeps the values of every level the same (runtime/rt_cpu.c). */
+ * keeps the values of every level the same (runtime/rt_cpu.c).
+ *
+ * The trainer links jemalloc when netc's build found it (NETC_MALLOC_LIBRARY, empty otherwise)
+ * and --system-malloc does not say no: oneDNN's sgemm allocates page-aligned packing buffers at
+ * every call in every thread that multiplies, and the C library's malloc leaves the small
+ * blocks it cuts off to align them in a per-thread cache, where they keep the freed buffers
+ * from merging; the worker threads' heaps grow by tens of MiB around them (docs/trainer.md,
+ * "Memory beyond the plan"). */
 #include <stdio.h>
 
 #include "toolchain.h"
@@ -33,8 +40,12 @@ static int cpu_link(const TcBuild *b) {
     if (t->cpu_march[0]) argv[n++] = (char *)t->cpu_march;
     if (b->distributed && (n = tc_add_mpi(t, argv, n, 40)) < 0) return 1;
     char *tail[] = {lib_rt, NETC_DNNL_LIBRARY, rp_dnnl, NETC_BLAS_LIBRARY, (char *)t->cjson.path, rp_cjson, "-lz",
-                    "-lpthread", "-lm", "-o"};
+                    "-lpthread", "-lm"};
     for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
+    /* after everything that calls malloc: a linker that drops libraries nothing before them
+     * needs (--as-needed) keeps it */
+    if (NETC_MALLOC_LIBRARY[0] && !b->system_malloc) argv[n++] = NETC_MALLOC_LIBRARY;
+    argv[n++] = "-o";
     argv[n + 1] = NULL;
     return b->link(b, argv, n);
 }
@@ -43,6 +54,7 @@ static int cpu_link(const TcBuild *b) {
 static void cpu_print(void) {
     printf("%-18s %s\n", "oneDNN", NETC_DNNL_LIBRARY);
     printf("%-18s %s\n", "OpenBLAS", NETC_BLAS_LIBRARY);
+    printf("%-18s %s\n", "malloc", NETC_MALLOC_LIBRARY[0] ? NETC_MALLOC_LIBRARY : "the C library's (no jemalloc found)");
 }
 
 const Target target_cpu = {

@@ -44,6 +44,7 @@ typedef struct TcBuild {
     const int *sms; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
     int n_sms;
     int distributed; /* --distributed: the trainer links libnetrt_mpi and MPI too */
+    int system_malloc; /* --system-malloc: a CPU trainer does not link NETC_MALLOC_LIBRARY */
     const char *c_path, *cu_path, *images_path; /* the trainer's C, its kernels, their images */
     const char *out;                            /* the trainer */
     /* Run the C compiler on argv (NULL-terminated; argv[out_at], the output, is filled in) and

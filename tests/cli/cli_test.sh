@@ -99,6 +99,21 @@ check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
 contains "fc1.weight"
 contains "101770"   # 784*128 + 128 + 128*10 + 10
 
+# the allocator: a CPU trainer links the jemalloc --print-toolchain names, when it names one, and
+# with --system-malloc never
+malloc_lib=$("$netc" --print-toolchain | awk '$1 == "malloc" {print $2}')
+links_jemalloc() { readelf -d "$1" | grep -q 'NEEDED.*libjemalloc'; }
+check "--system-malloc" 0 "$netc" "$root/models/mlp.net" --system-malloc -o "$work/mlp-system-malloc"
+check "--system-malloc trainer" 0 "$work/mlp-system-malloc" --list-params
+if links_jemalloc "$work/mlp-system-malloc"; then
+  echo "FAIL: --system-malloc linked jemalloc"; fails=$((fails+1))
+else passes=$((passes+1)); fi
+if [ "${malloc_lib:0:1}" = / ] && ! links_jemalloc "$weird/tr ain;er"; then
+  echo "FAIL: --print-toolchain names $malloc_lib, yet the trainer does not link it"; fails=$((fails+1))
+elif [ "${malloc_lib:0:1}" != / ] && links_jemalloc "$weird/tr ain;er"; then
+  echo "FAIL: --print-toolchain names no jemalloc, yet the trainer links one"; fails=$((fails+1))
+else passes=$((passes+1)); fi
+
 # running statistics are listed as buffers, apart from the parameters
 check "batch-norm model" 0 "$netc" "$root/tests/gradcheck/batchnorm2d.net" -o "$work/bn"
 check "--list-params with buffers" 0 "$work/bn" --list-params

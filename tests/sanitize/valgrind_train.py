@@ -24,7 +24,10 @@ import time
 
 import numpy as np
 
-VALGRIND = ["valgrind", "--quiet", "--leak-check=full", "--error-exitcode=99", "--num-callers=30"]
+# --soname-synonyms: memcheck replaces malloc in jemalloc, which trainers link when netc found it
+# (docs/trainer.md), as it does in the C library
+VALGRIND = ["valgrind", "--quiet", "--leak-check=full", "--error-exitcode=99", "--num-callers=30",
+            "--soname-synonyms=somalloc=*jemalloc*"]
 DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.float32, "f64": np.float64,
           "i64": np.int64, "i32": np.int32, "u8": np.uint8}
 
