@@ -92,15 +92,23 @@ static int kept_dropout(const IrBuilder *b, const IrNode *v) {
     return v->op == OP_DROPOUT && !irb_is_result(b, v) && read_in_backward(b, v);
 }
 
-/* Whether the backward pass reads x or a reshape of it. */
-static int read_in_backward_viewed(const IrBuilder *b, const IrNode *x) {
+/* The first backward reader of v or of a reshape of it, or NULL; "first" by id, which is the
+ * schedule's position only for nodes that were there when the builder was opened (remat_norms
+ * opens one of its own for that). */
+static IrNode *first_backward_viewer(const IrBuilder *b, const IrNode *v) {
     int n;
-    const IrUse *u = irb_uses(b, x, &n);
-    for (int k = 0; k < n; k++)
-        if (u[k].user->phase == PHASE_BWD || (u[k].user->op == OP_RESHAPE && read_in_backward_viewed(b, u[k].user)))
-            return 1;
-    return 0;
+    const IrUse *u = irb_uses(b, v, &n);
+    IrNode *first = NULL;
+    for (int k = 0; k < n; k++) {
+        IrNode *r = u[k].user->phase == PHASE_BWD ? u[k].user
+                    : u[k].user->op == OP_RESHAPE ? first_backward_viewer(b, u[k].user) : NULL;
+        if (r && (!first || r->id < first->id)) first = r;
+    }
+    return first;
 }
+
+/* Whether the backward pass reads x or a reshape of it. */
+static int read_in_backward_viewed(const IrBuilder *b, const IrNode *x) { return first_backward_viewer(b, x) != NULL; }
 
 /* A forward norm whose input the backward pass reads anyway: its value, once the backward pass
  * reads it, is computed again there (remat_norms). */
@@ -151,20 +159,6 @@ static IrNode *operand_again(IrBuilder *b, IrNode *x, IrNode *at) {
 static void compute_again(IrBuilder *b, IrNode *v, IrNode *x, IrNode *first) {
     IrNode *again = copy_before(b, v, &x, first);
     irb_replace_uses(b, v, again, in_backward, NULL);
-}
-
-/* The first backward reader of v or of a reshape of it (ids are schedule positions: a builder
- * opened on the graph as it is), or NULL. */
-static IrNode *first_backward_viewer(const IrBuilder *b, const IrNode *v) {
-    int n;
-    const IrUse *u = irb_uses(b, v, &n);
-    IrNode *first = NULL;
-    for (int k = 0; k < n; k++) {
-        IrNode *r = u[k].user->phase == PHASE_BWD ? u[k].user
-                    : u[k].user->op == OP_RESHAPE ? first_backward_viewer(b, u[k].user) : NULL;
-        if (r && (!first || r->id < first->id)) first = r;
-    }
-    return first;
 }
 
 /* The backward readers of v, and of its forward reshapes, read again (v's copy) and copies of
