@@ -174,23 +174,39 @@ static void emit_group(Cg *c, const IrNode *head) {
 
 /* ---- reductions */
 
-enum { SUM_COLS = 16 }; /* outputs summed side by side by emit_sum_to_rows */
+enum { SUM_COLS = 32, SUM_ROWS = 4 }; /* outputs summed side by side, rows added at a time by emit_sum_to_rows */
 
 /* A SUM_TO over rows of out_n outputs (cg_sum_to_rows): each output's sum runs over the rows in
  * order from 0 in double, as emit_sum_to's loop has it, so the result is the same; but SUM_COLS
  * outputs advance together along each row, so their sums overlap instead of waiting on one
- * another's additions, and the loads are contiguous. */
+ * another's additions, and the loads are contiguous; and SUM_ROWS rows are added to a sum in
+ * one statement, ((acc + x0) + x1) + ..., the same additions in the same order, so that the sum
+ * goes through memory once per SUM_ROWS rows, not once a row (the bias gradients of a GPT-2
+ * small took 2-2.8x the time one row at a time, 16 outputs side by side). */
 static void emit_sum_to_rows(Cg *c, const IrNode *n, int64_t out_n, int64_t red_n) {
     int x = n->in[0]->id;
+    const int64_t grouped = red_n - red_n % SUM_ROWS;
     if (out_n > SUM_COLS && out_n * red_n >= PAR_MIN) cg_line(c, "#pragma omp parallel for");
     cg_open(c, "for (int64_t o0 = 0; o0 < %" PRId64 "; o0 += %d) {", out_n, SUM_COLS);
     cg_line(c, "const int64_t cols = %" PRId64 " - o0 < %d ? %" PRId64 " - o0 : %d;", out_n, SUM_COLS, out_n, SUM_COLS);
     cg_line(c, "double acc[%d] = {0};", SUM_COLS);
-    cg_line(c, "for (int64_t j = 0; j < %" PRId64 "; j++)", red_n);
-    c->depth++; /* the row loop's one statement */
-    cg_line(c, "#pragma omp simd");
-    cg_line(c, "for (int64_t o = 0; o < cols; o++) acc[o] += v%d[j * %" PRId64 " + o0 + o];", x, out_n);
-    c->depth--;
+    if (grouped > 0) {
+        cg_line(c, "for (int64_t j = 0; j < %" PRId64 "; j += %d)", grouped, SUM_ROWS);
+        c->depth++; /* the row loop's one statement */
+        cg_line(c, "#pragma omp simd");
+        cg_begin(c, "for (int64_t o = 0; o < cols; o++) acc[o] = acc[o]");
+        for (int r = 0; r < SUM_ROWS; r++)
+            fprintf(c->out, " + v%d[(j + %d) * %" PRId64 " + o0 + o]", x, r, out_n);
+        cg_end(c, ";");
+        c->depth--;
+    }
+    if (grouped < red_n) {
+        cg_line(c, "for (int64_t j = %" PRId64 "; j < %" PRId64 "; j++)", grouped, red_n);
+        c->depth++;
+        cg_line(c, "#pragma omp simd");
+        cg_line(c, "for (int64_t o = 0; o < cols; o++) acc[o] += v%d[j * %" PRId64 " + o0 + o];", x, out_n);
+        c->depth--;
+    }
     cg_line(c, "for (int64_t o = 0; o < cols; o++) v%d[o0 + o] = (float)acc[o];", n->id);
     cg_close(c, "}");
 }

@@ -71,19 +71,23 @@ static inline float row_max(float m, const float *s, int64_t n) {
     return nan ? NAN : m;
 }
 
+/* s[l] = e^(s[l] - mx), added to lane l of part, for l < n. */
+static inline void lanes_exp(double *restrict part, float *restrict s, float mx, int64_t n) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; l++) {
+        const float e = rt_expf(s[l] - mx);
+        s[l] = e;
+        part[l] += e;
+    }
+}
+
 /* s[c] = e^(s[c] - mx) for c in [0, n), and their sum in double, in lanes (rt_internal.h): a
  * fixed order whatever the vector width, where a simd reduction would add in the width's. */
 static double exp_sum(float *s, int64_t n, float mx) {
     double part[RT_LANES] = {0};
-    for (int64_t c0 = 0; c0 < n; c0 += RT_LANES) {
-        const int64_t m = rt_lanes_at(c0, n);
-#pragma omp simd
-        for (int64_t l = 0; l < m; l++) {
-            const float e = rt_expf(s[c0 + l] - mx);
-            s[c0 + l] = e;
-            part[l] += e;
-        }
-    }
+    const int64_t full = rt_lanes_full(n);
+    for (int64_t c0 = 0; c0 < full; c0 += RT_LANES) lanes_exp(part, s + c0, mx, RT_LANES);
+    lanes_exp(part, s + full, mx, n - full);
     return rt_lanes_total(part);
 }
 

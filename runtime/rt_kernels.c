@@ -330,6 +330,12 @@ static void check_labels(int64_t rows, int64_t cols, const int64_t *label, const
     }
 }
 
+/* The lanes of a row's sum of exp(x - m): part[l] += e^(x[l] - m), for l < n. */
+static inline void lanes_exp_add(double *restrict part, const float *restrict x, float m, int64_t n) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; l++) part[l] += rt_expf(x[l] - m);
+}
+
 /* log(sum(exp(x))) of one row, stable. The maximum is exact in any order, so the compiler may
  * take it in vector lanes; each exp(x - m) is rt_expf's (x - m rounded to float, as PyTorch's
  * float32 logsumexp takes it), summed in double in lanes (rt_internal.h). */
@@ -338,11 +344,9 @@ static double logsumexp(const float *x, int64_t cols) {
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < cols; j++) m = x[j] > m ? x[j] : m;
     double part[RT_LANES] = {0};
-    for (int64_t j0 = 0; j0 < cols; j0 += RT_LANES) {
-        const int64_t n = rt_lanes_at(j0, cols);
-#pragma omp simd
-        for (int64_t l = 0; l < n; l++) part[l] += rt_expf(x[j0 + l] - m);
-    }
+    const int64_t full = rt_lanes_full(cols);
+    for (int64_t j0 = 0; j0 < full; j0 += RT_LANES) lanes_exp_add(part, x + j0, m, RT_LANES);
+    lanes_exp_add(part, x + full, m, cols - full);
     return m + log(rt_lanes_total(part));
 }
 

@@ -74,21 +74,30 @@ void rt_log_softmax_bwd(int64_t outer, int64_t n, int64_t inner, const float *y,
 
 /* ---- layer norm and RMS norm over the last axis of [rows, D] */
 
+/* The lanes of a row's sums (rt_internal.h): part[l] += x[l], or += (x[l] - m)^2, for l < n. */
+static inline void lanes_add(double *restrict part, const float *restrict x, int64_t n) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; l++) part[l] += x[l];
+}
+
+static inline void lanes_add_sq(double *restrict part, const float *restrict x, double m, int64_t n) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; l++) {
+        const double d = x[l] - m;
+        part[l] += d * d;
+    }
+}
+
 /* sum of x[j] (m = NULL) or of (x[j] - *m)^2 */
 static double row_sum(const float *x, int64_t D, const double *m) {
     double part[RT_LANES] = {0};
-    for (int64_t j0 = 0; j0 < D; j0 += RT_LANES) {
-        const int64_t n = rt_lanes_at(j0, D);
-        if (!m) {
-#pragma omp simd
-            for (int64_t l = 0; l < n; l++) part[l] += x[j0 + l];
-        } else {
-#pragma omp simd
-            for (int64_t l = 0; l < n; l++) {
-                const double d = x[j0 + l] - *m;
-                part[l] += d * d;
-            }
-        }
+    const int64_t full = rt_lanes_full(D);
+    if (!m) {
+        for (int64_t j0 = 0; j0 < full; j0 += RT_LANES) lanes_add(part, x + j0, RT_LANES);
+        lanes_add(part, x + full, D - full);
+    } else {
+        for (int64_t j0 = 0; j0 < full; j0 += RT_LANES) lanes_add_sq(part, x + j0, *m, RT_LANES);
+        lanes_add_sq(part, x + full, *m, D - full);
     }
     return rt_lanes_total(part);
 }
@@ -121,6 +130,17 @@ void rt_rmsnorm_fwd(int64_t rows, int64_t D, const float *x, const float *w, dou
     }
 }
 
+/* The lanes of the sums of g = dy * w and of g * xhat, xhat = (x - m) * rs, for l < n. */
+static inline void lanes_grad(double *restrict p1, double *restrict p2, const float *restrict x,
+                              const float *restrict w, const float *restrict dy, float m, float rs, int64_t n) {
+#pragma omp simd
+    for (int64_t l = 0; l < n; l++) {
+        const float g = dy[l] * w[l], xh = (x[l] - m) * rs;
+        p1[l] += g;
+        p2[l] += (double)g * xh;
+    }
+}
+
 /* Row xr's part of the gradient: dxr = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w,
  * xhat = (x - mean) * rstd (RMS norm has no mean: dx = rstd * (g - xhat * mean(g * xhat)),
  * xhat = x * rstd), unless dxr is NULL; and, unless pw is NULL, dy * xhat added to pw and, for
@@ -131,15 +151,9 @@ static void norm_bwd_row(int64_t D, int rms, const float *xr, const float *w, co
     row_stats(xr, D, rms, eps, &m, &rs);
     if (dxr) {
         double p1[RT_LANES] = {0}, p2[RT_LANES] = {0}; /* sums of g and g * xh, in lanes */
-        for (int64_t j0 = 0; j0 < D; j0 += RT_LANES) {
-            const int64_t n = rt_lanes_at(j0, D);
-#pragma omp simd
-            for (int64_t l = 0; l < n; l++) {
-                float g = gr[j0 + l] * w[j0 + l], xh = (xr[j0 + l] - m) * rs;
-                p1[l] += g;
-                p2[l] += (double)g * xh;
-            }
-        }
+        const int64_t full = rt_lanes_full(D);
+        for (int64_t j0 = 0; j0 < full; j0 += RT_LANES) lanes_grad(p1, p2, xr + j0, w + j0, gr + j0, m, rs, RT_LANES);
+        lanes_grad(p1, p2, xr + full, w + full, gr + full, m, rs, D - full);
         a = rms ? 0.0f : (float)(rt_lanes_total(p1) / (double)D), c = (float)(rt_lanes_total(p2) / (double)D);
     }
     if (dxr && pw) {
