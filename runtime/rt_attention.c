@@ -44,11 +44,19 @@ static int64_t mask_base(const RtAttn *a, int64_t bh) {
     return off;
 }
 
-/* Scores s[0, n) of query row i against keys j0 .. j0 + n: causal and mask applied in place
- * (a key left out is -INFINITY, an additive mask added). */
+/* How many of keys j0 .. j0 + n query row i sees: all n, or under causal masking those up to
+ * its diagonal, a prefix (0 when the block starts past it). The kernels compute the scores of
+ * the prefix only and set the probabilities of the rest to 0, what e^-inf would give: a third
+ * of a causal softmax's exponentials at T = 128 in blocks of 64 were of keys left out. */
+static int64_t keys_live(const RtAttn *a, int64_t i, int64_t j0, int64_t n) {
+    if (!a->causal) return n;
+    const int64_t live = i + 1 - j0;
+    return live < 0 ? 0 : live < n ? live : n;
+}
+
+/* Scores s[0, n) of query row i against keys j0 .. j0 + n: the mask applied in place (a key
+ * left out is -INFINITY, an additive mask added). */
 static void mask_row(const RtAttn *a, const void *mask, int64_t mbase, int64_t i, int64_t j0, int64_t n, float *s) {
-    if (a->causal)
-        for (int64_t c = i + 1 - j0 > 0 ? i + 1 - j0 : 0; c < n; c++) s[c] = -INFINITY;
     if (a->mask == RT_ATTN_ADD) {
         const float *m = (const float *)mask + mbase + i * a->mask_t + j0 * a->mask_s;
         for (int64_t c = 0; c < n; c++) s[c] += m[c * a->mask_s];
@@ -87,7 +95,13 @@ static double exp_sum(float *s, int64_t n, float mx) {
     double part[RT_LANES] = {0};
     const int64_t full = rt_lanes_full(n);
     for (int64_t c0 = 0; c0 < full; c0 += RT_LANES) lanes_exp(part, s + c0, mx, RT_LANES);
-    lanes_exp(part, s + full, mx, n - full);
+    if (full < n) { /* the rest through the same loop, padded with scores of keys left out: e^-inf is
+                     * 0, and adding 0 leaves a lane as it was (a lane's sum is never -0) */
+        float rest[RT_LANES];
+        for (int64_t l = 0; l < RT_LANES; l++) rest[l] = full + l < n ? s[full + l] : -INFINITY;
+        lanes_exp(part, rest, mx, RT_LANES);
+        memcpy(s + full, rest, (size_t)(n - full) * sizeof *s);
+    }
     return rt_lanes_total(part);
 }
 
@@ -118,17 +132,19 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
             rt_gemm(0, 1, rows, cols, D, a->scale, qi, ldq, kb + j0 * ldk, ldk, 0.0f, sc, cols);
             for (int64_t r = 0; r < rows; r++) {
                 float *s = sc + r * cols;
-                mask_row(a, mask, mbase, i0 + r, j0, cols, s);
-                const float mx = row_max(m[r], s, cols);
+                const int64_t live = keys_live(a, i0 + r, j0, cols);
+                memset(s + live, 0, (size_t)(cols - live) * sizeof *s);
+                mask_row(a, mask, mbase, i0 + r, j0, live, s);
+                const float mx = row_max(m[r], s, live);
                 if (mx == -INFINITY) { /* no key of this row so far: nothing to add */
-                    memset(s, 0, (size_t)cols * sizeof *s);
+                    memset(s, 0, (size_t)live * sizeof *s);
                     continue;
                 }
                 const float alpha = rt_expf(m[r] - mx);
-                l[r] = l[r] * alpha + (float)exp_sum(s, cols, mx);
+                l[r] = l[r] * alpha + (float)exp_sum(s, live, mx);
                 m[r] = mx;
                 if (a->dropout > 0) /* the sum above is the undropped one: o gets the dropped probabilities */
-                    for (int64_t c = 0; c < cols; c++) s[c] *= rt_attn_drop(a, bh, i0 + r, j0 + c, inv_keep);
+                    for (int64_t c = 0; c < live; c++) s[c] *= rt_attn_drop(a, bh, i0 + r, j0 + c, inv_keep);
                 if (alpha != 1.0f)
                     for (int64_t e = 0; e < E; e++) o[r * E + e] *= alpha;
             }
@@ -158,14 +174,16 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
         rt_gemm(0, 1, rows, n, D, a->scale, qi, ldq, kb, ldk, 0.0f, P, n);
         for (int64_t r = 0; r < rows; r++) {
             float *p = P + r * n;
-            mask_row(a, mask, mbase, i0 + r, 0, n, p);
-            const float mx = row_max(-INFINITY, p, n);
+            const int64_t live = keys_live(a, i0 + r, 0, n);
+            memset(p + live, 0, (size_t)(n - live) * sizeof *p);
+            mask_row(a, mask, mbase, i0 + r, 0, live, p);
+            const float mx = row_max(-INFINITY, p, live);
             if (mx == -INFINITY) { /* no key: no probability, no gradient */
-                memset(p, 0, (size_t)n * sizeof *p);
+                memset(p, 0, (size_t)live * sizeof *p);
             } else {
-                const double sum = exp_sum(p, n, mx);
+                const double sum = exp_sum(p, live, mx);
                 const float inv = (float)(1.0 / sum);
-                for (int64_t c = 0; c < n; c++) p[c] *= inv;
+                for (int64_t c = 0; c < live; c++) p[c] *= inv;
             }
             double d = 0;
             for (int64_t e = 0; e < E; e++) d += (double)gi[r * ldo + e] * oi[r * ldo + e];
@@ -173,13 +191,21 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
         }
         rt_gemm(0, 1, rows, n, E, 1.0f, gi, ldo, vb, ldv, 0.0f, dP, n);
         /* with dropout, out = (P z) v: dS = P (z dP - delta) (delta = dout . out is still the row's
-         * sum of P z dP), and dv takes P z, into which P turns here */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < n; c++) {
-                const float z = a->dropout > 0 ? rt_attn_drop(a, bh, i0 + r, c, inv_keep) : 1.0f, p = P[r * n + c];
-                dP[r * n + c] = p * (z * dP[r * n + c] - delta[r]);
-                P[r * n + c] = p * z;
-            }
+         * sum of P z dP), and dv takes P z, into which P turns here; a key the causal mask leaves
+         * out has P = 0 and dS = 0 */
+        for (int64_t r = 0; r < rows; r++) {
+            float *pr = P + r * n, *dr = dP + r * n;
+            const int64_t live = keys_live(a, i0 + r, 0, n);
+            if (a->dropout > 0)
+                for (int64_t c = 0; c < live; c++) {
+                    const float z = rt_attn_drop(a, bh, i0 + r, c, inv_keep);
+                    dr[c] = pr[c] * (z * dr[c] - delta[r]);
+                    pr[c] *= z;
+                }
+            else
+                for (int64_t c = 0; c < live; c++) dr[c] = pr[c] * (dr[c] - delta[r]);
+            memset(dr + live, 0, (size_t)(n - live) * sizeof *dr);
+        }
         rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, ldo, 1.0f, dvb, ldv);
         rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, ldk, 0.0f, dq + at_q + i0 * ldq, ldq);
         rt_gemm(1, 0, n, D, rows, a->scale, dP, n, qi, ldq, 1.0f, dkb, ldk);
