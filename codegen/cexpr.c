@@ -861,10 +861,10 @@ static const struct {
 } helpers[] = {
     {OP_RELU, "static inline float relu(float x) { return x < 0.0f ? 0.0f : x; }\n"},
     {OP_RELU_GRAD, "static inline float relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }\n"},
-    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow; rt_expf (rt_bits.h)\n"
+    {OP_SIGMOID, "// exp of a non-positive number only, so large |x| cannot overflow; rt_expf_nonpos (rt_bits.h)\n"
                  "// and no branch, so that the loop vectorizes\n"
                  "static inline float sigmoid(float x) {\n"
-                 "    float e = rt_expf(-fabsf(x));\n"
+                 "    float e = rt_expf_nonpos(-fabsf(x));\n"
                  "    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n}\n"},
     {OP_SIGMOID_GRAD, "static inline float sigmoid_grad(float y, float dy) { return dy * y * (1.0f - y); }\n"},
     {OP_TANH_GRAD, "static inline float tanh_grad(float y, float dy) { return dy * (1.0f - y * y); }\n"},
@@ -873,7 +873,7 @@ static const struct {
     {OP_GELU_GRAD, "// d/dx x * Phi(x) = Phi(x) + x * phi(x)\n"
                    "static inline float gelu_grad(float x, float dy) {\n"
                    "    float cdf = 0.5f * (1.0f + rt_erff(x * 0.707106781f));\n"
-                   "    float pdf = 0.398942280f * rt_expf(-0.5f * x * x);\n"
+                   "    float pdf = 0.398942280f * rt_expf_nonpos(-0.5f * x * x);\n"
                    "    return dy * (cdf + x * pdf);\n}\n"},
     {OP_GELU_TANH, "// the tanh approximation of GELU, as torch.nn.GELU(approximate='tanh') (GPT-2's):\n"
                    "// 0.5 x (1 + tanh(u)) = x sigmoid(2u), one exp (rt_expf, which vectorizes) instead of\n"
@@ -889,17 +889,17 @@ static const struct {
                         "    return dy * (s * (1.0f + (2.0f * x) * ((1.0f - s) * du)));\n}\n"},
     {OP_SILU, "// x * sigmoid(x), exp of a non-positive number only, no branch (the loop vectorizes)\n"
               "static inline float silu(float x) {\n"
-              "    float e = rt_expf(-fabsf(x));\n"
+              "    float e = rt_expf_nonpos(-fabsf(x));\n"
               "    return (x >= 0.0f ? x : x * e) / (1.0f + e);\n}\n"},
     {OP_SILU_GRAD, "// d/dx x sigmoid(x) = s (1 + x (1 - s))\n"
                    "static inline float silu_grad(float x, float dy) {\n"
-                   "    float e = rt_expf(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
+                   "    float e = rt_expf_nonpos(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
                    "    return dy * (s * (1.0f + x * (1.0f - s)));\n}\n"},
     {OP_BCE_LOGITS, "// binary cross-entropy of a logit, stable for large |x|: max(x, 0) - x t + log(1 + e^-|x|)\n"
                     "static inline float bce_logits(float x, float t) {\n"
-                    "    return fmaxf(x, 0.0f) - x * t + log1pf(rt_expf(-fabsf(x)));\n}\n"},
+                    "    return fmaxf(x, 0.0f) - x * t + log1pf(rt_expf_nonpos(-fabsf(x)));\n}\n"},
     {OP_BCE_LOGITS_GRAD, "static inline float bce_logits_grad(float x, float t, float dy) {\n"
-                         "    float e = rt_expf(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
+                         "    float e = rt_expf_nonpos(-fabsf(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
                          "    return dy * (s - t);\n}\n"},
 };
 

@@ -83,7 +83,7 @@ static inline float row_max(float m, const float *s, int64_t n) {
 static inline void lanes_exp(double *restrict part, float *restrict s, float mx, int64_t n) {
 #pragma omp simd
     for (int64_t l = 0; l < n; l++) {
-        const float e = rt_expf(s[l] - mx);
+        const float e = rt_expf_nonpos(s[l] - mx);
         s[l] = e;
         part[l] += e;
     }
@@ -140,7 +140,7 @@ void rt_attention_fwd(const RtAttn *a, const float *q, const float *k, const flo
                     memset(s, 0, (size_t)live * sizeof *s);
                     continue;
                 }
-                const float alpha = rt_expf(m[r] - mx);
+                const float alpha = rt_expf_nonpos(m[r] - mx);
                 l[r] = l[r] * alpha + (float)exp_sum(s, live, mx);
                 m[r] = mx;
                 if (a->dropout > 0) /* the sum above is the undropped one: o gets the dropped probabilities */

@@ -112,6 +112,29 @@ RT_BITS_FN float rt_expf(float x) {
     return x < lo ? 0.0f : x > hi ? rt_float_of(0x7f800000u) : v;
 }
 
+/* rt_expf(x) for x <= 0, bit for bit, in fewer operations (0.55 ns an element where rt_expf
+ * takes 0.89, on an AVX2 EPYC): a softmax's e^(x - max), a sigmoid's e^-|x|. Here n is in
+ * [-126, 0], so 2^n is one normal factor and p 2^n rounds once, as p 2^h 2^(n-h) does (the
+ * first product is exact), and nothing overflows, so x needs no upper clamp. The same holds up
+ * to x < 88 (n <= 127), where cross-entropy's x - lse may land when the lse is recovered from the
+ * rounded loss; not above. Every float below 88 gave rt_expf's bits when this was written (all
+ * 3.27e9, vectorised for x86-64 and x86-64-v3); test_kernels checks every 97th. */
+RT_BITS_FN float rt_expf_nonpos(float x) {
+    const float lo = -87.3365479f, big = 12582912.0f;
+    const float xc = x < lo ? lo : x;
+    const float t = xc * 1.44269504088896341f + big, n = t - big;
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const float v = p * rt_float_of((rt_bits_of(t) - rt_bits_of(big) + 127) << 23);
+    return x < lo ? 0.0f : v;
+}
+
 /* erf(x) in float, within 2 ulp of the exact value (test_erff; measured 1.3), branch-free so
  * that the exact GELU's loops vectorise, and the same bits on both backends. Two pieces, both
  * computed and one chosen:

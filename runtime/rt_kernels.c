@@ -333,7 +333,7 @@ static void check_labels(int64_t rows, int64_t cols, const int64_t *label, const
 /* The lanes of a row's sum of exp(x - m): part[l] += e^(x[l] - m), for l < n. */
 static inline void lanes_exp_add(double *restrict part, const float *restrict x, float m, int64_t n) {
 #pragma omp simd
-    for (int64_t l = 0; l < n; l++) part[l] += rt_expf(x[l] - m);
+    for (int64_t l = 0; l < n; l++) part[l] += rt_expf_nonpos(x[l] - m);
 }
 
 /* log(sum(exp(x))) of one row, stable. The maximum is exact in any order, so the compiler may
@@ -401,7 +401,7 @@ static void xent_bwd(int64_t rows, int64_t cols, const float *logits, const int6
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) {
             double target = off + (j == hit ? 1.0 - smoothing : 0.0);
-            d[j] = (float)(dloss[r] * ((double)rt_expf((float)((double)x[j] - lse)) - target));
+            d[j] = (float)(dloss[r] * ((double)rt_expf_nonpos((float)((double)x[j] - lse)) - target));
         }
     }
 }

@@ -524,6 +524,25 @@ static void test_expf(void **state) {
     assert_true(rt_expf(0.0f) == 1.0f && rt_expf(-0.0f) == 1.0f && isnan(rt_expf(NAN)));
 }
 
+/* rt_expf_nonpos gives rt_expf's bits for every 97th float below 88 (every non-positive float,
+ * -inf and the NaNs with the sign bit among them, and the positive ones whose 2^n it still
+ * takes as one normal factor), so that the kernels may call either where x <= 0. */
+static void test_expf_nonpos(void **state) {
+    (void)state;
+    uint64_t differ = 0, tried = 0;
+    for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 97) {
+        const float x = rt_float_of((uint32_t)bits);
+        if (!(x < 88.0f) && x == x) continue;
+        const float want = rt_expf(x), got = rt_expf_nonpos(x);
+        tried++;
+        if (rt_bits_of(got) != rt_bits_of(want) && !(isnan(got) && isnan(want)) && differ++ < 5)
+            print_error("rt_expf_nonpos(%a) = %a, rt_expf %a\n", x, got, want);
+    }
+    print_message("rt_expf_nonpos: %llu floats, %llu differ\n", (unsigned long long)tried, (unsigned long long)differ);
+    assert_int_equal(differ, 0);
+    assert_true(rt_expf_nonpos(0.0f) == 1.0f && rt_expf_nonpos(-INFINITY) == 0.0f);
+}
+
 /* rt_erff against the exact erf at every 97th float with |x| < 6 (erf is 1 beyond, in float),
  * both signs: within 2 ulp of the float nearest the exact value. */
 static void test_erff(void **state) {
@@ -567,7 +586,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),          cmocka_unit_test(test_ignored_rows), cmocka_unit_test(test_expf),
-        cmocka_unit_test(test_erff),
+        cmocka_unit_test(test_expf_nonpos),   cmocka_unit_test(test_erff),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
