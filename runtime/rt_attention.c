@@ -175,16 +175,12 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
         for (int64_t r = 0; r < rows; r++) {
             float *p = P + r * n;
             const int64_t live = keys_live(a, i0 + r, 0, n);
-            memset(p + live, 0, (size_t)(n - live) * sizeof *p);
             mask_row(a, mask, mbase, i0 + r, 0, live, p);
             const float mx = row_max(-INFINITY, p, live);
-            if (mx == -INFINITY) { /* no key: no probability, no gradient */
-                memset(p, 0, (size_t)live * sizeof *p);
-            } else {
-                const double sum = exp_sum(p, live, mx);
-                const float inv = (float)(1.0 / sum);
-                for (int64_t c = 0; c < live; c++) p[c] *= inv;
-            }
+            const int64_t seen = mx == -INFINITY ? 0 : live; /* no key: no probability, no gradient */
+            const float inv = seen ? (float)(1.0 / exp_sum(p, live, mx)) : 0.0f;
+            /* the keys left out set to 0 in the same loop: a memset call per row cost more */
+            for (int64_t c = 0; c < n; c++) p[c] = c < seen ? p[c] * inv : 0.0f;
             double d = 0;
             for (int64_t e = 0; e < E; e++) d += (double)gi[r * ldo + e] * oi[r * ldo + e];
             delta[r] = (float)d;
@@ -196,15 +192,16 @@ static void bwd_slice(const RtAttn *a, int64_t bh, const float *q, const float *
         for (int64_t r = 0; r < rows; r++) {
             float *pr = P + r * n, *dr = dP + r * n;
             const int64_t live = keys_live(a, i0 + r, 0, n);
-            if (a->dropout > 0)
+            if (a->dropout > 0) {
                 for (int64_t c = 0; c < live; c++) {
                     const float z = rt_attn_drop(a, bh, i0 + r, c, inv_keep);
                     dr[c] = pr[c] * (z * dr[c] - delta[r]);
                     pr[c] *= z;
                 }
-            else
-                for (int64_t c = 0; c < live; c++) dr[c] = pr[c] * (dr[c] - delta[r]);
-            memset(dr + live, 0, (size_t)(n - live) * sizeof *dr);
+                memset(dr + live, 0, (size_t)(n - live) * sizeof *dr);
+            } else {
+                for (int64_t c = 0; c < n; c++) dr[c] = c < live ? pr[c] * (dr[c] - delta[r]) : 0.0f;
+            }
         }
         rt_gemm(1, 0, n, E, rows, 1.0f, P, n, gi, ldo, 1.0f, dvb, ldv);
         rt_gemm(0, 0, rows, D, n, a->scale, dP, n, kb, ldk, 0.0f, dq + at_q + i0 * ldq, ldq);
