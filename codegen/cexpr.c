@@ -903,10 +903,12 @@ static const struct {
                          "    return dy * (s - t);\n}\n"},
 };
 
-/* A helper's code with its declarations qualified for the backend (c->fn_qual). */
+/* A helper's code with its declarations qualified for the backend (c->fn_qual; in C always
+ * inlined, as rt_bits.h's functions are: the loop that calls a helper vectorises only if it is
+ * inlined, which GCC's -O2 heuristics do not promise for the larger ones). */
 static void put_helper(Cg *c, const char *code) {
     static const char plain[] = "static inline ";
-    const char *q = c->fn_qual ? c->fn_qual : plain;
+    const char *q = c->fn_qual ? c->fn_qual : "static inline __attribute__((always_inline)) ";
     for (const char *at; (at = strstr(code, plain)); code = at + sizeof plain - 1) {
         fwrite(code, 1, (size_t)(at - code), c->out);
         fputs(q, c->out);

@@ -17,7 +17,10 @@ RT_BITS_FN float rt_float_of(uint32_t u) { return __uint_as_float(u); }
 #else
 #include <stdint.h>
 #include <string.h>
-#define RT_BITS_FN static inline
+/* always inlined, as __forceinline__ on the device: a loop that calls one of these (a generated
+ * activation's) vectorises only if the call is inlined, and GCC's -O2 heuristics declined some
+ * once an activation called two of them (the exact GELU's gradient: rt_erff and rt_expf_nonpos) */
+#define RT_BITS_FN static inline __attribute__((always_inline))
 RT_BITS_FN uint32_t rt_bits_of(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -86,6 +89,20 @@ RT_BITS_FN uint16_t rt_f32_to_f16(float f) {
     return (uint16_t)half;
 }
 
+/* rt_expf's steps up to 2^n, shared with rt_expf_nonpos: e^r for xc's reduced argument r, and
+ * *t, whose low bits hold n. */
+RT_BITS_FN float rt_exp_reduced(float xc, float *t) {
+    *t = xc * 1.44269504088896341f + 12582912.0f;
+    const float n = *t - 12582912.0f, r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return p * r * r + r + 1.0f;
+}
+
 /* e^x, within 2 ulp of the exact value for x in [-87.33, 88.72] (tests/runtime/test_kernels.c
  * measures it), in arithmetic a compiler vectorizes: libm's expf is a call per element, which
  * keeps the loops of the activations that read it (sigmoid, SiLU, GELU's tanh form) scalar, and
@@ -96,16 +113,8 @@ RT_BITS_FN uint16_t rt_f32_to_f16(float f) {
  * (-87.34) it is 0 where expf gives subnormals, above ln FLT_MAX +inf, NaN stays NaN. */
 RT_BITS_FN float rt_expf(float x) {
     const float lo = -87.3365479f, hi = 88.7228394f, big = 12582912.0f;
-    const float xc = x < lo ? lo : x > hi ? hi : x;
-    const float t = xc * 1.44269504088896341f + big, n = t - big;
-    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float t;
+    const float p = rt_exp_reduced(x < lo ? lo : x > hi ? hi : x, &t);
     const int32_t ni = (int32_t)(rt_bits_of(t) - rt_bits_of(big)), h = ni / 2;
     const float s1 = rt_float_of((uint32_t)(h + 127) << 23), s2 = rt_float_of((uint32_t)(ni - h + 127) << 23);
     const float v = p * s1 * s2; /* computed for every x, then chosen, so that the loop has no branch */
@@ -121,16 +130,8 @@ RT_BITS_FN float rt_expf(float x) {
  * 3.27e9, vectorised for x86-64 and x86-64-v3); test_kernels checks every 97th. */
 RT_BITS_FN float rt_expf_nonpos(float x) {
     const float lo = -87.3365479f, big = 12582912.0f;
-    const float xc = x < lo ? lo : x;
-    const float t = xc * 1.44269504088896341f + big, n = t - big;
-    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float t;
+    const float p = rt_exp_reduced(x < lo ? lo : x, &t);
     const float v = p * rt_float_of((rt_bits_of(t) - rt_bits_of(big) + 127) << 23);
     return x < lo ? 0.0f : v;
 }
