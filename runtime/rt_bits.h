@@ -90,10 +90,11 @@ RT_BITS_FN uint16_t rt_f32_to_f16(float f) {
 }
 
 /* rt_expf's steps up to 2^n, shared with rt_expf_nonpos: e^r for xc's reduced argument r, and
- * *t, whose low bits hold n. */
-RT_BITS_FN float rt_exp_reduced(float xc, float *t) {
-    *t = xc * 1.44269504088896341f + 12582912.0f;
-    const float n = *t - 12582912.0f, r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+ * *ni = n = round(xc / ln 2) (t's low bits, t = xc / ln 2 + 1.5 * 2^23). */
+RT_BITS_FN float rt_exp_reduced(float xc, int32_t *ni) {
+    const float big = 12582912.0f, t = xc * 1.44269504088896341f + big, n = t - big;
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    *ni = (int32_t)(rt_bits_of(t) - rt_bits_of(big));
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -112,10 +113,10 @@ RT_BITS_FN float rt_exp_reduced(float xc, float *t) {
  * within 2^-7 of ln FLT_MAX) neither overflows early nor rounds twice. Below ln FLT_MIN
  * (-87.34) it is 0 where expf gives subnormals, above ln FLT_MAX +inf, NaN stays NaN. */
 RT_BITS_FN float rt_expf(float x) {
-    const float lo = -87.3365479f, hi = 88.7228394f, big = 12582912.0f;
-    float t;
-    const float p = rt_exp_reduced(x < lo ? lo : x > hi ? hi : x, &t);
-    const int32_t ni = (int32_t)(rt_bits_of(t) - rt_bits_of(big)), h = ni / 2;
+    const float lo = -87.3365479f, hi = 88.7228394f;
+    int32_t ni;
+    const float p = rt_exp_reduced(x < lo ? lo : x > hi ? hi : x, &ni);
+    const int32_t h = ni / 2;
     const float s1 = rt_float_of((uint32_t)(h + 127) << 23), s2 = rt_float_of((uint32_t)(ni - h + 127) << 23);
     const float v = p * s1 * s2; /* computed for every x, then chosen, so that the loop has no branch */
     return x < lo ? 0.0f : x > hi ? rt_float_of(0x7f800000u) : v;
@@ -129,10 +130,10 @@ RT_BITS_FN float rt_expf(float x) {
  * rounded loss; not above. Every float below 88 gave rt_expf's bits when this was written (all
  * 3.27e9, vectorised for x86-64 and x86-64-v3); test_kernels checks every 97th. */
 RT_BITS_FN float rt_expf_nonpos(float x) {
-    const float lo = -87.3365479f, big = 12582912.0f;
-    float t;
-    const float p = rt_exp_reduced(x < lo ? lo : x, &t);
-    const float v = p * rt_float_of((rt_bits_of(t) - rt_bits_of(big) + 127) << 23);
+    const float lo = -87.3365479f;
+    int32_t ni;
+    const float p = rt_exp_reduced(x < lo ? lo : x, &ni);
+    const float v = p * rt_float_of((uint32_t)(ni + 127) << 23);
     return x < lo ? 0.0f : v;
 }
 
