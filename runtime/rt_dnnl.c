@@ -162,8 +162,8 @@ static dnnl_memory_t user_mem(MdRef md) {
  * oneDNN's (runtime_dnnl_accuracy). Rows go in chunks of at most RT_WGRAD_COL_FLOATS columns'
  * floats (a chunk after the first adds to the product: beta 1), so the scratch is bounded
  * whatever the batch; the chunks are a function of the geometry alone, so are the bits. A chunk
- * of 4 MiB is still in the cache when the sgemm packs it: 2-8 % faster than 32 MiB chunks on
- * ResNet-18's 3x3 geometries at batch 32 (above 1 MiB chunks make no difference there). With
+ * of 4 MiB is still in the cache when the sgemm packs it: 1-8 % faster than 32 MiB chunks on
+ * ResNet-18's 3x3 geometries at batch 32 on the AVX2 EPYC (1, 4 and 8 MiB measured alike). With
  * AVX-512 oneDNN's own kernel (jit:avx512_core) runs at about 93 % of the matmul peak and stays.
  * So does it below RT_WGRAD_MIN_C input channels, where the im2col's copies are too short to pay
  * (LeNet's 1 and 6 channels: half its step in the im2col, at 1x PyTorch's speed against 2.6x). */
