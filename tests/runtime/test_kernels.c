@@ -349,6 +349,41 @@ static void test_accuracy(void **state) {
     assert_true(rt_accuracy(3, 3, logits, label, 1) == 1.0f);
 }
 
+/* One product of test_gemm: C = alpha op(A) op(B) + beta C, scaled or not, checked element by
+ * element, and C's columns past N (scaled: a row stride 3 wider) untouched. */
+static void gemm_case(int64_t M, int64_t N, int64_t K, int ta, int tb, int scaled) {
+    const int64_t pad = scaled ? 3 : 0, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const float alpha = scaled ? 0.5f : 1.0f, beta = scaled ? 1.0f : 0.0f;
+    const double n_terms = (double)(K + scaled), gamma = n_terms * 0x1p-24 / (1 - n_terms * 0x1p-24);
+    float *a = randv((ta ? K : M) * lda), *b = randv((tb ? N : K) * ldb), *c = randv(M * ldc);
+    float *c0 = malloc(sizeof *c0 * (size_t)(M * ldc));
+    memcpy(c0, c, sizeof *c0 * (size_t)(M * ldc));
+    rt_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = N; j < ldc; j++)
+            if (c[i * ldc + j] != c0[i * ldc + j]) {
+                print_error("gemm %lldx%lldx%lld ta %d tb %d wrote C[%lld,%lld] past its %lld columns\n", (long long)M,
+                            (long long)N, (long long)K, ta, tb, (long long)i, (long long)j, (long long)N);
+                fail();
+            }
+        for (int64_t j = 0; j < N; j++) {
+            double sum = scaled ? c0[i * ldc + j] : 0, mag = fabs(sum);
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)alpha * (ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
+                sum += p, mag += fabs(p);
+            }
+            double bound = gamma * mag;
+            if (fabs(c[i * ldc + j] - sum) > bound) {
+                print_error("gemm %lldx%lldx%lld ta %d tb %d alpha %g beta %g [%lld,%lld]: got %.9g want %.9g (bound %g)\n",
+                            (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, (long long)i, (long long)j,
+                            c[i * ldc + j], sum, bound);
+                fail();
+            }
+        }
+    }
+    free(a), free(b), free(c), free(c0);
+}
+
 /* rt_gemm on whichever library NETC_GEMM and the CPU route it to (CMakeLists.txt runs this file
  * under each route): a tiny product, a skinny one (a LoRA adapter's rank) and one past
  * GEMM_DNNL_MIN, in every orientation, each element within gamma_K sum_k |a_ik b_kj| of its
@@ -363,43 +398,7 @@ static void test_gemm(void **state) {
     for (int scaled = 0; scaled < 2; scaled++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (int ta = 0; ta < 2; ta++)
-                for (int tb = 0; tb < 2; tb++) {
-                    const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], pad = scaled ? 3 : 0;
-                    const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-                    const float alpha = scaled ? 0.5f : 1.0f, beta = scaled ? 1.0f : 0.0f;
-                    const double n_terms = (double)(K + scaled), gamma = n_terms * 0x1p-24 / (1 - n_terms * 0x1p-24);
-                    float *a = randv((ta ? K : M) * lda), *b = randv((tb ? N : K) * ldb), *c = randv(M * ldc);
-                    float *c0 = malloc(sizeof *c0 * (size_t)(M * ldc));
-                    memcpy(c0, c, sizeof *c0 * (size_t)(M * ldc));
-                    rt_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
-                    for (int64_t i = 0; i < M; i++)
-                        for (int64_t j = 0; j < ldc; j++) {
-                            if (j >= N) { /* past the columns: untouched */
-                                if (c[i * ldc + j] != c0[i * ldc + j]) {
-                                    print_error("gemm %lldx%lldx%lld ta %d tb %d wrote C[%lld,%lld] past its %lld columns\n",
-                                                (long long)M, (long long)N, (long long)K, ta, tb, (long long)i,
-                                                (long long)j, (long long)N);
-                                    fail();
-                                }
-                                continue;
-                            }
-                            double sum = scaled ? c0[i * ldc + j] : 0, mag = fabs(sum);
-                            for (int64_t k = 0; k < K; k++) {
-                                double p = (double)alpha * (ta ? a[k * lda + i] : a[i * lda + k]) *
-                                           (tb ? b[j * ldb + k] : b[k * ldb + j]);
-                                sum += p, mag += fabs(p);
-                            }
-                            double bound = gamma * mag;
-                            if (fabs(c[i * ldc + j] - sum) > bound) {
-                                print_error("gemm %lldx%lldx%lld ta %d tb %d alpha %g beta %g [%lld,%lld]: got %.9g "
-                                            "want %.9g (bound %g)\n",
-                                            (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, (long long)i,
-                                            (long long)j, c[i * ldc + j], sum, bound);
-                                fail();
-                            }
-                        }
-                    free(a), free(b), free(c), free(c0);
-                }
+                for (int tb = 0; tb < 2; tb++) gemm_case(shapes[s][0], shapes[s][1], shapes[s][2], ta, tb, scaled);
 }
 
 /* ---- the labelled rows only (rt_row_order, rt_row_compact, rt_gemm_rows) */
