@@ -1,4 +1,6 @@
-/* rt_dnnl.c - channels-last (NHWC) convolutions through oneDNN.
+/* rt_dnnl.c - channels-last (NHWC) convolutions through oneDNN, and the two the runtime does
+ * itself where they are faster: without AVX-512, weight gradients by im2col + sgemm and 3x3
+ * convolutions of stride 1 by Winograd's F(2x2, 3x3) (rt_winograd.c).
  *
  * Activations are NHWC, weights stay in PyTorch's [K, C/groups, R, S] (oihw) layout, so weight
  * files never change. Each generated convolution call owns one RtConvPlan (a static pointer in
@@ -19,12 +21,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "netrt.h"
+#include "rt_internal.h"
 
 enum { FWD, BWD_DATA, BWD_WEIGHTS };
 
+/* A result oneDNN does not compute: a weight gradient by im2col + sgemm, a 3x3 convolution by
+ * Winograd's F(2x2, 3x3) (rt_winograd.c). */
+enum { LIBRARY, IM2COL, WINOGRAD };
+
 struct RtConvPlan {
-    dnnl_primitive_t conv;           /* NULL for a weight gradient by im2col + sgemm */
+    int own;                         /* LIBRARY, or the runtime's own: IM2COL, WINOGRAD */
+    dnnl_primitive_t conv;           /* oneDNN's primitive (LIBRARY only) */
     dnnl_memory_t act_in, act_out;   /* the NHWC activation operands (user pointers) */
     dnnl_memory_t wei_user, wei_lib; /* oihw weights (user) and oneDNN's format (same when equal) */
     dnnl_primitive_t reorder;        /* oihw -> library format (forward, data) or back (weights) */
@@ -169,20 +176,33 @@ static dnnl_memory_t user_mem(MdRef md) {
  * (LeNet's 1 and 6 channels: half its step in the im2col, at 1x PyTorch's speed against 2.6x). */
 enum { RT_WGRAD_COL_FLOATS = 1 << 20, RT_WGRAD_MIN_C = 32 };
 
-static int gemm_weight_gradient(const RtConv *c) {
+static int avx512(void) {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+    return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+}
+
+static int gemm_weight_gradient(const RtConv *c) {
+    return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && !avx512();
+}
+
+/* Winograd's F(2x2, 3x3) for the forward and the data gradient of the 3x3 convolutions it takes
+ * (rt_winograd.c), where oneDNN has no AVX-512 kernels: on the 2-core AVX2 EPYC 1.3-1.7x
+ * brgconv:avx2's speed on ResNet-18's four 3x3 geometries at batch 32, each direction. With
+ * AVX-512 oneDNN's direct kernels, at about 93 % of the matmul peak, stay; so does every
+ * convolution under NETC_CONV=direct. */
+static int winograd(const RtConv *c, int kind) {
+    return kind != BWD_WEIGHTS && rt_winograd_fits(c) && !avx512() && !rt_conv_direct();
 }
 
 /* One scratch for every plan: the trainer runs one convolution at a time. */
-static float *wgrad_scratch(size_t floats) {
+static float *conv_scratch(size_t floats) {
     static float *buf;
     static size_t have;
     if (floats > have) {
         free(buf);
         buf = malloc(floats * sizeof *buf);
         if (!buf) {
-            fprintf(stderr, "error: out of memory for a convolution's weight-gradient scratch (%zu floats)\n", floats);
+            fprintf(stderr, "error: out of memory for a convolution's scratch (%zu floats)\n", floats);
             exit(1);
         }
         have = floats;
@@ -217,7 +237,7 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
     int64_t rsc = c->R * c->S * c->C, rows = c->N * c->P * c->Q;
     int64_t chunk = RT_WGRAD_COL_FLOATS / rsc > 0 ? RT_WGRAD_COL_FLOATS / rsc : 1;
     if (chunk > rows) chunk = rows;
-    float *col = wgrad_scratch((size_t)(chunk * rsc + c->K * rsc)), *dw_krsc = col + chunk * rsc;
+    float *col = conv_scratch((size_t)(chunk * rsc + c->K * rsc)), *dw_krsc = col + chunk * rsc;
     for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
         int64_t m1 = m0 + chunk < rows ? m0 + chunk : rows;
         im2col_rows(c, x, m0, m1, col);
@@ -234,7 +254,9 @@ static RtConvPlan *make_plan(const RtConv *c, int kind) {
     init_engine();
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
-    if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) return p; /* no primitive: gemm_bwd_filter */
+    if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) p->own = IM2COL; /* gemm_bwd_filter */
+    if (winograd(c, kind)) p->own = WINOGRAD;
+    if (p->own) return p; /* no primitive */
     MemDesc x = act_md(c->N, c->C, c->H, c->W), y = act_md(c->N, c->K, c->P, c->Q);
     MemDesc w_user = wei_md(c, 0), w_any = wei_md(c, 1);
     Geometry g = geometry(c);
@@ -272,6 +294,7 @@ static void run_reorder(RtConvPlan *p, int to_user) {
 void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, const float *w, float *y) {
     if (!*plan) *plan = make_plan(c, FWD);
     RtConvPlan *p = *plan;
+    if (p->own == WINOGRAD) return rt_winograd_fwd(c, x, w, y, conv_scratch(rt_winograd_scratch(c)));
     dnnl_memory_set_data_handle(p->wei_user, (void *)w);
     dnnl_memory_set_data_handle(p->act_in, (void *)x);
     dnnl_memory_set_data_handle(p->act_out, y);
@@ -284,6 +307,7 @@ void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, cons
 void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy, const float *w, float *dx) {
     if (!*plan) *plan = make_plan(c, BWD_DATA);
     RtConvPlan *p = *plan;
+    if (p->own == WINOGRAD) return rt_winograd_bwd_data(c, dy, w, dx, conv_scratch(rt_winograd_scratch(c)));
     dnnl_memory_set_data_handle(p->wei_user, (void *)w);
     dnnl_memory_set_data_handle(p->act_in, (void *)dy);
     dnnl_memory_set_data_handle(p->act_out, dx);
@@ -297,10 +321,7 @@ void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy
 void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw) {
     if (!*plan) *plan = make_plan(c, BWD_WEIGHTS);
     RtConvPlan *p = *plan;
-    if (!p->conv) {
-        gemm_bwd_filter(c, x, dy, dw);
-        return;
-    }
+    if (p->own == IM2COL) return gemm_bwd_filter(c, x, dy, dw);
     dnnl_memory_set_data_handle(p->act_in, (void *)x);
     dnnl_memory_set_data_handle(p->act_out, (void *)dy);
     dnnl_memory_set_data_handle(p->wei_user, dw);
@@ -314,7 +335,7 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
 const char *rt_conv_plan_impl(const RtConvPlan *p) {
     const_dnnl_primitive_desc_t pd;
     const char *impl = "?";
-    if (!p->conv) return "im2col+sgemm";
+    if (p->own) return p->own == IM2COL ? "im2col+sgemm" : "winograd";
     if (dnnl_primitive_get_primitive_desc(p->conv, &pd) == dnnl_success)
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     return impl;
@@ -322,7 +343,7 @@ const char *rt_conv_plan_impl(const RtConvPlan *p) {
 
 void rt_conv_plan_free(RtConvPlan *p) {
     if (!p) return;
-    if (!p->conv) return free(p);
+    if (p->own) return free(p);
     dnnl_primitive_destroy(p->conv);
     if (p->reorder) dnnl_primitive_destroy(p->reorder);
     if (p->wei_lib != p->wei_user) dnnl_memory_destroy(p->wei_lib);

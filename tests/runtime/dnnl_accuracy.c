@@ -22,9 +22,14 @@
  * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
- * It also asserts the path of each result (the weight gradient's im2col+sgemm exactly where
- * rt_dnnl.c's rule puts it). With --report it prints the same table and asserts only the
- * instruction set and the paths.
+ * It also asserts the path of each result: the weight gradient's im2col+sgemm, and the forward and
+ * data gradient by Winograd's F(2x2, 3x3) (rt_winograd.c: without AVX-512, 3x3 of stride 1 and
+ * padding 1 from 32 channels in and out, unless NETC_CONV=direct), exactly where rt_dnnl.c's rules
+ * put them. Winograd's results, measured here on the AVX2 EPYC: 0.3-0.4x the loop's error (its sums
+ * over the channels run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
+ * include an odd height, an odd width, channels in and out unequal, and tile counts that fill
+ * rt_winograd.c's blocks partly and that make one block. With --report it prints the same table
+ * and asserts only the instruction set and the paths.
  */
 #include <dnnl.h>
 #include <math.h>
@@ -138,11 +143,21 @@ static dnnl_cpu_isa_t best_isa(void) {
     return dnnl_cpu_isa_sse41;
 }
 
-/* Results that took another path than rt_dnnl.c's rule gives: without AVX-512, the weight
- * gradient of a convolution of at least 32 input channels is the runtime's im2col and sgemm;
- * every other result is a oneDNN primitive's. A silent fallback would change the speed and the
- * rounding this table measures. */
+/* Results that took another path than rt_dnnl.c's rules give: without AVX-512, the weight
+ * gradient of a convolution of at least 32 input channels is the runtime's im2col and sgemm, and
+ * the forward and data gradient of a 3x3 convolution of stride 1 and padding 1 with at least 32
+ * channels in and out are Winograd's (unless NETC_CONV=direct); every other result is a oneDNN
+ * primitive's. A silent fallback would change the speed and the rounding this table measures. */
 static int wrong_paths;
+
+static const char *expected_path(const RtConv *c, int dir, int avx512) {
+    const char *direct = getenv("NETC_CONV");
+    int wino = c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
+               c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->C >= 32 && c->K >= 32;
+    if (avx512) return NULL;
+    if (dir == BWD_WEIGHTS) return c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
+    return wino && !(direct && strcmp(direct, "direct") == 0) ? "winograd" : NULL;
+}
 
 /* One geometry, three directions; returns how many results are beyond the bound. */
 static int check(const char *name, RtConv c) {
@@ -163,11 +178,12 @@ static int check(const char *name, RtConv c) {
         int bad = !(e <= 4 * e_loop + 1e-7);
         dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
         int avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
-        int want_sgemm = dir == BWD_WEIGHTS && c.C >= 32 && !avx512;
-        int wrong = (strcmp(rt_conv_plan_impl(plan), "im2col+sgemm") == 0) != want_sgemm;
-        printf("  %-16s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s%s\n", name, direction[dir],
-               rt_conv_plan_impl(plan), e, e_loop, e / e_loop, bad ? "  <- above 4x" : "",
-               wrong ? (want_sgemm ? "  <- expected im2col+sgemm" : "  <- expected a oneDNN primitive") : "");
+        const char *want = expected_path(&c, dir, avx512), *impl = rt_conv_plan_impl(plan);
+        int own = strcmp(impl, "im2col+sgemm") == 0 || strcmp(impl, "winograd") == 0;
+        int wrong = want ? strcmp(impl, want) != 0 : own;
+        printf("  %-18s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s%s%s\n", name, direction[dir], impl, e,
+               e_loop, e / e_loop, bad ? "  <- above 4x" : "", wrong ? "  <- expected " : "",
+               wrong ? (want ? want : "a oneDNN primitive") : "");
         wrong_paths += wrong;
         failed += bad;
         rt_conv_plan_free(plan);
@@ -187,11 +203,15 @@ int main(int argc, char **argv) {
     }
     /* ResNet-18 (CIFAR) at batch 8: its 3x3 stem, a 3x3 layer at 32x32 (at width 16 and 64), the
      * stride-2 3x3 and its 1x1 shortcut, a stride-2 3x3 of the third stage; ResNet-50's 7x7
-     * stride-2 stem on 3 channels. */
+     * stride-2 stem on 3 channels. Every input is one column wider than high (geometry()); for
+     * Winograd also 29 x 30 at batch 5 (1125 tiles: 8 blocks of 128 and one of 101) and 7 x 8 at
+     * batch 4, 128 channels to 96 (48 tiles: one block). */
     struct { const char *name; RtConv c; } cases[] = {
         {"3x3 stem 3->64", geometry(8, 3, 32, 64, 3, 1, 1, 1, 1)},
         {"3x3 16->16", geometry(8, 16, 32, 16, 3, 1, 1, 1, 1)},
         {"3x3 64->64", geometry(8, 64, 32, 64, 3, 1, 1, 1, 1)},
+        {"3x3 32->64 29x30", geometry(5, 32, 29, 64, 3, 1, 1, 1, 1)},
+        {"3x3 128->96 7x8", geometry(4, 128, 7, 96, 3, 1, 1, 1, 1)},
         {"3x3/2 64->128", geometry(8, 64, 32, 128, 3, 2, 1, 1, 1)},
         {"1x1/2 64->128", geometry(8, 64, 32, 128, 1, 2, 0, 1, 1)},
         {"3x3/2 128->256", geometry(8, 128, 16, 256, 3, 2, 1, 1, 1)},

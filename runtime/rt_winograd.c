@@ -1,0 +1,191 @@
+/* rt_winograd.c - 3x3 convolutions of stride 1 and padding 1 by Winograd's minimal filtering
+ * F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on
+ * channels-last activations, forward and data gradient. rt_dnnl.c sends them here where the CPU
+ * has no AVX-512 (rt_winograd_fits says which geometries).
+ *
+ * The output is cut into 2x2 tiles; tile t reads the 4x4 input patch d at (2i - 1, 2j - 1) (zero
+ * outside the image). Per input channel c and output channel k
+ *   y_tile = A^T [ sum_c (G g_kc G^T) . (B^T d_c B) ] A
+ * where . is the element-wise product of 4x4 matrices: the sum over c is 16 matrix products, one
+ * per position xi of the 4x4 transformed tile, M_xi[t][k] = sum_c V_xi[t][c] U_xi[k][c], each
+ * computed by rt_gemm. That is 16 multiplications per tile and channel pair where the direct
+ * convolution takes 36: 2.25x fewer, paid for by the transforms of the inputs and the outputs
+ * (additions only, along contiguous channels) and of the weights (once per call, in place of
+ * oneDNN's reorder of the weights to its blocked format).
+ *
+ * The data gradient is the same correlation of dy, padded by 1, with the weights turned by 180
+ * degrees and their two channel axes swapped: dx[c] = sum_k dy[k] * rot(w[k][c]). U keeps the
+ * weights' [k][c] order in both directions (the forward reads it transposed).
+ *
+ * Rounding: every transform's coefficient is 0, +-1 or +-1/2, so each transformed value is a
+ * sum of at most 9 terms; the error of an output is within gamma_(C+10) of the sum of the
+ * magnitudes of its terms with every matrix's entries taken absolute (tests/runtime/
+ * dnnl_accuracy.c measures it against float64). The tiles go in blocks of RT_WINO_TILES, a
+ * function of the geometry alone, so are the bits whatever the number of threads.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_internal.h"
+
+/* Tiles per block: a block's transformed inputs and products (16 x 128 x (C + K) floats, 1 MiB
+ * at 64 channels) stay in the cache from the input transform through the products to the output
+ * transform. Fewer than RT_WINO_BLOCKED tiles go as one block, whose products oneDNN threads: a
+ * block per thread would leave the products too few rows. Measured on the 2-core AVX2 EPYC, ResNet-
+ * 18's geometries at batch 32: blocks of 128 tiles 1.3-1.7x oneDNN's brgconv:avx2, one block 1.1-1.5x. */
+enum { RT_WINO_TILES = 128, RT_WINO_BLOCKED = 8 * RT_WINO_TILES, RT_WINO_MIN_CHANNELS = 32 };
+
+int rt_winograd_fits(const RtConv *c) {
+    return c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
+           c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->P == c->H && c->Q == c->W &&
+           c->C >= RT_WINO_MIN_CHANNELS && c->K >= RT_WINO_MIN_CHANNELS;
+}
+
+static int64_t tiles(const RtConv *c) { return c->N * ((c->H + 1) / 2) * ((c->W + 1) / 2); }
+
+/* Tiles in a block, and whether each thread takes blocks of its own. */
+static int64_t block_tiles(const RtConv *c) {
+    return tiles(c) >= RT_WINO_BLOCKED ? RT_WINO_TILES : tiles(c);
+}
+
+size_t rt_winograd_scratch(const RtConv *c) {
+    int64_t tb = block_tiles(c), blocks = tb == tiles(c) ? 1 : omp_get_max_threads();
+    return (size_t)(16 * c->K * c->C + blocks * tb * 16 * (c->C + c->K));
+}
+
+/* u[xi * stride] = (G g G^T)[xi] for the 3x3 g read with steps rs (rows) and ss (columns):
+ * negative steps from its last element turn it by 180 degrees. G's rows: (1, 0, 0),
+ * (1/2, 1/2, 1/2), (1/2, -1/2, 1/2), (0, 0, 1). */
+static void filter_tile(const float *g, int64_t rs, int64_t ss, float *u, int64_t stride) {
+    float t[4][3];
+    for (int s = 0; s < 3; s++) {
+        const float g0 = g[s * ss], g1 = g[rs + s * ss], g2 = g[2 * rs + s * ss];
+        t[0][s] = g0, t[1][s] = 0.5f * (g0 + g1 + g2), t[2][s] = 0.5f * (g0 - g1 + g2), t[3][s] = g2;
+    }
+    for (int i = 0; i < 4; i++) {
+        u[(4 * i + 0) * stride] = t[i][0];
+        u[(4 * i + 1) * stride] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        u[(4 * i + 2) * stride] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        u[(4 * i + 3) * stride] = t[i][2];
+    }
+}
+
+/* U[xi][k][c] from w [K][C][3][3], turned for the data gradient. A row of k goes through a local
+ * buffer: written straight, the 16 planes K·C floats apart fall on the same cache sets (at 512
+ * channels they are 1 MiB apart) and the transform took 3x as long. */
+static void filter_transform(const RtConv *c, const float *w, int turned, float *U) {
+    enum { CB = 256 };
+    const int64_t K = c->K, C = c->C;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < K; k++) {
+        float u[16 * CB];
+        for (int64_t c0 = 0; c0 < C; c0 += CB) {
+            const int64_t cn = C - c0 < CB ? C - c0 : CB;
+            const float *g = w + (k * C + c0) * 9;
+            for (int64_t i = 0; i < cn; i++) {
+                if (turned) filter_tile(g + 9 * i + 8, -3, -1, u + i, CB);
+                else filter_tile(g + 9 * i, 3, 1, u + i, CB);
+            }
+            for (int xi = 0; xi < 16; xi++) memcpy(U + (xi * K + k) * C + c0, u + xi * CB, (size_t)cn * sizeof *u);
+        }
+    }
+}
+
+/* The tile geometry of an image of H x W with 2x2 output tiles. */
+typedef struct {
+    int64_t H, W, tiles_h, tiles_w;
+} Tiling;
+
+/* V[xi * vs + ch] = (B^T d B)[xi] for channel ch of tile t's 4x4 input patch of x [N][H][W][C].
+ * B^T's rows: (1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1). */
+static void input_tile(const Tiling *g, const float *x, int64_t C, int64_t t, const float *zeros, float *V,
+                       int64_t vs) {
+    const int64_t per_image = g->tiles_h * g->tiles_w, n = t / per_image;
+    const int64_t h0 = t % per_image / g->tiles_w * 2 - 1, w0 = t % g->tiles_w * 2 - 1;
+    const float *d[16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            const int64_t h = h0 + i, w = w0 + j;
+            d[4 * i + j] = h < 0 || h >= g->H || w < 0 || w >= g->W ? zeros : x + ((n * g->H + h) * g->W + w) * C;
+        }
+#pragma omp simd
+    for (int64_t ch = 0; ch < C; ch++) {
+        float r[4][4]; /* B^T d: its rows */
+        for (int j = 0; j < 4; j++) {
+            const float d0 = d[j][ch], d1 = d[4 + j][ch], d2 = d[8 + j][ch], d3 = d[12 + j][ch];
+            r[0][j] = d0 - d2, r[1][j] = d1 + d2, r[2][j] = d2 - d1, r[3][j] = d1 - d3;
+        }
+        for (int i = 0; i < 4; i++) { /* (B^T d) B */
+            V[(4 * i + 0) * vs + ch] = r[i][0] - r[i][2];
+            V[(4 * i + 1) * vs + ch] = r[i][1] + r[i][2];
+            V[(4 * i + 2) * vs + ch] = r[i][2] - r[i][1];
+            V[(4 * i + 3) * vs + ch] = r[i][1] - r[i][3];
+        }
+    }
+}
+
+/* Tile t's 2x2 outputs of y [N][H][W][K], A^T m A of the 16 products m[xi * ms + k]; those past
+ * an odd image's last row or column are not written. A^T's rows: (1, 1, 1, 0), (0, 1, -1, -1). */
+static void output_tile(const Tiling *g, const float *m, int64_t ms, int64_t K, int64_t t, float *y) {
+    const int64_t per_image = g->tiles_h * g->tiles_w, n = t / per_image;
+    const int64_t h0 = t % per_image / g->tiles_w * 2, w0 = t % g->tiles_w * 2;
+    const int down = h0 + 1 < g->H, right = w0 + 1 < g->W;
+    float *o0 = y + ((n * g->H + h0) * g->W + w0) * K, *o1 = o0 + K, *o2 = o0 + g->W * K, *o3 = o2 + K;
+#pragma omp simd
+    for (int64_t k = 0; k < K; k++) {
+        float r0[4], r1[4]; /* A^T m: its two rows */
+        for (int j = 0; j < 4; j++) {
+            r0[j] = m[j * ms + k] + m[(4 + j) * ms + k] + m[(8 + j) * ms + k];
+            r1[j] = m[(4 + j) * ms + k] - m[(8 + j) * ms + k] - m[(12 + j) * ms + k];
+        }
+        o0[k] = r0[0] + r0[1] + r0[2];
+        if (right) o1[k] = r0[1] - r0[2] - r0[3];
+        if (down) o2[k] = r1[0] + r1[1] + r1[2];
+        if (down && right) o3[k] = r1[1] - r1[2] - r1[3];
+    }
+}
+
+/* out [N][H][W][KO] = the 3x3 correlation (padding 1) of in [N][H][W][CI] with the transformed
+ * weights U [16][K][C]: KO = K, CI = C forward (U read transposed), KO = C, CI = K for the data
+ * gradient. */
+static void correlate(const RtConv *c, const float *in, int64_t CI, const float *U, int64_t KO, int transposed,
+                      float *out, float *scratch) {
+    const Tiling g = {c->H, c->W, (c->H + 1) / 2, (c->W + 1) / 2};
+    const int64_t T = tiles(c), tb = block_tiles(c), blocks = (T + tb - 1) / tb;
+    float *work = scratch + 16 * c->K * c->C;
+    float *zeros = rt_alloc((size_t)CI * sizeof *zeros, "a convolution's row of zeros");
+    if (blocks == 1) { /* one block: each step threads across the tiles, the products in oneDNN */
+        float *V = work, *M = V + 16 * T * CI;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < T; t++) input_tile(&g, in, CI, t, zeros, V + t * CI, T * CI);
+        for (int xi = 0; xi < 16; xi++)
+            rt_gemm(0, transposed, T, KO, CI, 1.0f, V + xi * T * CI, CI, U + xi * c->K * c->C, transposed ? CI : KO,
+                    0.0f, M + xi * T * KO, KO);
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < T; t++) output_tile(&g, M + t * KO, T * KO, KO, t, out);
+        free(zeros);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t t0 = b * tb, n = T - t0 < tb ? T - t0 : tb;
+        float *V = work + (int64_t)omp_get_thread_num() * tb * 16 * (CI + KO), *M = V + 16 * n * CI;
+        for (int64_t t = 0; t < n; t++) input_tile(&g, in, CI, t0 + t, zeros, V + t * CI, n * CI);
+        for (int xi = 0; xi < 16; xi++)
+            rt_gemm(0, transposed, n, KO, CI, 1.0f, V + xi * n * CI, CI, U + xi * c->K * c->C, transposed ? CI : KO,
+                    0.0f, M + xi * n * KO, KO);
+        for (int64_t t = 0; t < n; t++) output_tile(&g, M + t * KO, n * KO, KO, t0 + t, out);
+    }
+    free(zeros);
+}
+
+void rt_winograd_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch) {
+    filter_transform(c, w, 0, scratch);
+    correlate(c, x, c->C, scratch, c->K, 1, y, scratch);
+}
+
+void rt_winograd_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx, float *scratch) {
+    filter_transform(c, w, 1, scratch);
+    correlate(c, dy, c->K, scratch, c->C, 0, dx, scratch);
+}
