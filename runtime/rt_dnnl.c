@@ -25,8 +25,8 @@
 
 enum { FWD, BWD_DATA, BWD_WEIGHTS };
 
-/* A result oneDNN does not compute: a weight gradient by im2col + sgemm, a 3x3 convolution by
- * Winograd's F(2x2, 3x3) (rt_winograd.c). */
+/* A result oneDNN does not compute: a weight gradient by im2col + sgemm, a 3x3 convolution's
+ * any direction by Winograd's F(2x2, 3x3) (rt_winograd.c). */
 enum { LIBRARY, IM2COL, WINOGRAD };
 
 struct RtConvPlan {
@@ -185,13 +185,13 @@ static int gemm_weight_gradient(const RtConv *c) {
     return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && !avx512();
 }
 
-/* Winograd's F(2x2, 3x3) for the forward and the data gradient of the 3x3 convolutions it takes
- * (rt_winograd.c), where oneDNN has no AVX-512 kernels: on the 2-core AVX2 EPYC 1.3-1.7x
- * brgconv:avx2's speed on ResNet-18's four 3x3 geometries at batch 32, each direction. With
- * AVX-512 oneDNN's direct kernels, at about 93 % of the matmul peak, stay; so does every
- * convolution under NETC_CONV=direct. */
-static int winograd(const RtConv *c, int kind) {
-    return kind != BWD_WEIGHTS && rt_winograd_fits(c) && !avx512() && !rt_conv_direct();
+/* Winograd's F(2x2, 3x3) for all three directions of the 3x3 convolutions it takes
+ * (rt_winograd.c), where oneDNN has no AVX-512 kernels: on the 2-core AVX2 EPYC, ResNet-18's four
+ * 3x3 geometries at batch 32, 1.3-1.7x brgconv:avx2's speed forward and for the data gradient, and
+ * 1.1-2.2x the im2col + sgemm weight gradient. With AVX-512 oneDNN's direct kernels, at about
+ * 93 % of the matmul peak, stay; under NETC_CONV=direct so do they, and im2col + sgemm. */
+static int winograd(const RtConv *c) {
+    return rt_winograd_fits(c) && !avx512() && !rt_conv_direct();
 }
 
 /* One scratch for every plan: the trainer runs one convolution at a time. */
@@ -255,7 +255,7 @@ static RtConvPlan *make_plan(const RtConv *c, int kind) {
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
     if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) p->own = IM2COL; /* gemm_bwd_filter */
-    if (winograd(c, kind)) p->own = WINOGRAD;
+    if (winograd(c)) p->own = WINOGRAD;
     if (p->own) return p; /* no primitive */
     MemDesc x = act_md(c->N, c->C, c->H, c->W), y = act_md(c->N, c->K, c->P, c->Q);
     MemDesc w_user = wei_md(c, 0), w_any = wei_md(c, 1);
@@ -322,6 +322,7 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
     if (!*plan) *plan = make_plan(c, BWD_WEIGHTS);
     RtConvPlan *p = *plan;
     if (p->own == IM2COL) return gemm_bwd_filter(c, x, dy, dw);
+    if (p->own == WINOGRAD) return rt_winograd_bwd_filter(c, x, dy, dw, conv_scratch(rt_winograd_scratch(c)));
     dnnl_memory_set_data_handle(p->act_in, (void *)x);
     dnnl_memory_set_data_handle(p->act_out, (void *)dy);
     dnnl_memory_set_data_handle(p->wei_user, dw);

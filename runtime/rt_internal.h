@@ -35,11 +35,12 @@ int rt_conv_direct(void);
 
 /* 3x3 convolutions of stride 1 and padding 1 by Winograd's F(2x2, 3x3) on NHWC activations
  * (rt_winograd.c): which geometries it takes, the floats of scratch a call needs (one call at a
- * time), the forward and the data gradient. */
+ * time), the forward, the data gradient and the weight gradient. */
 int rt_winograd_fits(const RtConv *c);
 size_t rt_winograd_scratch(const RtConv *c);
 void rt_winograd_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch);
 void rt_winograd_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx, float *scratch);
+void rt_winograd_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw, float *scratch);
 
 /* Sums along a row in double in RT_LANES partial sums, element j into lane j % RT_LANES, the
  * lanes added at the end by halving (rt_lanes_total: lane l + 8 onto lane l, then l + 4, l + 2,

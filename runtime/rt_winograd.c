@@ -1,7 +1,7 @@
 /* rt_winograd.c - 3x3 convolutions of stride 1 and padding 1 by Winograd's minimal filtering
  * F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on
- * channels-last activations, forward and data gradient. rt_dnnl.c sends them here where the CPU
- * has no AVX-512 (rt_winograd_fits says which geometries).
+ * channels-last activations: forward, data gradient and weight gradient. rt_dnnl.c sends them
+ * here where the CPU has no AVX-512 (rt_winograd_fits says which geometries).
  *
  * The output is cut into 2x2 tiles; tile t reads the 4x4 input patch d at (2i - 1, 2j - 1) (zero
  * outside the image). Per input channel c and output channel k
@@ -17,11 +17,15 @@
  * degrees and their two channel axes swapped: dx[c] = sum_k dy[k] * rot(w[k][c]). U keeps the
  * weights' [k][c] order in both directions (the forward reads it transposed).
  *
+ * The weight gradient is the transpose of the forward: with U = G g G^T and y = A^T (U . V) A,
+ * dU = sum over the tiles of (A dy A^T) . V, and dg = G^T dU G: 16 products summed over the
+ * tiles, dU_xi[k][c] = sum_t W_xi[t][k] V_xi[t][c].
+ *
  * Rounding: every transform's coefficient is 0, +-1 or +-1/2, so each transformed value is a
- * sum of at most 9 terms; the error of an output is within gamma_(C+10) of the sum of the
- * magnitudes of its terms with every matrix's entries taken absolute (tests/runtime/
- * dnnl_accuracy.c measures it against float64). The tiles go in blocks of RT_WINO_TILES, a
- * function of the geometry alone, so are the bits whatever the number of threads.
+ * sum of at most 9 terms, and a forward output's error is within gamma_(C+10) of the sum of its
+ * terms' magnitudes with every matrix's entries taken absolute. tests/runtime/dnnl_accuracy.c
+ * measures all three directions against float64: 0.1-0.9x the error of a plain float32 loop.
+ * The tiles go in blocks fixed by the geometry (RT_WINO_TILES, RT_WINO_SUM_TILES).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -36,6 +40,10 @@
  * 18's geometries at batch 32: blocks of 128 tiles 1.3-1.7x oneDNN's brgconv:avx2, one block 1.1-1.5x. */
 enum { RT_WINO_TILES = 128, RT_WINO_BLOCKED = 8 * RT_WINO_TILES, RT_WINO_MIN_CHANNELS = 32 };
 
+/* Tiles per block of the weight gradient's sums (rt_winograd_bwd_filter): 256 and 512 ran ResNet-
+ * 18's 32x32 geometry at batch 32 alike on the AVX2 EPYC, 2048 and one block of all 8192 slower. */
+enum { RT_WINO_SUM_TILES = 512 };
+
 int rt_winograd_fits(const RtConv *c) {
     return c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
            c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->P == c->H && c->Q == c->W &&
@@ -44,14 +52,16 @@ int rt_winograd_fits(const RtConv *c) {
 
 static int64_t tiles(const RtConv *c) { return c->N * ((c->H + 1) / 2) * ((c->W + 1) / 2); }
 
-/* Tiles in a block, and whether each thread takes blocks of its own. */
+/* Tiles in a block of the forward and the data gradient: RT_WINO_TILES, or all as one block. */
 static int64_t block_tiles(const RtConv *c) {
     return tiles(c) >= RT_WINO_BLOCKED ? RT_WINO_TILES : tiles(c);
 }
 
 size_t rt_winograd_scratch(const RtConv *c) {
-    int64_t tb = block_tiles(c), blocks = tb == tiles(c) ? 1 : omp_get_max_threads();
-    return (size_t)(16 * c->K * c->C + blocks * tb * 16 * (c->C + c->K));
+    const int64_t tb = block_tiles(c), blocks = tb == tiles(c) ? 1 : omp_get_max_threads();
+    const int64_t sum_tiles = tiles(c) < RT_WINO_SUM_TILES ? tiles(c) : RT_WINO_SUM_TILES;
+    const int64_t work = blocks * tb > sum_tiles ? blocks * tb : sum_tiles;
+    return (size_t)(16 * c->K * c->C + work * 16 * (c->C + c->K));
 }
 
 /* u[xi * stride] = (G g G^T)[xi] for the 3x3 g read with steps rs (rows) and ss (columns):
@@ -180,6 +190,58 @@ static void correlate(const RtConv *c, const float *in, int64_t CI, const float 
     free(zeros);
 }
 
+/* W[xi * ws + k] = (A dy A^T)[xi] of tile t's 2x2 output gradient in dy [N][H][W][K] (zero past
+ * an odd image's last row or column): the transpose of output_tile. */
+static void grad_tile(const Tiling *g, const float *dy, int64_t K, int64_t t, const float *zeros, float *W,
+                      int64_t ws) {
+    const int64_t per_image = g->tiles_h * g->tiles_w, n = t / per_image;
+    const int64_t h0 = t % per_image / g->tiles_w * 2, w0 = t % g->tiles_w * 2;
+    const int down = h0 + 1 < g->H, right = w0 + 1 < g->W;
+    const float *o0 = dy + ((n * g->H + h0) * g->W + w0) * K;
+    const float *o1 = right ? o0 + K : zeros, *o2 = down ? o0 + g->W * K : zeros;
+    const float *o3 = down && right ? o0 + (g->W + 1) * K : zeros;
+#pragma omp simd
+    for (int64_t k = 0; k < K; k++) {
+        const float a = o0[k], b = o1[k], c = o2[k], d = o3[k];
+        const float r[4][2] = {{a, b}, {a + c, b + d}, {a - c, b - d}, {-c, -d}}; /* A dy */
+        for (int i = 0; i < 4; i++) { /* (A dy) A^T */
+            W[(4 * i + 0) * ws + k] = r[i][0];
+            W[(4 * i + 1) * ws + k] = r[i][0] + r[i][1];
+            W[(4 * i + 2) * ws + k] = r[i][0] - r[i][1];
+            W[(4 * i + 3) * ws + k] = -r[i][1];
+        }
+    }
+}
+
+/* dw [K][C][3][3] = G^T dU G of each dU[xi][k][c]: the transpose of filter_tile, a row of k
+ * through a local buffer as in filter_transform. */
+static void weight_back_transform(const RtConv *c, const float *dU, float *dw) {
+    enum { CB = 256 };
+    const int64_t K = c->K, C = c->C;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < K; k++) {
+        float u[16 * CB];
+        for (int64_t c0 = 0; c0 < C; c0 += CB) {
+            const int64_t cn = C - c0 < CB ? C - c0 : CB;
+            for (int xi = 0; xi < 16; xi++) memcpy(u + xi * CB, dU + (xi * K + k) * C + c0, (size_t)cn * sizeof *u);
+            for (int64_t i = 0; i < cn; i++) {
+                float t[3][4]; /* G^T dU: rows (1, 1/2, 1/2, 0), (0, 1/2, -1/2, 0), (0, 1/2, 1/2, 1) */
+                for (int j = 0; j < 4; j++) {
+                    const float m0 = u[j * CB + i], m1 = u[(4 + j) * CB + i], m2 = u[(8 + j) * CB + i];
+                    const float m3 = u[(12 + j) * CB + i];
+                    t[0][j] = m0 + 0.5f * (m1 + m2), t[1][j] = 0.5f * (m1 - m2), t[2][j] = 0.5f * (m1 + m2) + m3;
+                }
+                float *g = dw + (k * C + c0 + i) * 9;
+                for (int r = 0; r < 3; r++) { /* (G^T dU) G */
+                    g[3 * r + 0] = t[r][0] + 0.5f * (t[r][1] + t[r][2]);
+                    g[3 * r + 1] = 0.5f * (t[r][1] - t[r][2]);
+                    g[3 * r + 2] = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
+                }
+            }
+        }
+    }
+}
+
 void rt_winograd_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch) {
     filter_transform(c, w, 0, scratch);
     correlate(c, x, c->C, scratch, c->K, 1, y, scratch);
@@ -188,4 +250,28 @@ void rt_winograd_fwd(const RtConv *c, const float *x, const float *w, float *y, 
 void rt_winograd_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx, float *scratch) {
     filter_transform(c, w, 1, scratch);
     correlate(c, dy, c->K, scratch, c->C, 0, dx, scratch);
+}
+
+/* dU[xi][k][c] = sum over the tiles of W_xi[t][k] V_xi[t][c], then dw = G^T dU G. The tiles go
+ * in blocks of RT_WINO_SUM_TILES, one after another, each block's 16 products added to dU (beta
+ * 1 after the first), one thread per product: the sums' order is a function of the geometry
+ * alone, the same bits for any number of threads. */
+void rt_winograd_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw, float *scratch) {
+    const Tiling g = {c->H, c->W, (c->H + 1) / 2, (c->W + 1) / 2};
+    const int64_t T = tiles(c), C = c->C, K = c->K, tb = T < RT_WINO_SUM_TILES ? T : RT_WINO_SUM_TILES;
+    float *dU = scratch, *V = dU + 16 * K * C, *W = V + 16 * tb * C;
+    float *zeros = rt_alloc((size_t)(C > K ? C : K) * sizeof *zeros, "a convolution's row of zeros");
+    for (int64_t t0 = 0; t0 < T; t0 += tb) {
+        const int64_t n = T - t0 < tb ? T - t0 : tb;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < n; t++) {
+            input_tile(&g, x, C, t0 + t, zeros, V + t * C, n * C);
+            grad_tile(&g, dy, K, t0 + t, zeros, W + t * K, n * K);
+        }
+#pragma omp parallel for schedule(static)
+        for (int xi = 0; xi < 16; xi++)
+            rt_gemm(1, 0, K, C, n, 1.0f, W + xi * n * K, K, V + xi * n * C, C, t0 ? 1.0f : 0.0f, dU + xi * K * C, C);
+    }
+    weight_back_transform(c, dU, dw);
+    free(zeros);
 }

@@ -22,11 +22,11 @@
  * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
- * It also asserts the path of each result: the weight gradient's im2col+sgemm, and the forward and
- * data gradient by Winograd's F(2x2, 3x3) (rt_winograd.c: without AVX-512, 3x3 of stride 1 and
+ * It also asserts the path of each result: the weight gradient's im2col+sgemm, and all three
+ * directions by Winograd's F(2x2, 3x3) (rt_winograd.c: without AVX-512, 3x3 of stride 1 and
  * padding 1 from 32 channels in and out, unless NETC_CONV=direct), exactly where rt_dnnl.c's rules
- * put them. Winograd's results, measured here on the AVX2 EPYC: 0.3-0.4x the loop's error (its sums
- * over the channels run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
+ * put them. Winograd's results, measured here on the AVX2 EPYC: 0.1-0.9x the loop's error (its
+ * sums run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
  * include an odd height, an odd width, channels in and out unequal, and tile counts that fill
  * rt_winograd.c's blocks partly and that make one block. With --report it prints the same table
  * and asserts only the instruction set and the paths.
@@ -143,10 +143,10 @@ static dnnl_cpu_isa_t best_isa(void) {
     return dnnl_cpu_isa_sse41;
 }
 
-/* Results that took another path than rt_dnnl.c's rules give: without AVX-512, the weight
- * gradient of a convolution of at least 32 input channels is the runtime's im2col and sgemm, and
- * the forward and data gradient of a 3x3 convolution of stride 1 and padding 1 with at least 32
- * channels in and out are Winograd's (unless NETC_CONV=direct); every other result is a oneDNN
+/* Results that took another path than rt_dnnl.c's rules give: without AVX-512, all three
+ * directions of a 3x3 convolution of stride 1 and padding 1 with at least 32 channels in and out
+ * are Winograd's (unless NETC_CONV=direct), and the weight gradient of any other convolution of at
+ * least 32 input channels is the runtime's im2col and sgemm; every other result is a oneDNN
  * primitive's. A silent fallback would change the speed and the rounding this table measures. */
 static int wrong_paths;
 
@@ -155,8 +155,8 @@ static const char *expected_path(const RtConv *c, int dir, int avx512) {
     int wino = c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
                c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->C >= 32 && c->K >= 32;
     if (avx512) return NULL;
-    if (dir == BWD_WEIGHTS) return c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
-    return wino && !(direct && strcmp(direct, "direct") == 0) ? "winograd" : NULL;
+    if (wino && !(direct && strcmp(direct, "direct") == 0)) return "winograd";
+    return dir == BWD_WEIGHTS && c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
 }
 
 /* One geometry, three directions; returns how many results are beyond the bound. */
