@@ -141,7 +141,8 @@ static void output_tile(const Tiling *g, const float *m, int64_t ms, int64_t K, 
     const int64_t per_image = g->tiles_h * g->tiles_w, n = t / per_image;
     const int64_t h0 = t % per_image / g->tiles_w * 2, w0 = t % g->tiles_w * 2;
     const int down = h0 + 1 < g->H, right = w0 + 1 < g->W;
-    float *o0 = y + ((n * g->H + h0) * g->W + w0) * K, *o1 = o0 + K, *o2 = o0 + g->W * K, *o3 = o2 + K;
+    float *o0 = y + ((n * g->H + h0) * g->W + w0) * K; /* the others only where they exist */
+    float *o1 = right ? o0 + K : o0, *o2 = down ? o0 + g->W * K : o0, *o3 = down && right ? o2 + K : o0;
 #pragma omp simd
     for (int64_t k = 0; k < K; k++) {
         float r0[4], r1[4]; /* A^T m: its two rows */
