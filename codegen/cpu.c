@@ -1314,8 +1314,8 @@ static int cpu_model(CgEmit *e) {
 }
 
 /* Per-thread scratch of the im2col convolutions (rt_conv2d_*): one sample's unfolded input
- * and a weight-gradient accumulator. Channels-last convolutions run in oneDNN, which brings
- * its own. */
+ * and a weight-gradient accumulator. Channels-last convolutions (rt_conv2d_nhwc_*: oneDNN, or
+ * the runtime's Winograd and im2col kernels) bring their own. */
 static int64_t conv_scratch(const IrNode *n) {
     if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER) return 0;
     if (ir_operand_layout(n, 0) == LAYOUT_NHWC) return 0;

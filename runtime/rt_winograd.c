@@ -33,16 +33,20 @@
 
 #include "rt_internal.h"
 
-/* Tiles per block: a block's transformed inputs and products (16 x 128 x (C + K) floats, 1 MiB
- * at 64 channels) stay in the cache from the input transform through the products to the output
- * transform. Fewer than RT_WINO_BLOCKED tiles go as one block, whose products oneDNN threads: a
- * block per thread would leave the products too few rows. Measured on the 2-core AVX2 EPYC, ResNet-
- * 18's geometries at batch 32: blocks of 128 tiles 1.3-1.7x oneDNN's brgconv:avx2, one block 1.1-1.5x. */
-enum { RT_WINO_TILES = 128, RT_WINO_BLOCKED = 8 * RT_WINO_TILES, RT_WINO_MIN_CHANNELS = 32 };
+/* Tiles per block of the forward and the data gradient: a block's transformed inputs and
+ * products (16 x 128 x (C + K) floats, 1 MiB at 64 channels) stay in the cache from the input
+ * transform through the products to the output transform, one thread per block. With fewer than
+ * RT_WINO_BLOCKS_PER_THREAD blocks a thread (at least 8 in all) the tiles go as one block whose
+ * steps each use every thread, the products threaded by oneDNN: blocks of their own would leave
+ * threads idle. Measured on the 2-core AVX2 EPYC, ResNet-18's geometries at batch 32: blocks of
+ * 128 tiles 1.3-1.7x oneDNN's brgconv:avx2, one block 1.1-1.5x. */
+enum { RT_WINO_TILES = 128, RT_WINO_BLOCKS_PER_THREAD = 4, RT_WINO_MIN_CHANNELS = 32 };
 
-/* Tiles per block of the weight gradient's sums (rt_winograd_bwd_filter): 256 and 512 ran ResNet-
- * 18's 32x32 geometry at batch 32 alike on the AVX2 EPYC, 2048 and one block of all 8192 slower. */
-enum { RT_WINO_SUM_TILES = 512 };
+/* The weight gradient's sums (rt_winograd_bwd_filter): tiles per block, and the rows of dU (output
+ * channels) per task of a block's 16 products. 256 and 512 tiles ran ResNet-18's 32x32 geometry at
+ * batch 32 alike on the AVX2 EPYC, 2048 and one block of all 8192 slower; rows of 64 make 16 to
+ * 128 tasks a block at ResNet's widths, enough for more threads than the 16 products. */
+enum { RT_WINO_SUM_TILES = 512, RT_WINO_SUM_ROWS = 64 };
 
 int rt_winograd_fits(const RtConv *c) {
     return c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
@@ -54,7 +58,8 @@ static int64_t tiles(const RtConv *c) { return c->N * ((c->H + 1) / 2) * ((c->W 
 
 /* Tiles in a block of the forward and the data gradient: RT_WINO_TILES, or all as one block. */
 static int64_t block_tiles(const RtConv *c) {
-    return tiles(c) >= RT_WINO_BLOCKED ? RT_WINO_TILES : tiles(c);
+    const int64_t threads = omp_get_max_threads() > 2 ? omp_get_max_threads() : 2;
+    return tiles(c) >= RT_WINO_TILES * RT_WINO_BLOCKS_PER_THREAD * threads ? RT_WINO_TILES : tiles(c);
 }
 
 size_t rt_winograd_scratch(const RtConv *c) {
@@ -255,8 +260,8 @@ void rt_winograd_bwd_data(const RtConv *c, const float *dy, const float *w, floa
 
 /* dU[xi][k][c] = sum over the tiles of W_xi[t][k] V_xi[t][c], then dw = G^T dU G. The tiles go
  * in blocks of RT_WINO_SUM_TILES, one after another, each block's 16 products added to dU (beta
- * 1 after the first), one thread per product: the sums' order is a function of the geometry
- * alone, the same bits for any number of threads. */
+ * 1 after the first) in tasks of RT_WINO_SUM_ROWS rows, one thread each: the tasks, and so the
+ * sums' order, are a function of the geometry alone, whatever the number of threads. */
 void rt_winograd_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw, float *scratch) {
     const Tiling g = {c->H, c->W, (c->H + 1) / 2, (c->W + 1) / 2};
     const int64_t T = tiles(c), C = c->C, K = c->K, tb = T < RT_WINO_SUM_TILES ? T : RT_WINO_SUM_TILES;
@@ -269,9 +274,14 @@ void rt_winograd_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
             input_tile(&g, x, C, t0 + t, zeros, V + t * C, n * C);
             grad_tile(&g, dy, K, t0 + t, zeros, W + t * K, n * K);
         }
+        const int64_t parts = (K + RT_WINO_SUM_ROWS - 1) / RT_WINO_SUM_ROWS;
 #pragma omp parallel for schedule(static)
-        for (int xi = 0; xi < 16; xi++)
-            rt_gemm(1, 0, K, C, n, 1.0f, W + xi * n * K, K, V + xi * n * C, C, t0 ? 1.0f : 0.0f, dU + xi * K * C, C);
+        for (int64_t task = 0; task < 16 * parts; task++) {
+            const int64_t xi = task / parts, k0 = task % parts * RT_WINO_SUM_ROWS;
+            const int64_t rows = K - k0 < RT_WINO_SUM_ROWS ? K - k0 : RT_WINO_SUM_ROWS;
+            rt_gemm(1, 0, rows, C, n, 1.0f, W + xi * n * K + k0, K, V + xi * n * C, C, t0 ? 1.0f : 0.0f,
+                    dU + (xi * K + k0) * C, C);
+        }
     }
     weight_back_transform(c, dU, dw);
     free(zeros);
