@@ -28,11 +28,13 @@
  * put them. Winograd's results, measured here on the AVX2 EPYC: 0.1-0.9x the loop's error (its
  * sums run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
  * include an odd height, an odd width, channels in and out unequal, and tile counts that fill
- * rt_winograd.c's blocks partly and that make one block. With --report it prints the same table
+ * rt_winograd.c's blocks partly and that make one block. Winograd's weight gradient must also
+ * give the same bits from 1 and 3 threads as from the default. With --report it prints the same table
  * and asserts only the instruction set and the paths.
  */
 #include <dnnl.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +151,8 @@ static dnnl_cpu_isa_t best_isa(void) {
  * least 32 input channels is the runtime's im2col and sgemm; every other result is a oneDNN
  * primitive's. A silent fallback would change the speed and the rounding this table measures. */
 static int wrong_paths;
+/* Winograd weight gradients whose bits changed with the number of threads. */
+static int thread_bits;
 
 static const char *expected_path(const RtConv *c, int dir, int avx512) {
     const char *direct = getenv("NETC_CONV");
@@ -157,6 +161,27 @@ static const char *expected_path(const RtConv *c, int dir, int avx512) {
     if (avx512) return NULL;
     if (wino && !(direct && strcmp(direct, "direct") == 0)) return "winograd";
     return dir == BWD_WEIGHTS && c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
+}
+
+/* Winograd's weight gradient sums in an order fixed by the geometry (rt_winograd.c): the same
+ * bits from 1 and 3 threads as from the default; 1 if not. */
+static int same_bits_any_threads(const RtConv *c, const float *x, const float *dy, const float *got) {
+    int64_t nw = c->K * c->C * c->R * c->S, threads = omp_get_max_threads(), differ = 0;
+    float *again = malloc((size_t)nw * sizeof *again);
+    for (int t = 1; t <= 3; t += 2) {
+        RtConvPlan *plan = NULL;
+        omp_set_num_threads(t);
+        rt_conv2d_nhwc_bwd_filter(c, &plan, x, dy, again);
+        rt_conv_plan_free(plan);
+        if (memcmp(again, got, (size_t)nw * sizeof *again) != 0) {
+            printf("  weight gradient from %d threads: other bits than from %d  <- expected the same\n", t,
+                   (int)threads);
+            differ = 1;
+        }
+    }
+    omp_set_num_threads((int)threads);
+    free(again);
+    return differ;
 }
 
 /* One geometry, three directions; returns how many results are beyond the bound. */
@@ -186,6 +211,7 @@ static int check(const char *name, RtConv c) {
                wrong ? (want ? want : "a oneDNN primitive") : "");
         wrong_paths += wrong;
         failed += bad;
+        if (dir == BWD_WEIGHTS && strcmp(impl, "winograd") == 0) thread_bits += same_bits_any_threads(&c, x, dy, got);
         rt_conv_plan_free(plan);
         free(got), free(exact), free(loop);
     }
@@ -236,6 +262,10 @@ int main(int argc, char **argv) {
     int isa_ok = !want_isa ? (ran & best) == best : ran == want || (want == dnnl_cpu_isa_avx2 && ran == dnnl_cpu_isa_avx2_vnni);
     if (!isa_ok) {
         fprintf(stderr, "dnnl_accuracy: oneDNN ran %s, expected %s\n", isa, isa_name(want));
+        return 1;
+    }
+    if (thread_bits) {
+        fprintf(stderr, "dnnl_accuracy: %d Winograd weight gradients changed with the number of threads\n", thread_bits);
         return 1;
     }
     if (wrong_paths) {
