@@ -56,10 +56,15 @@ int rt_winograd_fits(const RtConv *c) {
 
 static int64_t tiles(const RtConv *c) { return c->N * ((c->H + 1) / 2) * ((c->W + 1) / 2); }
 
-/* Tiles in a block of the forward and the data gradient: RT_WINO_TILES, or all as one block. */
+/* Tiles in a block of the forward and the data gradient: RT_WINO_TILES, or all as one block
+ * while that block's scratch stays within RT_WINO_ONE_BLOCK_FLOATS (64 MiB: on many threads a
+ * large batch's deep layers would take gigabytes). */
 static int64_t block_tiles(const RtConv *c) {
-    const int64_t threads = omp_get_max_threads() > 2 ? omp_get_max_threads() : 2;
-    return tiles(c) >= RT_WINO_TILES * RT_WINO_BLOCKS_PER_THREAD * threads ? RT_WINO_TILES : tiles(c);
+    enum { RT_WINO_ONE_BLOCK_FLOATS = 1 << 24 };
+    const int64_t threads = omp_get_max_threads() > 2 ? omp_get_max_threads() : 2, T = tiles(c);
+    const int one = T < RT_WINO_TILES * RT_WINO_BLOCKS_PER_THREAD * threads &&
+                    16 * T * (c->C + c->K) <= RT_WINO_ONE_BLOCK_FLOATS;
+    return one ? T : RT_WINO_TILES;
 }
 
 size_t rt_winograd_scratch(const RtConv *c) {

@@ -265,7 +265,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (thread_bits) {
-        fprintf(stderr, "dnnl_accuracy: %d Winograd weight gradients changed with the number of threads\n", thread_bits);
+        fprintf(stderr, "dnnl_accuracy: %d Winograd weight gradients changed with the number of threads\n",
+                thread_bits);
         return 1;
     }
     if (wrong_paths) {
