@@ -11,7 +11,8 @@ netc runs three trainers: its default (channels-last, oneDNN's convolutions with
 oneDNN picks for this CPU, or without AVX-512 the runtime's Winograd F(2x2, 3x3) for the 3x3
 convolutions of stride 1: docs/trainer.md), the same held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2: what
 an AVX2 CPU runs; on an AVX2 machine the two are the same), and --layout=row-major (im2col +
-OpenBLAS).
+OpenBLAS); on an AVX-512 machine also the default with Winograd's convolutions (NETC_CONV=winograd),
+which it does not choose there by itself.
 PyTorch runs eager (NCHW), eager with channels_last tensors, and, from PyTorch 2 on,
 torch.compile (its compilation falls in the untimed warm-up steps and is reported apart;
 --no-compile leaves it out). --python runs the PyTorch side with another interpreter, e.g. a
@@ -108,7 +109,10 @@ def main():
     modes = ["eager", "channels_last"]
     if not a.no_compile and int(version.split(".")[0]) >= 2:
         modes.append("compile")
-    runs = {name: [] for name in [*NETC, *(f"PyTorch {m}" for m in modes)]}
+    netc = dict(NETC)
+    if cpu_isa() == "AVX-512":  # the default runs oneDNN's direct kernels there: Winograd's beside them
+        netc["netc channels-last, Winograd (NETC_CONV=winograd)"] = ("channels-last", {"NETC_CONV": "winograd"})
+    runs = {name: [] for name in [*netc, *(f"PyTorch {m}" for m in modes)]}
     with tempfile.TemporaryDirectory() as work:
         n = a.batch * (a.steps + WARMUP)
         rng = np.random.default_rng(0)
@@ -121,7 +125,7 @@ def main():
                             "-D", f"batch={a.batch}", f"--layout={layout}"], check=True)
         args = ["--data", f"image={work}/image.npy", "--data", f"label={work}/label.npy"]
         for _ in range(a.repeat):
-            for name, (layout, env) in NETC.items():
+            for name, (layout, env) in netc.items():
                 runs[name].append(run_netc(exes[layout], args, a.threads, a.steps, a.batch, work, env))
             for m in modes:
                 runs[f"PyTorch {m}"].append(run_torch(a.python, TORCH_LOOP, str(a.threads), str(a.batch),

@@ -189,9 +189,11 @@ static int gemm_weight_gradient(const RtConv *c) {
  * (rt_winograd.c), where oneDNN has no AVX-512 kernels: on the 2-core AVX2 EPYC, ResNet-18's four
  * 3x3 geometries at batch 32, 1.3-1.7x brgconv:avx2's speed forward and for the data gradient, and
  * 1.1-2.2x the im2col + sgemm weight gradient. With AVX-512 oneDNN's direct kernels, at about
- * 93 % of the matmul peak, stay; under NETC_CONV=direct so do they, and im2col + sgemm. */
+ * 93 % of the matmul peak, stay (not measured against Winograd there: NETC_CONV=winograd runs it
+ * on every CPU); under NETC_CONV=direct so do they, and im2col + sgemm. */
 static int winograd(const RtConv *c) {
-    return rt_winograd_fits(c) && !avx512() && !rt_conv_direct();
+    RtConvChoice choice = rt_conv_choice();
+    return rt_winograd_fits(c) && (choice == RT_CONV_WINOGRAD || (choice == RT_CONV_AUTO && !avx512()));
 }
 
 /* One scratch for every plan: the trainer runs one convolution at a time. */

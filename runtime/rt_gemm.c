@@ -67,24 +67,26 @@ RtGemmRoute rt_gemm_route(void) {
     return route;
 }
 
-static int conv_direct;
+static RtConvChoice conv_choice;
 static pthread_once_t conv_once = PTHREAD_ONCE_INIT;
 
 /* NETC_CONV: auto (the default: rt_dnnl.c chooses, Winograd's for the 3x3 convolutions it takes
- * without AVX-512) or direct (oneDNN's for every one); another value ends the process with
- * status 2, as a bad option. */
+ * without AVX-512), direct (oneDNN's for every one) or winograd (Winograd's for every one it
+ * takes, with AVX-512 too); another value ends the process with status 2, as a bad option. */
 static void choose_conv(void) {
     const char *v = getenv("NETC_CONV");
-    if (v && strcmp(v, "direct") == 0) conv_direct = 1;
-    else if (v && *v && strcmp(v, "auto") != 0) {
-        fprintf(stderr, "error: NETC_CONV is '%s': expected auto or direct\n", v);
+    if (v && strcmp(v, "direct") == 0) conv_choice = RT_CONV_DIRECT;
+    else if (v && strcmp(v, "winograd") == 0) conv_choice = RT_CONV_WINOGRAD;
+    else if (!v || !*v || strcmp(v, "auto") == 0) conv_choice = RT_CONV_AUTO;
+    else {
+        fprintf(stderr, "error: NETC_CONV is '%s': expected auto, direct or winograd\n", v);
         exit(2);
     }
 }
 
-int rt_conv_direct(void) {
+RtConvChoice rt_conv_choice(void) {
     pthread_once(&conv_once, choose_conv);
-    return conv_direct;
+    return conv_choice;
 }
 
 void rt_gemm_reference(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,

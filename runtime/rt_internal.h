@@ -29,9 +29,14 @@ typedef enum {
     RT_GEMM_REFERENCE, /* all to rt_gemm_reference */
 } RtGemmRoute;
 RtGemmRoute rt_gemm_route(void);
-/* NETC_CONV (rt_gemm.c): auto, the default, or direct, which keeps every channels-last
- * convolution in oneDNN (rt_dnnl.c); another value ends the process with status 2. */
-int rt_conv_direct(void);
+/* NETC_CONV (rt_gemm.c): how rt_dnnl.c computes the channels-last 3x3 convolutions that
+ * rt_winograd.c takes; another value than these ends the process with status 2. */
+typedef enum {
+    RT_CONV_AUTO,     /* auto, the default: Winograd's where oneDNN runs no AVX-512 */
+    RT_CONV_DIRECT,   /* direct: oneDNN's kernels for every convolution */
+    RT_CONV_WINOGRAD, /* winograd: Winograd's on every CPU */
+} RtConvChoice;
+RtConvChoice rt_conv_choice(void);
 
 /* 3x3 convolutions of stride 1 and padding 1 by Winograd's F(2x2, 3x3) on NHWC activations
  * (rt_winograd.c): which geometries it takes, the floats of scratch a call needs (one call at a

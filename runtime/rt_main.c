@@ -1654,7 +1654,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         die("model '%s' has %d inputs; this trainer holds at most %d", model->name, model->n_inputs, RT_MAX_INPUTS);
     parse_options(argc, argv, model, &t.o);
     rt_gemm_route(); /* a bad NETC_GEMM or NETC_CONV stops the trainer here */
-    rt_conv_direct();
+    rt_conv_choice();
     t.con = (RtConsole){.tty = t.tty, .quiet = t.o.quiet};
     /* the run's model: the compiled one with the command line's recipe, which the checkpoint
      * fingerprint then covers */

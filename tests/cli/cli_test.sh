@@ -95,8 +95,8 @@ ls "$weird" | grep -q '\.tmp\.' && { echo "FAIL: temporary output left behind"; 
 
 check "bad NETC_GEMM" 2 env NETC_GEMM=blas "$weird/tr ain;er" --list-params
 contains "NETC_GEMM is 'blas': expected auto, by-size, onednn or reference"
-check "bad NETC_CONV" 2 env NETC_CONV=winograd "$weird/tr ain;er" --list-params
-contains "NETC_CONV is 'winograd': expected auto or direct"
+check "bad NETC_CONV" 2 env NETC_CONV=fft "$weird/tr ain;er" --list-params
+contains "NETC_CONV is 'fft': expected auto, direct or winograd"
 check "trainer --list-params" 0 "$weird/tr ain;er" --list-params
 contains "fc1.weight"
 contains "101770"   # 784*128 + 128 + 128*10 + 10

@@ -24,7 +24,8 @@
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
  * It also asserts the path of each result: the weight gradient's im2col+sgemm, and all three
  * directions by Winograd's F(2x2, 3x3) (rt_winograd.c: without AVX-512, 3x3 of stride 1 and
- * padding 1 from 32 channels in and out, unless NETC_CONV=direct), exactly where rt_dnnl.c's rules
+ * padding 1 from 32 channels in and out, unless NETC_CONV=direct; with NETC_CONV=winograd on AVX-512
+ * too), exactly where rt_dnnl.c's rules
  * put them. Winograd's results, measured here on the AVX2 EPYC: 0.1-0.9x the loop's error (its
  * sums run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
  * include an odd height, an odd width, channels in and out unequal, and tile counts that fill
@@ -147,7 +148,8 @@ static dnnl_cpu_isa_t best_isa(void) {
 
 /* Results that took another path than rt_dnnl.c's rules give: without AVX-512, all three
  * directions of a 3x3 convolution of stride 1 and padding 1 with at least 32 channels in and out
- * are Winograd's (unless NETC_CONV=direct), and the weight gradient of any other convolution of at
+ * are Winograd's (unless NETC_CONV=direct; with NETC_CONV=winograd on every CPU), and the weight
+ * gradient of any other convolution of at
  * least 32 input channels is the runtime's im2col and sgemm; every other result is a oneDNN
  * primitive's. A silent fallback would change the speed and the rounding this table measures. */
 static int wrong_paths;
@@ -155,11 +157,11 @@ static int wrong_paths;
 static int thread_bits;
 
 static const char *expected_path(const RtConv *c, int dir, int avx512) {
-    const char *direct = getenv("NETC_CONV");
+    const char *choice = getenv("NETC_CONV") && *getenv("NETC_CONV") ? getenv("NETC_CONV") : "auto";
     int wino = c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
                c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->C >= 32 && c->K >= 32;
+    if (wino && (strcmp(choice, "winograd") == 0 || (strcmp(choice, "auto") == 0 && !avx512))) return "winograd";
     if (avx512) return NULL;
-    if (wino && !(direct && strcmp(direct, "direct") == 0)) return "winograd";
     return dir == BWD_WEIGHTS && c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
 }
 
