@@ -167,36 +167,40 @@ static void output_tile(const Tiling *g, const float *m, int64_t ms, int64_t K, 
     }
 }
 
+/* Tiles [t0, t0 + n) of the correlation below: their input transforms into V, the 16 products
+ * into M, the output transforms. Called inside a parallel region (a block per thread) the tile
+ * loops run on the calling thread and so does each product; called outside (one block of all
+ * the tiles) the tile loops spread over the threads and oneDNN threads each product. */
+static void correlate_block(const Tiling *g, const float *in, int64_t CI, const float *U, int64_t uplane,
+                            int64_t KO, int transposed, float *out, int64_t t0, int64_t n, const float *zeros,
+                            float *V, float *M) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+    for (int64_t t = 0; t < n; t++) input_tile(g, in, CI, t0 + t, zeros, V + t * CI, n * CI);
+    for (int xi = 0; xi < 16; xi++)
+        rt_gemm(0, transposed, n, KO, CI, 1.0f, V + xi * n * CI, CI, U + xi * uplane, transposed ? CI : KO, 0.0f,
+                M + xi * n * KO, KO);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+    for (int64_t t = 0; t < n; t++) output_tile(g, M + t * KO, n * KO, KO, t0 + t, out);
+}
+
 /* out [N][H][W][KO] = the 3x3 correlation (padding 1) of in [N][H][W][CI] with the transformed
  * weights U [16][K][C]: KO = K, CI = C forward (U read transposed), KO = C, CI = K for the data
  * gradient. */
 static void correlate(const RtConv *c, const float *in, int64_t CI, const float *U, int64_t KO, int transposed,
                       float *out, float *scratch) {
     const Tiling g = {c->H, c->W, (c->H + 1) / 2, (c->W + 1) / 2};
-    const int64_t T = tiles(c), tb = block_tiles(c), blocks = (T + tb - 1) / tb;
-    float *work = scratch + 16 * c->K * c->C;
+    const int64_t T = tiles(c), tb = block_tiles(c), blocks = (T + tb - 1) / tb, uplane = c->K * c->C;
+    float *work = scratch + 16 * uplane;
     float *zeros = rt_alloc((size_t)CI * sizeof *zeros, "a convolution's row of zeros");
-    if (blocks == 1) { /* one block: each step threads across the tiles, the products in oneDNN */
-        float *V = work, *M = V + 16 * T * CI;
+    if (blocks == 1) {
+        correlate_block(&g, in, CI, U, uplane, KO, transposed, out, 0, T, zeros, work, work + 16 * T * CI);
+    } else {
 #pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < T; t++) input_tile(&g, in, CI, t, zeros, V + t * CI, T * CI);
-        for (int xi = 0; xi < 16; xi++)
-            rt_gemm(0, transposed, T, KO, CI, 1.0f, V + xi * T * CI, CI, U + xi * c->K * c->C, transposed ? CI : KO,
-                    0.0f, M + xi * T * KO, KO);
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < T; t++) output_tile(&g, M + t * KO, T * KO, KO, t, out);
-        free(zeros);
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t t0 = b * tb, n = T - t0 < tb ? T - t0 : tb;
-        float *V = work + (int64_t)omp_get_thread_num() * tb * 16 * (CI + KO), *M = V + 16 * n * CI;
-        for (int64_t t = 0; t < n; t++) input_tile(&g, in, CI, t0 + t, zeros, V + t * CI, n * CI);
-        for (int xi = 0; xi < 16; xi++)
-            rt_gemm(0, transposed, n, KO, CI, 1.0f, V + xi * n * CI, CI, U + xi * c->K * c->C, transposed ? CI : KO,
-                    0.0f, M + xi * n * KO, KO);
-        for (int64_t t = 0; t < n; t++) output_tile(&g, M + t * KO, n * KO, KO, t0 + t, out);
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t t0 = b * tb, n = T - t0 < tb ? T - t0 : tb;
+            float *V = work + (int64_t)omp_get_thread_num() * tb * 16 * (CI + KO);
+            correlate_block(&g, in, CI, U, uplane, KO, transposed, out, t0, n, zeros, V, V + 16 * n * CI);
+        }
     }
     free(zeros);
 }
