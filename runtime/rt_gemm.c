@@ -44,22 +44,28 @@ static int onednn_everywhere(void) {
     return (__builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f")) || openblas_behind();
 }
 
+/* The index of environment variable `name`'s value in values[0, n) (values[0], "auto", where it is
+ * unset or empty); another value ends the process with status 2, as a bad option, naming them. */
+static int env_choice(const char *name, const char *const *values, int n) {
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, values[i]) == 0) return i;
+    fprintf(stderr, "error: %s is '%s': expected ", name, v);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", values[i], i + 2 < n ? ", " : i + 1 < n ? " or " : "\n");
+    exit(2);
+}
+
 static RtGemmRoute route;
 static pthread_once_t route_once = PTHREAD_ONCE_INIT;
 
 /* NETC_GEMM: auto (the default: all to oneDNN with AVX2 but not AVX-512, else by size),
- * by-size, onednn or reference; a value outside those ends the process with status 2, as a bad
- * option. */
+ * by-size, onednn or reference. */
 static void choose_route(void) {
-    const char *v = getenv("NETC_GEMM");
-    if (v && strcmp(v, "reference") == 0) route = RT_GEMM_REFERENCE;
-    else if (v && strcmp(v, "onednn") == 0) route = RT_GEMM_ONEDNN;
-    else if (v && strcmp(v, "by-size") == 0) route = RT_GEMM_BY_SIZE;
-    else if (!v || !*v || strcmp(v, "auto") == 0) route = onednn_everywhere() ? RT_GEMM_ONEDNN : RT_GEMM_BY_SIZE;
-    else {
-        fprintf(stderr, "error: NETC_GEMM is '%s': expected auto, by-size, onednn or reference\n", v);
-        exit(2);
-    }
+    static const char *const values[] = {"auto", "by-size", "onednn", "reference"};
+    static const RtGemmRoute routes[] = {RT_GEMM_BY_SIZE, RT_GEMM_BY_SIZE, RT_GEMM_ONEDNN, RT_GEMM_REFERENCE};
+    int i = env_choice("NETC_GEMM", values, 4);
+    route = i == 0 && onednn_everywhere() ? RT_GEMM_ONEDNN : routes[i];
 }
 
 RtGemmRoute rt_gemm_route(void) {
@@ -72,16 +78,11 @@ static pthread_once_t conv_once = PTHREAD_ONCE_INIT;
 
 /* NETC_CONV: auto (the default: rt_dnnl.c chooses, Winograd's for the 3x3 convolutions it takes
  * without AVX-512), direct (oneDNN's for every one) or winograd (Winograd's for every one it
- * takes, with AVX-512 too); another value ends the process with status 2, as a bad option. */
+ * takes, with AVX-512 too). */
 static void choose_conv(void) {
-    const char *v = getenv("NETC_CONV");
-    if (v && strcmp(v, "direct") == 0) conv_choice = RT_CONV_DIRECT;
-    else if (v && strcmp(v, "winograd") == 0) conv_choice = RT_CONV_WINOGRAD;
-    else if (!v || !*v || strcmp(v, "auto") == 0) conv_choice = RT_CONV_AUTO;
-    else {
-        fprintf(stderr, "error: NETC_CONV is '%s': expected auto, direct or winograd\n", v);
-        exit(2);
-    }
+    static const char *const values[] = {"auto", "direct", "winograd"};
+    static const RtConvChoice choices[] = {RT_CONV_AUTO, RT_CONV_DIRECT, RT_CONV_WINOGRAD};
+    conv_choice = choices[env_choice("NETC_CONV", values, 3)];
 }
 
 RtConvChoice rt_conv_choice(void) {
