@@ -24,14 +24,14 @@
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
  * It also asserts the path of each result: the weight gradient's im2col+sgemm, and all three
  * directions by Winograd's F(2x2, 3x3) (rt_winograd.c: without AVX-512, 3x3 of stride 1 and
- * padding 1 from 32 channels in and out, unless NETC_CONV=direct; with NETC_CONV=winograd on AVX-512
- * too), exactly where rt_dnnl.c's rules
- * put them. Winograd's results, measured here on the AVX2 EPYC: 0.1-0.9x the loop's error (its
- * sums run in oneDNN's sgemm, and its transforms add at most 9 terms). The cases
- * include an odd height, an odd width, channels in and out unequal, and tile counts that fill
- * rt_winograd.c's blocks partly and that make one block. Winograd's weight gradient must also
- * give the same bits from 1 and 3 threads as from the default. With --report it prints the same table
- * and asserts only the instruction set and the paths.
+ * padding 1 from 32 channels in and out, unless NETC_CONV=direct; with NETC_CONV=winograd on
+ * AVX-512 too), exactly where rt_dnnl.c's rules put them. Winograd's results, measured here on
+ * the AVX2 EPYC: 0.1-0.9x the loop's error (its sums run in oneDNN's sgemm, and its transforms
+ * add at most 9 terms). The cases include an odd height, an odd width, channels in and out
+ * unequal, and tile counts that fill rt_winograd.c's blocks partly and that make one block.
+ * Winograd's weight gradient must also give the same bits from 1 and 3 threads as from the
+ * default. With --report it prints the same table and asserts only the instruction set and the
+ * paths.
  */
 #include <dnnl.h>
 #include <math.h>
@@ -149,9 +149,9 @@ static dnnl_cpu_isa_t best_isa(void) {
 /* Results that took another path than rt_dnnl.c's rules give: without AVX-512, all three
  * directions of a 3x3 convolution of stride 1 and padding 1 with at least 32 channels in and out
  * are Winograd's (unless NETC_CONV=direct; with NETC_CONV=winograd on every CPU), and the weight
- * gradient of any other convolution of at
- * least 32 input channels is the runtime's im2col and sgemm; every other result is a oneDNN
- * primitive's. A silent fallback would change the speed and the rounding this table measures. */
+ * gradient of any other convolution of at least 32 input channels is the runtime's im2col and
+ * sgemm; every other result is a oneDNN primitive's. A silent fallback would change the speed
+ * and the rounding this table measures. */
 static int wrong_paths;
 /* Winograd weight gradients whose bits changed with the number of threads. */
 static int thread_bits;
@@ -232,8 +232,8 @@ int main(int argc, char **argv) {
     /* ResNet-18 (CIFAR) at batch 8: its 3x3 stem, a 3x3 layer at 32x32 (at width 16 and 64), the
      * stride-2 3x3 and its 1x1 shortcut, a stride-2 3x3 of the third stage; ResNet-50's 7x7
      * stride-2 stem on 3 channels. Every input is one column wider than high (geometry()); for
-     * Winograd also 29 x 30 at batch 5 (1125 tiles: 8 blocks of 128 and one of 101) and 7 x 8 at
-     * batch 4, 128 channels to 96 (48 tiles: one block). */
+     * Winograd also 29 x 30 at batch 5 (1125 tiles: at 2 threads, as ctest runs it, 8 blocks of
+     * 128 and one of 101) and 7 x 8 at batch 4, 128 channels to 96 (48 tiles: one block). */
     struct { const char *name; RtConv c; } cases[] = {
         {"3x3 stem 3->64", geometry(8, 3, 32, 64, 3, 1, 1, 1, 1)},
         {"3x3 16->16", geometry(8, 16, 32, 16, 3, 1, 1, 1, 1)},
