@@ -25,7 +25,9 @@
  * sum of at most 9 terms, and a forward output's error is within gamma_(C+10) of the sum of its
  * terms' magnitudes with every matrix's entries taken absolute. tests/runtime/dnnl_accuracy.c
  * measures all three directions against float64: 0.1-0.9x the error of a plain float32 loop.
- * The tiles go in blocks fixed by the geometry (RT_WINO_TILES, RT_WINO_SUM_TILES).
+ * The weight gradient's blocks and tasks are fixed by the geometry (RT_WINO_SUM_TILES,
+ * RT_WINO_SUM_ROWS), so are its bits; the forward's blocks (RT_WINO_TILES) follow the thread
+ * count too, as the bits of a threaded sgemm do.
  */
 #include <omp.h>
 #include <stdlib.h>
