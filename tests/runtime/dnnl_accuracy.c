@@ -233,7 +233,10 @@ int main(int argc, char **argv) {
      * stride-2 3x3 and its 1x1 shortcut, a stride-2 3x3 of the third stage; ResNet-50's 7x7
      * stride-2 stem on 3 channels. Every input is one column wider than high (geometry()); for
      * Winograd also 29 x 30 at batch 5 (1125 tiles: at 2 threads, as ctest runs it, 8 blocks of
-     * 128 and one of 101) and 7 x 8 at batch 4, 128 channels to 96 (48 tiles: one block). */
+     * 128 and one of 101) and 7 x 8 at batch 4, 128 channels to 96 (48 tiles: one block). For
+     * the im2col weight gradient (rt_dnnl.c) ResNet-50's 1x1 convolutions of stride 1, which
+     * read the input in place, as [K][C] (256->64) and as its transpose (64->256), and a 3x3/2
+     * of 32 channels to 384 whose 3840 rows take two chunks of 3640 into one transposed product. */
     struct { const char *name; RtConv c; } cases[] = {
         {"3x3 stem 3->64", geometry(8, 3, 32, 64, 3, 1, 1, 1, 1)},
         {"3x3 16->16", geometry(8, 16, 32, 16, 3, 1, 1, 1, 1)},
@@ -244,6 +247,9 @@ int main(int argc, char **argv) {
         {"1x1/2 64->128", geometry(8, 64, 32, 128, 1, 2, 0, 1, 1)},
         {"3x3/2 128->256", geometry(8, 128, 16, 256, 3, 2, 1, 1, 1)},
         {"7x7/2 stem 3->64", geometry(8, 3, 32, 64, 7, 2, 3, 1, 1)},
+        {"1x1 64->256", geometry(4, 64, 14, 256, 1, 1, 0, 1, 1)},
+        {"1x1 256->64", geometry(4, 256, 14, 64, 1, 1, 0, 1, 1)},
+        {"3x3/2 32->384", geometry(15, 32, 31, 384, 3, 2, 1, 1, 1)},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) failed += check(cases[i].name, cases[i].c);
