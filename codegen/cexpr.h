@@ -29,6 +29,7 @@ typedef struct Cg {
     int depth;              /* indentation of the next line, in levels of 4 spaces (cg_line) */
     const int *in_backward; /* CPU, forward_backward: the position after which the backward pass updates
                              * parameter i (in_backward[i]), -1 when optimizer_step does; or NULL */
+    struct CgProf *prof;    /* CPU, --profile: forward_backward's pieces marked so far (cpu.c) */
 } Cg;
 
 typedef struct CgAxis {

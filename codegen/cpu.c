@@ -924,29 +924,125 @@ static void emit_in_backward_at(Cg *c, const int *at, int i) {
     cg_close(c, "}");
 }
 
+/* ---- netc --profile
+ *
+ * Each piece of forward_backward that writes code (a node, a fused group's loop, a bucket's
+ * hand-over, the updates made in the backward pass) is followed by rt_prof_mark(site), and the
+ * sites, what each piece computes and its .net line, are listed beside the model
+ * (emit_prof_sites) for the trainer's report (runtime/rt_prof.c). A piece is written into a
+ * buffer first, to see whether it wrote anything. Without --profile nothing of this is emitted. */
+typedef struct CgProf {
+    char **what;
+    const IrNode **from; /* the node whose expression is the site's line, or NULL */
+    int n, cap;
+    FILE *out;           /* forward_backward's file while a piece goes into the buffer */
+    char *text;
+    size_t size;
+} CgProf;
+
+static void prof_open(Cg *c) {
+    if (!c->prof) return;
+    c->prof->out = c->out;
+    if (!(c->out = open_memstream(&c->prof->text, &c->prof->size))) ICE("cpu: out of memory");
+}
+
+/* The piece since prof_open, and its mark if it wrote code. */
+static void prof_close(Cg *c, const char *what, const IrNode *from) {
+    CgProf *p = c->prof;
+    if (!p) return;
+    fclose(c->out);
+    c->out = p->out;
+    fwrite(p->text, 1, p->size, c->out);
+    if (p->size) {
+        if (p->n == p->cap) {
+            p->cap = p->cap ? 2 * p->cap : 256;
+            p->what = xrealloc(p->what, (size_t)p->cap * sizeof *p->what);
+            p->from = xrealloc(p->from, (size_t)p->cap * sizeof *p->from);
+        }
+        p->what[p->n] = xstrdup(what), p->from[p->n] = from;
+        cg_line(c, "rt_prof_mark(%d);", p->n++);
+    }
+    free(p->text);
+    p->text = NULL;
+}
+
+/* What node head's piece computes: its operator, or its fused group's operators; in the
+ * backward pass ", backward" where the name does not say so (a product's gradients are
+ * matmuls too). */
+static void prof_what(const Cg *c, const IrNode *head, int backward, char *buf, size_t size) {
+    const IrNode *n;
+    size_t len = 0;
+    if (!head->group) len = (size_t)snprintf(buf, size, "%s", ir_op_name(head->op));
+    else {
+        len = (size_t)snprintf(buf, size, "fused");
+        FOR_MEMBERS(n, head) {
+            if (len + 1 < size)
+                len += (size_t)snprintf(buf + len, size - len, "%s%s", len == 5 ? " " : "+", ir_op_name(n->op));
+        }
+    }
+    if (backward && !strstr(buf, "_bwd") && !strstr(buf, "_grad") && len + 1 < size)
+        snprintf(buf + len, size - len, ", backward");
+}
+
+static void emit_prof_sites(Cg *c) {
+    CgProf *p = c->prof;
+    cg_line(c, "// netc --profile: the pieces of forward_backward that rt_prof_mark(i) ends");
+    cg_open(c, "static const RtProfSite prof_sites[%d] = {", p->n > 0 ? p->n : 1);
+    for (int i = 0; i < p->n; i++) {
+        const IrNode *n = p->from[i];
+        cg_begin(c, "{");
+        cg_cstr(c->out, p->what[i]);
+        cg_put(c, ", ");
+        cg_cstr(c->out, n && n->loc.file ? cg_base_name(n->loc.file) : "");
+        cg_end(c, ", %d},", n && n->loc.file ? n->loc.line : 0);
+        free(p->what[i]);
+    }
+    cg_close(c, "};");
+    cg_blank(c);
+    free(p->what), free(p->from);
+}
+
 static void emit_forward_backward(Cg *c) {
     const IrGraph *g = c->g;
     int *at = in_backward_positions(g, IN_BACKWARD_MIN_FLOATS);
+    char what[96] = "";
     c->in_backward = at;
     cg_mark_reads(c, g->n, 1);
     cg_line(c, "// One training step's computation: the forward pass, loss and metrics, then the");
     cg_line(c, "// backward pass, which leaves every trainable parameter's gradient in ctx->grads.");
     cg_open(c, "static void forward_backward(RtCtx *ctx) {");
+    if (c->prof) cg_line(c, "rt_prof_start();");
     for (int i = 0; i < g->n; i++) {
         if (i == g->n_fwd) {
             cg_blank(c);
             cg_line(c, "// ---- backward");
             if (at) emit_in_backward_head(c, at);
         }
-        emit_node(c, g->nodes[i]);
+        IrOpKind kind = ir_op_kind(g->nodes[i]->op);
+        if (kind == OPK_SOURCE || kind == OPK_VIEW) { /* pointers declared: no piece of their own */
+            emit_node(c, g->nodes[i]);
+        } else {
+            prof_open(c);
+            emit_node(c, g->nodes[i]);
+            if (c->prof) prof_what(c, g->nodes[i], i >= g->n_fwd, what, sizeof what);
+            prof_close(c, what, g->nodes[i]);
+        }
+        prof_open(c);
         emit_grads_ready(c, i);
+        prof_close(c, "the ranks' sum of a bucket", NULL);
+        prof_open(c);
         if (at) emit_in_backward_at(c, at, i);
+        prof_close(c, "optimizer update in the backward pass", NULL);
     }
     c->in_backward = NULL;
     free(at);
+    prof_open(c);
     emit_grad_copies(c);
     emit_grads_ready(c, g->n);
+    prof_close(c, "gradient copies and the ranks' sums", NULL);
+    prof_open(c);
     emit_outputs(c);
+    prof_close(c, "the loss and metrics out", NULL);
     cg_close(c, "}");
     cg_blank(c);
 }
@@ -1192,6 +1288,7 @@ static void emit_optimizer(Cg *c) {
 static void emit_model(Cg *c) {
     const IrGraph *g = c->g;
     cg_emit_buckets(c);
+    if (c->prof) emit_prof_sites(c);
     cg_open(c, "static const RtModel model = {");
     cg_emit_model_head(c);
     cg_line(c, ".arena_bytes = %" PRId64 ",", g->arena_bytes > 64 ? g->arena_bytes : 64);
@@ -1200,6 +1297,7 @@ static void emit_model(Cg *c) {
     cg_line(c, ".forward_backward = forward_backward,");
     cg_line(c, ".optimizer_step = optimizer_step,");
     cg_line(c, ".eval_step = eval_step,");
+    if (c->prof) cg_line(c, ".n_prof_sites = %d, .prof_sites = prof_sites,", c->prof->n);
     cg_close(c, "};");
     cg_blank(c);
 }
@@ -1267,6 +1365,7 @@ static CgEmit *cpu_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     e->c.decl = xcalloc((size_t)g->n + 1, 1);
     e->c.done = xcalloc((size_t)g->n_groups + 1, 1);
     e->c.fold = xcalloc((size_t)g->n + 1, sizeof *e->c.fold);
+    if (g->profile) e->c.prof = xcalloc(1, sizeof *e->c.prof);
     if (!(e->optimizer = open_memstream(&e->text, &e->size))) ICE("cpu: out of memory");
     emit_prologue(&e->c);
     cg_line(&e->c, "// ---- model description");
@@ -1309,6 +1408,7 @@ static int cpu_model(CgEmit *e) {
     free(e->c.decl);
     free(e->c.done);
     free((void *)e->c.fold);
+    free(e->c.prof);
     free(e);
     return ferror(out) ? 1 : 0;
 }

@@ -397,7 +397,22 @@ typedef struct RtModel {
     int metric_counts;
     int metric_input;
     int64_t metric_ignore;
+    /* netc --profile: forward_backward marks the end of each of its n_prof_sites pieces
+     * (rt_prof_mark), and the trainer prints where the step's time went; 0 and NULL otherwise */
+    int n_prof_sites;
+    const struct RtProfSite *prof_sites;
 } RtModel;
+
+/* netc --profile (rt_prof.c): one piece of a CPU trainer's forward_backward, the code of one
+ * node of the step or of one fused group. */
+typedef struct RtProfSite {
+    const char *what; /* the operator ("conv2d_bwd_filter") or the fused group ("fused add+relu") */
+    const char *file; /* the .net file of the expression it came from ("" if none) */
+    int line;         /* and its line (0 if none) */
+} RtProfSite;
+/* Called by a profiled forward_backward: at its start, and after each piece with its site. */
+void rt_prof_start(void);
+void rt_prof_mark(int site);
 
 /* The x86-64 level this runtime was compiled for (rt_cpu.c): 1 (x86-64), 3 (x86-64-v3: AVX2,
  * FMA) or 4 (x86-64-v4: AVX-512); a trainer of level 3 or 4 checks the CPU before main. */

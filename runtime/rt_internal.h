@@ -38,6 +38,14 @@ typedef enum {
 } RtConvChoice;
 RtConvChoice rt_conv_choice(void);
 
+/* netc --profile (rt_prof.c): rt_prof_open at the start of training (nothing for a model without
+ * sites, or a device trainer), rt_prof_step after each step with its seconds and its optimizer's,
+ * rt_prof_report at the end: where the steps after the first went, by operator and by line. */
+void rt_prof_open(const RtModel *m);
+int rt_prof_on(void);
+void rt_prof_step(double step_s, double optimizer_s);
+void rt_prof_report(FILE *f, int threads);
+
 /* 3x3 convolutions of stride 1 and padding 1 by Winograd's F(2x2, 3x3) on NHWC activations
  * (rt_winograd.c): which geometries it takes, the floats of scratch a call needs (one call at a
  * time), the forward, the data gradient and the weight gradient. */

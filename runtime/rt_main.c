@@ -1059,6 +1059,7 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
     const RtModel *m = t->m;
     const int K = t->o.accumulate;
     int64_t step = t->pos.step;
+    double t_step = rt_prof_on() ? now() : 0;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step - t->scale.skipped; /* updates made: a loss-scaling run's skipped steps made none */
     t->ctx.n_valid = m->batch;
@@ -1081,8 +1082,10 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
+    double t_update = rt_prof_on() ? now() : 0;
     int rc = t->dev ? 0 : host_update(t, step, loss, correct);
     if (rc) return rc;
+    if (rt_prof_on()) rt_prof_step(now() - t_step, now() - t_update);
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
     t->ckpt_current = 0;
     return 0;
@@ -1152,6 +1155,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
                                        : NULL;
     int rc = 0;
     catch_stop_signals(t->o.quiet);
+    rt_prof_open(m);
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
@@ -1168,6 +1172,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         p->epoch++, p->batch = 0, p->eval_done = 0;
     }
     free(order), free(local);
+    if (t->dist.rank == 0) rt_prof_report(stdout, t->o.threads);
     collect_eval(t, 1);
     if (!rc) rc = finish_eval(t);
     if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);

@@ -71,6 +71,7 @@ typedef struct Options {
     int frozen_half; /* --frozen-half: frozen weights that only products read kept in their half type */
     int werror;     /* --werror: the trainer's C compiled with -Werror (CI) */
     int system_malloc; /* --system-malloc: a CPU trainer allocates with the C library's malloc */
+    int profile;     /* --profile: a CPU trainer that reports where its step's time goes */
     const char *cpu; /* --cpu as given, or NULL */
     int cpu_level;   /* --cpu: the x86-64 level of a CPU trainer, 1, 3 or 4; 0: this machine's */
     int print_toolchain; /* --print-toolchain: say where the trainer's tools are, and stop */
@@ -132,6 +133,8 @@ static void usage(FILE *out) {
             "                       highest this machine runs); every level computes the same values\n"
             "  --system-malloc      cpu: the trainer allocates with the C library's malloc, not the jemalloc\n"
             "                       netc links when it was built with it (one shared library fewer to deploy)\n"
+            "  --profile            cpu: the trainer times each piece of its step and prints, after training,\n"
+            "                       where the time went by operator and by .net line (docs/trainer.md)\n"
             "  --werror             compile the trainer's C with -Werror (for CI)\n"
             "  --print-toolchain    print the compiler, runtime and libraries a trainer would use, and stop\n"
             "                       (exit 1 if one that --backend needs is missing)\n"
@@ -281,6 +284,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->shard_optimizer = 1;
         } else if (strcmp(a, "--frozen-half") == 0) {
             o->frozen_half = 1;
+        } else if (strcmp(a, "--profile") == 0) {
+            o->profile = 1;
         } else if ((v = opt_value(argc, argv, &i, "--bucket-kib", &err))) {
             char *end;
             long long kib = strtoll(v, &end, 10);
@@ -343,6 +348,9 @@ static int parse_args(int argc, char **argv, Options *o) {
     if (o->frozen_half && o->precision != CG_BF16 && o->precision != CG_FP16)
         return usage_error("--frozen-half keeps frozen weights in the type the products compute in; give "
                            "--backend cuda --precision bf16 (or fp16) too%s", "");
+    if (o->profile && strcmp(o->backend, "cpu"))
+        return usage_error("--profile times the pieces of a CPU trainer's step; a %s trainer's step is one "
+                           "CUDA Graph: profile it with Nsight Systems (nsys profile ./trainer ...)", o->backend);
     if (o->cpu && strcmp(o->backend, "cpu"))
         return usage_error("--cpu %s: an option of --backend cpu; a GPU trainer's host code is compiled for plain "
                            "x86-64", o->cpu);
@@ -709,7 +717,7 @@ static int compile(const Options *o, Arena *arena) {
     mp_plan(g, be->node_scratch, be->in_place);
     verify(g, "memplan");
     if (o->distributed) dist_buckets(g, o->bucket_kib * 1024);
-    g->sync_bn = o->sync_bn, g->shard_optimizer = o->shard_optimizer;
+    g->sync_bn = o->sync_bn, g->shard_optimizer = o->shard_optimizer, g->profile = o->profile;
     if (o->report) {
         fuse_report(g, stdout);
         if (be == &cg_cpu) in_backward_report(g, IN_BACKWARD_MIN_FLOATS, stdout);

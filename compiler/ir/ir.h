@@ -302,6 +302,8 @@ typedef struct IrGraph {
                                 * summed over the ranks (runtime/rt_bn.c) */
     int shard_optimizer;       /* --shard-optimizer: each rank updates its slices of the buckets
                                 * (ZeRO-1; runtime/rt_dist.c) */
+    int profile;               /* --profile: the CPU step marks the end of each piece of its code
+                                * (runtime/rt_prof.c) */
     int loss_scaling;          /* --precision fp16: the loss gradient is seeded with the dynamic
                                 * loss scale (OP_LOSS_SCALE), set before autodiff */
 } IrGraph;
