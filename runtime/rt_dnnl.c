@@ -27,10 +27,10 @@ enum { FWD, BWD_DATA, BWD_WEIGHTS };
 
 /* A result oneDNN does not compute: a weight gradient by im2col + sgemm, a 3x3 convolution's
  * any direction by Winograd's F(2x2, 3x3) (rt_winograd.c). */
-enum { LIBRARY, IM2COL, WINOGRAD };
+enum { LIBRARY, IM2COL, COL2IM, WINOGRAD };
 
 struct RtConvPlan {
-    int own;                         /* LIBRARY, or the runtime's own: IM2COL, WINOGRAD */
+    int own;                         /* LIBRARY, or the runtime's own: IM2COL, COL2IM, WINOGRAD */
     dnnl_primitive_t conv;           /* oneDNN's primitive (LIBRARY only) */
     dnnl_memory_t act_in, act_out;   /* the NHWC activation operands (user pointers) */
     dnnl_memory_t wei_user, wei_lib; /* oihw weights (user) and oneDNN's format (same when equal) */
@@ -269,11 +269,72 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
     else rt_permute(3, dims, (const int[]){0, 2, 1}, sizeof(float), prod, dw);
 }
 
+/* ---- the data gradient of a convolution of few input channels, where oneDNN has no AVX-512
+ *
+ * dx = col2im(dy · W): the product of the output gradient's rows [N·P·Q][K] and the filters as a
+ * [K][R·S·C] matrix (permuted from oihw) gives each row's im2col gradient, columns (r, s, c),
+ * which is added into dx [N][H][W][C], a run of S·C floats per filter row. oneDNN's AVX2 kernel
+ * for it (brg_fwd:avx2, a forward convolution of the turned filters) keeps the C channels in
+ * 8-wide vectors: LeNet's second convolution (6 channels in, 5x5) took 0.74-0.78 ms at batch 64
+ * on the AVX2 EPYC, this 0.38-0.48 (1.5 ms and 0.76 at batch 128), a quarter of LeNet's step;
+ * from 8 channels oneDNN's is the faster (16 channels, 3x3: 0.85 ms against 1.7), and stays.
+ * Images go in chunks of at most RT_WGRAD_COL_FLOATS floats of columns; within an image the
+ * additions run in a fixed order (rows, then r, s, c), one thread an image, so the bits are
+ * those of the sgemm at the thread count. NETC_CONV=direct leaves it to oneDNN. */
+enum { RT_COL2IM_MAX_C = 7 };
+
+static int gemm_data_gradient(const RtConv *c) {
+    return c->groups == 1 && c->C <= RT_COL2IM_MAX_C && !avx512() && rt_conv_choice() != RT_CONV_DIRECT;
+}
+
+static void gemm_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx) {
+    int64_t crs = c->C * c->R * c->S, per_image = c->P * c->Q;
+    int64_t chunk = RT_WGRAD_COL_FLOATS / (per_image * crs) > 0 ? RT_WGRAD_COL_FLOATS / (per_image * crs) : 1;
+    if (chunk > c->N) chunk = c->N;
+    float *w_krsc = conv_scratch((size_t)(c->K * crs + chunk * per_image * crs)), *dcol = w_krsc + c->K * crs;
+    int64_t dims[] = {c->K, c->C, c->R * c->S}; /* [K][C][R·S] -> [K][R·S][C] */
+    rt_permute(3, dims, (const int[]){0, 2, 1}, sizeof(float), w, w_krsc);
+    for (int64_t n0 = 0; n0 < c->N; n0 += chunk) {
+        int64_t n1 = n0 + chunk < c->N ? n0 + chunk : c->N;
+        check(dnnl_sgemm('N', 'N', (n1 - n0) * per_image, crs, c->K, 1.0f, dy + n0 * per_image * c->K, c->K, w_krsc,
+                         crs, 0.0f, dcol, crs),
+              "the data gradient's sgemm");
+        #pragma omp parallel for schedule(static)
+        for (int64_t n = n0; n < n1; n++) {
+            float *img = dx + n * c->H * c->W * c->C;
+            memset(img, 0, (size_t)(c->H * c->W * c->C) * sizeof *img);
+            for (int64_t pq = 0; pq < per_image; pq++) {
+                const float *col = dcol + ((n - n0) * per_image + pq) * crs;
+                int64_t h0 = pq / c->Q * c->stride_h - c->pad_h, w0 = pq % c->Q * c->stride_w - c->pad_w;
+                for (int64_t r = 0; r < c->R; r++) {
+                    int64_t h = h0 + r * c->dil_h;
+                    if (h < 0 || h >= c->H) continue;
+                    if (c->dil_w == 1) { /* the taps inside the row: S·C floats in a run, in both */
+                        int64_t s0 = w0 < 0 ? -w0 : 0, s1 = w0 + c->S > c->W ? c->W - w0 : c->S;
+                        float *to = img + (h * c->W + w0 + s0) * c->C;
+                        const float *from = col + (r * c->S + s0) * c->C;
+                        for (int64_t i = 0; i < (s1 - s0) * c->C; i++) to[i] += from[i];
+                        continue;
+                    }
+                    for (int64_t s = 0; s < c->S; s++) {
+                        int64_t x = w0 + s * c->dil_w;
+                        if (x < 0 || x >= c->W) continue;
+                        float *to = img + (h * c->W + x) * c->C;
+                        const float *from = col + (r * c->S + s) * c->C;
+                        for (int64_t ch = 0; ch < c->C; ch++) to[ch] += from[ch];
+                    }
+                }
+            }
+        }
+    }
+}
+
 static RtConvPlan *make_plan(const RtConv *c, int kind) {
     init_engine();
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
     if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) p->own = IM2COL; /* gemm_bwd_filter */
+    if (kind == BWD_DATA && gemm_data_gradient(c)) p->own = COL2IM;     /* gemm_bwd_data */
     if (winograd(c)) p->own = WINOGRAD;
     if (p->own) return p; /* no primitive */
     MemDesc x = act_md(c->N, c->C, c->H, c->W), y = act_md(c->N, c->K, c->P, c->Q);
@@ -326,6 +387,7 @@ void rt_conv2d_nhwc_fwd(const RtConv *c, RtConvPlan **plan, const float *x, cons
 void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy, const float *w, float *dx) {
     if (!*plan) *plan = make_plan(c, BWD_DATA);
     RtConvPlan *p = *plan;
+    if (p->own == COL2IM) return gemm_bwd_data(c, dy, w, dx);
     if (p->own == WINOGRAD) return rt_winograd_bwd_data(c, dy, w, dx, conv_scratch(rt_winograd_scratch(c)));
     dnnl_memory_set_data_handle(p->wei_user, (void *)w);
     dnnl_memory_set_data_handle(p->act_in, (void *)dy);
@@ -355,7 +417,7 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
 const char *rt_conv_plan_impl(const RtConvPlan *p) {
     const_dnnl_primitive_desc_t pd;
     const char *impl = "?";
-    if (p->own) return p->own == IM2COL ? "im2col+sgemm" : "winograd";
+    if (p->own) return p->own == IM2COL ? "im2col+sgemm" : p->own == COL2IM ? "sgemm+col2im" : "winograd";
     if (dnnl_primitive_get_primitive_desc(p->conv, &pd) == dnnl_success)
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     return impl;

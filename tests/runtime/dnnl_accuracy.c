@@ -18,7 +18,8 @@
  * jit:avx512_core, an AMD EPYC with avx512_bf16) 0.13-1.25x the loop's error, AVX2 0.2-1.8x,
  * SSE41 0.1-1.6x; oneDNN 3.2 on an AVX2 AMD EPYC (brgconv:avx2 forward and data gradient)
  * 0.14-1.25x, SSE41 0.07-1.61x. Without AVX-512 the weight gradient is the runtime's im2col and
- * sgemm from 32 input channels (rt_dnnl.c; "im2col+sgemm" in the table), 0.11-0.29x there.
+ * sgemm from 32 input channels (rt_dnnl.c; "im2col+sgemm" in the table), 0.10-0.29x there, and
+ * the data gradient below 8 input channels an sgemm and col2im ("sgemm+col2im"), 0.19-0.50x.
  * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
  * loop's error (2^-9 against 1e-6 to 3e-6 at these sizes).
@@ -162,6 +163,7 @@ static const char *expected_path(const RtConv *c, int dir, int avx512) {
                c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->C >= 32 && c->K >= 32;
     if (wino && (strcmp(choice, "winograd") == 0 || (strcmp(choice, "auto") == 0 && !avx512))) return "winograd";
     if (avx512) return NULL;
+    if (dir == BWD_DATA && c->C < 8 && c->groups == 1 && strcmp(choice, "direct") != 0) return "sgemm+col2im";
     return dir == BWD_WEIGHTS && c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
 }
 
@@ -236,7 +238,9 @@ int main(int argc, char **argv) {
      * 128 and one of 101) and 7 x 8 at batch 4, 128 channels to 96 (48 tiles: one block). For
      * the im2col weight gradient (rt_dnnl.c) ResNet-50's 1x1 convolutions of stride 1, which
      * read the input in place, as [K][C] (256->64) and as its transpose (64->256), and a 3x3/2
-     * of 32 channels to 384 whose 3840 rows take two chunks of 3640 into one transposed product. */
+     * of 32 channels to 384 whose 3840 rows take two chunks of 3640 into one transposed product.
+     * For the data gradient's product and col2im, the stems above (padding: taps cut at the
+     * edges), LeNet's second convolution and a dilated 3x3 (taps added one by one). */
     struct { const char *name; RtConv c; } cases[] = {
         {"3x3 stem 3->64", geometry(8, 3, 32, 64, 3, 1, 1, 1, 1)},
         {"3x3 16->16", geometry(8, 16, 32, 16, 3, 1, 1, 1, 1)},
@@ -250,6 +254,8 @@ int main(int argc, char **argv) {
         {"1x1 64->256", geometry(4, 64, 14, 256, 1, 1, 0, 1, 1)},
         {"1x1 256->64", geometry(4, 256, 14, 64, 1, 1, 0, 1, 1)},
         {"3x3/2 32->384", geometry(15, 32, 31, 384, 3, 2, 1, 1, 1)},
+        {"5x5 6->16 LeNet", geometry(16, 6, 14, 16, 5, 1, 0, 1, 1)},
+        {"3x3 dil 2 4->8", geometry(4, 4, 12, 8, 3, 1, 2, 2, 1)},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) failed += check(cases[i].name, cases[i].c);
