@@ -1085,7 +1085,10 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
     double t_update = rt_prof_on() ? now() : 0;
     int rc = t->dev ? 0 : host_update(t, step, loss, correct);
     if (rc) return rc;
-    if (rt_prof_on()) rt_prof_step(now() - t_step, now() - t_update);
+    if (rt_prof_on()) {
+        double t_end = now();
+        rt_prof_step(t_end - t_step, t_end - t_update);
+    }
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
     t->ckpt_current = 0;
     return 0;

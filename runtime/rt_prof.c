@@ -28,7 +28,8 @@ static struct {
     double last;     /* the clock at the last mark */
     double step_s, optimizer_s;
     int64_t steps;
-    double *first_site_s, first_step_s, first_optimizer_s; /* the first step's, kept apart */
+    int first_seen;  /* the first step has run: its times are these, kept apart */
+    double *first_site_s, first_step_s, first_optimizer_s;
 } prof;
 
 static double clock_s(void) {
@@ -39,10 +40,10 @@ static double clock_s(void) {
 
 void rt_prof_open(const RtModel *m) {
     if (!m->n_prof_sites || m->device) return;
+    size_t bytes = (size_t)m->n_prof_sites * sizeof *prof.site_s;
     prof.m = m;
-    prof.site_s = calloc((size_t)m->n_prof_sites, sizeof *prof.site_s);
-    prof.first_site_s = calloc((size_t)m->n_prof_sites, sizeof *prof.site_s);
-    if (!prof.site_s || !prof.first_site_s) abort();
+    prof.site_s = rt_alloc(bytes, "the profile"); /* zeroed */
+    prof.first_site_s = rt_alloc(bytes, "the profile");
 }
 
 int rt_prof_on(void) { return prof.site_s != NULL; }
@@ -61,10 +62,10 @@ void rt_prof_mark(int site) {
 /* The first step's times are moved apart, and reported only when no other step ran. */
 void rt_prof_step(double step_s, double optimizer_s) {
     if (!prof.site_s) return;
-    if (prof.first_step_s == 0) {
+    if (!prof.first_seen) {
         memcpy(prof.first_site_s, prof.site_s, (size_t)prof.m->n_prof_sites * sizeof *prof.site_s);
         memset(prof.site_s, 0, (size_t)prof.m->n_prof_sites * sizeof *prof.site_s);
-        prof.first_step_s = step_s, prof.first_optimizer_s = optimizer_s;
+        prof.first_seen = 1, prof.first_step_s = step_s, prof.first_optimizer_s = optimizer_s;
         return;
     }
     prof.step_s += step_s, prof.optimizer_s += optimizer_s, prof.steps++;
@@ -120,7 +121,7 @@ static void print_rows(FILE *f, const Row *rows, int n, int shown, int by_line) 
 }
 
 void rt_prof_report(FILE *f, int threads) {
-    if (!prof.site_s || prof.first_step_s == 0) return;
+    if (!prof.site_s || !prof.first_seen) return;
     int first_left_out = prof.steps > 0;
     if (!first_left_out) {
         memcpy(prof.site_s, prof.first_site_s, (size_t)prof.m->n_prof_sites * sizeof *prof.site_s);
