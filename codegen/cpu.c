@@ -994,7 +994,7 @@ static void emit_prof_sites(Cg *c) {
         cg_cstr(c->out, p->what[i]);
         cg_put(c, ", ");
         cg_cstr(c->out, n && n->loc.file ? cg_base_name(n->loc.file) : "");
-        cg_end(c, ", %d},", n && n->loc.file ? n->loc.line : 0);
+        cg_end(c, ", %d, %.17g},", n && n->loc.file ? n->loc.line : 0, n && !n->group ? 2.0 * (double)ir_node_macs(n) : 0.0);
         free(p->what[i]);
     }
     cg_close(c, "};");

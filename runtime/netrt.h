@@ -409,6 +409,7 @@ typedef struct RtProfSite {
     const char *what; /* the operator ("conv2d_bwd_filter") or the fused group ("fused add+relu") */
     const char *file; /* the .net file of the expression it came from ("" if none) */
     int line;         /* and its line (0 if none) */
+    double flops;     /* twice its multiply-adds: products, convolutions, attention's forward; else 0 */
 } RtProfSite;
 /* Called by a profiled forward_backward: at its start, and after each piece with its site. */
 void rt_prof_start(void);

@@ -10,7 +10,10 @@
  * creates oneDNN's primitives and touches the arena for the first time.
  *
  * The report sums the pieces by operator, and by operator and .net line: a block's line stands
- * for every instance of the block (ResNet-50's 16 bottlenecks), forward and backward apart.
+ * for every instance of the block (ResNet-50's 16 bottlenecks), forward and backward apart. A
+ * row of products, convolutions or attention's forward also has its speed: the FLOPs of its
+ * sites (twice the multiply-adds the compiler counts, ir_node_macs: a direct convolution's, so
+ * Winograd's can pass the machine's peak) over their time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +76,7 @@ void rt_prof_step(double step_s, double optimizer_s) {
 
 typedef struct {
     const RtProfSite *site; /* the first of the row's sites */
-    double s;
+    double s, flops;
     int pieces;
 } Row;
 
@@ -94,7 +97,7 @@ static int rows_of(Row *rows, int by_line) {
         int r = 0;
         while (r < n && !same_row(rows[r].site, s, by_line)) r++;
         if (r == n) rows[n++] = (Row){.site = s};
-        rows[r].s += prof.site_s[i], rows[r].pieces++;
+        rows[r].s += prof.site_s[i], rows[r].flops += s->flops, rows[r].pieces++;
     }
     qsort(rows, (size_t)n, sizeof *rows, slower_first);
     return n;
@@ -102,22 +105,24 @@ static int rows_of(Row *rows, int by_line) {
 
 static void print_rows(FILE *f, const Row *rows, int n, int shown, int by_line) {
     double per = 1e3 / (double)prof.steps, whole = prof.step_s;
-    fprintf(f, "| share of the step | ms a step | pieces | %s |\n", by_line ? "operator | .net line" : "operator");
-    fprintf(f, "|---|---|---|%s\n", by_line ? "---|---|" : "---|");
+    fprintf(f, "| share of the step | ms a step | GFLOP/s | pieces | %s |\n",
+            by_line ? "operator | .net line" : "operator");
+    fprintf(f, "|---|---|---|---|%s\n", by_line ? "---|---|" : "---|");
     double rest = 0;
     for (int r = 0; r < n; r++) {
         if (r >= shown) {
             rest += rows[r].s;
             continue;
         }
-        fprintf(f, "| %.1f %% | %.3f | %d | %s |", 100 * rows[r].s / whole, rows[r].s * per, rows[r].pieces,
-                rows[r].site->what);
+        fprintf(f, "| %.1f %% | %.3f | ", 100 * rows[r].s / whole, rows[r].s * per);
+        if (rows[r].flops > 0 && rows[r].s > 0) fprintf(f, "%.1f ", rows[r].flops * (double)prof.steps / rows[r].s * 1e-9);
+        fprintf(f, "| %d | %s |", rows[r].pieces, rows[r].site->what);
         if (by_line && rows[r].site->line) fprintf(f, " %s:%d |", rows[r].site->file, rows[r].site->line);
         else if (by_line) fprintf(f, " |");
         fputc('\n', f);
     }
-    if (n > shown) fprintf(f, "| %.1f %% | %.3f | | %d more rows |%s\n", 100 * rest / whole, rest * per, n - shown,
-                           by_line ? " |" : "");
+    if (n > shown) fprintf(f, "| %.1f %% | %.3f | | | %d more rows |%s\n", 100 * rest / whole, rest * per,
+                           n - shown, by_line ? " |" : "");
 }
 
 void rt_prof_report(FILE *f, int threads) {

@@ -407,6 +407,9 @@ void ir_print_dot(const IrGraph *g, int whole_step, FILE *out);
 void ir_summary(const IrGraph *g, FILE *out);
 /* The forward pass's multiply-adds per sample: products, convolutions and attention (summary.c). */
 int64_t ir_forward_macs(const IrGraph *g);
+/* The multiply-adds of one run of node n, the whole batch: a convolution's (forward, data or
+ * weight gradient), a matrix product's, attention's forward; 0 for other operators (summary.c). */
+int64_t ir_node_macs(const IrNode *n);
 /* The operator table as the markdown list in docs/compiler.md (tests/ops checks the two agree). */
 void ir_print_ops(FILE *out);
 

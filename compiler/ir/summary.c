@@ -45,26 +45,36 @@ static int in_loss_or_metrics(const IrGraph *g, const IrNode *n) {
     return n->loc.line == g->loss->loc.line || (g->correct && n->loc.line == g->correct->loc.line);
 }
 
-/* Per-sample multiply-adds of node n (see the header). */
-static int64_t node_macs(const IrGraph *g, const IrNode *n) {
-    int64_t per_sample = ir_numel(&n->shape) / g->batch;
-    if (n->op == OP_CONV2D) {
+/* The multiply-adds of node n over 1/share of its output (the batch for --summary's per-sample
+ * counts, 1 for the whole run): a convolution's output elements (or its output gradient's) times
+ * the filter's C/groups · R · S, a product's times its inner size, attention's two products. */
+static int64_t macs_of(const IrNode *n, int64_t share) {
+    int64_t out = ir_numel(&n->shape) / share;
+    if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
         const IrShape *w = &n->in[1]->shape; /* [K, C/groups, R, S] */
-        return per_sample * w->dim[1] * w->dim[2] * w->dim[3];
+        int64_t dy = n->op == OP_CONV2D ? out : ir_numel(&n->in[0]->shape) / share;
+        return dy * w->dim[1] * w->dim[2] * w->dim[3];
     }
+    if (n->op == OP_CONV2D_BWD_FILTER) /* operands (x, dy); the result [K, C/groups, R, S] */
+        return ir_numel(&n->in[1]->shape) / share * (ir_numel(&n->shape) / n->shape.dim[0]);
     if (n->op == OP_MATMUL) {
         const IrShape *a = &n->in[0]->shape;
-        return per_sample * a->dim[a->rank - (n->attr.trans_a ? 2 : 1)];
+        return out * a->dim[a->rank - (n->attr.trans_a ? 2 : 1)];
     }
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) { /* q k^T and P v, causal or not */
         IrShape qkv[3]; /* as [..., T|S, d|e], whatever form the operands are in */
         if (!ir_attention_qkv(n, qkv)) ICE("summary: attention with operands it cannot read");
         const IrShape *k = &qkv[1], *v = &qkv[2];
         int64_t e = v->dim[v->rank - 1], S = k->dim[k->rank - 2], d = k->dim[k->rank - 1];
-        return per_sample / e * S * (d + e);
+        return out / e * S * (d + e);
     }
     return 0;
 }
+
+int64_t ir_node_macs(const IrNode *n) { return macs_of(n, 1); }
+
+/* Per-sample multiply-adds of node n (see the header). */
+static int64_t node_macs(const IrGraph *g, const IrNode *n) { return macs_of(n, g->batch); }
 
 int64_t ir_forward_macs(const IrGraph *g) {
     int64_t macs = 0;

@@ -8,7 +8,8 @@
     add+relu, the products of both passes) at the lines of models/lenet.net they come from;
   - the report adds up by construction: the by-operator shares sum to the forward and backward
     share, and the three parts of the step to 100 % (each within the rounding of the printed
-    figures); the pieces counted are the generated step's rt_prof_mark calls;
+    figures); the pieces counted are the generated step's rt_prof_mark calls; a convolution's
+    GFLOP/s times its time is its FLOPs (the three directions of conv2, counted by hand);
   - a trainer built without --profile has no marks in its C and prints no report; one step alone
     is reported with the first step included; --profile with --backend cuda is refused.
 
@@ -82,7 +83,7 @@ def main():
     # three figures each rounded to 0.1 %: their sum is 100 within 0.15
     checks(abs(fb + opt + rest - 100) <= 0.15, f"the step's parts sum to 100 %: {fb} + {opt} + {rest}")
     by_op = table(out, "| share of the step")
-    ops = {row[3]: row for row in by_op}
+    ops = {row[4]: row for row in by_op}  # share, ms a step, GFLOP/s, pieces, operator
     for op in ("conv2d", "conv2d_bwd_data", "conv2d_bwd_filter", "maxpool2d", "maxpool2d_bwd", "fused add+relu",
                "matmul", "matmul, backward", "xent", "xent_bwd"):
         checks(op in ops, f"the by-operator table has a row for {op}: {sorted(ops)}")
@@ -92,11 +93,24 @@ def main():
     total = sum(percent(row[0]) for row in by_op)
     checks(abs(total - fb) <= 0.05 * (len(by_op) + 1), f"the operators' shares sum to forward and backward's: "
            f"{total:.1f} against {fb}")
+    # GFLOP/s: twice the multiply-adds over the time; LeNet's conv2 at batch 16 (6 -> 16 channels,
+    # 5x5, 10x10 outputs) is 2 * 16 * 16 * 100 * 6 * 25 FLOPs in each direction. The printed ms
+    # (3 decimals of at least 0.04) and GFLOP/s (1 decimal) leave under 2 % of rounding: 3 %.
+    conv2 = next(i + 1 for i, text in enumerate(open(LENET).read().splitlines()) if "conv2:" in text)
+    flops = 2 * 16 * 16 * 100 * 6 * 25
+    directions = [row for row in table(out, "By operator and line")
+                  if row[5] == f"lenet.net:{conv2}" and row[4].startswith("conv2d")]
+    checks(len(directions) == 3, f"conv2's three directions have rows: {directions}")
+    for row in directions:
+        got = float(row[2]) * 1e9 * float(row[1]) * 1e-3
+        checks(abs(got - flops) <= 0.03 * flops, f"{row[4]} at line {conv2}: GFLOP/s x ms = {got:.0f} FLOPs, "
+               f"want {flops}: {row}")
+    checks(ops.get("maxpool2d", [""] * 5)[2] == "", f"a row without products has no GFLOP/s: {ops.get('maxpool2d')}")
     marks = len(re.findall(r"rt_prof_mark\(\d+\);", open(f"{work}/src-profiled/lenet-profiled.c").read()))
-    pieces = sum(int(row[2]) for row in by_op)
+    pieces = sum(int(row[3]) for row in by_op)
     checks(pieces == marks, f"the table counts {pieces} pieces, the step marks {marks}")
     by_line = table(out, "By operator and line")
-    lines = {(row[3], row[4]) for row in by_line}
+    lines = {(row[4], row[5]) for row in by_line}
     src = open(LENET).read().splitlines()
     for op, needle in (("conv2d", "conv1:"), ("conv2d_bwd_filter", "conv2:"), ("matmul", "fc1:")):
         line = next(i + 1 for i, text in enumerate(src) if needle in text)
