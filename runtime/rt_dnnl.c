@@ -245,10 +245,16 @@ static int pointwise(const RtConv *c) {
     return c->R == 1 && c->S == 1 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 0 && c->pad_w == 0;
 }
 
+/* How many of n items of `each` scratch floats go in one chunk: as many as RT_WGRAD_COL_FLOATS
+ * holds, at least one, at most n. */
+static int64_t chunk_of(int64_t each, int64_t n) {
+    int64_t k = RT_WGRAD_COL_FLOATS / each;
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
 static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw) {
     int64_t rsc = c->R * c->S * c->C, rows = c->N * c->P * c->Q;
-    int64_t chunk = pointwise(c) ? rows : RT_WGRAD_COL_FLOATS / rsc > 0 ? RT_WGRAD_COL_FLOATS / rsc : 1;
-    if (chunk > rows) chunk = rows;
+    int64_t chunk = pointwise(c) ? rows : chunk_of(rsc, rows);
     /* [K][R·S·C] = dyᵀ·col, or its transpose where that has the fewer rows (above) */
     int flip = rsc < c->K;
     float *col = conv_scratch((size_t)((pointwise(c) ? 0 : chunk * rsc) + c->K * rsc));
@@ -289,8 +295,7 @@ static int gemm_data_gradient(const RtConv *c) {
 
 static void gemm_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx) {
     int64_t crs = c->C * c->R * c->S, per_image = c->P * c->Q;
-    int64_t chunk = RT_WGRAD_COL_FLOATS / (per_image * crs) > 0 ? RT_WGRAD_COL_FLOATS / (per_image * crs) : 1;
-    if (chunk > c->N) chunk = c->N;
+    int64_t chunk = chunk_of(per_image * crs, c->N);
     float *w_krsc = conv_scratch((size_t)(c->K * crs + chunk * per_image * crs)), *dcol = w_krsc + c->K * crs;
     int64_t dims[] = {c->K, c->C, c->R * c->S}; /* [K][C][R·S] -> [K][R·S][C] */
     rt_permute(3, dims, (const int[]){0, 2, 1}, sizeof(float), w, w_krsc);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "netrt.h"
 #include "rt_file.h"
@@ -37,6 +38,13 @@ typedef enum {
     RT_CONV_WINOGRAD, /* winograd: Winograd's on every CPU */
 } RtConvChoice;
 RtConvChoice rt_conv_choice(void);
+
+/* Seconds on the monotonic clock: for intervals (step rates, waits, the profile). */
+static inline double rt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* netc --profile (rt_prof.c): rt_prof_open at the start of training (nothing for a model without
  * sites, or a device trainer), rt_prof_step after each step with its seconds and its optimizer's,

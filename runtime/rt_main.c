@@ -112,12 +112,6 @@ static double uniform01(uint64_t *state) {
     return (double)(*state >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 
 /* A refused file or a failed write: exit 1. */
 static _Noreturn void die(const char *fmt, ...) {
@@ -529,7 +523,7 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
 /* The progress line on a terminal: the step counted as the log lines count it (of the whole
  * run), the rate over `done` steps since t0, and the time the rest of the run needs at it. */
 static void progress(Trainer *t, int64_t done, double t0) {
-    double tn = now();
+    double tn = rt_now();
     double rate = (double)done * (double)global_batch(t) / (tn - t0);
     double eta = rate > 0 ? (double)(t->total - t->pos.step) * (double)global_batch(t) / rate : 0;
     rt_console_progress(&t->con, tn, "epoch %lld step %lld/%lld  %.0f samples/s  ETA %.0fs", (long long)t->pos.epoch,
@@ -984,7 +978,7 @@ static int take_sums(Trainer *t, int wait) {
                                             "lower the learning rate, or train with --precision bf16 or fp32");
     if (s.nonfinite_step) return t->dev_stop = nonfinite_loss(t, s.nonfinite_step, "NaN or infinite");
     if (!t->line.pending) return 0;
-    double tn = now();
+    double tn = rt_now();
     log_interval(t, t->line.step, t->line.epoch, t->dev_loss / (double)t->dev_steps,
                  accuracy_of(t->m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), t->line.counted),
                  t->line.lr, t->line.samples / (tn - t->line_t), t->line.wait);
@@ -1059,7 +1053,7 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
     const RtModel *m = t->m;
     const int K = t->o.accumulate;
     int64_t step = t->pos.step;
-    double t_step = rt_prof_on() ? now() : 0;
+    double t_step = rt_prof_on() ? rt_now() : 0;
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step - t->scale.skipped; /* updates made: a loss-scaling run's skipped steps made none */
     t->ctx.n_valid = m->batch;
@@ -1082,11 +1076,11 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
-    double t_update = rt_prof_on() ? now() : 0;
+    double t_update = rt_prof_on() ? rt_now() : 0;
     int rc = t->dev ? 0 : host_update(t, step, loss, correct);
     if (rc) return rc;
     if (rt_prof_on()) {
-        double t_end = now();
+        double t_end = rt_now();
         rt_prof_step(t_end - t_step, t_end - t_update);
     }
     t->pos.step++, t->pos.batch++, t->pos.eval_done = 0;
@@ -1110,7 +1104,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * K * m->batch, (n - first) * K, t->aug.any ? &t->aug : NULL,
                       t->o.seed, p->epoch);
-    double t0 = now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
+    double t0 = rt_now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
     t->dist.wait_s = 0, t->line_t = t0;
     int rc = 0;
     while (p->batch < n && !stopping(t)) {
@@ -1121,7 +1115,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
          * same point of the run on every rank, the next log point, so that they stop together */
         if (t->dev && t->dist.ranks == 1 && (rc = take_sums(t, 0))) break;
         if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double tn = now(), samples = (double)(since * global_batch(t)), wait = t->dist.wait_s / (tn - t_log);
+            double tn = rt_now(), samples = (double)(since * global_batch(t)), wait = t->dist.wait_s / (tn - t_log);
             if (t->dev) { /* no wait for the device inside an epoch: the line comes when its sums do */
                 if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
                     double sums[2] = {counted, stop_asked(t)};

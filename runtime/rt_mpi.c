@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "netrt.h"
+#include "rt_internal.h"
 
 enum { MAX_CHUNK = 1 << 30 }; /* MPI counts are int */
 
@@ -34,12 +35,6 @@ static int evaluator_ = -1;            /* --eval-rank: the evaluator's rank in M
 static double timeout_s = 600;
 static MPI_Request *reqs;
 static int n_reqs, cap_reqs;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* An exit before close(): the job cannot go on without this rank. */
 static void abort_on_exit(int status, void *unused) {
@@ -93,12 +88,12 @@ static int mpi_open(int *argc, char ***argv, int eval_rank, int *rank, int *rank
 
 /* Poll requests [0, n) until all are done; the seconds it took. */
 static double wait_all(MPI_Request *r, int n, const char *what) {
-    double t0 = now();
+    double t0 = rt_now();
     for (;;) {
         int done = 0;
         MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
-        if (done) return now() - t0;
-        double waited = now() - t0;
+        if (done) return rt_now() - t0;
+        double waited = rt_now() - t0;
         if (waited > timeout_s) {
             fprintf(stderr, "error: rank %d: no answer from the other ranks for %.0f s while %s (NETC_DIST_TIMEOUT); "
                             "a rank has died or hangs: ending the job\n", rank_, waited, what);

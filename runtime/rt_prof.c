@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "netrt.h"
 #include "rt_internal.h"
@@ -35,12 +34,6 @@ static struct {
     double *first_site_s, first_step_s, first_optimizer_s;
 } prof;
 
-static double clock_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void rt_prof_open(const RtModel *m) {
     if (!m->n_prof_sites || m->device) return;
     size_t bytes = (size_t)m->n_prof_sites * sizeof *prof.site_s;
@@ -52,12 +45,12 @@ void rt_prof_open(const RtModel *m) {
 int rt_prof_on(void) { return prof.site_s != NULL; }
 
 void rt_prof_start(void) {
-    if (prof.site_s) prof.last = clock_s();
+    if (prof.site_s) prof.last = rt_now();
 }
 
 void rt_prof_mark(int site) {
     if (!prof.site_s) return;
-    double t = clock_s();
+    double t = rt_now();
     prof.site_s[site] += t - prof.last;
     prof.last = t;
 }
