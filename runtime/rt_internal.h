@@ -46,10 +46,11 @@ static inline double rt_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* netc --profile (rt_prof.c): rt_prof_open at the start of training (nothing for a model without
- * sites, or a device trainer), rt_prof_step after each step with its seconds and its optimizer's,
- * rt_prof_report at the end: where the steps after the first went, by operator and by line. */
-void rt_prof_open(const RtModel *m);
+/* netc --profile (rt_prof.c): rt_prof_open at the start of training with forward_backward's runs
+ * a step (--accumulate; nothing for a model without sites, or a device trainer), rt_prof_step
+ * after each step with its seconds and its optimizer's, rt_prof_report at the end: where the
+ * steps after the first went, by operator and by line. */
+void rt_prof_open(const RtModel *m, int runs);
 int rt_prof_on(void);
 void rt_prof_step(double step_s, double optimizer_s);
 void rt_prof_report(FILE *f, int threads);

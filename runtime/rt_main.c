@@ -1152,7 +1152,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
                                        : NULL;
     int rc = 0;
     catch_stop_signals(t->o.quiet);
-    rt_prof_open(m);
+    rt_prof_open(m, t->o.accumulate);
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */

@@ -26,6 +26,7 @@ enum { RT_PROF_ROWS = 25 }; /* the rows of the report's second table */
 
 static struct {
     const RtModel *m;
+    int runs;        /* forward_backward's runs a step: --accumulate's batches */
     double *site_s;  /* seconds in each site over the steps counted; NULL: not profiling */
     double last;     /* the clock at the last mark */
     double step_s, optimizer_s;
@@ -34,10 +35,10 @@ static struct {
     double *first_site_s, first_step_s, first_optimizer_s;
 } prof;
 
-void rt_prof_open(const RtModel *m) {
+void rt_prof_open(const RtModel *m, int runs) {
     if (!m->n_prof_sites || m->device) return;
     size_t bytes = (size_t)m->n_prof_sites * sizeof *prof.site_s;
-    prof.m = m;
+    prof.m = m, prof.runs = runs;
     prof.site_s = rt_alloc(bytes, "the profile"); /* zeroed */
     prof.first_site_s = rt_alloc(bytes, "the profile");
 }
@@ -108,7 +109,8 @@ static void print_rows(FILE *f, const Row *rows, int n, int shown, int by_line) 
             continue;
         }
         fprintf(f, "| %.1f %% | %.3f | ", 100 * rows[r].s / whole, rows[r].s * per);
-        if (rows[r].flops > 0 && rows[r].s > 0) fprintf(f, "%.1f ", rows[r].flops * (double)prof.steps / rows[r].s * 1e-9);
+        if (rows[r].flops > 0 && rows[r].s > 0)
+            fprintf(f, "%.1f ", rows[r].flops * (double)(prof.steps * prof.runs) / rows[r].s * 1e-9);
         fprintf(f, "| %d | %s |", rows[r].pieces, rows[r].site->what);
         if (by_line && rows[r].site->line) fprintf(f, " %s:%d |", rows[r].site->file, rows[r].site->line);
         else if (by_line) fprintf(f, " |");

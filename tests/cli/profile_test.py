@@ -9,7 +9,8 @@
   - the report adds up by construction: the by-operator shares sum to the forward and backward
     share, and the three parts of the step to 100 % (each within the rounding of the printed
     figures); the pieces counted are the generated step's rt_prof_mark calls; a convolution's
-    GFLOP/s times its time is its FLOPs (the three directions of conv2, counted by hand);
+    GFLOP/s times its time is its FLOPs (the three directions of conv2, counted by hand; twice
+    them a step with --accumulate 2);
   - a trainer built without --profile has no marks in its C and prints no report; one step alone
     is reported with the first step included; --profile with --backend cuda is refused.
 
@@ -96,15 +97,20 @@ def main():
     # GFLOP/s: twice the multiply-adds over the time; LeNet's conv2 at batch 16 (6 -> 16 channels,
     # 5x5, 10x10 outputs) is 2 * 16 * 16 * 100 * 6 * 25 FLOPs in each direction. The printed ms
     # (3 decimals of at least 0.04) and GFLOP/s (1 decimal) leave under 2 % of rounding: 3 %.
+    # With --accumulate 2 a step is two batches: twice the FLOPs a step.
     conv2 = next(i + 1 for i, text in enumerate(open(LENET).read().splitlines()) if "conv2:" in text)
     flops = 2 * 16 * 16 * 100 * 6 * 25
-    directions = [row for row in table(out, "By operator and line")
-                  if row[5] == f"lenet.net:{conv2}" and row[4].startswith("conv2d")]
-    checks(len(directions) == 3, f"conv2's three directions have rows: {directions}")
-    for row in directions:
-        got = float(row[2]) * 1e9 * float(row[1]) * 1e-3
-        checks(abs(got - flops) <= 0.03 * flops, f"{row[4]} at line {conv2}: GFLOP/s x ms = {got:.0f} FLOPs, "
-               f"want {flops}: {row}")
+    twice = subprocess.run([exes["profiled"], *data, "--steps", "3", "--accumulate", "2"], capture_output=True,
+                           text=True).stdout
+    for report, batches in ((out, 1), (twice, 2)):
+        directions = [row for row in table(report, "By operator and line")
+                      if row[5] == f"lenet.net:{conv2}" and row[4].startswith("conv2d")]
+        checks(len(directions) == 3, f"conv2's three directions have rows: {directions}")
+        for row in directions:
+            got = float(row[2]) * 1e9 * float(row[1]) * 1e-3
+            checks(abs(got - batches * flops) <= 0.03 * batches * flops,
+                   f"{row[4]} at line {conv2}, {batches} batch(es) a step: GFLOP/s x ms = {got:.0f} FLOPs, "
+                   f"want {batches * flops}: {row}")
     checks(ops.get("maxpool2d", [""] * 5)[2] == "", f"a row without products has no GFLOP/s: {ops.get('maxpool2d')}")
     marks = len(re.findall(r"rt_prof_mark\(\d+\);", open(f"{work}/src-profiled/lenet-profiled.c").read()))
     pieces = sum(int(row[3]) for row in by_op)
