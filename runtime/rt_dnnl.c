@@ -254,15 +254,16 @@ static int64_t chunk_of(int64_t each, int64_t n) {
 
 static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw) {
     int64_t rsc = c->R * c->S * c->C, rows = c->N * c->P * c->Q;
-    int64_t chunk = pointwise(c) ? rows : chunk_of(rsc, rows);
+    int in_place = pointwise(c);
+    int64_t chunk = in_place ? rows : chunk_of(rsc, rows);
     /* [K][R·S·C] = dyᵀ·col, or its transpose where that has the fewer rows (above) */
     int flip = rsc < c->K;
-    float *col = conv_scratch((size_t)((pointwise(c) ? 0 : chunk * rsc) + c->K * rsc));
-    float *prod = pointwise(c) ? col : col + chunk * rsc;
+    float *col = conv_scratch((size_t)((in_place ? 0 : chunk * rsc) + c->K * rsc));
+    float *prod = in_place ? col : col + chunk * rsc;
     for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
         int64_t m1 = m0 + chunk < rows ? m0 + chunk : rows;
         const float *a = dy + m0 * c->K, *b = col;
-        if (pointwise(c)) b = x + m0 * c->C;
+        if (in_place) b = x + m0 * c->C;
         else im2col_rows(c, x, m0, m1, col);
         float beta = m0 ? 1.0f : 0.0f;
         check(flip ? dnnl_sgemm('T', 'N', rsc, c->K, m1 - m0, 1.0f, b, rsc, a, c->K, beta, prod, c->K)
