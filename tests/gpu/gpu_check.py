@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -128,10 +129,53 @@ def result(check, model, status, detail):
     return status != "FAIL"
 
 
+# A run that has not ended after this many seconds is taken for a hang and killed, with every
+# process it started: a GPU trainer of the checks' sizes starts and trains in seconds (ResNet-50's
+# cuDNN plans and algorithm trials included, estimated), so 180 s is generous, and one hung
+# trainer (a graph that never completes, an NCCL or MPI start-up waiting for a peer) becomes one
+# FAIL row instead of taking the whole device command with it. `--timeout` or $NETC_GPU_TIMEOUT
+# change it; `--deadline` (an absolute time, from run.sh) caps it.
+RUN_TIMEOUT = 180.0
+limits = {"timeout": RUN_TIMEOUT, "deadline": None}
+
+
+class DeadlinePassed(CannotRun):
+    """The run's --deadline came before this command could start: FAILED-TO-RUN, not FAIL."""
+
+
+def failed(e):
+    """The status of a check that raised e: FAILED-TO-RUN where this machine or the deadline kept
+    it from running (CannotRun), else FAIL."""
+    return "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL"
+
+
 def run(cmd, what, **kw):
-    """Run cmd; on failure raise CheckFailed naming `what`, the command and its last output."""
+    """Run cmd; on failure, or when it outlives the time limit (`limits`), raise CheckFailed
+    naming `what`, the command and its last output."""
     t0 = time.time()
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    timeout = limits["timeout"]
+    if limits["deadline"] is not None:
+        left = limits["deadline"] - t0
+        if left <= 1:
+            raise DeadlinePassed(f"{what} not started: run.sh's --deadline had passed")
+        timeout = min(timeout, left)
+    cmd = [str(c) for c in cmd]
+    # a session of its own, so that a kill reaches what the trainer started (an MPI singleton's
+    # helpers) and nothing else
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        lines = (out + err).strip().splitlines()[-6:] or ["(no output)"]
+        raise CheckFailed(f"{what} timed out: killed after {timeout:.0f} s (a hang? --timeout changes the "
+                          f"limit)\n    command: {' '.join(cmd)}\n    " + "\n    ".join(lines))
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if p.returncode != 0:
         lines = (p.stdout + p.stderr).strip().splitlines() or ["(no output)"]
         # the trainer's own error line, not a banner printed after it (MPI_Abort's)
@@ -421,7 +465,7 @@ def cmd_check(args):
     except CheckFailed as e:
         say(str(e))
         for check in checks:
-            result(check, model, "FAIL", str(e).splitlines()[0])
+            result(check, model, failed(e), str(e).splitlines()[0])
         return False
     ok = True
     try:
@@ -434,7 +478,7 @@ def cmd_check(args):
         cpu_error = str(e).splitlines()[0]
         # the GPU machine cannot build CPU trainers (no OpenBLAS, oneDNN): the reference comes
         # prepared from a CPU machine (pack.sh), and where it does not, this check did not run
-        ok &= result(checks[0], model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+        ok &= result(checks[0], model, failed(e),
                      f"no CPU reference: {cpu_error}")
         files = {"init": os.path.join(work, "init.safetensors")}
         write_data(gpu, work)
@@ -459,7 +503,7 @@ def cmd_check(args):
     except CheckFailed as e:
         say(str(e))
         for check in checks[1 if cpu_error else 0:]:
-            result(check, model, "FAIL", str(e).splitlines()[0])
+            result(check, model, failed(e), str(e).splitlines()[0])
         return False
 
     if not cpu_error:
@@ -583,7 +627,7 @@ def cmd_dist(args):
                 plain_saved = saved[0]
         except CheckFailed as e:
             say(str(e))
-            ok = result(check, model, "FAIL", str(e).splitlines()[0]) and ok
+            ok = result(check, model, failed(e), str(e).splitlines()[0]) and ok
             continue
         ok = bit_result(check, model, saved[1], saved[0], " (self-test: CPU trainers)" if args.self_test else "") and ok
     return ok
@@ -722,7 +766,7 @@ def cmd_converge(args):
         curves = {"cpu": read_log(cpu_log), "gpu": read_log(log)}
     except CheckFailed as e:
         say(str(e))
-        return result(check_name, model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+        return result(check_name, model, failed(e),
                       str(e).splitlines()[0])
     (cl, ce), (gl, ge) = curves["cpu"], curves["gpu"]
     say(f"  loss every 4 steps, cpu: {' '.join(f'{x:.3f}' for x in cl)}")
@@ -799,7 +843,7 @@ def cmd_fashion(args):
         accs = {"cpu": (read_log(cpu_log)[1] or {}).get("accuracy"), "gpu": (read_log(log)[1] or {}).get("accuracy")}
     except CheckFailed as e:
         say(str(e))
-        return result("fashion-mnist", model, "FAILED-TO-RUN" if isinstance(e, CannotRun) else "FAIL",
+        return result("fashion-mnist", model, failed(e),
                       str(e).splitlines()[0])
     good = accs["gpu"] is not None and accs["gpu"] >= 0.80 and abs(accs["gpu"] - accs["cpu"]) <= 0.02
     return result("fashion-mnist", model, "PASS" if good else "FAIL",
@@ -879,6 +923,12 @@ def main():
     common.add_argument("--arch", help="--arch for the GPU build, e.g. sm_90")
     common.add_argument("--self-test", action="store_true",
                         help="no GPU: a CPU row-major trainer stands in for the GPU trainer")
+    common.add_argument("--timeout", type=float, default=float(os.environ.get("NETC_GPU_TIMEOUT", RUN_TIMEOUT)),
+                        help=f"seconds after which a trainer's run is killed as a hang and FAILs "
+                             f"(default $NETC_GPU_TIMEOUT or {RUN_TIMEOUT:g})")
+    common.add_argument("--deadline", type=float,
+                        help="a time (seconds since the epoch) after which no run starts (FAILED-TO-RUN) "
+                             "and none runs on (run.sh --deadline)")
     common.add_argument("--trainers", default=os.environ.get("NETC_TRAINERS"),
                         help="a folder of trainers built ahead (a pack's trainers/): used when netc, the "
                              ".net file and the flags are the same (default $NETC_TRAINERS)")
@@ -904,6 +954,8 @@ def main():
                    help="parameters: ||a - b|| / ||b - init|| per tensor; 0: every tensor bit-identical")
     p.add_argument("--stat-tol", type=float, default=0.0, help="running statistics, relative to their max")
     args = ap.parse_args()
+    limits["timeout"] = getattr(args, "timeout", RUN_TIMEOUT)
+    limits["deadline"] = getattr(args, "deadline", None)
     if getattr(args, "model", None) and not os.path.exists(os.path.join(ROOT, "models", f"{args.model}.net")):
         ap.error(f"no models/{args.model}.net")
     ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge, "dist": cmd_dist,

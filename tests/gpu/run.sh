@@ -4,7 +4,7 @@
 # end; exit 1 if any check failed (README.md beside this).
 #
 #   tests/gpu/run.sh [--pack DIR] [--only STEP,...] [--models mlp,lenet,...] [--work DIR]
-#                    [--bench-args "ARGS"] [--self-test]
+#                    [--bench-args "ARGS"] [--timeout S] [--deadline S] [--self-test]
 #
 # Steps (--only; default: check,dist):
 #   check           per model, the CPU and the CUDA trainer from the same .net, init and data end
@@ -21,11 +21,15 @@
 #   references, the GPU trainers): nothing is compiled here. Without it, netc from build/.
 # First the libraries: cuDNN, cuBLASLt, NVRTC and NCCL from $CUDA_HOME (default /usr/local/cuda)
 # or PyTorch's site-packages/nvidia/*/lib, checked with ldd; a MISSING line for each one absent.
+# --timeout S: a trainer run still going after S seconds (default 180) is killed as a hang and FAILs.
+# --deadline S: nothing starts S seconds after run.sh did (rows FAILED-TO-RUN) and nothing runs on
+#   past it, so that one command on a machine lent for minutes always ends with its table
+#   (tests/gpu/README.md: --deadline 480 inside a 10-minute command).
 # --self-test: no GPU needed; a CPU trainer stands in for the CUDA one (checks the scripts).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-models="" only=check,dist bench_args="" work="" pack="" selftest=()
+models="" only=check,dist bench_args="" work="" pack="" selftest=() timeout="" deadline=""
 while (($#)); do
   case $1 in
     --pack) pack=$2; shift 2 ;;
@@ -33,12 +37,21 @@ while (($#)); do
     --models) models=${2//,/ }; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;  # e.g. "--compile-modes= --repeat 1" for a quicker run
     --work) work=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     --self-test) selftest=(--self-test); shift ;;
     --no-bench) shift ;;  # the old spelling: the benchmark is a step of its own now
     -h|--help) sed -n '2,/^set /p' "$0" | grep '^#'; exit 0 ;;
     *) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+for v in "$timeout" "$deadline"; do
+  [[ -z $v || $v =~ ^[0-9]+$ ]] || { echo "run.sh: --timeout and --deadline take whole seconds, not '$v'" >&2; exit 2; }
+done
+limits=()
+[ -n "$timeout" ] && limits+=(--timeout "$timeout")
+end=""
+if [ -n "$deadline" ]; then end=$(($(date +%s) + deadline)); limits+=(--deadline "$end"); fi
 [ "$only" = all ] && only=check,dist,converge,bench-lenet,bench-resnet50
 for s in ${only//,/ }; do
   case $s in check|dist|converge|bench-lenet|bench-resnet50) ;;
@@ -153,11 +166,26 @@ fi
 
 # ---- the steps
 crashed=0
+left() {  # seconds to the deadline (a large number without one)
+  if [ -n "$end" ]; then echo $((end - $(date +%s))); else echo 1000000; fi
+}
+not_run() {  # LOG CHECK MODEL: the row of a check the deadline kept from starting
+  printf 'RESULT\t%s\t%s\tFAILED-TO-RUN\tnot started: the --deadline of %s s had passed\n' "$2" "$3" "$deadline" |
+    tee -a "$1" | cut -f2- | sed 's/^/  /'
+}
 step() {  # LOG ARGS...: one gpu_check.py command; its RESULT lines go to the table, the rest to LOG
   local log=$1
   shift
-  "$PY" tests/gpu/gpu_check.py "$@" --work "$work" --netc "$netc" "${trainers[@]}" "${selftest[@]}" 2>&1 |
-    tee -a "$log" | grep -v '^RESULT' | sed 's/^/  /'
+  if (($(left) <= 1)); then
+    local m
+    m=$(sed -n 's/.*--model \([^ ]*\).*/\1/p' <<<"$*")
+    not_run "$log" "$1" "${m:--}"
+    return
+  fi
+  # gpu_check.py stops its own runs at the deadline; timeout(1) is the backstop for the rest
+  # (netc, a comparison), with a margin for the rows of a run killed at the deadline
+  timeout -k 5 $(($(left) + 30)) "$PY" tests/gpu/gpu_check.py "$@" --work "$work" --netc "$netc" \
+    "${trainers[@]}" "${selftest[@]}" "${limits[@]}" 2>&1 | tee -a "$log" | grep -v '^RESULT' | sed 's/^/  /'
   local rc=${PIPESTATUS[0]}
   ((rc == 0 || rc == 1)) || { crashed=1; echo "  gpu_check.py $* crashed (exit $rc)" | tee -a "$log"; }
 }
@@ -167,8 +195,12 @@ bench() {  # LOG MODEL
     printf 'benchmark\t%s\tNOT-RUN\t--self-test has no GPU to time\n' "$model" >>"$results"
     return
   fi
+  if (($(left) <= 1)); then
+    printf 'benchmark\t%s\tFAILED-TO-RUN\tnot started: the --deadline of %s s had passed\n' "$model" "$deadline" >>"$results"
+    return
+  fi
   # shellcheck disable=SC2086  # bench_args is a list of words
-  if "$PY" bench/gpu_vs_torch.py --models "$model" --netc "$netc" "${trainers[@]}" --work "$work/bench" \
+  if timeout -k 5 "$(left)" "$PY" bench/gpu_vs_torch.py --models "$model" --netc "$netc" "${trainers[@]}" --work "$work/bench" \
        $bench_args 2>&1 | tee -a "$log"; then
     printf 'benchmark\t%s\tPASS\tran; table above (%s)\n' "$model" "$log" >>"$results"
   else

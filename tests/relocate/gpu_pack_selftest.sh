@@ -7,7 +7,8 @@
 #     the pack's prepared CPU runs instead of redoing them;
 #  3. run.sh --pack with a stand-in nvidia-smi that lists a GPU takes the GPU trainers from the
 #     pack (nothing compiled) and reports each failing to start (no driver here: exit status 5)
-#     as FAIL with the trainer's message, and exits 1.
+#     as FAIL with the trainer's message, and exits 1;
+#  4. run.sh --deadline 0 starts no check: each step's row is FAILED-TO-RUN, the table still printed.
 set -euo pipefail
 src=$1 build=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -56,4 +57,14 @@ grep -q "^gpu-deterministic  *mlp  *FAIL  *training gpu failed (exit 5)" "$work/
   fail "the trainer's start-up failure is not reported"
 grep -q "no NVIDIA driver" "$work/gpu/check.log" || fail "the trainer's message is not in the log"
 grep -q "found libcudnn.so.9" "$work/gpu/setup.log" || fail "setup.log does not say where cuDNN is"
+
+echo "== run.sh --pack --self-test --deadline 0"
+"$src/tests/gpu/run.sh" --pack "$pack" --self-test --only check,dist --models mlp --work "$work/late" --deadline 0 \
+  >"$work/late.out" 2>&1 || { cat "$work/late.out"; fail "run.sh --deadline 0 exited non-zero"; }
+tail -5 "$work/late.out"
+grep -q "^check  *mlp  *FAILED-TO-RUN  *not started: the --deadline of 0 s had passed" "$work/late.out" ||
+  fail "no FAILED-TO-RUN row for the check step"
+grep -q "^dist  *mlp  *FAILED-TO-RUN" "$work/late.out" || fail "no FAILED-TO-RUN row for the dist step"
+grep -q "trained" "$work/late/check.log" && fail "a trainer ran after the deadline"
+grep -q "2 results: 0 failed, 2 failed to run" "$work/late.out" || fail "the summary does not count them"
 echo "PASS"
