@@ -467,15 +467,17 @@ static void gemm_call(Cu *u, const char *plan, const IrNode *a, const IrNode *b,
 }
 
 /* A product, with its epilogue group when cuBLASLt computes it (lt_epilogue). cuBLASLt may have
- * no algorithm for a GELU epilogue on some GPU and version (BIAS and RELU_BIAS are everywhere):
- * such a product is planned with rt_cuda_gemm_plan_try, and where that finds nothing, a plain
- * product (gemmN_plain) into the product's own buffer and the group's generated kernel run
- * instead, chosen once at start-up. */
+ * no algorithm for an epilogue on some GPU, version and shape: GELU's on some, and PyTorch
+ * found BIAS's refused by the heuristic (CUBLAS_STATUS_INVALID_VALUE) where a matrix has one row
+ * or column (aten/src/ATen/native/cuda/Blas.cpp uses the epilogue only above that). So every
+ * product with an epilogue is planned with rt_cuda_gemm_plan_try, and where that finds nothing,
+ * a plain product (gemmN_plain) into the product's own buffer and the group's generated kernel
+ * run instead, chosen once at start-up. */
 static void emit_matmul(Cu *u, const IrNode *n) {
     const IrNode *a = n->in[0], *b = n->in[1], *bias = NULL, *aux = NULL, *head = NULL, *out = n;
     const char *epi = "RT_EPI_NONE";
     const IrNode *last = lt_epilogue(u, n, &bias, &aux, &head, &epi);
-    const int fallback = last && strstr(epi, "GELU") != NULL;
+    const int fallback = last != NULL;
     if (last) { /* the group is the product's epilogue: no kernel of its own */
         u->c.done[n->epilogue] = 1;
         out = last;

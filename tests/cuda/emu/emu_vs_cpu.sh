@@ -80,6 +80,7 @@ fi
 case " $* " in *" --sync-bn "*) dir=$dir-sync-bn ;; esac # beside the same model's other runs
 case " $* " in *" --shard-optimizer "*) dir=$dir-shard ;; esac
 [ -z "${NETC_EMU_NO_GELU_EPILOGUE:-}" ] || dir=$dir-no-gelu-epilogue # rt_cuda_emu.c: the fallback
+[ -z "${NETC_EMU_NO_EPILOGUE:-}" ] || dir=$dir-no-epilogue
 rm -rf "$dir" && mkdir -p "$dir"
 
 # The emulated trainer of the CUDA trainer netc compiles with NETC_ARGS: DIR/$model-emu.

@@ -369,12 +369,14 @@ RtGemmPlan *rt_cuda_gemm_plan(RtCuda *cu, int trans_a, int trans_b, int64_t M, i
 }
 
 /* As rt_cuda_gemm.c's: NULL where cuBLASLt would have no algorithm, which the emulation plays
- * for the GELU epilogues when NETC_EMU_NO_GELU_EPILOGUE is set (the generated fallback, a plain
- * product and the group's kernel, then runs; cuda_emu_rows_gelu_fallback). */
+ * for the GELU epilogues when NETC_EMU_NO_GELU_EPILOGUE is set, and for every epilogue when
+ * NETC_EMU_NO_EPILOGUE is (the generated fallback, a plain product and the group's kernel, then
+ * runs; cuda_emu_rows_gelu_fallback, cuda_emu_mlp_epilogue_fallback). */
 RtGemmPlan *rt_cuda_gemm_plan_try(RtCuda *cu, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                   int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                                   int64_t sc, RtEpilogue epi, RtDtype dtype) {
     if ((epi == RT_EPI_GELU_BIAS || epi == RT_EPI_GELU_AUX_BIAS) && getenv("NETC_EMU_NO_GELU_EPILOGUE")) return NULL;
+    if (epi != RT_EPI_NONE && getenv("NETC_EMU_NO_EPILOGUE")) return NULL;
     return rt_cuda_gemm_plan(cu, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, epi, dtype);
 }
 

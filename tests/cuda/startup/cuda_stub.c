@@ -800,8 +800,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (requested < 1)
         violation("cublasLtMatmulAlgoGetHeuristic asked for %d results", requested);
     uint32_t epi = ((const MatmulDesc *)desc)->epilogue;
-    if ((epi == CUBLASLT_EPILOGUE_GELU_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
-        getenv("NETC_STUB_NO_GELU_EPILOGUE")) { /* as a cuBLASLt without such kernels answers */
+    if (((epi == CUBLASLT_EPILOGUE_GELU_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
+         getenv("NETC_STUB_NO_GELU_EPILOGUE")) ||
+        (epi != CUBLASLT_EPILOGUE_DEFAULT && getenv("NETC_STUB_NO_EPILOGUE"))) { /* as a cuBLASLt without such
+                                                                                   * kernels answers */
         *returned = 0;
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
