@@ -36,7 +36,7 @@
 #include "rt_devstate.h"
 
 enum {
-    BLOCK = 256,          /* threads per block of every generated kernel */
+    BLOCK = RT_CUDA_BLOCK, /* threads per block of every generated kernel (rt_devstate.h) */
     MAX_GRID = 1 << 20,   /* blocks of a grid-stride kernel; more elements loop */
     BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
     NORM_ROWS = 32,       /* rows per partial sum of the norms' parameter gradients (RT_K_NORM_ROWS) */

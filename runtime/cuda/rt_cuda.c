@@ -234,8 +234,11 @@ static int explain_no_device(cudaError_t e, char *why, size_t size) {
     }
 }
 
-/* The first visible GPU; a distributed trainer's rank takes GPU local_rank of its machine's
- * (modulo their number: ranks that share a GPU are slow, but right). */
+/* The first visible GPU; a distributed trainer's rank takes GPU local_rank of its machine's.
+ * NCCL runs one rank per GPU: ncclCommInitRank refuses two ranks on one device ("Duplicate GPU
+ * detected", since NCCL 2.5), so a training rank beyond the machine's GPUs is refused here, by
+ * name. --eval-rank's evaluator joins no communicator: it takes local_rank modulo their number
+ * (docs/distributed.md: -np 9 on 8 GPUs evaluates on GPU 0 beside rank 0). */
 static int find_device(const RtCudaModel *dm, const RtRanks *ranks, struct cudaDeviceProp *prop, char *why,
                        size_t size) {
     int count = 0;
@@ -244,6 +247,10 @@ static int find_device(const RtCudaModel *dm, const RtRanks *ranks, struct cudaD
         (void)cudaGetLastError();
         return explain_no_device(e == cudaSuccess ? cudaErrorNoDevice : e, why, size);
     }
+    if (dm->coll && ranks && ranks->comm && ranks->local_rank >= count)
+        return fail(why, size, "rank %d is local rank %d of its machine, which has %d visible GPU%s: NCCL takes "
+                               "one GPU a rank (start at most %d rank%s a machine)", ranks->rank, ranks->local_rank,
+                    count, count == 1 ? "" : "s", count, count == 1 ? "" : "s");
     int dev = dm->coll && ranks ? ranks->local_rank % count : 0;
     e = cudaSetDevice(dev);
     /* The host waits (a staging slot, the sums at a log interval) block instead of spinning, so
@@ -326,6 +333,25 @@ static int load_kernels(RtCuda *cu, const RtCudaImage *im, char *why, size_t siz
                                    "images come from different builds): %s", im->sm, dm->kernel_names[k],
                         cudaGetErrorString(e));
         }
+        /* Under lazy loading (CUDA's default since 12.2) a library is loaded, and PTX compiled,
+         * at a kernel's first use: asking for its attributes does that here, so an image the
+         * driver cannot load is this message and not the first launch's stop, and a kernel that
+         * cannot run a block of the generated size says so before any capture. */
+        struct cudaFuncAttributes attr;
+        e = cudaFuncGetAttributes(&attr, (const void *)cu->kernels[k]);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (e == cudaErrorUnsupportedPtxVersion)
+                return fail(why, size, "the NVIDIA driver is too old to compile this trainer's sm_%d PTX (update "
+                                       "the driver, or rebuild with netc --arch for this GPU): %s", im->sm,
+                            cudaGetErrorString(e));
+            return fail(why, size, "the sm_%d %s kernel image does not load on this GPU (kernel %s): %s", im->sm,
+                        im->ptx ? "PTX" : "cubin", dm->kernel_names[k], cudaGetErrorString(e));
+        }
+        if (attr.maxThreadsPerBlock < RT_CUDA_BLOCK)
+            return fail(why, size, "kernel %s runs at most %d threads a block on this GPU, fewer than the %d it is "
+                                   "launched with (%d registers a thread): a netc bug, please report it",
+                        dm->kernel_names[k], attr.maxThreadsPerBlock, RT_CUDA_BLOCK, attr.numRegs);
     }
     return 0;
 }
@@ -388,7 +414,9 @@ static int alloc_arena(RtCuda *cu, const char *gpu, char *why, size_t size) {
                                "lower the batch size", bytes / 1048576.0, gpu, free_bytes / 1048576.0);
     }
     rt_cuda_check(e, "cudaMalloc (the device arena)");
-    rt_cuda_check(cudaMemset(cu->base, 0, bytes), "cudaMemset (the device arena)");
+    /* On the step's stream: a cudaMemset goes on the legacy stream, which a non-blocking stream
+     * does not wait for, so the layout write_layout copies next could land before the zeros. */
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, bytes, cu->stream), "cudaMemsetAsync (the device arena)");
     return 0;
 }
 
@@ -420,6 +448,8 @@ static void alloc_slots(RtCuda *cu) {
         memset(cu->slot[s], 0, bytes);
         rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming | cudaEventBlockingSync),
                       "cudaEventCreateWithFlags");
+        /* recorded once, free from the start: a distributed trainer's watched wait queries it */
+        rt_cuda_check(cudaEventRecord(cu->slot_free[s], cu->stream), "cudaEventRecord (a free staging slot)");
     }
 }
 
@@ -513,12 +543,13 @@ static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
                     free_bytes / 1048576.0);
     }
     rt_cuda_check(e, "cudaMalloc (the evaluation's arena)");
-    rt_cuda_check(cudaMemset(l->base, 0, bytes), "cudaMemset (the evaluation's arena)");
     rt_cuda_check(cudaEventCreateWithFlags(&cu->snapshot, cudaEventDisableTiming | cudaEventBlockingSync),
                   "cudaEventCreateWithFlags");
     swap_lane(cu);
     rt_cuda_check(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking),
                   "cudaStreamCreateWithFlags (the evaluation's stream)");
+    /* zeroed on its own stream, which everything of the lane follows (alloc_arena) */
+    rt_cuda_check(cudaMemsetAsync(cu->base, 0, bytes, cu->stream), "cudaMemsetAsync (the evaluation's arena)");
     alloc_slots(cu);
     swap_lane(cu);
     return 0;
@@ -813,7 +844,9 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     RtCuda *cu = &g_cu;
     int s = cu->next_slot;
     cu->next_slot = (s + 1) % RT_CUDA_SLOTS;
-    rt_cuda_check(cudaEventSynchronize(cu->slot_free[s]), "cudaEventSynchronize (waiting for a staging slot)");
+    /* watched: the slot frees once the step two before has run, collectives included, so a rank
+     * that hangs stops the others here first (wait_until) */
+    wait_until(cu, cu->slot_free[s], "cudaEventSynchronize (waiting for a staging slot)");
     ((RtBatchHeader *)cu->slot[s])->n_valid = n_valid;
     for (int i = 0; i < cu->model->n_inputs; i++)
         memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
@@ -921,15 +954,21 @@ static void cuda_eval_async_read(double *loss_sum, double *correct) {
     rt_cuda_check(cudaMemcpyAsync(cu->host_state, cu->side.base + cu->dm->off_state, sizeof *cu->host_state,
                                   cudaMemcpyDeviceToHost, cu->side.stream),
                   "cudaMemcpyAsync (the evaluation's sums to the host)");
-    rt_cuda_check(cudaStreamSynchronize(cu->side.stream), "cudaStreamSynchronize (the evaluation's batches)");
+    /* the side stream waited for a snapshot after the step's collectives: watched as they are */
+    swap_lane(cu);
+    sync_stream(cu, "cudaStreamSynchronize (the evaluation's batches)");
+    swap_lane(cu);
     *loss_sum = cu->host_state->eval_loss;
     *correct = cu->host_state->eval_correct;
 }
 
 static void cuda_close(void) {
     RtCuda *cu = &g_cu;
-    if (cu->side.stream) /* an evaluation the run left behind (its data changed) */
-        rt_cuda_check(cudaStreamSynchronize(cu->side.stream), "cudaStreamSynchronize (closing the evaluation)");
+    if (cu->side.stream) { /* an evaluation the run left behind (its data changed) */
+        swap_lane(cu);
+        sync_stream(cu, "cudaStreamSynchronize (closing the evaluation)");
+        swap_lane(cu);
+    }
     if (cu->stream)
         sync_stream(cu, "cudaStreamSynchronize (closing the device)");
     teardown(cu);

@@ -59,6 +59,7 @@ enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER }; /* the `which` of rt_cuda_con
 
 struct RtCudaConvPlan {
     int which;
+    const char *what;             /* describe()'s words while planning, for a trial's stop */
     cudnnTensorDescriptor_t x, y; /* x and y (or dx and dy): NHWC or NCHW */
     cudnnFilterDescriptor_t w;    /* w or dw: [K, C/groups, R, S], KRSC (NHWC) or KCRS (NCHW) as x */
     cudnnConvolutionDescriptor_t conv;
@@ -228,14 +229,20 @@ static cudnnStatus_t run_algorithm(cudnnHandle_t h, const RtCudaConvPlan *p, con
 
 /* Run the plan's algorithm once, before any capture, on scratch operands carved from the start
  * of the arena (x, the filter, y: all three are live together in the step, so the arena holds
- * them; warm_up zeroes it again) with a workspace of its own. Non-zero, with `why`, when the
- * workspace cannot be had or the algorithm fails. */
+ * them; warm_up zeroes it again) with a workspace of its own. Each operand starts on a 256-byte
+ * boundary, as cudaMalloc's do, so that an algorithm is not refused (or passed) for the scratch
+ * layout's alignment alone. Non-zero, with `why`, when the workspace cannot be had or the
+ * algorithm fails; a fault that leaves the GPU unusable (an illegal or misaligned address: a
+ * sticky error, no other candidate could run after it) stops the trainer, naming the algorithm. */
 static int trial(RtCuda *cu, const RtCudaConvPlan *p, const RtConv *c, size_t elem, size_t ws_bytes, int *no_memory,
                  char *why, size_t size) {
     size_t x = (size_t)(c->N * c->C * c->H * c->W) * elem, y = (size_t)(c->N * c->K * c->P * c->Q) * elem;
     size_t w = (size_t)(c->K * (c->C / c->groups) * c->R * c->S) * elem;
+    size_t x_at = 0, w_at = (x + 255) / 256 * 256, y_at = w_at + (w + 255) / 256 * 256;
     unsigned char *base = rt_cuda_base(cu);
-    if (x + w + y > rt_cuda_arena_bytes(cu))
+    if (y_at + y > rt_cuda_arena_bytes(cu)) /* packed instead: at most 510 bytes more than they need */
+        w_at = x, y_at = x + w;
+    if (y_at + y > rt_cuda_arena_bytes(cu))
         rt_cuda_die("internal error: a convolution's operands (%zu bytes) exceed the %zu-byte arena", x + w + y,
                     rt_cuda_arena_bytes(cu));
     void *ws = NULL;
@@ -246,11 +253,15 @@ static int trial(RtCuda *cu, const RtCudaConvPlan *p, const RtConv *c, size_t el
         return 1;
     }
     /* (x, w) -> y, (y, w) -> x, (x, y) -> w: in0 and out are x or y by direction */
-    unsigned char *xp = base, *wp = base + x, *yp = base + x + w;
+    unsigned char *xp = base + x_at, *wp = base + w_at, *yp = base + y_at;
     void *in0 = p->which == CONV_BWD_DATA ? yp : xp, *in1 = p->which == CONV_BWD_FILTER ? yp : wp;
     void *out = p->which == CONV_FWD ? yp : p->which == CONV_BWD_DATA ? xp : wp;
     cudnnStatus_t st = run_algorithm(rt_cuda_dnn(cu), p, in0, in1, out, ws, ws_bytes);
     cudaError_t e = cudaStreamSynchronize(rt_cuda_stream(cu));
+    if (e != cudaSuccess && cudaGetLastError() != cudaSuccess && cudaGetLastError() != cudaSuccess)
+        rt_cuda_die("cuDNN's algorithm %d faulted in its trial run of the %s: %s (the GPU is unusable after it)\n"
+                    "  hint: a cuDNN or netc bug; please report the convolution above",
+                    (int)p->algo.fwd, p->what, cudaGetErrorString(e));
     if (ws)
         rt_cuda_check(cudaFree(ws), "cudaFree (a trial workspace)");
     if (st != CUDNN_STATUS_SUCCESS || e != cudaSuccess) {
@@ -314,6 +325,7 @@ RtCudaConvPlan *rt_cuda_conv_plan(RtCuda *cu, const RtConv *c, int which, int nh
     size_t bytes = 0;
     char why[256];
     int no_memory = 0;
+    p->what = describe(c, which, nhwc, dtype); /* describe's buffer: unchanged until choose returns */
     int chosen = choose(cu, p, c, elem, cand, n + 1, tensor_ops, &bytes, &no_memory, why, sizeof why);
     free(cand);
     if (chosen < 0 && no_memory) { /* open() fails with this, exit status 5 */

@@ -69,7 +69,10 @@ _Noreturn static void end_job(const char *fmt, const char *what, const char *det
 static void check(ncclResult_t r, const char *what) {
     if (r == ncclSuccess)
         return;
-    const char *last = g_nccl.comm ? ncclGetLastError(g_nccl.comm) : "";
+    /* NCCL keeps its last error message for the process, not in a communicator (NULL is taken):
+     * after a failed ncclCommInitRank, which leaves none, its detail ("Duplicate GPU detected
+     * ...") is still there */
+    const char *last = ncclGetLastError(g_nccl.comm);
     char detail[512];
     snprintf(detail, sizeof detail, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
     end_job("NCCL failed in %s: %s", what, detail);

@@ -10,6 +10,10 @@
 #ifndef RT_DEVSTATE_H
 #define RT_DEVSTATE_H
 
+/* Threads in a block of every generated kernel's launch (some launch fewer, none more): netc
+ * writes __launch_bounds__ of it, and the runtime checks each kernel can run it at start-up. */
+enum { RT_CUDA_BLOCK = 256 };
+
 typedef struct RtDevState {
     /* the run, set by the host before the first step (and again on resume) */
     long long step;          /* optimizer steps taken; advanced by the last kernel of each step */

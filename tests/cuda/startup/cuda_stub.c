@@ -62,7 +62,7 @@
 
 static FILE *log_file;
 static struct {
-    long kernels_found, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
+    long kernels_found, attributes, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
     long collectives, captured_collectives;
     long second_stream_launches; /* graphs launched on another stream than the first one captured on */
     long stream_syncs;           /* cudaStreamSynchronize and cudaStreamQuery: the host waits for all its work */
@@ -100,10 +100,11 @@ static _Noreturn void violation(const char *fmt, ...) {
 }
 
 __attribute__((destructor)) static void summary(void) {
-    stub_log("summary: %ld kernels found, %ld kernel launches (%ld captured), %ld graph launches, %ld products, "
+    stub_log("summary: %ld kernels found, %ld kernel attributes, %ld kernel launches (%ld captured), "
+             "%ld graph launches, %ld products, "
              "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives, "
              "%ld graph launches on a second stream, %ld stream waits, %ld events not ready",
-             counts.kernels_found, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
+             counts.kernels_found, counts.attributes, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
              counts.transforms, counts.copies, counts.collectives, counts.captured_collectives,
              counts.second_stream_launches, counts.stream_syncs, counts.queries_not_ready);
 }
@@ -621,6 +622,23 @@ cudaError_t cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t lib, const 
         }
     stub_log("kernel %s not in the image", name);
     return ret(cudaErrorSymbolNotFound);
+}
+
+/* A kernel's attributes, which load a lazily loaded library (rt_cuda.c's load_kernels):
+ * NETC_STUB_LAZY_LOAD_FAIL plays an image the driver refuses only then (a PTX it cannot
+ * compile), NETC_STUB_MAX_THREADS a kernel that cannot run a block of that many threads. */
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func) {
+    const Kernel *k = func;
+    if (!loaded || k < loaded->kernels || k >= loaded->kernels + loaded->n)
+        violation("cudaFuncGetAttributes of %p, not a kernel of the loaded image", func);
+    if (getenv("NETC_STUB_LAZY_LOAD_FAIL"))
+        return ret(cudaErrorInvalidPtx);
+    memset(attr, 0, sizeof *attr);
+    const char *max = getenv("NETC_STUB_MAX_THREADS");
+    attr->maxThreadsPerBlock = max ? atoi(max) : 1024;
+    attr->numRegs = 32;
+    counts.attributes++;
+    return cudaSuccess;
 }
 
 cudaError_t cudaLibraryUnload(cudaLibrary_t lib) {

@@ -98,6 +98,9 @@ def main():
             got = summary(lines)
             check(got.get("kernels found") == n_kernels,
                   f"{tag}: {got.get('kernels found')} of {n_kernels} kernels looked up")
+            check(got.get("kernel attributes") == n_kernels,
+                  f"{tag}: {got.get('kernel attributes')} of {n_kernels} kernels loaded by their attributes "
+                  "(lazy loading would defer a bad image's error to the first launch)")
             captures = sum(ln.startswith("captured a graph") for ln in lines)
             check(captures == (4 if graph else 0), f"{tag}: {captures} graphs captured")
             check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
@@ -191,6 +194,18 @@ def main():
     check("is sm_75, but this trainer carries kernels for sm_80, sm_90 (cubin) and sm_80 (PTX); rebuild it with "
           "netc --arch sm_75" in p.stderr, f"sm_75: message {p.stderr.strip()!r}")
     print("sm_75:", p.stderr.strip())
+
+    # An image the driver refuses only when a kernel is first needed (lazy loading, a PTX it cannot
+    # compile): a start-up message (status 5), not the first launch's stop; likewise a kernel that
+    # cannot run the generated block size.
+    p, lines = run(exe, args, 90, log, {"NETC_STUB_LAZY_LOAD_FAIL": "1"})
+    check(p.returncode == 5 and "cubin kernel image does not load on this GPU (kernel " in p.stderr,
+          f"lazy load failure: exit status {p.returncode}, message {p.stderr.strip()!r}")
+    print("lazy load failure:", p.stderr.strip())
+    p, lines = run(exe, args, 90, log, {"NETC_STUB_MAX_THREADS": "128"})
+    check(p.returncode == 5 and "runs at most 128 threads a block on this GPU, fewer than the 256" in p.stderr,
+          f"too few threads a block: exit status {p.returncode}, message {p.stderr.strip()!r}")
+    print("too few threads a block:", p.stderr.strip())
 
     p, lines = run(exe, args, 90, log, {"NETC_STUB_MEM_MIB": "0"})
     check(p.returncode == 5 and "MiB of GPU memory, but the GPU (stub sm_90) has 0.0 MiB free" in p.stderr,
