@@ -789,7 +789,53 @@ def cmd_converge(args):
         last = [json.loads(x) for x in open(log) if '"loss_scale"' in x]
         if last:
             detail += f"; loss scale {last[-1]['loss_scale']:g}, {last[-1]['skipped_steps']} steps skipped"
-    return result(check_name, model, "FAIL" if problems else "PASS", detail)
+    ok = result(check_name, model, "FAIL" if problems else "PASS", detail)
+    if args.precision == "fp32":
+        ok = eval_async(args, model, gpu, work, steps, init, log) and ok
+    return ok
+
+
+def log_records(path):
+    """A log's step and evaluation records without their timings (samples/s, waits)."""
+    rows = [json.loads(line) for line in open(path)]
+    for r in rows:
+        r.pop("samples_per_s", None), r.pop("comm_wait", None)
+    return [r for r in rows if "checkpoint" not in r]
+
+
+def eval_async(args, model, gpu, work, steps, init, log):
+    """The converge run again with --eval-async: each evaluation on a second stream and arena,
+    beside the training steps that follow it, from a copy of the parameters. The same weights
+    bit for bit, the same step records and the same evaluations bit for bit (the same kernels and
+    plans on the same parameters: docs/cuda.md); an evaluation that raced the training steps, read
+    the training arena or lost a batch would not give them. Every evaluation of the run overlaps
+    training but the last."""
+    if args.self_test:
+        return result("eval-async", model, "SKIPPED", "--self-test: a CPU trainer has no --eval-async")
+    plain = os.path.join(work, "gpu-fp32.safetensors")
+    out = os.path.join(work, "gpu-eval-async.safetensors")
+    async_log = os.path.join(work, "gpu-eval-async.jsonl")
+    try:
+        train(gpu, converge_data(work), steps, init, out, ["--log-every", "4", "--eval-async"], log=async_log)
+    except CheckFailed as e:
+        say(str(e))
+        return result("eval-async", model, failed(e), str(e).splitlines()[0])
+    split = lambda rs: ([r for r in rs if not r.get("eval")], [r for r in rs if r.get("eval")])  # noqa: E731
+    (steps_a, evals_a), (steps_s, evals_s) = split(log_records(async_log)), split(log_records(log))
+    problems = []
+    if open(out, "rb").read() != open(plain, "rb").read():
+        c = compare(out, plain)
+        problems.append(f"--eval-async changed the trained weights ({len(c.differ)} tensors differ)")
+    if steps_a != steps_s:
+        problems.append("--eval-async changed the step records")
+    if not evals_s or evals_a != evals_s:
+        problems.append(f"evaluations with --eval-async {evals_a[:2]}..., without {evals_s[:2]}...")
+    for m in problems:
+        say("  " + m)
+    return result("eval-async", model, "FAIL" if problems else "PASS",
+                  "; ".join(problems) if problems else
+                  f"{steps} steps, {len(evals_s)} evaluations beside training: the same weights and evaluations, "
+                  "bit for bit")
 
 
 FASHION_CFG = dict(MODELS["lenet"], defs=["batch=64"])

@@ -13,8 +13,8 @@
 #   dist            MLP, LeNet, ResNet-18: the distributed CUDA trainer (netc --distributed, NCCL)
 #                   started as one rank (Open MPI's singleton, the pack's mpi.tar.xz) gives the
 #                   plain trainer's bits, with and without --shard-optimizer
-#   converge        on learnable data the GPU's loss falls like the CPU's (fp32, bf16, fp16), and
-#                   LeNet learns Fashion-MNIST
+#   converge        on learnable data the GPU's loss falls like the CPU's (fp32, bf16, fp16), the
+#                   fp32 run with --eval-async gives its bits, and LeNet learns Fashion-MNIST
 #   bench-lenet, bench-resnet50    bench/gpu_vs_torch.py for one model
 #   all             every step, in this order
 # --pack DIR: the folder tests/gpu/pack.sh made on a CPU machine (netc, its runtime, the CPU
