@@ -16,6 +16,7 @@
  * to AVX2 after a whole-network ResNet-18 step on AVX-512 came out 0.4 % off; that was ReLU, not
  * oneDNN (docs/testing.md, "Accuracy at the size of a real batch").
  */
+#include <cblas.h>
 #include <dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,10 +28,10 @@ enum { FWD, BWD_DATA, BWD_WEIGHTS };
 
 /* A result oneDNN does not compute: a weight gradient by im2col + sgemm, a 3x3 convolution's
  * any direction by Winograd's F(2x2, 3x3) (rt_winograd.c). */
-enum { LIBRARY, IM2COL, COL2IM, WINOGRAD };
+enum { LIBRARY, IM2COL, IM2COL_OPENBLAS, COL2IM, WINOGRAD };
 
 struct RtConvPlan {
-    int own;                         /* LIBRARY, or the runtime's own: IM2COL, COL2IM, WINOGRAD */
+    int own;                         /* LIBRARY, or the runtime's own: IM2COL(_OPENBLAS), COL2IM, WINOGRAD */
     dnnl_primitive_t conv;           /* oneDNN's primitive (LIBRARY only) */
     dnnl_memory_t act_in, act_out;   /* the NHWC activation operands (user pointers) */
     dnnl_memory_t wei_user, wei_lib; /* oihw weights (user) and oneDNN's format (same when equal) */
@@ -181,6 +182,18 @@ static dnnl_memory_t user_mem(MdRef md) {
  * (LeNet's 1 and 6 channels: half its step in the im2col, at 1x PyTorch's speed against 2.6x). */
 enum { RT_WGRAD_COL_FLOATS = 1 << 20, RT_WGRAD_MIN_C = 32 };
 
+/* The product itself goes to OpenBLAS where its result has at least RT_WGRAD_OPENBLAS_MIN
+ * elements: a sum over tens of thousands of rows into a [K][R·S·C] result, on which oneDNN's
+ * AVX2 sgemm falls well below its peak and OpenBLAS's Zen kernels do not. On the 2-core AVX2
+ * EPYC (best of 9-15 in each of 3 runs, orientation as chosen above; this machine's runs move by
+ * up to 2x): 1x1 256->1024 at 3136 rows (ResNet-50's at batch 16) 55-112 GFLOP/s in oneDNN against
+ * 122-136 in OpenBLAS, 1024->256 51-102 against 128-137, 128->512 at 3136-12544 rows 77-96 against
+ * 104-116, the 3x3/2 weight gradients of 1152 x 256 62-124 against 85-133; at 576 x 128
+ * (ResNet-18's first 3x3/2) they are even (0.93-1.0x), and below 64K elements oneDNN's is the
+ * faster (64->256 over 50176 rows: 0.85x, 64x64: 0.7-0.98x). Only where OpenBLAS runs the CPU's
+ * own kernels (rt_openblas_current), and not under NETC_CONV=direct. */
+enum { RT_WGRAD_OPENBLAS_MIN = 1 << 16 };
+
 static int avx512(void) {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
@@ -188,6 +201,11 @@ static int avx512(void) {
 
 static int gemm_weight_gradient(const RtConv *c) {
     return c->groups == 1 && c->C >= RT_WGRAD_MIN_C && !avx512();
+}
+
+static int openblas_weight_gradient(const RtConv *c) {
+    return c->R * c->S * c->C * c->K >= RT_WGRAD_OPENBLAS_MIN && rt_conv_choice() != RT_CONV_DIRECT &&
+           rt_openblas_current();
 }
 
 /* Winograd's F(2x2, 3x3) for all three directions of the 3x3 convolutions it takes
@@ -252,7 +270,17 @@ static int64_t chunk_of(int64_t each, int64_t n) {
     return k < 1 ? 1 : k > n ? n : k;
 }
 
-static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw) {
+/* Row-major C[M][N] = alpha Aᵀ B + beta C (A [K][M], B [K][N]) in oneDNN's sgemm or OpenBLAS's. */
+static void sgemm_tn(int openblas, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (openblas)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
+                    (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+    else
+        check(dnnl_sgemm('T', 'N', M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc), "the weight gradient's sgemm");
+}
+
+static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, float *dw, int openblas) {
     int64_t rsc = c->R * c->S * c->C, rows = c->N * c->P * c->Q;
     int in_place = pointwise(c);
     int64_t chunk = in_place ? rows : chunk_of(rsc, rows);
@@ -266,9 +294,8 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
         if (in_place) b = x + m0 * c->C;
         else im2col_rows(c, x, m0, m1, col);
         float beta = m0 ? 1.0f : 0.0f;
-        check(flip ? dnnl_sgemm('T', 'N', rsc, c->K, m1 - m0, 1.0f, b, rsc, a, c->K, beta, prod, c->K)
-                   : dnnl_sgemm('T', 'N', c->K, rsc, m1 - m0, 1.0f, a, c->K, b, rsc, beta, prod, rsc),
-              "the weight gradient's sgemm");
+        if (flip) sgemm_tn(openblas, rsc, c->K, m1 - m0, b, rsc, a, c->K, beta, prod, c->K);
+        else sgemm_tn(openblas, c->K, rsc, m1 - m0, a, c->K, b, rsc, beta, prod, rsc);
     }
     /* [K][R·S][C] or [R·S][C][K] -> [K][C][R·S] */
     int64_t dims[] = {c->K, c->R * c->S, c->C}, flipped[] = {c->R * c->S, c->C, c->K};
@@ -339,7 +366,8 @@ static RtConvPlan *make_plan(const RtConv *c, int kind) {
     init_engine();
     RtConvPlan *p = calloc(1, sizeof *p);
     if (!p) abort();
-    if (kind == BWD_WEIGHTS && gemm_weight_gradient(c)) p->own = IM2COL; /* gemm_bwd_filter */
+    if (kind == BWD_WEIGHTS && gemm_weight_gradient(c))                  /* gemm_bwd_filter */
+        p->own = openblas_weight_gradient(c) ? IM2COL_OPENBLAS : IM2COL;
     if (kind == BWD_DATA && gemm_data_gradient(c)) p->own = COL2IM;     /* gemm_bwd_data */
     if (winograd(c)) p->own = WINOGRAD;
     if (p->own) return p; /* no primitive */
@@ -408,7 +436,7 @@ void rt_conv2d_nhwc_bwd_data(const RtConv *c, RtConvPlan **plan, const float *dy
 void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *x, const float *dy, float *dw) {
     if (!*plan) *plan = make_plan(c, BWD_WEIGHTS);
     RtConvPlan *p = *plan;
-    if (p->own == IM2COL) return gemm_bwd_filter(c, x, dy, dw);
+    if (p->own == IM2COL || p->own == IM2COL_OPENBLAS) return gemm_bwd_filter(c, x, dy, dw, p->own == IM2COL_OPENBLAS);
     if (p->own == WINOGRAD) return rt_winograd_bwd_filter(c, x, dy, dw, conv_scratch(rt_winograd_scratch(c)));
     dnnl_memory_set_data_handle(p->act_in, (void *)x);
     dnnl_memory_set_data_handle(p->act_out, (void *)dy);
@@ -423,7 +451,9 @@ void rt_conv2d_nhwc_bwd_filter(const RtConv *c, RtConvPlan **plan, const float *
 const char *rt_conv_plan_impl(const RtConvPlan *p) {
     const_dnnl_primitive_desc_t pd;
     const char *impl = "?";
-    if (p->own) return p->own == IM2COL ? "im2col+sgemm" : p->own == COL2IM ? "sgemm+col2im" : "winograd";
+    if (p->own)
+        return p->own == IM2COL ? "im2col+sgemm" : p->own == IM2COL_OPENBLAS ? "im2col+openblas"
+               : p->own == COL2IM ? "sgemm+col2im" : "winograd";
     if (dnnl_primitive_get_primitive_desc(p->conv, &pd) == dnnl_success)
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     return impl;

@@ -34,8 +34,11 @@ static int openblas_behind(void) {
     return 1;
 }
 
+int rt_openblas_current(void) { return !openblas_behind(); }
+
 /* With AVX2 and without AVX-512 oneDNN's sgemm is at least as fast as OpenBLAS's on every
- * product measured, the small ones too: on the 2-core AVX2 EPYC (Zen 3, OpenBLAS 0.3.21 running
+ * product rt_gemm is given, the small ones too (the long sums of the convolutions' weight
+ * gradients are another matter: rt_dnnl.c): on the 2-core AVX2 EPYC (Zen 3, OpenBLAS 0.3.21 running
  * its Zen kernels, oneDNN 3.2) a LoRA adapter's rank-8 products took 30-80 us in oneDNN against
  * 70-180 us in OpenBLAS, the MLP's and the attention's 64-784 wide ones 0.6-1.0x OpenBLAS's
  * time, and the rank-8 LoRA Llama's step was 5 % faster. With AVX-512 (a 2-core EPYC) OpenBLAS's call cost

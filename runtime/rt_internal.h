@@ -30,6 +30,9 @@ typedef enum {
     RT_GEMM_REFERENCE, /* all to rt_gemm_reference */
 } RtGemmRoute;
 RtGemmRoute rt_gemm_route(void);
+/* Whether OpenBLAS runs kernels of the CPU's generation (rt_gemm.c's openblas_behind, negated):
+ * where it does not, nothing goes to it by default. */
+int rt_openblas_current(void);
 /* NETC_CONV (rt_gemm.c): how rt_dnnl.c computes the channels-last 3x3 convolutions that
  * rt_winograd.c takes; another value than these ends the process with status 2. */
 typedef enum {

@@ -18,7 +18,8 @@
  * jit:avx512_core, an AMD EPYC with avx512_bf16) 0.13-1.25x the loop's error, AVX2 0.2-1.8x,
  * SSE41 0.1-1.6x; oneDNN 3.2 on an AVX2 AMD EPYC (brgconv:avx2 forward and data gradient)
  * 0.14-1.25x, SSE41 0.07-1.61x. Without AVX-512 the weight gradient is the runtime's im2col and
- * sgemm from 32 input channels (rt_dnnl.c; "im2col+sgemm" in the table), 0.10-0.29x there, and
+ * sgemm from 32 input channels (rt_dnnl.c; "im2col+sgemm" in the table, "im2col+openblas" where
+ * the product goes to OpenBLAS: a result of 64K elements or more), 0.10-0.68x there, and
  * the data gradient below 8 input channels an sgemm and col2im ("sgemm+col2im"), 0.19-0.50x.
  * 4x leaves room for another order and nothing for a wrong one, which is off by
  * far more: a kernel that rounded its operands to bfloat16 would be about a thousand times the
@@ -42,6 +43,7 @@
 #include <string.h>
 
 #include "netrt.h"
+#include "rt_internal.h" /* rt_openblas_current: the OpenBLAS weight gradient's condition */
 
 #include "test_util.h"
 
@@ -164,7 +166,10 @@ static const char *expected_path(const RtConv *c, int dir, int avx512) {
     if (wino && (strcmp(choice, "winograd") == 0 || (strcmp(choice, "auto") == 0 && !avx512))) return "winograd";
     if (avx512) return NULL;
     if (dir == BWD_DATA && c->C < 8 && c->groups == 1 && strcmp(choice, "direct") != 0) return "sgemm+col2im";
-    return dir == BWD_WEIGHTS && c->C >= 32 && c->groups == 1 ? "im2col+sgemm" : NULL;
+    if (dir != BWD_WEIGHTS || c->C < 32 || c->groups != 1) return NULL;
+    /* rt_dnnl.c's RT_WGRAD_OPENBLAS_MIN, written out: a changed rule must change this test too */
+    return c->R * c->S * c->C * c->K >= 65536 && strcmp(choice, "direct") != 0 && rt_openblas_current()
+               ? "im2col+openblas" : "im2col+sgemm";
 }
 
 /* Winograd's weight gradient sums in an order fixed by the geometry (rt_winograd.c): the same
@@ -208,7 +213,7 @@ static int check(const char *name, RtConv c) {
         dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
         int avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
         const char *want = expected_path(&c, dir, avx512), *impl = rt_conv_plan_impl(plan);
-        int own = strcmp(impl, "im2col+sgemm") == 0 || strcmp(impl, "winograd") == 0;
+        int own = strncmp(impl, "im2col+", 7) == 0 || strcmp(impl, "winograd") == 0;
         int wrong = want ? strcmp(impl, want) != 0 : own;
         printf("  %-18s %-16s %-22s error %.2e, float32 loop %.2e (%.2fx)%s%s%s\n", name, direction[dir], impl, e,
                e_loop, e / e_loop, bad ? "  <- above 4x" : "", wrong ? "  <- expected " : "",
@@ -237,7 +242,8 @@ int main(int argc, char **argv) {
      * Winograd also 29 x 30 at batch 5 (1125 tiles: at 2 threads, as ctest runs it, 8 blocks of
      * 128 and one of 101) and 7 x 8 at batch 4, 128 channels to 96 (48 tiles: one block). For
      * the im2col weight gradient (rt_dnnl.c) ResNet-50's 1x1 convolutions of stride 1, which
-     * read the input in place, as [K][C] (256->64) and as its transpose (64->256), and a 3x3/2
+     * read the input in place, as [K][C] (256->64) and as its transpose (64->256), both in oneDNN's
+     * sgemm, and 1024->256 and 256->1024 (of 64K elements or more) in OpenBLAS's, and a 3x3/2
      * of 32 channels to 384 whose 3840 rows take two chunks of 3640 into one transposed product.
      * For the data gradient's product and col2im, the stems above (padding: taps cut at the
      * edges), LeNet's second convolution and a dilated 3x3 (taps added one by one). */
@@ -253,6 +259,8 @@ int main(int argc, char **argv) {
         {"7x7/2 stem 3->64", geometry(8, 3, 32, 64, 7, 2, 3, 1, 1)},
         {"1x1 64->256", geometry(4, 64, 14, 256, 1, 1, 0, 1, 1)},
         {"1x1 256->64", geometry(4, 256, 14, 64, 1, 1, 0, 1, 1)},
+        {"1x1 1024->256", geometry(2, 1024, 14, 256, 1, 1, 0, 1, 1)},
+        {"1x1 256->1024", geometry(2, 256, 14, 1024, 1, 1, 0, 1, 1)},
         {"3x3/2 32->384", geometry(15, 32, 31, 384, 3, 2, 1, 1, 1)},
         {"5x5 6->16 LeNet", geometry(16, 6, 14, 16, 5, 1, 0, 1, 1)},
         {"3x3 dil 2 4->8", geometry(4, 4, 12, 8, 3, 1, 2, 2, 1)},
