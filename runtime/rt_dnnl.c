@@ -270,7 +270,7 @@ static int64_t chunk_of(int64_t each, int64_t n) {
     return k < 1 ? 1 : k > n ? n : k;
 }
 
-/* Row-major C[M][N] = alpha Aᵀ B + beta C (A [K][M], B [K][N]) in oneDNN's sgemm or OpenBLAS's. */
+/* Row-major C[M][N] = Aᵀ B + beta C (A [K][M], B [K][N]) in oneDNN's sgemm or OpenBLAS's. */
 static void sgemm_tn(int openblas, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                      int64_t ldb, float beta, float *C, int64_t ldc) {
     if (openblas)
