@@ -310,17 +310,22 @@ static int explain_no_image(const RtCudaModel *dm, const struct cudaDeviceProp *
                 prop->name, prop->major, prop->minor, carried, prop->major, prop->minor);
 }
 
+/* Why the driver refused image `im` (error e), when loading it or, lazily, a kernel of it. */
+static int image_refused(const RtCudaImage *im, cudaError_t e, const char *kernel, char *why, size_t size) {
+    (void)cudaGetLastError();
+    if (e == cudaErrorUnsupportedPtxVersion)
+        return fail(why, size, "the NVIDIA driver is too old to compile this trainer's sm_%d PTX (update the "
+                               "driver, or rebuild with netc --arch for this GPU): %s", im->sm, cudaGetErrorString(e));
+    return fail(why, size, "the sm_%d %s kernel image does not load%s%s%s: %s", im->sm, im->ptx ? "PTX" : "cubin",
+                kernel ? " on this GPU (kernel " : "", kernel ? kernel : "", kernel ? ")" : "", cudaGetErrorString(e));
+}
+
 static int load_kernels(RtCuda *cu, const RtCudaImage *im, char *why, size_t size) {
     const RtCudaModel *dm = cu->dm;
     cudaError_t e = cudaLibraryLoadData(&cu->library, im->data, NULL, NULL, 0, NULL, NULL, 0);
     if (e != cudaSuccess) {
-        (void)cudaGetLastError();
         cu->library = NULL;
-        if (e == cudaErrorUnsupportedPtxVersion)
-            return fail(why, size, "the NVIDIA driver is too old to compile this trainer's sm_%d PTX (update the "
-                                   "driver, or rebuild with netc --arch for this GPU): %s", im->sm, cudaGetErrorString(e));
-        return fail(why, size, "the sm_%d %s kernel image does not load: %s", im->sm, im->ptx ? "PTX" : "cubin",
-                    cudaGetErrorString(e));
+        return image_refused(im, e, NULL, why, size);
     }
     cu->kernels = calloc(dm->n_kernels > 0 ? dm->n_kernels : 1, sizeof *cu->kernels);
     if (!cu->kernels)
@@ -339,15 +344,8 @@ static int load_kernels(RtCuda *cu, const RtCudaImage *im, char *why, size_t siz
          * cannot run a block of the generated size says so before any capture. */
         struct cudaFuncAttributes attr;
         e = cudaFuncGetAttributes(&attr, (const void *)cu->kernels[k]);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            if (e == cudaErrorUnsupportedPtxVersion)
-                return fail(why, size, "the NVIDIA driver is too old to compile this trainer's sm_%d PTX (update "
-                                       "the driver, or rebuild with netc --arch for this GPU): %s", im->sm,
-                            cudaGetErrorString(e));
-            return fail(why, size, "the sm_%d %s kernel image does not load on this GPU (kernel %s): %s", im->sm,
-                        im->ptx ? "PTX" : "cubin", dm->kernel_names[k], cudaGetErrorString(e));
-        }
+        if (e != cudaSuccess)
+            return image_refused(im, e, dm->kernel_names[k], why, size);
         if (attr.maxThreadsPerBlock < RT_CUDA_BLOCK)
             return fail(why, size, "kernel %s runs at most %d threads a block on this GPU, fewer than the %d it is "
                                    "launched with (%d registers a thread): a netc bug, please report it",
@@ -565,6 +563,14 @@ static void wait_until(RtCuda *cu, cudaEvent_t until, const char *what) {
 }
 
 static void sync_stream(RtCuda *cu, const char *what) { wait_until(cu, NULL, what); }
+
+/* --eval-async's lane, all its queued work: watched like the step's, since the side stream waits
+ * for a snapshot taken after the step's collectives. */
+static void sync_side(RtCuda *cu, const char *what) {
+    swap_lane(cu);
+    sync_stream(cu, what);
+    swap_lane(cu);
+}
 
 /* ---- the step, enqueued directly or captured */
 
@@ -954,21 +960,15 @@ static void cuda_eval_async_read(double *loss_sum, double *correct) {
     rt_cuda_check(cudaMemcpyAsync(cu->host_state, cu->side.base + cu->dm->off_state, sizeof *cu->host_state,
                                   cudaMemcpyDeviceToHost, cu->side.stream),
                   "cudaMemcpyAsync (the evaluation's sums to the host)");
-    /* the side stream waited for a snapshot after the step's collectives: watched as they are */
-    swap_lane(cu);
-    sync_stream(cu, "cudaStreamSynchronize (the evaluation's batches)");
-    swap_lane(cu);
+    sync_side(cu, "cudaStreamSynchronize (the evaluation's batches)");
     *loss_sum = cu->host_state->eval_loss;
     *correct = cu->host_state->eval_correct;
 }
 
 static void cuda_close(void) {
     RtCuda *cu = &g_cu;
-    if (cu->side.stream) { /* an evaluation the run left behind (its data changed) */
-        swap_lane(cu);
-        sync_stream(cu, "cudaStreamSynchronize (closing the evaluation)");
-        swap_lane(cu);
-    }
+    if (cu->side.stream) /* an evaluation the run left behind (its data changed) */
+        sync_side(cu, "cudaStreamSynchronize (closing the evaluation)");
     if (cu->stream)
         sync_stream(cu, "cudaStreamSynchronize (closing the device)");
     teardown(cu);

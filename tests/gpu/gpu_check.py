@@ -41,7 +41,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fusion"))
 sys.path.insert(0, HERE)
-from netc_testlib import fashion_files, st_load, st_save  # noqa: E402
+from netc_testlib import fashion_files, log_records, st_load, st_save  # noqa: E402
 from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
 import trainer_cache  # noqa: E402  (tests/gpu/trainer_cache.py: trainers built ahead, by content)
 
@@ -793,14 +793,6 @@ def cmd_converge(args):
     if args.precision == "fp32":
         ok = eval_async(args, model, gpu, work, steps, init, log) and ok
     return ok
-
-
-def log_records(path):
-    """A log's step and evaluation records without their timings (samples/s, waits)."""
-    rows = [json.loads(line) for line in open(path)]
-    for r in rows:
-        r.pop("samples_per_s", None), r.pop("comm_wait", None)
-    return [r for r in rows if "checkpoint" not in r]
 
 
 def eval_async(args, model, gpu, work, steps, init, log):

@@ -195,10 +195,7 @@ bench() {  # LOG MODEL
     printf 'benchmark\t%s\tNOT-RUN\t--self-test has no GPU to time\n' "$model" >>"$results"
     return
   fi
-  if (($(left) <= 1)); then
-    printf 'benchmark\t%s\tFAILED-TO-RUN\tnot started: the --deadline of %s s had passed\n' "$model" "$deadline" >>"$results"
-    return
-  fi
+  if (($(left) <= 1)); then not_run "$log" benchmark "$model"; return; fi
   # shellcheck disable=SC2086  # bench_args is a list of words
   if timeout -k 5 "$(left)" "$PY" bench/gpu_vs_torch.py --models "$model" --netc "$netc" "${trainers[@]}" --work "$work/bench" \
        $bench_args 2>&1 | tee -a "$log"; then

@@ -17,6 +17,20 @@ import numpy as np
 FASHION = os.environ.get("NETC_FASHION_DIR", "/usr/share/datasets/fashion-mnist")
 
 
+def log_records(log):
+    """A trainer's --log: its step and evaluation records, without timings (samples/s, the
+    ranks' waits) and checkpoint notes, so that two runs of the same trainer compare equal."""
+    out = []
+    with open(log) as f:
+        for line in f:
+            r = json.loads(line)
+            if "checkpoint" in r:
+                continue
+            r.pop("samples_per_s", None), r.pop("comm_wait", None)
+            out.append(r)
+    return out
+
+
 def mpi_env():
     """The environment distributed trainers run in under Open MPI's mpirun on any machine."""
     env = dict(os.environ)

@@ -52,7 +52,7 @@ import numpy as np
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
-from netc_testlib import mpi_env, mpirun_args, st_load, st_save  # noqa: E402
+from netc_testlib import log_records as records, mpi_env, mpirun_args, st_load, st_save  # noqa: E402
 
 EVAL_SAMPLES = 21
 
@@ -146,19 +146,6 @@ def train(exe, common, tag, work, *extra, expect=0, env=None, launch=()):
                        text=True, env=env)
     assert r.returncode == expect, f"{tag}: exit status {r.returncode}, expected {expect}:\n{r.stderr}"
     return log, out
-
-
-def records(log):
-    """The log's step and evaluation records, without timings and checkpoint notes."""
-    out = []
-    with open(log) as f:
-        for line in f:
-            r = json.loads(line)
-            if "checkpoint" in r:
-                continue
-            r.pop("samples_per_s", None), r.pop("comm_wait", None)
-            out.append(r)
-    return out
 
 
 def rel(x, y):
