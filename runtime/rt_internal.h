@@ -30,6 +30,11 @@ typedef enum {
     RT_GEMM_REFERENCE, /* all to rt_gemm_reference */
 } RtGemmRoute;
 RtGemmRoute rt_gemm_route(void);
+/* rt_gemm in oneDNN's sgemm whatever the product's size (under NETC_GEMM=reference, the
+ * reference): for products that oneDNN runs faster than OpenBLAS at every size, as Winograd's
+ * (rt_winograd.c). */
+void rt_gemm_onednn(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Whether OpenBLAS runs kernels of the CPU's generation (rt_gemm.c's openblas_behind, negated):
  * where it does not, nothing goes to it by default. */
 int rt_openblas_current(void);

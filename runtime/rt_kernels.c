@@ -28,22 +28,27 @@
  * float32 sums in an order fixed by the library and the thread count. */
 enum { GEMM_DNNL_MIN = 1 << 22 };
 
+void rt_gemm_onednn(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (rt_gemm_route() == RT_GEMM_REFERENCE) {
+        rt_gemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                  ldc);
+    if (st != dnnl_success) {
+        fprintf(stderr, "error: oneDNN's sgemm failed (status %d) on a %lld x %lld x %lld product\n", (int)st,
+                (long long)M, (long long)N, (long long)K);
+        exit(1);
+    }
+}
+
 void rt_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
              int64_t ldc) {
     RtGemmRoute route = rt_gemm_route();
-    if (route == RT_GEMM_REFERENCE) {
-        rt_gemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    if (route == RT_GEMM_ONEDNN || M * N * K >= GEMM_DNNL_MIN) {
-        dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                      beta, C, ldc);
-        if (st != dnnl_success) {
-            fprintf(stderr, "error: oneDNN's sgemm failed (status %d) on a %lld x %lld x %lld product\n", (int)st,
-                    (long long)M, (long long)N, (long long)K);
-            exit(1);
-        }
+    if (route == RT_GEMM_REFERENCE || route == RT_GEMM_ONEDNN || M * N * K >= GEMM_DNNL_MIN) {
+        rt_gemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

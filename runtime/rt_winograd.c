@@ -7,15 +7,18 @@
  * outside the image). Per input channel c and output channel k
  *   y_tile = A^T [ sum_c (G g_kc G^T) . (B^T d_c B) ] A
  * where . is the element-wise product of 4x4 matrices: the sum over c is 16 matrix products, one
- * per position xi of the 4x4 transformed tile, M_xi[t][k] = sum_c V_xi[t][c] U_xi[k][c], each
- * computed by rt_gemm. That is 16 multiplications per tile and channel pair where the direct
- * convolution takes 36: 2.25x fewer, paid for by the transforms of the inputs and the outputs
+ * per position xi of the 4x4 transformed tile, M_xi[t][k] = sum_c V_xi[t][c] U_xi[c][k], each
+ * computed by oneDNN's sgemm whatever its size (rt_gemm_onednn: on a 2-core AVX-512 EPYC
+ * OpenBLAS's small products, one thread each, ran this file's convolutions 1.0-1.6x as long
+ * from one process to the next; oneDNN's held within 10 %). That is 16 multiplications per
+ * tile and channel pair where the direct convolution takes 36: 2.25x fewer, paid for by the
+ * transforms of the inputs and the outputs
  * (additions only, along contiguous channels) and of the weights (once per call, in place of
  * oneDNN's reorder of the weights to its blocked format).
  *
  * The data gradient is the same correlation of dy, padded by 1, with the weights turned by 180
- * degrees and their two channel axes swapped: dx[c] = sum_k dy[k] * rot(w[k][c]). U keeps the
- * weights' [k][c] order in both directions (the forward reads it transposed).
+ * degrees and their two channel axes swapped: dx[c] = sum_k dy[k] * rot(w[k][c]). U is [c][k]
+ * forward and [k][c] for the data gradient: [input channel][output channel] of the correlation.
  *
  * The weight gradient is the transpose of the forward: with U = G g G^T and y = A^T (U . V) A,
  * dU = sum over the tiles of (A dy A^T) . V, and dg = G^T dU G: 16 products summed over the
@@ -93,23 +96,26 @@ static void filter_tile(const float *g, int64_t rs, int64_t ss, float *u, int64_
     }
 }
 
-/* U[xi][k][c] from w [K][C][3][3], turned for the data gradient. A row of k goes through a local
- * buffer: written straight, the 16 planes K·C floats apart fall on the same cache sets (at 512
- * channels they are 1 MiB apart) and the transform took 3x as long. */
+/* The 16 planes of transformed weights from w [K][C][3][3]: U[xi][c][k] for the forward,
+ * U[xi][k][c] of the turned weights for the data gradient, so that both directions' products
+ * read theirs untransposed as [CI][KO] (the forward's transposed read ran 1.1-1.4x as long on
+ * a 2-core AVX-512 EPYC). A row of the plane goes through a local buffer: written straight,
+ * the 16 planes K·C floats apart fall on the same cache sets (at 512 channels they are 1 MiB
+ * apart) and the transform took 3x as long. */
 static void filter_transform(const RtConv *c, const float *w, int turned, float *U) {
     enum { CB = 256 };
-    const int64_t K = c->K, C = c->C;
+    const int64_t K = c->K, C = c->C, rows = turned ? K : C, cols = turned ? C : K;
 #pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < K; k++) {
+    for (int64_t r = 0; r < rows; r++) {
         float u[16 * CB];
-        for (int64_t c0 = 0; c0 < C; c0 += CB) {
-            const int64_t cn = C - c0 < CB ? C - c0 : CB;
-            const float *g = w + (k * C + c0) * 9;
+        for (int64_t c0 = 0; c0 < cols; c0 += CB) {
+            const int64_t cn = cols - c0 < CB ? cols - c0 : CB;
             for (int64_t i = 0; i < cn; i++) {
-                if (turned) filter_tile(g + 9 * i + 8, -3, -1, u + i, CB);
-                else filter_tile(g + 9 * i, 3, 1, u + i, CB);
+                if (turned) filter_tile(w + (r * C + c0 + i) * 9 + 8, -3, -1, u + i, CB);
+                else filter_tile(w + ((c0 + i) * C + r) * 9, 3, 1, u + i, CB);
             }
-            for (int xi = 0; xi < 16; xi++) memcpy(U + (xi * K + k) * C + c0, u + xi * CB, (size_t)cn * sizeof *u);
+            for (int xi = 0; xi < 16; xi++)
+                memcpy(U + (xi * rows + r) * cols + c0, u + xi * CB, (size_t)cn * sizeof *u);
         }
     }
 }
@@ -174,34 +180,32 @@ static void output_tile(const Tiling *g, const float *m, int64_t ms, int64_t K, 
  * loops run on the calling thread and so does each product; called outside (one block of all
  * the tiles) the tile loops spread over the threads and oneDNN threads each product. */
 static void correlate_block(const Tiling *g, const float *in, int64_t CI, const float *U, int64_t uplane,
-                            int64_t KO, int transposed, float *out, int64_t t0, int64_t n, const float *zeros,
+                            int64_t KO, float *out, int64_t t0, int64_t n, const float *zeros,
                             float *V, float *M) {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
     for (int64_t t = 0; t < n; t++) input_tile(g, in, CI, t0 + t, zeros, V + t * CI, n * CI);
     for (int xi = 0; xi < 16; xi++)
-        rt_gemm(0, transposed, n, KO, CI, 1.0f, V + xi * n * CI, CI, U + xi * uplane, transposed ? CI : KO, 0.0f,
-                M + xi * n * KO, KO);
+        rt_gemm_onednn(0, 0, n, KO, CI, 1.0f, V + xi * n * CI, CI, U + xi * uplane, KO, 0.0f, M + xi * n * KO, KO);
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
     for (int64_t t = 0; t < n; t++) output_tile(g, M + t * KO, n * KO, KO, t0 + t, out);
 }
 
 /* out [N][H][W][KO] = the 3x3 correlation (padding 1) of in [N][H][W][CI] with the transformed
- * weights U [16][K][C]: KO = K, CI = C forward (U read transposed), KO = C, CI = K for the data
- * gradient. */
-static void correlate(const RtConv *c, const float *in, int64_t CI, const float *U, int64_t KO, int transposed,
-                      float *out, float *scratch) {
+ * weights U [16][CI][KO]: KO = K, CI = C forward, KO = C, CI = K for the data gradient. */
+static void correlate(const RtConv *c, const float *in, int64_t CI, const float *U, int64_t KO, float *out,
+                      float *scratch) {
     const Tiling g = {c->H, c->W, (c->H + 1) / 2, (c->W + 1) / 2};
     const int64_t T = tiles(c), tb = block_tiles(c), blocks = (T + tb - 1) / tb, uplane = c->K * c->C;
     float *work = scratch + 16 * uplane;
     float *zeros = rt_alloc((size_t)CI * sizeof *zeros, "a convolution's row of zeros");
     if (blocks == 1) {
-        correlate_block(&g, in, CI, U, uplane, KO, transposed, out, 0, T, zeros, work, work + 16 * T * CI);
+        correlate_block(&g, in, CI, U, uplane, KO, out, 0, T, zeros, work, work + 16 * T * CI);
     } else {
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t t0 = b * tb, n = T - t0 < tb ? T - t0 : tb;
             float *V = work + (int64_t)omp_get_thread_num() * tb * 16 * (CI + KO);
-            correlate_block(&g, in, CI, U, uplane, KO, transposed, out, t0, n, zeros, V, V + 16 * n * CI);
+            correlate_block(&g, in, CI, U, uplane, KO, out, t0, n, zeros, V, V + 16 * n * CI);
         }
     }
     free(zeros);
@@ -261,12 +265,12 @@ static void weight_back_transform(const RtConv *c, const float *dU, float *dw) {
 
 void rt_winograd_fwd(const RtConv *c, const float *x, const float *w, float *y, float *scratch) {
     filter_transform(c, w, 0, scratch);
-    correlate(c, x, c->C, scratch, c->K, 1, y, scratch);
+    correlate(c, x, c->C, scratch, c->K, y, scratch);
 }
 
 void rt_winograd_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx, float *scratch) {
     filter_transform(c, w, 1, scratch);
-    correlate(c, dy, c->K, scratch, c->C, 0, dx, scratch);
+    correlate(c, dy, c->K, scratch, c->C, dx, scratch);
 }
 
 /* dU[xi][k][c] = sum over the tiles of W_xi[t][k] V_xi[t][c], then dw = G^T dU G. The tiles go
@@ -290,7 +294,7 @@ void rt_winograd_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
         for (int64_t task = 0; task < 16 * parts; task++) {
             const int64_t xi = task / parts, k0 = task % parts * RT_WINO_SUM_ROWS;
             const int64_t rows = K - k0 < RT_WINO_SUM_ROWS ? K - k0 : RT_WINO_SUM_ROWS;
-            rt_gemm(1, 0, rows, C, n, 1.0f, W + xi * n * K + k0, K, V + xi * n * C, C, t0 ? 1.0f : 0.0f,
+            rt_gemm_onednn(1, 0, rows, C, n, 1.0f, W + xi * n * K + k0, K, V + xi * n * C, C, t0 ? 1.0f : 0.0f,
                     dU + (xi * K + k0) * C, C);
         }
     }
