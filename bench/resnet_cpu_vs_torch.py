@@ -11,12 +11,12 @@ usage: /usr/bin/python3 bench/resnet_cpu_vs_torch.py [--netc build/compiler/netc
                                                      [--image-size 224] [--batch 32] [--steps 8]
                                                      [--repeat 3] [--python PYTHON] [--no-compile]
 
-netc runs three trainers: its default (channels-last, oneDNN's convolutions with the kernels
-oneDNN picks for this CPU, or without AVX-512 the runtime's Winograd F(2x2, 3x3) for the 3x3
-convolutions of stride 1: docs/trainer.md), the same held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2: what
-an AVX2 CPU runs; on an AVX2 machine the two are the same), and --layout=row-major (im2col +
-OpenBLAS); on an AVX-512 machine also the default with Winograd's convolutions (NETC_CONV=winograd),
-which it does not choose there by itself.
+netc runs four trainers: its default (channels-last: the runtime's Winograd F(2x2, 3x3) for the
+3x3 convolutions of stride 1, oneDNN's convolutions with the kernels oneDNN picks for this CPU for
+the others: docs/trainer.md), the same as an AVX2 CPU runs it (ONEDNN_MAX_CPU_ISA=AVX2 and
+NETC_GEMM=onednn, every product in oneDNN as there; on an AVX-512 machine also
+OPENBLAS_CORETYPE=Haswell; on an AVX2 machine the two are the same), the default with every convolution in oneDNN
+(NETC_CONV=direct), and --layout=row-major (im2col + OpenBLAS).
 PyTorch runs eager (NCHW), eager with channels_last tensors, and, from PyTorch 2 on,
 torch.compile (its compilation falls in the untimed warm-up steps and is reported apart;
 --no-compile leaves it out). --python runs the PyTorch side with another interpreter, e.g. a
@@ -29,8 +29,8 @@ data gradient, weight gradient), less the first convolution's data gradient, whi
 side computes: 3.33 GFLOP a sample for ResNet-18 (CIFAR), 24.3 for ResNet-50 at 224x224. Batch
 norm, ReLU, pooling and the optimizer are not counted, so the fraction understates the work
 done. The count is a direct convolution's: Winograd's F(2x2, 3x3) does 16 multiplications per 2x2 output tile and channel
-pair where the direct convolution does 36, so a trainer that runs it (netc without AVX-512) can
-pass 100 % of the peak; its figure is the speed of a direct convolution that would match it.
+pair where the direct convolution does 36, so a trainer that runs it (netc's default) can pass
+100 % of the peak; its figure is the speed of a direct convolution that would match it.
 
 Each run trains for 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line
 per step; PyTorch: timed around its loop). Runs alternate between the netc and PyTorch variants
@@ -50,7 +50,8 @@ from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, 
 # name: (--layout, environment)
 NETC = {
     "netc channels-last": ("channels-last", {}),
-    "netc channels-last, oneDNN held to AVX2": ("channels-last", {"ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    "netc channels-last, as on an AVX2 CPU": ("channels-last", {"ONEDNN_MAX_CPU_ISA": "AVX2", "NETC_GEMM": "onednn"}),
+    "netc channels-last, oneDNN's direct convolutions (NETC_CONV=direct)": ("channels-last", {"NETC_CONV": "direct"}),
     "netc row-major": ("row-major", {}),
 }
 
@@ -151,9 +152,9 @@ def main():
     modes = ["eager", "channels_last"]
     if not a.no_compile and int(version.split(".")[0]) >= 2:
         modes.append("compile")
-    netc = dict(NETC)
-    if cpu_isa() == "AVX-512":  # the default runs oneDNN's direct kernels there: Winograd's beside them
-        netc["netc channels-last, Winograd (NETC_CONV=winograd)"] = ("channels-last", {"NETC_CONV": "winograd"})
+    netc = {name: (layout, dict(env)) for name, (layout, env) in NETC.items()}
+    if cpu_isa() == "AVX-512":  # OpenBLAS's AVX-512 kernels would still run its products
+        netc["netc channels-last, as on an AVX2 CPU"][1]["OPENBLAS_CORETYPE"] = "Haswell"
     runs = {name: [] for name in [*netc, *(f"PyTorch {m}" for m in modes)]}
     with tempfile.TemporaryDirectory() as work:
         n = a.batch * (a.steps + WARMUP)
@@ -191,8 +192,9 @@ def main():
         mem = max(r["peak_kib"] for r in rs) / 1024
         print(f"| {name} | {rate[name]:.1f} | {rate[name] * per_sample / 1e9:.0f} | "
               f"{100 * rate[name] * per_sample / peak:.0f}% | {rate[name] / rate[best_torch]:.2f}x | {mem:.0f} MiB |")
-    print("(GFLOP/s count a direct convolution's multiply-adds; without AVX-512 netc's 3x3 convolutions of "
-          "stride 1 are Winograd's F(2x2, 3x3), 2.25x fewer multiplications, so its fraction can pass 100 %)")
+    print("(GFLOP/s count a direct convolution's multiply-adds; netc's 3x3 convolutions of stride 1 are "
+          "Winograd's F(2x2, 3x3) except under NETC_CONV=direct, 2.25x fewer multiplications, so its "
+          "fraction can pass 100 %)")
     print(f"netc's default against PyTorch's best ({best_torch}): "
           f"**{rate['netc channels-last'] / rate[best_torch]:.2f}x**")
 

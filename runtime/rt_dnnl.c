@@ -1,6 +1,7 @@
-/* rt_dnnl.c - channels-last (NHWC) convolutions through oneDNN, and the two the runtime does
- * itself where they are faster: without AVX-512, weight gradients by im2col + sgemm and 3x3
- * convolutions of stride 1 by Winograd's F(2x2, 3x3) (rt_winograd.c).
+/* rt_dnnl.c - channels-last (NHWC) convolutions through oneDNN, and those the runtime does
+ * itself where they are faster: 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3)
+ * (rt_winograd.c), the data gradient of few input channels by a product and col2im, and
+ * without AVX-512 weight gradients by im2col + sgemm.
  *
  * Activations are NHWC, weights stay in PyTorch's [K, C/groups, R, S] (oihw) layout, so weight
  * files never change. Each generated convolution call owns one RtConvPlan (a static pointer in
@@ -177,7 +178,9 @@ static dnnl_memory_t user_mem(MdRef md) {
  * AVX2 sgemm ran a result of four times as many rows as columns at 60-70 GFLOP/s there (1024 x
  * 256 over 3136 rows: ResNet-50's 256->1024 at 14x14; 512 x 128 over 12544) and its transpose at
  * 115-130; ResNet-50's weight gradients at 224x224, batch 16, took 0.83-0.95x the time. With
- * AVX-512 oneDNN's own kernel (jit:avx512_core) runs at about 93 % of the matmul peak and stays.
+ * AVX-512 oneDNN's own kernel (jit:avx512_core, jit_1x1:avx512_core) stays: on the 2-core AVX-512
+ * EPYC ResNet-50's 1x1 and strided 3x3 weight gradients at batch 16 ran within 10 % of this
+ * product either way, in each direction in one run or another (the machine's noise).
  * So does it below RT_WGRAD_MIN_C input channels, where the im2col's copies are too short to pay
  * (LeNet's 1 and 6 channels: half its step in the im2col, at 1x PyTorch's speed against 2.6x). */
 enum { RT_WGRAD_COL_FLOATS = 1 << 20, RT_WGRAD_MIN_C = 32 };
@@ -209,15 +212,15 @@ static int openblas_weight_gradient(const RtConv *c) {
 }
 
 /* Winograd's F(2x2, 3x3) for all three directions of the 3x3 convolutions it takes
- * (rt_winograd.c), where oneDNN has no AVX-512 kernels: on the 2-core AVX2 EPYC, ResNet-18's four
- * 3x3 geometries at batch 32, 1.3-1.7x brgconv:avx2's speed forward and for the data gradient, and
- * 1.1-2.2x the im2col + sgemm weight gradient. With AVX-512 oneDNN's direct kernels, at about
- * 93 % of the matmul peak, stay (not measured against Winograd there: NETC_CONV=winograd runs it
- * on every CPU); under NETC_CONV=direct so do they, and im2col + sgemm. */
-static int winograd(const RtConv *c) {
-    RtConvChoice choice = rt_conv_choice();
-    return rt_winograd_fits(c) && (choice == RT_CONV_WINOGRAD || (choice == RT_CONV_AUTO && !avx512()));
-}
+ * (rt_winograd.c), on every CPU. On the 2-core AVX2 EPYC, ResNet-18's four 3x3 geometries at
+ * batch 32: 1.3-1.7x brgconv:avx2's speed forward and for the data gradient, and 1.1-2.2x the
+ * im2col + sgemm weight gradient. On a 2-core AVX-512 EPYC (Zen 4), best of 10 in each of 3 runs
+ * against oneDNN's brgconv:avx512_core and jit:avx512_core (218-272 GFLOP/s): ResNet-18's
+ * geometries at batch 32 in 0.61-0.88x their time in every direction (64 channels at 32x32
+ * forward 7.5-7.7 ms against 10.7-10.9, 512 at 4x4 7.8-8.1 against 8.9-9.4), ResNet-50's at
+ * batch 16 in 0.59-0.92x (512 at 7x7, whose odd side wastes a quarter of the tiles, 0.92x).
+ * NETC_CONV=direct leaves them to oneDNN, with im2col + sgemm and col2im. */
+static int winograd(const RtConv *c) { return rt_winograd_fits(c) && rt_conv_choice() != RT_CONV_DIRECT; }
 
 /* One scratch for every plan: the trainer runs one convolution at a time. */
 static float *conv_scratch(size_t floats) {
@@ -303,7 +306,7 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
     else rt_permute(3, dims, (const int[]){0, 2, 1}, sizeof(float), prod, dw);
 }
 
-/* ---- the data gradient of a convolution of few input channels, where oneDNN has no AVX-512
+/* ---- the data gradient of a convolution of few input channels
  *
  * dx = col2im(dy · W): the product of the output gradient's rows [N·P·Q][K] and the filters as a
  * [K][R·S·C] matrix (permuted from oihw) gives each row's im2col gradient, columns (r, s, c),
@@ -312,13 +315,15 @@ static void gemm_bwd_filter(const RtConv *c, const float *x, const float *dy, fl
  * 8-wide vectors: LeNet's second convolution (6 channels in, 5x5) took 0.74-0.78 ms at batch 64
  * on the AVX2 EPYC, this 0.38-0.48 (1.5 ms and 0.76 at batch 128), a quarter of LeNet's step;
  * from 8 channels oneDNN's is the faster (16 channels, 3x3: 0.85 ms against 1.7), and stays.
+ * With AVX-512 too: on the 2-core AVX-512 EPYC LeNet's took 0.34-0.39 ms against 0.53-0.64 in
+ * brg_fwd:avx512_core, and ResNet-50's 7x7 stem (not computed in training) 32 against 92.
  * Images go in chunks of at most RT_WGRAD_COL_FLOATS floats of columns; within an image the
  * additions run in a fixed order (rows, then r, s, c), one thread an image, so the bits are
  * those of the sgemm at the thread count. NETC_CONV=direct leaves it to oneDNN. */
 enum { RT_COL2IM_MAX_C = 7 };
 
 static int gemm_data_gradient(const RtConv *c) {
-    return c->groups == 1 && c->C <= RT_COL2IM_MAX_C && !avx512() && rt_conv_choice() != RT_CONV_DIRECT;
+    return c->groups == 1 && c->C <= RT_COL2IM_MAX_C && rt_conv_choice() != RT_CONV_DIRECT;
 }
 
 static void gemm_bwd_data(const RtConv *c, const float *dy, const float *w, float *dx) {

@@ -79,9 +79,9 @@ RtGemmRoute rt_gemm_route(void) {
 static RtConvChoice conv_choice;
 static pthread_once_t conv_once = PTHREAD_ONCE_INIT;
 
-/* NETC_CONV: auto (the default: rt_dnnl.c chooses, Winograd's for the 3x3 convolutions it takes
- * without AVX-512), direct (oneDNN's for every one) or winograd (Winograd's for every one it
- * takes, with AVX-512 too). */
+/* NETC_CONV: auto (the default: rt_dnnl.c chooses, Winograd's for every 3x3 convolution it
+ * takes), direct (oneDNN's for every one) or winograd (the same as auto, which until December
+ * 2026 left AVX-512 CPUs to oneDNN). */
 static void choose_conv(void) {
     static const char *const values[] = {"auto", "direct", "winograd"};
     static const RtConvChoice choices[] = {RT_CONV_AUTO, RT_CONV_DIRECT, RT_CONV_WINOGRAD};

@@ -41,9 +41,9 @@ int rt_openblas_current(void);
 /* NETC_CONV (rt_gemm.c): how rt_dnnl.c computes the channels-last 3x3 convolutions that
  * rt_winograd.c takes; another value than these ends the process with status 2. */
 typedef enum {
-    RT_CONV_AUTO,     /* auto, the default: Winograd's where oneDNN runs no AVX-512 */
+    RT_CONV_AUTO,     /* auto, the default: rt_dnnl.c chooses (Winograd's wherever it fits) */
     RT_CONV_DIRECT,   /* direct: oneDNN's kernels for every convolution */
-    RT_CONV_WINOGRAD, /* winograd: Winograd's on every CPU */
+    RT_CONV_WINOGRAD, /* winograd: Winograd's wherever it fits, as auto now does */
 } RtConvChoice;
 RtConvChoice rt_conv_choice(void);
 

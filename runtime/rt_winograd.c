@@ -1,7 +1,7 @@
 /* rt_winograd.c - 3x3 convolutions of stride 1 and padding 1 by Winograd's minimal filtering
  * F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on
  * channels-last activations: forward, data gradient and weight gradient. rt_dnnl.c sends them
- * here where the CPU has no AVX-512 (rt_winograd_fits says which geometries).
+ * here on every CPU unless NETC_CONV=direct (rt_winograd_fits says which geometries).
  *
  * The output is cut into 2x2 tiles; tile t reads the 4x4 input patch d at (2i - 1, 2j - 1) (zero
  * outside the image). Per input channel c and output channel k

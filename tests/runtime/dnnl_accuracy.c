@@ -149,26 +149,26 @@ static dnnl_cpu_isa_t best_isa(void) {
     return dnnl_cpu_isa_sse41;
 }
 
-/* Results that took another path than rt_dnnl.c's rules give: without AVX-512, all three
- * directions of a 3x3 convolution of stride 1 and padding 1 with at least 32 channels in and out
- * are Winograd's (unless NETC_CONV=direct; with NETC_CONV=winograd on every CPU), and the weight
- * gradient of any other convolution of at least 32 input channels is the runtime's im2col and
- * sgemm; every other result is a oneDNN primitive's. A silent fallback would change the speed
- * and the rounding this table measures. */
+/* Results that took another path than rt_dnnl.c's rules give: on every CPU, all three directions
+ * of a 3x3 convolution of stride 1 and padding 1 with at least 32 channels in and out are
+ * Winograd's and the data gradient of fewer than 8 input channels is a product and col2im
+ * (unless NETC_CONV=direct); without AVX-512 the weight gradient of any other convolution of at
+ * least 32 input channels is the runtime's im2col and sgemm; every other result is a oneDNN
+ * primitive's. A silent fallback would change the speed and the rounding this table measures. */
 static int wrong_paths;
 /* Winograd weight gradients whose bits changed with the number of threads. */
 static int thread_bits;
 
 static const char *expected_path(const RtConv *c, int dir, int avx512) {
     const char *choice = getenv("NETC_CONV") && *getenv("NETC_CONV") ? getenv("NETC_CONV") : "auto";
+    const int own = strcmp(choice, "direct") != 0;
     int wino = c->R == 3 && c->S == 3 && c->stride_h == 1 && c->stride_w == 1 && c->pad_h == 1 && c->pad_w == 1 &&
                c->dil_h == 1 && c->dil_w == 1 && c->groups == 1 && c->C >= 32 && c->K >= 32;
-    if (wino && (strcmp(choice, "winograd") == 0 || (strcmp(choice, "auto") == 0 && !avx512))) return "winograd";
-    if (avx512) return NULL;
-    if (dir == BWD_DATA && c->C < 8 && c->groups == 1 && strcmp(choice, "direct") != 0) return "sgemm+col2im";
-    if (dir != BWD_WEIGHTS || c->C < 32 || c->groups != 1) return NULL;
+    if (wino && own) return "winograd";
+    if (dir == BWD_DATA && c->C < 8 && c->groups == 1 && own) return "sgemm+col2im";
+    if (avx512 || dir != BWD_WEIGHTS || c->C < 32 || c->groups != 1) return NULL;
     /* rt_dnnl.c's RT_WGRAD_OPENBLAS_MIN, written out: a changed rule must change this test too */
-    return c->R * c->S * c->C * c->K >= 65536 && strcmp(choice, "direct") != 0 && rt_openblas_current()
+    return c->R * c->S * c->C * c->K >= 65536 && own && rt_openblas_current()
                ? "im2col+openblas" : "im2col+sgemm";
 }
 
