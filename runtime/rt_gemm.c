@@ -84,7 +84,7 @@ static pthread_once_t conv_once = PTHREAD_ONCE_INIT;
  * 2026 left AVX-512 CPUs to oneDNN). */
 static void choose_conv(void) {
     static const char *const values[] = {"auto", "direct", "winograd"};
-    static const RtConvChoice choices[] = {RT_CONV_AUTO, RT_CONV_DIRECT, RT_CONV_WINOGRAD};
+    static const RtConvChoice choices[] = {RT_CONV_AUTO, RT_CONV_DIRECT, RT_CONV_AUTO};
     conv_choice = choices[env_choice("NETC_CONV", values, 3)];
 }
 

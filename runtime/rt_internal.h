@@ -41,9 +41,9 @@ int rt_openblas_current(void);
 /* NETC_CONV (rt_gemm.c): how rt_dnnl.c computes the channels-last 3x3 convolutions that
  * rt_winograd.c takes; another value than these ends the process with status 2. */
 typedef enum {
-    RT_CONV_AUTO,     /* auto, the default: rt_dnnl.c chooses (Winograd's wherever it fits) */
-    RT_CONV_DIRECT,   /* direct: oneDNN's kernels for every convolution */
-    RT_CONV_WINOGRAD, /* winograd: Winograd's wherever it fits, as auto now does */
+    RT_CONV_AUTO,   /* auto, the default, and winograd, its name before it took AVX-512 CPUs: rt_dnnl.c
+                       chooses (Winograd's wherever it fits) */
+    RT_CONV_DIRECT, /* direct: oneDNN's kernels for every convolution */
 } RtConvChoice;
 RtConvChoice rt_conv_choice(void);
 
