@@ -1,20 +1,28 @@
-/* rt_cuda.c - the device behind rt_cuda_device: one GPU, one stream, one arena, two staging
- * slots and the graph-frozen step (DESIGN.md, "The training step on a GPU").
+/* rt_cuda.c - the device behind rt_cuda_device: one GPU, a step stream and a copy stream, one
+ * arena, two staging slots and the graph-frozen step (DESIGN.md, "The training step on a GPU").
  *
  * open() finds the GPU and the kernel image for its architecture, loads the kernels, creates the
- * stream and the cuBLASLt and cuDNN handles, allocates the arena (every buffer is at a constant
- * offset from its base), lets the generated plan() build the library plans, allocates the one
- * shared workspace, warms up, and captures four CUDA Graphs: a training and an evaluation step
- * for each of the two pinned staging slots (with --accumulate, two training graphs per slot:
- * RT_STEP_SUM for a step's first batches, whose gradients the device sums, and RT_STEP_LAST for
- * its last, which updates; the sum lives after everything else in the arena). Each graph is
+ * streams and the cuBLASLt and cuDNN handles, allocates the arena (every buffer is at a constant
+ * offset from its base) and the landing buffer, lets the generated plan() build the library
+ * plans, allocates the one shared workspace, warms up, and captures two CUDA Graphs: a training
+ * and an evaluation step (with --accumulate, two training graphs: RT_STEP_SUM for a step's first
+ * batches, whose gradients the device sums, and RT_STEP_LAST for its last, which updates; the
+ * sum lives after everything else in the arena). A batch travels
  *
- *     copy slot s -> arena batch  ->  record slot_free[s]  ->  the step's kernels and library calls
+ *     host: slot s (pinned)  --copy stream-->  landing  --step stream, in the graph-->  arena batch
  *
- * so a step is one cudaGraphLaunch, and the host may refill slot s as soon as the event says
- * its copy is done - it never waits for a step itself. Slots alternate, so the host fills one
- * while the device still copies out of the other. The loss and accuracy sums stay in the
- * device's RtDevState; the host reads them (the only full wait) at log intervals.
+ *     copy stream:  wait landing_free -> copy slot s -> landing -> record slot_free[s], landed
+ *     step stream:  wait landed -> graph: copy landing -> arena batch -> record landing_free ->
+ *                   the step's kernels and library calls
+ *
+ * so a step is one cudaGraphLaunch, and the next batch crosses the bus while the step before
+ * runs: its copy waits only until that step has taken the last batch out of the landing buffer
+ * (a device-to-device copy, its first node), not for the step's end. The host refills slot s as
+ * soon as slot_free[s] says its copy is done - it never waits for a step itself - and slots
+ * alternate, so it fills one while the other's copy may still be running. A graph's event record
+ * node records its event at each launch (cudaEventRecordExternal), which the copy stream's wait
+ * takes as it takes a cudaEventRecord. The loss and accuracy sums stay in the device's
+ * RtDevState; the host reads them (the only full wait) at log intervals.
  *
  * A distributed trainer (RtCudaModel.coll, libnetrt_nccl) takes GPU local_rank of its machine's,
  * joins its ranks' NCCL communicator before the warm-up, and its step forks the collectives onto
@@ -22,7 +30,8 @@
  * stream then goes through coll->wait, which watches the collectives.
  *
  * --eval-async gives the device a second lane (struct Lane): an arena of the same layout, a
- * stream, a workspace, staging slots and evaluation graphs of its own. An evaluation then starts
+ * stream, a copy stream, a landing buffer, a workspace, staging slots and an evaluation graph of
+ * its own. An evaluation then starts
  * by copying the parameters into that arena in the step stream's order, and its batches run on the
  * second stream while the training steps go on on the first. The generated code knows nothing of
  * it: the lane's fields are swapped into RtCuda while its work is enqueued or captured, so
@@ -47,10 +56,13 @@ typedef struct Lane {
     unsigned char *base;
     cudaStream_t stream;
     void *workspace;
+    unsigned char *landing;
+    cudaStream_t copy_stream;
+    cudaEvent_t landed, landing_free;
     unsigned char *slot[RT_CUDA_SLOTS];
     cudaEvent_t slot_free[RT_CUDA_SLOTS];
     int next_slot;
-    cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
+    cudaGraphExec_t eval_graph;
 } Lane;
 
 struct RtCuda {
@@ -60,7 +72,7 @@ struct RtCuda {
     int capturing;              /* inside a stream capture: failed checks suggest --no-graph */
     cudaLibrary_t library;      /* the loaded kernel image */
     cudaKernel_t *kernels;      /* dm->n_kernels, indexed like dm->kernel_names */
-    cudaStream_t stream;        /* everything runs on this one non-blocking stream */
+    cudaStream_t stream;        /* the step's work runs on this non-blocking stream */
     cublasLtHandle_t blaslt;
     cudnnHandle_t dnn;
     unsigned char *base;        /* the arena: `bytes` */
@@ -73,16 +85,20 @@ struct RtCuda {
     int workspace_ready;        /* planning is over: the workspace is allocated */
     void *workspace;            /* workspace_reserved bytes shared by every library plan */
     char refused[512];          /* why a plan could not be built (rt_cuda_refuse), or "" */
+    unsigned char *landing;                  /* device memory: the next batch, copied in beside a step */
+    cudaStream_t copy_stream;                /* the batches' copies from the staging slots to `landing` */
+    cudaEvent_t landed;                      /* recorded once a batch is in `landing` */
+    cudaEvent_t landing_free;                /* recorded once a step has copied it on into the arena */
     unsigned char *slot[RT_CUDA_SLOTS];      /* pinned staging: RtBatchHeader, then the inputs */
-    cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to the arena is done */
+    cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to `landing` is done */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
     RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
     RtDevState *posted;                      /* pinned: the copy post_train asks for, behind the steps */
     cudaEvent_t posted_copied;               /* recorded once that copy is done */
     int coll_open;                           /* dm->coll joined its ranks (close it at teardown) */
-    cudaGraphExec_t train_graph[RT_CUDA_SLOTS][3];  /* by RtStepPart: WHOLE, or with --accumulate SUM and LAST */
-    cudaGraphExec_t eval_graph[RT_CUDA_SLOTS];
+    cudaGraphExec_t train_graph[3];          /* by RtStepPart: WHOLE, or with --accumulate SUM and LAST */
+    cudaGraphExec_t eval_graph;
     int eval_async;                          /* --eval-async: `side` exists */
     Lane side;                               /* its lane, while the step's is in the fields above */
     cudaEvent_t snapshot;                    /* the step stream's parameters copied to the side arena */
@@ -395,23 +411,31 @@ static int size_inputs(RtCuda *cu, char *why, size_t size) {
 
 static void create_handles(RtCuda *cu) {
     rt_cuda_check(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    rt_cuda_check(cudaStreamCreateWithFlags(&cu->copy_stream, cudaStreamNonBlocking),
+                  "cudaStreamCreateWithFlags (the batches' copy stream)");
     rt_cuda_check_blas(cublasLtCreate(&cu->blaslt), "cublasLtCreate");
     rt_cuda_check_dnn(cudnnCreate(&cu->dnn), "cudnnCreate");
     rt_cuda_check_dnn(cudnnSetStream(cu->dnn, cu->stream), "cudnnSetStream");
 }
 
-/* The one device allocation; running out of memory is the user's to fix, so it is a `why`. */
+/* The arena and the landing buffer of one batch beside it; running out of memory is the user's
+ * to fix, so it is a `why`. */
 static int alloc_arena(RtCuda *cu, const char *gpu, char *why, size_t size) {
-    size_t bytes = cu->bytes, free_bytes = 0, total = 0;
+    size_t bytes = cu->bytes, batch = (size_t)cu->dm->batch_bytes, free_bytes = 0, total = 0;
     cudaError_t e = cudaMalloc((void **)&cu->base, bytes ? bytes : 1);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&cu->landing, batch);
+    else
+        cu->base = NULL;
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
-        cu->base = NULL;
+        cu->landing = NULL;
         cudaMemGetInfo(&free_bytes, &total);
-        return fail(why, size, "the model needs %.1f MiB of GPU memory, but the GPU (%s) has %.1f MiB free; "
-                               "lower the batch size", bytes / 1048576.0, gpu, free_bytes / 1048576.0);
+        return fail(why, size, "the model needs %.1f MiB of GPU memory (the arena, and one batch on its way in), but "
+                               "the GPU (%s) has %.1f MiB free; lower the batch size", (bytes + batch) / 1048576.0,
+                    gpu, (free_bytes + (cu->base ? bytes : 0)) / 1048576.0);
     }
-    rt_cuda_check(e, "cudaMalloc (the device arena)");
+    rt_cuda_check(e, "cudaMalloc (the device arena, the landing buffer)");
     /* On the step's stream: a cudaMemset goes on the legacy stream, which a non-blocking stream
      * does not wait for, so the layout write_layout copies next could land before the zeros. */
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, bytes, cu->stream), "cudaMemsetAsync (the device arena)");
@@ -439,13 +463,18 @@ static int alloc_workspace(RtCuda *cu, const char *gpu, char *why, size_t size) 
     return 0;
 }
 
+/* The staging slots and the copy's events of the lane in RtCuda's fields. */
 static void alloc_slots(RtCuda *cu) {
     size_t bytes = (size_t)cu->dm->batch_bytes;
+    const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync;
+    rt_cuda_check(cudaEventCreateWithFlags(&cu->landed, flags), "cudaEventCreateWithFlags");
+    rt_cuda_check(cudaEventCreateWithFlags(&cu->landing_free, flags), "cudaEventCreateWithFlags");
+    /* the landing buffer is free from the start; the first batch's copy waits for this record */
+    rt_cuda_check(cudaEventRecord(cu->landing_free, cu->stream), "cudaEventRecord (the landing buffer free)");
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
         rt_cuda_check(cudaHostAlloc((void **)&cu->slot[s], bytes, cudaHostAllocDefault), "cudaHostAlloc (a staging slot)");
         memset(cu->slot[s], 0, bytes);
-        rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], cudaEventDisableTiming | cudaEventBlockingSync),
-                      "cudaEventCreateWithFlags");
+        rt_cuda_check(cudaEventCreateWithFlags(&cu->slot_free[s], flags), "cudaEventCreateWithFlags");
         /* recorded once, free from the start: a distributed trainer's watched wait queries it */
         rt_cuda_check(cudaEventRecord(cu->slot_free[s], cu->stream), "cudaEventRecord (a free staging slot)");
     }
@@ -511,34 +540,40 @@ static void swap_lane(RtCuda *cu) {
     SWAP(cu->base, l->base);
     SWAP(cu->stream, l->stream);
     SWAP(cu->workspace, l->workspace);
+    SWAP(cu->landing, l->landing);
+    SWAP(cu->copy_stream, l->copy_stream);
+    SWAP(cu->landed, l->landed);
+    SWAP(cu->landing_free, l->landing_free);
     SWAP(cu->next_slot, l->next_slot);
+    SWAP(cu->eval_graph, l->eval_graph);
     for (int s = 0; s < RT_CUDA_SLOTS; s++) {
         SWAP(cu->slot[s], l->slot[s]);
         SWAP(cu->slot_free[s], l->slot_free[s]);
-        SWAP(cu->eval_graph[s], l->eval_graph[s]);
     }
     rt_cuda_check_dnn(cudnnSetStream(cu->dnn, cu->stream), "cudnnSetStream");
 }
 
 /* --eval-async's lane: a second arena of the same layout up to the evaluation's last region
- * (eval_bytes), the same workspace again, a stream and staging slots; running out of memory is
- * the user's to fix. */
+ * (eval_bytes), a landing buffer, the same workspace again, streams and staging slots; running
+ * out of memory is the user's to fix. */
 static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
     Lane *l = &cu->side;
-    size_t bytes = (size_t)cu->dm->eval_bytes;
+    size_t bytes = (size_t)cu->dm->eval_bytes, batch = (size_t)cu->dm->batch_bytes;
     if (!bytes || bytes > cu->bytes)
         return fail(why, size, "internal error: the evaluation's %zu bytes of the %zu-byte arena", bytes, cu->bytes);
     cudaError_t e = cudaMalloc((void **)&l->base, bytes);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&l->landing, batch);
     if (e == cudaSuccess && cu->workspace_reserved)
         e = cudaMalloc(&l->workspace, cu->workspace_reserved);
     if (e == cudaErrorMemoryAllocation) {
         size_t free_bytes = 0, total = 0;
         (void)cudaGetLastError();
         cudaMemGetInfo(&free_bytes, &total);
-        return fail(why, size, "--eval-async needs a second arena of %.1f MiB and %.1f MiB of workspace for the "
-                               "evaluation, but the GPU (%s) has %.1f MiB free; evaluate without --eval-async, or "
-                               "lower the batch size", bytes / 1048576.0, cu->workspace_reserved / 1048576.0, gpu,
-                    free_bytes / 1048576.0);
+        return fail(why, size, "--eval-async needs a second arena of %.1f MiB (with one batch on its way in) and "
+                               "%.1f MiB of workspace for the evaluation, but the GPU (%s) has %.1f MiB free; evaluate "
+                               "without --eval-async, or lower the batch size", (bytes + batch) / 1048576.0,
+                    cu->workspace_reserved / 1048576.0, gpu, free_bytes / 1048576.0);
     }
     rt_cuda_check(e, "cudaMalloc (the evaluation's arena)");
     rt_cuda_check(cudaEventCreateWithFlags(&cu->snapshot, cudaEventDisableTiming | cudaEventBlockingSync),
@@ -546,6 +581,8 @@ static int open_side(RtCuda *cu, const char *gpu, char *why, size_t size) {
     swap_lane(cu);
     rt_cuda_check(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking),
                   "cudaStreamCreateWithFlags (the evaluation's stream)");
+    rt_cuda_check(cudaStreamCreateWithFlags(&cu->copy_stream, cudaStreamNonBlocking),
+                  "cudaStreamCreateWithFlags (the evaluation's copy stream)");
     /* zeroed on its own stream, which everything of the lane follows (alloc_arena) */
     rt_cuda_check(cudaMemsetAsync(cu->base, 0, bytes, cu->stream), "cudaMemsetAsync (the evaluation's arena)");
     alloc_slots(cu);
@@ -591,15 +628,15 @@ static void run_step(RtCuda *cu, int part) {
         cu->dm->train(cu, (RtStepPart)part);
 }
 
-/* Slot s's batch to the arena, then the step. In a capture the event record becomes a graph node
- * (cudaEventRecordExternal), so every launch of the graph records it again. */
-static void enqueue_step(RtCuda *cu, int s, int part, int in_graph) {
-    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_batch, cu->slot[s], (size_t)cu->dm->batch_bytes,
-                                  cudaMemcpyHostToDevice, cu->stream),
-                  "cudaMemcpyAsync (staging slot to the device)");
-    rt_cuda_check(cudaEventRecordWithFlags(cu->slot_free[s], cu->stream,
+/* The landed batch into the arena, then the step. In a capture the event record becomes a graph
+ * node (cudaEventRecordExternal), so every launch of the graph records it again. */
+static void enqueue_step(RtCuda *cu, int part, int in_graph) {
+    rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_batch, cu->landing, (size_t)cu->dm->batch_bytes,
+                                  cudaMemcpyDeviceToDevice, cu->stream),
+                  "cudaMemcpyAsync (the landed batch into the arena)");
+    rt_cuda_check(cudaEventRecordWithFlags(cu->landing_free, cu->stream,
                                            in_graph ? cudaEventRecordExternal : cudaEventRecordDefault),
-                  "cudaEventRecordWithFlags (staging slot free)");
+                  "cudaEventRecordWithFlags (the landing buffer free)");
     run_step(cu, part);
 }
 
@@ -630,11 +667,11 @@ static void warm_up(RtCuda *cu) {
  * makes CUDA calls of its own while a distributed step's collectives are captured (NCCL's own
  * tests capture this way), and no other thread of the trainer calls CUDA (the loader thread
  * reads files only). */
-static int capture(RtCuda *cu, int s, int part, const char *name, cudaGraphExec_t *exec, char *why, size_t size) {
+static int capture(RtCuda *cu, int part, const char *name, cudaGraphExec_t *exec, char *why, size_t size) {
     cudaGraph_t graph = NULL;
     cu->capturing = 1;
     rt_cuda_check(cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    enqueue_step(cu, s, part, 1);
+    enqueue_step(cu, part, 1);
     cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);
     cu->capturing = 0;
     if (e != cudaSuccess) {
@@ -657,41 +694,47 @@ static int capture_graphs(RtCuda *cu, char *why, size_t size) {
                                         [RT_STEP_LAST] = "training (a step's last batch)"};
     RtStepPart part[2];
     int n = train_parts(cu, part);
-    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
-        for (int p = 0; p < n; p++)
-            if (capture(cu, s, part[p], names[part[p]], &cu->train_graph[s][part[p]], why, size))
-                return 1;
-        if (capture(cu, s, EVAL, "evaluation", &cu->eval_graph[s], why, size))
+    for (int p = 0; p < n; p++)
+        if (capture(cu, part[p], names[part[p]], &cu->train_graph[part[p]], why, size))
             return 1;
-    }
+    if (capture(cu, EVAL, "evaluation", &cu->eval_graph, why, size))
+        return 1;
     if (!cu->eval_async)
         return 0;
     swap_lane(cu);
-    int failed = 0;
-    for (int s = 0; s < RT_CUDA_SLOTS && !failed; s++)
-        failed = capture(cu, s, EVAL, "evaluation (--eval-async)", &cu->eval_graph[s], why, size);
+    int failed = capture(cu, EVAL, "evaluation (--eval-async)", &cu->eval_graph, why, size);
     swap_lane(cu);
     return failed;
 }
 
 /* ---- the hooks */
 
-/* A lane's evaluation graphs and staging slots (and their events), those that exist. */
-static void free_slots(cudaGraphExec_t *eval_graph, cudaEvent_t *slot_free, unsigned char **slot) {
-    for (int s = 0; s < RT_CUDA_SLOTS; s++) {
-        if (eval_graph[s])
-            cudaGraphExecDestroy(eval_graph[s]);
-        if (slot_free[s])
-            cudaEventDestroy(slot_free[s]);
-        if (slot[s])
-            cudaFreeHost(slot[s]);
-    }
-}
+/* A lane's evaluation graph, staging slots, copy stream, landing buffer and their events, those
+ * that exist; `o` is the side's Lane or the step's RtCuda, whose fields have the same names. */
+#define FREE_LANE(o)                                                                                      \
+    do {                                                                                                  \
+        if ((o)->eval_graph)                                                                              \
+            cudaGraphExecDestroy((o)->eval_graph);                                                        \
+        for (int s_ = 0; s_ < RT_CUDA_SLOTS; s_++) {                                                      \
+            if ((o)->slot_free[s_])                                                                       \
+                cudaEventDestroy((o)->slot_free[s_]);                                                     \
+            if ((o)->slot[s_])                                                                            \
+                cudaFreeHost((o)->slot[s_]);                                                              \
+        }                                                                                                 \
+        if ((o)->landed)                                                                                  \
+            cudaEventDestroy((o)->landed);                                                                \
+        if ((o)->landing_free)                                                                            \
+            cudaEventDestroy((o)->landing_free);                                                          \
+        if ((o)->copy_stream)                                                                             \
+            cudaStreamDestroy((o)->copy_stream);                                                          \
+        if ((o)->landing)                                                                                 \
+            cudaFree((o)->landing);                                                                       \
+    } while (0)
 
 /* Release whatever exists, in reverse order of creation; also the way out of a failed open(). */
 static void teardown(RtCuda *cu) {
     Lane *l = &cu->side;
-    free_slots(l->eval_graph, l->slot_free, l->slot);
+    FREE_LANE(l);
     if (l->stream)
         cudaStreamDestroy(l->stream);
     if (l->workspace)
@@ -700,11 +743,10 @@ static void teardown(RtCuda *cu) {
         cudaFree(l->base);
     if (cu->snapshot)
         cudaEventDestroy(cu->snapshot);
-    for (int s = 0; s < RT_CUDA_SLOTS; s++)
-        for (int p = 0; p < 3; p++)
-            if (cu->train_graph[s][p])
-                cudaGraphExecDestroy(cu->train_graph[s][p]);
-    free_slots(cu->eval_graph, cu->slot_free, cu->slot);
+    for (int p = 0; p < 3; p++)
+        if (cu->train_graph[p])
+            cudaGraphExecDestroy(cu->train_graph[p]);
+    FREE_LANE(cu);
     if (cu->posted_copied)
         cudaEventDestroy(cu->posted_copied);
     if (cu->posted)
@@ -845,22 +887,33 @@ static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t 
     rt_cuda_check(cudaStreamSynchronize(cu->stream), "cudaStreamSynchronize (after writing the run's state)");
 }
 
-/* Fill the next staging slot (once the device has copied out of it) and enqueue the step. */
+/* Fill the next staging slot (once its last copy is done), copy it to the landing buffer on the
+ * copy stream (once the step before has taken the last batch on into the arena), and enqueue the
+ * step behind that copy. */
 static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     RtCuda *cu = &g_cu;
     int s = cu->next_slot;
     cu->next_slot = (s + 1) % RT_CUDA_SLOTS;
-    /* watched: the slot frees once the step two before has run, collectives included, so a rank
-     * that hangs stops the others here first (wait_until) */
+    /* watched: the slot's copy two batches ago waited for the landing buffer, which frees as the
+     * step after it starts, behind every collective before; so a rank that hangs stops the others
+     * here (wait_until) a step or two later */
     wait_until(cu, cu->slot_free[s], "cudaEventSynchronize (waiting for a staging slot)");
     ((RtBatchHeader *)cu->slot[s])->n_valid = n_valid;
     for (int i = 0; i < cu->model->n_inputs; i++)
         memcpy(cu->slot[s] + cu->dm->off_input[i], batch[i], cu->input_bytes[i]);
+    rt_cuda_check(cudaStreamWaitEvent(cu->copy_stream, cu->landing_free, 0),
+                  "cudaStreamWaitEvent (the copy stream, for the landing buffer)");
+    rt_cuda_check(cudaMemcpyAsync(cu->landing, cu->slot[s], (size_t)cu->dm->batch_bytes, cudaMemcpyHostToDevice,
+                                  cu->copy_stream),
+                  "cudaMemcpyAsync (staging slot to the device)");
+    rt_cuda_check(cudaEventRecord(cu->slot_free[s], cu->copy_stream), "cudaEventRecord (staging slot free)");
+    rt_cuda_check(cudaEventRecord(cu->landed, cu->copy_stream), "cudaEventRecord (the batch landed)");
+    rt_cuda_check(cudaStreamWaitEvent(cu->stream, cu->landed, 0), "cudaStreamWaitEvent (the step, for its batch)");
     if (cu->use_graph)
-        rt_cuda_check(cudaGraphLaunch(part == EVAL ? cu->eval_graph[s] : cu->train_graph[s][part], cu->stream),
+        rt_cuda_check(cudaGraphLaunch(part == EVAL ? cu->eval_graph : cu->train_graph[part], cu->stream),
                       part == EVAL ? "cudaGraphLaunch (evaluation step)" : "cudaGraphLaunch (training step)");
     else
-        enqueue_step(cu, s, part, 0);
+        enqueue_step(cu, part, 0);
 }
 
 static void cuda_train_step(void *const *batch, RtStepPart part) {

@@ -10,8 +10,10 @@
  * answers as a device running behind the host would: a post is not ready to a caller that does
  * not wait until EMU_SLOTS more launches (all the host can queue ahead) have been staged.
  *
- * What it does not test: every CUDA, cuBLASLt and cuDNN call. The stream and the CUDA Graphs
- * are not there (work runs when it is enqueued, so --no-graph changes nothing here); matrix
+ * What it does not test: every CUDA, cuBLASLt and cuDNN call. The streams and the CUDA Graphs
+ * are not there (work runs when it is enqueued, so --no-graph changes nothing here, and a slot
+ * goes straight to off_batch where rt_cuda.c copies it through a landing buffer on a copy
+ * stream, whose events the stub's order of the work checks: tests/cuda/startup); matrix
  * products are rt_gemm (OpenBLAS) plus the epilogue, convolutions the CPU's rt_conv2d_* (or
  * rt_conv2d_nhwc_*, oneDNN, with the filter permuted between the KRSC order a channels-last
  * plan is given and oneDNN's KCRS); on bfloat16 or fp16 data (netc --precision bf16, fp16) the

@@ -34,6 +34,11 @@
  *     after it) before cudaStreamEndCapture, which otherwise fails as CUDA's does
  *     (cudaErrorStreamCaptureUnjoined); an event recorded outside the capture cannot be waited
  *     for inside it (cudaErrorStreamCaptureIsolation).
+ *   - the streams' work is ordered as on a GPU, where streams run concurrently: every access to
+ *     device or pinned memory must happen after every overlapping access of another stream, or
+ *     of the host, that it conflicts with, through events and synchronisations (below, "the
+ *     order of the work"); a staging buffer refilled or read while a copy may still be using
+ *     it aborts the run here, which the stub's immediate copies would otherwise hide.
  *   - with NETC_STUB_NCCL (a distributed trainer: libnetrt_nccl), NCCL for one rank: a
  *     communicator from an id ncclGetUniqueId made; in-place float all-reduces of device memory
  *     on a stream of their own, never the step's stream, captured like any other work.
@@ -161,11 +166,14 @@ static cudaError_t add_alloc(void **p, size_t size, int pinned) {
     return cudaSuccess;
 }
 
+static void forget(const unsigned char *p, size_t bytes);
+
 static cudaError_t free_alloc(void *p, int pinned) {
     for (Alloc **a = &allocs; *a; a = &(*a)->next)
         if ((*a)->p == p && (*a)->pinned == pinned) {
             Alloc *dead = *a;
             *a = dead->next;
+            forget(dead->p, dead->size); /* cudaFree waits for the device: its accesses are over */
             if (!pinned)
                 device_used -= dead->size;
             free(dead->p);
@@ -175,9 +183,123 @@ static cudaError_t free_alloc(void *p, int pinned) {
     return p ? cudaErrorInvalidValue : cudaSuccess;
 }
 
+/* ---- the order of the work
+ *
+ * The stub does a copy when it is enqueued, so its bytes are always right here; on a GPU the
+ * streams run concurrently, and only events order one stream's work against another's or the
+ * host's. So each agent - the host, and each stream - keeps a vector clock. Work on a stream
+ * advances the stream's own entry; enqueueing it takes the host's clock (what the host did
+ * before the call happens before the work); recording an event copies the stream's clock into
+ * the event; a stream that waits for the event, and the host when it synchronises with it (or
+ * with a whole stream, or finds it done by a query), take the larger of each entry.
+ *
+ * Each access to device or pinned memory - a copy or memset (its bytes), a kernel (the whole
+ * arena it is given), a product, convolution or transform (the whole allocation of each
+ * operand) - is checked against the last access of every other agent to overlapping bytes:
+ * where either writes, the earlier must happen before the later, else the run aborts
+ * ("unordered"). A host-to-device copy out of pinned memory counts as the host writing its
+ * source first, as the trainer fills a staging slot (or the pinned step state) right before it
+ * copies it out. Captured work is kept in its graph as a list of these accesses and event
+ * records, and a launch replays the list on its stream in capture order (a capture's forked
+ * streams are joined back before it ends, so a graph is taken as ordered within itself). Not
+ * modelled: the host's reads of pinned memory a copy filled, and the collectives' in-place sums
+ * (the gradients a backward kernel, taken as touching the whole arena, is still writing
+ * elsewhere; their fork and join are checked above). */
+
+enum { MAX_AGENTS = 16, MAX_ACCESSES = 4096, HOST = 0 };
+typedef struct {
+    unsigned long t[MAX_AGENTS];
+} Clock;
+typedef struct {
+    int agent;           /* HOST, or a stream's number */
+    unsigned long stamp; /* the agent's clock entry when it accessed */
+    const unsigned char *p;
+    size_t bytes;
+    int write;
+    const char *what;
+} Access;
+/* captured work: an access (by the launching stream, or by the host before the launch), or an
+ * event record */
+typedef struct {
+    cudaEvent_t record; /* non-NULL: an event record node */
+    int by_host;        /* the host's fill of a pinned source, before the launch */
+    const unsigned char *p;
+    size_t bytes;
+    int write;
+    const char *what;
+} Node;
+
+static Clock host_clock;
+static int n_agents = 1;                 /* the host and the streams created so far */
+static Access accesses[MAX_ACCESSES];    /* each agent's last access of each kind to each range */
+static int n_accesses;
+static Node *captured;                   /* the capture under way: its nodes */
+static long n_captured, captured_cap;
+
+static void merge(Clock *into, const Clock *from) {
+    for (int i = 0; i < MAX_AGENTS; i++)
+        if (from->t[i] > into->t[i])
+            into->t[i] = from->t[i];
+}
+
+static const char *agent_name(int agent, char *buf, size_t size) {
+    if (agent == HOST)
+        return "the host";
+    snprintf(buf, size, "stream %d", agent);
+    return buf;
+}
+
+/* Agent `agent`, whose clock is c, accesses [p, p + bytes): check it against the other agents'
+ * conflicting accesses, then remember it (in place of the agent's earlier one of the same kind
+ * to the same bytes, which its program order puts before this one). */
+static void access_now(int agent, Clock *c, const unsigned char *p, size_t bytes, int write, const char *what) {
+    unsigned long stamp = ++c->t[agent];
+    Access *same = NULL;
+    for (int i = 0; i < n_accesses; i++) {
+        Access *a = &accesses[i];
+        if (a->agent == agent) {
+            if (a->p == p && a->bytes == bytes && a->write == write)
+                same = a;
+            continue;
+        }
+        if (!(a->write || write) || a->p >= p + bytes || p >= a->p + a->bytes || c->t[a->agent] >= a->stamp)
+            continue;
+        char n1[32], n2[32];
+        violation("unordered: %s %s %zu bytes at %p (%s), and %s %s %zu bytes at %p (%s) before it, with no event "
+                  "or synchronisation between the two: on a GPU they may run at the same time",
+                  agent_name(agent, n1, sizeof n1), write ? "writes" : "reads", bytes, (const void *)p, what,
+                  agent_name(a->agent, n2, sizeof n2), a->write ? "wrote" : "read", a->bytes, (const void *)a->p,
+                  a->what);
+    }
+    if (!same) {
+        if (n_accesses == MAX_ACCESSES)
+            violation("more than %d distinct accesses to remember", MAX_ACCESSES);
+        same = &accesses[n_accesses++];
+    }
+    *same = (Access){agent, stamp, p, bytes, write, what};
+}
+
+/* cudaFree's memory: its accesses are over, and new allocations may reuse its addresses. */
+static void forget(const unsigned char *p, size_t bytes) {
+    int kept = 0;
+    for (int i = 0; i < n_accesses; i++)
+        if (accesses[i].p >= p + bytes || p >= accesses[i].p + accesses[i].bytes)
+            accesses[kept++] = accesses[i];
+    n_accesses = kept;
+}
+
+static void add_node(Node n) {
+    if (n_captured == captured_cap &&
+        !(captured = realloc(captured, (size_t)(captured_cap = captured_cap ? 2 * captured_cap : 256) * sizeof *captured)))
+        violation("out of host memory");
+    captured[n_captured++] = n;
+}
+
 /* ---- streams, capture, graphs, events */
 
 struct CUstream_st {
+    int agent;        /* its number in the order of the work */
+    Clock clock;
     int capturing;    /* between cudaStreamBeginCapture and cudaStreamEndCapture, or forked into it */
     int forked;       /* joined the capture by waiting for a captured event */
     long work, joined; /* forked: work captured on it, and how much of it the origin waited for */
@@ -188,10 +310,14 @@ struct CUstream_st {
 struct CUgraph_st {
     long nodes;
     cudaStream_t origin;
+    Node *node; /* its accesses and event records, in capture order */
+    long n_node;
 };
 struct CUgraphExec_st {
     long nodes;
     cudaStream_t origin;
+    Node *node;
+    long n_node;
 };
 static cudaStream_t first_capture; /* the stream of the first capture: the training step's */
 struct CUevent_st {
@@ -199,6 +325,7 @@ struct CUevent_st {
     int queried;              /* cudaEventQuery has answered since the last recording */
     cudaStream_t captured_on; /* recorded during the capture on this stream, else NULL */
     long work;                /* captured_on's work when it was recorded */
+    Clock clock;              /* its stream's at the last recording that ran */
 };
 
 enum { MAX_FORKED = 8 };
@@ -216,7 +343,8 @@ static int prohibited(const char *call) {
     return 1;
 }
 
-/* Work enqueued on `s`: captured as a node, or done now. Returns 1 when it is to be done now. */
+/* Work enqueued on `s`: captured as a node, or done now. Returns 1 when it is to be done now,
+ * the stream having taken the host's clock. */
 static int enqueue(cudaStream_t s) {
     if (!s)
         violation("work enqueued on the legacy default stream (the trainer uses its own stream)");
@@ -227,7 +355,23 @@ static int enqueue(cudaStream_t s) {
     }
     if (capturing_stream)
         violation("work enqueued on another stream during a global-mode capture");
+    merge(&s->clock, &host_clock);
     return 1;
+}
+
+/* Work on `s` (enqueued just before) accesses [p, p + bytes): a node of the capture, or now. */
+static void touch(cudaStream_t s, const void *p, size_t bytes, int write, const char *what) {
+    if (s->capturing)
+        add_node((Node){.p = p, .bytes = bytes, .write = write, .what = what});
+    else
+        access_now(s->agent, &s->clock, p, bytes, write, what);
+}
+
+/* Work on `s` writes somewhere in the device allocation holding p. */
+static void touch_alloc(cudaStream_t s, const void *p, const char *what) {
+    const Alloc *a = find_alloc(p, 0, 0);
+    if (a)
+        touch(s, a->p, a->size, 1, what);
 }
 
 /* ---- the CUDA runtime */
@@ -326,6 +470,7 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes) {
         return ret(cudaErrorStreamCaptureUnsupported);
     check_device(p, bytes, "cudaMemset");
     memset(p, value, bytes);
+    access_now(HOST, &host_clock, p, bytes, 1, "cudaMemset");
     return cudaSuccess;
 }
 
@@ -333,6 +478,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
     check_device(p, bytes, "cudaMemsetAsync");
     if (enqueue(s))
         memset(p, value, bytes);
+    touch(s, p, bytes, 1, "cudaMemsetAsync");
     return cudaSuccess;
 }
 
@@ -350,15 +496,30 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
         violation("cudaMemcpyAsync of kind %d (the trainer names every direction)", (int)kind);
     }
     counts.copies++;
+    const char *what = kind == cudaMemcpyHostToDevice   ? "cudaMemcpyAsync to the device"
+                       : kind == cudaMemcpyDeviceToHost ? "cudaMemcpyAsync from the device"
+                                                        : "cudaMemcpyAsync on the device";
+    int pinned_src = find_alloc(src, bytes, 1) != NULL, pinned_dst = find_alloc(dst, bytes, 1) != NULL;
+    if (kind == cudaMemcpyHostToDevice && pinned_src) { /* the host filled it, just before */
+        if (s && s->capturing)
+            add_node((Node){.by_host = 1, .p = src, .bytes = bytes, .write = 1, .what = "the host filling a pinned buffer"});
+        else
+            access_now(HOST, &host_clock, src, bytes, 1, "the host filling a pinned buffer");
+    }
     if (enqueue(s))
         memcpy(dst, src, bytes);
+    if (kind != cudaMemcpyHostToDevice || pinned_src)
+        touch(s, src, bytes, 0, what);
+    if (kind != cudaMemcpyDeviceToHost || pinned_dst)
+        touch(s, dst, bytes, 1, what);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
     (void)flags;
-    if (!(*s = calloc(1, sizeof **s)))
-        violation("out of host memory");
+    if (n_agents == MAX_AGENTS || !(*s = calloc(1, sizeof **s)))
+        violation("more than %d streams, or out of host memory", MAX_AGENTS - 1);
+    (*s)->agent = n_agents++;
     return cudaSuccess;
 }
 
@@ -374,6 +535,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (prohibited("cudaStreamSynchronize"))
         return ret(cudaErrorStreamCaptureUnsupported);
     counts.stream_syncs++;
+    if (s)
+        merge(&host_clock, &s->clock);
     return cudaSuccess;
 }
 
@@ -384,6 +547,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
         violation("capture mode %d: the trainer captures in thread-local mode", (int)mode);
     s->capturing = 1, s->invalidated = 0, s->nodes = 0;
     capturing_stream = s;
+    n_captured = 0;
     if (!first_capture)
         first_capture = s;
     return cudaSuccess;
@@ -410,6 +574,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     if (!(*graph = calloc(1, sizeof **graph)))
         violation("out of host memory");
     (*graph)->nodes = s->nodes, (*graph)->origin = s;
+    if (n_captured && !((*graph)->node = malloc((size_t)n_captured * sizeof *captured)))
+        violation("out of host memory");
+    if (n_captured)
+        memcpy((*graph)->node, captured, (size_t)n_captured * sizeof *captured);
+    (*graph)->n_node = n_captured;
     stub_log("captured a graph of %ld nodes", s->nodes);
     return cudaSuccess;
 }
@@ -418,16 +587,24 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsig
     (void)flags;
     if (!graph || !(*exec = calloc(1, sizeof **exec)))
         violation("cudaGraphInstantiate without a graph");
-    (*exec)->nodes = graph->nodes, (*exec)->origin = graph->origin;
+    (*exec)->nodes = graph->nodes, (*exec)->origin = graph->origin, (*exec)->n_node = graph->n_node;
+    if (graph->n_node && !((*exec)->node = malloc((size_t)graph->n_node * sizeof *graph->node)))
+        violation("out of host memory");
+    if (graph->n_node)
+        memcpy((*exec)->node, graph->node, (size_t)graph->n_node * sizeof *graph->node);
     return cudaSuccess;
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (g)
+        free(g->node);
     free(g);
     return cudaSuccess;
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+    if (g)
+        free(g->node);
     free(g);
     return cudaSuccess;
 }
@@ -438,7 +615,17 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) {
     /* legal in CUDA, but the trainer's lanes each replay their own graphs on their own stream */
     if (s != g->origin)
         violation("cudaGraphLaunch on another stream than the one the graph was captured on");
+    for (long i = 0; i < g->n_node; i++) /* the host's fills come before the call */
+        if (g->node[i].by_host)
+            access_now(HOST, &host_clock, g->node[i].p, g->node[i].bytes, 1, g->node[i].what);
     enqueue(s);
+    for (long i = 0; i < g->n_node; i++) {
+        const Node *n = &g->node[i];
+        if (n->record)
+            n->record->clock = s->clock;
+        else if (!n->by_host)
+            access_now(s->agent, &s->clock, n->p, n->bytes, n->write, n->what);
+    }
     counts.graph_launches++;
     counts.second_stream_launches += s != first_capture;
     return cudaSuccess;
@@ -465,7 +652,10 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int
     if (s && s->capturing && !(flags & cudaEventRecordExternal))
         violation("an event recorded in a capture without cudaEventRecordExternal: a graph launch would not "
                   "record it");
-    enqueue(s);
+    if (enqueue(s))
+        e->clock = s->clock;
+    else
+        add_node((Node){.record = e});
     e->recorded = 1, e->queried = 0;
     return cudaSuccess;
 }
@@ -479,6 +669,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     } else {
         enqueue(s);
         e->captured_on = NULL;
+        e->clock = s->clock;
     }
     e->recorded = 1, e->queried = 0;
     return cudaSuccess;
@@ -498,6 +689,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
         forked[n_forked++] = s;
     } else if (e->captured_on && e->captured_on->forked && !s->forked && e->work > e->captured_on->joined) {
         e->captured_on->joined = e->work; /* a join: the origin waits for the forked stream's work so far */
+    } else if (!s->capturing) {
+        merge(&s->clock, &e->clock);
     }
     return cudaSuccess;
 }
@@ -508,6 +701,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (prohibited("cudaStreamQuery"))
         return ret(cudaErrorStreamCaptureUnsupported);
     counts.stream_syncs++; /* a distributed trainer's wait polls the stream */
+    merge(&host_clock, &s->clock);
     return cudaSuccess; /* the stub's work is done when it is enqueued */
 }
 
@@ -523,13 +717,14 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
         counts.queries_not_ready++;
         return cudaErrorNotReady; /* not an error: CUDA does not record it as the last one */
     }
+    merge(&host_clock, &e->clock);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    (void)e;
     if (prohibited("cudaEventSynchronize"))
         return ret(cudaErrorStreamCaptureUnsupported);
+    merge(&host_clock, &e->clock);
     return cudaSuccess;
 }
 
@@ -667,6 +862,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
     counts.launches++;
     if (!enqueue(s))
         counts.captured_launches++;
+    touch(s, a->p, a->size, 1, "a kernel");
     return cudaSuccess;
 }
 
@@ -880,6 +1076,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
         check_device(ws, ws_bytes, "cublasLtMatmul workspace");
     counts.gemms++;
     enqueue(s);
+    touch_alloc(s, A, "cublasLtMatmul");
+    touch_alloc(s, B, "cublasLtMatmul");
+    touch_alloc(s, D, "cublasLtMatmul");
+    if (ws_bytes)
+        touch_alloc(s, ws, "cublasLtMatmul's workspace");
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1161,6 +1362,11 @@ static cudnnStatus_t conv_call(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
         return CUDNN_STATUS_EXECUTION_FAILED;
     counts.convs++;
     enqueue(h->stream);
+    touch_alloc(h->stream, xp, what);
+    touch_alloc(h->stream, wp, what);
+    touch_alloc(h->stream, yp, what);
+    if (ws_bytes)
+        touch_alloc(h->stream, ws, what);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1200,6 +1406,8 @@ cudnnStatus_t cudnnTransformTensor(cudnnHandle_t h, const void *alpha, const cud
     check_device(yp, tensor_bytes(y), "cudnnTransformTensor destination");
     counts.transforms++;
     enqueue(h->stream);
+    touch_alloc(h->stream, xp, "cudnnTransformTensor");
+    touch_alloc(h->stream, yp, "cudnnTransformTensor");
     return CUDNN_STATUS_SUCCESS;
 }
 

@@ -14,10 +14,12 @@ NETC_ARGS. On each stub device it must:
     and fp16 plans take the tensor-op one and float32 plans try the failing one once, then take the
     default;
   - ask for blocking waits (device flags and every event);
-  - capture four graphs (training and evaluation, two staging slots), replay them for every
-    step, and exit 0; with --no-graph capture nothing and launch the kernels directly; with
-    --accumulate 2 capture two training graphs per slot (a summed batch's, with no collective,
-    and a step's last batch's) and launch both each step;
+  - capture two graphs (training and evaluation), replay them for every step, and exit 0; with
+    --no-graph capture nothing and launch the kernels directly; with --accumulate 2 capture two
+    training graphs (a summed batch's, with no collective, and a step's last batch's) and launch
+    both each step;
+  - copy each batch to the device on a stream of its own, which the stub's order of the work
+    (cuda_stub.c) checks against the steps reading it and the host refilling its staging slot;
   - distributed (--distributed): join a communicator of one rank (MPI's singleton) and run each
     training step's collectives - one per gradient bucket and one for the loss - on a stream
     forked from the step's and joined back, so that each captured training graph holds them (the
@@ -102,7 +104,7 @@ def main():
                   f"{tag}: {got.get('kernel attributes')} of {n_kernels} kernels loaded by their attributes "
                   "(lazy loading would defer a bad image's error to the first launch)")
             captures = sum(ln.startswith("captured a graph") for ln in lines)
-            check(captures == (4 if graph else 0), f"{tag}: {captures} graphs captured")
+            check(captures == (2 if graph else 0), f"{tag}: {captures} graphs captured")
             check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
             check(got.get("kernel launches", 0) > 0, f"{tag}: no kernel launched")
             check((got.get("products", 0) > 0) == (n_gemm > 0), f"{tag}: {got.get('products')} products, {n_gemm} plans")
@@ -119,8 +121,8 @@ def main():
                   not any(ln.startswith("an event whose waits spin") for ln in lines),
                   f"{tag}: the host's waits spin")
             check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
-            # collectives: the warm-up step's, then the two training graphs' or each step's
-            want = (per_step * 3, per_step * 2) if graph else (per_step * (1 + STEPS), 0)
+            # collectives: the warm-up step's, then the training graph's or each step's
+            want = (per_step * 2, per_step) if graph else (per_step * (1 + STEPS), 0)
             have = (got.get("collectives", 0), got.get("captured collectives", 0))
             check(have == want, f"{tag}: {have[0]} collectives ({have[1]} captured), expected {want[0]} ({want[1]})")
             if distributed:
@@ -128,15 +130,15 @@ def main():
                       f"{tag}: the NCCL communicator was not made and destroyed")
             print(f"{tag}: {image}, {got}")
 
-    # --eval-async: a second lane (arena, stream, workspace, staging slots) whose two evaluation
-    # graphs are captured on its own stream; an evaluation copies the parameters across, runs
+    # --eval-async: a second lane (arena, streams, workspace, staging slots) whose evaluation
+    # graph is captured on its own stream; an evaluation copies the parameters across, runs
     # there beside the steps, and its sums are read from there
     for graph in (True, False):
         tag = "sm_90 --eval-async" + ("" if graph else " --no-graph")
         p, lines = run(exe, args + ["--eval-async"] + ([] if graph else ["--no-graph"]), 90, log)
         check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
         captures = sum(ln.startswith("captured a graph") for ln in lines)
-        check(captures == (6 if graph else 0), f"{tag}: {captures} graphs captured, expected {6 if graph else 0}")
+        check(captures == (3 if graph else 0), f"{tag}: {captures} graphs captured, expected {3 if graph else 0}")
         # the evaluation's batches (EVAL_SAMPLES in batches) replay the second lane's graphs
         got, batches = summary(lines), -(-EVAL_SAMPLES // batch)
         side = got.get("graph launches on a second stream", 0)
@@ -145,7 +147,7 @@ def main():
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
         print(f"{tag}: {summary(lines)}")
 
-    # --accumulate 2: two training graphs per slot, a summed batch's (no bucket's collective, and
+    # --accumulate 2: two training graphs, a summed batch's (no bucket's collective, and
     # no fork left unjoined, which fails its capture; --sync-bn's sums) and a step's last
     # batch's, each step launching both, as the warm-up does
     for graph in (True, False):
@@ -153,12 +155,12 @@ def main():
         p, lines = run(exe, args + ["--accumulate", "2"] + ([] if graph else ["--no-graph"]), 90, log)
         check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
         captures = sum(ln.startswith("captured a graph") for ln in lines)
-        check(captures == (6 if graph else 0), f"{tag}: {captures} graphs captured, expected {6 if graph else 0}")
+        check(captures == (3 if graph else 0), f"{tag}: {captures} graphs captured, expected {3 if graph else 0}")
         got = summary(lines)
         check((got.get("graph launches", 0) >= 2 * STEPS) == graph, f"{tag}: {got.get('graph launches')} graph "
               f"launches, expected {2 * STEPS} training ones at least")
         both = per_sum + per_step
-        want = (both * 3, both * 2) if graph else (both * (1 + STEPS), 0)
+        want = (both * 2, both) if graph else (both * (1 + STEPS), 0)
         have = (got.get("collectives", 0), got.get("captured collectives", 0))
         check(have == want, f"{tag}: {have[0]} collectives ({have[1]} captured), expected {want[0]} ({want[1]})")
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
@@ -208,13 +210,16 @@ def main():
     print("too few threads a block:", p.stderr.strip())
 
     p, lines = run(exe, args, 90, log, {"NETC_STUB_MEM_MIB": "0"})
-    check(p.returncode == 5 and "MiB of GPU memory, but the GPU (stub sm_90) has 0.0 MiB free" in p.stderr,
+    check(p.returncode == 5 and "MiB of GPU memory (the arena, and one batch on its way in), but the GPU (stub sm_90) "
+          "has 0.0 MiB free" in p.stderr,
           f"no memory: exit status {p.returncode}, message {p.stderr.strip()!r}")
     print("no memory:", p.stderr.strip())
 
-    # Memory for the arena (rounded up to whole MiB), none to spare for a library's workspace: a
-    # convolution plan finds no algorithm whose workspace fits, or the shared workspace does not.
-    arena_mib = -(-int(re.search(r"\.device_bytes = (\d+),", host).group(1)) // (1 << 20))
+    # Memory for the arena and the landing buffer of one batch (rounded up to whole MiB), none to
+    # spare for a library's workspace: a convolution plan finds no algorithm whose workspace fits,
+    # or the shared workspace does not.
+    arena_mib = -(-(int(re.search(r"\.device_bytes = (\d+),", host).group(1)) +
+                    int(re.search(r"\.batch_bytes = (\d+),", host).group(1))) // (1 << 20))
     p, lines = run(exe, args, 90, log, {"NETC_STUB_MEM_MIB": str(arena_mib)})
     check(p.returncode == 5 and "lower the batch size" in p.stderr and "workspace" in p.stderr,
           f"no memory for the workspace: exit status {p.returncode}, message {p.stderr.strip()!r}")
