@@ -42,6 +42,7 @@ enum {
     NORM_ROWS = 32,       /* rows per partial sum of the norms' parameter gradients (RT_K_NORM_ROWS) */
     ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
     CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
+    ACC_BLOCKS = 1024,    /* blocks counting an accuracy's rows at most (emit_rows) */
     PIECE = 16 * BLOCK,   /* floats per block of a layer-wise optimizer's kernels (emit_layerwise) */
 };
 
@@ -106,6 +107,14 @@ static void norm_dims(const IrNode *x, int64_t *rows, int64_t *D) {
 static int64_t norm_blocks(int64_t rows) { return (rows + NORM_ROWS - 1) / NORM_ROWS; }
 static int64_t norm_part_bytes(int64_t rows, int64_t D) { return norm_blocks(rows) * 2 * D * 8; }
 
+/* Blocks of an accuracy's counts (rt_k_accuracy_part): one per row of its logits, at most
+ * ACC_BLOCKS; a double each in the partial-sum region. */
+static int64_t acc_blocks(const IrNode *logits) {
+    const IrShape *s = &logits->shape;
+    int64_t rows = ir_numel(s) / (s->rank ? s->dim[s->rank - 1] : 1);
+    return rows < 1 ? 1 : rows > ACC_BLOCKS ? ACC_BLOCKS : rows;
+}
+
 /* A layer-wise optimizer's blocks (emit_layerwise): the pieces of at most PIECE floats its
  * trainable tensors are cut into, each tensor on its own; *tensors the tensors. */
 static int64_t layerwise_pieces(const IrGraph *g, int *tensors) {
@@ -132,7 +141,8 @@ static Map plan_memory(const IrGraph *g) {
     if (g->n_half_params) m.half_params = at, at = align_up(at + g->n_half_params * 2);
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
-                       * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats */
+                       * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats,
+                       * or an accuracy's counts */
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS || n->attr.norm_params) {
@@ -140,6 +150,7 @@ static Map plan_memory(const IrGraph *g) {
             norm_dims(n->in[0], &rows, &D);
             if (norm_part_bytes(rows, D) + rows * 2 * 4 > part) part = norm_part_bytes(rows, D) + rows * 2 * 4;
         }
+        if (n->op == OP_ACCURACY && acc_blocks(n->in[0]) * 8 > part) part = acc_blocks(n->in[0]) * 8;
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
@@ -619,6 +630,8 @@ static void emit_axis_rows(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", rows_grid(outer * inner), BLOCK);
 }
 
+static void part_room(const Cu *u, int64_t bytes, const char *what);
+
 /* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
 static void emit_rows(Cu *u, const IrNode *n) {
     const IrShape *s = &n->in[0]->shape;
@@ -670,23 +683,28 @@ static void emit_rows(Cu *u, const IrNode *n) {
             snprintf(call, sizeof call, "rt_k_xent_bwd(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, v%d, v%d, v%d);",
                      rows, cols, a, b, lit, valid, n->in[3]->id, n->in[2]->id, n->id);
         break;
-    case OP_ACCURACY: /* one block counts; of a sequence, its thread 0 divides by the rows per sample */
-        if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
-            snprintf(call, sizeof call, "rt_k_accuracy_ignore(%" PRId64 ", %" PRId64 ", v%d, v%d, %" PRId64 ", %s, v%d);",
-                     rows, cols, a, b, n->attr.ignore_index, valid, n->id);
-        } else if (s->rank > 2) {
+    case OP_ACCURACY: { /* a block per row counts, one block adds the counts; of a sequence, its
+                         * thread 0 then divides by the rows per sample */
+        char ignore[32] = "RT_K_NO_IGNORE", divide[128] = "";
+        const int64_t blocks = acc_blocks(n->in[0]);
+        if (n->attr.has_ignore) /* the correct positions, which the trainer divides by those it counts */
+            snprintf(ignore, sizeof ignore, "%" PRId64, n->attr.ignore_index);
+        else if (s->rank > 2) {
             FILE *fp = fmemopen(lit, sizeof lit, "w");
             cg_lit(fp, (double)(rows / s->dim[0]));
             fclose(fp);
-            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d); "
-                     "if (blockIdx.x == 0 && threadIdx.x == 0) v%d[0] = v%d[0] / %s;", rows, cols, a, b, valid, n->id,
-                     n->id, n->id, lit);
-        } else {
-            snprintf(call, sizeof call, "rt_k_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, v%d);", rows, cols, a,
-                     b, valid, n->id);
+            snprintf(divide, sizeof divide, " if (blockIdx.x == 0 && threadIdx.x == 0) v%d[0] = v%d[0] / %s;", n->id,
+                     n->id, lit);
         }
-        lib_kernel(u, n, call, "", 1, BLOCK);
+        snprintf(call, sizeof call, "rt_k_accuracy_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, "
+                 "(double *)(base + NETC_OFF_PART));", rows, cols, a, b, ignore, valid);
+        part_room(u, blocks * 8, "an accuracy's counts");
+        lib_kernel(u, n, call, "_part", (unsigned)blocks, BLOCK);
+        snprintf(call, sizeof call, "rt_k_accuracy_total(%" PRId64 ", (const double *)(base + NETC_OFF_PART), v%d);%s",
+                 blocks, n->id, divide);
+        lib_kernel(u, n, call, "_sum", 1, BLOCK);
         return;
+    }
     default: ICE("cuda: %s is not a per-row kernel", ir_op_name(n->op));
     }
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
@@ -1581,7 +1599,7 @@ static void emit_host_header(Cu *u, Cg *c) {
                 u->map.half_params, ir_dtype_name(cg_half_params_dtype(g)), g->n_half_params);
     cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
             g->arena_bytes);
-    cg_line(c, "//   %12" PRId64 "  batch-norm partial sums", u->map.part);
+    cg_line(c, "//   %12" PRId64 "  partial sums (batch and layer norms, gradient norms, accuracy counts)", u->map.part);
     cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats); an evaluation touches nothing from here on",
             u->map.grads, g->n_grad_floats);
     if (g->shard_optimizer)

@@ -18,7 +18,8 @@
  *   grid-stride over T         pooling, batch-norm partial and final sums
  *   one block of 256 per row   softmax, cross-entropy, log-softmax, layer and RMS norm (rows
  *                              grid-stride over the blocks; netrt_rows.cuh)
- *   one block of 256           accuracy, mean
+ *   one block of 256 per row   accuracy's counts (rows grid-stride over at most 1024 blocks)
+ *   one block of 256           accuracy's total, mean
  *   one block per tile of 256 rows (or keys), a thread each: attention (netrt_attention.cuh)
  * (netrt_index.cuh, included at the end, says its own.)
  */
@@ -84,6 +85,36 @@ static __device__ __forceinline__ double rt_block_sum(double v) {
     double total = s[0];
     __syncthreads(); /* before a next call overwrites s */
     return total;
+}
+
+/* The index of row x[0, cols)'s first maximum as the CPU's scan finds it (best = 0, then each
+ * later j with x[j] > x[best]): 0 when x[0] is NaN, else the first index of the largest value
+ * that is not NaN (ties between -0 and +0 included, as > sees them). Each thread keeps the first
+ * maximum of its columns j = t, t + 256, ...; the fixed tree then keeps the larger value, and
+ * of two equal ones the smaller index, which is the scan's answer in any order. To every thread. */
+static __device__ __forceinline__ int64_t rt_block_argmax(const float *x, int64_t cols) {
+    __shared__ float sv[RT_K_BLOCK];
+    __shared__ int64_t si[RT_K_BLOCK]; /* -1: no value that is not NaN */
+    const unsigned t = threadIdx.x;
+    float bv = 0;
+    int64_t bi = -1;
+    RT_K_COLS(j, cols) {
+        const float v = x[j];
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = j;
+    }
+    sv[t] = bv, si[t] = bi;
+    __syncthreads();
+    for (unsigned k = RT_K_BLOCK / 2; k > 0; k >>= 1) {
+        if (t < k) {
+            const float ov = sv[t + k];
+            const int64_t oi = si[t + k];
+            if (oi >= 0 && (si[t] < 0 || ov > sv[t] || (ov == sv[t] && oi < si[t]))) sv[t] = ov, si[t] = oi;
+        }
+        __syncthreads();
+    }
+    const int64_t best = x[0] != x[0] || si[0] < 0 ? 0 : si[0];
+    __syncthreads(); /* before a next call overwrites sv, si */
+    return best;
 }
 
 /* The block's maximum of v (fmaxf: NaNs are ignored, as the CPU's fmaxf scan), to every thread. */
@@ -378,30 +409,30 @@ static __device__ __forceinline__ void rt_k_xent_bwd(int64_t rows, int64_t cols,
     rt_k_xent_ignore_bwd(rows, cols, logits, label, smoothing, RT_K_NO_IGNORE, n_valid, loss, dloss, dlogits);
 }
 
-/* out[0] = the rows among the first n_valid whose label is not `ignore` (RT_K_NO_IGNORE: none)
- * and whose argmax (the first on ties) is the label. One block: thread t scans rows t, t + 256,
- * ... whole. */
-static __device__ __forceinline__ void rt_k_accuracy_ignore(int64_t rows, int64_t cols, const float *logits,
-                                                            const int64_t *label, int64_t ignore, int64_t n_valid,
-                                                            float *out) {
-    if (blockIdx.x != 0) return;
-    int64_t n = rows < n_valid ? rows : n_valid;
+/* The accuracy in two kernels: the rows among the first n_valid whose label is not `ignore`
+ * (RT_K_NO_IGNORE: none) and whose argmax (the first on ties, rt_block_argmax) is the label,
+ * counted by a block per row (its columns read side by side) into part[blockIdx.x], one count
+ * per block of the grid; then their total into out[0]. Counts of whole rows add exactly in
+ * double in any order, so the total is the CPU's, bit for bit. */
+static __device__ __forceinline__ void rt_k_accuracy_part(int64_t rows, int64_t cols, const float *logits,
+                                                          const int64_t *label, int64_t ignore, int64_t n_valid,
+                                                          double *part) {
+    const int64_t n = rows < n_valid ? rows : n_valid;
     double correct = 0;
-    for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
-        if (label[r] == ignore) continue;
-        const float *x = logits + r * cols;
-        int64_t best = 0;
-        for (int64_t j = 1; j < cols; j++)
-            if (x[j] > x[best]) best = j;
-        correct += best == label[r];
+    RT_K_ROWS(r, n) {
+        if (label[r] == ignore) continue; /* the same branch for the whole block */
+        correct += rt_block_argmax(logits + r * cols, cols) == label[r];
     }
-    correct = rt_block_sum(correct);
-    if (threadIdx.x == 0) out[0] = (float)correct;
+    if (threadIdx.x == 0) part[blockIdx.x] = correct;
 }
 
-static __device__ __forceinline__ void rt_k_accuracy(int64_t rows, int64_t cols, const float *logits,
-                                                     const int64_t *label, int64_t n_valid, float *out) {
-    rt_k_accuracy_ignore(rows, cols, logits, label, RT_K_NO_IGNORE, n_valid, out);
+/* out[0] = the total of part[0, blocks), rt_k_accuracy_part's counts. One block. */
+static __device__ __forceinline__ void rt_k_accuracy_total(int64_t blocks, const double *part, float *out) {
+    if (blockIdx.x != 0) return;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) s += part[i];
+    s = rt_block_sum(s);
+    if (threadIdx.x == 0) out[0] = (float)s;
 }
 
 /* out[0] = the sum of x[0, count) in double, divided by count when `mean` (as the CPU divides,
