@@ -43,6 +43,8 @@ enum {
     ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
     CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
     ACC_BLOCKS = 1024,    /* blocks counting an accuracy's rows at most (emit_rows) */
+    SUM_RUN_ROWS = 256,   /* rows per run of a SUM_TO over rows (emit_sum_to), at least */
+    SUM_RUNS = 64,        /* runs of rows of a SUM_TO over rows at most */
     PIECE = 16 * BLOCK,   /* floats per block of a layer-wise optimizer's kernels (emit_layerwise) */
 };
 
@@ -125,6 +127,18 @@ static int64_t layerwise_pieces(const IrGraph *g, int *tensors) {
     return pieces;
 }
 
+/* A SUM_TO over rows (cg_sum_to_rows: output o adds x[j * outputs + o]) with enough rows and
+ * outputs to fill blocks reading a row's outputs side by side: the number of runs of rows it is
+ * summed in (emit_sum_to), else 0. */
+static int64_t sum_runs(const IrNode *n) {
+    if (n->op != OP_SUM_TO) return 0;
+    const IrNode *x = n->in[0];
+    int64_t out_n = ir_numel(&n->shape), red_n = out_n ? ir_numel(&x->shape) / out_n : 0;
+    if (x->dtype != DT_F32 || out_n < BLOCK / 2 || red_n < 2 * SUM_RUN_ROWS || !cg_sum_to_rows(n)) return 0;
+    int64_t runs = (red_n + SUM_RUN_ROWS - 1) / SUM_RUN_ROWS;
+    return runs < SUM_RUNS ? runs : SUM_RUNS;
+}
+
 static Map plan_memory(const IrGraph *g) {
     Map m = {0};
     int64_t at = align_up((int64_t)sizeof(RtDevState));
@@ -142,7 +156,7 @@ static Map plan_memory(const IrGraph *g) {
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats,
-                       * or an accuracy's counts */
+                       * or an accuracy's counts, or a SUM_TO's runs of rows */
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS || n->attr.norm_params) {
@@ -151,6 +165,7 @@ static Map plan_memory(const IrGraph *g) {
             if (norm_part_bytes(rows, D) + rows * 2 * 4 > part) part = norm_part_bytes(rows, D) + rows * 2 * 4;
         }
         if (n->op == OP_ACCURACY && acc_blocks(n->in[0]) * 8 > part) part = acc_blocks(n->in[0]) * 8;
+        if (sum_runs(n) * ir_numel(&n->shape) * 8 > part) part = sum_runs(n) * ir_numel(&n->shape) * 8;
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
@@ -345,13 +360,62 @@ static void emit_ew(Cu *u, const IrNode *n) {
     kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
 }
 
-/* SUM_TO: one block per output element, the reduced elements strided over its threads and
- * summed in double by a fixed tree (rt_block_sum), so every run gives the same bits. */
+static void part_room(const Cu *u, int64_t bytes, const char *what);
+
+/* A SUM_TO over rows with sum_runs(n) = R runs (a bias's gradient: out_n outputs over red_n rows
+ * of a [red_n, out_n] gradient): two kernels. In the first, a block takes 256 adjacent outputs
+ * and one run of adjacent rows, and each thread adds its output's rows of the run in order, in
+ * double, reading the row's outputs side by side with its neighbours, into the partial-sum
+ * region ([R, out_n] doubles); the second adds each output's R runs in order. One block per
+ * output instead, with its threads strided down the rows, would read 32 rows a warp. */
+static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
+    Cg *c = &u->c;
+    const IrNode *x = n->in[0];
+    int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
+    int64_t run = (red_n + runs - 1) / runs, chunks = (out_n + BLOCK - 1) / BLOCK;
+    char name[KERNEL_NAME];
+    part_room(u, runs * out_n * 8, "a sum over rows");
+    kernel_open(u);
+    cg_comment(c, n);
+    cg_declare(c, x);
+    cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
+    cg_open(c, "for (int64_t b = blockIdx.x; b < %" PRId64 "; b += gridDim.x) {", runs * chunks);
+    cg_line(c, "const int64_t o = b %% %" PRId64 " * %d + threadIdx.x, j0 = b / %" PRId64 " * %" PRId64 ";", chunks,
+            BLOCK, chunks, run);
+    cg_line(c, "if (o >= %" PRId64 ") continue;", out_n);
+    cg_line(c, "const int64_t j1 = j0 + %" PRId64 " < %" PRId64 " ? j0 + %" PRId64 " : %" PRId64 ";", run, red_n, run,
+            red_n);
+    cg_line(c, "double acc = 0;");
+    cg_line(c, "for (int64_t j = j0; j < j1; j++) acc += v%d[j * %" PRId64 " + o];", x->id, out_n);
+    cg_line(c, "part[b / %" PRId64 " * %" PRId64 " + o] = acc;", chunks, out_n);
+    cg_close(c, "}");
+    kernel_name(u, n, "_part", name, sizeof name);
+    kernel_close(u, name, rows_grid(runs * chunks), BLOCK, "sum_to");
+    kernel_open(u);
+    cg_comment(c, n);
+    cg_declare(c, n);
+    cg_line(c, "const double *part = (const double *)(base + NETC_OFF_PART);");
+    cg_open(c, "RT_K_FOR(o, %" PRId64 ") {", out_n);
+    cg_line(c, "double acc = 0;");
+    cg_line(c, "for (int64_t r = 0; r < %" PRId64 "; r++) acc += part[r * %" PRId64 " + o];", runs, out_n);
+    cg_line(c, "v%d[o] = (float)acc;", n->id);
+    cg_close(c, "}");
+    kernel_name(u, n, "", name, sizeof name);
+    kernel_close(u, name, grid_for(out_n), BLOCK, "sum_to");
+}
+
+/* SUM_TO: over rows with enough of them, emit_sum_to_runs; else one block per output element,
+ * the reduced elements strided over its threads and summed in double by a fixed tree
+ * (rt_block_sum). Either way every run gives the same bits. */
 static void emit_sum_to(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     char name[KERNEL_NAME];
+    if (sum_runs(n)) {
+        emit_sum_to_runs(u, n, sum_runs(n));
+        return;
+    }
     kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, x);
@@ -629,8 +693,6 @@ static void emit_axis_rows(Cu *u, const IrNode *n) {
                  a, n->id);
     lib_kernel(u, n, call, "", rows_grid(outer * inner), BLOCK);
 }
-
-static void part_room(const Cu *u, int64_t bytes, const char *what);
 
 /* Softmax, cross-entropy and accuracy see their first operand as [rows, last axis]. */
 static void emit_rows(Cu *u, const IrNode *n) {
@@ -1599,7 +1661,7 @@ static void emit_host_header(Cu *u, Cg *c) {
                 u->map.half_params, ir_dtype_name(cg_half_params_dtype(g)), g->n_half_params);
     cg_line(c, "//   %12" PRId64 "  activations and temporaries, from the memory plan (%" PRId64 " bytes)", u->map.arena,
             g->arena_bytes);
-    cg_line(c, "//   %12" PRId64 "  partial sums (batch and layer norms, gradient norms, accuracy counts)", u->map.part);
+    cg_line(c, "//   %12" PRId64 "  partial sums (batch and layer norms, gradient norms, accuracy, bias gradients)", u->map.part);
     cg_line(c, "//   %12" PRId64 "  gradients (%" PRId64 " floats); an evaluation touches nothing from here on",
             u->map.grads, g->n_grad_floats);
     if (g->shard_optimizer)
