@@ -165,7 +165,8 @@ static Map plan_memory(const IrGraph *g) {
             if (norm_part_bytes(rows, D) + rows * 2 * 4 > part) part = norm_part_bytes(rows, D) + rows * 2 * 4;
         }
         if (n->op == OP_ACCURACY && acc_blocks(n->in[0]) * 8 > part) part = acc_blocks(n->in[0]) * 8;
-        if (sum_runs(n) * ir_numel(&n->shape) * 8 > part) part = sum_runs(n) * ir_numel(&n->shape) * 8;
+        const int64_t runs_bytes = sum_runs(n) * ir_numel(&n->shape) * 8;
+        if (runs_bytes > part) part = runs_bytes;
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
@@ -412,8 +413,9 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     char name[KERNEL_NAME];
-    if (sum_runs(n)) {
-        emit_sum_to_runs(u, n, sum_runs(n));
+    const int64_t runs = sum_runs(n);
+    if (runs) {
+        emit_sum_to_runs(u, n, runs);
         return;
     }
     kernel_open(u);

@@ -11,9 +11,9 @@
  *
  *     host: slot s (pinned)  --copy stream-->  landing  --step stream, in the graph-->  arena batch
  *
- *     copy stream:  wait landing_free -> copy slot s -> landing -> record slot_free[s], landed
- *     step stream:  wait landed -> graph: copy landing -> arena batch -> record landing_free ->
- *                   the step's kernels and library calls
+ *     copy stream:  wait landing_free -> copy slot s -> landing -> record slot_free[s]
+ *     step stream:  wait slot_free[s] -> graph: copy landing -> arena batch -> record
+ *                   landing_free -> the step's kernels and library calls
  *
  * so a step is one cudaGraphLaunch, and the next batch crosses the bus while the step before
  * runs: its copy waits only until that step has taken the last batch out of the landing buffer
@@ -58,7 +58,7 @@ typedef struct Lane {
     void *workspace;
     unsigned char *landing;
     cudaStream_t copy_stream;
-    cudaEvent_t landed, landing_free;
+    cudaEvent_t landing_free;
     unsigned char *slot[RT_CUDA_SLOTS];
     cudaEvent_t slot_free[RT_CUDA_SLOTS];
     int next_slot;
@@ -87,10 +87,10 @@ struct RtCuda {
     char refused[512];          /* why a plan could not be built (rt_cuda_refuse), or "" */
     unsigned char *landing;                  /* device memory: the next batch, copied in beside a step */
     cudaStream_t copy_stream;                /* the batches' copies from the staging slots to `landing` */
-    cudaEvent_t landed;                      /* recorded once a batch is in `landing` */
     cudaEvent_t landing_free;                /* recorded once a step has copied it on into the arena */
     unsigned char *slot[RT_CUDA_SLOTS];      /* pinned staging: RtBatchHeader, then the inputs */
-    cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to `landing` is done */
+    cudaEvent_t slot_free[RT_CUDA_SLOTS];    /* recorded once a slot's copy to `landing` is done: the
+                                              * host may refill the slot, the step read its batch */
     int next_slot;
     size_t input_bytes[RT_MAX_INPUTS];       /* one batch of each input */
     RtDevState *host_state;                  /* pinned copy of the device's RtDevState */
@@ -467,7 +467,6 @@ static int alloc_workspace(RtCuda *cu, const char *gpu, char *why, size_t size) 
 static void alloc_slots(RtCuda *cu) {
     size_t bytes = (size_t)cu->dm->batch_bytes;
     const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync;
-    rt_cuda_check(cudaEventCreateWithFlags(&cu->landed, flags), "cudaEventCreateWithFlags");
     rt_cuda_check(cudaEventCreateWithFlags(&cu->landing_free, flags), "cudaEventCreateWithFlags");
     /* the landing buffer is free from the start; the first batch's copy waits for this record */
     rt_cuda_check(cudaEventRecord(cu->landing_free, cu->stream), "cudaEventRecord (the landing buffer free)");
@@ -542,7 +541,6 @@ static void swap_lane(RtCuda *cu) {
     SWAP(cu->workspace, l->workspace);
     SWAP(cu->landing, l->landing);
     SWAP(cu->copy_stream, l->copy_stream);
-    SWAP(cu->landed, l->landed);
     SWAP(cu->landing_free, l->landing_free);
     SWAP(cu->next_slot, l->next_slot);
     SWAP(cu->eval_graph, l->eval_graph);
@@ -721,8 +719,6 @@ static int capture_graphs(RtCuda *cu, char *why, size_t size) {
             if ((o)->slot[s_])                                                                            \
                 cudaFreeHost((o)->slot[s_]);                                                              \
         }                                                                                                 \
-        if ((o)->landed)                                                                                  \
-            cudaEventDestroy((o)->landed);                                                                \
         if ((o)->landing_free)                                                                            \
             cudaEventDestroy((o)->landing_free);                                                          \
         if ((o)->copy_stream)                                                                             \
@@ -906,9 +902,9 @@ static void stage_and_run(void *const *batch, int64_t n_valid, int part) {
     rt_cuda_check(cudaMemcpyAsync(cu->landing, cu->slot[s], (size_t)cu->dm->batch_bytes, cudaMemcpyHostToDevice,
                                   cu->copy_stream),
                   "cudaMemcpyAsync (staging slot to the device)");
+    /* the copy done: the slot free for the host, the batch in `landing` for the step */
     rt_cuda_check(cudaEventRecord(cu->slot_free[s], cu->copy_stream), "cudaEventRecord (staging slot free)");
-    rt_cuda_check(cudaEventRecord(cu->landed, cu->copy_stream), "cudaEventRecord (the batch landed)");
-    rt_cuda_check(cudaStreamWaitEvent(cu->stream, cu->landed, 0), "cudaStreamWaitEvent (the step, for its batch)");
+    rt_cuda_check(cudaStreamWaitEvent(cu->stream, cu->slot_free[s], 0), "cudaStreamWaitEvent (the step, for its batch)");
     if (cu->use_graph)
         rt_cuda_check(cudaGraphLaunch(part == EVAL ? cu->eval_graph : cu->train_graph[part], cu->stream),
                       part == EVAL ? "cudaGraphLaunch (evaluation step)" : "cudaGraphLaunch (training step)");
