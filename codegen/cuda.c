@@ -139,6 +139,21 @@ static int64_t sum_runs(const IrNode *n) {
     return runs < SUM_RUNS ? runs : SUM_RUNS;
 }
 
+/* The embedding gradient's radix sort (netrt_index.cuh): its passes of 8 bits over the keys
+ * 0..num (num: an index outside the table), and its bytes of the partial-sum region, the counts
+ * [256 digits, chunks] and two position buffers [count] (int64 each). */
+static int gather_sort_passes(int64_t num) {
+    int bits = 0;
+    while (bits < 63 && num >> bits) bits++;
+    return (bits + 7) / 8;
+}
+static int64_t gather_sort_chunks(int64_t count) { return (count + BLOCK - 1) / BLOCK; }
+static int64_t gather_sort_bytes(const IrNode *n) {
+    if (n->op != OP_GATHER_BWD) return 0;
+    const int64_t count = ir_numel(&n->in[0]->shape);
+    return (256 * gather_sort_chunks(count) + 2 * count) * 8;
+}
+
 static Map plan_memory(const IrGraph *g) {
     Map m = {0};
     int64_t at = align_up((int64_t)sizeof(RtDevState));
@@ -156,7 +171,8 @@ static Map plan_memory(const IrGraph *g) {
     m.arena = at, at = align_up(at + (g->arena_bytes > 64 ? g->arena_bytes : 64));
     int64_t part = 8; /* the largest [blocks, 2, C] double partial sums of any batch norm, or a
                        * norm's parameter gradient: [blocks, 2, D] doubles, then [rows, 2] floats,
-                       * or an accuracy's counts, or a SUM_TO's runs of rows */
+                       * or an accuracy's counts, or a SUM_TO's runs of rows, or an
+                       * embedding gradient's sort */
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if (n->op == OP_LAYERNORM_BWD_PARAMS || n->op == OP_RMSNORM_BWD_PARAMS || n->attr.norm_params) {
@@ -167,6 +183,7 @@ static Map plan_memory(const IrGraph *g) {
         if (n->op == OP_ACCURACY && acc_blocks(n->in[0]) * 8 > part) part = acc_blocks(n->in[0]) * 8;
         const int64_t runs_bytes = sum_runs(n) * ir_numel(&n->shape) * 8;
         if (runs_bytes > part) part = runs_bytes;
+        if (gather_sort_bytes(n) > part) part = gather_sort_bytes(n);
         if (n->op != OP_BN_STATS && n->op != OP_BN_BWD_SUMS) continue;
         int64_t M, C, HW;
         bn_dims(n->in[0], &M, &C, &HW);
@@ -774,8 +791,9 @@ static void emit_rows(Cu *u, const IrNode *n) {
     lib_kernel(u, n, call, "", rows_grid(rows), BLOCK);
 }
 
-/* Embedding rows, and their gradient in two kernels: zero the table, then one thread per
- * column adds dy's rows in index order (netrt_index.cuh). */
+/* Embedding rows, and their gradient: zero the table, sort the positions by row stably (three
+ * kernels a pass), then the thread that starts a row's run of positions, per column, adds them
+ * in increasing position (netrt_index.cuh). */
 static void emit_index(Cu *u, const IrNode *n) {
     char call[512];
     if (n->op == OP_GATHER) {
@@ -788,12 +806,32 @@ static void emit_index(Cu *u, const IrNode *n) {
     }
     if (n->op != OP_GATHER_BWD) ICE("cuda: %s is not an index kernel", ir_op_name(n->op));
     const IrNode *idx = n->in[0], *dy = n->in[1];
-    int64_t count = ir_numel(&idx->shape), num = n->shape.dim[0], dim = n->shape.dim[1];
+    const int64_t count = ir_numel(&idx->shape), num = n->shape.dim[0], dim = n->shape.dim[1];
+    const int64_t chunks = gather_sort_chunks(count), at[2] = {256 * chunks * 8, (256 * chunks + count) * 8};
+    part_room(u, gather_sort_bytes(n), "an embedding gradient's sort");
     snprintf(call, sizeof call, "rt_k_gather_bwd_zero(%" PRId64 ", %" PRId64 ", v%d);", num, dim, n->id);
     lib_kernel(u, n, call, "_zero", grid_for(num * dim), BLOCK);
-    snprintf(call, sizeof call, "rt_k_gather_bwd_add(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count,
-             num, dim, idx->id, dy->id, n->id);
-    lib_kernel(u, n, call, "_add", grid_for(dim), BLOCK);
+    const char *counts = "(int64_t *)(base + NETC_OFF_PART)";
+    char src[80] = "(const int64_t *)0", dst[80] = "", suffix[16];
+    const int passes = gather_sort_passes(num);
+    for (int p = 0; p < passes; p++) {
+        snprintf(dst, sizeof dst, "(int64_t *)(base + NETC_OFF_PART + %" PRId64 "LL)", at[p % 2]);
+        snprintf(call, sizeof call, "rt_k_gather_sort_count(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", count, num,
+                 8 * p, idx->id, src, counts);
+        snprintf(suffix, sizeof suffix, "_count%d", p);
+        lib_kernel(u, n, call, suffix, rows_grid(chunks), BLOCK);
+        snprintf(call, sizeof call, "rt_k_gather_sort_scan(%" PRId64 ", %s);", 256 * chunks, counts);
+        snprintf(suffix, sizeof suffix, "_scan%d", p);
+        lib_kernel(u, n, call, suffix, 1, BLOCK);
+        snprintf(call, sizeof call, "rt_k_gather_sort_move(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s, %s);", count, num,
+                 8 * p, idx->id, src, counts, dst);
+        snprintf(suffix, sizeof suffix, "_move%d", p);
+        lib_kernel(u, n, call, suffix, rows_grid(chunks), BLOCK);
+        snprintf(src, sizeof src, "%s", dst);
+    }
+    snprintf(call, sizeof call, "rt_k_gather_bwd_runs(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, %s, v%d, v%d);", count,
+             num, dim, idx->id, src, dy->id, n->id);
+    lib_kernel(u, n, call, "_runs", grid_for(count * dim), BLOCK);
 }
 
 /* --sync-bn: batch-norm node n (statistics, or the backward sums) sums over the ranks: a batch
