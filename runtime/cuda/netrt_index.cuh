@@ -9,7 +9,7 @@
  *
  * The gradient of a gather is a scatter-add with no atomics. The positions are sorted by the row
  * they index, stably, so that each row's positions stay in increasing order: a radix sort of 8
- * bits a pass (one pass for tables of up to 255 rows, two up to 65535, three up to 2^24 - 1),
+ * bits a pass (one pass for tables of up to 255 rows, two up to 65535, one more per 8 bits),
  * each pass three kernels: every chunk of 256 positions counts its digits, one block turns the
  * counts into each (digit, chunk)'s first place, and every chunk moves its positions there, a
  * position after those of its chunk with the same digit before it. Then the thread of (position,
