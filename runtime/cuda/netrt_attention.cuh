@@ -3,9 +3,7 @@
  *
  * NOTE: this code compiles under NVRTC (tests/cuda: cuda_kernels_nvrtc) and runs in the CPU
  * emulation (tests/cuda/emu/attention.net), but it has never run on a GPU; it is written for
- * correctness and determinism first, not speed (no tensor cores, one thread per row). At head
- * size 64 (sm_90, ptxas -v) the forward keeps its tile's scores in registers; the backward
- * kernels hold three or four rows of 64 floats per thread and spill at 255 registers.
+ * correctness and determinism first, not speed (no tensor cores, one thread per row).
  *
  * The geometry is runtime/netrt.h's RtAttn: BH independent slices, q [T, D], k [S, D], v [S, E],
  * out [T, E] = softmax(q k^T * scale + mask) v, keys j > query i left out when causal; the mask
@@ -123,11 +121,11 @@ static __device__ __forceinline__ void rt_k_attention_zero(float *x, int64_t n) 
 template <int D, int E>
 static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const float *q, const float *k, const float *v,
                                                           const void *mask, float *out) {
-    /* KU: the keys of the tile's loops unrolled as one run where the query row and accumulator
-     * leave room for the scores s[] in registers (D + E <= 128; at head size 64 ptxas -v for
-     * sm_90 gives 221 registers and no stack, against 236 and s[] in a 128-byte stack frame);
-     * wider, one key at a time (unrolled whole, at 128 it spilled 868 bytes against 132) */
-    enum { KT = RT_K_ATTN_TILE(D, E), KU = D + E <= 128 ? KT : 1 };
+    /* s[] below sits in a stack frame (128 bytes at head size 64, ptxas -v for sm_90): unrolling
+     * the keys' two loops whole keeps it in registers, but every attention node has its own copy
+     * of this kernel and NVRTC then took eight times as long (BERT at 2 layers, sm_80 + sm_90 +
+     * PTX: 65 s against more than 500 s), so the loops stay rolled */
+    enum { KT = RT_K_ATTN_TILE(D, E) };
     __shared__ float ks[KT * D], vs[KT * E];
     const int64_t tiles = (a.T + RT_K_BLOCK - 1) / RT_K_BLOCK, H = rt_attn_heads(a), HK = rt_attn_kv_heads(a);
     const int64_t ldq = rt_attn_ld(a.q, D), ldk = rt_attn_ld(a.k, D), ldv = rt_attn_ld(a.v, E), ldo = rt_attn_ld(a.o, E);
@@ -150,27 +148,21 @@ static __device__ __forceinline__ void rt_k_attention_fwd(const RtKAttn a, const
             __syncthreads();
             if (!live) continue;
             float s[KT], mx = m;
-            for (int c0 = 0; c0 < KT; c0 += KU)
-                RT_K_UNROLL
-                for (int c = c0; c < c0 + KU; c++) {
-                    if (c >= cols) break;
-                    float dot = 0;
-                    for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qr[d], ks[c * D + d]));
-                    s[c] = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
-                    mx = rt_attn_max(mx, s[c]);
-                }
+            for (int c = 0; c < cols; c++) {
+                float dot = 0;
+                for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(qr[d], ks[c * D + d]));
+                s[c] = rt_attn_score(a, mask, mbase, i, j0 + c, __fmul_rn(dot, a.scale));
+                mx = rt_attn_max(mx, s[c]);
+            }
             if (mx == -INFINITY) continue; /* no key of this row so far */
             const float alpha = expf(m - mx);
             l = __fmul_rn(l, alpha);
             for (int e = 0; e < E; e++) o[e] = __fmul_rn(o[e], alpha);
-            for (int c0 = 0; c0 < KT; c0 += KU) /* l sums the probabilities, o the dropped ones */
-                RT_K_UNROLL
-                for (int c = c0; c < c0 + KU; c++) {
-                    if (c >= cols) break;
-                    const float p = expf(s[c] - mx), pz = a.dropout > 0 ? __fmul_rn(p, rt_attn_drop(a, bh, i, j0 + c)) : p;
-                    l = __fadd_rn(l, p);
-                    for (int e = 0; e < E; e++) o[e] = __fadd_rn(o[e], __fmul_rn(pz, vs[c * E + e]));
-                }
+            for (int c = 0; c < cols; c++) { /* l sums the probabilities, o the dropped ones */
+                const float p = expf(s[c] - mx), pz = a.dropout > 0 ? __fmul_rn(p, rt_attn_drop(a, bh, i, j0 + c)) : p;
+                l = __fadd_rn(l, p);
+                for (int e = 0; e < E; e++) o[e] = __fadd_rn(o[e], __fmul_rn(pz, vs[c * E + e]));
+            }
             m = mx;
         }
         float *yi = out + rt_attn_at(a.o, bh, H, a.T, E) + i * ldo;

@@ -53,12 +53,6 @@ enum {
     RT_K_NORM_ROWS = 32, /* rows per partial sum of the norms' parameter gradients (RT_NORM_ROWS) */
 };
 
-/* Unroll the loop that follows whole (its trip count a constant): the indices of a small array
- * then become constants, so the array stays in registers. The CPU emulation defines it empty. */
-#ifndef RT_K_UNROLL
-#define RT_K_UNROLL _Pragma("unroll")
-#endif
-
 /* Grid-stride loop over [0, T); every thread of every block takes its share. */
 #define RT_K_FOR(i, T) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (T); i += (int64_t)gridDim.x * blockDim.x)

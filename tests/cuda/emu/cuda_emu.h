@@ -38,7 +38,6 @@ using std::isnan;
 #define __restrict__ __restrict
 /* One block runs at a time on a worker thread, so a block's shared memory is that thread's. */
 #define __shared__ static __thread
-#define RT_K_UNROLL /* netrt_kernels.cuh: the GPU unrolls a loop here; the emulation runs it as written */
 
 // ---- the launch geometry, set by rt_cuda_emu.c before it switches to a thread's fiber
 struct dim3 {
