@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,42 +48,76 @@ static void write_bytes(FILE *o, const char *name, const unsigned char *data, si
     fprintf(o, "\n};\n\n");
 }
 
-/* One NVRTC compilation for `arch` ("sm_90" for a cubin, "compute_90" for PTX). Returns the
- * image (malloc'ed) or NULL after printing NVRTC's log. */
-static unsigned char *compile_one(const char *src, const char *path, const char *arch, int ptx, int fmad,
-                                  const char *const *hdr, const char *const *hdr_names, int n_hdr, size_t *size) {
-    nvrtcProgram prog;
-    nvrtcResult r = nvrtcCreateProgram(&prog, src, path, n_hdr, hdr, hdr_names);
-    if (r != NVRTC_SUCCESS) {
-        fprintf(stderr, "netc: error: NVRTC: %s\n", nvrtcGetErrorString(r));
-        return NULL;
-    }
-    char opt_arch[64];
-    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
+/* What one NVRTC compilation made: the cubin, and the PTX when it was asked for. */
+typedef struct {
+    unsigned char *cubin, *ptx;
+    size_t cubin_size, ptx_size;
+} Images;
+
+/* One NVRTC compilation for sm_`sm`: its cubin, and with want_ptx also the PTX it went through
+ * (the same PTX a compilation for compute_`sm` gives, without compiling again). Returns 0, or 1
+ * after printing NVRTC's log. */
+static int compile_one(const char *src, const char *path, int sm, int want_ptx, int fmad, const char *const *hdr,
+                       const char *const *hdr_names, int n_hdr, Images *img) {
+    char arch[64];
+    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d", sm);
     /* --fmad=false: a product is rounded before it is added, as in the CPU backend's C, so
      * --precision fp32 trainers can match the CPU reference (netrt_kernels.cuh rounds the same
-     * way on purpose); tf32 trainers, built for speed, let NVRTC contract to FMAs. */
-    const char *opts[] = {opt_arch, "-std=c++17", "-default-device", fmad ? "--fmad=true" : "--fmad=false"};
-    r = nvrtcCompileProgram(prog, 4, opts);
+     * way on purpose); tf32 trainers, built for speed, let NVRTC contract to FMAs.
+     * --split-compile=0: NVRTC's optimizer on all the machine's processors (a model's kernels are
+     * one large module); an NVRTC that does not know the option is asked again without it. */
+    const char *opts[] = {arch, "-std=c++17", "-default-device", fmad ? "--fmad=true" : "--fmad=false",
+                          "--split-compile=0"};
+    int n_opts = 5;
+    nvrtcProgram prog;
+    nvrtcResult r;
+    for (;;) {
+        if ((r = nvrtcCreateProgram(&prog, src, path, n_hdr, hdr, hdr_names)) != NVRTC_SUCCESS) {
+            fprintf(stderr, "netc: error: NVRTC: %s\n", nvrtcGetErrorString(r));
+            return 1;
+        }
+        r = nvrtcCompileProgram(prog, n_opts, opts);
+        if (r != NVRTC_ERROR_INVALID_OPTION || n_opts == 4) break;
+        nvrtcDestroyProgram(&prog);
+        n_opts = 4;
+    }
     size_t log_size = 0;
     nvrtcGetProgramLogSize(prog, &log_size);
     if (r != NVRTC_SUCCESS || log_size > 1) {
         char *log = malloc(log_size + 1);
         if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS && log_size > 1)
-            fprintf(stderr, "%s: NVRTC (%s) says:\n%s\n", path, arch, log);
+            fprintf(stderr, "%s: NVRTC (sm_%d) says:\n%s\n", path, sm, log);
         free(log);
     }
-    unsigned char *img = NULL;
-    if (r == NVRTC_SUCCESS) {
-        r = ptx ? nvrtcGetPTXSize(prog, size) : nvrtcGetCUBINSize(prog, size);
-        img = r == NVRTC_SUCCESS ? malloc(*size) : NULL;
-        if (img) r = ptx ? nvrtcGetPTX(prog, (char *)img) : nvrtcGetCUBIN(prog, (char *)img);
-        if (r != NVRTC_SUCCESS) free(img), img = NULL;
+    if (r != NVRTC_SUCCESS) {
+        fprintf(stderr, "netc: error: NVRTC could not compile %s for sm_%d: %s\n", path, sm, nvrtcGetErrorString(r));
     } else {
-        fprintf(stderr, "netc: error: NVRTC could not compile %s for %s: %s\n", path, arch, nvrtcGetErrorString(r));
+        r = nvrtcGetCUBINSize(prog, &img->cubin_size);
+        if (r == NVRTC_SUCCESS && !(img->cubin = malloc(img->cubin_size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
+        if (r == NVRTC_SUCCESS) r = nvrtcGetCUBIN(prog, (char *)img->cubin);
+        if (r == NVRTC_SUCCESS && want_ptx) r = nvrtcGetPTXSize(prog, &img->ptx_size);
+        if (r == NVRTC_SUCCESS && want_ptx && !(img->ptx = malloc(img->ptx_size))) r = NVRTC_ERROR_OUT_OF_MEMORY;
+        if (r == NVRTC_SUCCESS && want_ptx) r = nvrtcGetPTX(prog, (char *)img->ptx);
+        if (r != NVRTC_SUCCESS)
+            fprintf(stderr, "netc: error: NVRTC's images of %s for sm_%d: %s\n", path, sm, nvrtcGetErrorString(r));
     }
     nvrtcDestroyProgram(&prog);
-    return img;
+    return r != NVRTC_SUCCESS;
+}
+
+/* One architecture's compilation on its own thread (NVRTC allows concurrent calls on different
+ * programs); each of its messages reaches stderr whole (stdio locks the stream per call). */
+typedef struct {
+    const char *src, *path;
+    const char *const *hdr, *const *hdr_names;
+    int n_hdr, sm, want_ptx, fmad, bad;
+    Images img;
+} Job;
+
+static void *compile_job(void *arg) {
+    Job *j = arg;
+    j->bad = compile_one(j->src, j->path, j->sm, j->want_ptx, j->fmad, j->hdr, j->hdr_names, j->n_hdr, &j->img);
+    return NULL;
 }
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
@@ -112,17 +147,33 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
     int low = 0;
     for (int i = 1; i < n_sms; i++)
         if (sms[i] < sms[low]) low = i;
-    for (int i = 0; i <= n_sms; i++) { /* the cubins, then the PTX of the lowest architecture */
-        int ptx = i == n_sms, sm = sms[ptx ? low : i];
-        char arch[32], name[32];
-        snprintf(arch, sizeof arch, "%s_%d", ptx ? "compute" : "sm", sm);
-        snprintf(name, sizeof name, "%s_%d", ptx ? "ptx" : "cubin", sm);
-        size_t size = 0;
-        unsigned char *img = compile_one(src, cu_path, arch, ptx, fmad, (const char *const *)hdr, names, N_HDR, &size);
-        if (!img) goto out;
-        write_bytes(o, name, img, size);
-        free(img);
+    enum { MAX_SMS = 16 };
+    Job jobs[MAX_SMS];
+    pthread_t th[MAX_SMS];
+    int started[MAX_SMS] = {0};
+    if (n_sms > MAX_SMS) {
+        fprintf(stderr, "netc: error: --arch names %d architectures, at most %d\n", n_sms, MAX_SMS);
+        goto out;
     }
+    for (int i = 0; i < n_sms; i++) { /* the cubins, and the PTX of the lowest architecture */
+        jobs[i] = (Job){src, cu_path, (const char *const *)hdr, names, N_HDR, sms[i], i == low, fmad, 0, {0}};
+        started[i] = n_sms > 1 && pthread_create(&th[i], NULL, compile_job, &jobs[i]) == 0;
+        if (!started[i]) compile_job(&jobs[i]); /* one architecture, or no thread to be had */
+    }
+    int bad = 0;
+    for (int i = 0; i < n_sms; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        bad |= jobs[i].bad;
+    }
+    for (int i = 0; i < n_sms && !bad; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "cubin_%d", sms[i]);
+        write_bytes(o, name, jobs[i].img.cubin, jobs[i].img.cubin_size);
+        snprintf(name, sizeof name, "ptx_%d", sms[i]);
+        if (jobs[i].img.ptx) write_bytes(o, name, jobs[i].img.ptx, jobs[i].img.ptx_size);
+    }
+    for (int i = 0; i < n_sms; i++) free(jobs[i].img.cubin), free(jobs[i].img.ptx);
+    if (bad) goto out;
     fprintf(o, "const RtCudaImage netc_images[] = {\n");
     for (int i = 0; i < n_sms; i++)
         fprintf(o, "    {%d, 0, cubin_%d, sizeof cubin_%d},\n", sms[i], sms[i], sms[i]);
