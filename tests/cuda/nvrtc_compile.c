@@ -191,14 +191,15 @@ static int has_symbol(const char *cubin, size_t size, const char *name) {
 static int compile(const char *arch, const char *const *headers, const char *const *names) {
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    const char *opts[] = {"-default-device", "-std=c++17", arch_opt};
+    /* netc's options (compiler/driver/nvrtc.c) but --fmad, which changes no diagnostics */
+    const char *opts[] = {"-default-device", "-std=c++17", arch_opt, "--split-compile=0"};
     nvrtcProgram prog;
     nvrtcResult rc = nvrtcCreateProgram(&prog, source, "nvrtc_compile.cu", N_HDR, headers, names);
     if (rc != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram: %s\n", arch, nvrtcGetErrorString(rc));
         return 1;
     }
-    rc = nvrtcCompileProgram(prog, 3, opts);
+    rc = nvrtcCompileProgram(prog, 4, opts);
     size_t log_size = 0;
     nvrtcGetProgramLogSize(prog, &log_size);
     char *log = malloc(log_size + 1);
