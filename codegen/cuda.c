@@ -139,19 +139,32 @@ static int64_t sum_runs(const IrNode *n) {
     return runs < SUM_RUNS ? runs : SUM_RUNS;
 }
 
-/* The embedding gradient's radix sort (netrt_index.cuh): its passes of 8 bits over the keys
- * 0..num (num: an index outside the table), and its bytes of the partial-sum region, the counts
- * [256 digits, chunks] and two position buffers [count] (int64 each). */
-static int gather_sort_passes(int64_t num) {
+/* The embedding gradient's radix sort (netrt_index.cuh) over `count` positions: its passes of
+ * 8 bits (256 digits) over the keys 0..num (num: an index outside the table), its chunks of
+ * BLOCK positions, and its place in the partial-sum region: `counts` counts [digits, chunks],
+ * then two position buffers [count] at byte offsets pos[0] and pos[1] (int64 each), `bytes` in
+ * all. */
+typedef struct {
+    int passes;
+    int64_t chunks, counts, pos[2], bytes;
+} GatherSort;
+
+static GatherSort gather_sort(int64_t count, int64_t num) {
+    enum { DIGITS = 256 }; /* netrt_index.cuh: a digit a thread of a BLOCK-thread block */
+    _Static_assert((int)DIGITS == (int)BLOCK, "the sort's kernels give each of a block's threads one digit");
+    GatherSort s = {0};
     int bits = 0;
     while (bits < 63 && num >> bits) bits++;
-    return (bits + 7) / 8;
+    s.passes = (bits + 7) / 8;
+    s.chunks = (count + BLOCK - 1) / BLOCK;
+    s.counts = DIGITS * s.chunks;
+    s.pos[0] = s.counts * 8;
+    s.pos[1] = s.pos[0] + count * 8;
+    s.bytes = s.pos[1] + count * 8;
+    return s;
 }
-static int64_t gather_sort_chunks(int64_t count) { return (count + BLOCK - 1) / BLOCK; }
 static int64_t gather_sort_bytes(const IrNode *n) {
-    if (n->op != OP_GATHER_BWD) return 0;
-    const int64_t count = ir_numel(&n->in[0]->shape);
-    return (256 * gather_sort_chunks(count) + 2 * count) * 8;
+    return n->op == OP_GATHER_BWD ? gather_sort(ir_numel(&n->in[0]->shape), n->shape.dim[0]).bytes : 0;
 }
 
 static Map plan_memory(const IrGraph *g) {
@@ -807,26 +820,25 @@ static void emit_index(Cu *u, const IrNode *n) {
     if (n->op != OP_GATHER_BWD) ICE("cuda: %s is not an index kernel", ir_op_name(n->op));
     const IrNode *idx = n->in[0], *dy = n->in[1];
     const int64_t count = ir_numel(&idx->shape), num = n->shape.dim[0], dim = n->shape.dim[1];
-    const int64_t chunks = gather_sort_chunks(count), at[2] = {256 * chunks * 8, (256 * chunks + count) * 8};
-    part_room(u, gather_sort_bytes(n), "an embedding gradient's sort");
+    const GatherSort sort = gather_sort(count, num);
+    part_room(u, sort.bytes, "an embedding gradient's sort");
     snprintf(call, sizeof call, "rt_k_gather_bwd_zero(%" PRId64 ", %" PRId64 ", v%d);", num, dim, n->id);
     lib_kernel(u, n, call, "_zero", grid_for(num * dim), BLOCK);
     const char *counts = "(int64_t *)(base + NETC_OFF_PART)";
     char src[80] = "(const int64_t *)0", dst[80] = "", suffix[16];
-    const int passes = gather_sort_passes(num);
-    for (int p = 0; p < passes; p++) {
-        snprintf(dst, sizeof dst, "(int64_t *)(base + NETC_OFF_PART + %" PRId64 "LL)", at[p % 2]);
+    for (int p = 0; p < sort.passes; p++) {
+        snprintf(dst, sizeof dst, "(int64_t *)(base + NETC_OFF_PART + %" PRId64 "LL)", sort.pos[p % 2]);
         snprintf(call, sizeof call, "rt_k_gather_sort_count(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", count, num,
                  8 * p, idx->id, src, counts);
         snprintf(suffix, sizeof suffix, "_count%d", p);
-        lib_kernel(u, n, call, suffix, rows_grid(chunks), BLOCK);
-        snprintf(call, sizeof call, "rt_k_gather_sort_scan(%" PRId64 ", %s);", 256 * chunks, counts);
+        lib_kernel(u, n, call, suffix, rows_grid(sort.chunks), BLOCK);
+        snprintf(call, sizeof call, "rt_k_gather_sort_scan(%" PRId64 ", %s);", sort.counts, counts);
         snprintf(suffix, sizeof suffix, "_scan%d", p);
         lib_kernel(u, n, call, suffix, 1, BLOCK);
         snprintf(call, sizeof call, "rt_k_gather_sort_move(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s, %s);", count, num,
                  8 * p, idx->id, src, counts, dst);
         snprintf(suffix, sizeof suffix, "_move%d", p);
-        lib_kernel(u, n, call, suffix, rows_grid(chunks), BLOCK);
+        lib_kernel(u, n, call, suffix, rows_grid(sort.chunks), BLOCK);
         snprintf(src, sizeof src, "%s", dst);
     }
     snprintf(call, sizeof call, "rt_k_gather_bwd_runs(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, %s, v%d, v%d);", count,
