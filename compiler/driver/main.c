@@ -27,6 +27,7 @@
 #include "codegen.h"
 #include "diag.h"
 #include "ir.h"
+#include "nvrtc.h"
 #include "passes.h"
 #include "rt_file.h"
 #include "toolchain.h"
@@ -37,7 +38,7 @@ extern char **environ;
 #define NETC_VERSION "0.1.0"
 #endif
 
-enum { MAX_DEFINES = 256, MAX_ARCHS = 8 };
+enum { MAX_DEFINES = 256 };
 
 /* The dot stages draw the graph as fused (the forward pass, or the whole step) for Graphviz. */
 typedef enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_GRAD, DUMP_LAYOUT, DUMP_FUSED, DUMP_DOT, DUMP_DOT_STEP, DUMP_MEMPLAN,
@@ -65,7 +66,7 @@ typedef struct Options {
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
     int summary;    /* --summary: print the table of layers and stop */
-    int sms[MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
+    int sms[NVRTC_MAX_ARCHS]; /* --arch: the GPU architectures to compile kernels for (90 = sm_90) */
     int n_sms;
     CgPrecision precision; /* --precision: the arithmetic of products and convolutions */
     int frozen_half; /* --frozen-half: frozen weights that only products read kept in their half type */
@@ -191,7 +192,7 @@ static int parse_archs(Options *o, const char *list) {
         int sm, len = 0;
         if (sscanf(p, "sm_%2d%n", &sm, &len) != 1 || (p[len] && p[len] != ',') || sm < 75)
             return usage_error("--arch takes a comma-separated list like sm_80,sm_90 (sm_75 or newer), found '%s'", list);
-        if (o->n_sms == MAX_ARCHS) return usage_error("--arch: at most 8 architectures, found '%s'", list);
+        if (o->n_sms == NVRTC_MAX_ARCHS) return usage_error("--arch: at most 8 architectures, found '%s'", list);
         for (int i = 0; i < o->n_sms; i++)
             if (o->sms[i] == sm) return usage_error("--arch names an architecture twice: '%s'", list);
         o->sms[o->n_sms++] = sm;

@@ -68,7 +68,8 @@ static int compile_one(const char *src, const char *path, int sm, int want_ptx, 
      * one large module); an NVRTC that does not know the option is asked again without it. */
     const char *opts[] = {arch, "-std=c++17", "-default-device", fmad ? "--fmad=true" : "--fmad=false",
                           "--split-compile=0"};
-    int n_opts = 5;
+    const int all = sizeof opts / sizeof *opts;
+    int n_opts = all;
     nvrtcProgram prog;
     nvrtcResult r;
     for (;;) {
@@ -77,9 +78,9 @@ static int compile_one(const char *src, const char *path, int sm, int want_ptx, 
             return 1;
         }
         r = nvrtcCompileProgram(prog, n_opts, opts);
-        if (r != NVRTC_ERROR_INVALID_OPTION || n_opts == 4) break;
+        if (r != NVRTC_ERROR_INVALID_OPTION || n_opts < all) break;
         nvrtcDestroyProgram(&prog);
-        n_opts = 4;
+        n_opts = all - 1; /* all but --split-compile */
     }
     size_t log_size = 0;
     nvrtcGetProgramLogSize(prog, &log_size);
@@ -147,12 +148,12 @@ int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n
     int low = 0;
     for (int i = 1; i < n_sms; i++)
         if (sms[i] < sms[low]) low = i;
-    enum { MAX_SMS = 16 };
-    Job jobs[MAX_SMS];
-    pthread_t th[MAX_SMS];
-    int started[MAX_SMS] = {0};
-    if (n_sms > MAX_SMS) {
-        fprintf(stderr, "netc: error: --arch names %d architectures, at most %d\n", n_sms, MAX_SMS);
+    Job jobs[NVRTC_MAX_ARCHS];
+    pthread_t th[NVRTC_MAX_ARCHS];
+    int started[NVRTC_MAX_ARCHS] = {0};
+    if (n_sms > NVRTC_MAX_ARCHS) { /* main.c's --arch refuses more */
+        fprintf(stderr, "netc: internal error: %d architectures, the kernel compiler takes at most %d\n", n_sms,
+                NVRTC_MAX_ARCHS);
         goto out;
     }
     for (int i = 0; i < n_sms; i++) { /* the cubins, and the PTX of the lowest architecture */

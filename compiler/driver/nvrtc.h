@@ -4,9 +4,14 @@
 
 #include <stdio.h>
 
+/* The most architectures one nvrtc_compile takes (each compiles on its own thread); netc's
+ * --arch refuses more (main.c). */
+enum { NVRTC_MAX_ARCHS = 8 };
+
 /* nvrtc.c: compile the CUDA C kernels at cu_path with NVRTC to a cubin for each architecture
- * in sms (80 = sm_80) and PTX for the lowest, and write them to `images` as the C table
- * netc_images (netrt_cuda.h); fmad lets NVRTC contract a * b + c to one FMA. rt_dir holds
+ * in sms (80 = sm_80; at most NVRTC_MAX_ARCHS) and PTX for the lowest, and write them to
+ * `images` as the C table netc_images (netrt_cuda.h); fmad lets NVRTC contract a * b + c to one
+ * FMA. rt_dir holds
  * cuda/rt_devstate.h, cuda/netrt_kernels.cuh, rt_bits.h and rt_recipe.h. Returns 0, or 1 after
  * printing NVRTC's log or when writing failed; the caller closes `images`. */
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *images);
