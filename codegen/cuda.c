@@ -7,8 +7,10 @@
  * The device memory is one allocation carved at compile time (see Map): the step state
  * (rt_devstate.h), the staged batch, parameters, gradients, optimizer state, the memory plan's
  * arena, and the partial sums of the batch-norm kernels. Every kernel takes the allocation's
- * base address as its only argument and finds each tensor at a constant offset from it, so the
- * launches never change and the whole step can be captured once as a CUDA Graph.
+ * base address and finds each tensor at a constant offset from it, so the launches never change
+ * and the whole step can be captured once as a CUDA Graph. A library kernel takes its operands'
+ * offsets as a second argument (RtKAt) instead, so the nodes that differ only in where their
+ * operands lie (a transformer's layers) share one kernel, which NVRTC compiles once.
  *
  * Each IR node becomes:
  *   - element-wise nodes and fused groups: one kernel, a grid-stride loop whose body is the
@@ -16,8 +18,9 @@
  *   - SUM_TO: one block per output element and a fixed-order block reduction; SUM and MEAN:
  *     one block;
  *   - matrix products and convolutions: a cuBLASLt or cuDNN call on a plan built at start-up;
- *   - pooling, softmax, losses, accuracy and batch norm: a kernel calling the device function
- *     of netrt_kernels.cuh with the node's geometry as constants.
+ *   - pooling, softmax, norms, attention, losses, accuracy and batch norm: a kernel calling the
+ *     device function of netrt_kernels.cuh with the node's geometry as constants and its
+ *     operands' offsets as arguments (lib_kernel).
  * Around them, generated kernels keep the step's bookkeeping on the device: the learning rate
  * and dropout seed at the start of a step, the loss and accuracy sums and the non-finite check
  * after the backward pass, the optimizer (one kernel over the flat parameter buffer), and the
@@ -62,7 +65,8 @@ enum { KERNEL_NAME = 64 }; /* k8_add_relu_l11 and the like, with room to spare *
 
 typedef struct Kernel {
     char name[KERNEL_NAME];
-    char *body; /* the text between the braces, to find twins */
+    char *body;   /* the text between the braces, to find twins */
+    int takes_at; /* its second argument is an RtKAt (lib_kernel) */
 } Kernel;
 
 /* Every text being written has its own printer, a Cg whose out is that text and whose depth
@@ -264,13 +268,16 @@ static void kernel_open(Cu *u) {
 }
 
 /* Finish the kernel being written: write it to the .cu file unless an identical one exists,
- * and launch it from the host step with `grid` blocks of `block` threads. */
-static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+ * and launch it from the host step with `grid` blocks of `block` threads, and with at[0..n_at)
+ * as its RtKAt when `at` is given (a kernel lib_kernel wrote). */
+static void kernel_close_at(Cu *u, const char *name, unsigned grid, unsigned block, const char *what,
+                            const int64_t *at, int n_at) {
     if (u->c.depth != 1) ICE("cuda: kernel %s ends inside a block", name);
     fclose(u->c.out);
     u->c.out = NULL;
+    const int takes_at = at != NULL;
     int k = 0;
-    while (k < u->n_kernels && strcmp(u->kernels[k].body, u->buf) != 0) k++;
+    while (k < u->n_kernels && (u->kernels[k].takes_at != takes_at || strcmp(u->kernels[k].body, u->buf) != 0)) k++;
     if (k == u->n_kernels) {
         if (u->n_kernels == u->cap) {
             u->cap = u->cap ? 2 * u->cap : 64;
@@ -280,7 +287,9 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
         Kernel *kn = &u->kernels[u->n_kernels++];
         snprintf(kn->name, sizeof kn->name, "%s", name);
         kn->body = u->buf;
-        cg_open(&u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base) {", BLOCK, name);
+        kn->takes_at = takes_at;
+        cg_open(&u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base%s) {", BLOCK, name,
+                takes_at ? ", const RtKAt at" : "");
         cg_line(&u->cu, "NETC_CTX(base);");
         fputs(u->buf, u->cu.out); /* printed at depth 1 */
         cg_close(&u->cu, "}\n");
@@ -288,7 +297,17 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
         free(u->buf);
     }
     u->buf = NULL;
-    cg_line(&u->step, "rt_cuda_launch(cu, K_%s, %u, %u); // %s", u->kernels[k].name, grid, block, what);
+    if (!at) {
+        cg_line(&u->step, "rt_cuda_launch(cu, K_%s, %u, %u); // %s", u->kernels[k].name, grid, block, what);
+        return;
+    }
+    cg_begin(&u->step, "rt_cuda_launch_at(cu, K_%s, %u, %u, &(RtKAt){{", u->kernels[k].name, grid, block);
+    for (int i = 0; i < n_at; i++) cg_put(&u->step, "%s%" PRId64, i ? ", " : "", at[i]);
+    cg_end(&u->step, "}}); // %s", what);
+}
+
+static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+    kernel_close_at(u, name, grid, block, what, NULL, 0);
 }
 
 /* A kernel's name, for the profile (Nsight, ncu) as much as for the code: k (training step) or
@@ -494,29 +513,112 @@ static void emit_reduce(Cu *u, const IrNode *n) {
 
 /* ---- library operators */
 
-/* A kernel that calls one device function of netrt_kernels.cuh on the node's pointers. The
- * call's text is in `call`; the pointers v<id> of n and its operands are declared first. */
+/* The token v<id> in a library call: after a space or a parenthesis, with no digit after it. */
+static int operand_at(const char *call, const char *p, int len) {
+    return (p == call || p[-1] == ' ' || p[-1] == '(') && (p[len] < '0' || p[len] > '9');
+}
+
 static int mentions(const char *call, int id) {
     char v[16];
     int len = snprintf(v, sizeof v, "v%d", id);
     for (const char *p = call; (p = strstr(p, v)); p += len)
-        if ((p == call || p[-1] == ' ' || p[-1] == '(') && (p[len] < '0' || p[len] > '9')) return 1;
+        if (operand_at(call, p, len)) return 1;
     return 0;
+}
+
+/* The byte offset in the device allocation of what cg_ptr points at for n, or -1 where that is
+ * no fixed place of it (a constant written into the kernel, the device state's loss scale). */
+static int64_t device_offset(const Cu *u, const IrNode *n) {
+    const IrNode *r = ir_storage_root(n);
+    const int64_t e = ir_dtype_size(n->dtype);
+    int64_t elems = 0; /* as cg_ptr: a row view starts inside its root */
+    for (const IrNode *v = n; v != r; v = v->in[0])
+        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
+        else if (v->op == OP_PART) elems += v->attr.part;
+    switch (r->storage) {
+    case ST_ARENA: return u->map.arena + r->offset + elems * e;
+    case ST_PARAM:
+        if (r->dtype != DT_F32) return u->map.half_params + (r->offset - cg_half_params_from(u->g) + elems) * e;
+        return u->map.params + (r->offset + elems) * 4;
+    case ST_GRAD: return u->map.grads + (r->offset + elems) * 4;
+    case ST_INPUT: return u->map.batch + u->map.input[r->index] + elems * e;
+    default: return -1;
+    }
+}
+
+/* A library kernel: `call`, one device function of netrt_kernels.cuh on the pointers v<id> of n
+ * and its operands, in a kernel of its own. Where those lie is the kernel's second argument
+ * (RtKAt: the pointer p<k> is at.o[k] bytes from the base), not constants in its body, so the
+ * nodes that differ only in where their operands lie (a transformer's layers, evaluation beside
+ * training) write the same body and share one kernel, which NVRTC compiles once.
+ * extra[0..n_extra) are per-node integers the call reads as at.o[0..n_extra) (attention's dropout
+ * seed id, batch norm's running statistics), before the operands. An operand with no fixed place
+ * (a constant), or more operands than RT_K_AT holds, keeps the pointers constants declared in the
+ * body, a kernel of the node's own. */
+static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_t *extra, int n_extra,
+                          const char *suffix, unsigned grid, unsigned block) {
+    Cg *c = &u->c;
+    char name[KERNEL_NAME], what[128], body[1536];
+    int64_t at[RT_K_AT];
+    const IrNode *x[RT_K_AT];
+    if (n_extra > RT_K_AT) ICE("cuda: %s passes %d integers to its kernel", ir_op_name(n->op), n_extra);
+    int n_at = n_extra, moved = 1; /* moved: the operands' places are in at too */
+    for (int i = 0; i < n_extra; i++) at[i] = extra[i];
+    for (int k = 0; k <= n->n_in && moved; k++) { /* the operands this call uses, each once */
+        const IrNode *v = k < n->n_in ? n->in[k] : n;
+        int seen = 0;
+        for (int i = n_extra; i < n_at; i++) seen |= x[i] == v;
+        if (seen || !mentions(call, v->id)) continue;
+        if (n_at == RT_K_AT || device_offset(u, v) < 0) moved = 0;
+        else x[n_at] = v, at[n_at++] = device_offset(u, v);
+    }
+    if (!moved) n_at = n_extra;
+    kernel_open(u);
+    if (!moved) {
+        cg_comment(c, n);
+        for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
+            const IrNode *v = k < n->n_in ? n->in[k] : n;
+            if (mentions(call, v->id)) cg_declare(c, v);
+        }
+        cg_line(c, "%s", call);
+    } else {
+        char shape[160];
+        cg_line(c, "// %s %s%s", ir_op_name(n->op), ir_dtype_name(n->dtype),
+                ir_shape_str(&n->shape, shape, sizeof shape));
+        for (int i = n_extra; i < n_at; i++) {
+            const char *q = ir_storage_root(x[i])->storage == ST_INPUT ? "const " : "", *t = ir_dtype_ctype(x[i]->dtype);
+            cg_line(c, "%s%s *p%d = (%s%s *)(base + at.o[%d]);", q, t, i, q, t, i);
+        }
+        size_t len = 0; /* the call with p<k> for v<id> */
+        for (const char *p = call; *p;) {
+            int id, used = 0, slot = -1;
+            if (*p == 'v' && sscanf(p + 1, "%d%n", &id, &used) == 1 && operand_at(call, p, 1 + used))
+                for (int i = n_extra; i < n_at && slot < 0; i++)
+                    if (x[i]->id == id) slot = i;
+            int w = slot >= 0 ? snprintf(body + len, sizeof body - len, "p%d", slot)
+                              : snprintf(body + len, sizeof body - len, "%c", *p);
+            if (w < 0 || (size_t)w >= sizeof body - len)
+                ICE("cuda: %s's call is longer than %zu bytes", ir_op_name(n->op), sizeof body);
+            len += (size_t)w, p += slot >= 0 ? 1 + used : 1;
+        }
+        cg_line(c, "%s", body);
+    }
+    kernel_name(u, n, suffix, name, sizeof name);
+    if (!n_at) {
+        kernel_close(u, name, grid, block, ir_op_name(n->op));
+        return;
+    }
+    /* the launch's comment names the node: `attention_masked %89 bert.net:55` */
+    int w = snprintf(what, sizeof what, "%s %%%d", ir_op_name(n->op), n->id);
+    if (n->loc.file) snprintf(what + w, sizeof what - (size_t)w, " %.80s:%d", cg_base_name(n->loc.file), n->loc.line);
+    for (char *p = what; *p; p++)
+        if ((unsigned char)*p < 32) *p = '?'; /* as cg_comment_text */
+    kernel_close_at(u, name, grid, block, what, at, n_at);
 }
 
 static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suffix, unsigned grid,
                        unsigned block) {
-    Cg *c = &u->c;
-    char name[KERNEL_NAME];
-    kernel_open(u);
-    cg_comment(c, n);
-    for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
-        const IrNode *x = k < n->n_in ? n->in[k] : n;
-        if (mentions(call, x->id)) cg_declare(c, x);
-    }
-    cg_line(c, "%s", call);
-    kernel_name(u, n, suffix, name, sizeof name);
-    kernel_close(u, name, grid, block, ir_op_name(n->op));
+    lib_kernel_at(u, n, call, NULL, 0, suffix, grid, block);
 }
 
 /* A product whose epilogue group is exactly `mm + bias`, `relu(mm + bias)` or, in float32,
@@ -896,9 +998,10 @@ static void emit_bn_sync(Cu *u, const IrNode *n, int64_t M, int64_t C, int64_t H
     lib_kernel(u, n, call, "_sum2", rows_grid(C + 1), BLOCK);
     cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 "LL, %" PRId64 "); // their squared deviations",
             u->map.part + at2, C + 1);
-    snprintf(call, sizeof call, "rt_k_bn_sync_final(%" PRId64 ", %s, %s, v%d, %.17g, %.17g, ctx->params + %" PRId64 ");",
-             C, s1, s2, n->id, n->attr.eps, n->attr.momentum, rm->offset);
-    lib_kernel(u, n, call, "_stats", grid_for(C), BLOCK);
+    const int64_t running = u->map.params + rm->offset * 4; /* the running statistics: at.o[0] */
+    snprintf(call, sizeof call, "rt_k_bn_sync_final(%" PRId64 ", %s, %s, v%d, %.17g, %.17g, (float *)(base + at.o[0]));",
+             C, s1, s2, n->id, n->attr.eps, n->attr.momentum);
+    lib_kernel_at(u, n, call, &running, 1, "_stats", grid_for(C), BLOCK);
 }
 
 /* Batch-norm statistics and backward sums: per fixed block of rows into the shared partial-sum
@@ -934,11 +1037,11 @@ static void emit_bn(Cu *u, const IrNode *n) {
                  nhwc, x->id, part);
         lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
     }
+    const int64_t running = u->map.params + rm->offset * 4; /* the running statistics: at.o[0] */
     snprintf(call, sizeof call,
-             "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, ctx->params + %" PRId64
-             ", %d);",
-             M, C, nb, part, n->id, eps, mom, rm->offset, batch_stats);
-    lib_kernel(u, n, call, "_stats", rows_grid(C), BLOCK);
+             "rt_k_bn_stats_final(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, v%d, %s, %s, (float *)(base + at.o[0]), %d);",
+             M, C, nb, part, n->id, eps, mom, batch_stats);
+    lib_kernel_at(u, n, call, &running, 1, "_stats", rows_grid(C), BLOCK);
 }
 
 /* Copies and reductions along an axis (cg_axis_split's [outer, n, inner]): one grid-stride loop
@@ -1015,13 +1118,15 @@ static void emit_attention(Cu *u, const IrNode *n) {
                                                i < a.n_lead ? a.mask_lead[i] : 0);
     at += snprintf(geom + at, sizeof geom - (size_t)at, "}, %" PRId64 ", %" PRId64, a.mask_t, a.mask_s);
     const double dropout = cg_attn_dropout(&u->c, n);
+    const int64_t seed_id = n->attr.seed_id; /* the dropout mask's, at.o[0]: the one per-node integer */
+    const int n_seed = dropout > 0;
     if (a.group > 1 || dropout > 0 || a.tokens) /* grouped-query attention, or a field after it */
         at += snprintf(geom + at, sizeof geom - (size_t)at, ", %" PRId64, a.group);
     if (dropout > 0 || a.tokens) { /* attention dropout (the mask at the step's seed), or views after it */
         FILE *fp = fmemopen(lit, sizeof lit, "w");
         cg_dbl(fp, dropout);
         fclose(fp);
-        at += snprintf(geom + at, sizeof geom - (size_t)at, ", %s, %d, %s", lit, n->attr.seed_id,
+        at += snprintf(geom + at, sizeof geom - (size_t)at, ", %s, %s, %s", lit, dropout > 0 ? "(int)at.o[0]" : "0",
                        dropout > 0 ? "ctx->seed" : "0");
     }
     for (int i = 0; i < 4 && a.tokens; i++) /* the views of q, k, v and out: {batch, row} */
@@ -1036,7 +1141,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
     if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_MASKED) {
         snprintf(call, sizeof call, "rt_k_attention_fwd<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d);", a.D, a.E,
                  geom, in[0], in[1], in[2], mask, n->id);
-        lib_kernel(u, n, call, "", rows_grid(q_tiles), BLOCK);
+        lib_kernel_at(u, n, call, &seed_id, n_seed, "", rows_grid(q_tiles), BLOCK);
         return;
     }
     for (int i = 0; i < 3; i++) { /* a base's columns that no operand has are 0 in its gradient */
@@ -1054,11 +1159,11 @@ static void emit_attention(Cu *u, const IrNode *n) {
     snprintf(call, sizeof call, "rt_k_attention_bwd_rows<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d, v%d, %s, "
              "v%d + %" PRId64 ");", a.D, a.E, geom, in[0], in[1], in[2], mask, n->in[3]->id, n->in[4]->id, grad[0],
              n->id, stats);
-    lib_kernel(u, n, call, "_rows", rows_grid(q_tiles), BLOCK);
+    lib_kernel_at(u, n, call, &seed_id, n_seed, "_rows", rows_grid(q_tiles), BLOCK);
     snprintf(call, sizeof call, "rt_k_attention_bwd_keys<%" PRId64 ", %" PRId64 ">(%s, %s, %s, %s, %s, v%d, v%d + %"
              PRId64 ", %s, %s);", a.D, a.E, geom, in[0], in[1], in[2], mask, n->in[4]->id, n->id, stats, grad[1],
              grad[2]);
-    lib_kernel(u, n, call, "_keys", rows_grid(k_tiles), BLOCK);
+    lib_kernel_at(u, n, call, &seed_id, n_seed, "_keys", rows_grid(k_tiles), BLOCK);
 }
 
 static void emit_lib(Cu *u, const IrNode *n) {

@@ -152,6 +152,9 @@ void rt_cuda_sum_doubles(RtCuda *cu, int64_t offset, int64_t n);
 /* Launch kernel `k` (index into kernel_names) with `grid` blocks of `block` threads and the
  * arena base as its one argument, on the stream. */
 void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block);
+/* The same for a kernel that several nodes share: the base, then *at (rt_devstate.h's RtKAt,
+ * copied into the launch, or into the graph when the step is being captured). */
+void rt_cuda_launch_at(RtCuda *cu, int k, unsigned grid, unsigned block, const RtKAt *at);
 
 /* A row-major matrix product on the device, cblas semantics, on `dtype` data (RT_F32, or RT_BF16
  * for A, B, C and the bias alike, accumulated in float32 - netc --precision bf16):

@@ -188,10 +188,11 @@ void *rt_cuda_workspace(const RtCuda *cu, size_t *bytes) {
     return cu->workspace;
 }
 
-void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
+/* The kernel's arguments: the base, and for a shared kernel its RtKAt (copied by the launch). */
+static void launch(RtCuda *cu, int k, unsigned grid, unsigned block, const RtKAt *at) {
     if (k < 0 || k >= cu->dm->n_kernels)
         rt_cuda_die("internal error: kernel %d of %d launched", k, cu->dm->n_kernels);
-    void *args[] = {&cu->base};
+    void *args[] = {&cu->base, (void *)at};
     dim3 g = {grid, 1, 1}, b = {block, 1, 1};
     cudaError_t e = cudaLaunchKernel((const void *)cu->kernels[k], g, b, args, 0, cu->stream);
     if (e != cudaSuccess) {
@@ -199,6 +200,12 @@ void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
         snprintf(what, sizeof what, "launching %s (%u blocks of %u threads)", cu->dm->kernel_names[k], grid, block);
         rt_cuda_check(e, what);
     }
+}
+
+void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) { launch(cu, k, grid, block, NULL); }
+
+void rt_cuda_launch_at(RtCuda *cu, int k, unsigned grid, unsigned block, const RtKAt *at) {
+    launch(cu, k, grid, block, at);
 }
 
 /* ---- finding the device */

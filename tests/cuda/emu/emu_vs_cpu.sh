@@ -97,10 +97,18 @@ emu_build() { # DIR NETC_ARGS...
   [ -n "$names" ] || { echo "emu_vs_cpu: no kernel_names in $d/gen/$model.c" >&2; exit 1; }
   {
     echo "#include \"$model.cu\""
+    # each entry calls its kernel as its signature has it: the base, or a shared kernel's base
+    # and RtKAt (rt_cuda_emu.c's EmuKernel)
+    echo 'static void emu_call(void (*f)(unsigned char *), unsigned char *b, const RtKAt *) { f(b); }'
+    echo 'static void emu_call(void (*f)(unsigned char *, RtKAt), unsigned char *b, const RtKAt *a) { f(b, *a); }'
+    echo 'static constexpr int emu_takes_at(void (*)(unsigned char *)) { return 0; }'
+    echo 'static constexpr int emu_takes_at(void (*)(unsigned char *, RtKAt)) { return 1; }'
     echo 'extern "C" {'
-    echo 'struct EmuKernel { const char *name; void (*fn)(unsigned char *); };'
+    echo 'struct EmuKernel { const char *name; void (*fn)(unsigned char *, const RtKAt *); int takes_at; };'
     echo 'extern const EmuKernel emu_kernels[] = {'
-    for k in $names; do echo "    {\"$k\", $k},"; done
+    for k in $names; do
+      echo "    {\"$k\", [](unsigned char *b, const RtKAt *a) { emu_call($k, b, a); }, emu_takes_at($k)},"
+    done
     echo '};'
     echo "extern const int emu_n_kernels = $(echo "$names" | wc -l);"
     echo '}'

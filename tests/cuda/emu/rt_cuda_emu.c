@@ -43,10 +43,13 @@
 
 #include "netrt_cuda.h"
 
-/* The kernels of the .cu, by name; emu_vs_cpu.sh generates this table beside it. */
+/* The kernels of the .cu, by name; emu_vs_cpu.sh generates this table beside it. fn calls the
+ * kernel with the base, and *at when it is one that several nodes share (takes_at: its
+ * signature has RtKAt after the base). */
 typedef struct EmuKernel {
     const char *name;
-    void (*fn)(unsigned char *base);
+    void (*fn)(unsigned char *base, const RtKAt *at);
+    int takes_at;
 } EmuKernel;
 extern const EmuKernel emu_kernels[];
 extern const int emu_n_kernels;
@@ -111,8 +114,9 @@ enum { FIBER_READY, FIBER_BARRIER, FIBER_DONE };
 
 typedef struct Block {
     const char *name;        /* the kernel's, for messages */
-    void (*kernel)(unsigned char *);
+    const EmuKernel *kernel;
     unsigned char *base;
+    const RtKAt *at;         /* a shared kernel's offsets, or NULL */
     unsigned n;              /* threads in the block */
     unsigned current;        /* the fiber running */
     int reverse;             /* NETC_EMU_REVERSE set: blocks and threads in descending order */
@@ -128,7 +132,7 @@ static Block g_block;
 
 static void fiber_main(void) {
     Block *b = &g_block;
-    b->kernel(b->base);
+    b->kernel->fn(b->base, b->at);
     b->state[b->current] = FIBER_DONE;
     emu_switch(&b->sp[b->current], b->sched_sp);
     die("internal error: a finished fiber was resumed");
@@ -176,7 +180,7 @@ static void run_block(Block *b) {
         b->direct = 1;
         for (unsigned i = 1; i < b->n; i++) {
             emu_threadIdx = (EmuDim3){b->reverse ? b->n - 1 - i : i, 0, 0};
-            b->kernel(b->base);
+            b->kernel->fn(b->base, b->at);
         }
         b->direct = 0;
         return;
@@ -207,7 +211,7 @@ static void run_block(Block *b) {
     }
 }
 
-static void launch(const char *name, void (*kernel)(unsigned char *), unsigned char *base, unsigned grid,
+static void launch(const char *name, const EmuKernel *kernel, unsigned char *base, const RtKAt *at, unsigned grid,
                    unsigned block) {
     Block *b = &g_block;
     if (!b->stacks) {
@@ -218,7 +222,7 @@ static void launch(const char *name, void (*kernel)(unsigned char *), unsigned c
             if (mprotect(b->stacks + t * EMU_STACK, 4096, PROT_NONE) != 0) die("cannot protect a fiber's stack");
         b->reverse = getenv("NETC_EMU_REVERSE") != NULL;
     }
-    b->name = name, b->kernel = kernel, b->base = base, b->n = block;
+    b->name = name, b->kernel = kernel, b->base = base, b->at = at, b->n = block;
     emu_gridDim = (EmuDim3){grid, 1, 1};
     emu_blockDim = (EmuDim3){block, 1, 1};
     for (unsigned i = 0; i < grid; i++) {
@@ -232,7 +236,7 @@ static void launch(const char *name, void (*kernel)(unsigned char *), unsigned c
 struct RtCuda {
     const RtModel *model;
     const RtCudaModel *dm;
-    void (**kernels)(unsigned char *); /* dm->n_kernels, indexed like dm->kernel_names */
+    const EmuKernel **kernels;         /* dm->n_kernels, indexed like dm->kernel_names */
     unsigned char *base;               /* the arena (`bytes`), then EMU_GUARD guard bytes */
     size_t bytes;                      /* rt_cuda.c's: device_bytes, a sharded optimizer's state, --accumulate's sum */
     int accumulate;                    /* --accumulate K (1: none) */
@@ -264,13 +268,31 @@ unsigned char *rt_cuda_base(const RtCuda *cu) { return cu->base; }
 const RtModel *rt_cuda_model(const RtCuda *cu) { return cu->model; }
 const RtCudaModel *rt_cuda_device_model(const RtCuda *cu) { return cu->dm; }
 
-void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) {
+/* rt_cuda.c's launch, checked: a kernel's arguments must be those its signature has (a shared
+ * kernel read through a NULL RtKAt, or offsets a kernel ignores, is a code generator's error
+ * that a GPU would show as a crash or as wrong operands), and every offset of a shared kernel
+ * an address inside the allocation. */
+static void launch_checked(RtCuda *cu, int k, unsigned grid, unsigned block, const RtKAt *at) {
     if (k < 0 || k >= cu->dm->n_kernels) die("internal error: kernel %d of %d launched", k, cu->dm->n_kernels);
+    const char *name = cu->dm->kernel_names[k];
     if (grid < 1 || grid > 0x7fffffffu || block < 1 || block > EMU_MAX_THREADS)
-        die("launching %s: %u blocks of %u threads is not a valid launch", cu->dm->kernel_names[k], grid, block);
+        die("launching %s: %u blocks of %u threads is not a valid launch", name, grid, block);
     if (block > 256) /* every kernel is __launch_bounds__(256) */
-        die("launching %s with %u threads, above its __launch_bounds__(256)", cu->dm->kernel_names[k], block);
-    launch(cu->dm->kernel_names[k], cu->kernels[k], cu->base, grid, block);
+        die("launching %s with %u threads, above its __launch_bounds__(256)", name, block);
+    if (cu->kernels[k]->takes_at != (at != NULL))
+        die("internal error: %s %s operand offsets (RtKAt) and was launched %s them", name,
+            at ? "takes no" : "takes its", at ? "with" : "without");
+    for (int i = 0; at && i < RT_K_AT; i++)
+        if (at->o[i] < 0 || at->o[i] >= (long long)cu->bytes)
+            die("internal error: launching %s: offset %d is %lld, outside the %zu-byte allocation", name, i, at->o[i],
+                cu->bytes);
+    launch(name, cu->kernels[k], cu->base, at, grid, block);
+}
+
+void rt_cuda_launch(RtCuda *cu, int k, unsigned grid, unsigned block) { launch_checked(cu, k, grid, block, NULL); }
+
+void rt_cuda_launch_at(RtCuda *cu, int k, unsigned grid, unsigned block, const RtKAt *at) {
+    launch_checked(cu, k, grid, block, at);
 }
 
 static size_t dtype_bytes(RtDtype t) {
@@ -580,7 +602,7 @@ static int find_kernels(RtCuda *cu, char *why, size_t size) {
     if (!cu->kernels) return fail(why, size, "out of host memory");
     for (int k = 0; k < dm->n_kernels; k++) {
         for (int i = 0; i < emu_n_kernels && !cu->kernels[k]; i++)
-            if (strcmp(emu_kernels[i].name, dm->kernel_names[k]) == 0) cu->kernels[k] = emu_kernels[i].fn;
+            if (strcmp(emu_kernels[i].name, dm->kernel_names[k]) == 0) cu->kernels[k] = &emu_kernels[i];
         if (!cu->kernels[k]) return fail(why, size, "the kernels have no %s", dm->kernel_names[k]);
     }
     return 0;

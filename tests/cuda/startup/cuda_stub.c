@@ -59,6 +59,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rt_devstate.h"
+
 #ifndef EM_CUDA
 #define EM_CUDA 190
 #endif
@@ -68,6 +70,7 @@
 static FILE *log_file;
 static struct {
     long kernels_found, attributes, launches, captured_launches, graph_launches, gemms, convs, transforms, copies;
+    long offset_launches; /* launches of kernels that take an RtKAt (rt_cuda_launch_at) */
     long collectives, captured_collectives;
     long second_stream_launches; /* graphs launched on another stream than the first one captured on */
     long stream_syncs;           /* cudaStreamSynchronize and cudaStreamQuery: the host waits for all its work */
@@ -106,10 +109,11 @@ static _Noreturn void violation(const char *fmt, ...) {
 
 __attribute__((destructor)) static void summary(void) {
     stub_log("summary: %ld kernels found, %ld kernel attributes, %ld kernel launches (%ld captured), "
-             "%ld graph launches, %ld products, "
+             "%ld launches with operand offsets, %ld graph launches, %ld products, "
              "%ld convolutions, %ld filter transforms, %ld copies, %ld collectives, %ld captured collectives, "
              "%ld graph launches on a second stream, %ld stream waits, %ld events not ready",
-             counts.kernels_found, counts.attributes, counts.launches, counts.captured_launches, counts.graph_launches, counts.gemms, counts.convs,
+             counts.kernels_found, counts.attributes, counts.launches, counts.captured_launches, counts.offset_launches,
+             counts.graph_launches, counts.gemms, counts.convs,
              counts.transforms, counts.copies, counts.collectives, counts.captured_collectives,
              counts.second_stream_launches, counts.stream_syncs, counts.queries_not_ready);
 }
@@ -730,7 +734,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 
 /* ---- kernel images */
 
-typedef struct Kernel { char *name; } Kernel;
+typedef struct Kernel {
+    char *name;
+    long param_bytes; /* its parameters' bytes, as the image declares them */
+} Kernel;
 struct CUlib_st {
     int sm, ptx;
     int n;
@@ -740,11 +747,34 @@ struct CUkern_st { int unused; };
 
 static struct CUlib_st *loaded; /* the one library the trainer loads */
 
-static void add_kernel(struct CUlib_st *lib, const char *name, size_t len) {
+static void add_kernel(struct CUlib_st *lib, const char *name, size_t len, long param_bytes) {
     lib->kernels = realloc(lib->kernels, (size_t)(lib->n + 1) * sizeof *lib->kernels);
     if (!lib->kernels || !(lib->kernels[lib->n].name = strndup(name, len)))
         violation("out of host memory");
+    lib->kernels[lib->n].param_bytes = param_bytes;
     lib->n++;
+}
+
+/* A kernel's parameter bytes in a cubin: EIATTR_CBANK_PARAM_SIZE (0x19) of its .nv.info.NAME
+ * section, whose attributes are a format byte (3: a 16-bit value follows, 4: a 16-bit size and
+ * that many bytes), the attribute, then the value or the size. -1 where there is none. */
+static long cubin_param_bytes(const unsigned char *img, const char *name) {
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + eh->e_shoff);
+    const char *sections = (const char *)(img + sh[eh->e_shstrndx].sh_offset);
+    for (int i = 0; i < eh->e_shnum; i++) {
+        const char *s = sections + sh[i].sh_name;
+        if (strncmp(s, ".nv.info.", 9) != 0 || strcmp(s + 9, name) != 0)
+            continue;
+        const unsigned char *a = img + sh[i].sh_offset, *end = a + sh[i].sh_size;
+        while (a + 4 <= end) {
+            unsigned v = a[2] | (unsigned)a[3] << 8;
+            if (a[0] == 3 && a[1] == 0x19)
+                return (long)v;
+            a += a[0] == 4 ? 4 + v : a[0] == 3 ? 4 : 2;
+        }
+    }
+    return -1;
 }
 
 /* A cubin: its architecture from e_flags (bits 8-15 from ELF ABI version 8, as CUDA 12.8 and
@@ -761,13 +791,33 @@ static int read_cubin(const unsigned char *img, struct CUlib_st *lib) {
         const Elf64_Sym *sym = (const Elf64_Sym *)(img + sh[i].sh_offset);
         const char *names = (const char *)(img + sh[sh[i].sh_link].sh_offset);
         for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++)
-            if (ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC && ELF64_ST_BIND(sym[k].st_info) == STB_GLOBAL)
-                add_kernel(lib, names + sym[k].st_name, strlen(names + sym[k].st_name));
+            if (ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC && ELF64_ST_BIND(sym[k].st_info) == STB_GLOBAL) {
+                const char *name = names + sym[k].st_name;
+                add_kernel(lib, name, strlen(name), cubin_param_bytes(img, name));
+            }
     }
     return 1;
 }
 
-/* PTX text: ".target sm_NN" and every ".entry NAME(". */
+/* A PTX entry's parameter bytes: `.param .u64 NAME_param_0` 8, `.param .align 8 .b8
+ * NAME_param_1[96]` 96, summed up to the list's closing parenthesis; -1 for another type. */
+static long ptx_param_bytes(const char *list) {
+    const char *end = strchr(list, ')');
+    long bytes = 0;
+    for (const char *p = strstr(list, ".param "); p && end && p < end; p = strstr(p + 1, ".param ")) {
+        const char *u64 = strstr(p, ".u64 "), *b8 = strstr(p, ".b8 "), *next = strstr(p + 1, ".param ");
+        const char *stop = next && next < end ? next : end;
+        if (u64 && u64 < stop)
+            bytes += 8;
+        else if (b8 && b8 < stop && strchr(b8, '[') && strchr(b8, '[') < stop)
+            bytes += atol(strchr(b8, '[') + 1);
+        else
+            return -1;
+    }
+    return end ? bytes : -1;
+}
+
+/* PTX text: ".target sm_NN" and every ".entry NAME(" with its parameters. */
 static int read_ptx(const char *text, struct CUlib_st *lib) {
     const char *t = strstr(text, ".target sm_");
     if (strncmp(text, "//", 2) != 0 || !t)
@@ -777,7 +827,7 @@ static int read_ptx(const char *text, struct CUlib_st *lib) {
     for (const char *e = strstr(text, ".entry "); e; e = strstr(e + 1, ".entry ")) {
         const char *name = e + strlen(".entry "), *end = strchr(name, '(');
         if (end)
-            add_kernel(lib, name, (size_t)(end - name));
+            add_kernel(lib, name, (size_t)(end - name), ptx_param_bytes(end + 1));
     }
     return 1;
 }
@@ -859,6 +909,19 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
     const Alloc *a = base ? find_alloc(base, 0, 0) : NULL;
     if (!a || a->p != base)
         violation("launching %s with an argument that is not the base of a device allocation", k->name);
+    /* rt_cuda.c passes {&base, at}: at NULL for a kernel of the base alone, an RtKAt of offsets
+     * inside the allocation for one whose image declares both (read past the array otherwise) */
+    const RtKAt *at = args[1];
+    if (k->param_bytes != (long)sizeof(void *) && k->param_bytes != (long)(sizeof(void *) + sizeof(RtKAt)))
+        violation("%s: the image declares %ld bytes of parameters, neither the base (%zu) nor the base and an RtKAt "
+                  "(%zu)", k->name, k->param_bytes, sizeof(void *), sizeof(void *) + sizeof(RtKAt));
+    if ((k->param_bytes > (long)sizeof(void *)) != (at != NULL))
+        violation("launching %s (%ld bytes of parameters) %s an RtKAt", k->name, k->param_bytes, at ? "with" : "without");
+    for (int i = 0; at && i < RT_K_AT; i++)
+        if (at->o[i] < 0 || (size_t)at->o[i] >= a->size)
+            violation("launching %s with offset %d at %lld, outside the %zu-byte allocation", k->name, i, at->o[i],
+                      a->size);
+    counts.offset_launches += at != NULL;
     counts.launches++;
     if (!enqueue(s))
         counts.captured_launches++;

@@ -70,6 +70,7 @@ def main():
     host = open(os.path.join(work, "src", os.path.basename(exe)[: -len("-stub")] + ".c")).read()
     names = re.search(r"kernel_names\[N_KERNELS\] = \{(.*?)\};", host, re.S).group(1)
     n_kernels = len(re.findall(r'"\w+"', names))
+    n_at = host.count("rt_cuda_launch_at(cu, ")  # shared kernels' launches (cuda_stub.c checks each)
     n_gemm = len(re.findall(r"^static RtGemmPlan \*", host, re.M))
     n_conv = len(re.findall(r"^static RtCudaConvPlan \*", host, re.M))
     batch = int(re.search(r"^    \.batch = (\d+),", host, re.M).group(1))
@@ -107,6 +108,9 @@ def main():
             check(captures == (2 if graph else 0), f"{tag}: {captures} graphs captured")
             check((got.get("graph launches", 0) >= STEPS) == graph, f"{tag}: {got.get('graph launches')} graph launches")
             check(got.get("kernel launches", 0) > 0, f"{tag}: no kernel launched")
+            check((got.get("launches with operand offsets", 0) > 0) == (n_at > 0),
+                  f"{tag}: {got.get('launches with operand offsets')} launches with operand offsets, "
+                  f"{n_at} in the host C")
             check((got.get("products", 0) > 0) == (n_gemm > 0), f"{tag}: {got.get('products')} products, {n_gemm} plans")
             check(got.get("filter transforms") == 0, f"{tag}: {got.get('filter transforms')} cudnnTransformTensor calls, "
                   "expected none (the generated kernels permute the filters)")
