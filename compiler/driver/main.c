@@ -108,7 +108,7 @@ static void usage(FILE *out) {
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
             "  --backend NAME       code generator: cpu (default) or cuda\n"
-            "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90\n"
+            "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90,sm_100\n"
             "                       (default: sm_90); PTX of the lowest is embedded too\n"
             "  --precision P        cuda: fp32 (default; no TF32), tf32, bf16 (products and convolutions in\n"
             "                       bf16 with float32 master weights) or fp16 (the same in fp16, with a\n"
@@ -190,8 +190,9 @@ static int parse_archs(Options *o, const char *list) {
     o->n_sms = 0;
     for (const char *p = list;;) {
         int sm, len = 0;
-        if (sscanf(p, "sm_%2d%n", &sm, &len) != 1 || (p[len] && p[len] != ',') || sm < 75)
-            return usage_error("--arch takes a comma-separated list like sm_80,sm_90 (sm_75 or newer), found '%s'", list);
+        if (sscanf(p, "sm_%3d%n", &sm, &len) != 1 || (p[len] && p[len] != ',') || sm < 75)
+            return usage_error("--arch takes a comma-separated list like sm_80,sm_90,sm_100 (sm_75 or newer), found "
+                               "'%s'", list);
         if (o->n_sms == NVRTC_MAX_ARCHS) return usage_error("--arch: at most 8 architectures, found '%s'", list);
         for (int i = 0; i < o->n_sms; i++)
             if (o->sms[i] == sm) return usage_error("--arch names an architecture twice: '%s'", list);
@@ -678,6 +679,8 @@ static int compile(const Options *o, Arena *arena) {
     }
     const CgBackend *be = tg->cg;
     int builds = o->dump == DUMP_NONE && !o->check_only && !o->report && !o->summary;
+    if (builds && be->has_kernels && nvrtc_check_archs(o->sms, o->n_sms, msg, sizeof msg))
+        return usage_error("%s", msg); /* before check_outputs makes the --emit-dir */
     int rc = builds ? check_outputs(o, be) : 0;
     if (rc) return rc;
     AstProgram *prog = parse_file(arena, o->input);

@@ -187,7 +187,33 @@ out:
     return rc;
 }
 
+int nvrtc_check_archs(const int *sms, int n_sms, char *why, size_t size) {
+    int n = 0, major = 0, minor = 0;
+    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n < 1) return 0; /* nvrtc_compile says why */
+    int *have = malloc((size_t)n * sizeof *have);
+    if (!have || nvrtcGetSupportedArchs(have) != NVRTC_SUCCESS) return free(have), 0;
+    nvrtcVersion(&major, &minor);
+    int rc = 0;
+    for (int i = 0; i < n_sms && !rc; i++) {
+        int found = 0;
+        for (int k = 0; k < n; k++) found |= have[k] == sms[i];
+        if (found) continue;
+        size_t len = (size_t)snprintf(why, size, "--arch: NVRTC %d.%d cannot compile for sm_%d; it compiles for ", major,
+                                      minor, sms[i]);
+        for (int k = 0; k < n && len < size; k++)
+            len += (size_t)snprintf(why + len, size - len, "%ssm_%d", k ? ", " : "", have[k]);
+        rc = 1;
+    }
+    free(have);
+    return rc;
+}
+
 #else
+
+int nvrtc_check_archs(const int *sms, int n_sms, char *why, size_t size) {
+    (void)sms, (void)n_sms, (void)why, (void)size;
+    return 0;
+}
 
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *o) {
     (void)cu_path, (void)rt_dir, (void)sms, (void)n_sms, (void)fmad, (void)o;

@@ -16,4 +16,9 @@ enum { NVRTC_MAX_ARCHS = 8 };
  * printing NVRTC's log or when writing failed; the caller closes `images`. */
 int nvrtc_compile(const char *cu_path, const char *rt_dir, const int *sms, int n_sms, int fmad, FILE *images);
 
+/* Whether this NVRTC compiles for every architecture in sms (nvrtcGetSupportedArchs): 0, or 1
+ * with `why` naming the first it does not and the ones it does. A netc built without the CUDA
+ * toolkit answers 0 (nvrtc_compile says what is missing). */
+int nvrtc_check_archs(const int *sms, int n_sms, char *why, size_t size);
+
 #endif
