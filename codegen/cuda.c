@@ -546,6 +546,30 @@ static int64_t device_offset(const Cu *u, const IrNode *n) {
     }
 }
 
+/* The body of a kernel whose operands x[first..n_at) are at.o[first..n_at) bytes from the base:
+ * their pointers p<k>, then `call` with p<k> for each v<id>. */
+static void write_moved_call(Cg *c, const IrNode *n, const char *call, const IrNode *const *x, int first, int n_at) {
+    char shape[160], body[1536];
+    cg_line(c, "// %s %s%s", ir_op_name(n->op), ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
+    for (int i = first; i < n_at; i++) {
+        const char *q = ir_storage_root(x[i])->storage == ST_INPUT ? "const " : "", *t = ir_dtype_ctype(x[i]->dtype);
+        cg_line(c, "%s%s *p%d = (%s%s *)(base + at.o[%d]);", q, t, i, q, t, i);
+    }
+    size_t len = 0;
+    for (const char *p = call; *p;) {
+        int id, used = 0, slot = -1;
+        if (*p == 'v' && sscanf(p + 1, "%d%n", &id, &used) == 1 && operand_at(call, p, 1 + used))
+            for (int i = first; i < n_at && slot < 0; i++)
+                if (x[i]->id == id) slot = i;
+        int w = slot >= 0 ? snprintf(body + len, sizeof body - len, "p%d", slot)
+                          : snprintf(body + len, sizeof body - len, "%c", *p);
+        if (w < 0 || (size_t)w >= sizeof body - len)
+            ICE("cuda: %s's call is longer than %zu bytes", ir_op_name(n->op), sizeof body);
+        len += (size_t)w, p += slot >= 0 ? 1 + used : 1;
+    }
+    cg_line(c, "%s", body);
+}
+
 /* A library kernel: `call`, one device function of netrt_kernels.cuh on the pointers v<id> of n
  * and its operands, in a kernel of its own. Where those lie is the kernel's second argument
  * (RtKAt: the pointer p<k> is at.o[k] bytes from the base), not constants in its body, so the
@@ -558,7 +582,7 @@ static int64_t device_offset(const Cu *u, const IrNode *n) {
 static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_t *extra, int n_extra,
                           const char *suffix, unsigned grid, unsigned block) {
     Cg *c = &u->c;
-    char name[KERNEL_NAME], what[128], body[1536];
+    char name[KERNEL_NAME], what[128];
     int64_t at[RT_K_AT];
     const IrNode *x[RT_K_AT];
     if (n_extra > RT_K_AT) ICE("cuda: %s passes %d integers to its kernel", ir_op_name(n->op), n_extra);
@@ -572,36 +596,17 @@ static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_
         if (n_at == RT_K_AT || device_offset(u, v) < 0) moved = 0;
         else x[n_at] = v, at[n_at++] = device_offset(u, v);
     }
-    if (!moved) n_at = n_extra;
     kernel_open(u);
-    if (!moved) {
+    if (moved) {
+        write_moved_call(c, n, call, x, n_extra, n_at);
+    } else {
+        n_at = n_extra;
         cg_comment(c, n);
         for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
             const IrNode *v = k < n->n_in ? n->in[k] : n;
             if (mentions(call, v->id)) cg_declare(c, v);
         }
         cg_line(c, "%s", call);
-    } else {
-        char shape[160];
-        cg_line(c, "// %s %s%s", ir_op_name(n->op), ir_dtype_name(n->dtype),
-                ir_shape_str(&n->shape, shape, sizeof shape));
-        for (int i = n_extra; i < n_at; i++) {
-            const char *q = ir_storage_root(x[i])->storage == ST_INPUT ? "const " : "", *t = ir_dtype_ctype(x[i]->dtype);
-            cg_line(c, "%s%s *p%d = (%s%s *)(base + at.o[%d]);", q, t, i, q, t, i);
-        }
-        size_t len = 0; /* the call with p<k> for v<id> */
-        for (const char *p = call; *p;) {
-            int id, used = 0, slot = -1;
-            if (*p == 'v' && sscanf(p + 1, "%d%n", &id, &used) == 1 && operand_at(call, p, 1 + used))
-                for (int i = n_extra; i < n_at && slot < 0; i++)
-                    if (x[i]->id == id) slot = i;
-            int w = slot >= 0 ? snprintf(body + len, sizeof body - len, "p%d", slot)
-                              : snprintf(body + len, sizeof body - len, "%c", *p);
-            if (w < 0 || (size_t)w >= sizeof body - len)
-                ICE("cuda: %s's call is longer than %zu bytes", ir_op_name(n->op), sizeof body);
-            len += (size_t)w, p += slot >= 0 ? 1 + used : 1;
-        }
-        cg_line(c, "%s", body);
     }
     kernel_name(u, n, suffix, name, sizeof name);
     if (!n_at) {
