@@ -526,26 +526,6 @@ static int mentions(const char *call, int id) {
     return 0;
 }
 
-/* The byte offset in the device allocation of what cg_ptr points at for n, or -1 where that is
- * no fixed place of it (a constant written into the kernel, the device state's loss scale). */
-static int64_t device_offset(const Cu *u, const IrNode *n) {
-    const IrNode *r = ir_storage_root(n);
-    const int64_t e = ir_dtype_size(n->dtype);
-    int64_t elems = 0; /* as cg_ptr: a row view starts inside its root */
-    for (const IrNode *v = n; v != r; v = v->in[0])
-        if (v->op == OP_ROW) elems += v->attr.row * ir_numel(&v->shape);
-        else if (v->op == OP_PART) elems += v->attr.part;
-    switch (r->storage) {
-    case ST_ARENA: return u->map.arena + r->offset + elems * e;
-    case ST_PARAM:
-        if (r->dtype != DT_F32) return u->map.half_params + (r->offset - cg_half_params_from(u->g) + elems) * e;
-        return u->map.params + (r->offset + elems) * 4;
-    case ST_GRAD: return u->map.grads + (r->offset + elems) * 4;
-    case ST_INPUT: return u->map.batch + u->map.input[r->index] + elems * e;
-    default: return -1;
-    }
-}
-
 /* The body of a kernel whose operands x[first..n_at) are at.o[first..n_at) bytes from the base:
  * their pointers p<k>, then `call` with p<k> for each v<id>. */
 static void write_moved_call(Cg *c, const IrNode *n, const char *call, const IrNode *const *x, int first, int n_at) {
@@ -582,7 +562,7 @@ static void write_moved_call(Cg *c, const IrNode *n, const char *call, const IrN
 static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_t *extra, int n_extra,
                           const char *suffix, unsigned grid, unsigned block) {
     Cg *c = &u->c;
-    char name[KERNEL_NAME], what[128];
+    char name[KERNEL_NAME], what[320] = ""; /* an operator, an id, a file's base name (at most 255) and a line */
     int64_t at[RT_K_AT];
     const IrNode *x[RT_K_AT];
     if (n_extra > RT_K_AT) ICE("cuda: %s passes %d integers to its kernel", ir_op_name(n->op), n_extra);
@@ -593,8 +573,8 @@ static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_
         int seen = 0;
         for (int i = n_extra; i < n_at; i++) seen |= x[i] == v;
         if (seen || !mentions(call, v->id)) continue;
-        if (n_at == RT_K_AT || device_offset(u, v) < 0) moved = 0;
-        else x[n_at] = v, at[n_at++] = device_offset(u, v);
+        if (n_at == RT_K_AT || v->storage == ST_INLINE) moved = 0; /* a constant is written into the body */
+        else x[n_at] = v, at[n_at++] = dev_offset(u, v);
     }
     kernel_open(u);
     if (moved) {
@@ -613,11 +593,15 @@ static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_
         kernel_close(u, name, grid, block, ir_op_name(n->op));
         return;
     }
-    /* the launch's comment names the node: `attention_masked %89 bert.net:55` */
-    int w = snprintf(what, sizeof what, "%s %%%d", ir_op_name(n->op), n->id);
-    if (n->loc.file) snprintf(what + w, sizeof what - (size_t)w, " %.80s:%d", cg_base_name(n->loc.file), n->loc.line);
-    for (char *p = what; *p; p++)
-        if ((unsigned char)*p < 32) *p = '?'; /* as cg_comment_text */
+    FILE *f = fmemopen(what, sizeof what - 1, "w"); /* the launch's comment: `attention_masked %89 bert.net:55` */
+    if (!f) ICE("cuda: out of memory");
+    fprintf(f, "%s %%%d", ir_op_name(n->op), n->id);
+    if (n->loc.file) {
+        fputc(' ', f);
+        cg_comment_text(f, cg_base_name(n->loc.file));
+        fprintf(f, ":%d", n->loc.line);
+    }
+    fclose(f);
     kernel_close_at(u, name, grid, block, what, at, n_at);
 }
 
