@@ -188,8 +188,11 @@ void cg_declare(Cg *c, const IrNode *n) {
         cg_end(c, "};");
         return;
     }
-    cg_begin(c, "%s%s *v%d = ", ir_storage_root(n)->storage == ST_INPUT ? "const " : "", ir_dtype_ctype(n->dtype), n->id);
-    cg_ptr(c, n);
+    const char *q = ir_storage_root(n)->storage == ST_INPUT ? "const " : "", *t = ir_dtype_ctype(n->dtype);
+    int k = c->at_slot ? c->at_slot(c, n, 0) : -1;
+    cg_begin(c, "%s%s *v%d = ", q, t, n->id);
+    if (k >= 0) cg_put(c, "(%s%s *)(base + at.o[%d])", q, t, k);
+    else cg_ptr(c, n);
     cg_end(c, ";");
 }
 
@@ -307,7 +310,9 @@ static void dropout(Cg *c, const IrNode *n) {
         cg_elem(c, n->in[0], n);
         return;
     }
-    cg_put(c, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
+    int k = c->at_slot ? c->at_slot(c, NULL, n->attr.seed_id) : -1;
+    if (k >= 0) cg_put(c, "rt_dropout_keep(ctx->seed, (int)at.o[%d], ", k);
+    else cg_put(c, "rt_dropout_keep(ctx->seed, %d, ", n->attr.seed_id);
     logical_index(c, n); /* the mask follows the logical element, whatever the layout */
     cg_put(c, ", ");
     cg_dbl(c->out, n->attr.p);

@@ -30,6 +30,11 @@ typedef struct Cg {
     const int *in_backward; /* CPU, forward_backward: the position after which the backward pass updates
                              * parameter i (in_backward[i]), -1 when optimizer_step does; or NULL */
     struct CgProf *prof;    /* CPU, --profile: forward_backward's pieces marked so far (cpu.c) */
+    /* CUDA: the kernel being written finds what differs between nodes in its argument `at`
+     * (RtKAt, cuda.c), or NULL. Then cg_declare's pointer to a node n is base + at.o[k] and a
+     * dropout mask's seed id `number` is at.o[k], k = at_slot(c, n, 0) or at_slot(c, NULL,
+     * number), a constant in the text where it returns -1. */
+    int (*at_slot)(struct Cg *c, const IrNode *n, int64_t number);
 } Cg;
 
 typedef struct CgAxis {

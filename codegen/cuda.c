@@ -7,10 +7,10 @@
  * The device memory is one allocation carved at compile time (see Map): the step state
  * (rt_devstate.h), the staged batch, parameters, gradients, optimizer state, the memory plan's
  * arena, and the partial sums of the batch-norm kernels. Every kernel takes the allocation's
- * base address and finds each tensor at a constant offset from it, so the launches never change
- * and the whole step can be captured once as a CUDA Graph. A library kernel takes its operands'
- * offsets as a second argument (RtKAt) instead, so the nodes that differ only in where their
- * operands lie (a transformer's layers) share one kernel, which NVRTC compiles once.
+ * base address, and a kernel that reads or writes nodes takes their offsets from it as a second
+ * argument (RtKAt, constants of its launch), so the launches never change and the whole step
+ * can be captured once as a CUDA Graph; the nodes that differ only in where their operands lie
+ * (a transformer's layers) write the same kernel, which is written and compiled once.
  *
  * Each IR node becomes:
  *   - element-wise nodes and fused groups: one kernel, a grid-stride loop whose body is the
@@ -19,14 +19,14 @@
  *     one block;
  *   - matrix products and convolutions: a cuBLASLt or cuDNN call on a plan built at start-up;
  *   - pooling, softmax, norms, attention, losses, accuracy and batch norm: a kernel calling the
- *     device function of netrt_kernels.cuh with the node's geometry as constants and its
- *     operands' offsets as arguments (lib_kernel).
+ *     device function of netrt_kernels.cuh with the node's geometry as constants (lib_kernel).
  * Around them, generated kernels keep the step's bookkeeping on the device: the learning rate
  * and dropout seed at the start of a step, the loss and accuracy sums and the non-finite check
  * after the backward pass, the optimizer (one kernel over the flat parameter buffer), and the
- * step counter. Identical kernels (an evaluation node that computes what its training twin
- * does) are written once.
+ * step counter. Kernels equal but for their values' names (twin_key: another layer's node, an
+ * evaluation node that computes what its training twin does) are written once.
  */
+#include <ctype.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -61,12 +61,15 @@ typedef struct Map {
     int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
 } Map;
 
-enum { KERNEL_NAME = 64 }; /* k8_add_relu_l11 and the like, with room to spare */
+enum {
+    KERNEL_NAME = 64, /* k8_add_relu_l11 and the like, with room to spare */
+    WHAT = 320,       /* a launch's comment (node_what): its text, an id, a file's base name (at most 255), a line */
+};
 
 typedef struct Kernel {
     char name[KERNEL_NAME];
-    char *body;   /* the text between the braces, to find twins */
-    int takes_at; /* its second argument is an RtKAt (lib_kernel) */
+    char *key; /* its body as twin_key gives it, to find twins */
+    int n_at;  /* the entries of its RtKAt it reads: 0, it takes none */
 } Kernel;
 
 /* Every text being written has its own printer, a Cg whose out is that text and whose depth
@@ -89,6 +92,9 @@ typedef struct Cu {
     int n_kernels, cap;
     char *buf;         /* the kernel body being written */
     size_t buf_size;
+    int64_t at[RT_K_AT]; /* what its launch passes as its RtKAt, at[0..n_at) (at_slot) */
+    int n_at;
+    int *renum;        /* twin_key's numbering of the ids, one per node */
 } Cu;
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -260,24 +266,74 @@ static void host_ptr(Cu *u, const IrNode *n, int writable) {
 
 /* ---- kernels */
 
+/* Cg's at_slot for the kernel being written: the next entry of its RtKAt holds node n's place
+ * (bytes from the base) or `number`; -1 once the RtKAt is full, and the text keeps the constant. */
+static int at_slot(Cg *c, const IrNode *n, int64_t number) {
+    Cu *u = (Cu *)c; /* c is Cu's first member */
+    if (u->n_at == RT_K_AT) return -1;
+    u->at[u->n_at] = n ? dev_offset(u, n) : number;
+    return u->n_at++;
+}
+
 static void kernel_open(Cu *u) {
     u->c.out = open_memstream(&u->buf, &u->buf_size);
     if (!u->c.out) ICE("cuda: out of memory");
     memset(u->c.decl, 0, (size_t)u->g->n + 1);
     u->c.depth = 1; /* the body, which kernel_close puts between the kernel's braces */
+    u->n_at = 0;
 }
 
-/* Finish the kernel being written: write it to the .cu file unless an identical one exists,
- * and launch it from the host step with `grid` blocks of `block` threads, and with at[0..n_at)
- * as its RtKAt when `at` is given (a kernel lib_kernel wrote). */
-static void kernel_close_at(Cu *u, const char *name, unsigned grid, unsigned block, const char *what,
-                            const int64_t *at, int n_at) {
+static int ident_char(char ch) { return isalnum((unsigned char)ch) || ch == '_'; }
+
+/* What two kernel bodies are compared by: the body without its comment lines, and with the
+ * names of the values it reads and computes (v<id>, t<id>, h<id>) numbered in the order they
+ * first appear instead of by id. Where those values lie and the dropout seeds are the kernel's
+ * RtKAt, not its text (at_slot), so the nodes that compute the same thing on other operands (a
+ * transformer's layers, evaluation beside training) give the same key and share one kernel,
+ * which NVRTC compiles once; any other difference, a constant, a shape, a type, stays in it. */
+static char *twin_key(Cu *u, const char *body) {
+    char *key;
+    size_t size;
+    FILE *f = open_memstream(&key, &size);
+    if (!f) ICE("cuda: out of memory");
+    int next = 0;
+    for (int i = 0; i <= u->g->n; i++) u->renum[i] = -1;
+    for (const char *p = body; *p;) {
+        const char *text = p + strspn(p, " "), *eol = strchr(p, '\n');
+        eol = eol ? eol + 1 : p + strlen(p);
+        if (text[0] == '/' && text[1] == '/') { /* a comment line */
+            p = eol;
+            continue;
+        }
+        while (p < eol) {
+            char *end;
+            if ((*p == 'v' || *p == 't' || *p == 'h') && (p == body || !ident_char(p[-1])) &&
+                isdigit((unsigned char)p[1])) {
+                long id = strtol(p + 1, &end, 10);
+                if (!ident_char(*end) && id <= u->g->n) {
+                    if (u->renum[id] < 0) u->renum[id] = next++;
+                    fprintf(f, "%c#%d", *p, u->renum[id]);
+                    p = end;
+                    continue;
+                }
+            }
+            fputc(*p++, f);
+        }
+    }
+    fclose(f);
+    return key;
+}
+
+/* Finish the kernel being written: write it to the .cu file unless a twin exists (twin_key),
+ * and launch it from the host step with `grid` blocks of `block` threads, with at[0..n_at) as
+ * its RtKAt where it reads one. */
+static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
     if (u->c.depth != 1) ICE("cuda: kernel %s ends inside a block", name);
     fclose(u->c.out);
     u->c.out = NULL;
-    const int takes_at = at != NULL;
+    char *key = twin_key(u, u->buf);
     int k = 0;
-    while (k < u->n_kernels && (u->kernels[k].takes_at != takes_at || strcmp(u->kernels[k].body, u->buf) != 0)) k++;
+    while (k < u->n_kernels && (u->kernels[k].n_at != u->n_at || strcmp(u->kernels[k].key, key) != 0)) k++;
     if (k == u->n_kernels) {
         if (u->n_kernels == u->cap) {
             u->cap = u->cap ? 2 * u->cap : 64;
@@ -286,28 +342,40 @@ static void kernel_close_at(Cu *u, const char *name, unsigned grid, unsigned blo
         }
         Kernel *kn = &u->kernels[u->n_kernels++];
         snprintf(kn->name, sizeof kn->name, "%s", name);
-        kn->body = u->buf;
-        kn->takes_at = takes_at;
+        kn->key = key;
+        kn->n_at = u->n_at;
         cg_open(&u->cu, "extern \"C\" __global__ void __launch_bounds__(%d) %s(unsigned char *base%s) {", BLOCK, name,
-                takes_at ? ", const RtKAt at" : "");
+                u->n_at ? ", const RtKAt at" : "");
         cg_line(&u->cu, "NETC_CTX(base);");
         fputs(u->buf, u->cu.out); /* printed at depth 1 */
         cg_close(&u->cu, "}\n");
     } else {
-        free(u->buf);
+        free(key);
     }
+    free(u->buf);
     u->buf = NULL;
-    if (!at) {
+    if (!u->n_at) {
         cg_line(&u->step, "rt_cuda_launch(cu, K_%s, %u, %u); // %s", u->kernels[k].name, grid, block, what);
         return;
     }
     cg_begin(&u->step, "rt_cuda_launch_at(cu, K_%s, %u, %u, &(RtKAt){{", u->kernels[k].name, grid, block);
-    for (int i = 0; i < n_at; i++) cg_put(&u->step, "%s%" PRId64, i ? ", " : "", at[i]);
+    for (int i = 0; i < u->n_at; i++) cg_put(&u->step, "%s%" PRId64, i ? ", " : "", u->at[i]);
     cg_end(&u->step, "}}); // %s", what);
 }
 
-static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
-    kernel_close_at(u, name, grid, block, what, NULL, 0);
+/* A launch's comment for node n, into buf: `what %89 bert.net:55`. */
+static const char *node_what(const IrNode *n, const char *what, char *buf, size_t size) {
+    FILE *f = fmemopen(buf, size - 1, "w");
+    if (!f) ICE("cuda: out of memory");
+    memset(buf, 0, size);
+    fprintf(f, "%s %%%d", what, n->id);
+    if (n->loc.file) {
+        fputc(' ', f);
+        cg_comment_text(f, cg_base_name(n->loc.file));
+        fprintf(f, ":%d", n->loc.line);
+    }
+    fclose(f);
+    return buf;
 }
 
 /* A kernel's name, for the profile (Nsight, ncu) as much as for the code: k (training step) or
@@ -377,7 +445,7 @@ static void emit_group(Cu *u, const IrNode *head) {
     Cg *c = &u->c;
     const IrNode *n;
     int64_t total = ir_numel(&head->shape);
-    char name[KERNEL_NAME], what[64];
+    char name[KERNEL_NAME], group[64], what[WHAT];
     kernel_open(u);
     cg_group_header(c, head);
     c->group = head->group; /* operands computed inside the group are locals, not pointers */
@@ -391,14 +459,14 @@ static void emit_group(Cu *u, const IrNode *head) {
     cg_group_body(c, head);
     cg_close(c, "}");
     kernel_name(u, head, "", name, sizeof name);
-    snprintf(what, sizeof what, "fused group %d, %" PRId64 " elements", head->group, total);
-    kernel_close(u, name, grid_for(total), BLOCK, what);
+    snprintf(group, sizeof group, "fused group %d, %" PRId64 " elements, from", head->group, total);
+    kernel_close(u, name, grid_for(total), BLOCK, node_what(head, group, what, sizeof what));
 }
 
 static void emit_ew(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     int64_t total = ir_numel(&n->shape);
-    char name[KERNEL_NAME];
+    char name[KERNEL_NAME], what[WHAT];
     kernel_open(u);
     cg_comment(c, n);
     declare_operands(u, n);
@@ -407,7 +475,7 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_ew_store(c, n, 0);
     cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, grid_for(total), BLOCK, ir_op_name(n->op));
+    kernel_close(u, name, grid_for(total), BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 static void part_room(const Cu *u, int64_t bytes, const char *what);
@@ -423,7 +491,7 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     int64_t run = (red_n + runs - 1) / runs, chunks = (out_n + BLOCK - 1) / BLOCK;
-    char name[KERNEL_NAME];
+    char name[KERNEL_NAME], what[WHAT];
     part_room(u, runs * out_n * 8, "a sum over rows");
     kernel_open(u);
     cg_comment(c, n);
@@ -440,7 +508,7 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     cg_line(c, "part[b / %" PRId64 " * %" PRId64 " + o] = acc;", chunks, out_n);
     cg_close(c, "}");
     kernel_name(u, n, "_part", name, sizeof name);
-    kernel_close(u, name, rows_grid(runs * chunks), BLOCK, "sum_to");
+    kernel_close(u, name, rows_grid(runs * chunks), BLOCK, node_what(n, "sum_to", what, sizeof what));
     kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, n);
@@ -451,7 +519,7 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     cg_line(c, "v%d[o] = (float)acc;", n->id);
     cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, grid_for(out_n), BLOCK, "sum_to");
+    kernel_close(u, name, grid_for(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
 }
 
 /* SUM_TO: over rows with enough of them, emit_sum_to_runs; else one block per output element,
@@ -461,7 +529,7 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     const IrNode *x = n->in[0];
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
-    char name[KERNEL_NAME];
+    char name[KERNEL_NAME], what[WHAT];
     const int64_t runs = sum_runs(n);
     if (runs) {
         emit_sum_to_runs(u, n, runs);
@@ -485,14 +553,14 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     cg_line(c, "if (threadIdx.x == 0) v%d[o] = (float)acc;", n->id);
     cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, rows_grid(out_n), BLOCK, "sum_to");
+    kernel_close(u, name, rows_grid(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
 }
 
 static void emit_reduce(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     const IrNode *x = n->in[0];
     int64_t total = ir_numel(&x->shape);
-    char name[KERNEL_NAME];
+    char name[KERNEL_NAME], what[WHAT];
     if (n->op == OP_SUM_TO) {
         emit_sum_to(u, n);
         return;
@@ -508,7 +576,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     else cg_line(c, "const int64_t count = %" PRId64 ";", total);
     cg_line(c, "rt_k_mean(count, v%d, %d, v%d);", x->id, n->op == OP_MEAN, n->id);
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, 1, BLOCK, ir_op_name(n->op));
+    kernel_close(u, name, 1, BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 /* ---- library operators */
@@ -526,83 +594,26 @@ static int mentions(const char *call, int id) {
     return 0;
 }
 
-/* The body of a kernel whose operands x[first..n_at) are at.o[first..n_at) bytes from the base:
- * their pointers p<k>, then `call` with p<k> for each v<id>. */
-static void write_moved_call(Cg *c, const IrNode *n, const char *call, const IrNode *const *x, int first, int n_at) {
-    char shape[160], body[1536];
-    cg_line(c, "// %s %s%s", ir_op_name(n->op), ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
-    for (int i = first; i < n_at; i++) {
-        const char *q = ir_storage_root(x[i])->storage == ST_INPUT ? "const " : "", *t = ir_dtype_ctype(x[i]->dtype);
-        cg_line(c, "%s%s *p%d = (%s%s *)(base + at.o[%d]);", q, t, i, q, t, i);
-    }
-    size_t len = 0;
-    for (const char *p = call; *p;) {
-        int id, used = 0, slot = -1;
-        if (*p == 'v' && sscanf(p + 1, "%d%n", &id, &used) == 1 && operand_at(call, p, 1 + used))
-            for (int i = first; i < n_at && slot < 0; i++)
-                if (x[i]->id == id) slot = i;
-        int w = slot >= 0 ? snprintf(body + len, sizeof body - len, "p%d", slot)
-                          : snprintf(body + len, sizeof body - len, "%c", *p);
-        if (w < 0 || (size_t)w >= sizeof body - len)
-            ICE("cuda: %s's call is longer than %zu bytes", ir_op_name(n->op), sizeof body);
-        len += (size_t)w, p += slot >= 0 ? 1 + used : 1;
-    }
-    cg_line(c, "%s", body);
-}
-
 /* A library kernel: `call`, one device function of netrt_kernels.cuh on the pointers v<id> of n
- * and its operands, in a kernel of its own. Where those lie is the kernel's second argument
- * (RtKAt: the pointer p<k> is at.o[k] bytes from the base), not constants in its body, so the
- * nodes that differ only in where their operands lie (a transformer's layers, evaluation beside
- * training) write the same body and share one kernel, which NVRTC compiles once.
+ * and its operands, in a kernel of its own. Their places are the kernel's RtKAt (at_slot), so the
+ * nodes that differ only in where their operands lie share one kernel (twin_key).
  * extra[0..n_extra) are per-node integers the call reads as at.o[0..n_extra) (attention's dropout
- * seed id, batch norm's running statistics), before the operands. An operand with no fixed place
- * (a constant), or more operands than RT_K_AT holds, keeps the pointers constants declared in the
- * body, a kernel of the node's own. */
+ * seed id, batch norm's running statistics), before the operands. */
 static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_t *extra, int n_extra,
                           const char *suffix, unsigned grid, unsigned block) {
     Cg *c = &u->c;
-    char name[KERNEL_NAME], what[320] = ""; /* an operator, an id, a file's base name (at most 255) and a line */
-    int64_t at[RT_K_AT];
-    const IrNode *x[RT_K_AT];
+    char name[KERNEL_NAME], what[WHAT];
     if (n_extra > RT_K_AT) ICE("cuda: %s passes %d integers to its kernel", ir_op_name(n->op), n_extra);
-    int n_at = n_extra, moved = 1; /* moved: the operands' places are in at too */
-    for (int i = 0; i < n_extra; i++) at[i] = extra[i];
-    for (int k = 0; k <= n->n_in && moved; k++) { /* the operands this call uses, each once */
-        const IrNode *v = k < n->n_in ? n->in[k] : n;
-        int seen = 0;
-        for (int i = n_extra; i < n_at; i++) seen |= x[i] == v;
-        if (seen || !mentions(call, v->id)) continue;
-        if (n_at == RT_K_AT || v->storage == ST_INLINE) moved = 0; /* a constant is written into the body */
-        else x[n_at] = v, at[n_at++] = dev_offset(u, v);
-    }
     kernel_open(u);
-    if (moved) {
-        write_moved_call(c, n, call, x, n_extra, n_at);
-    } else {
-        n_at = n_extra;
-        cg_comment(c, n);
-        for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
-            const IrNode *v = k < n->n_in ? n->in[k] : n;
-            if (mentions(call, v->id)) cg_declare(c, v);
-        }
-        cg_line(c, "%s", call);
+    for (int i = 0; i < n_extra; i++) u->at[u->n_at++] = extra[i];
+    cg_comment(c, n);
+    for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
+        const IrNode *v = k < n->n_in ? n->in[k] : n;
+        if (mentions(call, v->id)) cg_declare(c, v);
     }
+    cg_line(c, "%s", call);
     kernel_name(u, n, suffix, name, sizeof name);
-    if (!n_at) {
-        kernel_close(u, name, grid, block, ir_op_name(n->op));
-        return;
-    }
-    FILE *f = fmemopen(what, sizeof what - 1, "w"); /* the launch's comment: `attention_masked %89 bert.net:55` */
-    if (!f) ICE("cuda: out of memory");
-    fprintf(f, "%s %%%d", ir_op_name(n->op), n->id);
-    if (n->loc.file) {
-        fputc(' ', f);
-        cg_comment_text(f, cg_base_name(n->loc.file));
-        fprintf(f, ":%d", n->loc.line);
-    }
-    fclose(f);
-    kernel_close_at(u, name, grid, block, what, at, n_at);
+    kernel_close(u, name, grid, block, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suffix, unsigned grid,
@@ -1944,8 +1955,9 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     Cu *u = &e->u;
     e->trainer = trainer, e->kernels = kernels;
     u->g = g;
-    u->c = (Cg){.g = g};
+    u->c = (Cg){.g = g, .at_slot = at_slot};
     u->c.decl = xcalloc((size_t)g->n + 1, 1);
+    u->renum = xcalloc((size_t)g->n + 1, sizeof *u->renum);
     u->c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u->c.fold = xcalloc((size_t)g->n + 1, sizeof *u->c.fold); /* no folding on the GPU: cuDNN runs the convolution */
     u->planned = xcalloc((size_t)g->n + 1, 1);
@@ -1989,9 +2001,9 @@ static int cuda_model(CgEmit *e) {
         fputs(e->kbuf, e->kernels);
     }
     if (e->trainer) emit_host(u, e->trainer, e->pbuf, e->tbuf, e->ebuf);
-    for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].body);
+    for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].key);
     free(u->kernels), free(e->kbuf), free(e->pbuf), free(e->tbuf), free(e->ebuf);
-    free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers);
+    free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers), free(u->renum);
     int bad = (e->kernels && ferror(e->kernels)) || (e->trainer && ferror(e->trainer));
     free(e);
     return bad ? 1 : 0;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Library kernels are shared by the nodes that differ only in where their operands lie:
+# Kernels are shared by the nodes that differ only in where their operands lie:
 #   shared_kernels.sh NETC WORK MODEL.net LAYERS_CONSTANT
 # The model is generated (--dump, no NVRTC) at 2 and at 3 layers. The third layer must add
-# launches of the attention and norm kernels but no kernel that calls them (its nodes launch the
-# others', with their own offsets); and every launch must pass what its kernel's
-# signature takes: an RtKAt for a kernel that reads `at`, none for one that does not (a kernel
-# read through a missing RtKAt would fault on a GPU). tests/cuda/emu checks the offsets' values.
+# launches of the attention and norm kernels but no kernel that calls them, and no kernel at all
+# (its nodes, element-wise ones included, launch the others' kernels with their own offsets); and
+# every launch must pass what its kernel's signature takes: an RtKAt for a kernel that reads `at`,
+# none for one that does not (a kernel read through a missing RtKAt would fault on a GPU).
+# tests/cuda/emu checks the offsets' values.
 set -euo pipefail
 netc=$1 work=$2 model=$3 layers=$4
 name=$(basename "$model" .net)
@@ -35,6 +36,14 @@ for fn in rt_k_attention_fwd rt_k_attention_bwd_rows rt_k_attention_bwd_keys rt_
   [ "$l3" -gt "$l2" ] || fail "$fn: $l2 launches at 2 layers and $l3 at 3, expected more"
   echo "$name: $fn in $(echo "$k2" | wc -w) kernel(s), launched $l2 times at 2 layers, $l3 at 3"
 done
+
+d2=$(grep -c '^extern "C" __global__' "$dir/2.cu")
+d3=$(grep -c '^extern "C" __global__' "$dir/3.cu")
+l2=$(grep -c 'rt_cuda_launch\(_at\)\?(cu, K_' "$dir/2.c")
+l3=$(grep -c 'rt_cuda_launch\(_at\)\?(cu, K_' "$dir/3.c")
+[ "$d2" -eq "$d3" ] || fail "a third layer adds kernels: $d2 at 2 layers, $d3 at 3"
+[ "$l3" -gt "$l2" ] || fail "$l2 launches at 2 layers and $l3 at 3, expected more"
+echo "$name: $d2 kernels at 2 layers and at 3, launched $l2 and $l3 times"
 
 for n in 2 3; do
   with=$(sed -n 's/^extern "C" __global__ void __launch_bounds__([0-9]*) \([A-Za-z0-9_]*\)(unsigned char \*base, const RtKAt at) {$/\1/p' "$dir/$n.cu" | sort -u)
