@@ -1781,7 +1781,10 @@ static void emit_cu_prologue(Cu *u, FILE *o) {
     cg_line(&c, "// with NVRTC and embeds the result in the trainer.");
     cg_line(&c, "//");
     cg_line(&c, "// Every kernel takes the base of the trainer's one device allocation; NETC_CTX finds");
-    cg_line(&c, "// the regions in it (offsets from the memory plan), so the launches never change.\n");
+    cg_line(&c, "// the regions in it (offsets from the memory plan), so the launches never change. A");
+    cg_line(&c, "// kernel that reads or writes tensors takes their offsets from the base as `at` too, the");
+    cg_line(&c, "// launch's RtKAt: the nodes that compute alike on other tensors (a model's layers) launch");
+    cg_line(&c, "// one kernel, written for the first of them.\n");
     cg_line(&c, "#include \"rt_devstate.h\"");
     cg_line(&c, "#include \"netrt_kernels.cuh\"\n");
     emit_cu_context(u, &c);

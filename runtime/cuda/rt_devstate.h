@@ -64,11 +64,10 @@ typedef struct RtDevState {
 #define RT_LOSS_SCALE_MAX 0x1p127f
 #define RT_LOSS_SCALE_MIN 0x1p-24f
 
-/* The second argument of a kernel that several nodes share (a library kernel whose nodes differ
- * only in where their operands lie: the layers of a transformer): its operands' byte offsets in
- * the device allocation, and any per-node integers the kernel reads (a dropout mask's seed id),
- * in the order netc's generated code reads them. Passed by value, so a captured launch keeps
- * its own copy. */
+/* The second argument of a kernel that reads or writes tensors, which every node computing alike
+ * on other tensors shares (the layers of a transformer): its operands' byte offsets in the device
+ * allocation, and any per-node integers the kernel reads (a dropout mask's seed id), in the order
+ * netc's generated code reads them. Passed by value, so a captured launch keeps its own copy. */
 enum { RT_K_AT = 12 };
 typedef struct RtKAt {
     long long o[RT_K_AT];
