@@ -62,7 +62,9 @@ __thread EmuDim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
 enum {
     EMU_SLOTS = 2,               /* staging slots, as rt_cuda.c */
     EMU_MAX_THREADS = 1024,      /* a block's threads, CUDA's limit */
-    EMU_STACK = 128 << 10,       /* one fiber's stack */
+    EMU_STACK = 256 << 10,       /* one fiber's stack, EMU_COLOR of it below the top left out */
+    EMU_COLOR = 512,             /* fiber t's stack starts (t % 256) * EMU_COLOR bytes below its
+                                  * region's top (fiber_stack) */
     EMU_GUARD = 1 << 20,         /* bytes after the arena that nothing may write */
     EMU_GUARD_BYTE = 0xA5,
     EMU_WIDE = 5,                /* float32 copies of bfloat16 A, B, C and bias (convolutions: 3),
@@ -153,9 +155,14 @@ void emu_syncthreads(void) {
 }
 
 /* A fresh fiber: emu_switch pops six registers and returns into fiber_main with the stack
- * aligned as after a call. */
+ * aligned as after a call. The fibers' regions are EMU_STACK apart, a multiple of a cache way's
+ * span, so stacks starting at the regions' tops would put every fiber's frames in the same cache
+ * sets, and a switch would miss its frame almost every time (most of the emulation's time in
+ * the block reductions); each starts EMU_COLOR bytes further down than the one before instead,
+ * 256 fibers' frames over 128 KiB of sets. */
 static void *fiber_stack(Block *b, unsigned t) {
-    uintptr_t top = (uintptr_t)(b->stacks + (size_t)(t + 1) * EMU_STACK) & ~(uintptr_t)15;
+    uintptr_t top = (uintptr_t)(b->stacks + (size_t)(t + 1) * EMU_STACK - (size_t)(t % 256) * EMU_COLOR) &
+                    ~(uintptr_t)15;
     void **sp = (void **)(top - 8 * sizeof(void *));
     for (int i = 0; i < 6; i++) sp[i] = NULL;
     sp[6] = (void *)fiber_main;
