@@ -365,9 +365,9 @@ static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block,
 
 /* A launch's comment for node n, into buf: `what %89 bert.net:55`. */
 static const char *node_what(const IrNode *n, const char *what, char *buf, size_t size) {
+    memset(buf, 0, size); /* the last byte stays the text's end: f writes no further */
     FILE *f = fmemopen(buf, size - 1, "w");
     if (!f) ICE("cuda: out of memory");
-    memset(buf, 0, size);
     fprintf(f, "%s %%%d", what, n->id);
     if (n->loc.file) {
         fputc(' ', f);
