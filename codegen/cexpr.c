@@ -152,6 +152,18 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
     return n;
 }
 
+/* n reads x's element i at its own element i: x has n's elements, in n's physical order. */
+int cg_contiguous(const IrNode *x, const IrNode *n) {
+    CgAxis ax[IR_MAX_RANK];
+    int k = cg_broadcast_axes(x, n, ax);
+    int64_t S = 1;
+    for (int a = 0; a < k; a++) {
+        if (ax[a].dim != 1 && ax[a].stride != S) return 0;
+        S *= ax[a].dim;
+    }
+    return 1;
+}
+
 /* ---- pointers and declarations */
 
 /* The C expression for a node's storage, typed as a pointer to its element type. */
@@ -269,12 +281,16 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
         cg_put(c, "t%d", x->id);
         return;
     }
-    CgAxis ax[IR_MAX_RANK];
-    int k = cg_broadcast_axes(x, n, ax);
     if (!raw) cg_load_open(o, x);
-    cg_put(c, "v%d[", x->id);
-    cg_index_expr(o, "i", ax, k, c->inner);
-    cg_put(c, "]");
+    if (c->vec && c->vec[x->id] && cg_contiguous(x, n)) { /* loaded four at a time (cuda.c) */
+        cg_put(c, "l%d.e[j]", x->id);
+    } else {
+        CgAxis ax[IR_MAX_RANK];
+        int k = cg_broadcast_axes(x, n, ax);
+        cg_put(c, "v%d[", x->id);
+        cg_index_expr(o, "i", ax, k, c->inner);
+        cg_put(c, "]");
+    }
     if (!raw) cg_load_close(o, x);
 }
 
@@ -503,13 +519,17 @@ void cg_group_body(Cg *c, const IrNode *head) {
             cg_ew_expr(c, n);
             cg_end(c, ");");
             if (read_in_group(c, head, n)) cg_line(c, "const float t%d = rt_%s_to_f32(h%d);", n->id, h, n->id);
-            if (!n->internal) cg_line(c, "v%d[i] = h%d;", n->id, n->id);
+            if (n->internal) continue;
+            if (c->vec) cg_line(c, "s%d.e[j] = h%d;", n->id, n->id);
+            else cg_line(c, "v%d[i] = h%d;", n->id, n->id);
             continue;
         }
         cg_begin(c, "const float t%d = ", n->id);
         cg_ew_expr(c, n);
         cg_end(c, ";");
-        if (!n->internal) cg_line(c, "v%d[i] = t%d;", n->id, n->id);
+        if (n->internal) continue;
+        if (c->vec) cg_line(c, "s%d.e[j] = t%d;", n->id, n->id);
+        else cg_line(c, "v%d[i] = t%d;", n->id, n->id);
     }
     c->group = 0;
 }
@@ -937,7 +957,8 @@ void cg_emit_helpers(Cg *c) {
 /* `v<id>[i] = <the node's value at i>;` (v<id>[0] when `scalar`), converted to its dtype: a
  * half type by rounding, an integer by value (truncating). */
 void cg_ew_store(Cg *c, const IrNode *n, int scalar) {
-    cg_begin(c, "v%d[%s] = ", n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
+    if (c->vec) cg_begin(c, "s%d.e[j] = ", n->id);
+    else cg_begin(c, "v%d[%s] = ", n->id, scalar ? "0" : "i"); /* a scalar's operands all index 0 */
     if (ir_dtype_is_half(n->dtype)) {
         cg_put(c, "rt_f32_to_%s(", ir_dtype_name(n->dtype));
         cg_ew_expr(c, n);

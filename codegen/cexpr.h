@@ -35,6 +35,11 @@ typedef struct Cg {
      * dropout mask's seed id `number` is at.o[k], k = at_slot(c, n, 0) or at_slot(c, NULL,
      * number), a constant in the text where it returns -1. */
     int (*at_slot)(struct Cg *c, const IrNode *n, int64_t number);
+    /* CUDA: the loop being emitted takes four adjacent elements a thread, i = 4 q + j, and
+     * vec[id] says node id is read (an operand) or written (an output) four at a time, by one
+     * 16-byte (half types: 8-byte) access outside the loop over j: the operand's value is
+     * l<id>.e[j], the output's s<id>.e[j]. NULL: one element a thread, v<id>[i]. */
+    const unsigned char *vec;
 } Cg;
 
 typedef struct CgAxis {
@@ -88,6 +93,7 @@ void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]);
 void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]);
 void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner);
 int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]);
+int cg_contiguous(const IrNode *x, const IrNode *n);
 void cg_ptr(Cg *c, const IrNode *n);
 void cg_declare(Cg *c, const IrNode *n);
 void cg_comment(Cg *c, const IrNode *n);

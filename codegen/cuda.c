@@ -95,6 +95,8 @@ typedef struct Cu {
     int64_t at[RT_K_AT]; /* what its launch passes as its RtKAt, at[0..n_at) (at_slot) */
     int n_at;
     int *renum;        /* twin_key's numbering of the ids, one per node */
+    unsigned char *vec; /* vec[id]: VEC_LOAD or VEC_STORE in the four-a-thread loop being written */
+    int *vec_ids, n_vec; /* those ids, in the order the loop's operands and outputs come (plan_vec) */
 } Cu;
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -307,7 +309,7 @@ static char *twin_key(Cu *u, const char *body) {
         }
         while (p < eol) {
             char *end;
-            if ((*p == 'v' || *p == 't' || *p == 'h') && (p == body || !ident_char(p[-1])) &&
+            if (strchr("vthls", *p) && (p == body || !ident_char(p[-1])) &&
                 isdigit((unsigned char)p[1])) {
                 long id = strtol(p + 1, &end, 10);
                 if (!ident_char(*end) && id <= u->g->n) {
@@ -441,6 +443,99 @@ static int64_t largest_operand(const IrNode *n) {
     return m;
 }
 
+enum { VEC_LOAD = 1, VEC_STORE = 2 };
+
+/* A tensor one access can read or write four elements of: float32 at an address that is a
+ * multiple of 16 (a NetcF4), float16 or bfloat16 at a multiple of 8 (a NetcH4). The arena's base
+ * is cudaMalloc's, 256-aligned. */
+static int vec_aligned(const Cu *u, const IrNode *x) {
+    if (x->storage == ST_STATE || (x->dtype != DT_F32 && !ir_dtype_is_half(x->dtype))) return 0;
+    return dev_offset(u, x) % (4 * ir_dtype_size(x->dtype)) == 0;
+}
+
+static const char *vec_type(const IrNode *x) { return x->dtype == DT_F32 ? "NetcF4" : "NetcH4"; }
+
+/* Node n of the four-a-thread loop (a member of fused group `group`, or the loop's one node):
+ * its vec_aligned operands that it reads element for element become VEC_LOADs, n a VEC_STORE if
+ * it is stored; 0 when it is stored and cannot be written four at a time. */
+static int vec_member(Cu *u, const IrNode *n, int group) {
+    int stored = !(group && n->internal);
+    if (stored && !vec_aligned(u, n)) return 0;
+    for (int a = 0; a < n->n_in; a++) {
+        const IrNode *x = n->in[a];
+        if (x->storage == ST_INLINE || (group && x->group == group)) continue;
+        if (!u->vec[x->id] && vec_aligned(u, x) && cg_contiguous(x, n)) {
+            u->vec[x->id] = VEC_LOAD;
+            u->vec_ids[u->n_vec++] = x->id;
+        }
+    }
+    if (stored) {
+        u->vec[n->id] = VEC_STORE;
+        u->vec_ids[u->n_vec++] = n->id;
+    }
+    return 1;
+}
+
+/* Whether the element-wise loop of `head` (one node, or fused group `group` from its head) takes
+ * four adjacent elements a thread, and which tensors it then reads and writes by one vector
+ * access (vec[]): every output it stores must be a vec_aligned tensor, the count a multiple of 4
+ * and the index 32-bit; an operand is read so when it is vec_aligned and element for element with
+ * its reader (cg_contiguous), per-channel and other broadcast operands stay one element at a time.
+ * Where the 12 RtKAt slots are full the pointers are constants with the same offsets. Alignment
+ * and count are each node's own, in the kernel's text, so twins that differ in them do not share. */
+static int plan_vec(Cu *u, const IrNode *head, int group, int64_t total, int64_t largest) {
+    Cg *c = &u->c; /* FOR_MEMBERS's */
+    const IrNode *n;
+    memset(u->vec, 0, (size_t)u->g->n + 1);
+    u->n_vec = 0;
+    if (total % 4 || strcmp(loop_macro(total, largest), "NETC_FOR32")) return 0;
+    if (!group) return vec_member(u, head, 0);
+    FOR_MEMBERS(n, head)
+        if (!vec_member(u, n, group)) {
+            memset(u->vec, 0, (size_t)u->g->n + 1);
+            u->n_vec = 0;
+            return 0;
+        }
+    return 1;
+}
+
+/* An element-wise kernel's loop over `total` elements, i its index; four a thread when plan_vec
+ * said so: each thread loads its VEC_LOAD operands' four elements, computes the four in a loop
+ * over j (which NVRTC unrolls: j is a constant in each copy, so l<id>.e[j] is a register), and
+ * stores each output's four after it (close_loop). */
+static void open_loop(Cu *u, int vec, int64_t total, int64_t largest) {
+    Cg *c = &u->c;
+    if (!vec) {
+        cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest), total);
+        return;
+    }
+    cg_open(c, "NETC_FOR32(q, %" PRId64 ") {", total / 4);
+    for (int k = 0; k < u->n_vec; k++) {
+        const IrNode *x = u->g->nodes[u->vec_ids[k]];
+        if (u->vec[x->id] == VEC_LOAD)
+            cg_line(c, "const %s l%d = ((const %s *)v%d)[q];", vec_type(x), x->id, vec_type(x), x->id);
+    }
+    for (int k = 0; k < u->n_vec; k++) {
+        const IrNode *x = u->g->nodes[u->vec_ids[k]];
+        if (u->vec[x->id] == VEC_STORE) cg_line(c, "%s s%d;", vec_type(x), x->id);
+    }
+    cg_open(c, "for (int32_t j = 0; j < 4; j++) {");
+    cg_line(c, "[[maybe_unused]] const int32_t i = q * 4 + j; // the element, for what is read one at a time");
+    c->vec = u->vec;
+}
+
+static void close_loop(Cu *u, int vec) {
+    Cg *c = &u->c;
+    cg_close(c, "}");
+    if (!vec) return;
+    for (int k = 0; k < u->n_vec; k++) {
+        const IrNode *x = u->g->nodes[u->vec_ids[k]];
+        if (u->vec[x->id] == VEC_STORE) cg_line(c, "((%s *)v%d)[q] = s%d;", vec_type(x), x->id, x->id);
+    }
+    cg_close(c, "}");
+    c->vec = NULL;
+}
+
 static void emit_group(Cu *u, const IrNode *head) {
     Cg *c = &u->c;
     const IrNode *n;
@@ -455,12 +550,13 @@ static void emit_group(Cu *u, const IrNode *head) {
         if (largest_operand(n) > largest) largest = largest_operand(n);
     }
     c->group = 0;
-    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest), total);
+    int vec = plan_vec(u, head, head->group, total, largest);
+    open_loop(u, vec, total, largest);
     cg_group_body(c, head);
-    cg_close(c, "}");
+    close_loop(u, vec);
     kernel_name(u, head, "", name, sizeof name);
     snprintf(group, sizeof group, "fused group %d, %" PRId64 " elements, from", head->group, total);
-    kernel_close(u, name, grid_for(total), BLOCK, node_what(head, group, what, sizeof what));
+    kernel_close(u, name, grid_for(vec ? total / 4 : total), BLOCK, node_what(head, group, what, sizeof what));
 }
 
 static void emit_ew(Cu *u, const IrNode *n) {
@@ -471,11 +567,12 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_comment(c, n);
     declare_operands(u, n);
     cg_declare(c, n);
-    cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest_operand(n)), total);
+    int vec = plan_vec(u, n, 0, total, largest_operand(n));
+    open_loop(u, vec, total, largest_operand(n));
     cg_ew_store(c, n, 0);
-    cg_close(c, "}");
+    close_loop(u, vec);
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, grid_for(total), BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
+    kernel_close(u, name, grid_for(vec ? total / 4 : total), BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 static void part_room(const Cu *u, int64_t bytes, const char *what);
@@ -1764,6 +1861,10 @@ static void emit_cu_context(Cu *u, Cg *c) {
     cg_line(c, "#define NETC_CTX(base) const NetCtx ctx_ = netc_ctx(base); const NetCtx *const ctx = &ctx_; (void)ctx");
     cg_line(c, "#define NETC_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); "
                "i += (int64_t)gridDim.x * blockDim.x)");
+    cg_line(c, "// four adjacent floats, or halves (float16, bfloat16), which one 16-byte (8-byte) access reads or");
+    cg_line(c, "// writes: an element-wise loop's l<id> and s<id>");
+    cg_line(c, "struct alignas(16) NetcF4 { float e[4]; };");
+    cg_line(c, "struct alignas(8) NetcH4 { uint16_t e[4]; };");
     cg_line(c, "// the same with a 32-bit index, for kernels whose tensors all have fewer than 2^31 - 2^28 elements");
     cg_line(c, "#define NETC_FOR32(i, n) for (int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); i < (n); "
                "i += (int32_t)(gridDim.x * blockDim.x))\n");
@@ -1961,6 +2062,8 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     u->c = (Cg){.g = g, .at_slot = at_slot};
     u->c.decl = xcalloc((size_t)g->n + 1, 1);
     u->renum = xcalloc((size_t)g->n + 1, sizeof *u->renum);
+    u->vec = xcalloc((size_t)g->n + 1, 1);
+    u->vec_ids = xcalloc((size_t)g->n + 1, sizeof *u->vec_ids);
     u->c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u->c.fold = xcalloc((size_t)g->n + 1, sizeof *u->c.fold); /* no folding on the GPU: cuDNN runs the convolution */
     u->planned = xcalloc((size_t)g->n + 1, 1);
@@ -2007,6 +2110,7 @@ static int cuda_model(CgEmit *e) {
     for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].key);
     free(u->kernels), free(e->kbuf), free(e->pbuf), free(e->tbuf), free(e->ebuf);
     free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers), free(u->renum);
+    free(u->vec), free(u->vec_ids);
     int bad = (e->kernels && ferror(e->kernels)) || (e->trainer && ferror(e->trainer));
     free(e);
     return bad ? 1 : 0;

@@ -115,8 +115,10 @@ emu_build() { # DIR NETC_ARGS...
   } >"$d/kernels_emu.cpp"
 
   local flags=(-O2 -g -fopenmp -ffp-contract=off -I"$root/runtime" -I"$root/runtime/cuda" -I"$NETC_EMU_CUDA_INCLUDE")
-  g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -include "$here/cuda_emu.h" -I"$d/gen" \
-    -c "$d/kernels_emu.cpp" -o "$d/kernels_emu.o"
+  # -fsanitize=alignment: a kernel's access at an address its type's alignment does not divide
+  # (a 16-byte NetcF4 load off a multiple of 16, a double off 8) stops the run, as it faults on a GPU
+  g++ "${flags[@]}" -std=c++17 -Wall -Wno-unused-function -fsanitize=alignment -fno-sanitize-recover=alignment \
+    -include "$here/cuda_emu.h" -I"$d/gen" -c "$d/kernels_emu.cpp" -o "$d/kernels_emu.o"
   objcopy --keep-global-symbol=emu_kernels --keep-global-symbol=emu_n_kernels "$d/kernels_emu.o"
   # NETC_EMU_SANITIZE: the sanitizer flags of a NETC_SANITIZE build, whose libnetrt needs them at
   # link time; the generated host C gets them too, the emulation itself (fibers) does not.
@@ -137,7 +139,7 @@ emu_build() { # DIR NETC_ARGS...
     objs+=("$d/rt_cuda_nccl.o" "$d/nccl_emu.o")
   fi
   # shellcheck disable=SC2086 # NETC_EMU_LINK is a list of words
-  g++ -fopenmp ${NETC_EMU_SANITIZE:-} "${objs[@]}" ${NETC_EMU_DIST_LINK:-} $NETC_EMU_LINK -o "$d/$model-emu"
+  g++ -fopenmp -fsanitize=alignment ${NETC_EMU_SANITIZE:-} "${objs[@]}" ${NETC_EMU_DIST_LINK:-} $NETC_EMU_LINK -o "$d/$model-emu"
 }
 
 emu_build "$dir" "$@" "${dist[@]}" --precision "$precision"
