@@ -430,9 +430,13 @@ static void declare_operands(Cu *u, const IrNode *n) {
  * NETC_FOR32's 32-bit index can count past (2^31 - 1, less one grid's stride so `i += stride`
  * cannot overflow), the index is 32-bit and those divisions are 32-bit ones (a multiply by
  * the constant's reciprocal). `largest` is the largest tensor the kernel reads or writes. */
-static const char *loop_macro(int64_t total, int64_t largest) {
+static int index32(int64_t total, int64_t largest) {
     const int64_t limit = INT32_MAX - (int64_t)MAX_GRID * BLOCK;
-    return total <= limit && largest <= limit ? "NETC_FOR32" : "NETC_FOR";
+    return total <= limit && largest <= limit;
+}
+
+static const char *loop_macro(int64_t total, int64_t largest) {
+    return index32(total, largest) ? "NETC_FOR32" : "NETC_FOR";
 }
 
 /* The largest tensor n computes or reads. */
@@ -488,7 +492,7 @@ static int plan_vec(Cu *u, const IrNode *head, int group, int64_t total, int64_t
     const IrNode *n;
     memset(u->vec, 0, (size_t)u->g->n + 1);
     u->n_vec = 0;
-    if (total % 4 || strcmp(loop_macro(total, largest), "NETC_FOR32")) return 0;
+    if (total % 4 || !index32(total, largest)) return 0;
     if (!group) return vec_member(u, head, 0);
     FOR_MEMBERS(n, head)
         if (!vec_member(u, n, group)) {
