@@ -96,12 +96,11 @@ void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
  * innermost extent, and the terms are written in r and c so that no `%` or `/` is left on the
  * inner loop: the bias reads `c`, a per-channel operand of a channels-last value too, and the
  * inner loop vectorises. */
-void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner) {
-    CgAxis ax[IR_MAX_RANK * 2];
+/* The axes `in` (innermost first) with those of extent 1 left out and neighbours that are
+ * contiguous in the operand (or both broadcast) merged; their count. */
+static int merge_axes(const CgAxis *in, int n, CgAxis ax[IR_MAX_RANK * 2]) {
     int m = 0;
-    int64_t total = 1;
     for (int k = 0; k < n; k++) {
-        total *= in[k].dim;
         if (in[k].dim == 1) continue;
         CgAxis *last = m ? &ax[m - 1] : NULL;
         if (last && ((last->stride == 0 && in[k].stride == 0) ||
@@ -109,6 +108,14 @@ void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t in
             last->dim *= in[k].dim;
         else ax[m++] = in[k];
     }
+    return m;
+}
+
+void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner) {
+    CgAxis ax[IR_MAX_RANK * 2];
+    int m = merge_axes(in, n, ax);
+    int64_t total = 1;
+    for (int k = 0; k < n; k++) total *= in[k].dim;
     int64_t S = 1;
     int terms = 0;
     for (int k = 0; k < m; k++) {
@@ -152,16 +159,22 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
     return n;
 }
 
-/* n reads x's element i at its own element i: x has n's elements, in n's physical order. */
-int cg_contiguous(const IrNode *x, const IrNode *n) {
+/* Whether n reads x in aligned runs of four: n's elements 4q .. 4q+3 read x's elements
+ * 4p .. 4p+3, where p is the index the axes `quad` (in units of four elements, innermost first)
+ * give for q; their count, 0 when x is not read so. It is read so when x's innermost axis (once
+ * merged) lies contiguous along n's with an extent a multiple of 4 and every other stride is a
+ * multiple of 4: a same-shape operand in n's order (p = q), a per-channel one of a channels-last
+ * value with C % 4 == 0 (p = q % (C / 4)). */
+int cg_quad_axes(const IrNode *x, const IrNode *n, CgAxis quad[IR_MAX_RANK * 2]) {
     CgAxis ax[IR_MAX_RANK];
-    int k = cg_broadcast_axes(x, n, ax);
-    int64_t S = 1;
-    for (int a = 0; a < k; a++) {
-        if (ax[a].dim != 1 && ax[a].stride != S) return 0;
-        S *= ax[a].dim;
+    int k = cg_broadcast_axes(x, n, ax), m = merge_axes(ax, k, quad);
+    if (m == 0 || quad[0].stride != 1 || quad[0].dim % 4) return 0;
+    quad[0].dim /= 4;
+    for (int a = 1; a < m; a++) {
+        if (quad[a].stride % 4) return 0;
+        quad[a].stride /= 4;
     }
-    return 1;
+    return m;
 }
 
 /* ---- pointers and declarations */
@@ -282,7 +295,8 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
         return;
     }
     if (!raw) cg_load_open(o, x);
-    if (c->vec && c->vec[x->id] && cg_contiguous(x, n)) { /* loaded four at a time (cuda.c) */
+    CgAxis quad[IR_MAX_RANK * 2];
+    if (c->vec && c->vec[x->id] && cg_quad_axes(x, n, quad)) { /* loaded four at a time (cuda.c) */
         cg_put(c, "l%d.e[j]", x->id);
     } else {
         CgAxis ax[IR_MAX_RANK];

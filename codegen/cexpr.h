@@ -38,7 +38,8 @@ typedef struct Cg {
     /* CUDA: the loop being emitted takes four adjacent elements a thread, i = 4 q + j, and
      * vec[id] says node id is read (an operand) or written (an output) four at a time, by one
      * 16-byte (half types: 8-byte) access outside the loop over j: the operand's value is
-     * l<id>.e[j], the output's s<id>.e[j]. NULL: one element a thread, v<id>[i]. */
+     * l<id>.e[j], the output's s<id>.e[j]. An operand so read lies in aligned runs of four
+     * along the loop (cg_quad_axes). NULL: one element a thread, v<id>[i]. */
     const unsigned char *vec;
 } Cg;
 
@@ -93,7 +94,7 @@ void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]);
 void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]);
 void cg_index_expr(FILE *o, const char *var, const CgAxis *in, int n, int64_t inner);
 int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]);
-int cg_contiguous(const IrNode *x, const IrNode *n);
+int cg_quad_axes(const IrNode *x, const IrNode *n, CgAxis quad[IR_MAX_RANK * 2]);
 void cg_ptr(Cg *c, const IrNode *n);
 void cg_declare(Cg *c, const IrNode *n);
 void cg_comment(Cg *c, const IrNode *n);

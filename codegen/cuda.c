@@ -97,6 +97,7 @@ typedef struct Cu {
     int *renum;        /* twin_key's numbering of the ids, one per node */
     unsigned char *vec; /* vec[id]: VEC_LOAD or VEC_STORE in the four-a-thread loop being written */
     int *vec_ids, n_vec; /* those ids, in the order the loop's operands and outputs come (plan_vec) */
+    int *vec_reader;     /* vec_reader[k]: the node that reads VEC_LOAD vec_ids[k] (its index's axes) */
 } Cu;
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -460,7 +461,8 @@ static int vec_aligned(const Cu *u, const IrNode *x) {
 static const char *vec_type(const IrNode *x) { return x->dtype == DT_F32 ? "NetcF4" : "NetcH4"; }
 
 /* Node n of the four-a-thread loop (a member of fused group `group`, or the loop's one node):
- * its vec_aligned operands that it reads element for element become VEC_LOADs, n a VEC_STORE if
+ * its vec_aligned operands that it reads in aligned runs of four (cg_quad_axes: element for
+ * element, or per channel of a channels-last value) become VEC_LOADs, n a VEC_STORE if
  * it is stored; 0 when it is stored and cannot be written four at a time. */
 static int vec_member(Cu *u, const IrNode *n, int group) {
     int stored = !(group && n->internal);
@@ -468,8 +470,10 @@ static int vec_member(Cu *u, const IrNode *n, int group) {
     for (int a = 0; a < n->n_in; a++) {
         const IrNode *x = n->in[a];
         if (x->storage == ST_INLINE || (group && x->group == group)) continue;
-        if (!u->vec[x->id] && vec_aligned(u, x) && cg_contiguous(x, n)) {
+        CgAxis quad[IR_MAX_RANK * 2];
+        if (!u->vec[x->id] && vec_aligned(u, x) && cg_quad_axes(x, n, quad)) {
             u->vec[x->id] = VEC_LOAD;
+            u->vec_reader[u->n_vec] = n->id;
             u->vec_ids[u->n_vec++] = x->id;
         }
     }
@@ -483,8 +487,9 @@ static int vec_member(Cu *u, const IrNode *n, int group) {
 /* Whether the element-wise loop of `head` (one node, or fused group `group` from its head) takes
  * four adjacent elements a thread, and which tensors it then reads and writes by one vector
  * access (vec[]): every output it stores must be a vec_aligned tensor, the count a multiple of 4
- * and the index 32-bit; an operand is read so when it is vec_aligned and element for element with
- * its reader (cg_contiguous), per-channel and other broadcast operands stay one element at a time.
+ * and the index 32-bit; an operand is read so when it is vec_aligned and its reader reads it in
+ * aligned runs of four (cg_quad_axes); other broadcast operands stay one element at a time. The
+ * members of a group have one shape and layout (fuse.c), so they read an operand alike.
  * Where the 12 RtKAt slots are full the pointers are constants with the same offsets. Alignment
  * and count are each node's own, in the kernel's text, so twins that differ in them do not share. */
 static int plan_vec(Cu *u, const IrNode *head, int group, int64_t total, int64_t largest) {
@@ -516,8 +521,11 @@ static void open_loop(Cu *u, int vec, int64_t total, int64_t largest) {
     cg_open(c, "NETC_FOR32(q, %" PRId64 ") {", total / 4);
     for (int k = 0; k < u->n_vec; k++) {
         const IrNode *x = u->g->nodes[u->vec_ids[k]];
-        if (u->vec[x->id] == VEC_LOAD)
-            cg_line(c, "const %s l%d = ((const %s *)v%d)[q];", vec_type(x), x->id, vec_type(x), x->id);
+        CgAxis quad[IR_MAX_RANK * 2];
+        if (u->vec[x->id] != VEC_LOAD) continue;
+        cg_begin(c, "const %s l%d = ((const %s *)v%d)[", vec_type(x), x->id, vec_type(x), x->id);
+        cg_index_expr(c->out, "q", quad, cg_quad_axes(x, u->g->nodes[u->vec_reader[k]], quad), 0);
+        cg_end(c, "];");
     }
     for (int k = 0; k < u->n_vec; k++) {
         const IrNode *x = u->g->nodes[u->vec_ids[k]];
@@ -2068,6 +2076,7 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     u->renum = xcalloc((size_t)g->n + 1, sizeof *u->renum);
     u->vec = xcalloc((size_t)g->n + 1, 1);
     u->vec_ids = xcalloc((size_t)g->n + 1, sizeof *u->vec_ids);
+    u->vec_reader = xcalloc((size_t)g->n + 1, sizeof *u->vec_reader);
     u->c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u->c.fold = xcalloc((size_t)g->n + 1, sizeof *u->c.fold); /* no folding on the GPU: cuDNN runs the convolution */
     u->planned = xcalloc((size_t)g->n + 1, 1);
@@ -2114,7 +2123,7 @@ static int cuda_model(CgEmit *e) {
     for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].key);
     free(u->kernels), free(e->kbuf), free(e->pbuf), free(e->tbuf), free(e->ebuf);
     free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers), free(u->renum);
-    free(u->vec), free(u->vec_ids);
+    free(u->vec), free(u->vec_ids), free(u->vec_reader);
     int bad = (e->kernels && ferror(e->kernels)) || (e->trainer && ferror(e->trainer));
     free(e);
     return bad ? 1 : 0;
