@@ -21,12 +21,14 @@ cannot link CPU trainers (OpenBLAS, oneDNN) or to save device time; `check` reus
 directory whose configuration (model, -D values, steps, netc binary) matches.
 """
 import argparse
+import gzip
 import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -830,12 +832,51 @@ def eval_async(args, model, gpu, work, steps, init, log):
                   "bit for bit")
 
 
-FASHION_CFG = dict(MODELS["lenet"], defs=["batch=64"])
-FASHION_STEPS = 60000 // 64
+# The Fashion-MNIST check trains on the first FASHION_TRAIN training images and evaluates on the
+# first FASHION_TEST test images: fashion_data writes them into the work directory as idx files
+# (6.3 MiB gzipped where the four original files are 29 MiB), so that a pack carries them within
+# its 64 MiB and the GPU machine needs no copy of the data set. Three epochs in file order at
+# lr 0.03: measured on the CPU (12 runs, seeds 1-6, channels-last and row-major trainers) the test
+# accuracy ends at 0.78-0.82.
+FASHION_TRAIN, FASHION_TEST = 10000, 5000
+FASHION_CFG = dict(MODELS["lenet"], defs=["batch=64", "lr=0.03"])
+FASHION_STEPS = 3 * FASHION_TRAIN // 64
 
 
-def fashion_data():
-    files = fashion_files("train") + fashion_files("test")
+def write_idx_head(src, dst, n):
+    """The first n items of the idx file src (gzipped) as the idx file dst, gzipped with no
+    name or time in its header (the same bytes on every machine), written atomically."""
+    with gzip.open(src, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = list(struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim]))
+    if data[:2] != b"\0\0" or data[2] != 0x08 or dims[0] < n:
+        raise CheckFailed(f"{src}: not an idx file of at least {n} unsigned bytes items")
+    item = 1
+    for d in dims[1:]:
+        item *= d
+    body = data[4 + 4 * ndim:4 + 4 * ndim + n * item]
+    tmp = dst + ".tmp"
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        f.write(data[:4] + struct.pack(">" + "I" * ndim, n, *dims[1:]) + body)
+    os.replace(tmp, dst)
+
+
+def fashion_data(args):
+    """The check's four files in WORK/fashion/data (written from the original files in
+    NETC_FASHION_DIR where they are not there yet; a pack carries them) and the trainer's options
+    that read them. CannotRun when neither is there: the GPU machine has no network."""
+    out = os.path.join(os.path.abspath(args.work), "fashion", "data")
+    src = fashion_files("train") + fashion_files("test")
+    files = [os.path.join(out, os.path.basename(f)) for f in src]
+    if not all(os.path.exists(f) for f in files):
+        missing = [f for f in src if not os.path.exists(f)]
+        if missing:
+            raise CannotRun(f"no Fashion-MNIST subset in {out} and no {missing[0]} to write it from "
+                            "(a pack made without --no-fashion carries it; or set NETC_FASHION_DIR)")
+        os.makedirs(out, exist_ok=True)
+        for f, dst, n in zip(src, files, (FASHION_TRAIN, FASHION_TRAIN, FASHION_TEST, FASHION_TEST)):
+            write_idx_head(f, dst, n)
     return files, ["--data", f"image={files[0]}", "--data", f"label={files[1]}",
                    "--eval-data", f"image={files[2]}", "--eval-data", f"label={files[3]}"]
 
@@ -843,7 +884,7 @@ def fashion_data():
 def prepare_fashion(args):
     """The Fashion-MNIST check's CPU side: init weights and the CPU run's log."""
     work = os.path.join(os.path.abspath(args.work), "fashion")
-    files, data = fashion_data()
+    files, data = fashion_data(args)
     stamp = prepare_stamp(args, "fashion", "lenet", FASHION_CFG["defs"], steps=FASHION_STEPS,
                           data_bytes=[os.path.getsize(f) for f in files])
     init, log = os.path.join(work, "init.safetensors"), os.path.join(work, "cpu.jsonl")
@@ -858,19 +899,16 @@ def prepare_fashion(args):
 
 
 def cmd_fashion(args):
-    """LeNet, one epoch of Fashion-MNIST in file order on the GPU (fp32): test accuracy at least
-    0.80 and within 0.02 of the CPU trainer's from the same init (measured on the CPU: 0.83,
-    and 0.82 for a row-major trainer: rounding differences over 937 steps move the final
-    accuracy by ~0.01; five shuffled epochs reach 0.87, tests/e2e). A broken trainer stays far
-    below 0.8 (chance is 0.1). The GPU machine has no network, so without the files this is
-    FAILED-TO-RUN. The CPU side may come prepared (pack.sh)."""
+    """LeNet, three epochs of the Fashion-MNIST subset (fashion_data) in file order on the GPU
+    (fp32): test accuracy at least 0.75 and within 0.04 of the CPU trainer's from the same init.
+    Measured on the CPU: 0.78-0.82 (12 runs); a channels-last and a row-major trainer from the
+    same init, whose rounding differs as the GPU's does, end up to 0.022 apart over the 468
+    steps (6 seeds), so 0.04 is that with room. A broken trainer stays far below 0.75 (chance is
+    0.1). Without the files (no pack's, no NETC_FASHION_DIR) this is FAILED-TO-RUN. The CPU side
+    may come prepared (pack.sh)."""
     model = "lenet"
-    files, data = fashion_data()
-    if not all(os.path.exists(f) for f in files):
-        return result("fashion-mnist", model, "FAILED-TO-RUN",
-                      f"no Fashion-MNIST at {os.path.dirname(files[0])} and no network to fetch it "
-                      "(set NETC_FASHION_DIR to a carried copy)")
     try:
+        _, data = fashion_data(args)
         if not args.self_test and not has_gpu():
             raise CheckFailed("no GPU on this machine (nvidia-smi -L lists none)")
         work, init, cpu_log = prepare_fashion(args)
@@ -883,9 +921,10 @@ def cmd_fashion(args):
         say(str(e))
         return result("fashion-mnist", model, failed(e),
                       str(e).splitlines()[0])
-    good = accs["gpu"] is not None and accs["gpu"] >= 0.80 and abs(accs["gpu"] - accs["cpu"]) <= 0.02
+    good = accs["gpu"] is not None and accs["gpu"] >= 0.75 and abs(accs["gpu"] - accs["cpu"]) <= 0.04
     return result("fashion-mnist", model, "PASS" if good else "FAIL",
-                  f"1 epoch: test accuracy GPU {accs['gpu']} CPU {accs['cpu']} (need >= 0.80, within 0.02)")
+                  f"3 epochs of {FASHION_TRAIN} images: test accuracy ({FASHION_TEST} images) GPU {accs['gpu']} "
+                  f"CPU {accs['cpu']} (need >= 0.75, within 0.04)")
 
 
 def cmd_pack(args):
@@ -925,10 +964,6 @@ def cmd_pack(args):
     if args.fashion:
         try:
             say("== lenet on Fashion-MNIST: the CPU run and the GPU trainer")
-            files, _ = fashion_data()
-            missing = [f for f in files if not os.path.exists(f)]
-            if missing:
-                raise CheckFailed(f"no {missing[0]} (Debian's dataset-fashion-mnist, or NETC_FASHION_DIR)")
             work, _, _ = prepare_fashion(args)
             build(args, "lenet", FASHION_CFG, os.path.join(work, "gpu"), gpu_build_flags(args), "GPU trainer")
             result("pack", "fashion-mnist", "PASS", "prepared")

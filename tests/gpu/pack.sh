@@ -15,8 +15,9 @@
 #                            9 MB, 2.2 MB packed) for the distributed trainers' check (run.sh's dist)
 #   DIR/trainers/            every GPU trainer the checks and the benchmark run, built here
 #                            (xz-compressed), so the GPU machine needs no C compiler and no NVRTC
-#   DIR/work/                the CPU references (gpu_check.py prepare, converge and fashion CPU runs)
-#   DIR/fashion-mnist/       the four Fashion-MNIST files
+#   DIR/work/                the CPU references (gpu_check.py prepare, converge and fashion CPU runs);
+#                            work/fashion/data/: the Fashion-MNIST check's 10000 training and 5000
+#                            test images (6.3 MiB), written from NETC_FASHION_DIR's files
 #   DIR/PACK.txt             what is in it: commit, netc --print-toolchain, sizes
 #
 # --toolchain-only: netc and its runtime alone (seconds; the relocation test uses it).
@@ -128,15 +129,10 @@ fi
 } >"$out/PACK.txt"
 
 if ((full)); then
+  # Fashion-MNIST: gpu_check.py writes the check's subset (10000 training, 5000 test images)
+  # into work/fashion/data from NETC_FASHION_DIR's files
   fashion_flag=()
   ((fashion)) || fashion_flag=(--no-fashion)
-  if ((fashion)); then
-    src=$("$PY" -c 'import sys; sys.path.insert(0, "tests/tools"); import netc_testlib as t; print(t.FASHION)')
-    mkdir -p "$out/fashion-mnist"
-    cp "$src"/*-ubyte.gz "$out/fashion-mnist/"
-    NETC_FASHION_DIR=$(cd "$out/fashion-mnist" && pwd)
-    export NETC_FASHION_DIR
-  fi
   # the CPU references and the checks' GPU trainers, built by the packed netc itself
   "$PY" tests/gpu/gpu_check.py pack --models "$models" --netc "$out/netc" --work "$out/work" \
     --trainers "$out/trainers" "${fashion_flag[@]}" | grep -v '^RESULT' || {
@@ -162,7 +158,7 @@ mib() { echo "$(($1 / 1048576)).$(($1 % 1048576 * 10 / 1048576))"; }
 cat "$out/PACK.txt"
 if ((total + repo > 63 * 1048576)); then
   echo "pack.sh: $out is $(mib "$total") MiB and the repository $(mib "$repo") MiB: together over the 63 MiB" \
-       "that leave room within the 64 MiB a GPU machine is sent (--no-fashion saves 29 MiB)" >&2
+       "that leave room within the 64 MiB a GPU machine is sent (--no-fashion saves 6 MiB)" >&2
   exit 1
 fi
 echo "pack.sh: $out ready: $(mib "$total") MiB, with the repository $(mib $((total + repo))) MiB of 64." \

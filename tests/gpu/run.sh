@@ -78,7 +78,6 @@ if [ -n "$pack" ]; then
   trainers=(--trainers "$pack/trainers")
   # the prepared CPU references, copied beside this run's results (the pack stays as it came)
   [ -d "$pack/work" ] && cp -a "$pack/work/." "$work/"
-  [ -d "$pack/fashion-mnist" ] && export NETC_FASHION_DIR=${NETC_FASHION_DIR:-$pack/fashion-mnist}
   note "pack $pack: $(head -1 "$pack/PACK.txt")"
 else
   netc=$PWD/build/compiler/netc

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # gpu_pack_selftest.sh SOURCE_DIR BUILD WORK - tests/gpu/pack.sh and run.sh --pack end to end,
 # without a GPU, for one small model (mlp):
-#  1. pack.sh prepares mlp's CPU references and builds its GPU trainers into a pack;
+#  1. pack.sh prepares mlp's CPU references and the Fashion-MNIST check's (its subset of the
+#     data set written into the pack) and builds their GPU trainers into a pack;
 #  2. run.sh --pack --self-test (a CPU trainer stands in for the GPU one) passes check, dist
-#     (the distributed trainer as one rank, through the pack's Open MPI) and converge, and reuses
-#     the pack's prepared CPU runs instead of redoing them;
+#     (the distributed trainer as one rank, through the pack's Open MPI), converge and
+#     fashion-mnist with no Fashion-MNIST but the pack's (as on the GPU machine), and reuses the
+#     pack's prepared CPU runs instead of redoing them;
 #  3. run.sh --pack with a stand-in nvidia-smi that lists a GPU takes the GPU trainers from the
 #     pack (nothing compiled) and reports each failing to start (no driver here: exit status 5)
 #     as FAIL with the trainer's message, and exits 1;
@@ -14,13 +16,14 @@ src=$1 build=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 pack=$work/pack
-"$src/tests/gpu/pack.sh" --build "$build" --out "$pack" --models mlp --no-fashion --no-bench >"$work/pack.log" 2>&1 ||
+"$src/tests/gpu/pack.sh" --build "$build" --out "$pack" --models mlp --no-bench >"$work/pack.log" 2>&1 ||
   { cat "$work/pack.log"; fail "pack.sh"; }
 tail -8 "$work/pack.log"
 ls "$pack"/trainers/mlp-*.xz >/dev/null || fail "no packed mlp trainers"
 [ -f "$pack/work/mlp/cpu.safetensors" ] && [ -f "$pack/work/mlp/converge/cpu.jsonl" ] || fail "no prepared CPU runs"
 
-export NETC_FASHION_DIR=$work/no-fashion  # Fashion-MNIST: FAILED-TO-RUN, not one CPU epoch here
+ls "$pack"/work/fashion/data/*-ubyte.gz >/dev/null || fail "no Fashion-MNIST subset in the pack"
+export NETC_FASHION_DIR=$work/no-fashion  # no data set but the pack's subset, as on the GPU machine
 echo "== run.sh --pack --self-test"
 if ! "$src/tests/gpu/run.sh" --pack "$pack" --self-test --only check,dist,converge --models mlp --work "$work/self" \
      >"$work/self.out" 2>&1; then cat "$work/self.out"; fail "run.sh --self-test"; fi
@@ -30,6 +33,9 @@ grep -q "reusing the prepared CPU run in .*mlp/converge" "$work/self/converge.lo
 grep -q "^cpu-vs-gpu  *mlp  *PASS" "$work/self.out" || fail "no cpu-vs-gpu PASS row"
 grep -q "^converge  *mlp  *PASS" "$work/self.out" || fail "no converge PASS row"
 grep -q "^accumulate  *mlp  *PASS" "$work/self.out" || fail "no accumulate PASS row"
+grep -q "^fashion-mnist  *lenet  *PASS" "$work/self.out" || fail "no fashion-mnist PASS row"
+grep -q "reusing the prepared CPU run in .*fashion$" "$work/self/converge.log" ||
+  fail "fashion-mnist did not reuse the packed reference"
 grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PASS row"
 grep -q "^shard-1-rank  *mlp  *PASS" "$work/self.out" || fail "no shard-1-rank PASS row (--shard-optimizer)"
 grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
