@@ -8,6 +8,7 @@ falls like the CPU's on learnable data.
     gpu_check.py converge --model M [--work DIR]     learnable synthetic data, CPU and GPU loss curves
     gpu_check.py dist     --model M [--work DIR]     the distributed trainer at one rank = the plain one
     gpu_check.py fashion  [--work DIR]               LeNet on Fashion-MNIST, if the files are here
+    gpu_check.py sanitize --model M [--tools T,...]  the GPU trainer under compute-sanitizer's tools
     gpu_check.py compare  A.safetensors B.safetensors [--init I] [--tol T]
 
 Every check prints one line `RESULT<TAB>check<TAB>model<TAB>status<TAB>detail` (status PASS,
@@ -927,6 +928,99 @@ def cmd_fashion(args):
                   f"CPU {accs['cpu']} (need >= 0.75, within 0.04)")
 
 
+# compute-sanitizer's tools over a few steps of each GPU trainer: memcheck (out-of-bounds and
+# misaligned accesses in our kernels and the libraries', device memory left allocated at exit),
+# racecheck (shared-memory hazards: the reductions, attention), initcheck (reads of device memory
+# never written: an arena slot read before the node that fills it). Each is a FAIL row with the
+# first error and where it was; 10-100x slower than a plain run, so two steps of the check's
+# small configurations.
+SANITIZE_STEPS = 2
+SANITIZE_TOOLS = {"memcheck": ["--leak-check", "full"], "racecheck": [], "initcheck": []}
+SANITIZE_EXIT = 97  # --error-exitcode: errors found, told apart from the trainer's own exit status
+
+
+def sanitizer_home():
+    return os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
+
+
+def sanitizer():
+    """compute-sanitizer: $NETC_COMPUTE_SANITIZER, on PATH, or in $CUDA_HOME/bin
+    (default /usr/local/cuda); None when there is none."""
+    for path in (os.environ.get("NETC_COMPUTE_SANITIZER"), shutil.which("compute-sanitizer"), sanitizer_home()):
+        if path:
+            return path if os.access(path, os.X_OK) else None
+    return None
+
+
+def sanitizer_report(path):
+    """(the first error with the line that says where, the summary line) from a compute-sanitizer
+    log: its lines begin '========= '."""
+    lines = [line[10:].strip() for line in open(path, errors="replace") if line.startswith("========= ")]
+    lines = [line for line in lines if line and line != "COMPUTE-SANITIZER"]
+    summary = next((line for line in lines if "SUMMARY" in line), "no summary line")
+    report = [line for line in lines if "SUMMARY" not in line]
+    first = report[0] if report else "no error reported"
+    where = next((line for line in report[1:4] if line.startswith("at ")), "")
+    return f"{first}{f' {where}' if where else ''}", summary
+
+
+def cmd_sanitize(args):
+    """The model's GPU trainer (the check's build, data and initial weights) under each of
+    compute-sanitizer's tools for SANITIZE_STEPS steps: PASS when the tool reports no error;
+    FAIL with its first error and where; FAILED-TO-RUN where there is no compute-sanitizer or it
+    cannot use the GPU. Under --self-test, $NETC_COMPUTE_SANITIZER names a stand-in."""
+    model = args.model
+    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    tools = args.tools.split(",")
+    try:
+        unknown = [t for t in tools if t not in SANITIZE_TOOLS]
+        if unknown:
+            raise CheckFailed(f"unknown tool {unknown[0]} (choose from {', '.join(SANITIZE_TOOLS)})")
+        san = sanitizer()
+        if not san:
+            raise CannotRun(f"no compute-sanitizer: none at $NETC_COMPUTE_SANITIZER, on PATH or at {sanitizer_home()}")
+        work, gpu = gpu_work(args, model)
+        build(args, model, cfg, gpu, gpu_build_flags(args),
+              "stand-in trainer (CPU, row-major)" if args.self_test else "GPU trainer")
+        init = os.path.join(work, "init.safetensors")
+        if not data_args(work) or not os.path.exists(init):  # no prepared CPU side: the trainer's own
+            write_data(gpu, work)
+            write_init(gpu, init)
+        data = data_args(work)
+    except CheckFailed as e:
+        say(str(e))
+        for tool in tools:
+            result(f"sanitize-{tool}", model, failed(e), str(e).splitlines()[0])
+        return False
+    ok = True
+    for tool in tools:
+        log = os.path.join(work, f"sanitize-{tool}.log")
+        if os.path.exists(log):
+            os.remove(log)
+        cmd = [san, "--tool", tool, *SANITIZE_TOOLS[tool], "--error-exitcode", SANITIZE_EXIT, "--log-file", log,
+               gpu, *data, "--steps", SANITIZE_STEPS, "--no-shuffle", "--seed", SEED, "--quiet", "--init", init,
+               "--save", os.path.join(work, f"sanitize-{tool}.safetensors")]
+        try:
+            _, seconds = run(cmd, f"compute-sanitizer --tool {tool}")
+        except CheckFailed as e:
+            text = open(log, errors="replace").read() if os.path.exists(log) else ""
+            refused = [line for line in text.splitlines() if "not supported" in line.lower()]
+            if refused:  # a machine whose runtime the tools cannot instrument
+                ok &= result(f"sanitize-{tool}", model, "FAILED-TO-RUN",
+                             f"compute-sanitizer cannot use this GPU: {refused[0].strip('= ').strip()}")
+            elif f"(exit {SANITIZE_EXIT})" in str(e).splitlines()[0] and text:
+                first, summary = sanitizer_report(log)
+                say(f"  {tool}: {first}; {summary} (all of it in {log})")
+                ok &= result(f"sanitize-{tool}", model, "FAIL", f"{first}; {summary} ({log})")
+            else:
+                say(str(e))
+                ok &= result(f"sanitize-{tool}", model, failed(e), str(e).splitlines()[0])
+            continue
+        _, summary = sanitizer_report(log) if os.path.exists(log) else (None, "no log written")
+        ok &= result(f"sanitize-{tool}", model, "PASS", f"{SANITIZE_STEPS} steps: {summary} ({seconds:.0f} s)")
+    return ok
+
+
 def cmd_pack(args):
     """On a CPU machine: every CPU side the GPU checks need, prepared in --work, and every GPU
     trainer they run, built into --trainers (tests/gpu/pack.sh), so that the GPU machine needs
@@ -1005,11 +1099,14 @@ def main():
     common.add_argument("--trainers", default=os.environ.get("NETC_TRAINERS"),
                         help="a folder of trainers built ahead (a pack's trainers/): used when netc, the "
                              ".net file and the flags are the same (default $NETC_TRAINERS)")
-    for name in ("prepare", "check", "converge", "dist"):
+    for name in ("prepare", "check", "converge", "dist", "sanitize"):
         p = sub.add_parser(name, parents=[common])
         p.add_argument("--model", required=True, help="a model in models/ (mlp, lenet, ...)")
         if name == "check":
             p.add_argument("--tol", type=float, help="override the model's tolerance")
+        if name == "sanitize":
+            p.add_argument("--tools", default=",".join(SANITIZE_TOOLS),
+                           help=f"compute-sanitizer tools to run (default {','.join(SANITIZE_TOOLS)})")
         if name == "converge":
             p.add_argument("--steps", type=int, help="override the model's convergence steps")
             p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
@@ -1032,7 +1129,7 @@ def main():
     if getattr(args, "model", None) and not os.path.exists(os.path.join(ROOT, "models", f"{args.model}.net")):
         ap.error(f"no models/{args.model}.net")
     ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge, "dist": cmd_dist,
-          "fashion": cmd_fashion, "compare": cmd_compare, "pack": cmd_pack}[args.cmd](args)
+          "fashion": cmd_fashion, "sanitize": cmd_sanitize, "compare": cmd_compare, "pack": cmd_pack}[args.cmd](args)
     sys.exit(0 if ok else 1)
 
 

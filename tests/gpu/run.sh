@@ -15,6 +15,8 @@
 #                   plain trainer's bits, with and without --shard-optimizer
 #   converge        on learnable data the GPU's loss falls like the CPU's (fp32, bf16, fp16), the
 #                   fp32 run with --eval-async gives its bits, and LeNet learns Fashion-MNIST
+#   sanitize        per model, two steps of the GPU trainer under compute-sanitizer's memcheck
+#                   (with --leak-check full), racecheck and initcheck: no error reported
 #   bench-lenet, bench-resnet50    bench/gpu_vs_torch.py for one model
 #   all             every step, in this order
 # --pack DIR: the folder tests/gpu/pack.sh made on a CPU machine (netc, its runtime, the CPU
@@ -52,10 +54,11 @@ limits=()
 [ -n "$timeout" ] && limits+=(--timeout "$timeout")
 end=""
 if [ -n "$deadline" ]; then end=$(($(date +%s) + deadline)); limits+=(--deadline "$end"); fi
-[ "$only" = all ] && only=check,dist,converge,bench-lenet,bench-resnet50
+[ "$only" = all ] && only=check,dist,converge,sanitize,bench-lenet,bench-resnet50
 for s in ${only//,/ }; do
-  case $s in check|dist|converge|bench-lenet|bench-resnet50) ;;
-    *) echo "run.sh: unknown step '$s' (check, dist, converge, bench-lenet, bench-resnet50, all)" >&2; exit 2 ;;
+  case $s in check|dist|converge|sanitize|bench-lenet|bench-resnet50) ;;
+    *) echo "run.sh: unknown step '$s' (check, dist, converge, sanitize, bench-lenet, bench-resnet50, all)" >&2
+       exit 2 ;;
   esac
 done
 [ -n "$models" ] || models=$(for f in models/*.net; do basename "$f" .net; done)
@@ -221,6 +224,7 @@ for s in ${only//,/ }; do
         for m in $models; do step "$log" converge --model "$m" --precision "$p"; done
       done
       step "$log" fashion ;;
+    sanitize) for m in $models; do step "$log" sanitize --model "$m"; done ;;
     bench-lenet) bench "$log" lenet ;;
     bench-resnet50) bench "$log" resnet50 ;;
   esac

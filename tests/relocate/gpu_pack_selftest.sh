@@ -7,6 +7,10 @@
 #     (the distributed trainer as one rank, through the pack's Open MPI), converge and
 #     fashion-mnist with no Fashion-MNIST but the pack's (as on the GPU machine), and reuses the
 #     pack's prepared CPU runs instead of redoing them;
+#  2b. run.sh --pack --self-test --only sanitize, with a stand-in compute-sanitizer
+#     (compute_sanitizer_standin.sh) that reports one error under racecheck: memcheck and
+#     initcheck PASS, racecheck FAILs with the error and where it was, and run.sh exits 1; with no
+#     compute-sanitizer the rows are FAILED-TO-RUN;
 #  3. run.sh --pack with a stand-in nvidia-smi that lists a GPU takes the GPU trainers from the
 #     pack (nothing compiled) and reports each failing to start (no driver here: exit status 5)
 #     as FAIL with the trainer's message, and exits 1;
@@ -40,6 +44,23 @@ grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PAS
 grep -q "^shard-1-rank  *mlp  *PASS" "$work/self.out" || fail "no shard-1-rank PASS row (--shard-optimizer)"
 grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
 [ -s "$work/self/setup.log" ] || fail "no setup.log"
+
+echo "== run.sh --pack --self-test --only sanitize"
+set +e
+NETC_COMPUTE_SANITIZER=$src/tests/relocate/compute_sanitizer_standin.sh STANDIN_ERROR_TOOL=racecheck \
+  "$src/tests/gpu/run.sh" --pack "$pack" --self-test --only sanitize --models mlp --work "$work/san" >"$work/san.out" 2>&1
+rc=$?
+set -e
+tail -6 "$work/san.out"
+[ $rc -eq 1 ] || fail "run.sh --only sanitize exited $rc, expected 1 (one tool reported an error)"
+grep -q "^sanitize-memcheck  *mlp  *PASS  *2 steps: ERROR SUMMARY: 0 errors" "$work/san.out" || fail "no sanitize-memcheck PASS row"
+grep -q "^sanitize-initcheck  *mlp  *PASS" "$work/san.out" || fail "no sanitize-initcheck PASS row"
+grep -q "^sanitize-racecheck  *mlp  *FAIL  *Invalid __global__ read of size 16 bytes at k8_add_relu_l10+0x70; ERROR SUMMARY: 1 error" \
+  "$work/san.out" || fail "the racecheck error is not reported with where it was"
+NETC_COMPUTE_SANITIZER=$work/none "$src/tests/gpu/run.sh" --pack "$pack" --self-test --only sanitize --models mlp \
+  --work "$work/san-none" >"$work/san-none.out" 2>&1 || fail "run.sh without compute-sanitizer exited non-zero"
+[ "$(grep -c "^sanitize-[a-z]*  *mlp  *FAILED-TO-RUN  *no compute-sanitizer" "$work/san-none.out")" = 3 ] ||
+  { cat "$work/san-none.out"; fail "without compute-sanitizer the three rows are not FAILED-TO-RUN"; }
 
 echo "== run.sh --pack, a GPU listed but no driver"
 mkdir -p "$work/fakebin"
