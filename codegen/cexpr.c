@@ -161,12 +161,19 @@ int cg_broadcast_axes(const IrNode *x, const IrNode *out, CgAxis ax[IR_MAX_RANK]
 
 /* Whether n reads x in aligned runs of four: n's elements 4q .. 4q+3 read x's elements
  * 4p .. 4p+3, where p is the index the axes `quad` (in units of four elements, innermost first)
- * give for q; their count, 0 when x is not read so. It is read so when x's innermost axis (once
- * merged) lies contiguous along n's with an extent a multiple of 4 and every other stride is a
- * multiple of 4: a same-shape operand in n's order (p = q), a per-channel one of a channels-last
- * value with C % 4 == 0 (p = q % (C / 4)). */
+ * give for q; their count, 0 when x is not read so. It is read so when x broadcasts to n, its
+ * innermost axis (once merged) lies contiguous along n's with an extent a multiple of 4, and
+ * every other stride is a multiple of 4: a same-shape operand in n's order (p = q), a bias or
+ * per-channel operand of a channels-last value with C % 4 == 0 (p = q % (C / 4)). An operand
+ * that n reads other than by broadcasting (batch norm's per-channel ones, chan_elem) its caller
+ * must leave out (cuda.c's vec_member). */
 int cg_quad_axes(const IrNode *x, const IrNode *n, CgAxis quad[IR_MAX_RANK * 2]) {
     CgAxis ax[IR_MAX_RANK];
+    /* only an operand that broadcasts to n (NumPy's rule) is read along these axes */
+    int lead = n->shape.rank - x->shape.rank;
+    if (lead < 0) return 0;
+    for (int k = 0; k < x->shape.rank; k++)
+        if (x->shape.dim[k] != 1 && x->shape.dim[k] != n->shape.dim[lead + k]) return 0;
     int k = cg_broadcast_axes(x, n, ax), m = merge_axes(ax, k, quad);
     if (m == 0 || quad[0].stride != 1 || quad[0].dim % 4) return 0;
     quad[0].dim /= 4;

@@ -466,10 +466,14 @@ static const char *vec_type(const IrNode *x) { return x->dtype == DT_F32 ? "Netc
  * it is stored; 0 when it is stored and cannot be written four at a time. */
 static int vec_member(Cu *u, const IrNode *n, int group) {
     int stored = !(group && n->internal);
+    /* batch norm reads its per-channel operands along the channel axis (cexpr.c's chan_elem),
+     * not by broadcasting: only its operands of its own shape go four at a time */
+    int by_channel = n->op == OP_BN_APPLY || n->op == OP_BN_BWD_DATA;
     if (stored && !vec_aligned(u, n)) return 0;
     for (int a = 0; a < n->n_in; a++) {
         const IrNode *x = n->in[a];
         if (x->storage == ST_INLINE || (group && x->group == group)) continue;
+        if (by_channel && !ir_shape_eq(&x->shape, &n->shape)) continue;
         CgAxis quad[IR_MAX_RANK * 2];
         if (!u->vec[x->id] && vec_aligned(u, x) && cg_quad_axes(x, n, quad)) {
             u->vec[x->id] = VEC_LOAD;

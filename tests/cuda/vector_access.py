@@ -11,16 +11,21 @@ index in q otherwise (`q % 16` for a per-channel operand of a channels-last valu
 channels), and stores each output as `((NetcF4 *)v<id>)[q] = s<id>;`.
 In the PTX that netc carries for the architecture, each such kernel must then have at least that
 many `ld.global[.nc].v4.f32` (`.u32`, `.u16`) and `st.global.v4.f32` (likewise): the loop over j was
-unrolled and the vectors are registers, with no local memory (`.local`, which a struct left in
-memory would need). At least MIN_KERNELS kernels must be four a thread and at least MIN_BROADCAST
+unrolled and the vectors are registers, not local memory (an 8- or 16-byte aligned `.local`
+array, which a struct left in memory would need; sinf's and cosf's range reduction keeps a
+4-byte aligned one of its own). At least MIN_KERNELS kernels must be four a thread and at least MIN_BROADCAST
 of the loads must be of broadcast operands (P other than q), so that a change that stops
-vectorising either fails here. Misaligned operands are checked by the emulation
+vectorising either fails here. Every vector access must lie inside its tensor: its index is
+evaluated for every q of the loop against the tensor's element count (from `netc --dump=fused`,
+whose ids are the .cu's, checked against the kernels' comments). Misaligned operands are checked by the emulation
 (tests/cuda/emu/emu_vs_cpu.sh builds the kernels with -fsanitize=alignment).
 """
 import os
 import re
 import subprocess
 import sys
+
+import numpy as np
 
 
 def fail(msg):
@@ -39,15 +44,37 @@ r = subprocess.run([netc, model, "--backend", "cuda", "--arch", "sm_90", *option
 if r.returncode:
     fail(f"netc exited with {r.returncode}:\n{r.stderr}")
 
+# every node's element count, from the graph the .cu is written from (its ids are the .cu's)
+r = subprocess.run([netc, model, "--backend", "cuda", *options, "--dump=fused"], capture_output=True, text=True)
+if r.returncode:
+    fail(f"netc --dump=fused exited with {r.returncode}:\n{r.stderr}")
+numel = {}
+for m in re.finditer(r"^\s*%(\d+) = .*?\b[a-z]+\d+\[([\d, ]*)\]", r.stdout, re.M):
+    numel[int(m.group(1))] = int(np.prod([int(d) for d in m.group(2).split(",") if d.strip()]))
+
 cu = open(f"{out}/src/{name}.cu").read()
 kernels = {}  # name -> (loads, stores) of a four-a-thread kernel
 broadcast = 0  # loads at an index other than q
 for m in re.finditer(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*?)^}', cu, re.S | re.M):
     body = m.group(2)
     if "NETC_FOR32(q, " in body:
-        at = re.findall(r"const Netc[FH]4 l\d+ = \(\(const Netc[FH]4 \*\)v\d+\)\[([^\]]+)\];", body)
-        kernels[m.group(1)] = (len(at), len(re.findall(r"\(\(Netc[FH]4 \*\)v\d+\)\[q\] = s\d+;", body)))
-        broadcast += sum(p != "q" for p in at)
+        at = re.findall(r"const Netc[FH]4 l\d+ = \(\(const Netc[FH]4 \*\)v(\d+)\)\[([^\]]+)\];", body)
+        st = re.findall(r"\(\(Netc[FH]4 \*\)v(\d+)\)\[q\] = s\d+;", body)
+        kernels[m.group(1)] = (len(at), len(st))
+        broadcast += sum(p != "q" for _, p in at)
+        # each access lies inside its tensor: the index over every q of the loop (C's / and % on
+        # non-negative integers are Python's // and %), in units of four elements
+        for c in re.finditer(r"// %(\d+) = .*?\b[a-z]+\d+\[([\d, ]*)\]", body):
+            want = int(np.prod([int(d) for d in c.group(2).split(",") if d.strip()]))
+            if numel.get(int(c.group(1))) != want:
+                fail(f"{m.group(1)}: %{c.group(1)} has {want} elements in the .cu's comment, "
+                     f"{numel.get(int(c.group(1)))} in --dump=fused (the ids do not match)")
+        q = np.arange(int(re.search(r"NETC_FOR32\(q, (\d+)\)", body).group(1)), dtype=np.int64)
+        for v, p in at + [(v, "q") for v in st]:
+            index = eval(p.replace("/", "//"), {"q": q})
+            top, quads = int(np.max(index)), numel[int(v)] // 4
+            if int(np.min(index)) < 0 or top >= quads:
+                fail(f"{m.group(1)}: v{v}[{p}] reaches quad {top}, v{v} has {quads} ({numel[int(v)]} elements)")
 if len(kernels) < least:
     fail(f"{len(kernels)} kernels take four elements a thread, expected at least {least}")
 if broadcast < least_broadcast:
@@ -70,8 +97,11 @@ for k, (want_ld, want_st) in sorted(kernels.items()):
     st = len(re.findall(r"\bst\.global\.v4\.(?:f32|[bu]32|[bu]16)\b", body))
     if ld < want_ld or st < want_st:
         fail(f"{k}: {ld} vector loads and {st} stores in the PTX, the .cu has {want_ld} and {want_st}")
-    if ".local" in body:
-        fail(f"{k}: uses local memory (its NetcF4 values are not registers)")
+    # a NetcF4 (NetcH4) left in memory is a 16 (8) byte aligned local array read and written
+    # in vectors; sinf's and cosf's range reduction for large arguments keeps a 28-byte array of
+    # words there, which is theirs
+    if re.search(r"\.local \.align (?:8|16)\b|\b(?:ld|st)\.local\.v[24]\.", body):
+        fail(f"{k}: keeps vectors in local memory (its NetcF4 values are not registers)")
     loads, stores = loads + want_ld, stores + want_st
 print(f"PASS: {' '.join([name] + options)}: {len(kernels)} kernels four elements a thread, {loads} vector loads "
       f"({broadcast} of broadcast operands) and {stores} stores, each one in the PTX")
