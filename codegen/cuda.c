@@ -97,7 +97,6 @@ typedef struct Cu {
     int *renum;        /* twin_key's numbering of the ids, one per node */
     unsigned char *vec; /* vec[id]: VEC_LOAD or VEC_STORE in the four-a-thread loop being written */
     int *vec_ids, n_vec; /* those ids, in the order the loop's operands and outputs come (plan_vec) */
-    int *vec_reader;     /* vec_reader[k]: the node that reads VEC_LOAD vec_ids[k] (its index's axes) */
 } Cu;
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -477,7 +476,6 @@ static int vec_member(Cu *u, const IrNode *n, int group) {
         CgAxis quad[IR_MAX_RANK * 2];
         if (!u->vec[x->id] && vec_aligned(u, x) && cg_quad_axes(x, n, quad)) {
             u->vec[x->id] = VEC_LOAD;
-            u->vec_reader[u->n_vec] = n->id;
             u->vec_ids[u->n_vec++] = x->id;
         }
     }
@@ -512,11 +510,13 @@ static int plan_vec(Cu *u, const IrNode *head, int group, int64_t total, int64_t
     return 1;
 }
 
-/* An element-wise kernel's loop over `total` elements, i its index; four a thread when plan_vec
- * said so: each thread loads its VEC_LOAD operands' four elements, computes the four in a loop
+/* An element-wise kernel's loop over `total` elements of `head`'s shape and layout (every member
+ * of its group has them), i its index; four a thread when plan_vec said so: each thread loads its
+ * VEC_LOAD operands' four elements (at the index cg_quad_axes gives for head, as for any member
+ * that reads them), computes the four in a loop
  * over j (which NVRTC unrolls: j is a constant in each copy, so l<id>.e[j] is a register), and
  * stores each output's four after it (close_loop). */
-static void open_loop(Cu *u, int vec, int64_t total, int64_t largest) {
+static void open_loop(Cu *u, const IrNode *head, int vec, int64_t total, int64_t largest) {
     Cg *c = &u->c;
     if (!vec) {
         cg_open(c, "%s(i, %" PRId64 ") {", loop_macro(total, largest), total);
@@ -528,7 +528,7 @@ static void open_loop(Cu *u, int vec, int64_t total, int64_t largest) {
         CgAxis quad[IR_MAX_RANK * 2];
         if (u->vec[x->id] != VEC_LOAD) continue;
         cg_begin(c, "const %s l%d = ((const %s *)v%d)[", vec_type(x), x->id, vec_type(x), x->id);
-        cg_index_expr(c->out, "q", quad, cg_quad_axes(x, u->g->nodes[u->vec_reader[k]], quad), 0);
+        cg_index_expr(c->out, "q", quad, cg_quad_axes(x, head, quad), 0);
         cg_end(c, "];");
     }
     for (int k = 0; k < u->n_vec; k++) {
@@ -567,7 +567,7 @@ static void emit_group(Cu *u, const IrNode *head) {
     }
     c->group = 0;
     int vec = plan_vec(u, head, head->group, total, largest);
-    open_loop(u, vec, total, largest);
+    open_loop(u, head, vec, total, largest);
     cg_group_body(c, head);
     close_loop(u, vec);
     kernel_name(u, head, "", name, sizeof name);
@@ -584,7 +584,7 @@ static void emit_ew(Cu *u, const IrNode *n) {
     declare_operands(u, n);
     cg_declare(c, n);
     int vec = plan_vec(u, n, 0, total, largest_operand(n));
-    open_loop(u, vec, total, largest_operand(n));
+    open_loop(u, n, vec, total, largest_operand(n));
     cg_ew_store(c, n, 0);
     close_loop(u, vec);
     kernel_name(u, n, "", name, sizeof name);
@@ -2080,7 +2080,6 @@ static CgEmit *cuda_begin(const IrGraph *g, FILE *trainer, FILE *kernels) {
     u->renum = xcalloc((size_t)g->n + 1, sizeof *u->renum);
     u->vec = xcalloc((size_t)g->n + 1, 1);
     u->vec_ids = xcalloc((size_t)g->n + 1, sizeof *u->vec_ids);
-    u->vec_reader = xcalloc((size_t)g->n + 1, sizeof *u->vec_reader);
     u->c.done = xcalloc((size_t)g->n_groups + 1, 1);
     u->c.fold = xcalloc((size_t)g->n + 1, sizeof *u->c.fold); /* no folding on the GPU: cuDNN runs the convolution */
     u->planned = xcalloc((size_t)g->n + 1, 1);
@@ -2127,7 +2126,7 @@ static int cuda_model(CgEmit *e) {
     for (int k = 0; k < u->n_kernels; k++) free(u->kernels[k].key);
     free(u->kernels), free(e->kbuf), free(e->pbuf), free(e->tbuf), free(e->ebuf);
     free(u->c.decl), free(u->c.done), free((void *)u->c.fold), free(u->planned), free(u->readers), free(u->renum);
-    free(u->vec), free(u->vec_ids), free(u->vec_reader);
+    free(u->vec), free(u->vec_ids);
     int bad = (e->kernels && ferror(e->kernels)) || (e->trainer && ferror(e->trainer));
     free(e);
     return bad ? 1 : 0;

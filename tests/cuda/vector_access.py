@@ -48,9 +48,13 @@ if r.returncode:
 r = subprocess.run([netc, model, "--backend", "cuda", *options, "--dump=fused"], capture_output=True, text=True)
 if r.returncode:
     fail(f"netc --dump=fused exited with {r.returncode}:\n{r.stderr}")
-numel = {}
-for m in re.finditer(r"^\s*%(\d+) = .*?\b[a-z]+\d+\[([\d, ]*)\]", r.stdout, re.M):
-    numel[int(m.group(1))] = int(np.prod([int(d) for d in m.group(2).split(",") if d.strip()]))
+def elements(dims):
+    """The element count of a shape as netc prints it, `128, 64` (empty for a scalar)."""
+    return int(np.prod([int(d) for d in dims.split(",") if d.strip()]))
+
+
+numel = {int(m.group(1)): elements(m.group(2))
+         for m in re.finditer(r"^\s*%(\d+) = .*?\b[a-z]+\d+\[([\d, ]*)\]", r.stdout, re.M)}
 
 cu = open(f"{out}/src/{name}.cu").read()
 kernels = {}  # name -> (loads, stores) of a four-a-thread kernel
@@ -65,7 +69,7 @@ for m in re.finditer(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+
         # each access lies inside its tensor: the index over every q of the loop (C's / and % on
         # non-negative integers are Python's // and %), in units of four elements
         for c in re.finditer(r"// %(\d+) = .*?\b[a-z]+\d+\[([\d, ]*)\]", body):
-            want = int(np.prod([int(d) for d in c.group(2).split(",") if d.strip()]))
+            want = elements(c.group(2))
             if numel.get(int(c.group(1))) != want:
                 fail(f"{m.group(1)}: %{c.group(1)} has {want} elements in the .cu's comment, "
                      f"{numel.get(int(c.group(1)))} in --dump=fused (the ids do not match)")
