@@ -290,6 +290,148 @@ void cg_load_close(FILE *o, const IrNode *x) {
     if (ir_dtype_is_half(x->dtype)) fprintf(o, ")");
 }
 
+/* ---- folded views (passes/views.c): a loop reads through them to the values they view */
+
+/* Which element of a folded view (or of a value under it) a loop over n reads: its coordinate
+ * along axis a is that of n's logical axis loop[a] plus shift[a], or shift[a] alone where
+ * loop[a] < 0 (an axis of 1). */
+typedef struct ViewMap {
+    int loop[IR_MAX_RANK];
+    int64_t shift[IR_MAX_RANK];
+} ViewMap;
+
+/* The coordinate of the loop's element i along n's logical axis a, as an index expression. */
+static void loop_coord(Cg *c, const IrNode *n, int a) {
+    int perm[IR_MAX_RANK];
+    CgAxis ax[IR_MAX_RANK];
+    int k = 0;
+    cg_phys_order(n, perm);
+    for (int j = n->shape.rank - 1; j >= 0; j--) ax[k++] = (CgAxis){n->shape.dim[perm[j]], perm[j] == a ? 1 : 0};
+    cg_index_expr(c->out, "i", ax, k, c->inner);
+}
+
+/* x's element under the map m, where x is a value with storage (or an inline constant): its
+ * storage strides summed over the loop's axes, the shifts as a constant offset. */
+static void read_stored(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *m) {
+    if (x->storage == ST_INLINE) {
+        cg_lit(c->out, cg_const_value(x));
+        return;
+    }
+    int perm[IR_MAX_RANK];
+    int64_t st[IR_MAX_RANK], off = 0;
+    CgAxis ax[IR_MAX_RANK] = {{0, 0}};
+    cg_elem_strides(x, st);
+    cg_phys_order(n, perm);
+    for (int a = 0; a < x->shape.rank; a++) off += m->shift[a] * st[a];
+    int k = 0;
+    for (int j = n->shape.rank - 1; j >= 0; j--) {
+        ax[k] = (CgAxis){n->shape.dim[perm[j]], 0};
+        for (int a = 0; a < x->shape.rank; a++)
+            if (m->loop[a] == perm[j]) ax[k].stride += st[a];
+        k++;
+    }
+    cg_load_open(c->out, x);
+    cg_put(c, "v%d[", x->id);
+    if (off > 0) cg_put(c, "%" PRId64 " + ", off);
+    cg_index_expr(c->out, "i", ax, k, c->inner);
+    if (off < 0) cg_put(c, " - %" PRId64, -off);
+    cg_put(c, "]");
+    cg_load_close(c->out, x);
+}
+
+static void read_view(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *m);
+
+/* `coordinate < bound ? below : at or above` along axis a of a view, with `above` read with the
+ * coordinate less `bound` there; decided here when the coordinate is a constant. */
+static void read_split(Cg *c, const IrNode *below, const IrNode *above, int a, int64_t bound, const IrNode *n,
+                       const ViewMap *m) {
+    ViewMap mb = *m;
+    mb.shift[a] -= bound;
+    if (m->loop[a] < 0) {
+        if (m->shift[a] < bound) read_view(c, below, n, m);
+        else read_view(c, above, n, &mb);
+        return;
+    }
+    cg_put(c, "(");
+    loop_coord(c, n, m->loop[a]);
+    cg_put(c, " < %" PRId64 " ? ", bound - m->shift[a]);
+    read_view(c, below, n, m);
+    cg_put(c, " : ");
+    read_view(c, above, n, &mb);
+    cg_put(c, ")");
+}
+
+/* The element of x that a loop over n reads under the map m, through x's folded views. */
+static void read_view(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *m) {
+    if (x->storage != ST_FOLDED) {
+        read_stored(c, x, n, m);
+        return;
+    }
+    ViewMap mu = *m;
+    int a = x->attr.axis;
+    switch (x->op) {
+    case OP_PERMUTE: /* x's axis i is its operand's axis perm[i] */
+        for (int i = 0; i < x->shape.rank; i++) mu.loop[x->attr.perm[i]] = m->loop[i], mu.shift[x->attr.perm[i]] = m->shift[i];
+        read_view(c, x->in[0], n, &mu);
+        break;
+    case OP_SLICE: /* x's element k along a is its operand's start + k */
+        mu.shift[a] += x->attr.start;
+        read_view(c, x->in[0], n, &mu);
+        break;
+    case OP_CONCAT: /* the first operand's elements along a, then the second's */
+        read_split(c, x->in[0], x->in[1], a, x->in[0]->shape.dim[a], n, m);
+        break;
+    case OP_SLICE_BWD: { /* dy's elements at start .. start + len along a, zeros around them */
+        int64_t lo = x->attr.start, hi = lo + x->in[0]->shape.dim[a];
+        mu.shift[a] -= lo;
+        if (m->loop[a] < 0) {
+            if (m->shift[a] >= lo && m->shift[a] < hi) read_view(c, x->in[0], n, &mu);
+            else cg_put(c, "0.0f");
+            break;
+        }
+        int64_t from = lo - m->shift[a]; /* the loop's coordinate where dy starts */
+        cg_put(c, "((uint64_t)(");
+        loop_coord(c, n, m->loop[a]);
+        if (from) cg_put(c, " %c %" PRId64, from > 0 ? '-' : '+', from > 0 ? from : -from);
+        cg_put(c, ") < %" PRId64 " ? ", hi - lo); /* from <= coordinate < from + len, in one test */
+        read_view(c, x->in[0], n, &mu);
+        cg_put(c, " : 0.0f)");
+        break;
+    }
+    default: ICE("codegen: %%%d = %s folded", x->id, ir_op_name(x->op));
+    }
+}
+
+/* A folded operand x of element-wise node n at n's element i. */
+static void read_folded(Cg *c, const IrNode *x, const IrNode *n) {
+    ViewMap m;
+    int lead = n->shape.rank - x->shape.rank;
+    for (int a = 0; a < x->shape.rank; a++) m.loop[a] = x->shape.dim[a] == 1 ? -1 : lead + a, m.shift[a] = 0;
+    read_view(c, x, n, &m);
+}
+
+/* Call f on each value with storage that reading x reads: x, or through a folded x its
+ * operands'. */
+static void for_each_read(Cg *c, const IrNode *x, void (*f)(Cg *c, const IrNode *x)) {
+    if (x->storage != ST_FOLDED) f(c, x);
+    else
+        for (int k = 0; k < x->n_in; k++) for_each_read(c, x->in[k], f);
+}
+
+static void declare_stored(Cg *c, const IrNode *x) {
+    if (x->storage != ST_INLINE) cg_declare(c, x);
+}
+
+void cg_declare_read(Cg *c, const IrNode *x) { for_each_read(c, x, declare_stored); }
+
+int64_t cg_read_numel(const IrNode *x) {
+    if (x->storage != ST_FOLDED) return ir_numel(&x->shape);
+    int64_t m = 0;
+    for (int k = 0; k < x->n_in; k++)
+        if (cg_read_numel(x->in[k]) > m) m = cg_read_numel(x->in[k]);
+    return m;
+}
+
 /* Operand x of element-wise node n at output index i, as a float (raw: in x's own type). */
 void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
     FILE *o = c->out;
@@ -299,6 +441,10 @@ void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw) {
     }
     if (c->group && x->group == c->group) { /* computed earlier in this iteration */
         cg_put(c, "t%d", x->id);
+        return;
+    }
+    if (x->storage == ST_FOLDED) { /* float32, like everything under it */
+        read_folded(c, x, n);
         return;
     }
     if (!raw) cg_load_open(o, x);
@@ -447,14 +593,8 @@ static void cmp_operand(Cg *c, const IrNode *x, const IrNode *n) {
 static void int_expr(Cg *c, const IrNode *n) {
     static const char *const ops[] = {[OP_EQ] = "==", [OP_NE] = "!=", [OP_LT] = "<",
                                       [OP_LE] = "<=", [OP_GT] = ">", [OP_GE] = ">="};
-    if (n->op == OP_IOTA) { /* the coordinate along attr.axis: the index with stride 1 there, 0 elsewhere */
-        int perm[IR_MAX_RANK];
-        CgAxis ax[IR_MAX_RANK];
-        int k = 0;
-        cg_phys_order(n, perm);
-        for (int j = n->shape.rank - 1; j >= 0; j--)
-            ax[k++] = (CgAxis){n->shape.dim[perm[j]], perm[j] == n->attr.axis ? 1 : 0};
-        cg_index_expr(c->out, "i", ax, k, c->inner);
+    if (n->op == OP_IOTA) { /* the coordinate along attr.axis */
+        loop_coord(c, n, n->attr.axis);
         return;
     }
     if (!ir_op_is_compare(n->op)) ICE("codegen: integer %s", ir_op_name(n->op));
@@ -566,9 +706,14 @@ int cg_needs_copy(const IrParam *p) {
     return p->trainable && p->grad && p->grad->storage != ST_INLINE && !cg_in_place(p);
 }
 
+static void mark_read(Cg *c, const IrNode *x) {
+    if (!x->internal) c->read[x->id] = 1; /* a fused group reads its own members from locals */
+}
+
 /* Mark the values whose pointer the function uses: operands of the computing nodes in
  * [0, end), the loss and accuracy, and gradients copied at the end. A view is declared with
- * its root's storage, so it does not use its operand's pointer. */
+ * its root's storage, so it does not use its operand's pointer; a folded node's readers read
+ * its operands. */
 void cg_mark_reads(Cg *c, int end, int with_grads) {
     const IrGraph *g = c->g;
     memset(c->read, 0, (size_t)g->n + 1);
@@ -576,9 +721,8 @@ void cg_mark_reads(Cg *c, int end, int with_grads) {
     memset(c->done, 0, (size_t)g->n_groups + 1);
     for (int i = 0; i < end; i++) {
         const IrNode *n = g->nodes[i];
-        if (ir_op_kind(n->op) == OPK_VIEW) continue;
-        for (int k = 0; k < n->n_in; k++) /* a fused group reads its own members from locals */
-            if (!n->in[k]->internal) c->read[n->in[k]->id] = 1;
+        if (ir_op_kind(n->op) == OPK_VIEW || n->storage == ST_FOLDED) continue;
+        for (int k = 0; k < n->n_in; k++) for_each_read(c, n->in[k], mark_read);
     }
     c->read[g->loss->id] = 1;
     if (g->correct) c->read[g->correct->id] = 1;

@@ -102,6 +102,10 @@ void cg_load_open(FILE *o, const IrNode *x);
 void cg_load_close(FILE *o, const IrNode *x);
 void cg_elem_as(Cg *c, const IrNode *x, const IrNode *n, int raw);
 void cg_elem(Cg *c, const IrNode *x, const IrNode *n);
+/* Declare what reading operand x reads: x, or for a folded x (passes/views.c) the values under
+ * it; and the largest of their element counts. */
+void cg_declare_read(Cg *c, const IrNode *x);
+int64_t cg_read_numel(const IrNode *x);
 void cg_ew_expr(Cg *c, const IrNode *n);
 void cg_group_header(Cg *c, const IrNode *head);
 void cg_group_body(Cg *c, const IrNode *head);

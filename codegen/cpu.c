@@ -778,6 +778,11 @@ static void emit_lib(Cg *c, const IrNode *n) {
 static void emit_node(Cg *c, const IrNode *n) {
     IrOpKind kind = ir_op_kind(n->op);
     if (n->storage == ST_INLINE) return; /* written into its users as a literal */
+    if (n->storage == ST_FOLDED) { /* no copy: its readers read its operands */
+        cg_comment(c, n);
+        cg_line(c, "// (folded: the loops that read %%%d read its operands in place)", n->id);
+        return;
+    }
     if (kind == OPK_SOURCE || kind == OPK_VIEW) {
         if (!c->read[n->id]) return;
         if (kind == OPK_VIEW && !ir_stored_as(ir_storage_root(n), n->layout)) ICE("cpu: reshape across layouts");
@@ -1019,7 +1024,7 @@ static void emit_forward_backward(Cg *c) {
             if (at) emit_in_backward_head(c, at);
         }
         IrOpKind kind = ir_op_kind(g->nodes[i]->op);
-        if (kind == OPK_SOURCE || kind == OPK_VIEW) { /* pointers declared: no piece of their own */
+        if (kind == OPK_SOURCE || kind == OPK_VIEW || g->nodes[i]->storage == ST_FOLDED) { /* no piece of their own */
             emit_node(c, g->nodes[i]);
         } else {
             prof_open(c);

@@ -420,7 +420,7 @@ static void declare_operands(Cu *u, const IrNode *n) {
         const IrNode *x = n->in[k];
         if (u->c.group && x->group == u->c.group) continue;         /* a local of the group's loop */
         if (x->storage == ST_INLINE && ir_op_kind(n->op) == OPK_EW) continue; /* written as a literal */
-        cg_declare(&u->c, x);
+        cg_declare_read(&u->c, x); /* x, or what a folded x views */
     }
 }
 
@@ -439,11 +439,11 @@ static const char *loop_macro(int64_t total, int64_t largest) {
     return index32(total, largest) ? "NETC_FOR32" : "NETC_FOR";
 }
 
-/* The largest tensor n computes or reads. */
+/* The largest tensor n computes or reads (through folded operands, what they view). */
 static int64_t largest_operand(const IrNode *n) {
     int64_t m = ir_numel(&n->shape);
     for (int k = 0; k < n->n_in; k++)
-        if (ir_numel(&n->in[k]->shape) > m) m = ir_numel(&n->in[k]->shape);
+        if (cg_read_numel(n->in[k]) > m) m = cg_read_numel(n->in[k]);
     return m;
 }
 
@@ -472,6 +472,7 @@ static int vec_member(Cu *u, const IrNode *n, int group) {
     for (int a = 0; a < n->n_in; a++) {
         const IrNode *x = n->in[a];
         if (x->storage == ST_INLINE || (group && x->group == group)) continue;
+        if (x->storage == ST_FOLDED) continue; /* read one element at a time, through its view */
         if (by_channel && !ir_shape_eq(&x->shape, &n->shape)) continue;
         CgAxis quad[IR_MAX_RANK * 2];
         if (!u->vec[x->id] && vec_aligned(u, x) && cg_quad_axes(x, n, quad)) {
@@ -1298,7 +1299,7 @@ static void emit_lib(Cu *u, const IrNode *n) {
 
 static void emit_node(Cu *u, const IrNode *n) {
     IrOpKind kind = ir_op_kind(n->op);
-    if (n->storage == ST_INLINE || kind == OPK_SOURCE || kind == OPK_VIEW) return; /* no work */
+    if (n->storage == ST_INLINE || n->storage == ST_FOLDED || kind == OPK_SOURCE || kind == OPK_VIEW) return; /* no work */
     if (n->fused_into) ICE("cuda: batch-norm sums fused into a loop");
     if (n->group) {
         if (!u->c.done[n->group]) emit_group(u, n);

@@ -63,6 +63,7 @@ typedef struct Options {
     int no_fuse;    /* --no-fuse: every element-wise node its own loop */
     int no_remat;   /* --no-remat: keep every activation the backward pass reads */
     int all_rows;   /* --all-rows: the classifier's backward products over every row */
+    int copy_views; /* --copy-views: permutes, slices and concatenations copy, none read in place */
     int row_major;  /* --layout=row-major: no channels-last tensors */
     int report;     /* --report: print the fusion report and stop */
     int summary;    /* --summary: print the table of layers and stop */
@@ -103,6 +104,8 @@ static void usage(FILE *out) {
             "                       attention's heads as written\n"
             "  --no-remat           keep SiLU, GELU, dropout and norm values for the backward pass instead of\n"
             "                       computing them again there\n"
+            "  --copy-views         copy every permute, slice and concatenation instead of letting the\n"
+            "                       element-wise loops that read them read their operands in place\n"
             "  --all-rows           cpu: run the classifier's backward products over every row, also those whose\n"
             "                       label is the cross-entropy's ignore_index (their gradient is zero)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
@@ -266,6 +269,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->no_fuse = 1;
         } else if (strcmp(a, "--no-remat") == 0) {
             o->no_remat = 1;
+        } else if (strcmp(a, "--copy-views") == 0) {
+            o->copy_views = 1;
         } else if (strcmp(a, "--all-rows") == 0) {
             o->all_rows = 1;
         } else if (strcmp(a, "--werror") == 0) {
@@ -716,6 +721,8 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "epilogues");
     if (!o->no_fuse && be->fuse_reductions) fuse_reductions(g);
     verify(g, "reductions");
+    if (!o->no_fuse && !o->copy_views) fold_views(g);
+    verify(g, "views");
     if (o->dump == DUMP_FUSED) return ir_print(g, stdout), 0;
     if (o->dump == DUMP_DOT || o->dump == DUMP_DOT_STEP) return ir_print_dot(g, o->dump == DUMP_DOT_STEP, stdout), 0;
     mp_plan(g, be->node_scratch, be->in_place);

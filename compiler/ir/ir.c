@@ -819,6 +819,7 @@ static void print_node(const IrNode *n, FILE *out) {
     if (n->group) fprintf(out, " group=%d%s", n->group, n->internal ? " internal" : "");
     if (n->epilogue) fprintf(out, " epilogue=%d", n->epilogue);
     if (n->fused_into) fprintf(out, " in_group=%d", n->fused_into);
+    if (n->folded) fprintf(out, " folded");
     if (n->loc.file) {
         const char *base = strrchr(n->loc.file, '/');
         fprintf(out, "   # %s:%d", base ? base + 1 : n->loc.file, n->loc.line);

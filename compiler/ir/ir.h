@@ -153,6 +153,7 @@ typedef enum {
     ST_INLINE, /* scalar constants: no storage, the value is written into the code */
     ST_FUSED,  /* a value inside a fused group that nothing outside it reads: never stored */
     ST_STATE,  /* LOSS_SCALE: the loss scale in the trainer's device state */
+    ST_FOLDED, /* a permute, slice, slice_bwd or concat its element-wise readers read through: none */
 } IrStorage;
 
 typedef enum { PHASE_FWD, PHASE_BWD } IrPhase;
@@ -177,6 +178,8 @@ struct IrNode {
                          * (0 = none), set by fuse_epilogues */
     int fused_into;     /* BN_BWD_SUMS: accumulated in the loop of this fused group, which
                          * computes its dy (0 = its own kernel), set by fuse_reductions */
+    int folded;         /* PERMUTE, SLICE, SLICE_BWD, CONCAT: no kernel and no storage, its
+                         * element-wise readers read its operands in place, set by fold_views */
     /* filled by the memory plan */
     IrStorage storage;
     int64_t offset;     /* bytes for ST_ARENA, elements for ST_PARAM/ST_GRAD */

@@ -99,7 +99,7 @@ static void count_kernels(const IrGraph *g, int from, int to, int *fused, int *u
     for (int i = from; i < to; i++) {
         const IrNode *n = g->nodes[i];
         IrOpKind kind = ir_op_kind(n->op);
-        if (kind == OPK_SOURCE || kind == OPK_VIEW || n->storage == ST_INLINE) continue;
+        if (kind == OPK_SOURCE || kind == OPK_VIEW || n->storage == ST_INLINE || n->folded) continue;
         ++*unfused;
         if (n->fused_into) continue; /* accumulated in its group's loop */
         if (!n->group || n->group != last_group) ++*fused;

@@ -13,7 +13,8 @@
  *     not already the gradient of another parameter); otherwise the backend copies it there
  *     at the end of the backward pass;
  *   - inputs in the runtime's batch buffers, scalar constants (and views of them) inline, other
- *     views alias their operand;
+ *     views alias their operand; folded nodes (views.c) have none, and what they read lives
+ *     until their readers have run;
  *   - everything else at a 64-byte aligned offset in one arena, from liveness over the schedule
  *     (greedy best fit, largest first; in graphs of more than BEST_FIT_MAX buffers, first fit
  *     in schedule order, which takes n log n time), so values whose lifetimes do not overlap
@@ -91,6 +92,10 @@ static void classify(IrGraph *g) {
             n->storage = ST_FUSED;
             continue;
         }
+        if (n->folded) { /* its readers read its operands */
+            n->storage = ST_FOLDED;
+            continue;
+        }
         switch (n->op) {
         case OP_INPUT: n->storage = ST_INPUT; break;
         case OP_CONST: n->storage = ST_INLINE; break;
@@ -110,6 +115,15 @@ static void keep_to_end(IrGraph *g, IrNode *n) {
 static void keep_to_forward_end(IrGraph *g, IrNode *n) {
     for (; n; n = n->storage == ST_ALIAS ? n->in[0] : NULL)
         if (n->last_use < g->n_fwd) n->last_use = g->n_fwd;
+}
+
+/* A read of r at position `at` keeps r alive until then, and through views what they read:
+ * an alias's operand, and every operand of a folded node, which its readers read in place. */
+static void read_until(IrNode *r, int at) {
+    if (r->last_use < at) r->last_use = at;
+    if (r->storage == ST_ALIAS) read_until(r->in[0], at);
+    else if (r->storage == ST_FOLDED)
+        for (int k = 0; k < r->n_in; k++) read_until(r->in[k], at);
 }
 
 /* first_use = defining position; last_use = last position reading it (through views).
@@ -134,14 +148,8 @@ static void liveness(IrGraph *g) {
     free(first);
     free(last);
     for (int i = 0; i < g->n; i++) g->nodes[i]->first_use = g->nodes[i]->last_use = lo[i];
-    for (int i = 0; i < g->n; i++) {
-        IrNode *n = g->nodes[i];
-        for (int k = 0; k < n->n_in; k++) /* a read through views keeps each of them alive */
-            for (IrNode *r = n->in[k];; r = r->in[0]) {
-                if (r->last_use < hi[i]) r->last_use = hi[i];
-                if (r->storage != ST_ALIAS) break;
-            }
-    }
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i]->n_in; k++) read_until(g->nodes[i]->in[k], hi[i]);
     free(lo);
     free(hi);
     /* the step reads the loss and accuracy at its end; the copies into the gradient buffer
@@ -340,7 +348,7 @@ static const char *storage_name(IrStorage s) {
     static const char *const names[] = {
         [ST_NONE] = "none",   [ST_ARENA] = "arena", [ST_INPUT] = "input", [ST_PARAM] = "param",
         [ST_GRAD] = "grad",   [ST_ALIAS] = "alias", [ST_INLINE] = "inline", [ST_FUSED] = "fused",
-        [ST_STATE] = "state",
+        [ST_STATE] = "state", [ST_FOLDED] = "folded",
     };
     return names[s];
 }
@@ -361,6 +369,7 @@ void mp_print(const IrGraph *g, FILE *out) {
         else if (n->storage == ST_INPUT) snprintf(where, sizeof where, "#%d", n->index);
         else if (n->storage == ST_STATE) snprintf(where, sizeof where, "state");
         else if (n->storage == ST_FUSED) snprintf(where, sizeof where, "g%d", n->group);
+        else if (n->storage == ST_FOLDED) snprintf(where, sizeof where, "-");
         else snprintf(where, sizeof where, "%lld", (long long)n->offset);
         fprintf(out, "%%%-6d %-18s %-4s %-22s %-7s %12s %12lld  [%d, %d]\n", n->id, ir_op_name(n->op),
                 ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape),

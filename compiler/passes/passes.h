@@ -62,6 +62,14 @@ const char *epilogue_kind(const IrGraph *g, const IrNode *mm);
  * kernel's. Run after fuse_elementwise. Returns the number of sums fused. */
 int fuse_reductions(IrGraph *g);
 
+/* views.c: a float32 permute, slice, slice gradient or concatenation whose every reader is an
+ * element-wise node (outside a matrix product's epilogue, not batch norm) or another such view,
+ * that the step does not hand on (loss, output, gradients), and whose operands no reader's own
+ * fused loop computes, is `folded`: it gets no kernel and no storage, and its readers read its
+ * operands in place through the view's index map. Same values, same bits. Run after fusion,
+ * before mp_plan. Returns the number of nodes folded. */
+int fold_views(IrGraph *g);
+
 /* --report: every fused group with the .net lines it came from, each value's layout, kernels
  * per training step fused and unfused, memory traffic saved, and the memory plan's peak.
  * Requires a planned graph. */

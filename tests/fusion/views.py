@@ -1,0 +1,97 @@
+"""Permutes, slices and concatenations read in place by the element-wise loops that read them
+(compiler/passes/views.c): fewer kernels and buffers, never a changed bit.
+
+    views.py NETC WORKDIR
+
+For each model below: compile it as it is and with --copy-views, and require
+  - the nodes folded (`folded` in --dump=fused), counted by operator, to be the expected ones,
+    and none with --copy-views; each of them "folded" in the memory plan, with no storage;
+  - fewer kernels per step (--report) than with --copy-views, by the number of folded nodes;
+  - the arena no larger than with --copy-views;
+  - a few training steps from the same weights and data to save the same bytes both ways. That
+    equality is guaranteed by construction: a loop reading through a folded view reads the very
+    floats the copy would have held and computes with them what it computed with the copy, and
+    the rest of the step is unchanged (the same fused groups, products and order of sums).
+"""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, HERE)
+from train_pair import train_and_save, write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+
+LLAMA = ["-D", "n_layer=2", "-D", "seq=32"]
+# name, source, netc options, the nodes folded (operator: count)
+MODELS = [
+    # the rotary tables' concat (cat(freqs, freqs)); in each layer, for q and for k, the permute
+    # that splits the heads off the projection and rotate_half's two slices and concatenation,
+    # then in the backward pass the concatenation's gradient (two slices of dy) and the two
+    # slices' gradients (slice_bwd): 1 + 2 * 2 * 4 + 2 * 2 * 4. v's heads and the attention's
+    # result are permuted for the attention kernel and the o_proj product: copies.
+    ("llama", "models/llama.net", LLAMA, {"concat": 5, "permute": 4, "slice": 16, "slice_bwd": 8}),
+    # the same under LoRA: the adapters sit on the projections, before the heads are split
+    ("llama_lora", "models/llama.net", LLAMA + ["-D", "lora_r=4", "-D", "lora_dropout=0"],
+     {"concat": 5, "permute": 4, "slice": 16, "slice_bwd": 8}),
+    # chains of views: a permute of a transpose of a permute added to its source, and each
+    # permute's gradient (the inverse permute) read by the next
+    ("permute", "tests/gradcheck/permute.net", [], {"permute": 8}),
+    # slices at negative starts, equal and unequal splits, a slice of a slice; their gradients
+    # (zeros around dy) summed by element-wise adds
+    ("slice", "tests/gradcheck/slice.net", [], {"slice": 5, "slice_bwd": 5}),
+]
+
+
+def netc_out(netc, src, opts, *extra):
+    return subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def folded(dump):
+    """{op: count} of the nodes --dump=fused marks folded."""
+    count = {}
+    for m in re.finditer(r"^\s*%\d+ = (\w+)\(.*\bfolded\b", dump, re.M):
+        count[m.group(1)] = count.get(m.group(1), 0) + 1
+    return count
+
+
+def kernels(report):
+    return int(re.search(r"^  fused: +(\d+)", report, re.M).group(1))
+
+
+def arena_bytes(plan):
+    return int(re.search(r"^arena: (\d+) bytes", plan, re.M).group(1))
+
+
+def main():
+    netc, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    for name, src, opts, want in MODELS:
+        got = folded(netc_out(netc, src, opts, "--dump=fused"))
+        assert got == want, f"{name}: folded {got}, want {want}"
+        kept = folded(netc_out(netc, src, opts, "--copy-views", "--dump=fused"))
+        assert not kept, f"{name}: --copy-views still folds {kept}"
+        plan = netc_out(netc, src, opts, "--dump=memplan")
+        in_plan = len(re.findall(r"^%\d+ +\w+ +f32 +\[[^]]*\] +folded +- ", plan, re.M))
+        assert in_plan == sum(want.values()), f"{name}: {in_plan} nodes folded in the memory plan"
+        k_fold, k_copy = (kernels(netc_out(netc, src, opts, *x, "--report")) for x in ([], ["--copy-views"]))
+        assert k_fold == k_copy - sum(want.values()), f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
+        a_fold, a_copy = (arena_bytes(netc_out(netc, src, opts, *x, "--dump=memplan")) for x in ([], ["--copy-views"]))
+        assert a_fold <= a_copy, f"{name}: arena {a_fold} bytes, {a_copy} with --copy-views"
+        saved, data = [], None
+        for extra in ([], ["--copy-views"]):
+            exe = os.path.join(work, name + ("-copies" if extra else ""))
+            subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra, "-o", exe], check=True)
+            data = data or write_data(exe, work)  # the same inputs: --copy-views changes no input
+            out = exe + ".safetensors"
+            train_and_save(exe, data, 3, out)
+            saved.append(open(out, "rb").read())
+        assert saved[0] == saved[1], f"{name}: the weights differ with --copy-views"
+        print(f"views: {name}: {sum(want.values())} nodes folded, {k_fold} kernels a step against {k_copy}, "
+              f"arena {a_fold} bytes against {a_copy}; 3 steps identical to --copy-views")
+
+
+if __name__ == "__main__":
+    main()
