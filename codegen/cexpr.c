@@ -341,15 +341,39 @@ static void read_stored(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *
 
 static void read_view(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *m);
 
+/* The loop's coordinate along n's logical axis a is c, the inner index of a two-level loop. */
+static int coord_is_inner(const Cg *c, const IrNode *n, int a) {
+    int perm[IR_MAX_RANK];
+    if (!c->inner || a < 0) return 0;
+    cg_phys_order(n, perm);
+    for (int j = n->shape.rank - 1; j >= 0; j--)
+        if (n->shape.dim[perm[j]] > 1) return perm[j] == a && n->shape.dim[a] == c->inner;
+    return 0;
+}
+
+/* A choice along n's axis a whose side changes where the loop's coordinate reaches `at`: -1 when
+ * the loop's part of c (seg_lo, seg_hi) lies wholly before `at`, 1 wholly at or after it, 0 when
+ * it must be tested; when cuts are being gathered, `at` is one. */
+static int side_of(Cg *c, const IrNode *n, int a, int64_t at) {
+    if (!coord_is_inner(c, n, a)) return 0;
+    if (c->cuts && at > 0 && at < c->inner) {
+        int k = 0;
+        while (k < c->n_cuts && c->cuts[k] != at) k++;
+        if (k == c->n_cuts && k < CG_MAX_CUTS) c->cuts[c->n_cuts++] = at;
+    }
+    if (c->seg_hi <= c->seg_lo) return 0;
+    return c->seg_hi <= at ? -1 : c->seg_lo >= at ? 1 : 0;
+}
+
 /* `coordinate < bound ? below : at or above` along axis a of a view, with `above` read with the
  * coordinate less `bound` there; decided here when the coordinate is a constant. */
 static void read_split(Cg *c, const IrNode *below, const IrNode *above, int a, int64_t bound, const IrNode *n,
                        const ViewMap *m) {
     ViewMap mb = *m;
     mb.shift[a] -= bound;
-    if (m->loop[a] < 0) {
-        if (m->shift[a] < bound) read_view(c, below, n, m);
-        else read_view(c, above, n, &mb);
+    int side = m->loop[a] < 0 ? (m->shift[a] < bound ? -1 : 1) : side_of(c, n, m->loop[a], bound - m->shift[a]);
+    if (side) {
+        read_view(c, side < 0 ? below : above, n, side < 0 ? m : &mb);
         return;
     }
     cg_put(c, "(");
@@ -384,12 +408,19 @@ static void read_view(Cg *c, const IrNode *x, const IrNode *n, const ViewMap *m)
     case OP_SLICE_BWD: { /* dy's elements at start .. start + len along a, zeros around them */
         int64_t lo = x->attr.start, hi = lo + x->in[0]->shape.dim[a];
         mu.shift[a] -= lo;
-        if (m->loop[a] < 0) {
-            if (m->shift[a] >= lo && m->shift[a] < hi) read_view(c, x->in[0], n, &mu);
+        int64_t from = lo - m->shift[a]; /* the loop's coordinate where dy starts */
+        int inside = -1; /* whether the loop's elements all lie in dy (1), none do (0), or either (-1) */
+        if (m->loop[a] < 0) inside = m->shift[a] >= lo && m->shift[a] < hi;
+        else {
+            int start = side_of(c, n, m->loop[a], from), end = side_of(c, n, m->loop[a], from + hi - lo);
+            if (start < 0 || end > 0) inside = 0;
+            else if (start > 0 && end < 0) inside = 1;
+        }
+        if (inside >= 0) {
+            if (inside) read_view(c, x->in[0], n, &mu);
             else cg_put(c, "0.0f");
             break;
         }
-        int64_t from = lo - m->shift[a]; /* the loop's coordinate where dy starts */
         cg_put(c, "((uint64_t)(");
         loop_coord(c, n, m->loop[a]);
         if (from) cg_put(c, " %c %" PRId64, from > 0 ? '-' : '+', from > 0 ? from : -from);

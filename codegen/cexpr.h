@@ -26,6 +26,11 @@ typedef struct Cg {
     const IrNode **fold;    /* eval_step: fold[id] = the BN_STATS folded into convolution id */
     const char *fn_qual;    /* how the scalar helpers are declared: "static inline " (C) or with __device__ */
     int64_t inner;          /* the loop being emitted is two-level, i = r * inner + c (0: flat i) */
+    int64_t seg_lo, seg_hi; /* CPU: a two-level loop's c runs over [seg_lo, seg_hi) (seg_hi 0: all of it);
+                             * a folded view's choice along c is then made here where it can be */
+    int64_t *cuts;          /* CPU, when set: the body is not kept, and each value of c where a
+                             * folded view's choice along c changes is added here (CG_MAX_CUTS) */
+    int n_cuts;
     int depth;              /* indentation of the next line, in levels of 4 spaces (cg_line) */
     const int *in_backward; /* CPU, forward_backward: the position after which the backward pass updates
                              * parameter i (in_backward[i]), -1 when optimizer_step does; or NULL */
@@ -42,6 +47,8 @@ typedef struct Cg {
      * along the loop (cg_quad_axes). NULL: one element a thread, v<id>[i]. */
     const unsigned char *vec;
 } Cg;
+
+enum { CG_MAX_CUTS = 8 }; /* a two-level loop's inner loop is split in at most CG_MAX_CUTS + 1 */
 
 typedef struct CgAxis {
     int64_t dim;    /* extent of this loop axis */
