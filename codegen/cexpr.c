@@ -1283,10 +1283,11 @@ void cg_attention_dims(const IrNode *n, CgAttn *a) {
     const IrShape *q = &s[0], *k = &s[1], *v = &s[2];
     int r = q->rank;
     *a = (CgAttn){.T = q->dim[r - 2], .S = k->dim[r - 2], .D = q->dim[r - 1], .E = v->dim[r - 1], .n_lead = r - 2,
-                  .BH = 1, .group = 1, .mask_node = m, .tokens = n->attr.attn_heads[0] != 0};
+                  .BH = 1, .group = 1, .mask_node = m, .tokens = ir_attention_tokens(n)};
     for (int i = 0; i < r - 2; i++) a->lead[i] = q->dim[i], a->BH *= q->dim[i];
     if (r > 2) a->group = q->dim[r - 3] / k->dim[r - 3];
-    for (int i = 0; i < 3 && a->tokens; i++) a->row[i] = n->in[i]->shape.dim[2], a->col[i] = n->attr.attn_col[i];
+    for (int i = 0; i < 3; i++) /* an operand in the plain form: dense slices, row 0 */
+        if (n->attr.attn_heads[i]) a->row[i] = n->in[i]->shape.dim[2], a->col[i] = n->attr.attn_col[i];
     if (a->tokens) a->row[3] = q->dim[1] * a->E;
     if (!m) return;
     a->mask = m->dtype == DT_U8 ? 2 : 1;
@@ -1316,7 +1317,7 @@ void cg_attention_grad(const IrNode *n, const CgAttn *a, int i, char *buf, size_
 }
 
 int cg_attention_zeroed(const IrNode *n, const CgAttn *a, int i) {
-    if (!a->tokens || ir_attention_first(n, i) != i) return 0;
+    if (!n->attr.attn_heads[i] || ir_attention_first(n, i) != i) return 0;
     int64_t covered = 0;
     for (int j = i; j < 3; j++)
         if (ir_attention_first(n, j) == i) covered += n->attr.attn_heads[j] * n->attr.attn_hdim[j];

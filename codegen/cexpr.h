@@ -172,8 +172,8 @@ typedef struct CgAttn {
     int mask;
     const IrNode *mask_node;
     int tokens;       /* heads read from tokens (attr.attn_heads): the operands' rows are */
-    int64_t row[4];   /* row[0..3] floats apart (q, k, v, out) and q, k, v start at */
-    int64_t col[3];   /* columns col[0..2] of them */
+    int64_t row[4];   /* row[0..3] floats apart (q, k, v, out; 0: an operand in the plain form, */
+    int64_t col[3];   /* dense slices) and q, k, v start at columns col[0..2] of them */
 } CgAttn;
 void cg_attention_dims(const IrNode *n, CgAttn *a);
 /* The C expression for where operand i (q, k, v) of attention n starts ("v12", "v12 + 256"),

@@ -544,12 +544,18 @@ int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrN
            attention_shapes_ok(&q->shape, &k->shape, &v->shape, mask);
 }
 
+int ir_attention_tokens(const IrNode *n) {
+    return n->attr.attn_heads[0] || n->attr.attn_heads[1] || n->attr.attn_heads[2];
+}
+
 int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
     const IrAttrs *a = &n->attr;
+    const int tokens = ir_attention_tokens(n);
     for (int i = 0; i < 3; i++) {
         const IrShape *x = &n->in[i]->shape;
         if (n->in[i]->dtype != DT_F32) return 0;
-        if (!a->attn_heads[0]) {
+        if (!a->attn_heads[i]) { /* plain; beside operands read from tokens, [B, heads, T, head_dim] */
+            if (tokens && x->rank != 4) return 0;
             qkv[i] = *x;
             continue;
         }
@@ -559,9 +565,9 @@ int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
         qkv[i] = ir_shape(4, x->dim[0], (int64_t)a->attn_heads[i], x->dim[1], a->attn_hdim[i]);
     }
     /* two operands of one base read disjoint columns: their gradients share it (autodiff) */
-    for (int i = 0; i < 3 && a->attn_heads[0]; i++)
+    for (int i = 0; i < 3; i++)
         for (int j = 0; j < i; j++)
-            if (n->in[i] == n->in[j] && a->attn_col[i] < a->attn_col[j] + a->attn_heads[j] * a->attn_hdim[j] &&
+            if (a->attn_heads[i] && a->attn_heads[j] && n->in[i] == n->in[j] && a->attn_col[i] < a->attn_col[j] + a->attn_heads[j] * a->attn_hdim[j] &&
                 a->attn_col[j] < a->attn_col[i] + a->attn_heads[i] * a->attn_hdim[i])
                 return 0;
     return 1;
@@ -570,7 +576,7 @@ int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
 /* The result of attention n whose q, k, v are s: [..., T, e]; heads read from tokens,
  * [B, T, heads * e], the heads side by side. */
 static IrShape attention_out(const IrNode *n, const IrShape s[3]) {
-    if (n->attr.attn_heads[0]) return ir_shape(3, s[0].dim[0], s[0].dim[2], s[0].dim[1] * s[2].dim[3]);
+    if (ir_attention_tokens(n)) return ir_shape(3, s[0].dim[0], s[0].dim[2], s[0].dim[1] * s[2].dim[3]);
     IrShape y = s[0];
     y.dim[y.rank - 1] = s[2].dim[s[2].rank - 1];
     return y;
@@ -584,8 +590,8 @@ static int shape_attention(const IrNode *n, IrShape *want) {
 }
 
 int ir_attention_first(const IrNode *n, int i) {
-    for (int j = 0; j < i && n->attr.attn_heads[0]; j++)
-        if (n->in[j] == n->in[i]) return j;
+    for (int j = 0; j < i && n->attr.attn_heads[i]; j++)
+        if (n->attr.attn_heads[j] && n->in[j] == n->in[i]) return j;
     return i;
 }
 
@@ -646,7 +652,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
         return 1;
     case ATTR_AXIS: return !a->axis;
     case ATTR_SLICE: return !a->start;
-    case ATTR_ATTN: return !a->causal && a->attn_scale == 0 && !a->attn_heads[0];
+    case ATTR_ATTN: return !a->causal && a->attn_scale == 0 && !a->attn_heads[0] && !a->attn_heads[1] && !a->attn_heads[2];
     case ATTR_PART: return !a->part;
     case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
     case ATTR_NORM: return a->norm_eps == 0 && !a->norm_params;
@@ -775,7 +781,7 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_ATTN:
         if (a->causal) fprintf(out, " causal");
         fprintf(out, " scale=%.9g", a->attn_scale);
-        if (a->attn_heads[0]) /* heads read from tokens */
+        if (a->attn_heads[0] || a->attn_heads[1] || a->attn_heads[2]) /* heads read from tokens */
             fprintf(out, " heads=%d,%d,%d head_dim=%lld,%lld,%lld cols=%lld,%lld,%lld", a->attn_heads[0],
                     a->attn_heads[1], a->attn_heads[2], (long long)a->attn_hdim[0], (long long)a->attn_hdim[1],
                     (long long)a->attn_hdim[2], (long long)a->attn_col[0], (long long)a->attn_col[1],

@@ -133,7 +133,9 @@ typedef struct IrAttrs {
     int causal; double attn_scale;            /* attention: key j > query i masked out; the
                                                * scores' factor (1/sqrt(d) by default) */
     int attn_heads[3];                        /* attention: q, k, v's heads read from tokens
-                                               * (fold_attention_heads); 0: the plain form */
+                                               * (fold_attention_heads); 0: that operand in the
+                                               * plain form; any nonzero: the result's heads
+                                               * written side by side in tokens too */
     int64_t attn_hdim[3], attn_col[3];        /* ... their head sizes and first columns */
     int64_t part;                             /* part: element offset into operand 0 */
     int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
@@ -362,13 +364,17 @@ const char *ir_shape_str(const IrShape *s, char *buf, size_t size);
  * same leading axes (k's and v's last one may divide q's: grouped-query attention), and mask
  * (NULL: none) f32 or u8, broadcast to [..., T, S]. */
 int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrNode *mask);
-/* Attention n's (or its gradient's) q, k and v as [..., T, d], [..., S, d], [..., S, e]: the
- * operands' own shapes, or with heads read from tokens (attr.attn_heads, fold_attention_heads)
- * [B, heads, T, head_dim] of the base [B, T, W] whose columns attn_col .. attn_col + heads *
- * head_dim hold them; 0 when the attributes do not fit the bases, or two operands of one base
- * overlap. */
+/* Whether attention n (or its gradient) reads any of its heads from tokens and writes its
+ * result so (attr.attn_heads, fold_attention_heads). */
+int ir_attention_tokens(const IrNode *n);
+/* Attention n's (or its gradient's) q, k and v as [..., T, d], [..., S, d], [..., S, e]: an
+ * operand's own shape, or with its heads read from tokens (attr.attn_heads[i]) [B, heads, T,
+ * head_dim] of the base [B, T, W] whose columns attn_col .. attn_col + heads * head_dim hold
+ * them (the others then [B, heads, T, head_dim] themselves); 0 when the attributes do not fit
+ * the bases, or two operands of one base overlap. */
 int ir_attention_qkv(const IrNode *n, IrShape qkv[3]);
-/* The first of n's operands 0 .. i that has operand i's base: i itself in the plain form. */
+/* The first of n's operands 0 .. i read from tokens of operand i's base: i itself when none, or
+ * in the plain form. */
 int ir_attention_first(const IrNode *n, int i);
 /* Where operand i's gradient starts in attention_bwd's packed result: the plain form's dq, dk,
  * dv one after another; heads read from tokens, one gradient per base (in the order of the

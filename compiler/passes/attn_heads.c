@@ -26,10 +26,13 @@
  * per base (ir_attention_grad_at): GPT-2's dq, dk and dv are written into the one [B, T, 3C]
  * gradient of the projection, each into its columns.
  *
- * Folded only when every operand has that form, the operands of one base read disjoint columns,
- * and everything reading the result is the permute back; nothing is folded that the graph itself
- * reads (the loss, the model's output). Copies left unread are removed. Both backends' kernels
- * read such operands (RtAttnView in netrt.h, RtKAttnView in netrt_attention.cuh).
+ * Folded when at least one operand has that form, the operands of one base read disjoint
+ * columns, and everything reading the result is the permute back; nothing is folded that the
+ * graph itself reads (the loss, the model's output). An operand of another form is read as it
+ * is, [B, H, T, d]: in Llama q and k are turned by the rotary embedding after the heads are
+ * split, and only v and the result are folded. Copies left unread are removed. Both backends'
+ * kernels read each operand through a view of its own (RtAttnView in netrt.h, RtKAttnView in
+ * netrt_attention.cuh; dense where an operand is in the plain form).
  */
 #include "passes.h"
 
@@ -64,12 +67,16 @@ static void drop_unread(IrBuilder *b, IrNode *x) {
 
 /* Attention y with its heads read from tokens, or 0 when it does not have the form. */
 static int fold(IrGraph *g, IrBuilder *b, IrNode *y) {
-    if (y->attr.attn_heads[0] || y->shape.rank != 4 || kept(g, b, y)) return 0;
+    if (ir_attention_tokens(y) || y->shape.rank != 4 || kept(g, b, y)) return 0;
     IrAttrs attr = y->attr;
     IrNodeSpec spec = {.op = y->op, .n_in = y->n_in, .dtype = DT_F32, .layout = y->layout, .attr = &attr,
                        .phase = y->phase, .loc = y->loc};
-    for (int i = 0; i < 3; i++)
-        if (!heads_of(y->in[i], &spec.in[i], &attr.attn_col[i], &attr.attn_heads[i], &attr.attn_hdim[i])) return 0;
+    int from_tokens = 0;
+    for (int i = 0; i < 3; i++) { /* an operand of another form stays as it is, [B, H, T, d] */
+        from_tokens += heads_of(y->in[i], &spec.in[i], &attr.attn_col[i], &attr.attn_heads[i], &attr.attn_hdim[i]);
+        if (!attr.attn_heads[i]) spec.in[i] = y->in[i];
+    }
+    if (!from_tokens) return 0;
     if (y->n_in > 3) spec.in[3] = y->in[3]; /* the mask: read per (batch, head) as before */
     int n_uses;
     const IrUse *use = irb_uses(b, y, &n_uses);
@@ -93,7 +100,8 @@ static int fold(IrGraph *g, IrBuilder *b, IrNode *y) {
         irb_remove(b, p);
     }
     irb_remove(b, y);
-    for (int i = 0; i < 3; i++) drop_unread(b, y->in[i]);
+    for (int i = 0; i < 3; i++)
+        if (attr.attn_heads[i]) drop_unread(b, y->in[i]);
     return 1;
 }
 

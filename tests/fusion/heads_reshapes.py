@@ -6,8 +6,9 @@ float64, tests/torch against PyTorch):
     GPT-2 (packed q, k, v of one product), BERT (three products, a padding mask), GPT-2 under
     LoRA: every attention and its gradient carry heads=, and no permute, slice or slice_bwd is
     left in the step, with either backend (the CPU's RtAttnView, the device kernels'
-    RtKAttnView); with --no-fuse, and for Llama (rotary embeddings between the projections and
-    the attention), none does;
+    RtKAttnView); Llama (rotary embeddings between the projections and the attention): q and k
+    read as they are, v and the result in the projections' rows (heads=0,0,H), so only q's and
+    k's permutes and their gradients' are left; with --no-fuse none does;
   - element-wise operators computed on a dense layer's rows (compiler/passes/reshapes.c): GPT-2's
     GELU and its gradient on [B*T, 4C], each in the epilogue group of the product before it, and
     Llama's SiLU-gated product on [B*T, intermediate]; with --no-fuse on [B, T, 4C].
@@ -55,7 +56,12 @@ def heads(name, model, opts, layers, folds):
         copies = [n for n in g if n[1] in ("permute", "slice", "slice_bwd")]
         tag = f"{name}{' --no-fuse' if extra else ''}"
         check(len(attn) == 2 * layers, f"{tag}: {len(attn)} attention nodes, forward and gradient of {layers} layers")
-        if want:
+        if want == "v":
+            check(all(re.search(r" heads=0,0,[1-9]", n[4]) for n in attn),
+                  f"{tag}: every attention reads v, and only v, in place")
+            permutes = [n for n in copies if n[1] == "permute"]
+            check(len(permutes) == 4 * layers, f"{tag}: {len(permutes)} permutes, q's and k's and their gradients'")
+        elif want:
             check(all(" heads=" in n[4] for n in attn), f"{tag}: every attention reads its heads in place")
             check(not copies, f"{tag}: no head copies left ({[n[1] for n in copies][:6]})")
         else:
@@ -90,7 +96,7 @@ def main():
         heads("gpt2" + tag, "gpt2.net", GPT2 + be, 2, True)
         heads("gpt2 lora" + tag, "gpt2.net", GPT2 + be + ["-D", "lora_r=4"], 2, True)
         heads("bert" + tag, "bert.net", BERT + be, 2, True)
-        heads("llama" + tag, "llama.net", LLAMA + be, 2, False)
+        heads("llama" + tag, "llama.net", LLAMA + be, 2, "v")
     reshapes()
     if failures:
         sys.exit(f"heads_reshapes: {len(failures)} failed")

@@ -29,8 +29,8 @@ MODELS = [
     # the rotary tables' concat (cat(freqs, freqs)); in each layer, for q and for k, the permute
     # that splits the heads off the projection and rotate_half's two slices and concatenation,
     # then in the backward pass the concatenation's gradient (two slices of dy) and the two
-    # slices' gradients (slice_bwd): 1 + 2 * 2 * 4 + 2 * 2 * 4. v's heads and the attention's
-    # result are permuted for the attention kernel and the o_proj product: copies.
+    # slices' gradients (slice_bwd): 1 + 2 * 2 * 4 + 2 * 2 * 4. (v's heads and the attention's
+    # result the attention reads and writes in the projections' rows: no permute, attn_heads.c.)
     ("llama", "models/llama.net", LLAMA, {"concat": 5, "permute": 4, "slice": 16, "slice_bwd": 8}),
     # the same under LoRA: the adapters sit on the projections, before the heads are split
     ("llama_lora", "models/llama.net", LLAMA + ["-D", "lora_r=4", "-D", "lora_dropout=0"],

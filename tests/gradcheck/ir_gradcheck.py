@@ -239,20 +239,21 @@ class Interp:
     def attention(self, n, x):
         """attention and attention_masked; their gradient packs dq, dk, dv and the kernels'
         scratch (2 floats per query row, zeros here: nothing reads them). With heads read from
-        tokens (attributes heads, head_dim, cols: the CPU backend's fold_attention_heads), q, k
-        and v are [B, heads, T, head_dim] views of columns of their operands [B, T, W], the
-        result is [B, T, heads * e], and the gradient packs one gradient per distinct operand."""
+        tokens (attributes heads, head_dim, cols: fold_attention_heads), an operand i with
+        heads[i] > 0 is [B, heads, T, head_dim], a view of columns of its operand [B, T, W] (one
+        with heads[i] = 0 is read as it is), the result is [B, T, heads * e], and the gradient
+        packs one gradient per operand, the operands read from tokens of one base sharing one."""
         causal, scale = "causal" in n.attr, n.attr["scale"][0]
         tokens = "heads" in n.attr
-        bases = list(dict.fromkeys(n.ins[:3])) if tokens else list(range(3))  # one gradient each
-        leaves = [x[n.ins.index(b) if tokens else b].detach().requires_grad_(True) for b in bases]
+        H, d, c = ([int(v) for v in n.attr[key]] for key in ("heads", "head_dim", "cols")) if tokens else ([0] * 3,) * 3
+        first = [next((j for j in range(i) if H[i] and H[j] and n.ins[j] == n.ins[i]), i) for i in range(3)]
+        slots = [i for i in range(3) if first[i] == i]  # ir_attention_first: one gradient each
+        leaves = [x[i].detach().requires_grad_(True) for i in slots]
 
         def qkv():
-            if not tokens: return leaves
-            H, d, c = ([int(v) for v in n.attr[key]] for key in ("heads", "head_dim", "cols"))
-            ts = [leaves[bases.index(n.ins[i])] for i in range(3)]
+            ts = [leaves[slots.index(first[i])] for i in range(3)]
             return [t[..., c[i]:c[i] + H[i] * d[i]].reshape(t.shape[0], t.shape[1], H[i], d[i]).transpose(1, 2)
-                    for i, t in enumerate(ts)]
+                    if H[i] else t for i, t in enumerate(ts)]
 
         def forward():
             q, k, v = qkv()  # dropout: one fixed mask of the probabilities' shape per seed id
