@@ -16,13 +16,14 @@ For each model below: compile it as it is and with --no-remat, and require
 """
 import os
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, HERE)
-from train_pair import train_and_save, write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import arena_bytes, netc_out  # noqa: E402
+from train_pair import saved_by_variant  # noqa: E402  (trains variants on 64 samples shaped like the inputs)
 
 GPT2 = ["-D", "vocab=256", "-D", "seq=32", "-D", "n_layer=2", "-D", "n_head=2", "-D", "n_embd=64"]
 # name, source, netc options, the activations computed again (operator: count)
@@ -50,11 +51,6 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "dropout", "rmsnorm", "layernorm")
 LOOPS_OF_THEIR_OWN = ("dropout", "rmsnorm", "layernorm")
 
 
-def netc_out(netc, src, opts, *extra):
-    return subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra], capture_output=True, text=True,
-                          check=True).stdout
-
-
 def backward_copies(fused):
     """{op: count} of the activations and norms in the backward part of --dump=fused (after its
     "backward:" line), each SiLU or GELU required fused into a loop."""
@@ -67,10 +63,6 @@ def backward_copies(fused):
     return count
 
 
-def arena_bytes(plan):
-    return int(re.search(r"^arena: (\d+) bytes", plan, re.M).group(1))
-
-
 def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -81,14 +73,7 @@ def main():
         assert not kept, f"{name}: --no-remat still computes {kept} again"
         remat, plain = (arena_bytes(netc_out(netc, src, opts, *x, "--dump=memplan")) for x in ([], ["--no-remat"]))
         assert remat < plain, f"{name}: arena {remat} bytes, {plain} with --no-remat"
-        saved, data = [], None
-        for extra in ([], ["--no-remat"]):
-            exe = os.path.join(work, name + ("-kept" if extra else ""))
-            subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra, "-o", exe], check=True)
-            data = data or write_data(exe, work)  # the same inputs: --no-remat changes no input
-            out = exe + ".safetensors"
-            train_and_save(exe, data, 3, out)
-            saved.append(open(out, "rb").read())
+        saved = saved_by_variant(netc, os.path.join(ROOT, src), opts, ([], ["--no-remat"]), work, name)
         assert saved[0] == saved[1], f"{name}: the weights differ with --no-remat"
         print(f"remat: {name}: {sum(want.values())} activations computed again, arena {remat} bytes against "
               f"{plain}; 3 steps identical to --no-remat")

@@ -42,6 +42,21 @@ def train_and_save(exe, data, steps, out, *extra):
                     "--save", out, *extra], check=True)
 
 
+def saved_by_variant(netc, src, opts, variants, work, name, steps=3):
+    """Compile `src` with the netc options `opts` plus each entry of `variants` (a list of more
+    options each), train each trainer `steps` steps from the same weights on the same data
+    (write_data's for the first) and return the bytes each saved, in the order of `variants`."""
+    saved, data = [], None
+    for k, extra in enumerate(variants):
+        exe = os.path.join(work, f"{name}-{k}")
+        subprocess.run([netc, src, *opts, *extra, "-o", exe], check=True)
+        data = data or write_data(exe, work)  # the variants change no input
+        out = exe + ".safetensors"
+        train_and_save(exe, data, steps, out)
+        saved.append(open(out, "rb").read())
+    return saved
+
+
 def main():
     work, steps, tol, exe_a, exe_b = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.makedirs(work, exist_ok=True)

@@ -15,13 +15,14 @@ For each model below: compile it as it is and with --copy-views, and require
 """
 import os
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, HERE)
-from train_pair import train_and_save, write_data  # noqa: E402  (64 samples shaped like the model's inputs)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import arena_bytes, netc_out  # noqa: E402
+from train_pair import saved_by_variant  # noqa: E402  (trains variants on 64 samples shaped like the inputs)
 
 LLAMA = ["-D", "n_layer=2", "-D", "seq=32"]
 # name, source, netc options, the nodes folded (operator: count)
@@ -44,11 +45,6 @@ MODELS = [
 ]
 
 
-def netc_out(netc, src, opts, *extra):
-    return subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra], capture_output=True, text=True,
-                          check=True).stdout
-
-
 def folded(dump):
     """{op: count} of the nodes --dump=fused marks folded."""
     count = {}
@@ -59,10 +55,6 @@ def folded(dump):
 
 def kernels(report):
     return int(re.search(r"^  fused: +(\d+)", report, re.M).group(1))
-
-
-def arena_bytes(plan):
-    return int(re.search(r"^arena: (\d+) bytes", plan, re.M).group(1))
 
 
 def main():
@@ -80,14 +72,7 @@ def main():
         assert k_fold == k_copy - sum(want.values()), f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
         a_fold, a_copy = (arena_bytes(netc_out(netc, src, opts, *x, "--dump=memplan")) for x in ([], ["--copy-views"]))
         assert a_fold <= a_copy, f"{name}: arena {a_fold} bytes, {a_copy} with --copy-views"
-        saved, data = [], None
-        for extra in ([], ["--copy-views"]):
-            exe = os.path.join(work, name + ("-copies" if extra else ""))
-            subprocess.run([netc, os.path.join(ROOT, src), *opts, *extra, "-o", exe], check=True)
-            data = data or write_data(exe, work)  # the same inputs: --copy-views changes no input
-            out = exe + ".safetensors"
-            train_and_save(exe, data, 3, out)
-            saved.append(open(out, "rb").read())
+        saved = saved_by_variant(netc, os.path.join(ROOT, src), opts, ([], ["--copy-views"]), work, name)
         assert saved[0] == saved[1], f"{name}: the weights differ with --copy-views"
         print(f"views: {name}: {sum(want.values())} nodes folded, {k_fold} kernels a step against {k_copy}, "
               f"arena {a_fold} bytes against {a_copy}; 3 steps identical to --copy-views")

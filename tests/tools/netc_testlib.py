@@ -8,6 +8,7 @@ safetensors package; tests/torch/ checks our reader against files netc writes.
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -74,6 +75,19 @@ class Checks:
         if status and not missing:
             print(f"ok   {what}: {msg.strip().splitlines()[0] if msg.strip() else ''}")
         return self(not missing, f"{what}: output lacks {missing}:\n{msg}")
+
+
+def netc_out(netc, src, opts, *extra):
+    """What `netc SRC OPTS... EXTRA...` prints (a --dump stage, --report), SRC relative to the
+    repository's root; netc must succeed."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    return subprocess.run([netc, os.path.join(root, src), *opts, *extra], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def arena_bytes(plan):
+    """The arena's size in bytes, from netc --dump=memplan's text."""
+    return int(re.search(r"^arena: (\d+) bytes", plan, re.M).group(1))
 
 
 def compile_model(netc, here, work, name, *defines):
