@@ -458,8 +458,10 @@ void cg_declare_read(Cg *c, const IrNode *x) { for_each_read(c, x, declare_store
 int64_t cg_read_numel(const IrNode *x) {
     if (x->storage != ST_FOLDED) return ir_numel(&x->shape);
     int64_t m = 0;
-    for (int k = 0; k < x->n_in; k++)
-        if (cg_read_numel(x->in[k]) > m) m = cg_read_numel(x->in[k]);
+    for (int k = 0; k < x->n_in; k++) {
+        int64_t e = cg_read_numel(x->in[k]);
+        if (e > m) m = e;
+    }
     return m;
 }
 

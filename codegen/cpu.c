@@ -62,13 +62,21 @@ static int64_t inner_extent(const Cg *c, const IrNode *n) {
     return 0;
 }
 
-/* Open an element-wise loop over n's elements, flat or two-level (sets c->inner); the body
- * sees `i`, one level deeper. loop_close ends it. The two loops of a two-level one count as one
- * level: the column loop's line and the body stay at the row loop's inner depth, and `}}`
- * closes both. */
-static void loop_open(Cg *c, const IrNode *n) {
+/* The head of a two-level loop's inner loop over columns [from, to) of its row r. */
+static void inner_loop_head(Cg *c, int64_t from, int64_t to) {
+    cg_line(c, "#pragma omp simd");
+    if (from) cg_line(c, "for (int64_t c = %" PRId64 "; c < %" PRId64 "; c++) {", from, to);
+    else cg_line(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", to); /* no level of its own */
+    cg_line(c, "const int64_t i = r * %" PRId64 " + c;", c->inner);
+}
+
+/* Open an element-wise loop over n's elements, flat or two-level as c->inner says (set by the
+ * caller: inner_extent); the body sees `i`, one level deeper, and a two-level loop's inner loop
+ * runs over its first `end` columns (0: all). loop_close ends it. The two loops of a two-level
+ * one count as one level: the column loop's line and the body stay at the row loop's inner
+ * depth, and `}}` closes both. */
+static void loop_open(Cg *c, const IrNode *n, int64_t end) {
     int64_t total = ir_numel(&n->shape);
-    c->inner = inner_extent(c, n);
     if (!c->inner) {
         flat_pragma(c, total);
         cg_open(c, "for (int64_t i = 0; i < %" PRId64 "; i++) {", total);
@@ -76,11 +84,7 @@ static void loop_open(Cg *c, const IrNode *n) {
     }
     if (total >= PAR_MIN) cg_line(c, "#pragma omp parallel for");
     cg_open(c, "for (int64_t r = 0; r < %" PRId64 "; r++) {", total / c->inner);
-    /* the inner loop: whole, or its first part (emit_ew_loop) */
-    int64_t end = c->seg_hi > c->seg_lo ? c->seg_hi : c->inner;
-    cg_line(c, "#pragma omp simd");
-    cg_line(c, "for (int64_t c = 0; c < %" PRId64 "; c++) {", end); /* no level of its own */
-    cg_line(c, "const int64_t i = r * %" PRId64 " + c;", c->inner);
+    inner_loop_head(c, 0, end ? end : c->inner);
 }
 
 static void loop_close(Cg *c) {
@@ -121,21 +125,18 @@ static void emit_ew_loop(Cg *c, const IrNode *head) {
         c->out = out, c->cuts = NULL, n_cuts = c->n_cuts;
     }
     if (!n_cuts) {
-        loop_open(c, head);
+        loop_open(c, head, 0);
         ew_body(c, head);
         loop_close(c);
         return;
     }
     qsort(cuts + 1, (size_t)n_cuts, sizeof *cuts, by_value);
     cuts[0] = 0, cuts[n_cuts + 1] = c->inner;
-    c->seg_lo = 0, c->seg_hi = cuts[1];
-    loop_open(c, head); /* its inner loop over the first part */
+    loop_open(c, head, cuts[1]); /* its inner loop over the first part */
     for (int k = 0; k <= n_cuts; k++) {
         if (k) {
             cg_line(c, "}");
-            cg_line(c, "#pragma omp simd");
-            cg_line(c, "for (int64_t c = %" PRId64 "; c < %" PRId64 "; c++) {", cuts[k], cuts[k + 1]);
-            cg_line(c, "const int64_t i = r * %" PRId64 " + c;", c->inner);
+            inner_loop_head(c, cuts[k], cuts[k + 1]);
         }
         c->seg_lo = cuts[k], c->seg_hi = cuts[k + 1];
         ew_body(c, head);

@@ -781,7 +781,7 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_ATTN:
         if (a->causal) fprintf(out, " causal");
         fprintf(out, " scale=%.9g", a->attn_scale);
-        if (a->attn_heads[0] || a->attn_heads[1] || a->attn_heads[2]) /* heads read from tokens */
+        if (ir_attention_tokens(n)) /* heads read from tokens */
             fprintf(out, " heads=%d,%d,%d head_dim=%lld,%lld,%lld cols=%lld,%lld,%lld", a->attn_heads[0],
                     a->attn_heads[1], a->attn_heads[2], (long long)a->attn_hdim[0], (long long)a->attn_hdim[1],
                     (long long)a->attn_hdim[2], (long long)a->attn_col[0], (long long)a->attn_col[1],

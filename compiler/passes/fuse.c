@@ -35,8 +35,7 @@ static int joins(const IrGraph *g, const IrNode *head, const IrNode *n) {
            n->layout == head->layout && (n->id < g->n_fwd) == (head->id < g->n_fwd);
 }
 
-/* Values something outside the step's element-wise code reads at the end of the step. */
-static void mark_escaping(const IrGraph *g, unsigned char *escapes) {
+void mark_escaping(const IrGraph *g, unsigned char *escapes) {
     if (g->loss) escapes[g->loss->id] = 1;
     if (g->correct) escapes[g->correct->id] = 1;
     if (g->output) escapes[g->output->id] = 1;

@@ -44,6 +44,9 @@ int layout_select(IrGraph *g, int channels_last, int krsc_filters);
  * matrix product or convolution, batch norm + residual add + ReLU, and their backward
  * counterparts. Returns the number of groups. */
 int fuse_elementwise(IrGraph *g);
+/* Set escapes[id] for the values the step hands on whole at its end: the loss, the accuracy,
+ * the model's output, each parameter's gradient and the views it is read through. */
+void mark_escaping(const IrGraph *g, unsigned char *escapes);
 /* epilogue.c: GEMM + bias + activation. A matrix product whose element-wise tail (bias,
  * activation, or in the backward pass the activation's gradient) follows it directly gets
  * that group as its `epilogue` (a lone element-wise node becomes a one-member group), which

@@ -28,21 +28,9 @@
  *     member while another thread reads the view of it at some other index, maybe before it is
  *     written.
  */
-#include <stdlib.h>
-
 #include "passes.h"
 
 static int is_view_op(IrOp op) { return op == OP_PERMUTE || op == OP_SLICE || op == OP_SLICE_BWD || op == OP_CONCAT; }
-
-/* Values the step hands on whole: the loss, the accuracy, the output, the parameters' gradients
- * and the views those are read through. */
-static void mark_handed_on(const IrGraph *g, unsigned char *handed) {
-    if (g->loss) handed[g->loss->id] = 1;
-    if (g->correct) handed[g->correct->id] = 1;
-    if (g->output) handed[g->output->id] = 1;
-    for (int i = 0; i < g->n_params; i++)
-        for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL) handed[n->id] = 1;
-}
 
 /* r reads its operands element by element (cexpr.c's cg_elem_as), or is itself folded. */
 static int reads_elementwise(const IrNode *r, const unsigned char *epilogue_group) {
@@ -62,20 +50,12 @@ static int reads_member(const IrNode *v, int group) {
 }
 
 int fold_views(IrGraph *g) {
-    ir_renumber(g);
+    IrBuilder *b = irb_begin(g); /* for its use-lists: nothing is edited */
     unsigned char *handed = arena_alloc(g->arena, (size_t)g->n + 1);
     unsigned char *epilogue_group = arena_alloc(g->arena, (size_t)g->n_groups + 1);
-    mark_handed_on(g, handed);
+    mark_escaping(g, handed); /* the loss, the output, the gradients: handed on whole */
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i]->epilogue) epilogue_group[g->nodes[i]->epilogue] = 1;
-    /* readers[first[v] .. first[v + 1]): the nodes reading v */
-    int *first = arena_alloc(g->arena, ((size_t)g->n + 2) * sizeof *first);
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) first[g->nodes[i]->in[k]->id + 2]++;
-    for (int i = 0; i < g->n; i++) first[i + 2] += first[i + 1];
-    IrNode **readers = arena_alloc(g->arena, ((size_t)first[g->n + 1] + 1) * sizeof *readers);
-    for (int i = 0; i < g->n; i++)
-        for (int k = 0; k < g->nodes[i]->n_in; k++) readers[first[g->nodes[i]->in[k]->id + 1]++] = g->nodes[i];
     /* every candidate folded, then unfolded until each folded one's readers allow it: unfolding
      * only takes readers away from the rule (a node unfolded reads like a kernel), so this ends */
     for (int i = 0; i < g->n; i++) {
@@ -87,13 +67,16 @@ int fold_views(IrGraph *g) {
         changed = 0;
         for (int i = g->n - 1; i >= 0; i--) {
             IrNode *v = g->nodes[i];
-            for (int j = first[i]; v->folded && j < first[i + 1]; j++) {
-                const IrNode *r = readers[j];
+            int n_uses;
+            const IrUse *use = irb_uses(b, v, &n_uses);
+            for (int j = 0; v->folded && j < n_uses; j++) {
+                const IrNode *r = use[j].user;
                 if (!reads_elementwise(r, epilogue_group) || (!r->folded && r->group && reads_member(v, r->group)))
                     v->folded = 0, changed = 1;
             }
         }
     }
+    irb_finish(b);
     int count = 0;
     for (int i = 0; i < g->n; i++) count += g->nodes[i]->folded;
     return count;
