@@ -70,11 +70,7 @@ const char *cg_base_name(const char *path) {
 
 
 /* Logical axes of n in physical order, outermost first. */
-void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]) {
-    static const int nhwc[4] = {0, 2, 3, 1};
-    for (int a = 0; a < n->shape.rank; a++)
-        perm[a] = n->layout == LAYOUT_NHWC && n->shape.rank == 4 ? nhwc[a] : a;
-}
+void cg_phys_order(const IrNode *n, int perm[IR_MAX_RANK]) { ir_layout_order(n->layout, n->shape.rank, perm); }
 
 /* Element stride of each logical axis of n's storage. */
 void cg_elem_strides(const IrNode *n, int64_t st[IR_MAX_RANK]) {
@@ -239,7 +235,8 @@ void cg_comment(Cg *c, const IrNode *n) {
     }
     for (int i = 0; i < n->n_in; i++) cg_put(c, "%s%%%d", i ? ", " : "(", n->in[i]->id);
     cg_put(c, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
-    if (n->layout == LAYOUT_NHWC) cg_put(c, " nhwc");
+    char layout[40];
+    if (n->layout.permuted) cg_put(c, " %s", ir_layout_str(n->layout, layout, sizeof layout));
     if (n->loc.file) {
         cg_put(c, "   ");
         cg_comment_text(o, cg_base_name(n->loc.file));
@@ -1331,8 +1328,8 @@ int cg_attention_zeroed(const IrNode *n, const CgAttn *a, int i) {
 void cg_check_lib_operands(const IrNode *n, const char *backend) {
     for (int k = 0; k <= n->n_in; k++) {
         const IrNode *x = k < n->n_in ? n->in[k] : n;
-        int want = k < n->n_in ? ir_operand_layout(n, k) : -1;
-        if (want >= 0 && !ir_stored_as(x, (IrLayout)want))
+        IrLayout want;
+        if (k < n->n_in && ir_operand_layout(n, k, &want) && !ir_stored_as(x, want))
             ICE("%s: %s on a tensor in another layout", backend, ir_op_name(n->op));
         if (x->dtype == DT_U8 && ir_op_lib(n->op) == LIB_ATTN) continue; /* a boolean mask */
         if (x->dtype != DT_F32 && x->dtype != DT_I64) ICE("%s: %s on %s", backend, ir_op_name(n->op), ir_dtype_name(x->dtype));

@@ -497,7 +497,7 @@ static void emit_conv(Cg *c, const IrNode *n) {
         emit_fold(c, n, c->fold[n->id]);
         snprintf(wname, sizeof wname, "fold_w%d", n->id);
     }
-    if (ir_operand_layout(n, 0) == LAYOUT_NHWC) { /* oneDNN, channels-last activations */
+    if (ir_operand_nhwc(n, 0)) { /* oneDNN, channels-last activations */
         cg_line(c, "static RtConvPlan *plan%d; // built by the first call", n->id);
         cg_line(c, "rt_conv2d_nhwc_%s(&conv%d, &plan%d, v%d, %s, v%d);", fn, n->id, n->id, n->in[0]->id, wname, n->id);
         return;
@@ -519,7 +519,7 @@ static void emit_pool(Cg *c, const IrNode *n) {
     cg_line(c, ".kh = %d, .kw = %d, .stride_h = %d, .stride_w = %d, .pad_h = %d, .pad_w = %d};", a->kernel[0],
             a->kernel[1], a->stride[0], a->stride[1], a->pad[0], a->pad[1]);
     c->depth--;
-    cg_begin(c, "rt_%spool2d_%s%s(&pool%d", max ? "max" : "avg", n->layout == LAYOUT_NHWC ? "nhwc_" : "",
+    cg_begin(c, "rt_%spool2d_%s%s(&pool%d", max ? "max" : "avg", ir_layout_eq(n->layout, LAYOUT_NHWC) ? "nhwc_" : "",
              bwd ? "bwd" : "fwd", n->id);
     for (int k = 0; k < n->n_in; k++) cg_put(c, ", v%d", n->in[k]->id);
     cg_end(c, ", v%d);", n->id);
@@ -687,7 +687,7 @@ static void bn_running(Cg *c, const IrNode *n) {
 static void emit_bn(Cg *c, const IrNode *n) {
     const IrNode *x = n->in[0];
     int64_t N = x->shape.dim[0], C = x->shape.dim[1], HW = ir_numel(&x->shape) / (N * C);
-    int nhwc = x->layout == LAYOUT_NHWC; /* then x (and dy) are N * HW rows of C channels */
+    int nhwc = ir_layout_eq(x->layout, LAYOUT_NHWC); /* then x (and dy) are N * HW rows of C channels */
     if (sync_bn(c, n)) { /* over every rank's batch */
         cg_begin(c, "rt_%s_sync(ctx, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, ",
                  n->op == OP_BN_STATS ? "bn_stats" : "bn_bwd_sums", nhwc, N, C, HW, x->id);
@@ -1120,7 +1120,7 @@ static void emit_output_copy(Cg *c) {
     const int64_t *d = y->shape.dim;
     cg_blank(c);
     cg_open(c, "if (ctx->output) { // the model's output, for --predict");
-    if (y->layout == LAYOUT_NHWC && ir_layout_matters(&y->shape)) {
+    if (ir_layout_eq(y->layout, LAYOUT_NHWC) && ir_layout_matters(&y->shape)) {
         cg_line(c, "for (int64_t n = 0; n < %" PRId64 "; n++)", d[0]);
         cg_line(c, "    for (int64_t h = 0; h < %" PRId64 "; h++)", d[2]);
         cg_line(c, "        for (int64_t w = 0; w < %" PRId64 "; w++)", d[3]);
@@ -1481,7 +1481,7 @@ static int cpu_model(CgEmit *e) {
  * the runtime's Winograd and im2col kernels) bring their own. */
 static int64_t conv_scratch(const IrNode *n) {
     if (n->op != OP_CONV2D && n->op != OP_CONV2D_BWD_DATA && n->op != OP_CONV2D_BWD_FILTER) return 0;
-    if (ir_operand_layout(n, 0) == LAYOUT_NHWC) return 0;
+    if (ir_operand_nhwc(n, 0)) return 0;
     const IrShape *x = n->op == OP_CONV2D_BWD_DATA ? &n->shape : &n->in[0]->shape;
     const IrShape *w = n->op == OP_CONV2D ? &n->in[1]->shape
                      : n->op == OP_CONV2D_BWD_DATA ? &n->in[1]->shape : &n->shape;

@@ -839,7 +839,7 @@ static void emit_matmul(Cu *u, const IrNode *n) {
  * krsc_filters), KCRS beside NCHW; the generated kernels have permuted it already. */
 static void emit_conv(Cu *u, const IrNode *n) {
     int which = cg_conv_which(n);
-    int nhwc = ir_operand_layout(n, 0) == LAYOUT_NHWC;
+    int nhwc = ir_operand_nhwc(n, 0);
     const IrNode *filter = which == CG_CONV_BWD_FILTER ? n : n->in[1];
     if (!ir_stored_as(filter, nhwc ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR))
         ICE("cuda: %%%d %s reads %s activations with a filter in the other order", n->id, ir_op_name(n->op),
@@ -871,7 +871,7 @@ static void emit_pool(Cu *u, const IrNode *n) {
                       ", %" PRId64 ", %d, %d, %d, %d, %d, %d}, %d",
                       max ? "max" : "avg", bwd ? "bwd" : "fwd", x->dim[0], x->dim[1], x->dim[2], x->dim[3], y->dim[2],
                       y->dim[3], a->kernel[0], a->kernel[1], a->stride[0], a->stride[1], a->pad[0], a->pad[1],
-                      n->layout == LAYOUT_NHWC);
+                      ir_layout_eq(n->layout, LAYOUT_NHWC));
     for (int k = 0; k < n->n_in; k++) at += snprintf(call + at, sizeof call - (size_t)at, ", v%d", n->in[k]->id);
     snprintf(call + at, sizeof call - (size_t)at, ", v%d);", n->id);
     lib_kernel(u, n, call, "", grid_for(ir_numel(&n->shape)), BLOCK); /* outputs, or inputs gathered */
@@ -1125,7 +1125,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
     int64_t M, C, HW;
     bn_dims(x, &M, &C, &HW);
     int64_t nb = bn_blocks(M);
-    int nhwc = x->layout == LAYOUT_NHWC;
+    int nhwc = ir_layout_eq(x->layout, LAYOUT_NHWC);
     char call[512];
     const char *part = "(double *)(base + NETC_OFF_PART)";
     if (sync_bn(u, n)) {

@@ -51,8 +51,9 @@ static void node_box(const IrGraph *g, const IrNode *n, FILE *out) {
     ir_print_attrs(n, out);
     for (int i = 0; i < n->n_in; i++) /* the constants this node reads */
         if (n->in[i]->op == OP_CONST) fprintf(out, " %.6g", n->in[i]->attr.scalar);
-    fprintf(out, "\\n%s%s%s", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape),
-            n->layout == LAYOUT_NHWC ? " nhwc" : "");
+    char layout[40];
+    fprintf(out, "\\n%s%s%s%s", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape),
+            n->layout.permuted ? " " : "", n->layout.permuted ? ir_layout_str(n->layout, layout, sizeof layout) : "");
     if (n->name) {
         fprintf(out, "\\n");
         dot_text(n->name, out);

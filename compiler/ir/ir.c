@@ -232,8 +232,43 @@ const IrNode *ir_storage_root(const IrNode *n) {
     return n;
 }
 
+IrLayout ir_layout(int rank, const int order[]) {
+    IrLayout l = LAYOUT_ROW_MAJOR;
+    for (int i = 0; i < rank; i++)
+        if (order[i] != i) l.permuted = 1;
+    for (int i = 0; i < rank && l.permuted; i++) l.order[i] = (signed char)order[i];
+    return l;
+}
+
+int ir_layout_eq(IrLayout a, IrLayout b) {
+    if (a.permuted != b.permuted) return 0;
+    for (int i = 0; i < IR_MAX_RANK; i++)
+        if (a.order[i] != b.order[i]) return 0;
+    return 1;
+}
+
+void ir_layout_order(IrLayout l, int rank, int order[IR_MAX_RANK]) {
+    for (int i = 0; i < rank; i++) order[i] = l.permuted ? l.order[i] : i;
+}
+
+IrLayout ir_layout_permuted(IrLayout lx, int rank, const int perm[]) {
+    int x_order[IR_MAX_RANK], y_axis[IR_MAX_RANK], order[IR_MAX_RANK];
+    ir_layout_order(lx, rank, x_order);
+    for (int i = 0; i < rank; i++) y_axis[perm[i]] = i; /* x's axis perm[i] is y's axis i */
+    for (int i = 0; i < rank; i++) order[i] = y_axis[x_order[i]];
+    return ir_layout(rank, order);
+}
+
 int ir_stored_as(const IrNode *x, IrLayout layout) {
-    return x->layout == layout || !ir_layout_matters(&x->shape);
+    int have[IR_MAX_RANK], want[IR_MAX_RANK], m = 0, k = 0;
+    ir_layout_order(x->layout, x->shape.rank, have);
+    ir_layout_order(layout, x->shape.rank, want);
+    for (;; m++, k++) { /* the axes longer than 1, in physical order, must agree */
+        while (m < x->shape.rank && x->shape.dim[have[m]] == 1) m++;
+        while (k < x->shape.rank && x->shape.dim[want[k]] == 1) k++;
+        if (m == x->shape.rank || k == x->shape.rank) return m == k;
+        if (have[m] != want[k]) return 0;
+    }
 }
 
 int ir_conv_nhwc_ok(const IrNode *n) {
@@ -247,21 +282,26 @@ int ir_conv_nhwc_ok(const IrNode *n) {
 static int acts_nhwc(const IrNode *n) {
     if (!ir_conv_nhwc_ok(n)) return 0;
     for (int k = 0; k < n->n_in; k++)
-        if (operand_letter(n->op, k) == 'c' && n->in[k]->layout == LAYOUT_NHWC) return 1;
+        if (operand_letter(n->op, k) == 'c' && ir_layout_eq(n->in[k]->layout, LAYOUT_NHWC)) return 1;
     return 0;
 }
 
-int ir_operand_layout(const IrNode *n, int k) {
+int ir_operand_layout(const IrNode *n, int k, IrLayout *want) {
     char letter = operand_letter(n->op, k);
     switch (letter) {
-    case 'a': return -1;
-    case 'r': return LAYOUT_ROW_MAJOR;
-    case 'o': return (int)n->layout;
-    case 'f': return (int)n->attr.filter; /* oihw, or ohwi (KRSC) */
-    case 'c': return acts_nhwc(n) ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR;
-    case 'x': return (int)n->in[0]->layout;
+    case 'a': return 0;
+    case 'r': *want = LAYOUT_ROW_MAJOR; return 1;
+    case 'o': *want = n->layout; return 1;
+    case 'f': *want = n->attr.filter; return 1; /* oihw, or ohwi (KRSC) */
+    case 'c': *want = acts_nhwc(n) ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR; return 1;
+    case 'x': *want = n->in[0]->layout; return 1;
     default: ICE("ops.def: %s has layout letter '%c'", ir_op_name(n->op), letter);
     }
+}
+
+int ir_operand_nhwc(const IrNode *n, int k) {
+    IrLayout want;
+    return ir_operand_layout(n, k, &want) && ir_layout_eq(want, LAYOUT_NHWC);
 }
 
 /* ---- shape rules, one per ops.def shape column entry */
@@ -640,7 +680,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_PAD: return !a->pad[0] && !a->pad[1];
     case ATTR_DILATION: return !a->dil[0] && !a->dil[1];
     case ATTR_GROUPS: return a->groups == 1;
-    case ATTR_FILTER: return a->filter == LAYOUT_ROW_MAJOR;
+    case ATTR_FILTER: return ir_layout_eq(a->filter, LAYOUT_ROW_MAJOR);
     case ATTR_DROPOUT: return a->p == 0 && !a->seed_id;
     case ATTR_BATCH_MASKED: return !a->batch_masked;
     case ATTR_BN: return a->eps == 0 && a->momentum == 0 && !a->stat_param && !a->bn_frozen;
@@ -670,21 +710,33 @@ static int attrs_unused_default(const IrNode *n) {
 /* n reads or writes a filter channels-last (KRSC): a convolution whose attr.filter says so,
  * or a filter gradient (operands 'c') produced channels-last. */
 static int krsc_filter(const IrNode *n) {
-    if (op_attrs(n->op) & ATTR_FILTER) return n->attr.filter == LAYOUT_NHWC;
-    return n->n_in > 0 && operand_letter(n->op, 0) == 'c' && n->layout == LAYOUT_NHWC;
+    if (op_attrs(n->op) & ATTR_FILTER) return ir_layout_eq(n->attr.filter, LAYOUT_NHWC);
+    return n->n_in > 0 && operand_letter(n->op, 0) == 'c' && ir_layout_eq(n->layout, LAYOUT_NHWC);
+}
+
+/* l is ir_layout's value for an order of a rank-`rank` tensor's axes: row-major all zero, or
+ * a permutation other than the identity, each axis once, zero beyond the rank. */
+static int layout_fits(IrLayout l, int rank) {
+    int seen[IR_MAX_RANK] = {0}, identity = 1;
+    for (int i = 0; i < IR_MAX_RANK; i++) {
+        if ((i >= rank || !l.permuted) && l.order[i] != 0) return 0;
+        if (i < rank && l.permuted && (l.order[i] < 0 || l.order[i] >= rank || seen[l.order[i]]++)) return 0;
+        if (i < rank && l.order[i] != i) identity = 0;
+    }
+    return !l.permuted || !identity;
 }
 
 static int verify_layouts(const IrNode *n, const char *stage) {
-    if (n->layout == LAYOUT_NHWC && n->shape.rank != 4) return verify_fail(stage, n, "channels-last below rank 4");
-    if (n->layout == LAYOUT_NHWC && !result_nhwc(n->op))
-        return verify_fail(stage, n, "this operator has no channels-last form");
+    if (!layout_fits(n->layout, n->shape.rank))
+        return verify_fail(stage, n, "its layout is not an order of the axes of its shape");
+    if (n->layout.permuted && !result_nhwc(n->op)) return verify_fail(stage, n, "this operator has no permuted form");
     /* a filter channels-last (KRSC) only beside channels-last activations: the libraries take
      * the two in one format */
-    if (krsc_filter(n) && ir_operand_layout(n, 0) != LAYOUT_NHWC)
+    if (krsc_filter(n) && !ir_operand_nhwc(n, 0))
         return verify_fail(stage, n, "a channels-last filter beside row-major activations");
     for (int i = 0; i < n->n_in; i++) {
-        int want = ir_operand_layout(n, i);
-        if (want >= 0 && !ir_stored_as(n->in[i], (IrLayout)want))
+        IrLayout want;
+        if (ir_operand_layout(n, i, &want) && !ir_stored_as(n->in[i], want))
             return verify_fail(stage, n, "an operand is stored in a layout the operator does not read");
     }
     return 1;
@@ -758,7 +810,7 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_DILATION: fprintf(out, " dilation=%d,%d", a->dil[0], a->dil[1]); break;
     case ATTR_GROUPS: fprintf(out, " groups=%d", a->groups); break;
     case ATTR_FILTER:
-        if (a->filter == LAYOUT_NHWC) fprintf(out, " filter=krsc");
+        if (ir_layout_eq(a->filter, LAYOUT_NHWC)) fprintf(out, " filter=krsc");
         break;
     case ATTR_DROPOUT: /* attention's only when it drops */
         if (a->p != 0) fprintf(out, " p=%g mask=%d", a->p, a->seed_id);
@@ -810,6 +862,17 @@ void ir_print_attrs(const IrNode *n, FILE *out) {
         if ((op_attrs(n->op) & bit) && !(bit == ATTR_AXIS && last_axis(n))) print_attr(bit, n, out);
 }
 
+const char *ir_layout_str(IrLayout l, char *buf, size_t size) {
+    if (!l.permuted) return "row-major";
+    if (ir_layout_eq(l, LAYOUT_NHWC)) return "nhwc";
+    int used = snprintf(buf, size, "order="), zeros = 0;
+    for (int i = 0; i < IR_MAX_RANK && used < (int)size; i++) {
+        if (l.order[i] == 0 && zeros++) break; /* axis 0 once; zeros after it lie beyond the rank */
+        used += snprintf(buf + used, size - (size_t)used, "%s%d", i ? "," : "", l.order[i]);
+    }
+    return buf;
+}
+
 static void print_node(const IrNode *n, FILE *out) {
     char shape[160];
     fprintf(out, "  %%%d = %s", n->id, ir_op_name(n->op));
@@ -820,7 +883,8 @@ static void print_node(const IrNode *n, FILE *out) {
         fprintf(out, ")");
     }
     fprintf(out, " %s%s", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
-    if (n->layout == LAYOUT_NHWC) fprintf(out, " nhwc");
+    char layout[40];
+    if (n->layout.permuted) fprintf(out, " %s", ir_layout_str(n->layout, layout, sizeof layout));
     ir_print_attrs(n, out);
     if (n->group) fprintf(out, " group=%d%s", n->group, n->internal ? " internal" : "");
     if (n->epilogue) fprintf(out, " epilogue=%d", n->epilogue);

@@ -91,12 +91,20 @@ typedef enum {
     DT__COUNT
 } IrDtype;
 
-typedef enum {
-    LAYOUT_ROW_MAJOR, /* contiguous, last axis fastest (PyTorch's default) */
-    LAYOUT_NHWC,      /* rank-4 [N,C,H,W] stored channels-last */
+enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 6 };
+
+/* A physical layout: the order in which a tensor's logical axes lie in memory, outermost first
+ * (order[i] is the logical axis at physical position i, the last one fastest). Row-major is
+ * the identity order and the zero value, whatever the rank; ir_layout() gives every order its
+ * one value, so two layouts are the same order exactly when ir_layout_eq says so. Channels-
+ * last is one case: [N,C,H,W] stored in the order N, H, W, C. */
+typedef struct IrLayout {
+    signed char permuted;           /* 0: row-major, and order[] is all zero */
+    signed char order[IR_MAX_RANK]; /* a permutation of 0 .. rank-1, zero beyond */
 } IrLayout;
 
-enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 6 };
+#define LAYOUT_ROW_MAJOR ((IrLayout){0, {0}})         /* contiguous, last axis fastest (PyTorch's default) */
+#define LAYOUT_NHWC ((IrLayout){1, {0, 2, 3, 1}})     /* rank-4 [N,C,H,W] stored channels-last */
 
 /* Every tensor is at most 2^40 elements; larger shapes are a compile error (also keeps every
  * size computation far from int64 overflow). */
@@ -335,16 +343,29 @@ int ir_dtype_from_name(const char *name, IrDtype *out); /* 0 if unknown */
 /* Row-major and channels-last order the elements of shape s differently: rank 4 with more
  * than one channel and more than one pixel (NHWC of [N, C, 1, 1] is row-major). */
 int ir_layout_matters(const IrShape *s);
-/* x's elements lie in memory as they would in `layout`: its own layout, or any layout when the
- * order cannot differ. */
+/* The layout that stores a rank-`rank` tensor's axes in `order` (outermost first). */
+IrLayout ir_layout(int rank, const int order[]);
+int ir_layout_eq(IrLayout a, IrLayout b);
+/* "row-major", "nhwc", or the order, "order=0,2,1,3", in buf (32 bytes hold any). */
+const char *ir_layout_str(IrLayout l, char *buf, size_t size);
+/* The logical axes of a rank-`rank` tensor stored in l, in physical order: order[] itself, or
+ * 0 .. rank-1 for row-major. */
+void ir_layout_order(IrLayout l, int rank, int order[IR_MAX_RANK]);
+/* The layout of y = permute(x, perm) read from x's storage in place, x stored in lx: where x's
+ * axis perm[i] lies, y's axis i lies. */
+IrLayout ir_layout_permuted(IrLayout lx, int rank, const int perm[]);
+/* x's elements lie in memory as they would in `layout`: the same order once x's axes of
+ * extent 1 are left out (so any layout when at most one axis is longer than 1). */
 int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The node whose storage n reads: n itself, or for a view (ST_ALIAS after the memory plan) the
  * value it ultimately aliases. */
 const IrNode *ir_storage_root(const IrNode *n);
-/* The layout operand k of n must be stored as (see ir_stored_as), or -1 when n reads any
- * layout (element-wise operators and reductions index through strides): ops.def's layouts
- * column applied to n. */
-int ir_operand_layout(const IrNode *n, int k);
+/* Whether n reads its operand k in one layout, *want (see ir_stored_as), or in any (0:
+ * element-wise operators and reductions index through strides): ops.def's layouts column
+ * applied to n. */
+int ir_operand_layout(const IrNode *n, int k, IrLayout *want);
+/* n reads its operand k channels-last (a convolution's activations or KRSC filter). */
+int ir_operand_nhwc(const IrNode *n, int k);
 /* Convolution node n (forward, data or filter gradient) may run channels-last: not a strided
  * 1x1 convolution whose input channels per group are not a multiple of 8, for which oneDNN
  * 2.6's AVX2 channels-last weight-gradient kernel writes out of bounds (oneDNN issue 6035). */

@@ -38,7 +38,7 @@ int fuse_epilogues(IrGraph *g) {
         m->epilogue = 0;
         if (m->op != OP_MATMUL || m->shape.rank != 2 || m->dtype != DT_F32 || !head) continue;
         if (ir_op_kind(head->op) != OPK_EW || head->dtype != DT_F32 || !ir_shape_eq(&head->shape, &m->shape) ||
-            head->layout != m->layout || head->phase != m->phase || (head->id < g->n_fwd) != (i < g->n_fwd))
+            !ir_layout_eq(head->layout, m->layout) || head->phase != m->phase || (head->id < g->n_fwd) != (i < g->n_fwd))
             continue;
         if (!head->group) { /* a lone element-wise node: a group of one, stored as before */
             head->group = ++g->n_groups;

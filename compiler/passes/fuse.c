@@ -32,7 +32,7 @@ static int is_f32_elementwise(const IrNode *n) {
 /* n can join a group whose first member is `head`. */
 static int joins(const IrGraph *g, const IrNode *head, const IrNode *n) {
     return is_f32_elementwise(n) && ir_shape_eq(&n->shape, &head->shape) &&
-           n->layout == head->layout && (n->id < g->n_fwd) == (head->id < g->n_fwd);
+           ir_layout_eq(n->layout, head->layout) && (n->id < g->n_fwd) == (head->id < g->n_fwd);
 }
 
 void mark_escaping(const IrGraph *g, unsigned char *escapes) {
@@ -116,7 +116,7 @@ static int64_t traffic_saved(const IrGraph *g, const IrNode *n) {
 }
 
 static void report_group(const IrGraph *g, int group, int64_t *saved, FILE *out) {
-    char shape[160];
+    char shape[160], layout[40];
     const IrNode *first = NULL;
     int lines[64], n_lines = 0;
     int64_t bytes = 0;
@@ -126,7 +126,7 @@ static void report_group(const IrGraph *g, int group, int64_t *saved, FILE *out)
         if (!first) {
             first = n;
             fprintf(out, "  group %d  %s%s %s  %s:", group, ir_dtype_name(n->dtype),
-                   ir_shape_str(&n->shape, shape, sizeof shape), n->layout == LAYOUT_NHWC ? "nhwc" : "row-major",
+                   ir_shape_str(&n->shape, shape, sizeof shape), ir_layout_str(n->layout, layout, sizeof layout),
                    n->id < g->n_fwd ? "forward" : "backward");
         }
         fprintf(out, " %s%s", ir_op_name(n->op), n->internal ? "" : "*");
@@ -151,24 +151,29 @@ static void report_group(const IrGraph *g, int group, int64_t *saved, FILE *out)
 }
 
 void fuse_report(const IrGraph *g, FILE *out) {
-    char shape[160];
+    char shape[160], layout[40];
     fprintf(out, "fusion report for model %s (batch %lld)\n\n", g->model_name ? g->model_name : "?", (long long)g->batch);
     fprintf(out, "fused element-wise groups (* = stored: read outside the group; others stay in registers):\n");
     int64_t saved = 0;
     for (int k = 1; k <= g->n_groups; k++) report_group(g, k, &saved, out);
     if (!g->n_groups) fprintf(out, "  none\n");
     fprintf(out, "\nlayouts of the values the step stores:\n");
-    int nhwc = 0, row = 0;
+    int nhwc = 0, row = 0, other = 0;
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
-        if (n->storage == ST_ARENA || n->storage == ST_INPUT) n->layout == LAYOUT_NHWC ? nhwc++ : row++;
+        if (n->storage != ST_ARENA && n->storage != ST_INPUT) continue;
+        if (!n->layout.permuted) row++;
+        else ir_layout_eq(n->layout, LAYOUT_NHWC) ? nhwc++ : other++;
     }
-    fprintf(out, "  %d row-major, %d channels-last (nhwc)\n", row, nhwc);
+    fprintf(out, "  %d row-major, %d channels-last (nhwc)", row, nhwc);
+    if (other) fprintf(out, ", %d in other orders of their axes", other);
+    fprintf(out, "\n");
     for (int i = 0; i < g->n; i++) {
         const IrNode *n = g->nodes[i];
         if ((n->storage == ST_ARENA || n->storage == ST_INPUT) && n->shape.rank == 4)
             fprintf(out, "    %%%-5d %-18s %s%-20s %s  %s:%d\n", n->id, ir_op_name(n->op), ir_dtype_name(n->dtype),
-                   ir_shape_str(&n->shape, shape, sizeof shape), n->layout == LAYOUT_NHWC ? "nhwc" : "nchw",
+                   ir_shape_str(&n->shape, shape, sizeof shape),
+                   n->layout.permuted ? ir_layout_str(n->layout, layout, sizeof layout) : "nchw",
                    base_name(n->loc.file), n->loc.line);
     }
     int ff, fu, bf, bu;

@@ -25,10 +25,10 @@ int fuse_reductions(IrGraph *g) {
     for (int i = g->n_fwd; i < g->n; i++) {
         IrNode *s = g->nodes[i], *x = s->in[0], *stats = s->in[1], *dy = s->in[2];
         s->fused_into = 0;
-        if (s->op != OP_BN_BWD_SUMS || ir_op_kind(dy->op) != OPK_EW || dy->layout != LAYOUT_NHWC ||
+        if (s->op != OP_BN_BWD_SUMS || ir_op_kind(dy->op) != OPK_EW || !ir_layout_eq(dy->layout, LAYOUT_NHWC) ||
             dy->dtype != DT_F32)
             continue;
-        if (x->layout != LAYOUT_NHWC || !ir_shape_eq(&x->shape, &dy->shape) || x->dtype != DT_F32) continue;
+        if (!ir_layout_eq(x->layout, LAYOUT_NHWC) || !ir_shape_eq(&x->shape, &dy->shape) || x->dtype != DT_F32) continue;
         int head = dy->group ? first[dy->group] : dy->id;
         if (x->id >= head || stats->id >= head || head < g->n_fwd) continue;
         if (!dy->group) { /* a lone ReLU gradient: a group of one, stored as before */

@@ -49,7 +49,7 @@ static int matters(const IrNode *n) {
     return sensitive(n) || (is_pool(n->op) && sensitive(n->in[0]));
 }
 
-static int nhwc(const IrNode *n) { return n->layout == LAYOUT_NHWC && sensitive(n); }
+static int nhwc(const IrNode *n) { return ir_layout_eq(n->layout, LAYOUT_NHWC) && sensitive(n); }
 
 /* Every reader of n would rather have it channels-last. */
 static int readers_want_nhwc(const IrBuilder *b, const IrNode *n) {
@@ -57,9 +57,8 @@ static int readers_want_nhwc(const IrBuilder *b, const IrNode *n) {
     const IrUse *use = irb_uses(b, n, &n_uses);
     for (int i = 0; i < n_uses; i++) {
         const IrNode *user = use[i].user;
-        int want = ir_operand_layout(user, use[i].k);
         int ew_nhwc = ir_op_kind(user->op) == OPK_EW && nhwc(user) && ir_shape_eq(&user->shape, &n->shape);
-        if (want != LAYOUT_NHWC && !ew_nhwc) return 0;
+        if (!ir_operand_nhwc(user, use[i].k) && !ew_nhwc) return 0;
     }
     return n_uses > 0;
 }
@@ -86,7 +85,7 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
     }
     for (int i = g->n - 1; i >= 0; i--) {
         IrNode *n = g->nodes[i];
-        if (n->layout == LAYOUT_NHWC || !matters(n) || is_grad[n->id]) continue;
+        if (ir_layout_eq(n->layout, LAYOUT_NHWC) || !matters(n) || is_grad[n->id]) continue;
         if (ir_op_kind(n->op) != OPK_EW && !is_pool(n->op)) continue;
         if (!readers_want_nhwc(b, n)) continue;
         if (is_pool(n->op)) { /* only when that moves no conversion onto its own operands */
@@ -100,7 +99,7 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
      * activations is produced KRSC, gradient or not (convert() turns a gradient back) */
     for (int i = 0; i < g->n && krsc_filters; i++) {
         IrNode *n = g->nodes[i];
-        if (n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_layout(n, 0) == LAYOUT_NHWC)
+        if (n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_nhwc(n, 0))
             n->layout = LAYOUT_NHWC;
     }
 }
@@ -116,11 +115,26 @@ static int graph_reference(const IrNode *user, const void *ctx) {
     return user == NULL;
 }
 
+/* The conversions of one value made so far, one per layout. */
+typedef struct Conversions {
+    IrNode *node;
+    struct Conversions *next;
+} Conversions;
+
+static IrNode **conversion_slot(IrGraph *g, Conversions **list, IrLayout layout) {
+    for (Conversions *c = *list; c; c = c->next)
+        if (ir_layout_eq(c->node->layout, layout)) return &c->node;
+    Conversions *c = arena_alloc(g->arena, sizeof *c);
+    *c = (Conversions){NULL, *list};
+    *list = c;
+    return &c->node;
+}
+
 /* Sweep 3: a conversion before the first reader that needs one; later readers share it. A
  * parameter's gradient that is not row-major (a KRSC filter gradient) is converted right after
  * it is computed, and the conversion becomes the gradient. */
 static void convert(IrGraph *g, IrBuilder *b) {
-    IrNode **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * 2 * sizeof *conv); /* [value][layout] */
+    Conversions **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * sizeof *conv); /* by value */
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].grad) is_grad[g->params[i].grad->id] = 1;
@@ -128,14 +142,16 @@ static void convert(IrGraph *g, IrBuilder *b) {
         IrNode *n = g->nodes[i];
         for (int k = 0; k < n->n_in; k++) {
             IrNode *x = n->in[k];
-            int want = ir_operand_layout(n, k);
-            if (want < 0 || ir_stored_as(x, (IrLayout)want)) continue;
-            IrNode **slot = &conv[x->id * 2 + want];
-            if (!*slot) irb_insert_before(b, n, *slot = conversion(b, x, (IrLayout)want, n));
+            IrLayout want;
+            if (!ir_operand_layout(n, k, &want) || ir_stored_as(x, want)) continue;
+            IrNode **slot = conversion_slot(g, &conv[x->id], want);
+            if (!*slot) irb_insert_before(b, n, *slot = conversion(b, x, want, n));
             irb_set_operand(b, n, k, *slot);
         }
-        if (is_grad[n->id] && !ir_stored_as(n, LAYOUT_ROW_MAJOR) && !conv[n->id * 2 + LAYOUT_ROW_MAJOR]) {
-            IrNode *c = conv[n->id * 2 + LAYOUT_ROW_MAJOR] = conversion(b, n, LAYOUT_ROW_MAJOR, n);
+        if (is_grad[n->id] && !ir_stored_as(n, LAYOUT_ROW_MAJOR)) {
+            IrNode **slot = conversion_slot(g, &conv[n->id], LAYOUT_ROW_MAJOR);
+            if (*slot) continue;
+            IrNode *c = *slot = conversion(b, n, LAYOUT_ROW_MAJOR, n);
             irb_insert_after(b, n, c);
             irb_replace_uses(b, n, c, graph_reference, NULL);
         }

@@ -53,7 +53,7 @@ int ew_through_reshapes(IrGraph *g) {
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
         IrShape from;
-        if (!flat(n) || n->layout != LAYOUT_ROW_MAJOR || !source_shape(n, &from)) continue;
+        if (!flat(n) || !ir_layout_eq(n->layout, LAYOUT_ROW_MAJOR) || !source_shape(n, &from)) continue;
         IrNodeSpec spec = {.op = n->op, .n_in = n->n_in, .shape = from, .dtype = n->dtype, .layout = n->layout,
                            .attr = &n->attr, .phase = n->phase, .loc = n->loc};
         for (int k = 0; k < n->n_in; k++) spec.in[k] = n->in[k]->op == OP_RESHAPE ? n->in[k]->in[0] : n->in[k];

@@ -1,0 +1,154 @@
+/* test_layouts.c - physical layouts as orders of a tensor's axes (compiler/ir/ir.h).
+ *
+ * Checks what the layout pass and both emitters rely on: every order has one value (the
+ * identity is row-major at any rank, [N,C,H,W] in the order N,H,W,C is LAYOUT_NHWC); the layout of
+ * a permute read in place composes (permuting by p then q is permuting by p after q, and the
+ * inverse permute gives the operand's layout back, over every permutation of rank 4 from every
+ * starting layout); two layouts store a shape alike exactly when its axes longer than 1 come in
+ * the same order; the printed names; and the verifier refuses a layout that is not an order of
+ * the node's axes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ir.h"
+
+static const SrcLoc loc = {"test.net", 1, 1};
+
+/* The 24 permutations of 0..3, in lexicographic order. */
+static int all_perms(int perms[24][4]) {
+    int n = 0;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c++)
+                for (int d = 0; d < 4; d++)
+                    if (a != b && a != c && a != d && b != c && b != d && c != d) {
+                        int p[4] = {a, b, c, d};
+                        memcpy(perms[n++], p, sizeof p);
+                    }
+    return n;
+}
+
+static void test_canonical(void **state) {
+    (void)state;
+    int id[IR_MAX_RANK] = {0, 1, 2, 3, 4, 5}, nhwc[4] = {0, 2, 3, 1};
+    for (int rank = 0; rank <= IR_MAX_RANK; rank++) assert_true(ir_layout_eq(ir_layout(rank, id), LAYOUT_ROW_MAJOR));
+    assert_true(ir_layout_eq(ir_layout(4, nhwc), LAYOUT_NHWC));
+    int other[4] = {0, 2, 1, 3};
+    assert_false(ir_layout_eq(ir_layout(4, other), LAYOUT_NHWC));
+    assert_false(ir_layout_eq(ir_layout(4, other), LAYOUT_ROW_MAJOR));
+    int order[IR_MAX_RANK];
+    ir_layout_order(LAYOUT_NHWC, 4, order);
+    assert_memory_equal(order, nhwc, sizeof nhwc);
+    ir_layout_order(LAYOUT_ROW_MAJOR, 5, order);
+    assert_memory_equal(order, id, 5 * sizeof *id);
+}
+
+/* The two cases the layout pass makes views of: an [N,H,W,C] value permuted to [N,C,H,W] lies
+ * channels-last, and a channels-last one permuted to [N,H,W,C] lies row-major. */
+static void test_channels_last_views(void **state) {
+    (void)state;
+    int to_nchw[4] = {0, 3, 1, 2}, to_nhwc[4] = {0, 2, 3, 1};
+    assert_true(ir_layout_eq(ir_layout_permuted(LAYOUT_ROW_MAJOR, 4, to_nchw), LAYOUT_NHWC));
+    assert_true(ir_layout_eq(ir_layout_permuted(LAYOUT_NHWC, 4, to_nhwc), LAYOUT_ROW_MAJOR));
+    int swap[2] = {1, 0};
+    char buf[40];
+    assert_string_equal(ir_layout_str(ir_layout_permuted(LAYOUT_ROW_MAJOR, 2, swap), buf, sizeof buf), "order=1,0");
+}
+
+static void test_composition(void **state) {
+    (void)state;
+    int perms[24][4];
+    int n = all_perms(perms);
+    assert_int_equal(n, 24);
+    for (int s = 0; s < n; s++) {
+        IrLayout start = ir_layout(4, perms[s]);
+        for (int i = 0; i < n; i++) {
+            const int *p = perms[i];
+            int inverse[4];
+            for (int a = 0; a < 4; a++) inverse[p[a]] = a;
+            IrLayout after_p = ir_layout_permuted(start, 4, p);
+            assert_true(ir_layout_eq(ir_layout_permuted(after_p, 4, inverse), start));
+            for (int j = 0; j < n; j++) {
+                const int *q = perms[j];
+                int pq[4];
+                for (int a = 0; a < 4; a++) pq[a] = p[q[a]]; /* permute(permute(x, p), q) */
+                assert_true(ir_layout_eq(ir_layout_permuted(after_p, 4, q), ir_layout_permuted(start, 4, pq)));
+            }
+        }
+    }
+}
+
+static IrNode node_of(IrShape shape, IrLayout layout) {
+    IrNode n;
+    memset(&n, 0, sizeof n);
+    n.op = OP_RELU;
+    n.shape = shape;
+    n.dtype = DT_F32;
+    n.layout = layout;
+    return n;
+}
+
+static void test_stored_as(void **state) {
+    (void)state;
+    IrNode full = node_of(ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)4, (int64_t)5), LAYOUT_NHWC);
+    IrNode one_channel = node_of(ir_shape(4, (int64_t)2, (int64_t)1, (int64_t)4, (int64_t)5), LAYOUT_NHWC);
+    IrNode one_pixel = node_of(ir_shape(4, (int64_t)2, (int64_t)3, (int64_t)1, (int64_t)1), LAYOUT_NHWC);
+    assert_false(ir_stored_as(&full, LAYOUT_ROW_MAJOR));
+    assert_true(ir_stored_as(&full, LAYOUT_NHWC));
+    assert_true(ir_stored_as(&one_channel, LAYOUT_ROW_MAJOR));
+    assert_true(ir_stored_as(&one_pixel, LAYOUT_ROW_MAJOR));
+    assert_true(ir_layout_matters(&full.shape));
+    assert_false(ir_layout_matters(&one_channel.shape) || ir_layout_matters(&one_pixel.shape));
+    /* heads [B, H, T, d] in the order B, T, H, d: row-major only with one head */
+    int heads[4] = {0, 2, 1, 3};
+    IrNode many = node_of(ir_shape(4, (int64_t)2, (int64_t)4, (int64_t)8, (int64_t)16), ir_layout(4, heads));
+    IrNode single = node_of(ir_shape(4, (int64_t)2, (int64_t)1, (int64_t)8, (int64_t)16), ir_layout(4, heads));
+    assert_false(ir_stored_as(&many, LAYOUT_ROW_MAJOR));
+    assert_true(ir_stored_as(&single, LAYOUT_ROW_MAJOR));
+    assert_false(ir_stored_as(&many, LAYOUT_NHWC));
+}
+
+static void test_names(void **state) {
+    (void)state;
+    char buf[40];
+    int o[IR_MAX_RANK] = {5, 0, 4, 1, 3, 2}, t[3] = {2, 0, 1};
+    assert_string_equal(ir_layout_str(LAYOUT_ROW_MAJOR, buf, sizeof buf), "row-major");
+    assert_string_equal(ir_layout_str(LAYOUT_NHWC, buf, sizeof buf), "nhwc");
+    assert_string_equal(ir_layout_str(ir_layout(IR_MAX_RANK, o), buf, sizeof buf), "order=5,0,4,1,3,2");
+    assert_string_equal(ir_layout_str(ir_layout(3, t), buf, sizeof buf), "order=2,0,1");
+}
+
+/* The verifier takes a layout only as an order of the node's own axes. */
+static void test_verifier(void **state) {
+    (void)state;
+    Arena arena = {0};
+    IrGraph *g = ir_graph_new(&arena);
+    g->model_name = "test";
+    g->batch = 2;
+    IrNode *x = ir_add_input(g, "x", ir_shape(3, (int64_t)2, (int64_t)3, (int64_t)4), DT_F32, loc);
+    IrNode *y = ir_add(g, OP_RELU, x->shape, DT_F32, loc, 1, x);
+    int order[3] = {0, 2, 1};
+    y->layout = ir_layout(3, order);
+    assert_true(ir_verify(g, "layout test"));
+    y->layout = LAYOUT_NHWC; /* four axes on a rank-3 value */
+    assert_false(ir_verify(g, "layout test"));
+    y->layout = (IrLayout){1, {0, 1, 2}}; /* the identity, not written as row-major */
+    assert_false(ir_verify(g, "layout test"));
+    arena_free(&arena);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_canonical),  cmocka_unit_test(test_channels_last_views),
+        cmocka_unit_test(test_composition), cmocka_unit_test(test_stored_as),
+        cmocka_unit_test(test_names),      cmocka_unit_test(test_verifier),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
