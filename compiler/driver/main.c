@@ -708,7 +708,7 @@ static int compile(const Options *o, Arena *arena) {
     verify(g, "ignored rows");
     if (!o->no_fuse) ew_through_reshapes(g);
     verify(g, "reshapes");
-    layout_select(g, !o->row_major, be->krsc_filters);
+    layout_select(g, !o->row_major, be->krsc_filters, !o->no_fuse && !o->copy_views);
     verify(g, "layout");
     if (o->precision == CG_BF16 || o->precision == CG_FP16)
         autocast_half(g, o->precision == CG_BF16 ? DT_BF16 : DT_F16, o->frozen_half);

@@ -65,7 +65,8 @@ static char operand_letter(IrOp op, int k) {
     return layouts_of(op)[k];
 }
 
-static int result_nhwc(IrOp op) { return layouts_of(op)[ir_op_arity(op) + 1] == 'n'; }
+static char result_letter(IrOp op) { return layouts_of(op)[ir_op_arity(op) + 1]; }
+static int result_nhwc(IrOp op) { return result_letter(op) == 'n'; }
 
 int ir_op_follows_layout(IrOp op) {
     for (int k = 0; k < ir_op_arity(op); k++)
@@ -729,7 +730,12 @@ static int layout_fits(IrLayout l, int rank) {
 static int verify_layouts(const IrNode *n, const char *stage) {
     if (!layout_fits(n->layout, n->shape.rank))
         return verify_fail(stage, n, "its layout is not an order of the axes of its shape");
-    if (n->layout.permuted && !result_nhwc(n->op)) return verify_fail(stage, n, "this operator has no permuted form");
+    if (result_letter(n->op) == 'p') {
+        if (!ir_layout_eq(n->layout, ir_layout_permuted(n->in[0]->layout, n->shape.rank, n->attr.perm)))
+            return verify_fail(stage, n, "a permuted view's layout is not its operand's, permuted");
+    } else if (n->layout.permuted && !result_nhwc(n->op)) {
+        return verify_fail(stage, n, "this operator has no permuted form");
+    }
     /* a filter channels-last (KRSC) only beside channels-last activations: the libraries take
      * the two in one format */
     if (krsc_filter(n) && !ir_operand_nhwc(n, 0))

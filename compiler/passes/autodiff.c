@@ -423,7 +423,7 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
     case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
-    case OP_XENT_BWD: case OP_GATHER_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT:
+    case OP_XENT_BWD: case OP_GATHER_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT: case OP_PERMUTE_VIEW:
     case OP_SLICE_BWD: case OP_MAX_BWD:
     case OP_ATTENTION_BWD: case OP_ATTENTION_MASKED_BWD: case OP_PART:
     case OP_GELU_TANH_GRAD: case OP_SILU_GRAD: case OP_LOG_SOFTMAX_BWD: case OP_LAYERNORM_BWD:

@@ -1,15 +1,22 @@
-/* layout.c - physical layout selection: channels-last (NHWC) through convolution chains.
+/* layout.c - physical layout selection: channels-last (NHWC) through convolution chains, and
+ * permutes as views of their operand's storage in another order of its axes.
  *
  * Requires:    a differentiated graph in schedule order; no fusion or memory plan yet.
  * Guarantees:  every operand is stored in a layout its operator reads (ir_operand_layout), so
- *              ir_verify's layout checks hold; inputs, parameters, gradients, views and every
- *              tensor below rank 4 stay row-major; shapes stay logical (NCHW), so the program
- *              computes the same values and weight files are unchanged. A conversion (OP_LAYOUT,
- *              element-wise) appears only where a value's producer and a reader that cannot
- *              stride through it disagree, or after a channels-last filter gradient that is a
- *              parameter's gradient (krsc_filters, below), never between two channels-last
- *              operators.
- * Invalidates: node ids (renumbered), n_fwd grows by the forward conversions.
+ *              ir_verify's layout checks hold; inputs, parameters, gradients, reshapes and
+ *              every other tensor below rank 4 that is not a permute_view stay row-major;
+ *              shapes stay logical (NCHW), so the program computes the same values and weight
+ *              files are unchanged. A conversion (OP_LAYOUT, element-wise) appears only where a
+ *              value's producer and a reader that cannot stride through it disagree, or after a
+ *              channels-last filter gradient that is a parameter's gradient (krsc_filters,
+ *              below), never between two channels-last operators.
+ * Invalidates: node ids (renumbered), n_fwd grows by the forward conversions and shrinks by the
+ *              permutes merged away.
+ *
+ * With `views`, sweep 0 first merges chains of permutes, and sweep 1 gives each permute the
+ * layout it would have as a view (ir_layout_permuted), so that its readers follow it; sweep 2b,
+ * after sweep 2, makes it an OP_PERMUTE_VIEW where every reader reads that layout as it lies,
+ * and a row-major copy elsewhere.
  *
  * The choice, in three sweeps:
  *   1. forward: convolutions (forward and data gradient) produce NHWC; an element-wise
@@ -35,6 +42,8 @@
  * filter gradients, reads it by strides instead). Without it (the CPU backend: oneDNN takes the
  * filter as it is) filters stay row-major.
  */
+#include <string.h>
+
 #include "passes.h"
 
 static int sensitive(const IrNode *n) { return n->dtype == DT_F32 && ir_layout_matters(&n->shape); }
@@ -63,8 +72,10 @@ static int readers_want_nhwc(const IrBuilder *b, const IrNode *n) {
     return n_uses > 0;
 }
 
-/* Sweeps 1 and 2: set the layout of every node (and of every convolution's filter). */
-static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
+/* Sweeps 1 and 2: set the layout of every node (and of every convolution's filter). With
+ * `escapes` (when permutes may become views), a permute that is not one of the step's results
+ * is given the layout it would have as a view, for its readers to follow; sweep 2b decides. */
+static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters, const unsigned char *escapes) {
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         for (IrNode *n = g->params[i].grad; n; n = ir_op_kind(n->op) == OPK_VIEW ? n->in[0] : NULL) is_grad[n->id] = 1;
@@ -72,6 +83,10 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
         IrNode *n = g->nodes[i];
         n->layout = LAYOUT_ROW_MAJOR;
         n->attr.filter = LAYOUT_ROW_MAJOR;
+        if (n->op == OP_PERMUTE && escapes && !escapes[n->id]) {
+            n->layout = ir_layout_permuted(n->in[0]->layout, n->shape.rank, n->attr.perm);
+            continue;
+        }
         if (!matters(n) || is_grad[n->id]) continue;
         if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
             if (ir_conv_nhwc_ok(n)) n->layout = LAYOUT_NHWC;
@@ -101,6 +116,65 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters) {
         IrNode *n = g->nodes[i];
         if (n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_nhwc(n, 0))
             n->layout = LAYOUT_NHWC;
+    }
+}
+
+/* Every reader of p reads it stored in `layout` as it is: an element-wise operator (it strides
+ * through any layout), or one that wants a layout the same bytes already are. */
+static int readers_read(const IrBuilder *b, const IrNode *p, IrLayout layout) {
+    IrNode as_view = *p;
+    as_view.layout = layout;
+    int n_uses;
+    const IrUse *use = irb_uses(b, p, &n_uses);
+    for (int i = 0; i < n_uses; i++) {
+        IrLayout want;
+        if (!use[i].user) return 0;
+        if (ir_operand_layout(use[i].user, use[i].k, &want) ? !ir_stored_as(&as_view, want)
+                                                             : ir_op_kind(use[i].user->op) != OPK_EW)
+            return 0;
+    }
+    return n_uses > 0;
+}
+
+/* Sweep 0: a permute of a permute becomes one permute of the first one's operand (a permute
+ * nothing else reads is dropped), and a permute that keeps every axis in place is its operand.
+ * The step's results (escapes) stay where they are. */
+static void merge_permutes(const IrGraph *g, IrBuilder *b, const unsigned char *escapes) {
+    for (int i = 0; i < g->n; i++) {
+        IrNode *p = g->nodes[i], *x = p->in[0];
+        if (p->op != OP_PERMUTE) continue;
+        if (x->op == OP_PERMUTE) {
+            int perm[IR_MAX_RANK] = {0};
+            for (int a = 0; a < p->shape.rank; a++) perm[a] = x->attr.perm[p->attr.perm[a]];
+            memcpy(p->attr.perm, perm, sizeof perm);
+            irb_set_operand(b, p, 0, x->in[0]);
+            if (!escapes[x->id]) irb_remove_unread(b, x);
+        }
+        int identity = 1;
+        for (int a = 0; a < p->shape.rank; a++) identity &= p->attr.perm[a] == a;
+        if (identity && !escapes[p->id]) {
+            irb_replace_uses(b, p, p->in[0], NULL, NULL);
+            irb_remove(b, p);
+        }
+    }
+}
+
+/* Sweep 2b: a permute whose readers all read its operand's bytes in the permuted order (the
+ * layout ir_layout_permuted gives, which sweep 1 gave it to try) becomes a view of them: a
+ * channels-last activation permuted to [N, H, W, C] is row-major as it lies, and an [N, H, W, C]
+ * input permuted to [N, C, H, W] is channels-last. The others are copies, row-major, and so is
+ * a step's result. */
+static void permute_views(IrGraph *g, const IrBuilder *b, const unsigned char *escapes) {
+    for (int i = 0; i < g->n; i++) {
+        IrNode *p = g->nodes[i];
+        if (p->op != OP_PERMUTE || !irb_placed(b, p)) continue;
+        IrLayout layout = ir_layout_permuted(p->in[0]->layout, p->shape.rank, p->attr.perm);
+        if (!escapes[p->id] && readers_read(b, p, layout)) {
+            p->op = OP_PERMUTE_VIEW;
+            p->layout = layout;
+        } else {
+            p->layout = LAYOUT_ROW_MAJOR;
+        }
     }
 }
 
@@ -158,14 +232,16 @@ static void convert(IrGraph *g, IrBuilder *b) {
     }
 }
 
-int layout_select(IrGraph *g, int channels_last, int krsc_filters) {
+int layout_select(IrGraph *g, int channels_last, int krsc_filters, int views) {
     ir_renumber(g);
-    if (!channels_last) {
-        for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
-        return 0;
-    }
     IrBuilder *b = irb_begin(g);
-    choose(g, b, krsc_filters);
+    unsigned char *escapes = arena_alloc(g->arena, (size_t)g->n + 1);
+    mark_escaping(g, escapes);
+    if (views) merge_permutes(g, b, escapes);
+    if (channels_last) choose(g, b, krsc_filters, views ? escapes : NULL);
+    else
+        for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
+    if (views) permute_views(g, b, escapes);
     convert(g, b);
     return irb_finish(b);
 }

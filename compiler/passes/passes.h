@@ -32,10 +32,11 @@ int ew_through_reshapes(IrGraph *g);
 
 /* layout.c: choose each value's physical layout: channels-last (NHWC) through convolution
  * chains when `channels_last`, else row-major everywhere; with `krsc_filters` too, channels-last
- * convolutions read their filters and write their filter gradients channels-last (KRSC); insert
- * OP_LAYOUT conversions where a reader needs the other layout and after a KRSC parameter
- * gradient. Returns the number of conversions. Run before fusion. */
-int layout_select(IrGraph *g, int channels_last, int krsc_filters);
+ * convolutions read their filters and write their filter gradients channels-last (KRSC); with
+ * `views` too, a permute whose readers all read its operand's bytes as they lie becomes an
+ * OP_PERMUTE_VIEW (no copy); insert OP_LAYOUT conversions where a reader needs another layout
+ * and after a KRSC parameter gradient. Returns the number of conversions. Run before fusion. */
+int layout_select(IrGraph *g, int channels_last, int krsc_filters, int views);
 
 /* fuse.c: element-wise fusion. Marks each maximal run of consecutive element-wise nodes of one
  * shape, layout and phase (forward or backward) as one group, which the backends emit as one

@@ -1,12 +1,18 @@
 """Permutes, slices and concatenations read in place by the element-wise loops that read them
-(compiler/passes/views.c): fewer kernels and buffers, never a changed bit.
+(compiler/passes/views.c), and permutes that are views of their operand's storage in another
+order of its axes (permute_view, compiler/passes/layout.c): fewer kernels and buffers, never a
+changed bit.
 
     views.py NETC WORKDIR
 
 For each model below: compile it as it is and with --copy-views, and require
-  - the nodes folded (`folded` in --dump=fused), counted by operator, to be the expected ones,
-    and none with --copy-views; each of them "folded" in the memory plan, with no storage;
-  - fewer kernels per step (--report) than with --copy-views, by the number of folded nodes;
+  - the nodes folded (`folded` in --dump=fused), counted by operator, and the permute_views to
+    be the expected ones, and none with --copy-views; each folded node "folded" in the memory
+    plan, with no storage, and each permute_view an alias;
+  - with folded views only, fewer kernels per step (--report) than with --copy-views by the
+    number of folded nodes; with permute_views (which also merge chains of permutes and take
+    the place of layout conversions), fewer by at least the copies (permutes, slices,
+    concatenations, layout conversions) that are gone;
   - the arena no larger than with --copy-views;
   - a few training steps from the same weights and data to save the same bytes both ways. That
     equality is guaranteed by construction: a loop reading through a folded view reads the very
@@ -36,9 +42,15 @@ MODELS = [
     # the same under LoRA: the adapters sit on the projections, before the heads are split
     ("llama_lora", "models/llama.net", LLAMA + ["-D", "lora_r=4", "-D", "lora_dropout=0"],
      {"concat": 5, "permute": 4, "slice": 16, "slice_bwd": 8}),
-    # chains of views: a permute of a transpose of a permute added to its source, and each
-    # permute's gradient (the inverse permute) read by the next
-    ("permute", "tests/gradcheck/permute.net", [], {"permute": 8}),
+    # chains of views: a permute of a transpose of a permute added to its source (one permute
+    # of the source in the identity order: the source itself), and each permute's gradient (the
+    # inverse permute) read by the next: one permute_view each way, of the sum and of the
+    # gradient, and the two gradients of the sum's operands read by the gradient's add
+    ("permute", "tests/gradcheck/permute.net", [], {"permute_view": 3}),
+    # an [N, H, W, C] input permuted into a channels-last convolution, its channels-last result
+    # permuted to [N, H, W, C] for a dense layer and to [N, W, H, C] for an element-wise one,
+    # and their gradients: no copy and no layout conversion left (--copy-views: 6 and 3)
+    ("permute_conv", "tests/gradcheck/permute_conv.net", [], {"permute_view": 6}),
     # slices at negative starts, equal and unequal splits, a slice of a slice; their gradients
     # (zeros around dy) summed by element-wise adds
     ("slice", "tests/gradcheck/slice.net", [], {"slice": 5, "slice_bwd": 5}),
@@ -46,11 +58,18 @@ MODELS = [
 
 
 def folded(dump):
-    """{op: count} of the nodes --dump=fused marks folded."""
+    """{op: count} of the nodes --dump=fused marks folded, and of its permute_views."""
     count = {}
-    for m in re.finditer(r"^\s*%\d+ = (\w+)\(.*\bfolded\b", dump, re.M):
-        count[m.group(1)] = count.get(m.group(1), 0) + 1
+    for m in re.finditer(r"^\s*%\d+ = (\w+)\(.*\bfolded\b|^\s*%\d+ = (permute_view)\(", dump, re.M):
+        op = m.group(1) or m.group(2)
+        count[op] = count.get(op, 0) + 1
     return count
+
+
+def copies(dump):
+    """The copies --dump=fused keeps: permutes, slices, concatenations and layout conversions
+    that are not folded."""
+    return len(re.findall(r"^\s*%\d+ = (?:permute|slice|slice_bwd|concat|layout)\((?!.*\bfolded\b)", dump, re.M))
 
 
 def kernels(report):
@@ -61,20 +80,29 @@ def main():
     netc, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     for name, src, opts, want in MODELS:
-        got = folded(netc_out(netc, src, opts, "--dump=fused"))
+        dump, dump_copy = (netc_out(netc, src, opts, *x, "--dump=fused") for x in ([], ["--copy-views"]))
+        got = folded(dump)
         assert got == want, f"{name}: folded {got}, want {want}"
-        kept = folded(netc_out(netc, src, opts, "--copy-views", "--dump=fused"))
+        kept = folded(dump_copy)
         assert not kept, f"{name}: --copy-views still folds {kept}"
+        n_views = want.get("permute_view", 0)
         plan = netc_out(netc, src, opts, "--dump=memplan")
         in_plan = len(re.findall(r"^%\d+ +\w+ +f32 +\[[^]]*\] +folded +- ", plan, re.M))
-        assert in_plan == sum(want.values()), f"{name}: {in_plan} nodes folded in the memory plan"
+        assert in_plan == sum(want.values()) - n_views, f"{name}: {in_plan} nodes folded in the memory plan"
+        aliases = len(re.findall(r"^%\d+ +permute_view +f32 +\[[^]]*\] +alias ", plan, re.M))
+        assert aliases == n_views, f"{name}: {aliases} permute_views are aliases in the memory plan"
         k_fold, k_copy = (kernels(netc_out(netc, src, opts, *x, "--report")) for x in ([], ["--copy-views"]))
-        assert k_fold == k_copy - sum(want.values()), f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
+        gone = copies(dump_copy) - copies(dump)
+        if n_views:
+            assert k_fold <= k_copy - gone, f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
+        else:
+            assert k_fold == k_copy - sum(want.values()), f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
         a_fold, a_copy = (arena_bytes(netc_out(netc, src, opts, *x, "--dump=memplan")) for x in ([], ["--copy-views"]))
         assert a_fold <= a_copy, f"{name}: arena {a_fold} bytes, {a_copy} with --copy-views"
         saved = saved_by_variant(netc, os.path.join(ROOT, src), opts, ([], ["--copy-views"]), work, name)
         assert saved[0] == saved[1], f"{name}: the weights differ with --copy-views"
-        print(f"views: {name}: {sum(want.values())} nodes folded, {k_fold} kernels a step against {k_copy}, "
+        print(f"views: {name}: {sum(want.values())} nodes folded or views, {gone} copies gone, "
+              f"{k_fold} kernels a step against {k_copy}, "
               f"arena {a_fold} bytes against {a_copy}; 3 steps identical to --copy-views")
 
 
