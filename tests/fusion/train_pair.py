@@ -3,8 +3,8 @@ parameters (tests/gpu/gpu_check.py uses its data).
 
     train_pair.py WORKDIR STEPS TOLERANCE TRAINER_A TRAINER_B
 
-Writes 64 samples shaped like the model's inputs (read from TRAINER_A --help; floats N(0, 50^2),
-integer inputs 0..9) to WORKDIR, trains both trainers for STEPS steps from the same initial
+Writes 64 samples shaped like the model's inputs (read from TRAINER_A --help; floats N(0, 50^2)
+in the input's type, u8 inputs 0..255, other integer inputs 0..9) to WORKDIR, trains both trainers for STEPS steps from the same initial
 weights (--seed 3, no shuffling), and requires every saved tensor to agree: bit for bit when
 TOLERANCE is 0, else within TOLERANCE relative to max(1, the tensor's largest magnitude). Prints
 "identical" or the worst relative difference.
@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from netc_testlib import st_load  # noqa: E402
 
 
+NPY_TYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32, "u8": np.uint8}
+
+
 def write_data(exe, work):
     text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
     rng = np.random.default_rng(7)
@@ -27,10 +30,16 @@ def write_data(exe, work):
     for name, dt, dims, classes in re.findall(r"^  (\w+) +(\w+)\[([^\]]*)\](?:  indices in \[0, (\d+)\))?",
                                               text, re.M):
         shape = (64,) + tuple(int(d) for d in dims.split(",") if d.strip())
-        high = min(10, int(classes)) if classes else 10  # an index input's values must be its classes
-        arr = rng.integers(0, high, shape) if dt == "i64" else rng.normal(size=shape) * 50
+        if dt not in NPY_TYPES:
+            raise ValueError(f"{exe}: input {name} has type {dt}, which write_data does not know")
+        if dt == "u8" and not classes:
+            arr = rng.integers(0, 256, shape)  # pixels, or a boolean mask (0: left out)
+        elif dt in ("i64", "i32", "u8"):
+            arr = rng.integers(0, min(10, int(classes)) if classes else 10, shape)  # an index input: its classes
+        else:
+            arr = rng.normal(size=shape) * 50
         path = os.path.join(work, f"data-{name}.npy")
-        np.save(path, arr.astype(np.int64 if dt == "i64" else np.float32))
+        np.save(path, arr.astype(NPY_TYPES[dt]))
         args += ["--data", f"{name}={path}"]
     return args
 

@@ -87,6 +87,8 @@ SEED = 3
 # the loss and statistics by far more than 1e-4. mlp and lenet run 20 steps with momentum, so
 # they check the optimizer state across steps tightly; the bit-identity checks (graph replay,
 # --no-graph, a second run) run GRAPH_STEPS steps of every model on the GPU alone.
+DEFAULT_CFG = dict(defs=[], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False)
+DROPOUT_TWICE = "dropout draws new masks for each micro-batch: a batch given twice is not the batch once"
 MODELS = {
     "mlp": dict(defs=["batch=32"], steps=20, tol=1e-3, stat_tol=1e-4, converge=60, pixels=True),
     "lenet": dict(defs=["batch=32"], steps=20, tol=1e-3, stat_tol=1e-4, converge=80, pixels=True,
@@ -107,10 +109,17 @@ MODELS = {
                  pixels=False, noise=["attention.self.key.bias"]),
     "llama": dict(defs=["seq=64", "n_layer=2", "batch=4"], steps=1, tol=0.2, stat_tol=1e-3, converge=0,
                   pixels=False),
+    # The emulation test's nets (tests/cuda/emu/, --models): their defaults, one step, the loosest
+    # tolerances. features' first convolution has a bias before batch norm (a shift the norm
+    # takes out again: zero gradient, noise); attention and lora draw dropout masks, new ones for
+    # each of --accumulate's micro-batches.
+    "features": dict(DEFAULT_CFG, defs=["batch=8"], noise=["conv1.bias"]),
+    "attention": dict(DEFAULT_CFG, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
+    "lora": dict(DEFAULT_CFG, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
 }
 # A model not in the table: its defaults (a batch of 8 when it declares one), 1 step, and the
 # loosest tolerances above; give it its own entry once it has been measured.
-DEFAULT = dict(defs=[], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False)
+DEFAULT = DEFAULT_CFG
 GRAPH_STEPS = 8   # steps of the bit-identity checks: the graph replayed over several batches
 LOSS_TOL = 1e-4
 
@@ -187,6 +196,21 @@ def run(cmd, what, **kw):
         raise CheckFailed(f"{what} failed (exit {p.returncode}): {why.strip()}\n"
                           f"    command: {' '.join(map(str, cmd))}\n    " + "\n    ".join(tail))
     return p, time.time() - t0
+
+
+# Where a model's .net file is: models/, or the emulation test's nets (tests/cuda/emu/), which
+# exercise what the stock models leave out (views read in place and permute views, attention's
+# variants, LAMB, LARS, ...).
+MODEL_DIRS = ("models", os.path.join("tests", "cuda", "emu"))
+
+
+def model_src(model):
+    """The .net file of `model`: the first of MODEL_DIRS that has one (models/ when none has)."""
+    for d in MODEL_DIRS:
+        path = os.path.join(ROOT, d, f"{model}.net")
+        if os.path.exists(path):
+            return path
+    return os.path.join(ROOT, MODEL_DIRS[0], f"{model}.net")
 
 
 def model_config(model, src):
@@ -347,7 +371,7 @@ def merge_defs(*lists):
 def build(args, model, cfg, out, extra, what, defs=(), fill=None):
     """netc's trainer at `out`, or the same one from the --trainers folder (a pack's); with
     `fill` (default: `gpu_check.py pack`'s) a trainer netc built is stored there."""
-    src = os.path.join(ROOT, "models", f"{model}.net")
+    src = model_src(model)
     flags = list(extra)
     for d in merge_defs(cfg["defs"], defs, args.define or []):
         flags += ["-D", d]
@@ -388,7 +412,7 @@ def config_stamp(args, model, cfg):
     digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
     return {"model": model, "defs": merge_defs(cfg["defs"], args.define or []), "steps": cfg["steps"],
             "netc_sha256": digest(netc_path(args)),
-            "model_sha256": digest(os.path.join(ROOT, "models", f"{model}.net"))}
+            "model_sha256": digest(model_src(model))}
 
 
 def prepare(args, model, cfg):
@@ -426,7 +450,7 @@ def data_args(work):
 
 def cmd_prepare(args):
     model = args.model
-    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    cfg = model_config(model, model_src(model))
     try:
         prepare(args, model, cfg)
         return result("prepare", model, "PASS", f"CPU run of {cfg['steps']} steps in {args.work}/{model}")
@@ -455,7 +479,7 @@ def compare_with_cpu(model, cfg, gpu_result, files, loss_cpu, loss_gpu):
 def cmd_check(args):
     model = args.model
     label = "self-test: CPU row-major stands in for the GPU" if args.self_test else "GPU fp32"
-    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    cfg = model_config(model, model_src(model))
     if args.tol is not None:
         cfg["tol"] = args.tol
     say(f"== {model} ({' '.join('-D ' + d for d in merge_defs(cfg['defs'], args.define or []))}), "
@@ -497,7 +521,7 @@ def cmd_check(args):
                             ("no-graph", [] if args.self_test else ["--no-graph"])):
             saved[name] = os.path.join(work, f"gpu-{name}.safetensors")
             train(gpu, data, GRAPH_STEPS, files["init"], saved[name], extra)
-        twice = batches_twice(gpu, work, data)
+        twice = None if cfg.get("no_accumulate") else batches_twice(gpu, work, data)
         if twice:
             saved["accumulate"] = os.path.join(work, "gpu-accumulate.safetensors")
             train(gpu, twice, GRAPH_STEPS, files["init"], saved["accumulate"], ["--accumulate", "2"])
@@ -518,8 +542,8 @@ def cmd_check(args):
         ok &= bit_result("accumulate", model, saved["accumulate"], saved["graph"],
                          ", --accumulate 2 on each batch twice (the device's sum, halved)")
     else:
-        result("accumulate", model, "SKIPPED", "batch norm moves its running statistics once per batch: "
-                                               "a batch given twice is not the batch once")
+        result("accumulate", model, "SKIPPED", cfg.get("no_accumulate") or
+               "batch norm moves its running statistics once per batch: a batch given twice is not the batch once")
     return ok
 
 
@@ -609,7 +633,7 @@ def cmd_dist(args):
     if model not in DIST_MODELS:
         say(f"== {model}: not one of the distributed check's models ({', '.join(DIST_MODELS)})")
         return True
-    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    cfg = model_config(model, model_src(model))
     ok, plain_saved = True, None
     for check, flags, suffix in DIST_VARIANTS:
         say(f"== {model}: the distributed trainer ({' '.join(flags)}) at one rank against the plain one")
@@ -686,7 +710,7 @@ def prepare_stamp(args, what, model, defs, **more):
     digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
     return {"what": what, "model": model, "defs": merge_defs(defs, args.define or []),
             "netc_sha256": digest(netc_path(args)),
-            "model_sha256": digest(os.path.join(ROOT, "models", f"{model}.net")), **more}
+            "model_sha256": digest(model_src(model)), **more}
 
 
 def reuse(work, stamp, files):
@@ -752,7 +776,7 @@ def cmd_converge(args):
     update does not learn, or learns far slower. The CPU side may come prepared (pack.sh)."""
     model = args.model
     check_name = "converge" if args.precision == "fp32" else f"converge-{args.precision}"
-    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    cfg = model_config(model, model_src(model))
     steps = args.steps or cfg["converge"]
     if not steps:
         return result(check_name, model, "SKIPPED", "not configured for this model (slow on the CPU side; "
@@ -970,7 +994,7 @@ def cmd_sanitize(args):
     FAIL with its first error and where; FAILED-TO-RUN where there is no compute-sanitizer or it
     cannot use the GPU. Under --self-test, $NETC_COMPUTE_SANITIZER names a stand-in."""
     model = args.model
-    cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+    cfg = model_config(model, model_src(model))
     tools = args.tools.split(",")
     try:
         unknown = [t for t in tools if t not in SANITIZE_TOOLS]
@@ -1028,7 +1052,7 @@ def cmd_pack(args):
     args.fill_trainers = True
     ok = True
     for model in args.models.split(","):
-        cfg = model_config(model, os.path.join(ROOT, "models", f"{model}.net"))
+        cfg = model_config(model, model_src(model))
         step = "?"
         try:
             step = "check"
@@ -1101,7 +1125,8 @@ def main():
                              ".net file and the flags are the same (default $NETC_TRAINERS)")
     for name in ("prepare", "check", "converge", "dist", "sanitize"):
         p = sub.add_parser(name, parents=[common])
-        p.add_argument("--model", required=True, help="a model in models/ (mlp, lenet, ...)")
+        p.add_argument("--model", required=True,
+                       help="a model in models/ (mlp, lenet, ...) or tests/cuda/emu/ (views, permute_conv, ...)")
         if name == "check":
             p.add_argument("--tol", type=float, help="override the model's tolerance")
         if name == "sanitize":
@@ -1126,8 +1151,8 @@ def main():
     args = ap.parse_args()
     limits["timeout"] = getattr(args, "timeout", RUN_TIMEOUT)
     limits["deadline"] = getattr(args, "deadline", None)
-    if getattr(args, "model", None) and not os.path.exists(os.path.join(ROOT, "models", f"{args.model}.net")):
-        ap.error(f"no models/{args.model}.net")
+    if getattr(args, "model", None) and not os.path.exists(model_src(args.model)):
+        ap.error(f"no {args.model}.net in {' or '.join(d + '/' for d in MODEL_DIRS)}")
     ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge, "dist": cmd_dist,
           "fashion": cmd_fashion, "sanitize": cmd_sanitize, "compare": cmd_compare, "pack": cmd_pack}[args.cmd](args)
     sys.exit(0 if ok else 1)
