@@ -260,6 +260,63 @@ IrLayout ir_layout_permuted(IrLayout lx, int rank, const int perm[]) {
     return ir_layout(rank, order);
 }
 
+int ir_layout_reshaped(IrLayout lx, const IrShape *x, const IrShape *y, IrLayout *ly) {
+    int x_order[IR_MAX_RANK], pos[IR_MAX_RANK], n_pos = 0;
+    ir_layout_order(lx, x->rank, x_order);
+    for (int p = 0; p < x->rank; p++) /* pos: an axis's place among x's axes longer than 1 */
+        if (x->dim[x_order[p]] != 1) pos[x_order[p]] = n_pos++;
+    /* match runs of x's and y's axes longer than 1 with equal products, left to right */
+    int group_at[IR_MAX_RANK], first_y[IR_MAX_RANK], end_y[IR_MAX_RANK], n_groups = 0;
+    for (int p = 0; p < n_pos; p++) group_at[p] = -1;
+    for (int i = 0, j = 0;;) {
+        while (i < x->rank && x->dim[i] == 1) i++;
+        while (j < y->rank && y->dim[j] == 1) j++;
+        if (i == x->rank || j == y->rank) {
+            if (i != x->rank || j != y->rank) return 0;
+            break;
+        }
+        int i0 = i, j0 = j;
+        int64_t px = x->dim[i++], py = y->dim[j++];
+        while (px != py) {
+            int *k = px < py ? &i : &j;
+            const IrShape *s = px < py ? x : y;
+            while (*k < s->rank && s->dim[*k] == 1) (*k)++;
+            if (*k == s->rank) return 0;
+            *(px < py ? &px : &py) *= s->dim[(*k)++];
+        }
+        for (int a = i0 + 1, next = pos[i0] + 1; a < i; a++) /* side by side, in order */
+            if (x->dim[a] != 1 && pos[a] != next++) return 0;
+        group_at[pos[i0]] = n_groups;
+        first_y[n_groups] = j0, end_y[n_groups] = j, n_groups++;
+    }
+    /* y's axes longer than 1 where their groups lie, then each axis of 1 before the first
+     * later axis (so that a row-major x gives a row-major y) */
+    int order[IR_MAX_RANK], n = 0;
+    for (int p = 0; p < n_pos; p++) {
+        if (group_at[p] < 0) continue; /* not the first x axis of a group */
+        for (int b = first_y[group_at[p]]; b < end_y[group_at[p]]; b++)
+            if (y->dim[b] != 1) order[n++] = b;
+    }
+    for (int u = 0; u < y->rank; u++) {
+        if (y->dim[u] != 1) continue;
+        int t = 0;
+        while (t < n && order[t] < u) t++;
+        memmove(order + t + 1, order + t, (size_t)(n - t) * sizeof *order);
+        order[t] = u, n++;
+    }
+    *ly = ir_layout(y->rank, order);
+    return 1;
+}
+
+int ir_view_layout(const IrNode *n, IrLayout *out) {
+    const IrNode *x = n->in[0];
+    switch (n->op) {
+    case OP_PERMUTE_VIEW: *out = ir_layout_permuted(x->layout, n->shape.rank, n->attr.perm); return 1;
+    case OP_RESHAPE: return ir_layout_reshaped(x->layout, &x->shape, &n->shape, out);
+    default: ICE("%s is not a view read in another layout", ir_op_name(n->op));
+    }
+}
+
 int ir_stored_as(const IrNode *x, IrLayout layout) {
     int have[IR_MAX_RANK], want[IR_MAX_RANK], m = 0, k = 0;
     ir_layout_order(x->layout, x->shape.rank, have);
@@ -296,6 +353,12 @@ int ir_operand_layout(const IrNode *n, int k, IrLayout *want) {
     case 'f': *want = n->attr.filter; return 1; /* oihw, or ohwi (KRSC) */
     case 'c': *want = acts_nhwc(n) ? LAYOUT_NHWC : LAYOUT_ROW_MAJOR; return 1;
     case 'x': *want = n->in[0]->layout; return 1;
+    case 'v': { /* a reshape: any layout its view can be read from in place, else row-major */
+        IrLayout view;
+        if (ir_view_layout(n, &view)) return 0;
+        *want = LAYOUT_ROW_MAJOR;
+        return 1;
+    }
     default: ICE("ops.def: %s has layout letter '%c'", ir_op_name(n->op), letter);
     }
 }
@@ -731,8 +794,9 @@ static int verify_layouts(const IrNode *n, const char *stage) {
     if (!layout_fits(n->layout, n->shape.rank))
         return verify_fail(stage, n, "its layout is not an order of the axes of its shape");
     if (result_letter(n->op) == 'p') {
-        if (!ir_layout_eq(n->layout, ir_layout_permuted(n->in[0]->layout, n->shape.rank, n->attr.perm)))
-            return verify_fail(stage, n, "a permuted view's layout is not its operand's, permuted");
+        IrLayout view;
+        if (!ir_view_layout(n, &view) || !ir_layout_eq(n->layout, view))
+            return verify_fail(stage, n, "a view's layout is not its operand's storage read in its shape");
     } else if (n->layout.permuted && !result_nhwc(n->op)) {
         return verify_fail(stage, n, "this operator has no permuted form");
     }

@@ -354,6 +354,15 @@ void ir_layout_order(IrLayout l, int rank, int order[IR_MAX_RANK]);
 /* The layout of y = permute(x, perm) read from x's storage in place, x stored in lx: where x's
  * axis perm[i] lies, y's axis i lies. */
 IrLayout ir_layout_permuted(IrLayout lx, int rank, const int perm[]);
+/* The layout of y (shape `y`) = reshape(x) read from x's storage in place, x (shape `x`) stored
+ * in lx, in *ly; 0 when x's bytes do not lie so: each run of x's axes that y merges into one (or
+ * one that it splits) must lie side by side in x's storage, in their logical order. An
+ * [N,C,H,W] value stored channels-last reshaped to [N,C,H*W] lies in the order N, H*W, C. */
+int ir_layout_reshaped(IrLayout lx, const IrShape *x, const IrShape *y, IrLayout *ly);
+/* The layout of a view node n (ops.def's result letter p: permute_view, reshape) read in place
+ * from its operand's storage as that is stored now; 0 when it cannot be (a reshape, see
+ * ir_layout_reshaped). */
+int ir_view_layout(const IrNode *n, IrLayout *out);
 /* x's elements lie in memory as they would in `layout`: the same order once x's axes of
  * extent 1 are left out (so any layout when at most one axis is longer than 1). */
 int ir_stored_as(const IrNode *x, IrLayout layout);

@@ -1,10 +1,10 @@
 /* layout.c - physical layout selection: channels-last (NHWC) through convolution chains, and
- * permutes as views of their operand's storage in another order of its axes.
+ * permutes and reshapes as views of their operand's storage in another order of its axes.
  *
  * Requires:    a differentiated graph in schedule order; no fusion or memory plan yet.
  * Guarantees:  every operand is stored in a layout its operator reads (ir_operand_layout), so
- *              ir_verify's layout checks hold; inputs, parameters, gradients, reshapes and
- *              every other tensor below rank 4 that is not a permute_view stay row-major;
+ *              ir_verify's layout checks hold; inputs, parameters, gradients and every other
+ *              tensor below rank 4 that is not a view (permute_view, reshape) stay row-major;
  *              shapes stay logical (NCHW), so the program computes the same values and weight
  *              files are unchanged. A conversion (OP_LAYOUT, element-wise) appears only where a
  *              value's producer and a reader that cannot stride through it disagree, or after a
@@ -14,9 +14,11 @@
  *              permutes merged away.
  *
  * With `views`, sweep 0 first merges chains of permutes, and sweep 1 gives each permute the
- * layout it would have as a view (ir_layout_permuted), so that its readers follow it; sweep 2b,
- * after sweep 2, makes it an OP_PERMUTE_VIEW where every reader reads that layout as it lies,
- * and a row-major copy elsewhere.
+ * layout it would have as a view (ir_layout_permuted) and each reshape the layout its operand's
+ * bytes have under its shape (ir_layout_reshaped, where they allow one), so that their readers
+ * follow; sweep 2b, after sweep 2, makes a permute an OP_PERMUTE_VIEW where every reader reads
+ * that layout as it lies, and a row-major copy elsewhere; sweep 3 gives every view the layout its
+ * operand's final one gives (a reshape that cannot have one reads a row-major conversion).
  *
  * The choice, in three sweeps:
  *   1. forward: convolutions (forward and data gradient) produce NHWC; an element-wise
@@ -87,6 +89,11 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters, const unsig
             n->layout = ir_layout_permuted(n->in[0]->layout, n->shape.rank, n->attr.perm);
             continue;
         }
+        IrLayout view;
+        if (n->op == OP_RESHAPE && escapes && !escapes[n->id] && ir_view_layout(n, &view)) {
+            n->layout = view; /* read in place, in the order its operand's bytes lie */
+            continue;
+        }
         if (!matters(n) || is_grad[n->id]) continue;
         if (n->op == OP_CONV2D || n->op == OP_CONV2D_BWD_DATA) {
             if (ir_conv_nhwc_ok(n)) n->layout = LAYOUT_NHWC;
@@ -120,18 +127,23 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters, const unsig
 }
 
 /* Every reader of p reads it stored in `layout` as it is: an element-wise operator (it strides
- * through any layout), or one that wants a layout the same bytes already are. */
-static int readers_read(const IrBuilder *b, const IrNode *p, IrLayout layout) {
+ * through any layout), a reshape that can be read from it in place (not a step's result), or
+ * one that wants a layout the same bytes already are. */
+static int readers_read(const IrBuilder *b, const IrNode *p, IrLayout layout, const unsigned char *escapes) {
     IrNode as_view = *p;
     as_view.layout = layout;
     int n_uses;
     const IrUse *use = irb_uses(b, p, &n_uses);
     for (int i = 0; i < n_uses; i++) {
+        const IrNode *user = use[i].user;
         IrLayout want;
-        if (!use[i].user) return 0;
-        if (ir_operand_layout(use[i].user, use[i].k, &want) ? !ir_stored_as(&as_view, want)
-                                                             : ir_op_kind(use[i].user->op) != OPK_EW)
+        if (!user) return 0;
+        if (user->op == OP_RESHAPE && !escapes[user->id]) {
+            if (!ir_layout_reshaped(layout, &p->shape, &user->shape, &want)) return 0;
+        } else if (ir_operand_layout(user, use[i].k, &want) ? !ir_stored_as(&as_view, want)
+                                                             : ir_op_kind(user->op) != OPK_EW) {
             return 0;
+        }
     }
     return n_uses > 0;
 }
@@ -169,7 +181,7 @@ static void permute_views(IrGraph *g, const IrBuilder *b, const unsigned char *e
         IrNode *p = g->nodes[i];
         if (p->op != OP_PERMUTE || !irb_placed(b, p)) continue;
         IrLayout layout = ir_layout_permuted(p->in[0]->layout, p->shape.rank, p->attr.perm);
-        if (!escapes[p->id] && readers_read(b, p, layout)) {
+        if (!escapes[p->id] && readers_read(b, p, layout, escapes)) {
             p->op = OP_PERMUTE_VIEW;
             p->layout = layout;
         } else {
@@ -206,22 +218,27 @@ static IrNode **conversion_slot(IrGraph *g, Conversions **list, IrLayout layout)
 
 /* Sweep 3: a conversion before the first reader that needs one; later readers share it. A
  * parameter's gradient that is not row-major (a KRSC filter gradient) is converted right after
- * it is computed, and the conversion becomes the gradient. */
-static void convert(IrGraph *g, IrBuilder *b) {
+ * it is computed, and the conversion becomes the gradient. A view's layout is then what its
+ * operand's bytes give (ir_view_layout); a reshape reads row-major without `views`, or when it
+ * is one of the step's results (escapes), as the runtime reads those. */
+static void convert(IrGraph *g, IrBuilder *b, int views, const unsigned char *escapes) {
     Conversions **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * sizeof *conv); /* by value */
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
         if (g->params[i].grad) is_grad[g->params[i].grad->id] = 1;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
+        int row_major = n->op == OP_RESHAPE && (!views || escapes[n->id]);
         for (int k = 0; k < n->n_in; k++) {
             IrNode *x = n->in[k];
-            IrLayout want;
-            if (!ir_operand_layout(n, k, &want) || ir_stored_as(x, want)) continue;
+            IrLayout want = LAYOUT_ROW_MAJOR;
+            if (!(row_major || ir_operand_layout(n, k, &want)) || ir_stored_as(x, want)) continue;
             IrNode **slot = conversion_slot(g, &conv[x->id], want);
             if (!*slot) irb_insert_before(b, n, *slot = conversion(b, x, want, n));
             irb_set_operand(b, n, k, *slot);
         }
+        if (n->op == OP_RESHAPE || n->op == OP_PERMUTE_VIEW)
+            if (!ir_view_layout(n, &n->layout)) ICE("layout: %%%d %s cannot be read in place", n->id, ir_op_name(n->op));
         if (is_grad[n->id] && !ir_stored_as(n, LAYOUT_ROW_MAJOR)) {
             IrNode **slot = conversion_slot(g, &conv[n->id], LAYOUT_ROW_MAJOR);
             if (*slot) continue;
@@ -242,6 +259,6 @@ int layout_select(IrGraph *g, int channels_last, int krsc_filters, int views) {
     else
         for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
     if (views) permute_views(g, b, escapes);
-    convert(g, b);
+    convert(g, b, views, escapes);
     return irb_finish(b);
 }

@@ -4,9 +4,10 @@
  * identity is row-major at any rank, [N,C,H,W] in the order N,H,W,C is LAYOUT_NHWC); the layout of
  * a permute read in place composes (permuting by p then q is permuting by p after q, and the
  * inverse permute gives the operand's layout back, over every permutation of rank 4 from every
- * starting layout); two layouts store a shape alike exactly when its axes longer than 1 come in
- * the same order; the printed names; and the verifier refuses a layout that is not an order of
- * the node's axes.
+ * starting layout); the layout of a reshape read in place (a patch embedding's channels-last
+ * [N,D,h,w] as [N,D,h*w] and back, axes of 1 anywhere, and the merges the bytes do not allow);
+ * two layouts store a shape alike exactly when its axes longer than 1 come in the same order;
+ * the printed names; and the verifier refuses a layout that is not an order of the node's axes.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -85,6 +86,47 @@ static void test_composition(void **state) {
     }
 }
 
+/* The layout ir_layout_reshaped gives from x stored in `order_x` (NULL: row-major), as a
+ * string, or "no". */
+static const char *reshaped(const int *order_x, IrShape x, IrShape y, char *buf, size_t size) {
+    IrLayout ly, lx = order_x ? ir_layout(x.rank, order_x) : LAYOUT_ROW_MAJOR;
+    return ir_layout_reshaped(lx, &x, &y, &ly) ? ir_layout_str(ly, buf, size) : "no";
+}
+
+static void test_reshaped(void **state) {
+    (void)state;
+    char buf[40];
+    int nhwc[4] = {0, 2, 3, 1}, tokens[3] = {0, 2, 1};
+    IrShape nchw = ir_shape(4, (int64_t)2, (int64_t)8, (int64_t)4, (int64_t)4);
+    IrShape ncl = ir_shape(3, (int64_t)2, (int64_t)8, (int64_t)16);
+    /* row-major stays row-major, whatever the shapes */
+    assert_string_equal(reshaped(NULL, nchw, ir_shape(2, (int64_t)16, (int64_t)16), buf, sizeof buf), "row-major");
+    assert_string_equal(reshaped(NULL, ncl, ir_shape(5, (int64_t)1, (int64_t)2, (int64_t)1, (int64_t)128,
+                                                       (int64_t)1), buf, sizeof buf), "row-major");
+    /* a patch embedding: [N,D,h,w] channels-last is [N,D,h*w] in the order N, h*w, D, and back */
+    assert_string_equal(reshaped(nhwc, nchw, ncl, buf, sizeof buf), "order=0,2,1");
+    assert_string_equal(reshaped(tokens, ncl, nchw, buf, sizeof buf), "nhwc");
+    /* flattening channels-last [N,C,H,W] to [N, C*H*W]: C lies innermost, not first */
+    assert_string_equal(reshaped(nhwc, nchw, ir_shape(2, (int64_t)2, (int64_t)128), buf, sizeof buf), "no");
+    /* but [N, C, 1, 1] (after global pooling) flattens in place, row-major */
+    IrShape pooled = ir_shape(4, (int64_t)2, (int64_t)8, (int64_t)1, (int64_t)1);
+    assert_string_equal(reshaped(nhwc, pooled, ir_shape(2, (int64_t)2, (int64_t)8), buf, sizeof buf), "row-major");
+    /* splitting an axis that lies outermost, with axes of 1 added: [N,D,L] in the order N, L, D
+     * as [N, 1, D, h, w]: the new axis of 1 goes before D, the split axes where L lay */
+    IrShape five = ir_shape(5, (int64_t)2, (int64_t)1, (int64_t)8, (int64_t)4, (int64_t)4);
+    assert_string_equal(reshaped(tokens, ncl, five, buf, sizeof buf), "order=0,1,3,4,2");
+    /* merging axes that do not lie side by side in their order: [A,B,C] stored in the order
+     * B, A, C as [A*B, C] (B before A) or [A, B*C] (A between B and C); stored A, C, B as
+     * [A, B*C] (C before B) */
+    int bac[3] = {1, 0, 2}, acb[3] = {0, 2, 1}, cab[3] = {2, 0, 1};
+    IrShape abc = ir_shape(3, (int64_t)3, (int64_t)5, (int64_t)7);
+    assert_string_equal(reshaped(bac, abc, ir_shape(2, (int64_t)15, (int64_t)7), buf, sizeof buf), "no");
+    assert_string_equal(reshaped(bac, abc, ir_shape(2, (int64_t)3, (int64_t)35), buf, sizeof buf), "no");
+    assert_string_equal(reshaped(acb, abc, ir_shape(2, (int64_t)3, (int64_t)35), buf, sizeof buf), "no");
+    /* stored C, A, B: A and B lie side by side in order, so [A*B, C] lies C outermost */
+    assert_string_equal(reshaped(cab, abc, ir_shape(2, (int64_t)15, (int64_t)7), buf, sizeof buf), "order=1,0");
+}
+
 static IrNode node_of(IrShape shape, IrLayout layout) {
     IrNode n;
     memset(&n, 0, sizeof n);
@@ -147,7 +189,8 @@ static void test_verifier(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_canonical),  cmocka_unit_test(test_channels_last_views),
-        cmocka_unit_test(test_composition), cmocka_unit_test(test_stored_as),
+        cmocka_unit_test(test_composition), cmocka_unit_test(test_reshaped),
+        cmocka_unit_test(test_stored_as),
         cmocka_unit_test(test_names),      cmocka_unit_test(test_verifier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,21 +13,27 @@ For each model below: compile it as it is and with --copy-views, and require
     number of folded nodes; with permute_views (which also merge chains of permutes and take
     the place of layout conversions), fewer by at least the copies (permutes, slices,
     concatenations, layout conversions) that are gone;
-  - the arena no larger than with --copy-views;
+  - no more bytes alive at once in the arena than with --copy-views (the arena itself may differ
+    by the planner's gaps either way);
   - a few training steps from the same weights and data to save the same bytes both ways. That
     equality is guaranteed by construction: a loop reading through a folded view reads the very
     floats the copy would have held and computes with them what it computed with the copy, and
     the rest of the step is unchanged (the same fused groups, products and order of sums).
+    Not so where a view hands a kernel its operand in another layout than the copy did
+    (REORDERED): the same values are summed in another order, and the weights agree within
+    rounding instead.
 """
 import os
 import re
 import sys
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import arena_bytes, netc_out  # noqa: E402
+from netc_testlib import arena_bytes, netc_out, peak_live_bytes, st_load  # noqa: E402
 from train_pair import saved_by_variant  # noqa: E402  (trains variants on 64 samples shaped like the inputs)
 
 LLAMA = ["-D", "n_layer=2", "-D", "seq=32"]
@@ -51,10 +57,23 @@ MODELS = [
     # permuted to [N, H, W, C] for a dense layer and to [N, W, H, C] for an element-wise one,
     # and their gradients: no copy and no layout conversion left (--copy-views: 6 and 3)
     ("permute_conv", "tests/gradcheck/permute_conv.net", [], {"permute_view": 6}),
+    # a patch embedding: a channels-last convolution's result reshaped to [N, D, h*w] and
+    # transposed to tokens, both read in place (the reshape in the order N, h*w, D), and back
+    # (--copy-views: 2 permutes and 2 conversions)
+    ("patchify", "tests/gradcheck/patchify.net", [], {"permute_view": 2}),
     # slices at negative starts, equal and unequal splits, a slice of a slice; their gradients
     # (zeros around dy) summed by element-wise adds
     ("slice", "tests/gradcheck/slice.net", [], {"slice": 5, "slice_bwd": 5}),
 ]
+
+
+# Models whose views change the layout some sum runs over (patchify: the bias and filter
+# gradients of the convolution read a channels-last view where the copies gave them row-major
+# values), with the largest relative difference allowed in the saved weights after 3 steps: each
+# of those float32 sums (at most 96 terms here) may move by about its length times 2^-24 of its
+# magnitude in another order, times the learning rate 0.1, three times; 1e-5 (about 170 float32
+# ulps at 1.0) bounds that, where a wrongly read element moves a weight by 1e-3 and more.
+REORDERED = {"patchify": 1e-5}
 
 
 def folded(dump):
@@ -97,13 +116,22 @@ def main():
             assert k_fold <= k_copy - gone, f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
         else:
             assert k_fold == k_copy - sum(want.values()), f"{name}: {k_fold} kernels a step, {k_copy} with --copy-views"
-        a_fold, a_copy = (arena_bytes(netc_out(netc, src, opts, *x, "--dump=memplan")) for x in ([], ["--copy-views"]))
-        assert a_fold <= a_copy, f"{name}: arena {a_fold} bytes, {a_copy} with --copy-views"
+        plans = [netc_out(netc, src, opts, *x, "--dump=memplan") for x in ([], ["--copy-views"])]
+        a_fold, a_copy = (arena_bytes(p) for p in plans)
+        live_fold, live_copy = (peak_live_bytes(p) for p in plans)
+        assert live_fold <= live_copy, f"{name}: {live_fold} bytes alive at once, {live_copy} with --copy-views"
         saved = saved_by_variant(netc, os.path.join(ROOT, src), opts, ([], ["--copy-views"]), work, name)
-        assert saved[0] == saved[1], f"{name}: the weights differ with --copy-views"
+        if name in REORDERED:
+            a, b = (st_load(os.path.join(work, f"{name}-{k}.safetensors")) for k in (0, 1))
+            for t in b:
+                err = np.abs(a[t].astype(np.float64) - b[t]).max() / max(1.0, np.abs(b[t]).max())
+                assert err <= REORDERED[name], f"{name}: {t} differs by {err:.3g} with --copy-views"
+        else:
+            assert saved[0] == saved[1], f"{name}: the weights differ with --copy-views"
         print(f"views: {name}: {sum(want.values())} nodes folded or views, {gone} copies gone, "
               f"{k_fold} kernels a step against {k_copy}, "
-              f"arena {a_fold} bytes against {a_copy}; 3 steps identical to --copy-views")
+              f"arena {a_fold} bytes against {a_copy} (at most {live_fold} alive at once against {live_copy}); "
+              f"3 steps {'within rounding of' if name in REORDERED else 'identical to'} --copy-views")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,14 @@ def arena_bytes(plan):
     return int(re.search(r"^arena: (\d+) bytes", plan, re.M).group(1))
 
 
+def peak_live_bytes(plan):
+    """The most bytes of arena values alive at once (netc --dump=memplan's lifetimes, both ends
+    included): what any placement of them needs at least, whatever gaps the planner leaves."""
+    rows = re.findall(r"^%\d+ +\w+ +\w+ +\[[^]]*\] +arena +\d+ +(\d+) +\[(\d+), (\d+)\]", plan, re.M)
+    ends = [(int(a), int(b), int(size)) for size, a, b in rows]
+    return max((sum(size for a, b, size in ends if a <= t <= b) for t in {a for a, _, _ in ends}), default=0)
+
+
 def compile_model(netc, here, work, name, *defines):
     """A trainer of here/NAME.net with each -D of `defines`, as work/NAME_<defines>."""
     exe = os.path.join(work, name + "".join("_" + d.replace("=", "") for d in defines))
