@@ -348,6 +348,12 @@ int ir_operand_layout(const IrNode *n, int k, IrLayout *want) {
     char letter = operand_letter(n->op, k);
     switch (letter) {
     case 'a': return 0;
+    case 'b':
+        if (ir_stored_as(n->in[k], LAYOUT_ROW_MAJOR) ||
+            (n->in[k]->shape.rank == 4 && ir_stored_as(n->in[k], LAYOUT_NHWC)))
+            return 0;
+        *want = LAYOUT_ROW_MAJOR;
+        return 1;
     case 'r': *want = LAYOUT_ROW_MAJOR; return 1;
     case 'o': *want = n->layout; return 1;
     case 'f': *want = n->attr.filter; return 1; /* oihw, or ohwi (KRSC) */

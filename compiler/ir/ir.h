@@ -363,8 +363,9 @@ int ir_layout_reshaped(IrLayout lx, const IrShape *x, const IrShape *y, IrLayout
  * from its operand's storage as that is stored now; 0 when it cannot be (a reshape, see
  * ir_layout_reshaped). */
 int ir_view_layout(const IrNode *n, IrLayout *out);
-/* x's elements lie in memory as they would in `layout`: the same order once x's axes of
- * extent 1 are left out (so any layout when at most one axis is longer than 1). */
+/* x's elements lie in memory as they would in `layout` (an order of x's axes: LAYOUT_NHWC only
+ * at rank 4): the same order once x's axes of extent 1 are left out (so any layout when at most
+ * one axis is longer than 1). */
 int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The node whose storage n reads: n itself, or for a view (ST_ALIAS after the memory plan) the
  * value it ultimately aliases. */
