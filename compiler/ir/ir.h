@@ -370,9 +370,10 @@ int ir_stored_as(const IrNode *x, IrLayout layout);
 /* The node whose storage n reads: n itself, or for a view (ST_ALIAS after the memory plan) the
  * value it ultimately aliases. */
 const IrNode *ir_storage_root(const IrNode *n);
-/* Whether n reads its operand k in one layout, *want (see ir_stored_as), or in any (0:
- * element-wise operators and reductions index through strides): ops.def's layouts column
- * applied to n. */
+/* Whether n reads its operand k in one layout, *want (see ir_stored_as), or as it lies (0:
+ * element-wise operators index through strides in any order; reductions and batch norm take
+ * row-major or channels-last; a reshape any order it can be read in): ops.def's layouts column
+ * applied to n and its operand's present layout. */
 int ir_operand_layout(const IrNode *n, int k, IrLayout *want);
 /* n reads its operand k channels-last (a convolution's activations or KRSC filter). */
 int ir_operand_nhwc(const IrNode *n, int k);

@@ -283,15 +283,15 @@ static void place_in_order(IrNode **todo, int n) {
 
 /* The value whose bytes n's kernel may write its result over, or NULL. The target names the
  * operand (in_place: -1 for none); it is taken when that operand reads a whole arena buffer of
- * n's size, directly or through reshapes, all of them row-major like n, that nothing reads after
- * n: the kernel then reads each element before it writes the same one, so the two share one
- * buffer. */
+ * n's size, directly or through reshapes, row-major like n (a reshape of a row-major value is
+ * row-major), that nothing reads after n: the kernel then reads each element before it writes
+ * the same one, so the two share one buffer. */
 static IrNode *in_place_of(const IrNode *n, int (*in_place)(const IrNode *)) {
     int k = in_place && n->storage == ST_ARENA ? in_place(n) : -1;
     if (k < 0 || !ir_stored_as(n, LAYOUT_ROW_MAJOR)) return NULL;
     IrNode *r = n->in[k];
     for (; r->storage == ST_ALIAS; r = r->in[0])
-        if (r->op != OP_RESHAPE || !ir_stored_as(r, LAYOUT_ROW_MAJOR)) return NULL;
+        if (r->op != OP_RESHAPE) return NULL;
     if (!ir_stored_as(r, LAYOUT_ROW_MAJOR)) return NULL;
     if (r->storage != ST_ARENA || bytes_of(r) != bytes_of(n) || r->last_use != n->first_use) return NULL;
     return r;

@@ -34,8 +34,9 @@ int ew_through_reshapes(IrGraph *g);
  * chains when `channels_last`, else row-major everywhere; with `krsc_filters` too, channels-last
  * convolutions read their filters and write their filter gradients channels-last (KRSC); with
  * `views` too, a permute whose readers all read its operand's bytes as they lie becomes an
- * OP_PERMUTE_VIEW (no copy); insert OP_LAYOUT conversions where a reader needs another layout
- * and after a KRSC parameter gradient. Returns the number of conversions. Run before fusion. */
+ * OP_PERMUTE_VIEW (no copy) and a reshape reads its operand in place in any order of its axes
+ * that allows it (ir_layout_reshaped); insert OP_LAYOUT conversions where a reader needs another
+ * layout and after a KRSC parameter gradient. Returns the number of conversions. Run before fusion. */
 int layout_select(IrGraph *g, int channels_last, int krsc_filters, int views);
 
 /* fuse.c: element-wise fusion. Marks each maximal run of consecutive element-wise nodes of one

@@ -87,7 +87,9 @@ SEED = 3
 # the loss and statistics by far more than 1e-4. mlp and lenet run 20 steps with momentum, so
 # they check the optimizer state across steps tightly; the bit-identity checks (graph replay,
 # --no-graph, a second run) run GRAPH_STEPS steps of every model on the GPU alone.
-DEFAULT_CFG = dict(defs=[], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False)
+# A model not in the table: its defaults (a batch of 8 when it declares one), 1 step, and the
+# loosest tolerances below; give it its own entry once it has been measured.
+DEFAULT = dict(defs=[], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False)
 DROPOUT_TWICE = "dropout draws new masks for each micro-batch: a batch given twice is not the batch once"
 MODELS = {
     "mlp": dict(defs=["batch=32"], steps=20, tol=1e-3, stat_tol=1e-4, converge=60, pixels=True),
@@ -113,13 +115,10 @@ MODELS = {
     # tolerances. features' first convolution has a bias before batch norm (a shift the norm
     # takes out again: zero gradient, noise); attention and lora draw dropout masks, new ones for
     # each of --accumulate's micro-batches.
-    "features": dict(DEFAULT_CFG, defs=["batch=8"], noise=["conv1.bias"]),
-    "attention": dict(DEFAULT_CFG, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
-    "lora": dict(DEFAULT_CFG, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
+    "features": dict(DEFAULT, defs=["batch=8"], noise=["conv1.bias"]),
+    "attention": dict(DEFAULT, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
+    "lora": dict(DEFAULT, defs=["batch=8"], no_accumulate=DROPOUT_TWICE),
 }
-# A model not in the table: its defaults (a batch of 8 when it declares one), 1 step, and the
-# loosest tolerances above; give it its own entry once it has been measured.
-DEFAULT = DEFAULT_CFG
 GRAPH_STEPS = 8   # steps of the bit-identity checks: the graph replayed over several batches
 LOSS_TOL = 1e-4
 
