@@ -3,8 +3,9 @@
  * Requires:    a differentiated graph in schedule order, every value row-major (before layout
  *              selection).
  * Guarantees:  an element-wise node whose operands are reshapes of values of one shape S'
- *              (and scalars, or vectors along the last axis) is computed in S' and reshaped
- *              after, when S' only merges S's leading axes; reshapes left unread are removed.
+ *              (and scalars, or vectors along the last axis, of no more axes than S') is
+ *              computed in S' and reshaped after, when S' only merges S's leading axes;
+ *              reshapes left unread are removed.
  *              Each element gets the same operation on the same values: the same bits.
  * Invalidates: node ids (renumbered).
  *
@@ -44,6 +45,8 @@ static int source_shape(const IrNode *n, IrShape *from) {
             return 0; /* broadcast differently in the other shape, or computed in this one */
         }
     }
+    for (int k = 0; found && k < n->n_in; k++) /* a [1, 1, 1] beside [30, 2] would add an axis */
+        if (n->in[k]->op != OP_RESHAPE && n->in[k]->shape.rank > from->rank) return 0;
     return found;
 }
 
