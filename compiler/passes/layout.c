@@ -228,6 +228,7 @@ static void convert(IrGraph *g, IrBuilder *b, int views, const unsigned char *es
         if (g->params[i].grad) is_grad[g->params[i].grad->id] = 1;
     for (int i = 0; i < g->n; i++) {
         IrNode *n = g->nodes[i];
+        if (!irb_placed(b, n)) continue; /* a permute sweep 0 merged away */
         int row_major = n->op == OP_RESHAPE && (!views || escapes[n->id]);
         for (int k = 0; k < n->n_in; k++) {
             IrNode *x = n->in[k];
