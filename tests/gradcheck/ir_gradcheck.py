@@ -2,13 +2,14 @@
 """Check autodiff's gradients on the IR itself, independent of code generation and the runtime.
 
     ir_gradcheck.py NETC MODEL.net
-    ir_gradcheck.py --trainer NETC MODEL.net WORKDIR
+    ir_gradcheck.py --trainer NETC MODEL.net WORKDIR [NETC_FLAG ...]
 
 The second form checks the compiled trainer against this float64 reference instead of finite
 differences: the trainer starts from the same parameters (--init) on the same batch and takes
 one SGD step, and the gradient it applied, (p - p') / lr, must match the reference's gradient
 nodes. This needs no finite differences, so it also holds for models whose loss is too curved or
 kinked for the trainer's float32 --gradcheck (batch norm over a handful of values per channel).
+Flags after WORKDIR go to netc when it compiles the trainer (`--copy-views`, `--no-fuse`, ...).
 
 Runs `NETC MODEL.net --dump=grad`, evaluates the printed graph with a float64 reference
 interpreter (torch on the CPU), and compares every trainable parameter's gradient node with
@@ -333,7 +334,7 @@ class Interp:
         return v
 
 
-def trainer_check(netc, model, work, nodes, params, pvals, batch, values):
+def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags):
     """The compiled trainer's gradient (from one SGD step) against the reference's."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     from netc_testlib import st_load, st_save
@@ -351,7 +352,7 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values):
     for k, a in batch.items():
         np.save(os.path.join(work, f"{name}-{k}.npy"), a)
         args += ["--data", f"{k}={os.path.join(work, f'{name}-{k}.npy')}"]
-    subprocess.run([netc, model, "-o", exe], check=True)
+    subprocess.run([netc, model, "-o", exe, *flags], check=True)
     subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out],
                    check=True)
     got = st_load(out)
@@ -375,9 +376,9 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values):
 
 
 def main():
-    trainer = len(sys.argv) == 5 and sys.argv[1] == "--trainer"
+    trainer = len(sys.argv) >= 5 and sys.argv[1] == "--trainer"
     if len(sys.argv) != 3 and not trainer:
-        raise SystemExit("usage: ir_gradcheck.py NETC MODEL.net | --trainer NETC MODEL.net WORKDIR")
+        raise SystemExit("usage: ir_gradcheck.py NETC MODEL.net | --trainer NETC MODEL.net WORKDIR [NETC_FLAG ...]")
     netc, model = sys.argv[1 + trainer:3 + trainer]
     dump = subprocess.run([netc, model, "--dump=grad"], capture_output=True, text=True)
     if dump.returncode != 0:
@@ -399,7 +400,7 @@ def main():
     it = Interp(nodes, inputs, pvals)
     values = it.run(len(nodes))
     if trainer:
-        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values)
+        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:])
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:
