@@ -3,13 +3,17 @@
 
     random_nets.py gen SEED                     print net number SEED
     random_nets.py check NETC WORKDIR FIRST COUNT [--flags "NETC FLAGS"] ...
+    random_nets.py compile NETC WORKDIR FIRST COUNT
     random_nets.py emu NETC WORKDIR FIRST COUNT STEPS TOL
 
 `check` writes the nets FIRST .. FIRST + COUNT - 1 under WORKDIR and runs, for each,
 `ir_gradcheck.py --trainer`: the compiled trainer's gradient (one SGD step) against the float64
 reference interpreter on the IR after autodiff. Each `--flags` adds one more compilation of every
 net (for example `--copy-views`, `--layout=row-major`, `--no-fuse`), checked the same way. A
-failing net is left in WORKDIR with the command that reproduces it.
+failing net is left in WORKDIR with the command that reproduces it. `compile` takes each net
+through the builds of BUILDS (CUDA, half precision, distributed, row-major, unfused) as far as
+the generated code, without a C compiler: fast enough for hundreds of nets. `emu` compares each
+net's CUDA trainer, emulated on the CPU, with its CPU trainer (emu_vs_cpu.sh).
 
 Why random nets: the layout pass gives each value an order of its axes, permutes and reshapes
 become views read in place in any of them, slices and concatenations are folded into the loops
@@ -19,7 +23,10 @@ cover each operator; these cover the combinations, which is where a reader that 
 row-major or channels-last goes wrong (a batch norm over a transposed reshape, found by hand,
 was one). The generator is deterministic: net SEED is the same text on every machine.
 
-What a net holds: an input `x` f32[batch, ...] of rank 3 or 4 scaled by a parameter, then 5 to
+What a net holds: an input `x` f32[batch, ...] of rank 3 or 4 scaled by a parameter, or in about
+a third of the nets token sequences: an embedding of `tokens` i64[batch, T] plus a float input
+scaled by a parameter, and the loss gets a cross-entropy of next-token logits (a dense layer on
+a [batch, T, ...] value) against `targets`, with ignore_index=-1 in most of them. Then 5 to
 10 steps, each on one or two live values (mostly the newest, so chains form; sometimes an older
 one, so values have several readers): element-wise functions and products (with a parameter
 broadcast along some axes, or with another value), a value less its mean or times its maximum
@@ -309,10 +316,27 @@ class Net:
         dims = [rng.randrange(2, 6) for _ in range(rank - 1)]
         if rng.random() < 0.3:          # one axis past a vector's width of floats (8 or 16)
             dims[rng.randrange(rank - 1)] = rng.randrange(7, 18)
-        self.header = [f"# random net {self.seed} (tests/gradcheck/random_nets.py)",
-                       "# data: x=normal", f"model random_{self.seed}", f"const batch = {batch}",
-                       "const input_scale = 1", f"input x : f32[batch, {', '.join(map(str, dims))}]"]
-        v = self.fresh(f"x * input_scale * {self.param(dims)}", [batch] + dims)
+        # a third of the nets are of token sequences, drawn from a stream of their own so that
+        # the others are the same texts as before they were added
+        tokens = random.Random(self.seed * 7919 + 1)
+        seq = tokens.random() < 0.3
+        if seq:  # 10 classes at least: the emulation's labels are 0 to 9
+            t, vocab, width = tokens.randrange(2, 9), tokens.randrange(10, 14), tokens.randrange(2, 9)
+            ignore = tokens.random() < 0.6      # cross-entropy with ignore_index=-1, -1 among the labels
+            data = f"# data: tokens=int:{vocab} targets=int:{'-1:' if ignore else ''}{vocab} x=normal"
+            inputs = [f"input tokens : i64[batch, {t}]", f"input targets : i64[batch, {t}]",
+                      f"input x : f32[batch, {t}, {width}]"]
+        else:
+            data = "# data: x=normal"
+            inputs = [f"input x : f32[batch, {', '.join(map(str, dims))}]"]
+        self.header = [f"# random net {self.seed} (tests/gradcheck/random_nets.py)", data,
+                       f"model random_{self.seed}", f"const batch = {batch}", "const input_scale = 1", *inputs]
+        if seq:
+            # plus a float input, as the emulation's check of a NaN in the data needs one
+            self.fresh(f"{self.label('emb')}: embedding(tokens, {vocab}, {width}, std=0.5) + "
+                       f"x * input_scale * {self.param((width,))}", (batch, t, width))
+        else:
+            self.fresh(f"x * input_scale * {self.param(dims)}", [batch] + dims)
         steps, weights = zip(*self.STEPS)
         n_steps = rng.randrange(N_STEPS[0], N_STEPS[1] + 1)
         done = 0
@@ -326,6 +350,10 @@ class Net:
         terms = [f"mean(sin({last[0]}))"]
         for u in [self.vals[0]] + rng.sample(self.vals[1:-1], min(1, len(self.vals) - 2)):
             terms.append(f"mean({u[0]} * {u[0]}) * 0.1")
+        if seq:  # next-token logits from the newest value still [batch, t, ...]
+            u = [u for u in self.vals if len(u[1]) == 3 and u[1][:2] == (batch, t)][-1]
+            terms.append(f"cross_entropy({self.label('head')}: dense({u[0]}, {vocab}), targets"
+                         + (", ignore_index=-1)" if ignore else ")"))
         return "\n".join(self.header + self.lines +
                          ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)", "}"]) + "\n"
 
@@ -352,6 +380,34 @@ def check(netc, work, first, count, variants):
             else:
                 print(f"ok   {tag}: {r.stdout.strip().splitlines()[-1]}", flush=True)
     print(f"random_nets: {count} nets x {len(variants)} compilations, {len(failed)} failed"
+          + (": " + ", ".join(failed) if failed else ""))
+    return 1 if failed else 0
+
+
+# compile: the builds each net goes through, to the generated code (--dump=c, no C compiler)
+BUILDS = [[], ["--no-fuse"], ["--copy-views", "--no-remat"], ["--layout=row-major"], ["--distributed", "--bucket-kib", "1"],
+          ["--backend", "cuda"], ["--backend", "cuda", "--precision", "bf16"],
+          ["--backend", "cuda", "--precision", "fp16", "--layout=row-major"],
+          ["--backend", "cuda", "--distributed", "--shard-optimizer", "--sync-bn"]]
+
+
+def compile_only(netc, work, first, count):
+    """Each net through every build of BUILDS up to its generated code: netc must accept it
+    (an internal error or a failed IR verification exits with status 70, a refusal with 1)."""
+    os.makedirs(work, exist_ok=True)
+    failed = []
+    for seed in range(first, first + count):
+        path = os.path.join(work, f"random_{seed}.net")
+        with open(path, "w") as f:
+            f.write(gen(seed))
+        for flags in BUILDS:
+            r = subprocess.run([netc, path, "--dump=c", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+            if r.returncode != 0:
+                failed.append(f"{seed} ({' '.join(flags) or 'default'})")
+                print(f"FAIL net {seed}: {netc} {path} --dump=c {' '.join(flags)}: status {r.returncode}\n{r.stderr}",
+                      flush=True)
+    print(f"random_nets compile: {count} nets x {len(BUILDS)} builds, {len(failed)} failed"
           + (": " + ", ".join(failed) if failed else ""))
     return 1 if failed else 0
 
@@ -390,6 +446,8 @@ def main():
             variants.append(rest[1].split())
             rest = rest[2:]
         return check(a[1], a[2], int(a[3]), int(a[4]), variants)
+    if len(a) == 5 and a[0] == "compile":
+        return compile_only(a[1], a[2], int(a[3]), int(a[4]))
     if len(a) == 7 and a[0] == "emu":
         return emu(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]))
     raise SystemExit(__doc__.split("\n\n")[1])
