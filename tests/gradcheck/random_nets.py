@@ -362,26 +362,39 @@ def gen(seed):
     return Net(seed).build()
 
 
-def check(netc, work, first, count, variants):
+def run_nets(what, work, first, count, commands, quiet=False):
+    """Write nets FIRST .. FIRST + COUNT - 1 under WORK and run, for each, the (tag, argv) pairs
+    of commands(seed, path): a non-zero exit is a failure, printed with the command that
+    reproduces it; with `quiet` the others print nothing."""
     os.makedirs(work, exist_ok=True)
-    failed = []
+    failed, runs = [], 0
     for seed in range(first, first + count):
         path = os.path.join(work, f"random_{seed}.net")
         with open(path, "w") as f:
             f.write(gen(seed))
-        for flags in variants:
-            cmd = [sys.executable, os.path.join(HERE, "ir_gradcheck.py"), "--trainer", netc, path,
-                   os.path.join(work, f"t{seed}"), *flags]
+        for tag, cmd in commands(seed, path):
+            runs += 1
             r = subprocess.run(cmd, capture_output=True, text=True)
-            tag = f"net {seed}" + (f" ({' '.join(flags)})" if flags else "")
+            tag = f"net {seed}" + (f" ({tag})" if tag else "")
             if r.returncode != 0:
                 failed.append(tag)
-                print(f"FAIL {tag}: {' '.join(cmd)}\n{r.stdout}{r.stderr}", flush=True)
-            else:
-                print(f"ok   {tag}: {r.stdout.strip().splitlines()[-1]}", flush=True)
-    print(f"random_nets: {count} nets x {len(variants)} compilations, {len(failed)} failed"
+                print(f"FAIL {tag}: status {r.returncode}: {' '.join(cmd)}\n{r.stdout[-3000:]}{r.stderr[-3000:]}",
+                      flush=True)
+            elif not quiet:
+                print(f"ok   {tag}: {(r.stdout.strip().splitlines() or [''])[-1][:200]}", flush=True)
+    print(f"random_nets {what}: {count} nets, {runs} runs, {len(failed)} failed"
           + (": " + ", ".join(failed) if failed else ""))
     return 1 if failed else 0
+
+
+def check(netc, work, first, count, variants):
+    """Each net's trainer, built with each list of flags in `variants`, against the float64
+    interpreter (ir_gradcheck.py --trainer)."""
+    def commands(seed, path):
+        for flags in variants:
+            yield " ".join(flags), [sys.executable, os.path.join(HERE, "ir_gradcheck.py"), "--trainer", netc, path,
+                                    os.path.join(work, f"t{seed}"), *flags]
+    return run_nets("check", work, first, count, commands)
 
 
 # compile: the builds each net goes through, to the generated code (--dump=c, no C compiler)
@@ -394,43 +407,19 @@ BUILDS = [[], ["--no-fuse"], ["--copy-views", "--no-remat"], ["--layout=row-majo
 def compile_only(netc, work, first, count):
     """Each net through every build of BUILDS up to its generated code: netc must accept it
     (an internal error or a failed IR verification exits with status 70, a refusal with 1)."""
-    os.makedirs(work, exist_ok=True)
-    failed = []
-    for seed in range(first, first + count):
-        path = os.path.join(work, f"random_{seed}.net")
-        with open(path, "w") as f:
-            f.write(gen(seed))
+    def commands(seed, path):
         for flags in BUILDS:
-            r = subprocess.run([netc, path, "--dump=c", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
-            if r.returncode != 0:
-                failed.append(f"{seed} ({' '.join(flags) or 'default'})")
-                print(f"FAIL net {seed}: {netc} {path} --dump=c {' '.join(flags)}: status {r.returncode}\n{r.stderr}",
-                      flush=True)
-    print(f"random_nets compile: {count} nets x {len(BUILDS)} builds, {len(failed)} failed"
-          + (": " + ", ".join(failed) if failed else ""))
-    return 1 if failed else 0
+            yield " ".join(flags), [netc, path, "--dump=c", *flags]
+    return run_nets("compile", work, first, count, commands, quiet=True)
 
 
 def emu(netc, work, first, count, steps, tol):
     """Each net's CUDA trainer emulated on the CPU against its CPU trainer (emu_vs_cpu.sh, which
     needs the environment tests/cuda/CMakeLists.txt gives it)."""
-    os.makedirs(work, exist_ok=True)
     script = os.path.join(HERE, "..", "cuda", "emu", "emu_vs_cpu.sh")
-    failed = []
-    for seed in range(first, first + count):
-        path = os.path.join(work, f"random_{seed}.net")
-        with open(path, "w") as f:
-            f.write(gen(seed))
-        cmd = [script, netc, work, path, str(steps), str(tol), "-D", "input_scale=0.02"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            failed.append(str(seed))
-            print(f"FAIL net {seed}: {' '.join(cmd)}\n{r.stdout[-3000:]}{r.stderr[-3000:]}", flush=True)
-        else:
-            print(f"ok   net {seed}: {r.stdout.strip().splitlines()[-1][:160]}", flush=True)
-    print(f"random_nets emu: {count} nets, {len(failed)} failed" + (": " + ", ".join(failed) if failed else ""))
-    return 1 if failed else 0
+    def commands(seed, path):
+        yield "", [script, netc, work, path, str(steps), str(tol), "-D", "input_scale=0.02"]
+    return run_nets("emu", work, first, count, commands)
 
 
 def main():
