@@ -742,7 +742,7 @@ static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suf
  * stored too (its gradient reads it): then cuBLASLt writes it as the aux matrix
  * (GELU_AUX_BIAS), whose leading dimension must be a multiple of 8. Returns the last value and
  * sets *bias, *aux (the stored input, or NULL), *head (the group's first member) and *epi, or
- * returns NULL. */
+ * returns NULL and leaves *bias and *aux as they were. */
 static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **bias, const IrNode **aux,
                                  const IrNode **head, const char **epi) {
     const IrGraph *g = u->g;
@@ -763,8 +763,9 @@ static const IrNode *lt_epilogue(const Cu *u, const IrNode *mm, const IrNode **b
     }
     if (!add || (add->in[0] != mm && add->in[1] != mm) || last->internal) return NULL;
     if (gelu && (last->in[0] != add || (!add->internal && mm->shape.dim[1] % 8))) return NULL;
-    *bias = add->in[0] == mm ? add->in[1] : add->in[0];
-    if (ir_numel(&(*bias)->shape) != mm->shape.dim[1] || ir_storage_root(*bias)->storage != ST_PARAM) return NULL;
+    const IrNode *b = add->in[0] == mm ? add->in[1] : add->in[0];
+    if (ir_numel(&b->shape) != mm->shape.dim[1] || ir_storage_root(b)->storage != ST_PARAM) return NULL;
+    *bias = b; /* set only here: the caller passes *bias to the product whether this returns or not */
     *aux = gelu && !add->internal ? add : NULL;
     *epi = strcmp(kind, "BIAS") == 0 ? "RT_EPI_BIAS" : !gelu ? "RT_EPI_RELU_BIAS"
            : *aux ? "RT_EPI_GELU_AUX_BIAS" : "RT_EPI_GELU_BIAS";
