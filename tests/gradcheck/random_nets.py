@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Random small networks of views, layouts and reductions, each checked as the gradcheck nets are.
 
-    random_nets.py gen SEED                     print net number SEED
+    random_nets.py gen SEED [--recipe]          print net number SEED (as `emu` has it)
     random_nets.py check NETC WORKDIR FIRST COUNT [--flags "NETC FLAGS"] ...
     random_nets.py compile NETC WORKDIR FIRST COUNT
     random_nets.py emu NETC WORKDIR FIRST COUNT STEPS TOL
@@ -13,7 +13,8 @@ net (for example `--copy-views`, `--layout=row-major`, `--no-fuse`), checked the
 failing net is left in WORKDIR with the command that reproduces it. `compile` takes each net
 through the builds of BUILDS (CUDA, half precision, distributed, row-major, unfused) as far as
 the generated code, without a C compiler: fast enough for hundreds of nets. `emu` compares each
-net's CUDA trainer, emulated on the CPU, with its CPU trainer (emu_vs_cpu.sh).
+net's CUDA trainer, emulated on the CPU, with its CPU trainer (emu_vs_cpu.sh), with dropout on
+some values and another optimizer (with_recipe), which the float64 check cannot take.
 
 Why random nets: the layout pass gives each value an order of its axes, permutes and reshapes
 become views read in place in any of them, slices and concatenations are folded into the loops
@@ -49,6 +50,7 @@ that float32 and float64 agree to the reference's tolerance (ir_gradcheck.py, tr
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -358,11 +360,43 @@ class Net:
                          ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)", "}"]) + "\n"
 
 
-def gen(seed):
-    return Net(seed).build()
+# The emulation's nets (gen with recipe=True): the optimizers and clipping the float64 check
+# cannot take (it reads one plain SGD step), and dropout, whose masks the CPU and the emulated
+# device draw alike but the float64 interpreter does not.
+# Adam's and LAMB's eps is 1e-4, not 1e-8: an element whose gradient is rounding noise about 0
+# (a parameter that barely matters) would otherwise step by about lr with the noise's sign on
+# each side, and the two sides' sums differ in the last bits; with 1e-4 a difference d in a
+# gradient moves the step by at most lr * d / eps.
+OPTIMIZERS = ["sgd(0.05, momentum=0.9, nesterov=true, weight_decay=1e-3)",
+              "adamw(0.01, betas=[0.9, 0.95], eps=1e-4, weight_decay=0.1)", "lamb(0.01, eps=1e-4, weight_decay=0.01)",
+              "lars(0.5, momentum=0.9, weight_decay=1e-3, eta=0.02)"]
 
 
-def run_nets(what, work, first, count, commands, quiet=False):
+def with_recipe(text, seed):
+    """`text` (a net from Net.build) with dropout on some of its values and another optimizer,
+    drawn from a stream of their own (the net is the same otherwise)."""
+    rng = random.Random(seed * 7919 + 2)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        name, eq, expr = line.partition(" = ")
+        if eq and name.startswith("v") and name[1:].isdigit() and name != "v1" and rng.random() < 0.15:
+            lines[i] = f"{name} = dropout({expr}, p={rng.choice([0.1, 0.25])})"
+        elif line.startswith("  optimizer = "):
+            lines[i] = f"  optimizer = {rng.choice(OPTIMIZERS)}"
+            if rng.random() < 0.5:  # the first layer's parameters (a no_decay entry must match one)
+                first = re.search(r"\b([a-z]+\d+): ", text).group(1)
+                lines.insert(i + 1, f'  no_decay = ["{first}"]')
+            if rng.random() < 0.4:
+                lines.insert(i + 1, "  clip_grad_norm = 0.5")
+    return "\n".join(lines) + "\n"
+
+
+def gen(seed, recipe=False):
+    text = Net(seed).build()
+    return with_recipe(text, seed) if recipe else text
+
+
+def run_nets(what, work, first, count, commands, quiet=False, recipe=False):
     """Write nets FIRST .. FIRST + COUNT - 1 under WORK and run, for each, the (tag, argv) pairs
     of commands(seed, path): a non-zero exit is a failure, printed with the command that
     reproduces it; with `quiet` the others print nothing."""
@@ -371,7 +405,7 @@ def run_nets(what, work, first, count, commands, quiet=False):
     for seed in range(first, first + count):
         path = os.path.join(work, f"random_{seed}.net")
         with open(path, "w") as f:
-            f.write(gen(seed))
+            f.write(gen(seed, recipe))
         for tag, cmd in commands(seed, path):
             runs += 1
             r = subprocess.run(cmd, capture_output=True, text=True)
@@ -419,13 +453,13 @@ def emu(netc, work, first, count, steps, tol):
     script = os.path.join(HERE, "..", "cuda", "emu", "emu_vs_cpu.sh")
     def commands(seed, path):
         yield "", [script, netc, work, path, str(steps), str(tol), "-D", "input_scale=0.02"]
-    return run_nets("emu", work, first, count, commands)
+    return run_nets("emu", work, first, count, commands, recipe=True)
 
 
 def main():
     a = sys.argv[1:]
-    if len(a) == 2 and a[0] == "gen":
-        sys.stdout.write(gen(int(a[1])))
+    if a[:1] == ["gen"] and (len(a) == 2 or a[2:] == ["--recipe"]):
+        sys.stdout.write(gen(int(a[1]), len(a) == 3))
         return 0
     if len(a) >= 5 and a[0] == "check":
         variants, rest = [[]], a[5:]
