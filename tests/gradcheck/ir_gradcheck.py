@@ -357,6 +357,7 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags)
                    check=True)
     got = st_load(out)
     checked = failed = 0
+    worst = 0.0  # the largest error as a fraction of its tolerance
     for pname, nid, trainable, gid in params:
         if not trainable:
             continue
@@ -367,11 +368,13 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags)
         # in float32 (~1e-6 relative through these small models)
         tol = 1e-3 * np.abs(want) + 1e-6 * np.abs(p0) / lr + 1e-5 * np.abs(want).max()
         bad = np.abs(applied - want) > tol
+        worst = max(worst, float((np.abs(applied - want) / tol).max(initial=0)))
         checked += want.size
         failed += int(bad.sum())
         for i in np.flatnonzero(bad)[:5]:
             print(f"  {pname}[{i}]: trainer {applied[i]:.9g}, reference {want[i]:.9g}")
-    print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked, {failed} failed")
+    print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked, {failed} failed "
+          f"(the largest error {worst:.2g} of its tolerance)")
     sys.exit(1 if failed or not checked else 0)
 
 
