@@ -59,6 +59,11 @@ MAX_ELEMENTS = 3000     # per value (its whole shape): a step that would make mo
 N_STEPS = (5, 10)       # the fewest and the most steps of a net
 
 
+def listed(xs):
+    """Integers as the language writes a list of them: [2, 3, 4]."""
+    return f"[{', '.join(map(str, xs))}]"
+
+
 class Net:
     def __init__(self, seed):
         self.rng = random.Random(seed)
@@ -82,7 +87,7 @@ class Net:
 
     def param(self, shape):
         """A parameter of `shape` (a tuple), N(0, 0.25)."""
-        return f"{self.label('p')}: param([{', '.join(map(str, shape))}], std=0.5)"
+        return f"{self.label('p')}: param({listed(shape)}, std=0.5)"
 
     # ---- the steps: each takes a live value (name, shape) and returns the new one, or None
     # when it does not apply to that shape
@@ -101,7 +106,7 @@ class Net:
         return self.fresh(f"{v[0]} {op} {self.param(pshape)}", shape)
 
     def binary(self, v):
-        """v with another live value of the same shape, or one that broadcasts against it."""
+        """v with another live value of the same shape."""
         same = [u for u in self.vals if u[1] == v[1] and u[0] != v[0]]
         if not same:
             return None
@@ -114,7 +119,7 @@ class Net:
         perm = list(range(r))
         while perm == list(range(r)):
             self.rng.shuffle(perm)
-        return self.fresh(f"permute({v[0]}, [{', '.join(map(str, perm))}])", [v[1][p] for p in perm])
+        return self.fresh(f"permute({v[0]}, {listed(perm)})", [v[1][p] for p in perm])
 
     def transpose(self, v):
         r = len(v[1])
@@ -138,7 +143,7 @@ class Net:
             shape[i:i + 2] = [shape[i] * shape[i + 1]]
         else:
             return None
-        return self.fresh(f"reshape({v[0]}, [{', '.join(map(str, shape))}])", shape)
+        return self.fresh(f"reshape({v[0]}, {listed(shape)})", shape)
 
     def slice(self, v):
         axes = [i for i, d in enumerate(v[1]) if d >= 3]
@@ -195,7 +200,7 @@ class Net:
         axes = sorted(self.rng.sample(range(len(v[1])), 2))
         f = self.rng.choice(["sum", "mean"])
         shape = [d for i, d in enumerate(v[1]) if i not in axes]
-        return self.fresh(f"tanh({f}({v[0]}, [{axes[0]}, {axes[1]}]))", shape)
+        return self.fresh(f"tanh({f}({v[0]}, {listed(axes)}))", shape)
 
     def index(self, v):
         """one position of axis 1 (x[:, i]) or of axis 0 (x[i]), the axis removed."""
@@ -330,7 +335,7 @@ class Net:
                       f"input x : f32[batch, {t}, {width}]"]
         else:
             data = "# data: x=normal"
-            inputs = [f"input x : f32[batch, {', '.join(map(str, dims))}]"]
+            inputs = [f"input x : f32{listed(['batch'] + dims)}"]
         self.header = [f"# random net {self.seed} (tests/gradcheck/random_nets.py)", data,
                        f"model random_{self.seed}", f"const batch = {batch}", "const input_scale = 1", *inputs]
         if seq:
