@@ -235,6 +235,8 @@ void cg_comment(Cg *c, const IrNode *n) {
     }
     for (int i = 0; i < n->n_in; i++) cg_put(c, "%s%%%d", i ? ", " : "(", n->in[i]->id);
     cg_put(c, "%s %s%s", n->n_in ? ")" : "", ir_dtype_name(n->dtype), ir_shape_str(&n->shape, shape, sizeof shape));
+    if (n->op == OP_ROW) cg_put(c, " row=%d", n->attr.row); /* which of a packed result's parts */
+    if (n->op == OP_PART) cg_put(c, " part=%" PRId64, n->attr.part);
     char layout[40];
     if (n->layout.permuted) cg_put(c, " %s", ir_layout_str(n->layout, layout, sizeof layout));
     if (n->loc.file) {
@@ -546,27 +548,25 @@ static void chan(Cg *c, const IrNode *n) {
     cg_index_expr(c->out, "i", ax, k, c->inner);
 }
 
-/* v<id>[c] or v<id>[C + c] for a per-channel operand; row 1 of a [2, C] one is at C + c. */
-static void chan_elem(Cg *c, const IrNode *n, const IrNode *x, int row) {
+/* v<id>[c] for a per-channel operand [C]: read along the channel axis, not broadcast. */
+static void chan_elem(Cg *c, const IrNode *n, const IrNode *x) {
     cg_put(c, "v%d[", x->id);
-    if (row) cg_put(c, "%" PRId64 " + ", n->shape.dim[1]);
     chan(c, n);
     cg_put(c, "]");
 }
 
 /* x normalised: (x - mean[c]) * invstd[c] */
 static void xhat(Cg *c, const IrNode *n) {
-    const IrNode *x = n->in[0], *stats = n->in[1];
     cg_put(c, "(");
-    cg_elem(c, x, n);
+    cg_elem(c, n->in[0], n);
     cg_put(c, " - ");
-    chan_elem(c, n, stats, 0);
+    chan_elem(c, n, n->in[1]);
     cg_put(c, ") * ");
-    chan_elem(c, n, stats, 1);
+    chan_elem(c, n, n->in[2]);
 }
 
 static void bn_apply(Cg *c, const IrNode *n) {
-    if (c->eval && c->fold[n->in[0]->id] == n->in[1]) { /* the scale is in the weights */
+    if (c->eval && c->fold[n->in[0]->id] == ir_bn_stats(n)) { /* the scale is in the weights */
         cg_elem(c, n->in[0], n);
         cg_put(c, " + fold_b%d[", n->in[0]->id);
         chan(c, n);
@@ -575,25 +575,24 @@ static void bn_apply(Cg *c, const IrNode *n) {
     }
     xhat(c, n);
     cg_put(c, " * ");
-    chan_elem(c, n, n->in[2], 0);
+    chan_elem(c, n, n->in[3]);
     cg_put(c, " + ");
-    chan_elem(c, n, n->in[3], 0);
+    chan_elem(c, n, n->in[4]);
 }
 
 /* weight * invstd * (dy - (sum(dy) + xhat * sum(dy * xhat)) / M) */
 static void bn_bwd_data(Cg *c, const IrNode *n) {
-    const IrNode *stats = n->in[1], *w = n->in[2], *sums = n->in[3], *dy = n->in[4];
-    chan_elem(c, n, w, 0);
+    chan_elem(c, n, n->in[3]);
     cg_put(c, " * ");
-    chan_elem(c, n, stats, 1);
+    chan_elem(c, n, n->in[2]);
     cg_put(c, " * (");
-    cg_elem(c, dy, n);
+    cg_elem(c, n->in[6], n);
     cg_put(c, " - (");
-    chan_elem(c, n, sums, 0);
+    chan_elem(c, n, n->in[4]);
     cg_put(c, " + ");
     xhat(c, n);
     cg_put(c, " * ");
-    chan_elem(c, n, sums, 1);
+    chan_elem(c, n, n->in[5]);
     cg_put(c, ") * ");
     cg_lit(c->out, (double)n->shape.dim[1] / (double)ir_numel(&n->shape));
     cg_put(c, ")");

@@ -458,9 +458,9 @@ static void find_folds(Cg *c) {
     for (int i = 0; i < g->n_fwd; i++) {
         const IrNode *a = g->nodes[i];
         if (a->op != OP_BN_APPLY) continue;
-        const IrNode *conv = a->in[0], *stats = a->in[1];
-        if (conv->op == OP_CONV2D && stats->op == OP_BN_STATS && stats->in[0] == conv && readers[conv->id] == 2 &&
-            readers[stats->id] == 1 && conv->dtype == DT_F32)
+        const IrNode *conv = a->in[0], *stats = ir_bn_stats(a);
+        if (conv->op == OP_CONV2D && stats->in[0] == conv && readers[conv->id] == 2 && readers[stats->id] == 2 &&
+            readers[a->in[1]->id] == 1 && readers[a->in[2]->id] == 1 && conv->dtype == DT_F32)
             c->fold[conv->id] = stats;
     }
     free(readers);
@@ -468,7 +468,7 @@ static void find_folds(Cg *c) {
 
 static const IrNode *fold_apply(const Cg *c, const IrNode *stats) {
     for (int i = stats->id + 1; i < c->g->n_fwd; i++)
-        if (c->g->nodes[i]->op == OP_BN_APPLY && c->g->nodes[i]->in[1] == stats) return c->g->nodes[i];
+        if (c->g->nodes[i]->op == OP_BN_APPLY && ir_bn_stats(c->g->nodes[i]) == stats) return c->g->nodes[i];
     ICE("cpu: folded batch norm %%%d has no application", stats->id);
 }
 
@@ -478,12 +478,12 @@ static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
     cg_line(c, "// folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights",
             apply->id);
     cg_declare(c, stats);
-    cg_declare(c, apply->in[2]);
     cg_declare(c, apply->in[3]);
+    cg_declare(c, apply->in[4]);
     emit_bn(c, stats);
     cg_line(c, "static float fold_w%d[%" PRId64 "], fold_b%d[%" PRId64 "];", conv->id, K * per_k, conv->id, K);
     cg_line(c, "rt_bn_fold(%" PRId64 ", %" PRId64 ", v%d, v%d, v%d, v%d, fold_w%d, fold_b%d);", K, per_k, w->id,
-            stats->id, apply->in[2]->id, apply->in[3]->id, conv->id, conv->id);
+            stats->id, apply->in[3]->id, apply->in[4]->id, conv->id, conv->id);
 }
 
 static void emit_conv(Cg *c, const IrNode *n) {

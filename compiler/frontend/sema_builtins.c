@@ -372,9 +372,13 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     stats->attr.momentum = momentum;
     stats->attr.stat_param = rm->node->index;
     stats->attr.bn_frozen = frozen;
-    IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, stats, w->node);
-    y->in[3] = b->node;
-    y->n_in = 4;
+    IrNode *mean = sema_node(S, OP_ROW, per_c, DT_F32, c->loc, 1, stats, NULL, NULL);
+    IrNode *invstd = sema_node(S, OP_ROW, per_c, DT_F32, c->loc, 1, stats, NULL, NULL);
+    invstd->attr.row = 1;
+    IrNode *y = sema_node(S, OP_BN_APPLY, x->shape, DT_F32, c->loc, 3, x, mean, invstd);
+    y->in[3] = w->node;
+    y->in[4] = b->node;
+    y->n_in = 5;
     return sema_tensor(y);
 }
 

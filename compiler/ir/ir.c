@@ -410,7 +410,8 @@ static int shape_expand(const IrNode *n, IrShape *want) {
     return ir_broadcast(&n->in[0]->shape, &n->shape, &s) && ir_shape_eq(&s, &n->shape);
 }
 
-/* Batch-norm operands: x [N, C, ...] (the output's shape), stats/sums [2, C], weight/bias [C]. */
+/* Batch-norm operands: x [N, C, ...] (the output's shape), the per-channel ones [C], and
+ * bn_bwd_data's last, dy, x's shape. */
 static int shape_bn(const IrNode *n, IrShape *want) {
     const IrShape *x = &n->in[0]->shape;
     *want = n->shape;
@@ -418,10 +419,8 @@ static int shape_bn(const IrNode *n, IrShape *want) {
     int64_t C = x->dim[1];
     for (int i = 1; i < n->n_in; i++) {
         const IrShape *s = &n->in[i]->shape;
-        int per_channel = s->rank == 1 && s->dim[0] == C;
-        int two_rows = s->rank == 2 && s->dim[0] == 2 && s->dim[1] == C;
-        int is_dy = n->op == OP_BN_BWD_DATA && i == 4;
-        if (is_dy ? !ir_shape_eq(s, x) : !(per_channel || two_rows)) return 0;
+        int is_dy = n->op == OP_BN_BWD_DATA && i == n->n_in - 1;
+        if (is_dy ? !ir_shape_eq(s, x) : !(s->rank == 1 && s->dim[0] == C)) return 0;
     }
     return 1;
 }
@@ -570,6 +569,14 @@ static int shape_bn_stats(const IrNode *n, IrShape *want) {
     if (x->rank < 2) return 0;
     *want = ir_shape(2, (int64_t)2, x->dim[1]);
     return 1;
+}
+
+const IrNode *ir_bn_stats(const IrNode *n) {
+    const IrNode *mean = n->in[1], *invstd = n->in[2];
+    if ((n->op != OP_BN_APPLY && n->op != OP_BN_BWD_DATA) || mean->op != OP_ROW || invstd->op != OP_ROW ||
+        mean->attr.row != 0 || invstd->attr.row != 1 || mean->in[0] != invstd->in[0] || mean->in[0]->op != OP_BN_STATS)
+        ICE("%%%d = %s does not read the two results of one bn_stats", n->id, ir_op_name(n->op));
+    return mean->in[0];
 }
 
 static int shape_bn_sums(const IrNode *n, IrShape *want) {

@@ -91,7 +91,7 @@ typedef enum {
     DT__COUNT
 } IrDtype;
 
-enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 6 };
+enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 8 };
 
 /* A physical layout: the order in which a tensor's logical axes lie in memory, outermost first
  * (order[i] is the logical axis at physical position i, the last one fastest). Row-major is
@@ -414,6 +414,9 @@ int ir_attention_first(const IrNode *n, int i);
 int64_t ir_attention_grad_at(const IrNode *n, int i);
 /* Elements of attention_bwd's packed result: the gradients, and lse and delta per query row. */
 int64_t ir_attention_bwd_numel(const IrNode *n);
+/* The bn_stats node whose results (its row views 0 and 1: mean and invstd) bn_apply or
+ * bn_bwd_data n reads as its operands 1 and 2. */
+const IrNode *ir_bn_stats(const IrNode *n);
 
 /* ---- building */
 IrGraph *ir_graph_new(Arena *arena);

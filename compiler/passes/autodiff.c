@@ -281,9 +281,7 @@ static void grad_axes(Ad *ad, IrNode *y, IrNode *dy) {
 
 /* A frozen batch norm (fixed running statistics) is an affine map per channel:
  * dx = dy * (weight * invstd)[c], the scale broadcast as [C, 1, 1] over [N, C, H, W]. */
-static IrNode *frozen_bn_dx(Ad *ad, IrNode *stats, IrNode *w, IrNode *dy) {
-    IrNode *invstd = emit(ad, OP_ROW, w->shape, DT_F32, 1, stats, NULL, NULL);
-    invstd->attr.row = 1;
+static IrNode *frozen_bn_dx(Ad *ad, IrNode *invstd, IrNode *w, IrNode *dy) {
     IrNode *scale = emit(ad, OP_MUL, w->shape, DT_F32, 2, invstd, w, NULL);
     IrShape per_c = ir_shape(3, w->shape.dim[0], (int64_t)1, (int64_t)1);
     return emit(ad, OP_MUL, dy->shape, DT_F32, 2, dy, emit(ad, OP_RESHAPE, per_c, DT_F32, 1, scale, NULL, NULL), NULL);
@@ -291,27 +289,30 @@ static IrNode *frozen_bn_dx(Ad *ad, IrNode *stats, IrNode *w, IrNode *dy) {
 
 /* Batch norm in training mode: the gradient with respect to x includes the path through the
  * batch statistics, so BN_STATS itself is never differentiated. One reduction gives the
- * per-channel sums of dy and dy * xhat: they are the bias and weight gradients, and dx needs
- * them too. A frozen batch norm's statistics are constants, and its dx is frozen_bn_dx. */
+ * per-channel sums of dy and dy * xhat, two results taken by row views: they are the bias and
+ * weight gradients, and dx needs them too. A frozen batch norm's statistics are constants, and
+ * its dx is frozen_bn_dx. */
 static void grad_bn(Ad *ad, IrNode *y, IrNode *dy) {
-    IrNode *x = y->in[0], *stats = y->in[1], *w = y->in[2], *b = y->in[3];
+    IrNode *x = y->in[0], *mean = y->in[1], *invstd = y->in[2], *w = y->in[3], *b = y->in[4];
+    IrNode *stats = (IrNode *)ir_bn_stats(y);
     int frozen = stats->attr.bn_frozen;
-    IrNode *sums = !frozen || wants(ad, w) || wants(ad, b)
-                       ? emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy) : NULL;
+    IrNode *sum[2] = {NULL, NULL}; /* sum(dy), sum(dy * xhat) */
+    if (!frozen || wants(ad, w) || wants(ad, b)) {
+        IrNode *sums = emit(ad, OP_BN_BWD_SUMS, stats->shape, DT_F32, 3, x, stats, dy);
+        for (int r = 0; r < 2; r++) {
+            sum[r] = emit(ad, OP_ROW, w->shape, DT_F32, 1, sums, NULL, NULL);
+            sum[r]->attr.row = r;
+        }
+    }
     if (wants(ad, x) && frozen) {
-        accumulate(ad, x, frozen_bn_dx(ad, stats, w, dy));
+        accumulate(ad, x, frozen_bn_dx(ad, invstd, w, dy));
     } else if (wants(ad, x)) {
-        IrNodeSpec dx = {.op = OP_BN_BWD_DATA, .n_in = 5, .in = {x, stats, w, sums, dy}, .shape = x->shape,
-                         .dtype = DT_F32};
+        IrNodeSpec dx = {.op = OP_BN_BWD_DATA, .n_in = 7, .in = {x, mean, invstd, w, sum[0], sum[1], dy},
+                         .shape = x->shape, .dtype = DT_F32};
         accumulate(ad, x, append(ad, dx));
     }
-    for (int r = 0; r < 2; r++) {
-        IrNode *p = r ? w : b;
-        if (!wants(ad, p)) continue;
-        IrNode *row = emit(ad, OP_ROW, p->shape, DT_F32, 1, sums, NULL, NULL);
-        row->attr.row = r ? 1 : 0;
-        accumulate(ad, p, row);
-    }
+    if (wants(ad, b)) accumulate(ad, b, sum[0]);
+    if (wants(ad, w)) accumulate(ad, w, sum[1]);
 }
 
 /* Attention: one backward node computes dq, dk and dv together (packed, with the kernels'
@@ -438,11 +439,11 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
 /* ---- which nodes need a gradient */
 
 /* Operand k of y carries a gradient back. Dead ends among float edges: ACCURACY, BN_STATS,
- * the statistics operand of BN_APPLY (its rule differentiates through them itself) and the
- * condition of WHERE. */
+ * the statistics operands of BN_APPLY (mean and invstd: its rule differentiates through them
+ * itself) and the condition of WHERE. */
 static int differentiable_edge(const IrNode *y, int k) {
     if (y->op == OP_ACCURACY || y->op == OP_BN_STATS || (y->op == OP_WHERE && k == 0)) return 0;
-    return ir_dtype_is_float(y->dtype) && !(y->op == OP_BN_APPLY && k == 1);
+    return ir_dtype_is_float(y->dtype) && !(y->op == OP_BN_APPLY && (k == 1 || k == 2));
 }
 
 static void mark_needed(Ad *ad) {

@@ -313,14 +313,15 @@ class Interp:
             mean = t.mean(dim=axes)
             var = t.var(dim=axes, unbiased=False)
             return torch.stack([mean, 1 / torch.sqrt(var + n.attr["eps"][0])])
-        stats = x[1]
-        xhat = (t - per_c(stats[0])) * per_c(stats[1])
-        if n.op == "bn_apply": return xhat * per_c(x[2]) + per_c(x[3])
-        if n.op == "bn_bwd_sums": return torch.stack([x[2].sum(dim=axes), (x[2] * xhat).sum(dim=axes)])
+        if n.op == "bn_bwd_sums":  # operands (x, stats, dy), stats bn_stats' [mean, invstd]
+            xhat = (t - per_c(x[1][0])) * per_c(x[1][1])
+            return torch.stack([x[2].sum(dim=axes), (x[2] * xhat).sum(dim=axes)])
+        xhat = (t - per_c(x[1])) * per_c(x[2])  # operands (x, mean, invstd, ...)
+        if n.op == "bn_apply": return xhat * per_c(x[3]) + per_c(x[4])
         if n.op == "bn_bwd_data":
-            w, sums, dy = x[2], x[3], x[4]
+            w, sum_dy, sum_dy_xhat, dy = x[3], x[4], x[5], x[6]
             m = t.numel() / t.shape[1]
-            return per_c(w * stats[1]) * (dy - (per_c(sums[0]) + xhat * per_c(sums[1])) / m)
+            return per_c(w * x[2]) * (dy - (per_c(sum_dy) + xhat * per_c(sum_dy_xhat)) / m)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{n.op}'")
 
     def run(self, upto):
