@@ -4,7 +4,7 @@
     random_nets.py gen SEED [--recipe]          print net number SEED (as `emu` has it)
     random_nets.py check NETC WORKDIR FIRST COUNT [--flags "NETC FLAGS"] ...
     random_nets.py compile NETC WORKDIR FIRST COUNT
-    random_nets.py emu NETC WORKDIR FIRST COUNT STEPS TOL
+    random_nets.py emu NETC WORKDIR FIRST COUNT STEPS TOL [--ranks N] [NETC_FLAG ...]
 
 `check` writes the nets FIRST .. FIRST + COUNT - 1 under WORKDIR and runs, for each,
 `ir_gradcheck.py --trainer`: the compiled trainer's gradient (one SGD step) against the float64
@@ -14,7 +14,9 @@ failing net is left in WORKDIR with the command that reproduces it. `compile` ta
 through the builds of BUILDS (CUDA, half precision, distributed, row-major, unfused) as far as
 the generated code, without a C compiler: fast enough for hundreds of nets. `emu` compares each
 net's CUDA trainer, emulated on the CPU, with its CPU trainer (emu_vs_cpu.sh), with dropout on
-some values and another optimizer (with_recipe), which the float64 check cannot take.
+some values and another optimizer (with_recipe), which the float64 check cannot take; with
+`--ranks N` both trainers are distributed and run as N ranks under mpirun, and the flags after
+it (`--bucket-kib 1`, `--shard-optimizer`, `--sync-bn`) go to netc for both.
 
 Why random nets: the layout pass gives each value an order of its axes, permutes and reshapes
 become views read in place in any of them, slices and concatenations are folded into the loops
@@ -37,8 +39,9 @@ mean / var / max over an axis and sum / mean over two, softmax and log_softmax a
 matmul (with a parameter, of a value with its own transpose, or with a parameter whose batch
 axis broadcasts), dense, layernorm, rmsnorm, attention over the last two axes (causal or not),
 `where` through a comparison, flatten, and on values of rank 4 conv2d (1x1 and 3x3, strided,
-grouped), batchnorm2d, max and average pooling, whose channels-last results give the views
-their orders. The loss is the mean of sin of the last value plus terms of the first value (so
+grouped), batchnorm2d (half of them frozen=true: the running statistics), max and average
+pooling, whose channels-last results give the views their orders. About a fifth of the nets
+freeze one or two layers (`freeze`, never the first). The loss is the mean of sin of the last value plus terms of the first value (so
 every element of the input reaches it) and of one other. Axes are 2 to 5 long, in three nets
 of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops' vector bodies and
 their remainders both run), and no value holds more than MAX_ELEMENTS elements: a net compiles
@@ -68,6 +71,8 @@ class Net:
     def __init__(self, seed):
         self.rng = random.Random(seed)
         self.seed = seed
+        # frozen batch norms and `freeze` lists, from a stream of their own (as `tokens` below)
+        self.freezing = random.Random(seed * 7919 + 3)
         self.lines = []
         self.vals = []          # (name, shape) of the live values
         self.n = 0              # names given so far
@@ -309,7 +314,8 @@ class Net:
     def batchnorm(self, v):
         if len(v[1]) != 4 or v[1][0] * v[1][2] * v[1][3] < 4:
             return None
-        return self.fresh(f"{self.label('bn')}: batchnorm2d({v[0]})", v[1])
+        frozen = ", frozen=true" if self.freezing.random() < 0.5 else ""   # the running statistics
+        return self.fresh(f"{self.label('bn')}: batchnorm2d({v[0]}{frozen})", v[1])
 
     STEPS = [(unary, 2), (scale, 2), (binary, 2), (permute, 3), (transpose, 2), (reshape, 3), (slice, 2),
              (split, 1), (concat, 2), (reduce, 2), (softmax, 1), (matmul, 2), (dense, 1), (norm, 1),
@@ -361,8 +367,14 @@ class Net:
             u = [u for u in self.vals if len(u[1]) == 3 and u[1][:2] == (batch, t)][-1]
             terms.append(f"cross_entropy({self.label('head')}: dense({u[0]}, {vocab}), targets"
                          + (", ignore_index=-1)" if ignore else ")"))
-        return "\n".join(self.header + self.lines +
-                         ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)", "}"]) + "\n"
+        train = ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)"]
+        # a quarter of the nets freeze one or two layers, never the first (a recipe's no_decay
+        # entry names it) and never all of the others
+        layers = re.findall(r"\b([a-z]+\d+): ", "\n".join(self.lines + terms))[1:]
+        if len(layers) >= 2 and self.freezing.random() < 0.25:
+            frozen = self.freezing.sample(layers, min(self.freezing.choice([1, 2]), len(layers) // 2))
+            train.append("  freeze = [" + ", ".join('"' + name + '"' for name in frozen) + "]")
+        return "\n".join(self.header + self.lines + train + ["}"]) + "\n"
 
 
 # The emulation's nets (gen with recipe=True): the optimizers and clipping the float64 check
@@ -452,12 +464,14 @@ def compile_only(netc, work, first, count):
     return run_nets("compile", work, first, count, commands, quiet=True)
 
 
-def emu(netc, work, first, count, steps, tol):
+def emu(netc, work, first, count, steps, tol, ranks=None, flags=()):
     """Each net's CUDA trainer emulated on the CPU against its CPU trainer (emu_vs_cpu.sh, which
-    needs the environment tests/cuda/CMakeLists.txt gives it)."""
+    needs the environment tests/cuda/CMakeLists.txt gives it); with `ranks`, both distributed
+    and run as that many ranks (emu_vs_cpu.sh --ranks); `flags` go to netc for both."""
     script = os.path.join(HERE, "..", "cuda", "emu", "emu_vs_cpu.sh")
+    dist = ["--ranks", str(ranks)] if ranks else []
     def commands(seed, path):
-        yield "", [script, netc, work, path, str(steps), str(tol), "-D", "input_scale=0.02"]
+        yield "", [script, *dist, netc, work, path, str(steps), str(tol), "-D", "input_scale=0.02", *flags]
     return run_nets("emu", work, first, count, commands, recipe=True)
 
 
@@ -476,8 +490,11 @@ def main():
         return check(a[1], a[2], int(a[3]), int(a[4]), variants)
     if len(a) == 5 and a[0] == "compile":
         return compile_only(a[1], a[2], int(a[3]), int(a[4]))
-    if len(a) == 7 and a[0] == "emu":
-        return emu(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]))
+    if len(a) >= 7 and a[0] == "emu":
+        ranks, flags = None, a[7:]
+        if flags[:1] == ["--ranks"] and len(flags) >= 2:
+            ranks, flags = int(flags[1]), flags[2:]
+        return emu(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]), ranks, flags)
     raise SystemExit(__doc__.split("\n\n")[1])
 
 
