@@ -9,6 +9,8 @@ differences: the trainer starts from the same parameters (--init) on the same ba
 one SGD step, and the gradient it applied, (p - p') / lr, must match the reference's gradient
 nodes. This needs no finite differences, so it also holds for models whose loss is too curved or
 kinked for the trainer's float32 --gradcheck (batch norm over a handful of values per channel).
+Then the trainer evaluates the same parameters on the same batch (--eval-only), and its loss must
+match the reference's with batch norm from the running statistics (eval_check).
 Flags after WORKDIR go to netc when it compiles the trainer (`--copy-views`, `--no-fuse`, ...).
 
 Runs `NETC MODEL.net --dump=grad`, evaluates the printed graph with a float64 reference
@@ -22,6 +24,7 @@ Why these tolerances: in float64 with h = 1e-6 the central difference is off by 
 noise. A kink (relu, max-pool tie) within 1e-6 of a checked point is improbable with random data.
 Also checks that every evaluated value has the shape the IR says it has.
 """
+import json
 import math
 import os
 import re
@@ -98,6 +101,7 @@ class Interp:
         self.nodes, self.inputs, self.params, self.dtype = nodes, inputs, params, dtype
         self.param_order = list(params)  # the model's order: bn_stats' running=K indexes it
         self.masks = {}
+        self.evaluating = False  # batch norm from the running statistics, as an evaluation does
 
     def mask(self, n, shape):
         key = int(n.attr["mask"][0])
@@ -305,7 +309,7 @@ class Interp:
         t = x[0]
         axes = tuple(i for i in range(t.dim()) if i != 1)
         per_c = lambda c: c.reshape((1, -1) + (1,) * (t.dim() - 2))  # noqa: E731
-        if n.op == "bn_stats" and n.attr.get("frozen"):
+        if n.op == "bn_stats" and (n.attr.get("frozen") or self.evaluating):
             running = self.param_order[int(n.attr["running"][0])]
             mean, var = self.params[running], self.params[running.replace("running_mean", "running_var")]
             return torch.stack([mean, 1 / torch.sqrt(var + n.attr["eps"][0])])
@@ -335,8 +339,30 @@ class Interp:
         return v
 
 
-def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags):
-    """The compiled trainer's gradient (from one SGD step) against the reference's."""
+def eval_check(exe, work, name, init, args, it, loss, n_fwd):
+    """The trainer's evaluation (--eval-only) of the --init parameters on the batch against the
+    reference's loss with batch norm from the running statistics: the forward pass the trainer
+    generates apart for evaluation (convolution + batch norm folded, no batch statistics).
+    Returns the error as a fraction of its tolerance."""
+    log = os.path.join(work, name + "-eval.jsonl")
+    if os.path.exists(log):
+        os.remove(log)
+    subprocess.run([exe, "--init", init, "--eval-only", *["--eval-data" if a == "--data" else a for a in args],
+                    "--quiet", "--log", log], check=True)
+    got = json.loads(open(log).read().splitlines()[-1])["loss"]
+    it.evaluating = True
+    want = it.run(n_fwd)[loss].item()
+    it.evaluating = False
+    # the log's 8 digits (5e-9 relative), and float32 through the forward pass: each operator's
+    # rounding is ~6e-8 relative, summed over up to a few thousand elements per mean
+    tol = 1e-5 * abs(want) + 1e-6
+    print(f"  evaluation loss: trainer {got:.8g}, reference {want:.8g} ({abs(got - want) / tol:.2g} of its tolerance)")
+    return abs(got - want) / tol
+
+
+def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd):
+    """The compiled trainer's gradient (from one SGD step) against the reference's, and its
+    evaluation loss (eval_check)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     from netc_testlib import st_load, st_save
     if any(n.op == "dropout" for n in nodes):
@@ -374,9 +400,10 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags)
         failed += int(bad.sum())
         for i in np.flatnonzero(bad)[:5]:
             print(f"  {pname}[{i}]: trainer {applied[i]:.9g}, reference {want[i]:.9g}")
+    eval_error = eval_check(exe, work, name, init, args, it, loss, n_fwd)
     print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked, {failed} failed "
-          f"(the largest error {worst:.2g} of its tolerance)")
-    sys.exit(1 if failed or not checked else 0)
+          f"(the largest error {worst:.2g} of its tolerance); evaluation loss {eval_error:.2g} of its tolerance")
+    sys.exit(1 if failed or not checked or eval_error > 1 else 0)
 
 
 def main():
@@ -404,7 +431,7 @@ def main():
     it = Interp(nodes, inputs, pvals)
     values = it.run(len(nodes))
     if trainer:
-        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:])
+        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:], it, loss, n_fwd)
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:

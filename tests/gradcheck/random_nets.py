@@ -71,8 +71,9 @@ class Net:
     def __init__(self, seed):
         self.rng = random.Random(seed)
         self.seed = seed
-        # frozen batch norms and `freeze` lists, from a stream of their own (as `tokens` below)
-        self.freezing = random.Random(seed * 7919 + 3)
+        # batch norms after convolutions, frozen ones and `freeze` lists, from a stream of their
+        # own (as `tokens` below)
+        self.more = random.Random(seed * 7919 + 3)
         self.lines = []
         self.vals = []          # (name, shape) of the live values
         self.n = 0              # names given so far
@@ -308,14 +309,21 @@ class Net:
         if ho < 1 or wo < 1:
             return None
         extra = (f", stride={stride}" if stride > 1 else "") + (f", groups={groups}" if groups > 1 else "")
-        return self.fresh(f"tanh({self.label('conv')}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra}))",
-                          (n, out, ho, wo))
+        label = self.label('conv')
+        y = f"{label}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra})"
+        if n * ho * wo >= 4 and self.more.random() < 0.3:  # a batch norm of the convolution alone,
+            # as in a ResNet (no bias between them): evaluation folds the two
+            y = self.batchnorm_of(f"{label}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra}, bias=false)")
+        return self.fresh(f"tanh({y})", (n, out, ho, wo))
+
+    def batchnorm_of(self, expr):
+        frozen = ", frozen=true" if self.more.random() < 0.5 else ""   # the running statistics
+        return f"{self.label('bn')}: batchnorm2d({expr}{frozen})"
 
     def batchnorm(self, v):
         if len(v[1]) != 4 or v[1][0] * v[1][2] * v[1][3] < 4:
             return None
-        frozen = ", frozen=true" if self.freezing.random() < 0.5 else ""   # the running statistics
-        return self.fresh(f"{self.label('bn')}: batchnorm2d({v[0]}{frozen})", v[1])
+        return self.fresh(self.batchnorm_of(v[0]), v[1])
 
     STEPS = [(unary, 2), (scale, 2), (binary, 2), (permute, 3), (transpose, 2), (reshape, 3), (slice, 2),
              (split, 1), (concat, 2), (reduce, 2), (softmax, 1), (matmul, 2), (dense, 1), (norm, 1),
@@ -371,8 +379,8 @@ class Net:
         # a quarter of the nets freeze one or two layers, never the first (a recipe's no_decay
         # entry names it) and never all of the others
         layers = re.findall(r"\b([a-z]+\d+): ", "\n".join(self.lines + terms))[1:]
-        if len(layers) >= 2 and self.freezing.random() < 0.25:
-            frozen = self.freezing.sample(layers, min(self.freezing.choice([1, 2]), len(layers) // 2))
+        if len(layers) >= 2 and self.more.random() < 0.25:
+            frozen = self.more.sample(layers, min(self.more.choice([1, 2]), len(layers) // 2))
             train.append("  freeze = [" + ", ".join('"' + name + '"' for name in frozen) + "]")
         return "\n".join(self.header + self.lines + train + ["}"]) + "\n"
 
