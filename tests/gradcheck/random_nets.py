@@ -39,16 +39,17 @@ mean / var / max over an axis and sum / mean over two, softmax and log_softmax a
 matmul (with a parameter, of a value with its own transpose, or with a parameter whose batch
 axis broadcasts), dense, layernorm, rmsnorm, attention over the last two axes (causal or not),
 `where` through a comparison, flatten, and on values of rank 4 conv2d (1x1 and 3x3, strided,
-grouped), batchnorm2d (half of them frozen=true: the running statistics), max and average
-pooling, whose channels-last results give the views their orders. About a fifth of the nets
-freeze one or two layers (`freeze`, never the first). The loss is the mean of sin of the last value plus terms of the first value (so
-every element of the input reaches it) and of one other. Axes are 2 to 5 long, in three nets
-of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops' vector bodies and
-their remainders both run), and no value holds more than MAX_ELEMENTS elements: a net compiles
-and checks in seconds. Values are kept in range by tanh steps and parameters of std 0.5, so
-that float32 and float64 agree to the reference's tolerance (ir_gradcheck.py, trainer_check).
-`input_scale` (1) scales the input: the CUDA emulation's data is N(0, 50^2), which
-`-D input_scale=0.02` brings back to N(0, 1).
+grouped; some followed by a batch norm alone, which evaluation folds into them), batchnorm2d
+(half of them frozen=true: the running statistics), max and average pooling, whose
+channels-last results give the views their orders. About a fifth of the nets freeze one or two
+layers (`freeze`, never the first). The loss is the mean of sin of the last value plus terms of
+the first value (so every element of the input reaches it) and of one other. Axes are 2 to 5
+long, in three nets of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops'
+vector bodies and their remainders both run), and no value holds more than MAX_ELEMENTS
+elements: a net compiles and checks in seconds. Values are kept in range by tanh steps and
+parameters of std 0.5, so that float32 and float64 agree to the reference's tolerance
+(ir_gradcheck.py, trainer_check). `input_scale` (1) scales the input: the CUDA emulation's data
+is N(0, 50^2), which `-D input_scale=0.02` brings back to N(0, 1).
 """
 import math
 import os
@@ -309,12 +310,11 @@ class Net:
         if ho < 1 or wo < 1:
             return None
         extra = (f", stride={stride}" if stride > 1 else "") + (f", groups={groups}" if groups > 1 else "")
-        label = self.label('conv')
-        y = f"{label}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra})"
-        if n * ho * wo >= 4 and self.more.random() < 0.3:  # a batch norm of the convolution alone,
-            # as in a ResNet (no bias between them): evaluation folds the two
-            y = self.batchnorm_of(f"{label}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra}, bias=false)")
-        return self.fresh(f"tanh({y})", (n, out, ho, wo))
+        # some have a batch norm of the convolution alone, as in a ResNet (no bias between them):
+        # evaluation folds the two
+        bn = n * ho * wo >= 4 and self.more.random() < 0.3
+        y = f"{self.label('conv')}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra}{', bias=false' if bn else ''})"
+        return self.fresh(f"tanh({self.batchnorm_of(y) if bn else y})", (n, out, ho, wo))
 
     def batchnorm_of(self, expr):
         frozen = ", frozen=true" if self.more.random() < 0.5 else ""   # the running statistics
@@ -376,8 +376,8 @@ class Net:
             terms.append(f"cross_entropy({self.label('head')}: dense({u[0]}, {vocab}), targets"
                          + (", ignore_index=-1)" if ignore else ")"))
         train = ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)"]
-        # a quarter of the nets freeze one or two layers, never the first (a recipe's no_decay
-        # entry names it) and never all of the others
+        # a quarter of the nets with two layers or more (about a fifth of all) freeze one or two,
+        # never the first (a recipe's no_decay entry names it) and never all of the others
         layers = re.findall(r"\b([a-z]+\d+): ", "\n".join(self.lines + terms))[1:]
         if len(layers) >= 2 and self.more.random() < 0.25:
             frozen = self.more.sample(layers, min(self.more.choice([1, 2]), len(layers) // 2))
