@@ -383,7 +383,7 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
     subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out],
                    check=True)
     got = st_load(out)
-    checked = failed = 0
+    checked = failed = nonzero = 0
     worst = 0.0  # the largest error as a fraction of its tolerance
     for pname, nid, trainable, gid in params:
         if not trainable:
@@ -397,13 +397,17 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
         bad = np.abs(applied - want) > tol
         worst = max(worst, float((np.abs(applied - want) / tol).max(initial=0)))
         checked += want.size
+        nonzero += int(np.count_nonzero(want))
         failed += int(bad.sum())
         for i in np.flatnonzero(bad)[:5]:
             print(f"  {pname}[{i}]: trainer {applied[i]:.9g}, reference {want[i]:.9g}")
     eval_error = eval_check(exe, work, name, init, args, it, loss, n_fwd)
-    print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked, {failed} failed "
-          f"(the largest error {worst:.2g} of its tolerance); evaluation loss {eval_error:.2g} of its tolerance")
-    sys.exit(1 if failed or not checked or eval_error > 1 else 0)
+    print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked "
+          f"({nonzero} not zero), {failed} failed (the largest error {worst:.2g} of its tolerance); "
+          f"evaluation loss {eval_error:.2g} of its tolerance")
+    if not nonzero:  # a trainer that applied no step at all would pass
+        print("ir_gradcheck --trainer: every checked gradient is zero: nothing trainable reaches the loss")
+    sys.exit(1 if failed or not nonzero or eval_error > 1 else 0)
 
 
 def main():

@@ -39,10 +39,12 @@ mean / var / max over an axis and sum / mean over two, softmax and log_softmax a
 matmul (with a parameter, of a value with its own transpose, or with a parameter whose batch
 axis broadcasts), dense, layernorm, rmsnorm, attention over the last two axes (causal or not),
 `where` through a comparison, flatten, and on values of rank 4 conv2d (1x1 and 3x3, strided,
-grouped; some followed by a batch norm alone, which evaluation folds into them), batchnorm2d
+grouped; some followed by a batch norm alone, which evaluation folds into them; some as a
+ResNet block's end, relu(batchnorm2d(conv2d(v)) + v), which the compiler fuses), batchnorm2d
 (half of them frozen=true: the running statistics), max and average pooling, whose
 channels-last results give the views their orders. About a fifth of the nets freeze one or two
-layers (`freeze`, never the first). The loss is the mean of sin of the last value plus terms of
+layers (`freeze`, never the first), and a fifth of those with dense layers that reach the loss
+train LoRA adapters on one or two of them (`lora`; in `emu`'s nets some with dropout). The loss is the mean of sin of the last value plus terms of
 the first value (so every element of the input reaches it) and of one other. Axes are 2 to 5
 long, in three nets of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops'
 vector bodies and their remainders both run), and no value holds more than MAX_ELEMENTS
@@ -75,6 +77,7 @@ class Net:
         # batch norms after convolutions, frozen ones and `freeze` lists, from a stream of their
         # own (as `tokens` below)
         self.more = random.Random(seed * 7919 + 3)
+        self.res = random.Random(seed * 7919 + 4)      # residual blocks (conv)
         self.lines = []
         self.vals = []          # (name, shape) of the live values
         self.n = 0              # names given so far
@@ -309,6 +312,8 @@ class Net:
         ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
         if ho < 1 or wo < 1:
             return None
+        if n * h * w >= 4 and self.res.random() < 0.5:
+            return self.residual(v, k, groups)
         extra = (f", stride={stride}" if stride > 1 else "") + (f", groups={groups}" if groups > 1 else "")
         # some have a batch norm of the convolution alone, as in a ResNet (no bias between them):
         # evaluation folds the two
@@ -316,14 +321,36 @@ class Net:
         y = f"{self.label('conv')}: conv2d({v[0]}, {out}, k={k}, pad={pad}{extra}{', bias=false' if bn else ''})"
         return self.fresh(f"tanh({self.batchnorm_of(y) if bn else y})", (n, out, ho, wo))
 
-    def batchnorm_of(self, expr):
-        frozen = ", frozen=true" if self.more.random() < 0.5 else ""   # the running statistics
+    def residual(self, v, k, groups):
+        """A ResNet block's end, relu(batchnorm(conv(v)) + v): the convolution keeps v's shape
+        (stride 1, padding k // 2), and the batch norm, the addition and the relu are the
+        pattern the compiler fuses (and its backward, relu's gradient and the two branches'
+        sum, with the batch norm's sums), on either side of a layout change."""
+        n, c, h, w = v[1]
+        extra = f", groups={groups}" if groups > 1 else ""
+        y = f"{self.label('conv')}: conv2d({v[0]}, {c}, k={k}, pad={k // 2}{extra}, bias=false)"
+        return self.fresh(f"relu({self.batchnorm_of(y, self.res)} + {v[0]})", v[1])
+
+    def batchnorm_of(self, expr, rng=None):
+        rng = rng or self.more
+        frozen = ", frozen=true" if rng.random() < 0.5 else ""   # the running statistics
         return f"{self.label('bn')}: batchnorm2d({expr}{frozen})"
 
     def batchnorm(self, v):
         if len(v[1]) != 4 or v[1][0] * v[1][2] * v[1][3] < 4:
             return None
         return self.fresh(self.batchnorm_of(v[0]), v[1])
+
+    def live(self, terms):
+        """The lines (and loss terms) whose values the loss reads."""
+        names = set(re.findall(r"\bv\d+\b", " ".join(terms)))
+        lines = []
+        for line in reversed(self.lines):
+            name, _, expr = line.partition(" = ")
+            if name in names:
+                names |= set(re.findall(r"\bv\d+\b", expr))
+                lines.append(line)
+        return lines[::-1] + terms
 
     STEPS = [(unary, 2), (scale, 2), (binary, 2), (permute, 3), (transpose, 2), (reshape, 3), (slice, 2),
              (split, 1), (concat, 2), (reduce, 2), (softmax, 1), (matmul, 2), (dense, 1), (norm, 1),
@@ -382,6 +409,14 @@ class Net:
         if len(layers) >= 2 and self.more.random() < 0.25:
             frozen = self.more.sample(layers, min(self.more.choice([1, 2]), len(layers) // 2))
             train.append("  freeze = [" + ", ".join('"' + name + '"' for name in frozen) + "]")
+        # a fifth of the nets with dense layers that reach the loss (or a classifier head) train
+        # LoRA adapters on one or two of them, and nothing else
+        lora = random.Random(self.seed * 7919 + 5)
+        dense = re.findall(r"\b((?:fc|head)\d+): dense", "\n".join(self.live(terms)))
+        if dense and lora.random() < 0.2:
+            targets = lora.sample(dense, min(lora.choice([1, 2]), len(dense)))
+            train.append("  lora = lora([" + ", ".join('"' + name + '"' for name in targets) + "], "
+                         f"r={lora.randrange(1, 4)}, alpha={lora.choice([1, 2, 4])})")
         return "\n".join(self.header + self.lines + train + ["}"]) + "\n"
 
 
@@ -413,6 +448,8 @@ def with_recipe(text, seed):
                 lines.insert(i + 1, f'  no_decay = ["{first}"]')
             if rng.random() < 0.4:
                 lines.insert(i + 1, "  clip_grad_norm = 0.5")
+        elif line.startswith("  lora = ") and rng.random() < 0.5:   # dropout on the adapters' input
+            lines[i] = line[:-1] + f", dropout={rng.choice([0.1, 0.25])})"
     return "\n".join(lines) + "\n"
 
 
