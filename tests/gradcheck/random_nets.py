@@ -537,7 +537,10 @@ def main():
         return compile_only(a[1], a[2], int(a[3]), int(a[4]))
     if len(a) >= 7 and a[0] == "emu":
         ranks, flags = None, a[7:]
-        if flags[:1] == ["--ranks"] and len(flags) >= 2:
+        if flags[:1] == ["--ranks"]:
+            if len(flags) < 2 or not flags[1].isdigit() or int(flags[1]) < 1:
+                raise SystemExit(f"random_nets emu: --ranks takes a count of ranks from 1, found "
+                                 f"{flags[1] if len(flags) > 1 else 'nothing'!r}")
             ranks, flags = int(flags[1]), flags[2:]
         return emu(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]), ranks, flags)
     raise SystemExit(__doc__.split("\n\n")[1])
