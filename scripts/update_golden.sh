@@ -8,6 +8,9 @@ for model in mlp lenet; do
     tests/golden/run_golden.sh --update $stage "$netc" models/$model.net tests/golden/ir/$model.$stage
   done
 done
+for net in language views; do
+  tests/golden/run_golden.sh --update ir "$netc" tests/golden/ir/$net.net tests/golden/ir/$net.ir
+done
 for stage in cuda-c cuda-cu; do
   tests/golden/run_golden.sh --update $stage "$netc" models/mlp.net tests/golden/ir/mlp.$stage
 done

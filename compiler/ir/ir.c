@@ -990,6 +990,7 @@ void ir_print(const IrGraph *g, FILE *out) {
     }
     if (g->loss) fprintf(out, "loss = %%%d\n", g->loss->id);
     if (g->correct) fprintf(out, "correct = %%%d\n", g->correct->id);
+    if (g->output) fprintf(out, "output = %%%d\n", g->output->id);
     for (int i = 0; i < g->n_params; i++) {
         const IrParam *p = &g->params[i];
         fprintf(out, "param %s = %%%d%s", p->name, p->node->id, p->buffer ? " buffer" : p->trainable ? "" : " frozen");
