@@ -10,7 +10,8 @@ one SGD step, and the gradient it applied, (p - p') / lr, must match the referen
 nodes. This needs no finite differences, so it also holds for models whose loss is too curved or
 kinked for the trainer's float32 --gradcheck (batch norm over a handful of values per channel).
 Then the trainer evaluates the same parameters on the same batch (--eval-only), and its loss must
-match the reference's with batch norm from the running statistics (eval_check).
+match the reference's with batch norm from the running statistics (eval_check), and its accuracy
+too where the model has the metric (accuracy_check).
 Flags after WORKDIR go to netc when it compiles the trainer (`--copy-views`, `--no-fuse`, ...).
 
 Runs `NETC MODEL.net --dump=grad`, evaluates the printed graph with a float64 reference
@@ -211,8 +212,11 @@ class Interp:
             at = int(a["part"][0])
             return x[0].reshape(-1)[at:at + math.prod(n.shape)].reshape(n.shape)
         if "norm" in op: return self.norm(n, x)
-        if op == "accuracy":  # of a sequence, divided by the positions per sample
-            return (x[0].argmax(-1) == x[1]).to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
+        if op == "accuracy":  # of a sequence, divided by the positions per sample; or counted
+            right = x[0].argmax(-1) == x[1]
+            if "ignore_index" in a:  # the right ones among the labels not ignored (rt_main.c divides)
+                return (right & (x[1] != int(a["ignore_index"][0]))).to(self.dtype).sum()
+            return right.to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
     @staticmethod
@@ -339,30 +343,122 @@ class Interp:
         return v
 
 
-def eval_check(exe, work, name, init, args, it, loss, n_fwd):
-    """The trainer's evaluation (--eval-only) of the --init parameters on the batch against the
-    reference's loss with batch norm from the running statistics: the forward pass the trainer
-    generates apart for evaluation (convolution + batch norm folded, no batch statistics).
-    Returns the error as a fraction of its tolerance."""
-    log = os.path.join(work, name + "-eval.jsonl")
-    if os.path.exists(log):
-        os.remove(log)
-    subprocess.run([exe, "--init", init, "--eval-only", *["--eval-data" if a == "--data" else a for a in args],
-                    "--quiet", "--log", log], check=True)
-    got = json.loads(open(log).read().splitlines()[-1])["loss"]
-    it.evaluating = True
-    want = it.run(n_fwd)[loss].item()
-    it.evaluating = False
-    # the log's 8 digits (5e-9 relative), and float32 through the forward pass: each operator's
-    # rounding is ~6e-8 relative, summed over up to a few thousand elements per mean
-    tol = 1e-5 * abs(want) + 1e-6
-    print(f"  evaluation loss: trainer {got:.8g}, reference {want:.8g} ({abs(got - want) / tol:.2g} of its tolerance)")
+def accuracy_check(nodes, values, correct, got):
+    """The evaluation's accuracy (rt_main.c's accuracy_of) against the reference's `correct`
+    node: the right predictions per sample (per position averaged over the sample's), or with
+    ignore_index the right ones over the labels not ignored. A prediction whose two largest
+    logits are within float32's reach of each other (1e-4 relative: the loss agrees to 1e-5)
+    may go either way, and each such one may move the accuracy by one position's share.
+    Returns the error as a fraction of its tolerance (where no tie was near, exactly equal)."""
+    n = nodes[correct]
+    logits, labels = (values[i] for i in n.ins)
+    top = logits.topk(2, dim=-1).values
+    near = (top[..., 0] - top[..., 1]) <= 1e-4 * top[..., 0].abs().clamp(min=1)
+    if "ignore_index" in n.attr:
+        counted = labels != int(n.attr["ignore_index"][0])
+        want = values[correct].item() / max(int(counted.sum()), 1)
+        share = 1 / max(int(counted.sum()), 1)
+        near &= counted
+    else:
+        want = values[correct].item() / labels.shape[0]
+        share = 1 / labels.numel()
+    tol = int(near.sum()) * share + 1e-6   # plus the log's digits
+    print(f"  evaluation accuracy: trainer {got:.8g}, reference {want:.8g} ({int(near.sum())} near ties)")
     return abs(got - want) / tol
 
 
-def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd):
+def predict_check(exe, work, name, init, args, it, values, output):
+    """The trainer's --predict of the batch (the files of the inputs the output reads) against
+    the reference's output node in evaluation: every element, in the logical layout, where the
+    evaluation loss is one number (a mean of sin, say, which no order of the elements changes).
+    Returns the largest error as a fraction of its tolerance."""
+    reads, todo = set(), [output]
+    while todo:
+        n = it.nodes[todo.pop()]
+        if n.op == "input":
+            reads.add(n.name)
+        todo += n.ins
+    files = dict(a.split("=", 1) for a in args if "=" in a)
+    out = os.path.join(work, name + "-predict.npy")
+    if os.path.exists(out):
+        os.remove(out)
+    subprocess.run([exe, "--init", init, *[x for k in sorted(reads) for x in ("--predict", f"{k}={files[k]}")],
+                    "--predict-out", out, "--quiet"], check=True)
+    got = np.load(out).astype(np.float64)
+    want = values[output].numpy()
+    if got.shape != want.shape:
+        print(f"  --predict: shape {got.shape}, the reference's output {want.shape}")
+        return math.inf
+    # float32 through the forward pass, each operator's rounding ~6e-8 relative, relative to the
+    # element where it is large and to the value's scale where an element is a small difference
+    # of large ones (x - mean(x), a normalised value) or a product of such
+    tol = 1e-4 * np.abs(want) + 1e-5 * np.abs(want).max() + 1e-7
+    error = float((np.abs(got - want) / tol).max(initial=0))
+    print(f"  --predict: {want.size} output elements, the largest error {error:.2g} of its tolerance")
+    return error
+
+
+def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
+    """The trainer's evaluation (--eval-only) of the --init parameters on the batch against the
+    reference's loss with batch norm from the running statistics: the forward pass the trainer
+    generates apart for evaluation (convolution + batch norm folded, no batch statistics); and
+    its accuracy where the model has the metric (accuracy_check), then again with every other
+    label (of those not ignored) made the reference's prediction, so that the accuracy is far
+    from 0 and a prediction or count gone wrong shows. Returns the largest error as a fraction
+    of its tolerance."""
+    log = os.path.join(work, name + "-eval.jsonl")
+    correct = marks.get("correct")
+
+    def evaluate(args, tag):
+        if os.path.exists(log):
+            os.remove(log)
+        subprocess.run([exe, "--init", init, "--eval-only", *["--eval-data" if a == "--data" else a for a in args],
+                        "--quiet", "--log", log], check=True)
+        record = json.loads(open(log).read().splitlines()[-1])
+        got = record["loss"]
+        it.evaluating = True
+        values = it.run(n_fwd)
+        it.evaluating = False
+        want = values[loss].item()
+        # the log's 8 digits (5e-9 relative), and float32 through the forward pass: each operator's
+        # rounding is ~6e-8 relative, summed over up to a few thousand elements per mean
+        tol = 1e-5 * abs(want) + 1e-6
+        print(f"  evaluation loss{tag}: trainer {got:.8g}, reference {want:.8g} "
+              f"({abs(got - want) / tol:.2g} of its tolerance)")
+        error = abs(got - want) / tol
+        if correct is None:
+            return error, values
+        if "accuracy" not in record:
+            print("  the evaluation logged no accuracy, where the model has the metric")
+            return math.inf, values
+        return max(error, accuracy_check(it.nodes, values, correct, record["accuracy"])), values
+
+    error, values = evaluate(args, "")
+    if "output" in marks:
+        error = max(error, predict_check(exe, work, name, init, args, it, values, marks["output"]))
+    logits_id, labels_id = it.nodes[correct].ins if correct is not None else (None, None)
+    if correct is None or it.nodes[labels_id].op != "input":  # labels computed in the model: as they are
+        return error
+    label_input = it.nodes[labels_id].name
+    labels = it.inputs[label_input]
+    relabeled = labels.clone().reshape(-1)
+    take = torch.arange(relabeled.numel()) % 2 == 0
+    if "ignore_index" in it.nodes[correct].attr:
+        take &= relabeled != int(it.nodes[correct].attr["ignore_index"][0])
+    relabeled[take] = values[logits_id].argmax(-1).reshape(-1)[take]
+    relabeled = relabeled.reshape(labels.shape)
+    path = os.path.join(work, f"{name}-{label_input}-relabeled.npy")
+    np.save(path, relabeled.numpy())
+    it.inputs[label_input] = relabeled
+    error = max(error, evaluate([f"{label_input}={path}" if a.startswith(label_input + "=") else a for a in args],
+                                " (labels relabeled)")[0])
+    it.inputs[label_input] = labels
+    return error
+
+
+def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd, marks):
     """The compiled trainer's gradient (from one SGD step) against the reference's, and its
-    evaluation loss (eval_check)."""
+    evaluation (eval_check)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     from netc_testlib import st_load, st_save
     if any(n.op == "dropout" for n in nodes):
@@ -401,10 +497,10 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
         failed += int(bad.sum())
         for i in np.flatnonzero(bad)[:5]:
             print(f"  {pname}[{i}]: trainer {applied[i]:.9g}, reference {want[i]:.9g}")
-    eval_error = eval_check(exe, work, name, init, args, it, loss, n_fwd)
+    eval_error = eval_check(exe, work, name, init, args, it, loss, n_fwd, marks)
     print(f"ir_gradcheck --trainer: {os.path.basename(model)}: {checked} gradient elements checked "
           f"({nonzero} not zero), {failed} failed (the largest error {worst:.2g} of its tolerance); "
-          f"evaluation loss {eval_error:.2g} of its tolerance")
+          f"evaluation {eval_error:.2g} of its tolerance")
     if not nonzero:  # a trainer that applied no step at all would pass
         print("ir_gradcheck --trainer: every checked gradient is zero: nothing trainable reaches the loss")
     sys.exit(1 if failed or not nonzero or eval_error > 1 else 0)
@@ -435,7 +531,10 @@ def main():
     it = Interp(nodes, inputs, pvals)
     values = it.run(len(nodes))
     if trainer:
-        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:], it, loss, n_fwd)
+        # the accuracy metric's node and the model's output (--predict), where the model has them
+        marks = {k: int(v) for k, v in re.findall(r"^(correct|output) = %(\d+)$", dump.stdout, re.M)}
+        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:], it, loss, n_fwd,
+                      marks)
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:

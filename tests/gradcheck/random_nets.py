@@ -29,29 +29,31 @@ was one). The generator is deterministic: net SEED is the same text on every mac
 What a net holds: an input `x` f32[batch, ...] of rank 3 or 4 scaled by a parameter, or in about
 a third of the nets token sequences: an embedding of `tokens` i64[batch, T] plus a float input
 scaled by a parameter, and the loss gets a cross-entropy of next-token logits (a dense layer on
-a [batch, T, ...] value) against `targets`, with ignore_index=-1 in most of them. Then 5 to
-10 steps, each on one or two live values (mostly the newest, so chains form; sometimes an older
-one, so values have several readers): element-wise functions and products (with a parameter
-broadcast along some axes, or with another value), a value less its mean or times its maximum
-along an axis (kept and broadcast back), permute, transpose, reshape (axes merged or split, up
-to rank 5), slice, split, concat of two or three parts, indexing (`v[:, i]`, `v[i]`), sum /
-mean / var / max over an axis and sum / mean over two, softmax and log_softmax along an axis,
-matmul (with a parameter, of a value with its own transpose, or with a parameter whose batch
-axis broadcasts), dense, layernorm, rmsnorm, attention over the last two axes (causal or not),
-`where` through a comparison, flatten, and on values of rank 4 conv2d (1x1 and 3x3, strided,
-grouped; some followed by a batch norm alone, which evaluation folds into them; some as a
-ResNet block's end, relu(batchnorm2d(conv2d(v)) + v), which the compiler fuses), batchnorm2d
-(half of them frozen=true: the running statistics), max and average pooling, whose
-channels-last results give the views their orders. About a fifth of the nets freeze one or two
-layers (`freeze`, never the first), and a fifth of those with dense layers that reach the loss
-train LoRA adapters on one or two of them (`lora`; in `emu`'s nets some with dropout). The loss is the mean of sin of the last value plus terms of
-the first value (so every element of the input reaches it) and of one other. Axes are 2 to 5
-long, in three nets of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops'
-vector bodies and their remainders both run), and no value holds more than MAX_ELEMENTS
-elements: a net compiles and checks in seconds. Values are kept in range by tanh steps and
-parameters of std 0.5, so that float32 and float64 agree to the reference's tolerance
-(ir_gradcheck.py, trainer_check). `input_scale` (1) scales the input: the CUDA emulation's data
-is N(0, 50^2), which `-D input_scale=0.02` brings back to N(0, 1).
+a [batch, T, ...] value) against `targets`, with ignore_index=-1 in most of them, and the metric
+is their accuracy (ignoring the same). Then 5 to 10 steps, each on one or two live values
+(mostly the newest, so chains form; sometimes an older one, so values have several readers):
+element-wise functions and products (with a parameter broadcast along some axes, or with another
+value), a value less its mean or times its maximum along an axis (kept and broadcast back),
+permute, transpose, reshape (axes merged or split, up to rank 5), slice, split, concat of two or
+three parts, indexing (`v[:, i]`, `v[i]`), sum / mean / var / max over an axis and sum / mean
+over two, softmax and log_softmax along an axis, matmul (with a parameter, of a value with its
+own transpose, or with a parameter whose batch axis broadcasts), dense, layernorm, rmsnorm,
+attention over the last two axes (causal or not), `where` through a comparison, flatten, and on
+values of rank 4 conv2d (1x1 and 3x3, strided, grouped; some followed by a batch norm alone,
+which evaluation folds into them; some as a ResNet block's end, relu(batchnorm2d(conv2d(v)) +
+v), which the compiler fuses), batchnorm2d (half of them frozen=true: the running statistics),
+max and average pooling, whose channels-last results give the views their orders. About a fifth
+of the nets freeze one or two layers (`freeze`, never the first), and a fifth of those with
+dense layers that reach the loss train LoRA adapters on one or two of them (`lora`; in `emu`'s
+nets some with dropout). The loss is the mean of sin of the last value plus terms of the first
+value (so every element of the input reaches it) and of one other; the output (what `--predict`
+writes) is the newest value whose first axis is as long as the batch. Axes are 2 to 5 long, in
+three nets of ten one of them 7 to 17 (past a vector of 8 or 16 floats, so the loops' vector
+bodies and their remainders both run), and no value holds more than MAX_ELEMENTS elements: a net
+compiles and checks in seconds. Values are kept in range by tanh steps and parameters of std
+0.5, so that float32 and float64 agree to the reference's tolerance (ir_gradcheck.py,
+trainer_check). `input_scale` (1) scales the input: the CUDA emulation's data is N(0, 50^2),
+which `-D input_scale=0.02` brings back to N(0, 1).
 """
 import math
 import os
@@ -343,12 +345,13 @@ class Net:
 
     def live(self, terms):
         """The lines (and loss terms) whose values the loss reads."""
-        names = set(re.findall(r"\bv\d+\b", " ".join(terms)))
+        value = re.compile(r"\b(?:v\d+|logits)\b")
+        names = set(value.findall(" ".join(terms)))
         lines = []
         for line in reversed(self.lines):
             name, _, expr = line.partition(" = ")
             if name in names:
-                names |= set(re.findall(r"\bv\d+\b", expr))
+                names |= set(value.findall(expr))
                 lines.append(line)
         return lines[::-1] + terms
 
@@ -398,11 +401,18 @@ class Net:
         terms = [f"mean(sin({last[0]}))"]
         for u in [self.vals[0]] + rng.sample(self.vals[1:-1], min(1, len(self.vals) - 2)):
             terms.append(f"mean({u[0]} * {u[0]}) * 0.1")
-        if seq:  # next-token logits from the newest value still [batch, t, ...]
+        metrics = []
+        if seq:  # next-token logits from the newest value still [batch, t, ...], and their accuracy
             u = [u for u in self.vals if len(u[1]) == 3 and u[1][:2] == (batch, t)][-1]
-            terms.append(f"cross_entropy({self.label('head')}: dense({u[0]}, {vocab}), targets"
-                         + (", ignore_index=-1)" if ignore else ")"))
-        train = ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)"]
+            self.lines.append(f"logits = {self.label('head')}: dense({u[0]}, {vocab})")
+            ignored = ", ignore_index=-1" if ignore else ""
+            terms.append(f"cross_entropy(logits, targets{ignored})")
+            metrics = [f"  metrics = accuracy(logits, targets{ignored})"]
+        # what --predict writes: the newest value of one row per sample (its first axis as long as
+        # the batch), compared element by element where the loss sees only a mean of its sines
+        rows = [u for u in self.vals if u[1] and u[1][0] == batch]
+        output = [f"  output = {rows[-1][0]}"] if rows else []
+        train = ["train {", f"  loss = {' + '.join(terms)}", "  optimizer = sgd(0.1)", *metrics, *output]
         # a quarter of the nets with two layers or more (about a fifth of all) freeze one or two,
         # never the first (a recipe's no_decay entry names it) and never all of the others
         layers = re.findall(r"\b([a-z]+\d+): ", "\n".join(self.lines + terms))[1:]
