@@ -436,8 +436,12 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     error, values = evaluate(args, "")
     if "output" in marks:
         error = max(error, predict_check(exe, work, name, init, args, it, values, marks["output"]))
-    logits_id, labels_id = it.nodes[correct].ins if correct is not None else (None, None)
-    if correct is None or it.nodes[labels_id].op != "input":  # labels computed in the model: as they are
+    if correct is None:
+        return error
+    logits_id, labels_id = it.nodes[correct].ins
+    while it.nodes[labels_id].op == "cast":  # labels of a narrower integer type, widened
+        labels_id = it.nodes[labels_id].ins[0]
+    if it.nodes[labels_id].op != "input":  # labels computed in the model: as they are
         return error
     label_input = it.nodes[labels_id].name
     labels = it.inputs[label_input]
@@ -448,7 +452,8 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     relabeled[take] = values[logits_id].argmax(-1).reshape(-1)[take]
     relabeled = relabeled.reshape(labels.shape)
     path = os.path.join(work, f"{name}-{label_input}-relabeled.npy")
-    np.save(path, relabeled.numpy())
+    given = next(a.split("=", 1)[1] for a in args if a.startswith(label_input + "="))
+    np.save(path, relabeled.numpy().astype(np.load(given).dtype))  # the input's own type (i32, u8)
     it.inputs[label_input] = relabeled
     error = max(error, evaluate([f"{label_input}={path}" if a.startswith(label_input + "=") else a for a in args],
                                 " (labels relabeled)")[0])
