@@ -78,6 +78,11 @@ def parse_dump(text):
     return nodes, params, loss, len(nodes) if n_fwd is None else n_fwd
 
 
+def ignored_label(n, default=None):
+    """The label an accuracy or cross-entropy node `n` leaves out (ignore_index), or `default`."""
+    return int(n.attr["ignore_index"][0]) if "ignore_index" in n.attr else default
+
+
 def ints(a):
     return [int(x) for x in a]
 
@@ -183,7 +188,7 @@ class Interp:
         if op == "avgpool2d_bwd":
             return vjp(lambda t: F.avg_pool2d(t, **self.pool_args(n)), torch.zeros(n.shape, dtype=self.dtype), x[0])
         smoothing = a.get("smoothing", [0.0])[0]
-        ignore = int(a["ignore_index"][0]) if "ignore_index" in a else -100  # PyTorch's default
+        ignore = ignored_label(n, -100)  # without one, PyTorch's default
         if op == "xent":  # logits [..., C], labels [...]: PyTorch's per-position loss, 0 where ignored
             classes = x[0].shape[-1]
             return F.cross_entropy(x[0].reshape(-1, classes), x[1].reshape(-1), reduction="none",
@@ -214,8 +219,8 @@ class Interp:
         if "norm" in op: return self.norm(n, x)
         if op == "accuracy":  # of a sequence, divided by the positions per sample; or counted
             right = x[0].argmax(-1) == x[1]
-            if "ignore_index" in a:  # the right ones among the labels not ignored (rt_main.c divides)
-                return (right & (x[1] != int(a["ignore_index"][0]))).to(self.dtype).sum()
+            if ignored_label(n) is not None:  # the right ones among the labels not ignored (rt_main.c divides)
+                return (right & (x[1] != ignored_label(n))).to(self.dtype).sum()
             return right.to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
         raise SystemExit(f"ir_gradcheck: no reference for operator '{op}'")
 
@@ -354,10 +359,10 @@ def accuracy_check(nodes, values, correct, got):
     logits, labels = (values[i] for i in n.ins)
     top = logits.topk(2, dim=-1).values
     near = (top[..., 0] - top[..., 1]) <= 1e-4 * top[..., 0].abs().clamp(min=1)
-    if "ignore_index" in n.attr:
-        counted = labels != int(n.attr["ignore_index"][0])
-        want = values[correct].item() / max(int(counted.sum()), 1)
+    if ignored_label(n) is not None:
+        counted = labels != ignored_label(n)
         share = 1 / max(int(counted.sum()), 1)
+        want = values[correct].item() * share
         near &= counted
     else:
         want = values[correct].item() / labels.shape[0]
@@ -367,18 +372,18 @@ def accuracy_check(nodes, values, correct, got):
     return abs(got - want) / tol
 
 
-def predict_check(exe, work, name, init, args, it, values, output):
+def predict_check(exe, work, name, init, files, it, values, output):
     """The trainer's --predict of the batch (the files of the inputs the output reads) against
     the reference's output node in evaluation: every element, in the logical layout, where the
     evaluation loss is one number (a mean of sin, say, which no order of the elements changes).
     Returns the largest error as a fraction of its tolerance."""
-    reads, todo = set(), [output]
+    reads, seen, todo = set(), {output}, [output]
     while todo:
         n = it.nodes[todo.pop()]
         if n.op == "input":
             reads.add(n.name)
-        todo += n.ins
-    files = dict(a.split("=", 1) for a in args if "=" in a)
+        todo += [i for i in n.ins if i not in seen]
+        seen.update(n.ins)
     out = os.path.join(work, name + "-predict.npy")
     if os.path.exists(out):
         os.remove(out)
@@ -408,6 +413,7 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     of its tolerance."""
     log = os.path.join(work, name + "-eval.jsonl")
     correct = marks.get("correct")
+    files = dict(a.split("=", 1) for a in args if "=" in a)  # input name -> its .npy file
 
     def evaluate(args, tag):
         if os.path.exists(log):
@@ -435,7 +441,7 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
 
     error, values = evaluate(args, "")
     if "output" in marks:
-        error = max(error, predict_check(exe, work, name, init, args, it, values, marks["output"]))
+        error = max(error, predict_check(exe, work, name, init, files, it, values, marks["output"]))
     if correct is None:
         return error
     logits_id, labels_id = it.nodes[correct].ins
@@ -447,13 +453,12 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     labels = it.inputs[label_input]
     relabeled = labels.clone().reshape(-1)
     take = torch.arange(relabeled.numel()) % 2 == 0
-    if "ignore_index" in it.nodes[correct].attr:
-        take &= relabeled != int(it.nodes[correct].attr["ignore_index"][0])
+    if ignored_label(it.nodes[correct]) is not None:
+        take &= relabeled != ignored_label(it.nodes[correct])
     relabeled[take] = values[logits_id].argmax(-1).reshape(-1)[take]
     relabeled = relabeled.reshape(labels.shape)
     path = os.path.join(work, f"{name}-{label_input}-relabeled.npy")
-    given = next(a.split("=", 1)[1] for a in args if a.startswith(label_input + "="))
-    np.save(path, relabeled.numpy().astype(np.load(given).dtype))  # the input's own type (i32, u8)
+    np.save(path, relabeled.numpy().astype(np.load(files[label_input]).dtype))  # the input's own type (i32, u8)
     it.inputs[label_input] = relabeled
     error = max(error, evaluate([f"{label_input}={path}" if a.startswith(label_input + "=") else a for a in args],
                                 " (labels relabeled)")[0])
