@@ -984,6 +984,33 @@ int cg_has_output(const IrGraph *g) {
     return g->output && g->output->shape.rank >= 1 && g->output->shape.dim[0] == g->batch;
 }
 
+/* The model's output, from `src` (its elements as the graph stores them, of its C type) into `dst`
+ * (float *) as float32 in logical row-major order: converted from a half type, and a permuted
+ * layout (channels-last) visited in its storage order and written back in logical order. */
+void cg_emit_output_convert(Cg *c, const char *dst, const char *src) {
+    const IrNode *y = c->g->output;
+    static const char *const to_f32[DT__COUNT] = {[DT_F16] = "rt_f16_to_f32", [DT_BF16] = "rt_bf16_to_f32"};
+    const char *conv = to_f32[y->dtype] ? to_f32[y->dtype] : y->dtype == DT_F32 ? "" : "(float)";
+    const IrShape *s = &y->shape;
+    if (y->layout.permuted && ir_layout_matters(s)) {
+        cg_line(c, "int64_t k = 0; // %s's elements in storage order", src);
+        for (int p = 0; p < s->rank; p++) {
+            int a = y->layout.order[p];
+            cg_line(c, "%*sfor (int64_t a%d = 0; a%d < %" PRId64 "; a%d++)", 4 * p, "", a, a, s->dim[a], a);
+        }
+        cg_begin(c, "%*s%s[", 4 * s->rank, "", dst);
+        for (int a = 2; a < s->rank; a++) cg_put(c, "(");
+        cg_put(c, "a0");
+        for (int a = 1; a < s->rank; a++) cg_put(c, " * %" PRId64 " + a%d%s", s->dim[a], a, a < s->rank - 1 ? ")" : "");
+        if (*conv) cg_end(c, "] = %s(%s[k++]);", conv, src);
+        else cg_end(c, "] = %s[k++];", src);
+    } else if (y->dtype == DT_F32) {
+        cg_line(c, "memcpy(%s, %s, %" PRId64 " * sizeof(float));", dst, src, ir_numel(s));
+    } else {
+        cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) %s[i] = %s(%s[i]);", ir_numel(s), dst, conv, src);
+    }
+}
+
 /* The inputs the output depends on, as a bit mask over input numbers. */
 static uint32_t output_inputs(const IrGraph *g) {
     unsigned char *needs = calloc((size_t)g->n + 1, 1);

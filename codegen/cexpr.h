@@ -122,6 +122,9 @@ void cg_mark_reads(Cg *c, int end, int with_grads);
 int cg_state_slots(const IrTrain *t);
 /* The graph has an output --predict can hand out: a value with the batch as its first axis. */
 int cg_has_output(const IrGraph *g);
+/* Its conversion to float32 in logical row-major order, from `src` (a pointer of its C type,
+ * as the graph stores it) into the float * `dst`, for --predict. */
+void cg_emit_output_convert(Cg *c, const char *dst, const char *src);
 void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
 /* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this

@@ -1110,29 +1110,14 @@ static void emit_forward_backward(Cg *c) {
 }
 
 /* --predict: the model's output, as float32 in logical (row-major) order, when ctx->output asks
- * for it; a channels-last output is transposed back as it is copied. */
+ * for it. */
 static void emit_output_copy(Cg *c) {
-    const IrNode *y = c->g->output;
     if (!cg_has_output(c->g)) return;
-    static const char *const to_f32[DT__COUNT] = {[DT_F16] = "rt_f16_to_f32", [DT_BF16] = "rt_bf16_to_f32"};
-    const char *conv = to_f32[y->dtype] ? to_f32[y->dtype] : y->dtype == DT_F32 ? "" : "(float)";
-    const int64_t *d = y->shape.dim;
+    char src[16];
+    snprintf(src, sizeof src, "v%d", c->g->output->id);
     cg_blank(c);
     cg_open(c, "if (ctx->output) { // the model's output, for --predict");
-    if (ir_layout_eq(y->layout, LAYOUT_NHWC) && ir_layout_matters(&y->shape)) {
-        cg_line(c, "for (int64_t n = 0; n < %" PRId64 "; n++)", d[0]);
-        cg_line(c, "    for (int64_t h = 0; h < %" PRId64 "; h++)", d[2]);
-        cg_line(c, "        for (int64_t w = 0; w < %" PRId64 "; w++)", d[3]);
-        cg_line(c, "            for (int64_t ch = 0; ch < %" PRId64 "; ch++)", d[1]);
-        cg_line(c, "                ctx->output[((n * %" PRId64 " + ch) * %" PRId64 " + h) * %" PRId64 " + w] = "
-                   "%s(v%d[((n * %" PRId64 " + h) * %" PRId64 " + w) * %" PRId64 " + ch]);",
-                d[1], d[2], d[3], conv, y->id, d[2], d[3], d[1]);
-    } else if (y->dtype == DT_F32) {
-        cg_line(c, "memcpy(ctx->output, v%d, %" PRId64 " * sizeof(float));", y->id, ir_numel(&y->shape));
-    } else {
-        cg_line(c, "for (int64_t i = 0; i < %" PRId64 "; i++) ctx->output[i] = %s(v%d[i]);", ir_numel(&y->shape),
-                conv, y->id);
-    }
+    cg_emit_output_convert(c, "ctx->output", src);
     cg_close(c, "}");
 }
 

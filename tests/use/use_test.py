@@ -277,7 +277,29 @@ def check_named_output(netc, work, img, lab):
     x = np.load(img).astype(np.float64).reshape(40, -1) / 255
     z = np.maximum(x @ t["fc1.weight"].T + t["fc1.bias"], 0) @ t["fc2.weight"].T + t["fc2.bias"]
     e = np.exp(z - z.max(1, keepdims=True))
-    check(close(got, e / e.sum(1, keepdims=True)), f"named output: not the softmax of the logits: {got}")
+    probs = e / e.sum(1, keepdims=True)
+    check(close(got, probs), f"named output: not the softmax of the logits: {got}")
+    # an output in a 16-bit float type, written as float32: each value is one of that type's, the
+    # float32 probability rounded to nearest (at most half a unit in the last place: 2^-8 of the
+    # value for bf16's 8 significant bits, 2^-11 for f16's 11, or half f16's smallest subnormal,
+    # 2^-25), and the float32 value is within 1e-6 of float64's (a softmax of 10 terms, ~1e-7).
+    # Measured: 2.6e-3 of the value in bf16, 3.3e-4 in f16, where reading the bits as the other
+    # type, or as float32, is wrong by the value's own size.
+    for half, ulp, tiny in (("bf16", 2.0**-8, 0.0), ("f16", 2.0**-11, 2.0**-25)):
+        net = os.path.join(work, f"named_{half}.net")
+        with open(os.path.join(HERE, "named_output.net")) as f:
+            text = f.read().replace("output    = probs", f"output    = {half}(probs)")
+        with open(net, "w") as f:
+            f.write(text)
+        exe = compile_model(netc, net, os.path.join(work, f"named_{half}"))
+        got = predict(exe, w, img, os.path.join(work, f"named_{half}.npy"))
+        if got is None:
+            continue
+        exact = (got.view(np.uint32) & 0xFFFF == 0).all() if half == "bf16" else \
+            np.array_equal(got.astype(np.float16).astype(np.float32), got)
+        check(got.dtype == np.float32 and exact, f"output = {half}(probs): values that are not {half}'s")
+        check(got.shape == probs.shape and (np.abs(got - probs) <= ulp * np.abs(probs) + tiny + 1e-6).all(),
+              f"output = {half}(probs): not the probabilities rounded to {half}: {got}")
     bad = os.path.join(work, "bad_output.net")
     with open(os.path.join(HERE, "named_output.net")) as f:
         text = f.read().replace("output    = probs", "output    = mean(probs)")
