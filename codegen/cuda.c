@@ -1988,6 +1988,20 @@ static void emit_host_step(Cg *c, const char *name, const char *body) {
     cg_close(c, "}\n");
 }
 
+/* --predict: output_to_host, the model's output as the evaluation step leaves it in the arena,
+ * copied to the host by the runtime, into float32 in logical row-major order. */
+static void emit_output_host(Cu *u, Cg *c) {
+    const IrNode *y = u->g->output;
+    if (!cg_has_output(u->g)) return;
+    cg_line(c, "// ---- --predict: the model's output (%%%d, %s), copied from the device after an evaluation",
+            y->id, ir_dtype_name(y->dtype));
+    cg_line(c, "// batch, into float32 in logical row-major order\n");
+    cg_open(c, "static void output_to_host(const void *device_bytes, float *out) {");
+    cg_line(c, "const %s *v = device_bytes;", ir_dtype_ctype(y->dtype));
+    cg_emit_output_convert(c, "out", "v");
+    cg_close(c, "}\n");
+}
+
 /* The two descriptions rt_main reads: the device's (regions, kernels, step functions) and the model's. */
 static void emit_host_models(Cu *u, Cg *c) {
     const IrGraph *g = u->g;
@@ -2012,6 +2026,11 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".plan = plan,");
     cg_line(c, ".train = train,");
     cg_line(c, ".eval = eval,");
+    if (cg_has_output(g)) {
+        cg_line(c, ".off_output = %" PRId64 ",", dev_offset(u, g->output));
+        cg_line(c, ".output_bytes = %" PRId64 ",", ir_numel(&g->output->shape) * ir_dtype_size(g->output->dtype));
+        cg_line(c, ".output_to_host = output_to_host,");
+    }
     if (g->distributed) cg_line(c, ".coll = &rt_cuda_nccl,");
     cg_close(c, "};\n");
     cg_open(c, "static const RtModel model = {");
@@ -2053,6 +2072,7 @@ static void emit_host(Cu *u, FILE *o, const char *plan, const char *train, const
     emit_host_step(&c, "train", train);
     cg_line(&c, "// ---- evaluation: the forward pass with running statistics, dropout off\n");
     emit_host_step(&c, "eval", eval);
+    emit_output_host(u, &c);
     cg_line(&c, "// ---- entry point\n");
     emit_host_models(u, &c);
     cg_line(&c, "int main(int argc, char **argv) { return rt_main(argc, argv, &model); }");

@@ -235,6 +235,10 @@ typedef struct RtDevice {
     int (*take_train)(RtDeviceSums *s, int wait);
     /* Wait for the queued work and take the evaluation's sums since the last read. */
     void (*read_eval)(double *loss_sum, double *correct);
+    /* --predict: wait for the queued work, and write the model's output of the last evaluation
+     * batch into `out` as the CPU trainer's eval_step writes RtCtx.output: float32, logical
+     * row-major order, [batch, output_shape...] (rows past that batch's n_valid are padding). */
+    void (*read_output)(float *out);
     /* --eval-async (opened with eval_async): an evaluation beside the training steps, on a copy
      * of the parameters in a second arena and stream of the device.
      *   eval_async_begin  copy the parameters as the queued steps leave them, and zero the

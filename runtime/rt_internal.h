@@ -431,9 +431,9 @@ void rt_pieces_close(RtCtx *ctx);
 
 /* 0 when files[] (per input, NULL for none) names exactly the inputs the model's output reads. */
 int rt_predict_check(const RtModel *m, const char *const *files, RtError *err);
-/* The output for every sample of files[], with the parameters in ctx, as a float32 .npy at path
- * (written atomically); *n_out is the number of samples. */
-int rt_predict(const RtModel *m, RtCtx *ctx, const char *const *files, const char *path, int64_t *n_out,
-               RtError *err);
+/* The output for every sample of files[], with the parameters in ctx (or, with a device, those
+ * uploaded to it), as a float32 .npy at path (written atomically); *n_out is the number of samples. */
+int rt_predict(const RtModel *m, RtCtx *ctx, const RtDevice *dev, const char *const *files, const char *path,
+               int64_t *n_out, RtError *err);
 
 #endif

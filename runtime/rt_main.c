@@ -154,6 +154,14 @@ static void usage(const RtModel *m) {
         if (m->inputs[i].classes) printf("]  indices in [0, %lld)\n", (long long)m->inputs[i].classes);
         else printf("]\n");
     }
+    if (m->output_rank >= 0) { /* what --predict writes, and the inputs it needs */
+        printf("\nmodel output (per sample; what --predict writes): f32[");
+        for (int d = 0; d < m->output_rank; d++) printf("%s%lld", d ? ", " : "", (long long)m->output_shape[d]);
+        printf("], from input%s", m->output_inputs & (m->output_inputs - 1) ? "s" : "");
+        for (int i = 0, k = 0; i < m->n_inputs; i++)
+            if ((m->output_inputs >> i) & 1) printf("%s %s", k++ ? "," : "", m->inputs[i].name);
+        printf("\n");
+    }
     printf("\noptions:\n"
            "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
            "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
@@ -264,9 +272,6 @@ static int64_t number_at_most(const char *flag, const char *s, int64_t min, int6
 static void check_predict(const RtModel *m, const Options *o) {
     if (!o->n_predict) die_usage("--predict-out needs the samples to predict: add --predict NAME=FILE");
     if (!o->predict_out) die_usage("--predict needs --predict-out OUT.npy, the file to write");
-    if (m->device)
-        die_usage("--predict runs in CPU trainers only: build one from the same .net with netc --backend cpu "
-                  "(it reads the same weight files)");
     RtError err;
     if (rt_predict_check(m, o->predict, &err)) die_usage("%s", err.msg);
 }
@@ -1544,18 +1549,22 @@ static void free_buffers(const RtModel *m, void **bufs) {
     free(bufs);
 }
 
+/* --eval-only and --predict: the weights, on the device too, with a device state whose sums are zero. */
+static void use_weights(Trainer *t) {
+    setup_context(t);
+    if (!t->dev) return;
+    t->dev->upload(t->ctx.params, t->ctx.optstate);
+    t->dev->start(0, 1, 1, t->o.seed, NULL);
+}
+
 /* --eval-only: the weights, one evaluation printed and logged as the periodic ones are, and no
  * training data, steps or saved files. */
 static int eval_only(Trainer *t) {
     const RtModel *m = t->m;
     RtDataset ds;
     open_data(m, t->o.eval, &ds);
-    setup_context(t);
+    use_weights(t);
     if (t->o.log) t->log = open_log(t, t->o.log);
-    if (t->dev) { /* the parameters, and a device state whose sums are zero */
-        t->dev->upload(t->ctx.params, t->ctx.optstate);
-        t->dev->start(0, 1, 1, t->o.seed, NULL);
-    }
     void **bufs = batch_buffers(m);
     int rc = finish(t, evaluate(t, &ds, bufs, 0));
     free_buffers(m, bufs);
@@ -1567,13 +1576,14 @@ static int eval_only(Trainer *t) {
 
 /* --predict: the weights, then the output for every sample (rt_predict.c). */
 static int predict(Trainer *t) {
-    setup_context(t);
+    use_weights(t);
     RtError err;
     int64_t n = 0;
-    int rc = rt_predict(t->m, &t->ctx, t->o.predict, t->o.predict_out, &n, &err);
+    int rc = rt_predict(t->m, &t->ctx, t->dev, t->o.predict, t->o.predict_out, &n, &err);
     if (rc) fprintf(stderr, "error: %s\n", err.msg);
     else if (!t->o.quiet) printf("wrote the output of %lld samples to '%s'\n", (long long)n, t->o.predict_out);
     free_context(&t->ctx);
+    if (t->dev) t->dev->close();
     return finish(t, rc ? 1 : 0);
 }
 

@@ -3,11 +3,13 @@
  *
  * The output is the value the train section names (output = x), else the one the model's loss
  * function reads first (the logits); the generated eval_step copies it, in logical row-major
- * order, into RtCtx.output. Only the inputs it depends on (RtModel.output_inputs) are read: the
- * others, such as the labels, are fed as zeros, which change the loss the step computes but not
- * the output. The samples are visited in file order in batches of the compiled size; the last
- * batch is padded with zero rows, which are not written. The file goes through
- * rt_out_open/rt_out_commit (rt_file.c), so OUT is either as it was or complete.
+ * order, into RtCtx.output, and a GPU trainer's device (`dev`) runs its evaluation step and hands
+ * the output back in the same form through read_output. Only the inputs it depends on
+ * (RtModel.output_inputs) are read: the others, such as the labels, are fed as zeros, which
+ * change the loss the step computes but not the output. The samples are visited in file order
+ * in batches of the compiled size; the last batch is padded with zero rows, which are not
+ * written. The file goes through rt_out_open/rt_out_commit (rt_file.c), so OUT is either as it
+ * was or complete.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -64,8 +66,8 @@ static void reading_model(const RtModel *m, const char *const *files, RtModel *s
     sub->inputs = inputs;
 }
 
-static int write_batches(const RtModel *m, const RtModel *sub, const RtDataset *ds, RtCtx *ctx, void *const *bufs,
-                         void *const *sub_bufs, FILE *f, RtError *err) {
+static int write_batches(const RtModel *m, const RtModel *sub, const RtDataset *ds, RtCtx *ctx, const RtDevice *dev,
+                         void *const *bufs, void *const *sub_bufs, FILE *f, RtError *err) {
     int64_t per_sample = 1, *idx = calloc((size_t)m->batch, sizeof *idx);
     for (int d = 0; d < m->output_rank; d++) per_sample *= m->output_shape[d];
     float *out = calloc((size_t)(m->batch * per_sample), sizeof *out);
@@ -76,8 +78,13 @@ static int write_batches(const RtModel *m, const RtModel *sub, const RtDataset *
             rc = -1;
             break;
         }
-        ctx->inputs = bufs, ctx->n_valid = count, ctx->output = out;
-        m->eval_step(ctx);
+        if (dev) {
+            dev->eval_step(bufs, count);
+            dev->read_output(out);
+        } else {
+            ctx->inputs = bufs, ctx->n_valid = count, ctx->output = out;
+            m->eval_step(ctx);
+        }
         if (fwrite(out, sizeof *out, (size_t)(count * per_sample), f) != (size_t)(count * per_sample))
             rc = rt_fail(err, "cannot write the predictions: %s", strerror(errno ? errno : EIO));
     }
@@ -86,8 +93,8 @@ static int write_batches(const RtModel *m, const RtModel *sub, const RtDataset *
     return rc;
 }
 
-int rt_predict(const RtModel *m, RtCtx *ctx, const char *const *files, const char *path, int64_t *n_out,
-               RtError *err) {
+int rt_predict(const RtModel *m, RtCtx *ctx, const RtDevice *dev, const char *const *files, const char *path,
+               int64_t *n_out, RtError *err) {
     RtModel sub;
     RtInput inputs[RT_MAX_INPUTS];
     const char *sub_files[RT_MAX_INPUTS];
@@ -105,7 +112,7 @@ int rt_predict(const RtModel *m, RtCtx *ctx, const char *const *files, const cha
     size_t hlen = npy_header(m, ds.n_samples, header, sizeof header);
     if (!rc && rt_out_open(&out, path, 0666)) rc = rt_fail(err, "cannot write '%s': %s", path, out.why);
     else if (!rc) {
-        rc = fwrite(header, 1, hlen, out.f) == hlen ? write_batches(m, &sub, &ds, ctx, bufs, sub_bufs, out.f, err)
+        rc = fwrite(header, 1, hlen, out.f) == hlen ? write_batches(m, &sub, &ds, ctx, dev, bufs, sub_bufs, out.f, err)
                                                    : rt_fail(err, "cannot write '%s': %s", path, strerror(errno));
         if (rc) rt_out_abort(&out);
         else if (rt_out_commit(&out)) rc = rt_fail(err, "cannot write '%s': %s", path, out.why);

@@ -115,6 +115,12 @@ typedef struct RtCudaModel {
      * bucket before each bucket's mean over the ranks, then updates as RT_STEP_WHOLE does. */
     void (*train)(RtCuda *cu, RtStepPart part);
     void (*eval)(RtCuda *cu);
+    /* --predict: the model's output (RtModel.output_rank >= 0) as the evaluation step leaves it,
+     * output_bytes at off_output, and output_to_host, which turns those bytes, copied to the
+     * host, into float32 in logical row-major order [batch, output_shape...] (from half types,
+     * and from a channels-last layout). NULL for a model without an output. */
+    int64_t off_output, output_bytes;
+    void (*output_to_host)(const void *device_bytes, float *out);
     const RtCudaColl *coll;          /* netc --distributed: the ranks' collectives; else NULL */
 } RtCudaModel;
 

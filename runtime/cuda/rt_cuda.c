@@ -102,6 +102,7 @@ struct RtCuda {
     int eval_async;                          /* --eval-async: `side` exists */
     Lane side;                               /* its lane, while the step's is in the fields above */
     cudaEvent_t snapshot;                    /* the step stream's parameters copied to the side arena */
+    unsigned char *output;                   /* pinned: --predict's output as the device holds it */
 };
 
 /* A trainer drives one device. */
@@ -754,6 +755,8 @@ static void teardown(RtCuda *cu) {
         cudaEventDestroy(cu->posted_copied);
     if (cu->posted)
         cudaFreeHost(cu->posted);
+    if (cu->output)
+        cudaFreeHost(cu->output);
     if (cu->host_state)
         cudaFreeHost(cu->host_state);
     if (cu->coll_open)
@@ -985,6 +988,23 @@ static void cuda_read_eval(double *loss_sum, double *correct) {
     ZERO_STATE_FIELD(cu, eval_correct);
 }
 
+/* --predict: the output of the last evaluation batch, copied behind it into pinned memory (taken
+ * at the first call) and converted by the generated output_to_host. */
+static void cuda_read_output(float *out) {
+    RtCuda *cu = &g_cu;
+    const RtCudaModel *dm = cu->dm;
+    if (!dm->output_to_host)
+        rt_cuda_die("internal error: --predict on a model whose device step has no output");
+    if (!cu->output)
+        rt_cuda_check(cudaHostAlloc((void **)&cu->output, (size_t)dm->output_bytes, cudaHostAllocDefault),
+                      "cudaHostAlloc (the model's output on the host)");
+    rt_cuda_check(cudaMemcpyAsync(cu->output, cu->base + dm->off_output, (size_t)dm->output_bytes,
+                                  cudaMemcpyDeviceToHost, cu->stream),
+                  "cudaMemcpyAsync (the model's output to the host)");
+    sync_stream(cu, "cudaStreamSynchronize (the model's output)");
+    dm->output_to_host(cu->output, out);
+}
+
 /* --eval-async's hooks (netrt.h): the parameters copied in the step stream's order, which the
  * evaluation's stream waits for; its batches staged and run in its lane. */
 static void cuda_eval_async_begin(void) {
@@ -1041,6 +1061,7 @@ const RtDevice rt_cuda_device = {
     .post_train = cuda_post_train,
     .take_train = cuda_take_train,
     .read_eval = cuda_read_eval,
+    .read_output = cuda_read_output,
     .eval_async_begin = cuda_eval_async_begin,
     .eval_async_step = cuda_eval_async_step,
     .eval_async_read = cuda_eval_async_read,

@@ -26,6 +26,8 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
     non-finite check, read back at the next log interval;
   - --eval-only on the emulated run's saved weights logs exactly its final evaluation (the
     device path of rt_main's --eval-only);
+  - --predict of the evaluation samples with those weights writes the CPU trainer's output
+    within TOLERANCE (compare_predict: the device's output copied out and converted);
   - with --accumulate 2 the same again against the CPU trainer's --accumulate 2, a stop and
     resume and a NaN (compare_accumulate).
 Prints the worst differences.
@@ -191,6 +193,46 @@ def compare_logs(emu, cpu, tol):
 
 # ---- bf16 and fp16: the same convergence, not the same bits
 
+def predict_args(exe, evals):
+    """The --predict arguments for the --eval-data files `evals` (only the inputs the model's
+    output reads, as EXE --help names them) and the output's per-sample shape; for a model with
+    no output, the first input's and None."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"^model output \(per sample; what --predict writes\): f32\[([^\]]*)\], from inputs? (.*)$", text,
+                  re.M)
+    files = dict(spec.split("=", 1) for spec in evals[1::2])
+    names = m.group(2).split(", ") if m else list(files)[:1]
+    args = [a for name in names for a in ("--predict", f"{name}={files[name]}")]
+    return args, tuple(int(d) for d in m.group(1).split(",") if d.strip()) if m else None
+
+
+def compare_predict(cpu, emu, evals, weights, work, tol):
+    """--predict of the evaluation samples with `weights`: the emulated trainer's output (the device
+    path: its evaluation step, the output's bytes copied out of the arena and turned into float32
+    in logical order by the generated output_to_host) against the CPU trainer's, within `tol`
+    relative to max(1, the output's largest magnitude). Returns that worst difference, or None
+    for a model without an output (both trainers must then refuse --predict)."""
+    args, dims = predict_args(cpu, evals)
+    outs = []
+    for exe, tag in ((cpu, "cpu"), (emu, "emu")):
+        out = os.path.join(work, f"{tag}-predict.npy")
+        r = subprocess.run([exe, *args, "--predict-out", out, "--init", weights, "--threads", "2", "--quiet"],
+                           capture_output=True, text=True)
+        if dims is None:
+            assert r.returncode == 2 and "has no output" in r.stderr, \
+                f"{tag} --predict without an output: status {r.returncode}, {r.stderr!r}"
+            continue
+        assert r.returncode == 0, f"{tag} --predict: exit status {r.returncode}:\n{r.stderr}"
+        outs.append(np.load(out))
+    if dims is None:
+        return None
+    a, b = outs
+    assert a.shape == b.shape == (EVAL_SAMPLES, *dims), f"--predict wrote {b.shape} (emulated), {a.shape} (CPU)"
+    worst = float(np.max(np.abs(a.astype(np.float64) - b))) / max(1.0, float(np.max(np.abs(a)))) if a.size else 0.0
+    assert worst <= tol, f"--predict: the emulated trainer's output differs from the CPU trainer's by {worst:.3g}"
+    return worst
+
+
 def write_learnable_data(exe, work, n_train, n_eval):
     """Ten classes a model can learn: each floating-point input is its class's fixed pattern,
     N(0, 150^2) per 4x4 block of pixels (per element where the last two axes are not multiples
@@ -270,6 +312,39 @@ def travelled_apart(a_path, b_path, init_path):
     return worst, where
 
 
+def predict_loss(exe, data, weights, work, tag):
+    """--predict of data's --eval-data samples with `weights` against the trainer's own --eval-only
+    loss on them, for a model trained with cross_entropy(logits, labels) over the last axis of its
+    output (the default output: the logits): the mean cross-entropy of the written logits against
+    the labels, computed here in float64, is that loss. The device reads the same values its loss
+    kernel reads (in half precision, the logits rounded to bf16 or fp16 are the loss's operand),
+    so the two differ by the loss kernel's float32 rounding: a log-sum-exp over V terms and a
+    sum over the samples, each within a few ulps (2^-24 relative) per term, far below 1e-5 of the
+    loss. A wrong offset, layout or conversion of the copy changes the loss by its own size.
+    Returns the relative difference."""
+    evals = data[data.index("--eval-data"):]
+    args, dims = predict_args(exe, evals)
+    out, log = os.path.join(work, f"{tag}-predict.npy"), os.path.join(work, f"{tag}-eval-only.jsonl")
+    for extra in (["--predict-out", out, *args], ["--eval-only", *evals, "--log", log]):
+        if extra[0] == "--eval-only" and os.path.exists(log):
+            os.unlink(log)
+        r = subprocess.run([exe, *extra, "--init", weights, "--threads", "2", "--quiet"], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, f"{tag} {extra[0]}: exit status {r.returncode}:\n{r.stderr}"
+    logits = np.load(out).astype(np.float64)
+    named = {spec.split("=", 1)[0] for spec in args[1::2]}
+    labels = [np.load(spec.split("=", 1)[1]) for spec in evals[1::2] if spec.split("=", 1)[0] not in named]
+    assert len(labels) == 1 and labels[0].shape == logits.shape[:-1], \
+        f"{tag} --predict: logits {logits.shape} for labels {[x.shape for x in labels]}"
+    top = logits.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(logits - top).sum(axis=-1)) + top[..., 0]
+    ce = float(np.mean(lse - np.take_along_axis(logits, labels[0][..., None].astype(np.int64), -1)[..., 0]))
+    want = records(log)[-1]["loss"]
+    gap = abs(ce - want) / abs(want)
+    assert gap <= 1e-5, f"{tag} --predict: its logits' cross-entropy {ce:.8g}, the evaluation loss {want:.8g}"
+    return gap
+
+
 def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu, ranks=1):
     """The emulated --precision bf16 (KIND) trainer against the float32 CPU trainer: the same init,
     data and batches for EPOCHS epochs of write_learnable_data's 256 samples, evaluated on its 64
@@ -320,10 +395,12 @@ def converge_half(kind, work, epochs, param_tol, loss_tol, cpu, emu, ranks=1):
     a, b = st_load(reversed_out), st_load(emu_out)
     for k in b:
         assert np.array_equal(a[k], b[k]), f"{kind}, blocks and threads in reverse order: {k} differs (a race)"
+    predicted = predict_loss(emu, data, emu_out, work, f"{kind} emulated") if ranks == 1 else None
 
     print(f"{kind} emulated vs float32 CPU over {epochs} epochs: evaluation loss {ec[-1]:.4g} vs {cc[-1]:.4g} "
           f"(first step {ec[0]:.5g} vs {cc[0]:.5g}), curves within {gap:.3g} of the first loss; parameters "
-          f"within {apart:.3g} of their travel ({where}); reverse block order: identical")
+          f"within {apart:.3g} of their travel ({where}); reverse block order: identical; --predict's "
+          f"cross-entropy: {'not run (ranks)' if predicted is None else f'{predicted:.3g} from the evaluation loss'}")
 
 
 def main_bf16(work, epochs, param_tol, loss_tol, cpu, emu):
@@ -825,6 +902,7 @@ def main():
     final = [x for x in records(emu_log) if x.get("eval")][-1]
     final.pop("epoch")
     assert records(eval_log) == [final], f"--eval-only logged {records(eval_log)}, the run's final evaluation {final}"
+    worst_predict = compare_predict(cpu, emu, evals, emu_out, work, tol)
 
     # a NaN in the data: both stop at the same step, with the non-finite exit status
     nan = [*poisoned_data(cpu, data, work), "--steps", str(steps), "--threads", "2", "--quiet", "--log-every", "2",
@@ -837,7 +915,8 @@ def main():
           f"final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), "
           f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
           f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
-          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation; --eval-async: the same weights "
+          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation; --predict: "
+          f"{'no output' if worst_predict is None else f'{worst_predict:.3g}'}; --eval-async: the same weights "
           f"and {n_async} evaluations, logged later; {acc}")
 
 

@@ -763,6 +763,17 @@ static void emu_read_eval(double *loss_sum, double *correct) {
     st->eval_loss = 0, st->eval_correct = 0;
 }
 
+/* rt_cuda.c's --predict: the output's bytes, which must lie inside the arena, through the
+ * generated conversion. */
+static void emu_read_output(float *out) {
+    RtCuda *cu = &g_cu;
+    const RtCudaModel *dm = cu->dm;
+    if (!dm->output_to_host) die("internal error: --predict on a model whose device step has no output");
+    state(cu); /* the wait rt_cuda.c's copy makes */
+    check_inside(cu, cu->base + dm->off_output, dm->output_bytes, 1, "the model's output", "--predict");
+    dm->output_to_host(cu->base + dm->off_output, out);
+}
+
 /* rt_cuda.c's --eval-async: the parameters copied to the second arena, whose evaluation steps
  * run there (run at once here, as every step is: a step that read the first arena would see the
  * parameters of later training steps). */
@@ -825,6 +836,7 @@ const RtDevice rt_cuda_device = {
     .post_train = emu_post_train,
     .take_train = emu_take_train,
     .read_eval = emu_read_eval,
+    .read_output = emu_read_output,
     .eval_async_begin = emu_eval_async_begin,
     .eval_async_step = emu_eval_async_step,
     .eval_async_read = emu_eval_async_read,

@@ -18,6 +18,9 @@ NETC_ARGS. On each stub device it must:
     --no-graph capture nothing and launch the kernels directly; with --accumulate 2 capture two
     training graphs (a summed batch's, with no collective, and a step's last batch's) and launch
     both each step;
+  - --predict: replay the evaluation graph once per batch of the samples (or, with --no-graph,
+    launch its kernels), copy the output out of the arena behind it, and write the array
+    [samples, output shape] --help gives;
   - copy each batch to the device on a stream of its own, which the stub's order of the work
     (cuda_stub.c) checks against the steps reading it and the host refilling its staging slot;
   - distributed (--distributed): join a communicator of one rank (MPI's singleton) and run each
@@ -37,7 +40,8 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "emu"))
 sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
-from emu_compare import EVAL_SAMPLES, write_data, write_eval_data  # noqa: E402
+import numpy as np  # noqa: E402
+from emu_compare import EVAL_SAMPLES, predict_args, write_data, write_eval_data, write_init  # noqa: E402
 from netc_testlib import Checks  # noqa: E402
 
 STEPS = 4
@@ -85,7 +89,8 @@ def main():
     train = host[host.index("static void train("):]
     per_sum = train[:train.index("if (part == RT_STEP_SUM)")].count("rt_cuda_sum_doubles(cu,")
     data = write_data(exe, work)
-    base = data + write_eval_data(data, work) + ["--steps", str(STEPS), "--quiet"]
+    evals = write_eval_data(data, work)
+    base = data + evals + ["--steps", str(STEPS), "--quiet"]
     args = base + ["--log-every", "2"]
     log = os.path.join(work, "stub.log")
 
@@ -150,6 +155,28 @@ def main():
               f"{batches if graph else 0} (the evaluation batches)")
         check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
         print(f"{tag}: {summary(lines)}")
+
+    # --predict: the evaluation graph replayed for each batch of the samples, the model's output
+    # copied behind it out of the arena into pinned memory (rt_cuda.c's read_output; the stub
+    # checks the copy's range and order), and written as float32 [samples, output shape]
+    pargs, dims = predict_args(exe, evals)
+    init = os.path.join(work, "init.safetensors")
+    write_init(exe, init)
+    out = os.path.join(work, "predict.npy")
+    for graph in (True, False) if dims is not None else ():
+        tag = "sm_90 --predict" + ("" if graph else " --no-graph")
+        if os.path.exists(out):
+            os.unlink(out)
+        flags = ["--init", init, "--predict-out", out, "--quiet"] + ([] if graph else ["--no-graph"])
+        p, lines = run(exe, pargs + flags, 90, log)
+        check(p.returncode == 0, f"{tag}: exit status {p.returncode}: {p.stderr.strip()}")
+        got, batches = summary(lines), -(-EVAL_SAMPLES // batch)
+        shape = np.load(out).shape if os.path.exists(out) else None
+        check(shape == (EVAL_SAMPLES, *dims), f"{tag}: wrote an array {shape}, expected {(EVAL_SAMPLES, *dims)}")
+        check(got.get("graph launches", 0) == (batches if graph else 0),
+              f"{tag}: {got.get('graph launches')} graph launches, expected {batches if graph else 0}")
+        check(not any(ln.startswith("prohibited") for ln in lines), f"{tag}: a prohibited call in a capture")
+        print(f"{tag}: {shape}, {got}")
 
     # --accumulate 2: two training graphs, a summed batch's (no bucket's collective, and
     # no fork left unjoined, which fails its capture; --sync-bn's sums) and a step's last
