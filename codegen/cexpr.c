@@ -778,11 +778,11 @@ void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *ste
     cg_begin(c, "// {");
     RT_OPTIM_PARAMS(NAME)
     cg_end(c, "}");
-    cg_begin(c, hyper ? "// the model's values, which the trainer's options may change: {" : "const RtOptimParams h = {");
+    cg_begin(c, "// the model's values, which the trainer's options may change: {");
     sep = "";
     RT_OPTIM_PARAMS(VALUE)
-    cg_end(c, hyper ? "}" : "};");
-    if (hyper) cg_line(c, "const RtOptimParams h = *%s;", hyper);
+    cg_end(c, "}");
+    cg_line(c, "const RtOptimParams h = %s;", hyper);
 #undef NAME
 #undef VALUE
     cg_line(c, "const RtOptimStep s = %s(h, %s, %s);", opt->step_fn, lr, step);

@@ -127,8 +127,10 @@ int cg_has_output(const IrGraph *g);
 void cg_emit_output_convert(Cg *c, const char *dst, const char *src);
 void cg_dims(FILE *o, const IrShape *s, int from);
 void cg_emit_description(Cg *c);
-/* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h` and this
- * step's constants as `s`, from the C expressions `lr` and `step` (steps taken before it). */
+/* The start of a step's optimizer update (rt_recipe.h): the hyperparameters as `h`, the value of
+ * the C expression `hyper` (an RtOptimParams: the run's, which the trainer's options may have
+ * changed; the model's values in a comment), and this step's constants as `s`, from the C
+ * expressions `lr` and `step` (steps taken before it). */
 void cg_emit_optim_step(Cg *c, const IrTrain *t, const char *lr, const char *step, const char *hyper);
 /* After cg_emit_optim_step, for a model with no_decay parameters: `h_nd` and `s_nd`, the same
  * with weight_decay 0, for the range [n_decay_floats, n_grad_floats). */

@@ -954,7 +954,7 @@ static void emit_in_backward_head(Cg *c, const int *at) {
     cg_line(c, "// (optimizer_step updates the others); when the trainer asks (ctx->update_in_backward) and the");
     cg_line(c, "// loss is finite, else the trainer stops with the parameters as they were");
     cg_line(c, "ctx->update_in_backward = ctx->update_in_backward && isfinite(v%d[0]);", g->loss->id);
-    cg_emit_optim_step(c, &g->train, "ctx->lr", "ctx->step", "ctx->hyper");
+    cg_emit_optim_step(c, &g->train, "ctx->lr", "ctx->step", "*ctx->hyper");
     if (g->n_decay_floats < g->n_grad_floats) cg_emit_optim_no_decay(c, &g->train, "ctx->lr", "ctx->step");
 }
 
@@ -1144,7 +1144,7 @@ static void emit_eval(Cg *c) {
  * scale the gradients are multiplied by in place, as torch's clip_grad_norm_ does. */
 static void emit_step_head(Cg *c, int no_decay) {
     const IrTrain *t = &c->g->train;
-    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "ctx->hyper");
+    cg_emit_optim_step(c, t, "ctx->lr", "ctx->step", "*ctx->hyper");
     if (no_decay) cg_emit_optim_no_decay(c, t, "ctx->lr", "ctx->step");
     if (t->clip_grad_norm <= 0) return;
     if (c->g->shard_optimizer)

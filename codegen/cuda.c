@@ -1315,7 +1315,9 @@ static void emit_node(Cu *u, const IrNode *n) {
 
 /* ---- the step's bookkeeping on the device */
 
-/* The learning rate at st->step: rt_lr_at, as on the host, on the model's schedule. */
+/* The learning rate at st->step: rt_lr_at, as on the host, on the run's schedule (st->schedule:
+ * the model's, or the one the trainer's options made of it), whose values the kernel names in a
+ * comment. */
 static void emit_step_begin(Cu *u) {
     const IrTrain *t = &u->g->train;
     Cg *c = &u->c;
@@ -1323,9 +1325,10 @@ static void emit_step_begin(Cu *u) {
     cg_line(c, "RtDevState *st = ctx->state;");
     cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step * st->accumulate + st->micro); // each batch its masks");
     int poly = t->sched == SCHED_POLY, in_steps = t->warmup_steps || t->step_steps || poly;
+    cg_line(c, "// the model's schedule, which the trainer's --lr, --warmup-epochs, ... may change:");
     cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s%s}",
             in_steps ? ", warmup_steps, step_steps" : "", poly ? ", power" : "");
-    cg_begin(c, "const RtSchedule schedule = {%s, ", cg_sched_enums[t->sched]);
+    cg_begin(c, "// {%s, ", cg_sched_enums[t->sched]);
     cg_dbl(c->out, t->lr);
     cg_put(c, ", ");
     cg_dbl(c->out, t->warmup_epochs);
@@ -1345,8 +1348,8 @@ static void emit_step_begin(Cu *u) {
         cg_put(c, ", ");
         cg_dbl(c->out, t->power);
     }
-    cg_end(c, "};");
-    cg_line(c, "st->lr = (float)rt_lr_at(&schedule, st->step, st->per_epoch, st->total);");
+    cg_end(c, "}");
+    cg_line(c, "st->lr = (float)rt_lr_at(&st->schedule, st->step, st->per_epoch, st->total);");
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
 }
 
@@ -1633,7 +1636,7 @@ static void emit_optim_head(Cu *u) {
     cg_line(c, "const RtDevState *st = ctx->state;");
     if (u->g->loss_scaling) cg_line(c, "if (st->nonfinite_step || st->scale_skip) return;");
     else cg_line(c, "if (st->nonfinite_step) return;");
-    cg_emit_optim_step(c, t, "st->lr", step, NULL);
+    cg_emit_optim_step(c, t, "st->lr", step, "st->hyper");
     if (u->g->n_decay_floats < u->g->n_grad_floats) cg_emit_optim_no_decay(c, t, "st->lr", step);
 }
 
@@ -1904,8 +1907,8 @@ static void emit_cu_prologue(Cu *u, FILE *o) {
     cg_line(&c, "// kernel that reads or writes tensors takes their offsets from the base as `at` too, the");
     cg_line(&c, "// launch's RtKAt: the nodes that compute alike on other tensors (a model's layers) launch");
     cg_line(&c, "// one kernel, written for the first of them.\n");
-    cg_line(&c, "#include \"rt_devstate.h\"");
-    cg_line(&c, "#include \"netrt_kernels.cuh\"\n");
+    cg_line(&c, "#include \"netrt_kernels.cuh\"");
+    cg_line(&c, "#include \"rt_devstate.h\"\n");
     emit_cu_context(u, &c);
     cg_emit_helpers(&c);
     cg_line(&c, "// ---- kernels, in the order the step launches them\n");

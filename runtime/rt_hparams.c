@@ -4,11 +4,12 @@
  *
  * The runtime computes the learning-rate schedule itself (rt_lr_at reads RtModel.schedule and
  * hands the rate to the generated optimizer through RtCtx.lr), and a CPU trainer's optimizer
- * reads its hyperparameters through RtCtx.hyper, so an override changes nothing but that number:
- * --lr X gives the same bits as a model compiled with -D lr=X. The trainer applies the overrides
- * to its own copy of the RtModel, which the checkpoint fingerprint is computed from, so a
- * checkpoint records them: resuming it needs the same flags. A GPU trainer bakes the recipe into
- * its kernels, so it refuses these flags.
+ * reads its hyperparameters through RtCtx.hyper; a GPU trainer's device gets both in its state
+ * (RtDevState.schedule, .hyper), from which its kernels compute the rate and read the
+ * hyperparameters. So an override changes nothing but that number: --lr X gives the same bits
+ * as a model compiled with -D lr=X. The trainer applies the overrides to its own copy of the
+ * RtModel, which the checkpoint fingerprint is computed from, so a checkpoint records them:
+ * resuming it needs the same flags.
  */
 #include <errno.h>
 #include <math.h>
@@ -65,9 +66,6 @@ static double *field(const HParam *h, RtSchedule *s, RtOptimParams *o) {
 /* A value for a schedule the model does not use would be ignored without a word: refused. */
 void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value) {
     const HParam *h = find(flag);
-    if (m->device)
-        usage_error("%s: this %s trainer computes its learning-rate schedule in its kernels; compile the model "
-                    "with -D to change it, or build a CPU trainer", flag, m->device->name);
     if (h->kind >= 0 && (int)m->schedule.kind != h->kind)
         usage_error("%s: the model's schedule is %s, which has no such value", flag, sched_names[m->schedule.kind]);
     char *end;
@@ -86,7 +84,7 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char
 }
 
 void rt_hparam_usage(const RtModel *m) {
-    printf("\nthe model's training recipe (default: the model's value; CPU trainers only):\n");
+    printf("\nthe model's training recipe (default: the model's value):\n");
     for (int i = 0; i < N_HPARAMS; i++) {
         const HParam *h = &hparams[i];
         if (h->kind >= 0 && (int)m->schedule.kind != h->kind) continue;

@@ -229,7 +229,7 @@ static void usage(const RtModel *m) {
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
            "or --stop-at; the checkpoint, if any, holds the run)%s\n",
            m->device ? ", 5 no usable device" : "");
-    if (!m->device) rt_hparam_usage(m);
+    rt_hparam_usage(m);
 }
 
 static int find_input(const RtModel *m, const char *name, size_t len) {

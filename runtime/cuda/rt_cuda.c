@@ -886,6 +886,8 @@ static void cuda_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t 
     cu->host_state->seed = seed;
     cu->host_state->accumulate = cu->accumulate;
     cu->host_state->accum_at = cu->accum_at;
+    cu->host_state->schedule = cu->model->schedule; /* the run's recipe, the trainer's options applied */
+    cu->host_state->hyper = cu->model->hyper;
     if (scale) rt_devstate_set_scale(cu->host_state, scale);
     rt_cuda_check(cudaMemcpyAsync(cu->base + cu->dm->off_state, cu->host_state, sizeof *cu->host_state,
                                   cudaMemcpyHostToDevice, cu->stream),

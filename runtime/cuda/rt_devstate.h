@@ -4,11 +4,17 @@
  *
  * The device arena holds one RtDevState and, for each staged batch, one RtBatchHeader followed
  * by the model's inputs. The host writes the run's constants (step, per_epoch, total, seed,
- * accumulate, accum_at) once before the first step; from then on only kernels write it, and the host reads the sums
- * asynchronously at log intervals and after evaluation.
+ * accumulate, accum_at, the schedule and the optimizer's hyperparameters) once before the first
+ * step; from then on only kernels write it, and the host reads the sums asynchronously at log
+ * intervals and after evaluation.
+ *
+ * Under NVRTC the includer has already included rt_recipe.h (netrt_kernels.cuh, which defines
+ * the fixed-width integers it needs first); its guard makes this include a no-op there.
  */
 #ifndef RT_DEVSTATE_H
 #define RT_DEVSTATE_H
+
+#include "rt_recipe.h"
 
 /* Threads in a block of every generated kernel's launch (some launch fewer, none more): netc
  * writes __launch_bounds__ of it, and the runtime checks each kernel can run it at start-up. */
@@ -55,6 +61,12 @@ typedef struct RtDevState {
     long long scale_interval; /* S doubles after this many (growth_interval) */
     long long skipped_steps;  /* steps skipped in the whole run; the optimizer's count leaves them out
                                * (also in a trainer without loss scaling that resumed such a run) */
+    /* the recipe, set by the host with the run's constants: RtModel.schedule and .hyper, the
+     * model's values or those the trainer's --lr, --weight-decay, ... put in their place
+     * (rt_hparams.c); the first kernel of a step computes lr from the schedule, the optimizer
+     * reads the hyperparameters */
+    RtSchedule schedule;
+    RtOptimParams hyper;
 } RtDevState;
 
 /* --precision fp16: the loss scale never grows past RT_LOSS_SCALE_MAX (a float's largest power

@@ -24,6 +24,8 @@ written here from --list-params), logging every 2 steps and evaluating on the fi
     step (3, or later where the model drops the NaN from the loss, as a max-pooling may, and
     only the parameters it reached through the gradients carry it on): the device's on-device
     non-finite check, read back at the next log interval;
+  - with the recipe changed on the command line (--lr, --weight-decay, --warmup-steps) the
+    parameters still agree within TOLERANCE, and differ from the plain emulated run's;
   - --eval-only on the emulated run's saved weights logs exactly its final evaluation (the
     device path of rt_main's --eval-only);
   - --predict of the evaluation samples with those weights writes the CPU trainer's output
@@ -204,6 +206,14 @@ def predict_args(exe, evals):
     names = m.group(2).split(", ") if m else list(files)[:1]
     args = [a for name in names for a in ("--predict", f"{name}={files[name]}")]
     return args, tuple(int(d) for d in m.group(1).split(",") if d.strip()) if m else None
+
+
+def recipe_flags(exe):
+    """The trainer options that change the recipe (rt_hparams.c), valued away from the model's
+    own: half its learning rate (as --help gives it), a weight decay of 1e-3 and 2 warm-up steps."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    lr = float(re.search(r"^  --lr X +base learning rate \(default ([^)]+)\)", text, re.M).group(1))
+    return ["--lr", repr(lr / 2), "--weight-decay", "0.001", "--warmup-steps", "2"]
 
 
 def compare_predict(cpu, emu, evals, weights, work, tol):
@@ -886,6 +896,15 @@ def main():
     assert records(os.path.join(work, "emu-resumed.jsonl")) == records(emu_log), \
         f"resumed at step {stop}: the log differs from the uninterrupted run's"
 
+    # the recipe changed on the command line: the device takes it from its state, as the CPU
+    # trainer from RtCtx, so both still agree, and the emulated run moved off the plain one
+    recipe = recipe_flags(cpu)
+    _, cpu_recipe = train(cpu, common + fresh, "cpu-recipe", work, *recipe)
+    _, emu_recipe = train(emu, common + fresh, "emu-recipe", work, *recipe)
+    worst_recipe, _ = compare_params(emu_recipe, cpu_recipe, tol, f"{' '.join(recipe)}: emulated vs CPU")
+    a, b = st_load(emu_recipe), st_load(emu_out)
+    assert any(not np.array_equal(a[k], b[k]) for k in b), f"{' '.join(recipe)} left the emulated run as it was"
+
     n_async = compare_eval_async(emu, [*common, *fresh], work, emu_out, emu_log, True)
     for exe, args, needle in ((emu, data, "--eval-async needs the data to evaluate: add --eval-data"),
                               (emu, [*evals, "--eval-only", "--init", init], "leave out --eval-only and --predict"),
@@ -915,7 +934,8 @@ def main():
           f"final checkpoints {worst_ckpt:.3g} ({where_ckpt or 'identical'}), "
           f"{n} log records: losses {worst_loss:.3g}, accuracy {worst_acc:.3g}; "
           f"reverse block order: identical; stopped at step {stop} and resumed: identical; "
-          f"NaN found by both at step {at[0]}; --eval-only: the final evaluation; --predict: "
+          f"NaN found by both at step {at[0]}; {' '.join(recipe)}: parameters {worst_recipe:.3g}; "
+          f"--eval-only: the final evaluation; --predict: "
           f"{'no output' if worst_predict is None else f'{worst_predict:.3g}'}; --eval-async: the same weights "
           f"and {n_async} evaluations, logged later; {acc}")
 

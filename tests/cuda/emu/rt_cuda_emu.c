@@ -700,6 +700,7 @@ static void emu_start(int64_t step, int64_t per_epoch, int64_t total, uint64_t s
     memset(&st, 0, sizeof st);
     st.step = step, st.per_epoch = per_epoch, st.total = total, st.seed = seed;
     st.accumulate = cu->accumulate, st.accum_at = cu->accum_at;
+    st.schedule = cu->model->schedule, st.hyper = cu->model->hyper;
     if (scale) rt_devstate_set_scale(&st, scale);
     memcpy(cu->base + cu->dm->off_state, &st, sizeof st);
 }
