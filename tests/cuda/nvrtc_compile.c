@@ -25,8 +25,8 @@ enum { N_HDR = 8 }; /* the headers below */
     X(k_attention_wide) X(k_index)
 
 static const char source[] =
-    "#include \"rt_devstate.h\"\n"
     "#include \"netrt_kernels.cuh\"\n"
+    "#include \"rt_devstate.h\"\n"
     "#define F(off) ((float *)(base + (off)))\n"
     "#define D(off) ((double *)(base + (off)))\n"
     "#define L(off) ((const int64_t *)(base + (off)))\n"
