@@ -44,7 +44,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fusion"))
 sys.path.insert(0, HERE)
-from netc_testlib import fashion_files, log_records, st_load, st_save  # noqa: E402
+from netc_testlib import fashion_files, log_records, model_output, st_load, st_save  # noqa: E402
 from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
 import trainer_cache  # noqa: E402  (tests/gpu/trainer_cache.py: trainers built ahead, by content)
 
@@ -450,13 +450,10 @@ def prepare(args, model, cfg):
 def predict(exe, work, weights, out):
     """EXE --predict of the data's samples (the inputs the model's output reads, as its --help
     names them) with `weights`, into `out`; False for a model without an output."""
-    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"^model output \(per sample; what --predict writes\): f32\[[^\]]*\], from inputs? (.*)$", text,
-                  re.M)
-    if not m:
+    output = model_output(exe)
+    if not output:
         return False
-    files = [a for name in m.group(1).split(", ")
-             for a in ("--predict", f"{name}={os.path.join(work, f'data-{name}.npy')}")]
+    files = [a for name in output[1] for a in ("--predict", f"{name}={os.path.join(work, f'data-{name}.npy')}")]
     run([exe, *files, "--init", weights, "--predict-out", out, "--quiet"], f"--predict of {os.path.basename(exe)}")
     return True
 

@@ -32,6 +32,15 @@ def log_records(log):
     return out
 
 
+def model_output(exe):
+    """What a trainer's --help says --predict writes: the output's per-sample shape and the names
+    of the inputs it reads, or None for a model without an output."""
+    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"^model output \(per sample; what --predict writes\): f32\[([^\]]*)\], from inputs? (.*)$", text,
+                  re.M)
+    return (tuple(int(d) for d in m.group(1).split(",") if d.strip()), m.group(2).split(", ")) if m else None
+
+
 def mpi_env():
     """The environment distributed trainers run in under Open MPI's mpirun on any machine."""
     env = dict(os.environ)

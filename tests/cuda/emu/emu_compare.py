@@ -56,7 +56,7 @@ import numpy as np
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "..", "tools"))
-from netc_testlib import log_records as records, mpi_env, mpirun_args, st_load, st_save  # noqa: E402
+from netc_testlib import log_records as records, model_output, mpi_env, mpirun_args, st_load, st_save  # noqa: E402
 
 EVAL_SAMPLES = 21
 
@@ -199,13 +199,11 @@ def predict_args(exe, evals):
     """The --predict arguments for the --eval-data files `evals` (only the inputs the model's
     output reads, as EXE --help names them) and the output's per-sample shape; for a model with
     no output, the first input's and None."""
-    text = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"^model output \(per sample; what --predict writes\): f32\[([^\]]*)\], from inputs? (.*)$", text,
-                  re.M)
+    output = model_output(exe)
     files = dict(spec.split("=", 1) for spec in evals[1::2])
-    names = m.group(2).split(", ") if m else list(files)[:1]
+    names = output[1] if output else list(files)[:1]
     args = [a for name in names for a in ("--predict", f"{name}={files[name]}")]
-    return args, tuple(int(d) for d in m.group(1).split(",") if d.strip()) if m else None
+    return args, output[0] if output else None
 
 
 def recipe_flags(exe):
@@ -336,8 +334,6 @@ def predict_loss(exe, data, weights, work, tag):
     args, dims = predict_args(exe, evals)
     out, log = os.path.join(work, f"{tag}-predict.npy"), os.path.join(work, f"{tag}-eval-only.jsonl")
     for extra in (["--predict-out", out, *args], ["--eval-only", *evals, "--log", log]):
-        if extra[0] == "--eval-only" and os.path.exists(log):
-            os.unlink(log)
         r = subprocess.run([exe, *extra, "--init", weights, "--threads", "2", "--quiet"], capture_output=True,
                            text=True)
         assert r.returncode == 0, f"{tag} {extra[0]}: exit status {r.returncode}:\n{r.stderr}"
