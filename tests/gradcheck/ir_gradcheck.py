@@ -2,7 +2,7 @@
 """Check autodiff's gradients on the IR itself, independent of code generation and the runtime.
 
     ir_gradcheck.py NETC MODEL.net
-    ir_gradcheck.py --trainer NETC MODEL.net WORKDIR [NETC_FLAG ...]
+    ir_gradcheck.py --trainer NETC MODEL.net WORKDIR [--exe TRAINER] [NETC_FLAG ...]
 
 The second form checks the compiled trainer against this float64 reference instead of finite
 differences: the trainer starts from the same parameters (--init) on the same batch and takes
@@ -13,6 +13,20 @@ Then the trainer evaluates the same parameters on the same batch (--eval-only), 
 match the reference's with batch norm from the running statistics (eval_check), and its accuracy
 too where the model has the metric (accuracy_check).
 Flags after WORKDIR go to netc when it compiles the trainer (`--copy-views`, `--no-fuse`, ...).
+With `--exe TRAINER` the trainer was built elsewhere from those flags and is run as it is (the
+emulated CUDA trainer of emu_vs_cpu.sh --reference).
+
+Half precision (`--precision bf16` or `fp16` among the flags): the reference is then the graph
+after autocast (`--dump=layout` with the flags), its casts included, and the interpreter rounds
+every value of a half-precision type to it (from float32, as the device rounds), so that the
+products read the operands the trainer's products read; under fp16 the loss gradient's seed is
+LOSS_SCALE, and the trainer's first scale too. The trainer's values before each rounding differ
+from float64's by float32's rounding only, which moves a rounded value by one unit of its last
+place only where it lies that close to a rounding boundary (per float32 unit of difference, a
+fraction 2^-16 of the values in bf16, which keeps 16 fewer bits, and 2^-13 in fp16), so the
+float32 tolerances below still hold. Over random_nets.py's nets 0-99 in both precisions the
+largest error was 0.38 of its tolerance (a gradient; evaluation 0.026, --predict 0.016), where a
+reference that does not round is 4 to 500 tolerances off.
 
 Runs `NETC MODEL.net --dump=grad`, evaluates the printed graph with a float64 reference
 interpreter (torch on the CPU), and compares every trainable parameter's gradient node with
@@ -43,6 +57,9 @@ torch.set_default_dtype(torch.float64)
 
 NODE = re.compile(r'\s+%(\d+) = (\w+)(?: "([^"]*)")?(?:\(([^)]*)\))? (\w+)\[([^\]]*)\](.*)$')
 INT_DTYPES = {"i32", "i64", "u8"}
+HALF = {"bf16": torch.bfloat16, "f16": torch.float16}
+LOSS_SCALE = 1024.0  # --precision fp16: the loss gradient's seed (--loss-scale; the default 65536 can overflow
+#                      fp16 in these nets, whose gradients are not small, and a step that overflows is skipped)
 
 
 class Node:
@@ -56,7 +73,10 @@ class Node:
         self.attr = {}
         for tok in m.group(7).split("#", 1)[0].split():
             k, _, v = tok.partition("=")
-            self.attr[k] = [float(x) for x in v.split(",")] if v else True
+            try:
+                self.attr[k] = [float(x) for x in v.split(",")] if v else True
+            except ValueError:  # a word (filter=krsc in --dump=layout)
+                self.attr[k] = v
 
 
 def parse_dump(text):
@@ -108,6 +128,7 @@ class Interp:
         self.param_order = list(params)  # the model's order: bn_stats' running=K indexes it
         self.masks = {}
         self.evaluating = False  # batch norm from the running statistics, as an evaluation does
+        self.loss_scale = LOSS_SCALE
 
     def mask(self, n, shape):
         key = int(n.attr["mask"][0])
@@ -167,7 +188,9 @@ class Interp:
             if "trans_a" in a: p = p.transpose(-1, -2)
             if "trans_b" in a: q = q.transpose(-1, -2)
             return p @ q
-        if op == "permute": return x[0].permute(ints(a["perm"]))
+        if op in ("permute", "permute_view"): return x[0].permute(ints(a["perm"]))
+        if op == "layout": return x[0]  # another order of the same elements in memory
+        if op == "loss_scale": return torch.tensor(self.loss_scale, dtype=self.dtype)
         if op == "slice": return x[0].narrow(int(a["axis"][0]), int(a["start"][0]), n.shape[int(a["axis"][0])])
         if op == "slice_bwd":
             dx = torch.zeros(n.shape, dtype=x[0].dtype)
@@ -341,6 +364,8 @@ class Interp:
         v = []
         for n in self.nodes[:upto]:
             r = self.eval_node(n, v)
+            if n.dtype in HALF:  # a half-precision value: its float32 rounded as the device does
+                r = r.to(torch.float32).to(HALF[n.dtype]).to(self.dtype)
             if tuple(r.shape) != n.shape:
                 raise SystemExit(f"ir_gradcheck: %{n.id} = {n.op}: value of shape {tuple(r.shape)}, "
                                  f"IR says {n.shape}")
@@ -466,7 +491,8 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     return error
 
 
-def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd, marks):
+def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd, marks,
+                  emulated=None, half=None):
     """The compiled trainer's gradient (from one SGD step) against the reference's, and its
     evaluation (eval_check)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -485,8 +511,12 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
     for k, a in batch.items():
         np.save(os.path.join(work, f"{name}-{k}.npy"), a)
         args += ["--data", f"{k}={os.path.join(work, f'{name}-{k}.npy')}"]
-    subprocess.run([netc, model, "-o", exe, *flags], check=True)
-    subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out],
+    if emulated:  # a trainer built elsewhere from these flags (emu_vs_cpu.sh --reference)
+        exe = emulated
+    else:
+        subprocess.run([netc, model, "-o", exe, *flags], check=True)
+    scale = ["--loss-scale", f"{LOSS_SCALE:g}"] if half == "fp16" else []
+    subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out, *scale],
                    check=True)
     got = st_load(out)
     checked = failed = nonzero = 0
@@ -494,11 +524,12 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
     for pname, nid, trainable, gid in params:
         if not trainable:
             continue
-        want = values[gid].reshape(-1).numpy()
+        want = values[gid].reshape(-1).numpy() / (LOSS_SCALE if half == "fp16" else 1)
         p0 = pvals[pname].float().reshape(-1).numpy()
         applied = (p0.astype(np.float64) - got[pname].reshape(-1)) / lr
         # float32 rounding of p - lr * g is ~6e-8 * |p| / lr per element; the step itself runs
-        # in float32 (~1e-6 relative through these small models)
+        # in float32 (~1e-6 relative through these small models); in half precision the
+        # reference rounds where the trainer does (the module's docstring)
         tol = 1e-3 * np.abs(want) + 1e-6 * np.abs(p0) / lr + 1e-5 * np.abs(want).max()
         bad = np.abs(applied - want) > tol
         worst = max(worst, float((np.abs(applied - want) / tol).max(initial=0)))
@@ -521,7 +552,14 @@ def main():
     if len(sys.argv) != 3 and not trainer:
         raise SystemExit("usage: ir_gradcheck.py NETC MODEL.net | --trainer NETC MODEL.net WORKDIR [NETC_FLAG ...]")
     netc, model = sys.argv[1 + trainer:3 + trainer]
-    dump = subprocess.run([netc, model, "--dump=grad"], capture_output=True, text=True)
+    flags, emulated = sys.argv[5:], None
+    if flags[:1] == ["--exe"]:
+        emulated, flags = flags[1], flags[2:]
+    precision = flags[flags.index("--precision") + 1] if "--precision" in flags[:-1] else "fp32"
+    half = precision if precision in ("bf16", "fp16") else None
+    # in half precision, the graph after autocast (its casts, and the products' bf16 results)
+    dump = subprocess.run([netc, model, "--dump=layout", *flags] if half else [netc, model, "--dump=grad"],
+                          capture_output=True, text=True)
     if dump.returncode != 0:
         sys.stderr.write(dump.stdout + dump.stderr)
         raise SystemExit(f"ir_gradcheck: netc failed with status {dump.returncode}")
@@ -543,8 +581,8 @@ def main():
     if trainer:
         # the accuracy metric's node and the model's output (--predict), where the model has them
         marks = {k: int(v) for k, v in re.findall(r"^(correct|output) = %(\d+)$", dump.stdout, re.M)}
-        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, sys.argv[5:], it, loss, n_fwd,
-                      marks)
+        trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, flags, it, loss, n_fwd,
+                      marks, emulated, half)
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:

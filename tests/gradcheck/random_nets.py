@@ -5,6 +5,7 @@
     random_nets.py check NETC WORKDIR FIRST COUNT [--flags "NETC FLAGS"] ...
     random_nets.py compile NETC WORKDIR FIRST COUNT
     random_nets.py emu NETC WORKDIR FIRST COUNT STEPS TOL [--ranks N] [NETC_FLAG ...]
+    random_nets.py half NETC WORKDIR FIRST COUNT bf16|fp16 [NETC_FLAG ...]
 
 `check` writes the nets FIRST .. FIRST + COUNT - 1 under WORKDIR and runs, for each,
 `ir_gradcheck.py --trainer`: the compiled trainer's gradient (one SGD step) against the float64
@@ -16,7 +17,11 @@ the generated code, without a C compiler: fast enough for hundreds of nets. `emu
 net's CUDA trainer, emulated on the CPU, with its CPU trainer (emu_vs_cpu.sh), with dropout on
 some values and another optimizer (with_recipe), which the float64 check cannot take; with
 `--ranks N` both trainers are distributed and run as N ranks under mpirun, and the flags after
-it (`--bucket-kib 1`, `--shard-optimizer`, `--sync-bn`) go to netc for both.
+it (`--bucket-kib 1`, `--shard-optimizer`, `--sync-bn`) go to netc for both. `half` builds each
+net's CUDA trainer with `--precision bf16` (or fp16) and checks it, emulated on the CPU, against
+the float64 interpreter on netc's graph after autocast, whose half-precision values it rounds as
+the device does (emu_vs_cpu.sh --reference, ir_gradcheck.py): the gradient of one SGD step, the
+evaluation and --predict, to float32's tolerances.
 
 Why random nets: the layout pass gives each value an order of its axes, permutes and reshapes
 become views read in place in any of them, slices and concatenations are folded into the loops
@@ -530,6 +535,16 @@ def emu(netc, work, first, count, steps, tol, ranks=None, flags=()):
     return run_nets("emu", work, first, count, commands, recipe=True)
 
 
+def half(netc, work, first, count, precision, flags=()):
+    """Each net's CUDA trainer in half precision, emulated on the CPU, against the float64
+    interpreter that rounds as it does (emu_vs_cpu.sh --reference, which needs the environment
+    tests/cuda/CMakeLists.txt gives it); `flags` go to netc."""
+    script = os.path.join(HERE, "..", "cuda", "emu", "emu_vs_cpu.sh")
+    def commands(seed, path):
+        yield precision, [script, "--reference", precision, netc, work, path, *flags]
+    return run_nets("half", work, first, count, commands)
+
+
 def main():
     a = sys.argv[1:]
     if a[:1] == ["gen"] and (len(a) == 2 or a[2:] == ["--recipe"]):
@@ -553,6 +568,10 @@ def main():
                                  f"{flags[1] if len(flags) > 1 else 'nothing'!r}")
             ranks, flags = int(flags[1]), flags[2:]
         return emu(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]), ranks, flags)
+    if len(a) >= 6 and a[0] == "half":
+        if a[5] not in ("bf16", "fp16"):
+            raise SystemExit(f"random_nets half: the precision is bf16 or fp16, found {a[5]!r}")
+        return half(a[1], a[2], int(a[3]), int(a[4]), a[5], a[6:])
     raise SystemExit(__doc__.split("\n\n")[1])
 
 

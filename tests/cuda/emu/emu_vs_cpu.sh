@@ -4,6 +4,7 @@
 # emu_vs_cpu.sh --fp16 NETC WORK MODEL EPOCHS PARAM_TOL LOSS_TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --ranks N NETC WORK MODEL STEPS TOL [-D NAME=VALUE]...
 # emu_vs_cpu.sh --frozen-half bf16|fp16 NETC WORK MODEL STEPS [-D NAME=VALUE]...
+# emu_vs_cpu.sh --reference bf16|fp16 NETC WORK MODEL [NETC_FLAG]...
 #
 # The CUDA backend's trainer, run on the CPU, against the CPU backend's. MODEL (models/MODEL.net,
 # or a path ending in .net) is compiled twice: as a CPU trainer, and with --backend cuda, whose
@@ -28,6 +29,12 @@
 # fp16) and the same compiled with --frozen-half too are emulated, and emu_compare.py
 # --frozen-half requires the same bits from both (main_frozen_half).
 #
+# With --reference there is no CPU trainer either: the device trainer compiled with --precision
+# bf16 (or fp16) and emulated is checked by tests/gradcheck/ir_gradcheck.py --trainer against the
+# float64 interpreter run on netc's graph after autocast, which rounds every half-precision value
+# as the device does (so only float32's own rounding, and the rare half-precision rounding it
+# tips, part them): one SGD step's gradient, the evaluation and --predict.
+#
 # With --ranks N both trainers are distributed (netc --distributed) and run as N ranks under
 # mpirun: the emulated one with the real runtime/cuda/rt_cuda_nccl.c (libnetrt_nccl: the NCCL
 # collectives of the step, forked onto their own stream and joined) linked against nccl_emu.c,
@@ -51,8 +58,11 @@ if [ "${1:-}" = --ranks ]; then
   ranks=$2
   shift 2
 fi
-frozen_half=
-if [ "${1:-}" = --frozen-half ]; then # emu_compare.py's: STEPS, the plain half trainer against --frozen-half's
+frozen_half= reference=
+if [ "${1:-}" = --reference ]; then # ir_gradcheck.py's --trainer check of the emulated half trainer
+  reference=1 netc=$3 work=$4 model=$5 precision=$2
+  shift 5
+elif [ "${1:-}" = --frozen-half ]; then # emu_compare.py's: STEPS, the plain half trainer against --frozen-half's
   frozen_half=1 netc=$3 work=$4 model=$5 precision=$2 compare=("$6")
   shift 6
 elif [ "${1:-}" = --bf16 ] || [ "${1:-}" = --fp16 ]; then # emu_compare.py's half modes: EPOCHS PARAM_TOL LOSS_TOL
@@ -73,6 +83,7 @@ esac
 dir=$work/emu-$model
 [ "$precision" = fp32 ] || dir=$dir-$precision
 [ -z "$frozen_half" ] || dir=$dir-frozen-half
+[ -z "$reference" ] || dir=$dir-reference
 dist=()
 if [ -n "$ranks" ]; then
   dir=$dir-ranks$ranks dist=(--distributed) compare=(--ranks "$ranks" "${compare[@]}")
@@ -143,6 +154,10 @@ emu_build() { # DIR NETC_ARGS...
 }
 
 emu_build "$dir" "$@" "${dist[@]}" --precision "$precision"
+if [ -n "$reference" ]; then
+  exec /usr/bin/python3 "$root/tests/gradcheck/ir_gradcheck.py" --trainer "$netc" "$src" "$dir/run" \
+    --exe "$dir/$model-emu" --backend cuda --precision "$precision" "$@"
+fi
 if [ -n "$frozen_half" ]; then # the emulated trainer with --frozen-half against the plain one
   emu_build "$dir/frozen-half" "$@" --precision "$precision" --frozen-half
   exec /usr/bin/python3 "$here/emu_compare.py" "$dir/run" --frozen-half "${compare[@]}" "$dir/$model-emu" \
