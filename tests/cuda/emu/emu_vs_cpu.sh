@@ -58,7 +58,7 @@ if [ "${1:-}" = --ranks ]; then
   ranks=$2
   shift 2
 fi
-frozen_half= reference=
+frozen_half='' reference=''
 if [ "${1:-}" = --reference ]; then # ir_gradcheck.py's --trainer check of the emulated half trainer
   reference=1 netc=$3 work=$4 model=$5 precision=$2
   shift 5
