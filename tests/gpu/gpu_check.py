@@ -9,6 +9,7 @@ falls like the CPU's on learnable data.
     gpu_check.py dist     --model M [--work DIR]     the distributed trainer at one rank = the plain one
     gpu_check.py fashion  [--work DIR]               LeNet on Fashion-MNIST, if the files are here
     gpu_check.py sanitize --model M [--tools T,...]  the GPU trainer under compute-sanitizer's tools
+    gpu_check.py referee  [--nets N,...]             GPU trainers (fp32, bf16, fp16) against float64
     gpu_check.py compare  A.safetensors B.safetensors [--init I] [--tol T]
 
 Every check prints one line `RESULT<TAB>check<TAB>model<TAB>status<TAB>detail` (status PASS,
@@ -1085,6 +1086,103 @@ def cmd_sanitize(args):
     return ok
 
 
+# ---- referee: GPU trainers against the float64 interpreter (tests/gradcheck/ir_gradcheck.py)
+#
+# `check` compares the GPU trainer with the CPU trainer, whose rounding is its own, and only in
+# float32; bf16 and fp16 are judged by convergence alone. Here each net's GPU trainer, in fp32,
+# bf16 and fp16, takes one SGD step, evaluates and predicts from the same parameters and batch as
+# ir_gradcheck.py's float64 interpreter, which in half precision runs netc's graph after autocast
+# and rounds each bf16 or fp16 value from float32 as the device does: the tolerances are
+# float32's (plus one unit in the half type's last place where a checked value may be a
+# product's result), the same check cuda_emu_random_bf16 and _fp16 make of the emulated trainer
+# (docs/testing.md). The nets are random_nets.py's (views in any order of their axes, reductions,
+# norms, attention, convolutions: the cuBLASLt and cuDNN calls in many layouts), small enough
+# that float32's rounding rarely tips a half-precision one. A trainer takes a few seconds here;
+# 8 nets x 3 precisions about 3 minutes with the trainers packed.
+REFEREE_NETS = [f"random_{n}" for n in range(8)]
+REFEREE_PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def referee_src(args, net):
+    """The .net file of `net`: random_N is random_nets.py's net N, written into the work folder
+    (the same text on every machine, so that a packed trainer is found by its content); any
+    other name is tests/gradcheck/NAME.net."""
+    m = re.fullmatch(r"random_(\d+)", net)
+    if not m:
+        return os.path.join(ROOT, "tests", "gradcheck", f"{net}.net")
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gradcheck"))
+    import random_nets
+    folder = os.path.join(os.path.abspath(args.work), "referee")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{net}.net")
+    text = random_nets.gen(int(m.group(1)))
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+    return path
+
+
+def referee_builds(args):
+    """(precision, netc flags) of each trainer the referee runs: fp32, bf16 and fp16 on the GPU;
+    the self-test's CPU stand-in has float32 only."""
+    precisions = ("fp32",) if args.self_test else REFEREE_PRECISIONS
+    builds = []
+    for precision in precisions:
+        args.precision = precision
+        builds.append((precision, gpu_build_flags(args)))
+    args.precision = None
+    return builds
+
+
+def build_referee(args, net, flags, out):
+    try:
+        how, seconds = trainer_cache.build(netc_path(args), referee_src(args, net), flags, out, args.trainers,
+                                           fill=getattr(args, "fill_trainers", False))
+    except subprocess.CalledProcessError as e:
+        tail = (e.stdout + e.stderr).strip().splitlines()[-8:] or ["(no output)"]
+        raise CheckFailed(f"netc failed (exit {e.returncode}) on {net}: {tail[-1].strip()}")
+    say(f"  {how} {net} {' '.join(flags)}: {os.path.relpath(out, ROOT)} ({seconds:.1f} s)")
+
+
+def cmd_referee(args):
+    nets = args.nets.split(",")
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0:
+        for precision, _ in referee_builds(args):
+            for net in nets:
+                result(f"referee-{precision}", net, "FAILED-TO-RUN", f"{sys.executable} has no torch (the referee's)")
+        return True
+    if args.self_test:
+        say("  --self-test: the CPU stand-in has float32 only; the bf16 and fp16 rows need a GPU")
+    ok = True
+    for precision, flags in referee_builds(args):
+        for net in nets:
+            work = os.path.join(os.path.abspath(args.work), "referee", f"{net}-{precision}")
+            os.makedirs(work, exist_ok=True)
+            exe = os.path.join(work, "trainer")
+            cmd = [sys.executable, os.path.join(ROOT, "tests", "gradcheck", "ir_gradcheck.py"), "--trainer",
+                   netc_path(args), referee_src(args, net), work, "--exe", exe, *flags]
+            try:
+                build_referee(args, net, flags, exe)
+                try:
+                    p, seconds = run(cmd, f"ir_gradcheck.py on {net} ({precision})")
+                    text, status = p.stdout, "PASS"
+                except CheckFailed as e:
+                    if isinstance(e, CannotRun):
+                        raise
+                    text, status = str(e), "FAIL"
+                say(text.rstrip())
+                summary = re.search(r"(\d+) gradient elements checked.*?(\d+) failed \(the largest error (\S+) "
+                                    r"of its tolerance\); evaluation (\S+) of its tolerance", text)
+                detail = (f"gradients: {summary.group(2)} of {summary.group(1)} off, the largest error "
+                          f"{summary.group(3)} of its tolerance; evaluation and --predict {summary.group(4)}"
+                          if summary else text.strip().splitlines()[0])
+                ok &= result(f"referee-{precision}", net, status, detail)
+            except CheckFailed as e:
+                say(str(e))
+                ok &= result(f"referee-{precision}", net, failed(e), str(e).splitlines()[0])
+    return ok
+
+
 def cmd_pack(args):
     """On a CPU machine: every CPU side the GPU checks need, prepared in --work, and every GPU
     trainer they run, built into --trainers (tests/gpu/pack.sh), so that the GPU machine needs
@@ -1119,6 +1217,18 @@ def cmd_pack(args):
         except CheckFailed as e:
             say(str(e))
             ok &= result("pack", model, "FAIL", f"{step}: {str(e).splitlines()[0]}")
+    if args.referee:
+        try:
+            say(f"== the referee's GPU trainers: {args.nets}")
+            for precision, flags in referee_builds(args):
+                for net in args.nets.split(","):
+                    out = os.path.join(os.path.abspath(args.work), "referee", f"{net}-{precision}", "trainer")
+                    os.makedirs(os.path.dirname(out), exist_ok=True)
+                    build_referee(args, net, flags, out)
+            result("pack", "referee", "PASS", "built")
+        except CheckFailed as e:
+            say(str(e))
+            ok &= result("pack", "referee", "FAIL", str(e).splitlines()[0])
     if args.fashion:
         try:
             say("== lenet on Fashion-MNIST: the CPU run and the GPU trainer")
@@ -1178,9 +1288,15 @@ def main():
                            help="the GPU trainer's --precision (bf16, fp16: mixed precision, same margins; "
                                 "fp16 also reports its loss scale)")
     sub.add_parser("fashion", parents=[common])
+    nets_help = (f"comma-separated nets: random_N (tests/gradcheck/random_nets.py's net N) or a name in "
+                 f"tests/gradcheck/ (default {','.join(REFEREE_NETS)})")
+    p = sub.add_parser("referee", parents=[common])
+    p.add_argument("--nets", default=",".join(REFEREE_NETS), help=nets_help)
     p = sub.add_parser("pack", parents=[common])
     p.add_argument("--models", required=True, help="comma-separated models to prepare")
     p.add_argument("--no-fashion", dest="fashion", action="store_false", help="leave out Fashion-MNIST")
+    p.add_argument("--referee", action="store_true", help="build the referee's GPU trainers too")
+    p.add_argument("--nets", default=",".join(REFEREE_NETS), help=nets_help)
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b", help="the reference")
@@ -1194,7 +1310,8 @@ def main():
     if getattr(args, "model", None) and not os.path.exists(model_src(args.model)):
         ap.error(f"no {args.model}.net in {' or '.join(d + '/' for d in MODEL_DIRS)}")
     ok = {"prepare": cmd_prepare, "check": cmd_check, "converge": cmd_converge, "dist": cmd_dist,
-          "fashion": cmd_fashion, "sanitize": cmd_sanitize, "compare": cmd_compare, "pack": cmd_pack}[args.cmd](args)
+          "fashion": cmd_fashion, "sanitize": cmd_sanitize, "compare": cmd_compare, "pack": cmd_pack,
+          "referee": cmd_referee}[args.cmd](args)
     sys.exit(0 if ok else 1)
 
 

@@ -4,7 +4,7 @@
 # in one folder under 64 MiB (README.md beside this):
 #
 #   tests/gpu/pack.sh [--out DIR] [--build DIR] [--models mlp,lenet,...] [--no-fashion]
-#                     [--no-bench] [--toolchain-only]
+#                     [--no-bench] [--referee] [--toolchain-only]
 #
 #   DIR/netc, DIR/runtime/   netc and its runtime (found by netc beside itself): netrt.h, libnetrt.a
 #                            (and libnetrt-x86-64-v3.a, -v4.a for CPU trainers of those levels),
@@ -20,10 +20,14 @@
 #                            test images (6.3 MiB), written from NETC_FASHION_DIR's files
 #   DIR/PACK.txt             what is in it: commit, netc --print-toolchain, sizes
 #
+# --referee: the referee step's GPU trainers too (run.sh --only referee: 8 random nets in fp32,
+#   bf16 and fp16, 24 trainers, 15 MiB); too many beside every model, so with a few models
+#   (--models mlp --no-fashion --no-bench); without them, run.sh builds them where it can.
+#
 # --toolchain-only: netc and its runtime alone (seconds; the relocation test uses it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=gpu-pack build=build models="" fashion=1 bench=1 full=1
+out=gpu-pack build=build models="" fashion=1 bench=1 full=1 referee=()
 while (($#)); do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -31,6 +35,7 @@ while (($#)); do
     --models) models=$2; shift 2 ;;
     --no-fashion) fashion=0; shift ;;
     --no-bench) bench=0; shift ;;
+    --referee) referee=(--referee); shift ;;
     --toolchain-only) full=0; shift ;;
     -h|--help) sed -n '2,/^set /p' "$0" | grep '^#'; exit 0 ;;
     *) echo "pack.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -135,11 +140,11 @@ if ((full)); then
   ((fashion)) || fashion_flag=(--no-fashion)
   # the CPU references and the checks' GPU trainers, built by the packed netc itself
   "$PY" tests/gpu/gpu_check.py pack --models "$models" --netc "$out/netc" --work "$out/work" \
-    --trainers "$out/trainers" "${fashion_flag[@]}" | grep -v '^RESULT' || {
+    --trainers "$out/trainers" "${fashion_flag[@]}" "${referee[@]}" | grep -v '^RESULT' || {
     echo "pack.sh: preparing the CPU side failed (above)" >&2; exit 1; }
   # the trainers are in trainers/ (GPU) or useless there (CPU), and the convergence checks read
   # only the CPU run's log
-  find "$out/work" -type f \( -name cpu -o -name gpu -o -name 'gpu-*' \) -delete
+  find "$out/work" -type f \( -name cpu -o -name gpu -o -name 'gpu-*' -o -name trainer \) -delete
   rm -f "$out"/work/*/converge/cpu.safetensors "$out/work/fashion/cpu.safetensors"
   if ((bench)); then
     "$PY" bench/gpu_vs_torch.py --prebuild --netc "$out/netc" --trainers "$out/trainers"

@@ -15,6 +15,9 @@
 #                   plain trainer's bits, with and without --shard-optimizer
 #   converge        on learnable data the GPU's loss falls like the CPU's (fp32, bf16, fp16), the
 #                   fp32 run with --eval-async gives its bits, and LeNet learns Fashion-MNIST
+#   referee         random nets' GPU trainers in fp32, bf16 and fp16 against the float64 interpreter
+#                   (tests/gradcheck/ir_gradcheck.py; half precision rounded as the device rounds):
+#                   one step's gradient, the evaluation and --predict, to float32's tolerances
 #   sanitize        per model, two steps of the GPU trainer under compute-sanitizer's memcheck
 #                   (with --leak-check full), racecheck and initcheck: no error reported
 #   bench-lenet, bench-resnet50    bench/gpu_vs_torch.py for one model
@@ -54,10 +57,10 @@ limits=()
 [ -n "$timeout" ] && limits+=(--timeout "$timeout")
 end=""
 if [ -n "$deadline" ]; then end=$(($(date +%s) + deadline)); limits+=(--deadline "$end"); fi
-[ "$only" = all ] && only=check,dist,converge,sanitize,bench-lenet,bench-resnet50
+[ "$only" = all ] && only=check,dist,converge,referee,sanitize,bench-lenet,bench-resnet50
 for s in ${only//,/ }; do
-  case $s in check|dist|converge|sanitize|bench-lenet|bench-resnet50) ;;
-    *) echo "run.sh: unknown step '$s' (check, dist, converge, sanitize, bench-lenet, bench-resnet50, all)" >&2
+  case $s in check|dist|converge|referee|sanitize|bench-lenet|bench-resnet50) ;;
+    *) echo "run.sh: unknown step '$s' (check, dist, converge, referee, sanitize, bench-lenet, bench-resnet50, all)" >&2
        exit 2 ;;
   esac
 done
@@ -224,6 +227,7 @@ for s in ${only//,/ }; do
         for m in $models; do step "$log" converge --model "$m" --precision "$p"; done
       done
       step "$log" fashion ;;
+    referee) step "$log" referee ;;  # its own nets (gpu_check.py's REFEREE_NETS), not --models
     sanitize) for m in $models; do step "$log" sanitize --model "$m"; done ;;
     bench-lenet) bench "$log" lenet ;;
     bench-resnet50) bench "$log" resnet50 ;;

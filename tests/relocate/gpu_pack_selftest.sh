@@ -7,6 +7,8 @@
 #     (the distributed trainer as one rank, through the pack's Open MPI), converge and
 #     fashion-mnist with no Fashion-MNIST but the pack's (as on the GPU machine), and reuses the
 #     pack's prepared CPU runs instead of redoing them;
+#  2a. run.sh --pack --self-test --only referee: the random nets' stand-in trainers against the
+#     float64 interpreter (ir_gradcheck.py), one PASS row each in float32, none in bf16 or fp16;
 #  2b. run.sh --pack --self-test --only sanitize, with a stand-in compute-sanitizer
 #     (compute_sanitizer_standin.sh) that reports one error under racecheck: memcheck and
 #     initcheck PASS, racecheck FAILs with the error and where it was, and run.sh exits 1; with no
@@ -45,6 +47,14 @@ grep -q "^dist-1-rank  *mlp  *PASS" "$work/self.out" || fail "no dist-1-rank PAS
 grep -q "^shard-1-rank  *mlp  *PASS" "$work/self.out" || fail "no shard-1-rank PASS row (--shard-optimizer)"
 grep -q "Open MPI from the pack: OPAL_PREFIX=$work/self/mpi" "$work/self/setup.log" || fail "the pack's Open MPI was not used"
 [ -s "$work/self/setup.log" ] || fail "no setup.log"
+
+echo "== run.sh --pack --self-test --only referee"
+"$src/tests/gpu/run.sh" --pack "$pack" --self-test --only referee --work "$work/referee" >"$work/referee.out" 2>&1 ||
+  { cat "$work/referee.out"; fail "run.sh --only referee"; }
+tail -3 "$work/referee.out"
+[ "$(grep -c "^referee-fp32  *random_[0-7]  *PASS  *gradients: 0 of [0-9]* off" "$work/referee.out")" = 8 ] ||
+  { cat "$work/referee.out"; fail "not 8 referee-fp32 PASS rows"; }
+grep -q "^referee-\(bf16\|fp16\)" "$work/referee.out" && fail "half-precision referee rows from the float32 stand-in"
 
 echo "== run.sh --pack --self-test --only sanitize"
 set +e
