@@ -44,10 +44,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fusion"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gradcheck"))
 sys.path.insert(0, HERE)
 from netc_testlib import fashion_files, log_records, model_output, st_load, st_save  # noqa: E402
 from train_pair import write_data  # noqa: E402  (64 samples shaped like the model's inputs)
 import trainer_cache  # noqa: E402  (tests/gpu/trainer_cache.py: trainers built ahead, by content)
+import random_nets  # noqa: E402  (tests/gradcheck/random_nets.py: the referee's nets)
 
 SEED = 3
 
@@ -376,12 +378,16 @@ def merge_defs(*lists):
 
 
 def build(args, model, cfg, out, extra, what, defs=(), fill=None):
-    """netc's trainer at `out`, or the same one from the --trainers folder (a pack's); with
-    `fill` (default: `gpu_check.py pack`'s) a trainer netc built is stored there."""
-    src = model_src(model)
+    """netc's trainer of `model` at `out`, or the same one from the --trainers folder (a pack's);
+    with `fill` (default: `gpu_check.py pack`'s) a trainer netc built is stored there."""
     flags = list(extra)
     for d in merge_defs(cfg["defs"], defs, args.define or []):
         flags += ["-D", d]
+    build_src(args, model_src(model), flags, out, what, fill)
+
+
+def build_src(args, src, flags, out, what, fill=None):
+    """build() of the .net file `src` with netc's `flags` as they are."""
     try:
         how, seconds = trainer_cache.build(netc_path(args), src, flags, out, args.trainers,
                                            fill=getattr(args, "fill_trainers", False) if fill is None else fill)
@@ -1110,8 +1116,6 @@ def referee_src(args, net):
     m = re.fullmatch(r"random_(\d+)", net)
     if not m:
         return os.path.join(ROOT, "tests", "gradcheck", f"{net}.net")
-    sys.path.insert(0, os.path.join(ROOT, "tests", "gradcheck"))
-    import random_nets
     folder = os.path.join(os.path.abspath(args.work), "referee")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{net}.net")
@@ -1134,14 +1138,15 @@ def referee_builds(args):
     return builds
 
 
-def build_referee(args, net, flags, out):
-    try:
-        how, seconds = trainer_cache.build(netc_path(args), referee_src(args, net), flags, out, args.trainers,
-                                           fill=getattr(args, "fill_trainers", False))
-    except subprocess.CalledProcessError as e:
-        tail = (e.stdout + e.stderr).strip().splitlines()[-8:] or ["(no output)"]
-        raise CheckFailed(f"netc failed (exit {e.returncode}) on {net}: {tail[-1].strip()}")
-    say(f"  {how} {net} {' '.join(flags)}: {os.path.relpath(out, ROOT)} ({seconds:.1f} s)")
+def build_referee(args, net, precision, flags):
+    """The trainer of `net` in `precision` (built with `flags`) in its own work folder: its
+    path and the .net file's."""
+    src = referee_src(args, net)
+    work = os.path.join(os.path.abspath(args.work), "referee", f"{net}-{precision}")
+    os.makedirs(work, exist_ok=True)
+    exe = os.path.join(work, "trainer")
+    build_src(args, src, flags, exe, f"{net}'s trainer ({precision})")
+    return exe, src
 
 
 def cmd_referee(args):
@@ -1156,13 +1161,10 @@ def cmd_referee(args):
     ok = True
     for precision, flags in referee_builds(args):
         for net in nets:
-            work = os.path.join(os.path.abspath(args.work), "referee", f"{net}-{precision}")
-            os.makedirs(work, exist_ok=True)
-            exe = os.path.join(work, "trainer")
-            cmd = [sys.executable, os.path.join(ROOT, "tests", "gradcheck", "ir_gradcheck.py"), "--trainer",
-                   netc_path(args), referee_src(args, net), work, "--exe", exe, *flags]
             try:
-                build_referee(args, net, flags, exe)
+                exe, src = build_referee(args, net, precision, flags)
+                cmd = [sys.executable, os.path.join(ROOT, "tests", "gradcheck", "ir_gradcheck.py"), "--trainer",
+                       netc_path(args), src, os.path.dirname(exe), "--exe", exe, *flags]
                 try:
                     p, seconds = run(cmd, f"ir_gradcheck.py on {net} ({precision})")
                     text, status = p.stdout, "PASS"
@@ -1222,9 +1224,7 @@ def cmd_pack(args):
             say(f"== the referee's GPU trainers: {args.nets}")
             for precision, flags in referee_builds(args):
                 for net in args.nets.split(","):
-                    out = os.path.join(os.path.abspath(args.work), "referee", f"{net}-{precision}", "trainer")
-                    os.makedirs(os.path.dirname(out), exist_ok=True)
-                    build_referee(args, net, flags, out)
+                    build_referee(args, net, precision, flags)
             result("pack", "referee", "PASS", "built")
         except CheckFailed as e:
             say(str(e))

@@ -505,7 +505,7 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
 
 
 def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd, marks,
-                  emulated=None, half=None):
+                  emulated=None):
     """The compiled trainer's gradient (from one SGD step) against the reference's, and its
     evaluation (eval_check)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -528,7 +528,7 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
         exe = emulated
     else:
         subprocess.run([netc, model, "-o", exe, *flags], check=True)
-    scale = ["--loss-scale", f"{it.loss_scale:g}"] if half == "fp16" else []
+    scale = ["--loss-scale", f"{it.loss_scale:g}"] if it.half == "fp16" else []
     subprocess.run([exe, *args, "--init", init, "--steps", "1", "--no-shuffle", "--quiet", "--save", out, *scale],
                    check=True)
     got = st_load(out)
@@ -537,7 +537,7 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
     for pname, nid, trainable, gid in params:
         if not trainable:
             continue
-        want = values[gid].reshape(-1).numpy() / (it.loss_scale if half == "fp16" else 1)
+        want = values[gid].reshape(-1).numpy() / (it.loss_scale if it.half == "fp16" else 1)
         p0 = pvals[pname].float().reshape(-1).numpy()
         applied = (p0.astype(np.float64) - got[pname].reshape(-1)) / lr
         # float32 rounding of p - lr * g is ~6e-8 * |p| / lr per element; the step itself runs
@@ -546,8 +546,8 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
         # (a filter's) may have rounded the other way, by one unit in its last place (the
         # module's docstring)
         tol = 1e-3 * np.abs(want) + 1e-6 * np.abs(p0) / lr + 1e-5 * np.abs(want).max()
-        if half:
-            tol += TIP[half] * np.abs(want)
+        if it.half:
+            tol += TIP[it.half] * np.abs(want)
         bad = np.abs(applied - want) > tol
         worst = max(worst, float((np.abs(applied - want) / tol).max(initial=0)))
         checked += want.size
@@ -603,7 +603,7 @@ def main():
         # the accuracy metric's node and the model's output (--predict), where the model has them
         marks = {k: int(v) for k, v in re.findall(r"^(correct|output) = %(\d+)$", dump.stdout, re.M)}
         trainer_check(netc, model, sys.argv[4], nodes, params, pvals, batch, values, flags, it, loss, n_fwd,
-                      marks, emulated, half)
+                      marks, emulated)
     checked = failed = 0
     h = 1e-6
     for name, nid, trainable, gid in params:
