@@ -2,6 +2,7 @@
 timed from its JSON log and a PyTorch loop run in its own interpreter (ending in TORCH_TIMING),
 each for WARMUP untimed steps and then the timed ones, and synthetic token windows.
 """
+import functools
 import json
 import os
 import subprocess
@@ -68,9 +69,61 @@ def run_netc(exe, args, threads, steps, batch, work, env=None):
     return {"samples_per_s": steps * batch / seconds, "peak_kib": usage.ru_maxrss}
 
 
+def cpu_isa():
+    """The newest of the vector instruction sets the benchmarks name that this CPU has."""
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "older than AVX2"
+
+
+# Which OpenBLAS kernels PyTorch runs: the core name of the libopenblas the interpreter loaded with
+# torch (None when it loaded none: a PyPI wheel multiplies with MKL or oneDNN).
+OPENBLAS_PROBE = """
+import ctypes, json, torch
+paths = [line.split()[-1] for line in open("/proc/self/maps") if "libopenblas" in line]
+core = None
+if paths:
+    lib = ctypes.CDLL(paths[0])  # the library already loaded: dlopen returns it
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.openblas_get_corename().decode()
+print(json.dumps({"core": core}))
+"""
+
+# OpenBLAS's cores without AVX2: what 0.3.21 (Debian 12) falls back to on a CPU it does not know
+OPENBLAS_OLD_CORES = {"Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2", "Penryn",
+                      "Dunnington", "Nehalem", "Sandybridge", "Opteron", "Barcelona", "Bobcat", "Bulldozer"}
+
+
+@functools.lru_cache(maxsize=None)
+def torch_blas(python):
+    """The environment PyTorch runs under in a comparison, and what the header says of it.
+
+    Debian's python3-torch multiplies through OpenBLAS, and OpenBLAS 0.3.21 runs its oldest
+    kernels (Prescott's: SSE3) on a CPU it does not know, such as an Intel Xeon of family 6 model
+    207 with AVX-512: there PyTorch's 2048^3 product ran at a quarter of its rate with the SkylakeX
+    kernels, and a comparison would measure PyTorch held back by its library. netc's trainers send
+    such products to oneDNN (docs/trainer.md). So where PyTorch's OpenBLAS chose a core without
+    AVX2 on a CPU with AVX2 (or AVX-512), and the user has not chosen one (OPENBLAS_CORETYPE),
+    PyTorch runs with the newest core the CPU has; the header says so. Returns (dict of
+    variables to add, note)."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return {}, f"; OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (yours)"
+    out = subprocess.run([python, "-c", OPENBLAS_PROBE], check=True, capture_output=True, text=True).stdout
+    core = json.loads(out.strip().splitlines()[-1])["core"]
+    if core is None:
+        return {}, ""
+    best = {"AVX-512": "SkylakeX", "AVX2": "Haswell"}.get(cpu_isa())
+    if core not in OPENBLAS_OLD_CORES or best is None:
+        return {}, f"; its OpenBLAS runs {core} kernels"
+    return ({"OPENBLAS_CORETYPE": best},
+            f"; its OpenBLAS runs {best} kernels (OPENBLAS_CORETYPE={best}: it chose {core} for this CPU)")
+
+
 def run_torch(python, loop, *args):
-    """A PyTorch loop (a program text) in python with its arguments: the JSON of its last line."""
-    out = subprocess.run([python, "-c", loop, *args], check=True, capture_output=True, text=True).stdout
+    """A PyTorch loop (a program text) in python with its arguments, under torch_blas(python)'s
+    environment: the JSON of its last line."""
+    out = subprocess.run([python, "-c", loop, *args], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **torch_blas(python)[0])).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

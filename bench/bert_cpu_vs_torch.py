@@ -28,7 +28,7 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, torch_blas
 
 SEQ, VOCAB = 128, 30522
 PACKED_INPUTS = ["input_ids", "token_type_ids", "position_ids", "sequence_ids", "labels"]
@@ -119,7 +119,7 @@ def main():
     mem = {k: max(r["peak_kib"] for r in v) / 1024 for k, v in runs.items()}
     print(f"BERT ({a.n_layer} layers, width 768, 12 heads, vocab {VOCAB}) masked-LM training at sequence {SEQ}, "
           f"{a.batch} rows a step, {a.threads} threads, {a.steps} timed steps, median of {a.repeat}; PyTorch "
-          f"{runs['torch plain'][0]['version']} ({a.python}), eager")
+          f"{runs['torch plain'][0]['version']} ({a.python}), eager{torch_blas(a.python)[1]}")
     print(f"sequences from {source}: {per_row['plain']:.2f} a row padded, {per_row['packed']:.2f} packed")
     print("| | sequences/s | peak RSS |")
     print("|---|---|---|")

@@ -20,6 +20,7 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 from netc_testlib import fashion_files  # noqa: E402
+from bench_runs import torch_blas  # noqa: E402
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -72,7 +73,8 @@ def run_netc(netc, model, threads, work):
 
 def run_torch(python, model, threads):
     out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "tools"),
-                          model, str(threads)], check=True, capture_output=True, text=True)
+                          model, str(threads)], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **torch_blas(python)[0]))
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return r["samples_per_s"], r["peak_kib"], r["version"]
 
@@ -100,7 +102,7 @@ def main():
             t_mem = max(m for _, m, _ in theirs) / 1024
             rows.append(f"{model:8s} {n_rate:15.0f} {t_rate:16.0f} {n_rate / t_rate:11.2f}x "
                         f"{n_mem:14.1f} {t_mem:15.1f} {n_mem / t_mem:12.2f}x")
-    print(f"PyTorch {theirs[0][2]} ({args.python}), eager")
+    print(f"PyTorch {theirs[0][2]} ({args.python}), eager{torch_blas(args.python)[1]}")
     print(f"{'model':8s} {'netc samples/s':>15s} {'torch samples/s':>16s} {'speed ratio':>12s} "
           f"{'netc peak MiB':>14s} {'torch peak MiB':>15s} {'memory ratio':>13s}")
     print("\n".join(rows))

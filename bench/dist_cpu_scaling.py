@@ -22,6 +22,7 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 from netc_testlib import fashion_files  # noqa: E402
+from bench_runs import torch_blas  # noqa: E402
 
 ENV = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
 if os.geteuid() == 0:
@@ -99,7 +100,7 @@ def main():
     import torch
     cores = os.cpu_count()
     bytes_per_step = report_bytes(a.netc, a.model, a.batch)
-    print(f"{a.model}, batch {a.batch} per rank, {cores} cores; PyTorch {torch.__version__} DDP (gloo); "
+    print(f"{a.model}, batch {a.batch} per rank, {cores} cores; PyTorch {torch.__version__} DDP (gloo){torch_blas(sys.executable)[1]}; "
           f"Open MPI {subprocess.run(['mpirun', '--version'], capture_output=True, text=True).stdout.split()[3]}")
     print(f"each rank sums {bytes_per_step / 1e6:.3f} MB of gradients per step (netc --report)")
     print(f"{'ranks':>5} {'threads':>7} {'netc samples/s':>15} {'torch samples/s':>16} {'ratio':>6} "
@@ -113,7 +114,8 @@ def main():
             rate, wait = run_netc(exe, ranks, threads, a.steps, work)
             torch_out = subprocess.run([sys.executable, "-c", TORCH_DDP, os.path.join(ROOT, "tests", "tools"), a.model,
                                         str(a.batch), str(a.steps), str(ranks), str(threads)],
-                                       check=True, capture_output=True, text=True).stdout
+                                       check=True, capture_output=True, text=True,
+                                       env=dict(os.environ, **torch_blas(sys.executable)[0])).stdout
             torch_rate = json.loads(torch_out.strip().splitlines()[-1])["samples_per_s"]
             step_s = a.batch * ranks / rate
             moved = bytes_per_step * 2 * (ranks - 1) / ranks

@@ -11,7 +11,8 @@ FLOP utilisation: the training FLOPs of a token, 6 N + 12 L T C (N the parameter
 embedding counted once; the second term attention's scores and weighted sums, forward and
 backward: PaLM's count, nanoGPT's estimate_mfu), times tokens/s, divided by a measured peak: the
 best rate of a float32 [2048 x 2048] @ [2048 x 2048] product in PyTorch with the same threads
-(printed; the BLAS PyTorch links, which for Debian's python3-torch is OpenBLAS, netc's too).
+(printed; the BLAS PyTorch links, which for Debian's python3-torch is OpenBLAS, run with
+kernels for the CPU's instruction set where it would run older ones: bench_runs.torch_blas).
 
 Each run trains 2 warm-up steps plus --steps timed steps (netc: from its JSON log, one line per
 step; PyTorch: timed around its loop). Runs alternate netc / PyTorch so that noise on a shared
@@ -24,7 +25,8 @@ import statistics
 import subprocess
 import tempfile
 
-from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
+from bench_runs import (ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files,
+                        torch_blas)
 
 TORCH_LOOP = r"""
 import sys, time, resource, json
@@ -90,7 +92,8 @@ def main():
     print(f"gpt2 training ({a.n_layer} layers, {a.n_head} heads, width {a.n_embd}, context {a.seq}, vocab "
           f"{a.vocab}: {params / 1e6:.2f}M parameters), batch {a.batch}, {a.threads} threads, {a.steps} timed "
           f"steps, median of {a.repeat}")
-    print(f"PyTorch {torch[0]['version']} ({a.python}), eager; {per_token / 1e6:.1f} MFLOP per token "
+    print(f"PyTorch {torch[0]['version']} ({a.python}), eager{torch_blas(a.python)[1]}")
+    print(f"{per_token / 1e6:.1f} MFLOP per token "
           f"(6 N + 12 L T C); float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
     print("| | tokens/s | GFLOP/s | of the matmul peak | peak RSS |")
     print("|---|---|---|---|---|")

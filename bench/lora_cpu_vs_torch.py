@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import tempfile
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files
+from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files, torch_blas
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
 
@@ -113,7 +113,8 @@ def main():
           f"SwiGLU {a.intermediate}, context {a.seq}, vocab {a.vocab}: {t['params'] / 1e6:.2f}M parameters), batch "
           f"{a.batch}, {a.threads} threads, {a.steps} timed steps, median of {a.repeat}")
     print(f"LoRA: rank {R}, alpha {ALPHA}, dropout {DROPOUT} on {', '.join(TARGETS)}: {t['trainable']} trainable "
-          f"parameters ({100 * t['trainable'] / t['params']:.2f}%); PyTorch {t['version']} ({a.python}), eager")
+          f"parameters ({100 * t['trainable'] / t['params']:.2f}%); PyTorch {t['version']} ({a.python}), eager"
+          f"{torch_blas(a.python)[1]}")
     print("| | tokens/s | peak RSS |")
     print("|---|---|---|")
     for k in runs:

@@ -20,7 +20,9 @@ OPENBLAS_CORETYPE=Haswell; on an AVX2 machine the two are the same), the default
 PyTorch runs eager (NCHW), eager with channels_last tensors, and, from PyTorch 2 on,
 torch.compile (its compilation falls in the untimed warm-up steps and is reported apart;
 --no-compile leaves it out). --python runs the PyTorch side with another interpreter, e.g. a
-virtual environment with a current PyTorch (README, "Benchmarks"); the header names its version.
+virtual environment with a current PyTorch (README, "Benchmarks"); the header names its version,
+and the OpenBLAS kernels it runs (bench_runs.torch_blas: newer ones than Debian's OpenBLAS would
+choose on a CPU it does not know).
 
 The peak is PyTorch's float32 product of two 2048x2048 matrices on the same threads, the best
 of 5 (measured in every PyTorch run; the best is used). A training step's work is counted as
@@ -45,7 +47,7 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch
+from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, cpu_isa, torch_blas
 
 # name: (--layout, environment)
 NETC = {
@@ -133,11 +135,6 @@ def train_flops(model, size):
     return 2 * (3 * (sum(macs) + features * classes) - macs[0])
 
 
-def cpu_isa():
-    flags = open("/proc/cpuinfo").read()
-    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "older than AVX2"
-
-
 def main():
     ap = argparse.ArgumentParser()
     run_args(ap, batch=32, steps=8)
@@ -181,7 +178,8 @@ def main():
     shape = f" at {size}x{size}" if a.model == "resnet50" else ""
     print(f"{a.model} training{shape}, batch {a.batch}, {a.threads} threads, {a.steps} timed steps, "
           f"median of {a.repeat}; CPU: {cpu_isa()}")
-    print(f"PyTorch {version} ({a.python}); {per_sample / 1e9:.2f} GFLOP per sample (convolutions and "
+    print(f"PyTorch {version} ({a.python}){torch_blas(a.python)[1]}")
+    print(f"{per_sample / 1e9:.2f} GFLOP per sample (convolutions and "
           f"classifier); float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
     if "PyTorch compile" in runs:
         print(f"torch.compile: {statistics.median(r['warmup_s'] for r in runs['PyTorch compile']):.0f} s "
