@@ -104,18 +104,18 @@ def torch_blas(python):
     kernels, and a comparison would measure PyTorch held back by its library. netc's trainers send
     such products to oneDNN (docs/trainer.md). So where PyTorch's OpenBLAS chose a core without
     AVX2 on a CPU with AVX2 (or AVX-512), and the user has not chosen one (OPENBLAS_CORETYPE),
-    PyTorch runs with the newest core the CPU has; the header says so. Returns (dict of
-    variables to add, note)."""
+    PyTorch runs with the newest core the CPU has; the header says so. Returns (the environment
+    for PyTorch's runs, note)."""
     if "OPENBLAS_CORETYPE" in os.environ:
-        return {}, f"; OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (yours)"
+        return dict(os.environ), f"; OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (yours)"
     out = subprocess.run([python, "-c", OPENBLAS_PROBE], check=True, capture_output=True, text=True).stdout
     core = json.loads(out.strip().splitlines()[-1])["core"]
     if core is None:
-        return {}, ""
+        return dict(os.environ), ""
     best = {"AVX-512": "SkylakeX", "AVX2": "Haswell"}.get(cpu_isa())
     if core not in OPENBLAS_OLD_CORES or best is None:
-        return {}, f"; its OpenBLAS runs {core} kernels"
-    return ({"OPENBLAS_CORETYPE": best},
+        return dict(os.environ), f"; its OpenBLAS runs {core} kernels"
+    return (dict(os.environ, OPENBLAS_CORETYPE=best),
             f"; its OpenBLAS runs {best} kernels (OPENBLAS_CORETYPE={best}: it chose {core} for this CPU)")
 
 
@@ -123,7 +123,7 @@ def run_torch(python, loop, *args):
     """A PyTorch loop (a program text) in python with its arguments, under torch_blas(python)'s
     environment: the JSON of its last line."""
     out = subprocess.run([python, "-c", loop, *args], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, **torch_blas(python)[0])).stdout
+                         env=torch_blas(python)[0]).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

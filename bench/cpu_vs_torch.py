@@ -74,7 +74,7 @@ def run_netc(netc, model, threads, work):
 def run_torch(python, model, threads):
     out = subprocess.run([python, "-c", TORCH_LOOP, os.path.join(ROOT, "tests", "tools"),
                           model, str(threads)], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, **torch_blas(python)[0]))
+                         env=torch_blas(python)[0])
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return r["samples_per_s"], r["peak_kib"], r["version"]
 

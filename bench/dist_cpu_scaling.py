@@ -100,7 +100,8 @@ def main():
     import torch
     cores = os.cpu_count()
     bytes_per_step = report_bytes(a.netc, a.model, a.batch)
-    print(f"{a.model}, batch {a.batch} per rank, {cores} cores; PyTorch {torch.__version__} DDP (gloo){torch_blas(sys.executable)[1]}; "
+    print(f"{a.model}, batch {a.batch} per rank, {cores} cores; PyTorch {torch.__version__} DDP (gloo)"
+          f"{torch_blas(sys.executable)[1]}; "
           f"Open MPI {subprocess.run(['mpirun', '--version'], capture_output=True, text=True).stdout.split()[3]}")
     print(f"each rank sums {bytes_per_step / 1e6:.3f} MB of gradients per step (netc --report)")
     print(f"{'ranks':>5} {'threads':>7} {'netc samples/s':>15} {'torch samples/s':>16} {'ratio':>6} "
@@ -115,7 +116,7 @@ def main():
             torch_out = subprocess.run([sys.executable, "-c", TORCH_DDP, os.path.join(ROOT, "tests", "tools"), a.model,
                                         str(a.batch), str(a.steps), str(ranks), str(threads)],
                                        check=True, capture_output=True, text=True,
-                                       env=dict(os.environ, **torch_blas(sys.executable)[0])).stdout
+                                       env=torch_blas(sys.executable)[0]).stdout
             torch_rate = json.loads(torch_out.strip().splitlines()[-1])["samples_per_s"]
             step_s = a.batch * ranks / rate
             moved = bytes_per_step * 2 * (ranks - 1) / ranks
