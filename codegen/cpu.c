@@ -477,7 +477,12 @@ static void emit_fold(Cg *c, const IrNode *conv, const IrNode *stats) {
     int64_t K = w->shape.dim[0], per_k = ir_numel(&w->shape) / K;
     cg_line(c, "// folded with batch norm %%%d (evaluation): its statistics now, the scale into the weights",
             apply->id);
-    cg_declare(c, stats);
+    /* The statistics are taken before the convolution here, after it in the memory plan, which
+     * may give them the bytes of a value the convolution still reads: they get their own. */
+    c->decl[stats->id] = 1;
+    cg_line(c, "static float fold_s%d[%" PRId64 "]; // its statistics: not in the arena, which the plan "
+               "gives them after the convolution", conv->id, 2 * K);
+    cg_line(c, "float *v%d = fold_s%d;", stats->id, conv->id);
     cg_declare(c, apply->in[3]);
     cg_declare(c, apply->in[4]);
     emit_bn(c, stats);
