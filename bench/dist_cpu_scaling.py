@@ -78,12 +78,18 @@ def report_bytes(netc, model, batch):
     return float(line.split(":")[1].split("MB")[0]) * 1e6
 
 
+def log_every(steps):
+    """Steps per logged interval: 50, or fewer for a short run, so that it logs at least 3
+    intervals after the first (which holds the start-up) for the medians."""
+    return max(1, min(50, steps // 4))
+
+
 def run_netc(exe, ranks, threads, steps, work):
     log = os.path.join(work, f"netc_{ranks}.jsonl")
     images, labels = fashion_files("train")
     subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), exe, "--data", f"image={images}",
                     "--data", f"label={labels}", "--steps", str(steps), "--threads", str(threads), "--log", log,
-                    "--log-every", "50", "--quiet"], check=True, env=ENV)
+                    "--log-every", str(log_every(steps)), "--quiet"], check=True, env=ENV)
     with open(log) as f:
         lines = [json.loads(x) for x in f if '"step"' in x][1:]  # the first interval holds the start-up
     return statistics.median(x["samples_per_s"] for x in lines), statistics.median(x["comm_wait"] for x in lines)
@@ -97,6 +103,8 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ranks", default="1,2,4")
     a = ap.parse_args()
+    if a.steps < 4:
+        sys.exit(f"bench: --steps {a.steps}: at least 4 (the medians are over logged intervals after the first)")
     import torch
     cores = os.cpu_count()
     bytes_per_step = report_bytes(a.netc, a.model, a.batch)
