@@ -106,16 +106,24 @@ def torch_blas(python):
     AVX2 on a CPU with AVX2 (or AVX-512), and the user has not chosen one (OPENBLAS_CORETYPE),
     PyTorch runs with the newest core the CPU has; the header says so. Returns (the environment
     for PyTorch's runs, note)."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return dict(os.environ), f"; OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (yours)"
-    out = subprocess.run([python, "-c", OPENBLAS_PROBE], check=True, capture_output=True, text=True).stdout
-    core = json.loads(out.strip().splitlines()[-1])["core"]
+    core = None
+    if "OPENBLAS_CORETYPE" not in os.environ:
+        out = subprocess.run([python, "-c", OPENBLAS_PROBE], check=True, capture_output=True, text=True).stdout
+        core = json.loads(out.strip().splitlines()[-1])["core"]
+    return blas_choice(core, cpu_isa(), os.environ)
+
+
+def blas_choice(core, isa, environ):
+    """torch_blas's decision, given the OpenBLAS core PyTorch loaded (None: no OpenBLAS), the
+    CPU's instruction set (cpu_isa) and the environment: (PyTorch's environment, note)."""
+    if "OPENBLAS_CORETYPE" in environ:
+        return dict(environ), f"; OPENBLAS_CORETYPE={environ['OPENBLAS_CORETYPE']} (yours)"
     if core is None:
-        return dict(os.environ), ""
-    best = {"AVX-512": "SkylakeX", "AVX2": "Haswell"}.get(cpu_isa())
+        return dict(environ), ""
+    best = {"AVX-512": "SkylakeX", "AVX2": "Haswell"}.get(isa)
     if core not in OPENBLAS_OLD_CORES or best is None:
-        return dict(os.environ), f"; its OpenBLAS runs {core} kernels"
-    return (dict(os.environ, OPENBLAS_CORETYPE=best),
+        return dict(environ), f"; its OpenBLAS runs {core} kernels"
+    return (dict(environ, OPENBLAS_CORETYPE=best),
             f"; its OpenBLAS runs {best} kernels (OPENBLAS_CORETYPE={best}: it chose {core} for this CPU)")
 
 
