@@ -449,7 +449,8 @@ static void emit_bn(Cg *c, const IrNode *n);
 /* In eval_step, a convolution whose output only one batch norm reads (its statistics, from
  * the running buffers, and one application) is folded: the statistics are taken first, the
  * weights scaled per output channel by weight * invstd into fold_w<id>, and the batch norm
- * becomes `y + fold_b<id>[c]`, fold_b = bias - mean * weight * invstd. */
+ * becomes `y + fold_b<id>[c]`, fold_b = bias - mean * weight * invstd. Not where the convolution
+ * is the model's output, which --predict hands out unscaled. */
 static void find_folds(Cg *c) {
     const IrGraph *g = c->g;
     int *readers = xcalloc((size_t)g->n + 1, sizeof *readers);
@@ -459,8 +460,9 @@ static void find_folds(Cg *c) {
         const IrNode *a = g->nodes[i];
         if (a->op != OP_BN_APPLY) continue;
         const IrNode *conv = a->in[0], *stats = ir_bn_stats(a);
-        if (conv->op == OP_CONV2D && stats->in[0] == conv && readers[conv->id] == 2 && readers[stats->id] == 2 &&
-            readers[a->in[1]->id] == 1 && readers[a->in[2]->id] == 1 && conv->dtype == DT_F32)
+        if (conv->op == OP_CONV2D && conv != g->output && stats->in[0] == conv && readers[conv->id] == 2 &&
+            readers[stats->id] == 2 && readers[a->in[1]->id] == 1 && readers[a->in[2]->id] == 1 &&
+            conv->dtype == DT_F32)
             c->fold[conv->id] = stats;
     }
     free(readers);
