@@ -17,3 +17,6 @@ done
 for f in tests/golden/errors/*.net; do
   tests/golden/run_golden.sh --update err "$netc" "$f" "${f%.net}.err"
 done
+for f in tests/golden/warnings/*.net; do
+  tests/golden/run_golden.sh --update warn "$netc" "$f" "${f%.net}.warn"
+done

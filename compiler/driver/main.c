@@ -110,6 +110,7 @@ static void usage(FILE *out) {
             "                       label is the cross-entropy's ignore_index (their gradient is zero)\n"
             "  --layout=LAYOUT      activations of convolution chains: channels-last (default) or row-major\n"
             "  --check              check the model (parse and analyse) and stop\n"
+            "  -w                   no warnings (values never used, inputs never read, layers without a gradient)\n"
             "  --backend NAME       code generator: cpu (default) or cuda\n"
             "  --arch LIST          cuda: GPU architectures to compile kernels for, e.g. sm_80,sm_90,sm_100\n"
             "                       (default: sm_90); PTX of the lowest is embedded too\n"
@@ -275,6 +276,8 @@ static int parse_args(int argc, char **argv, Options *o) {
             o->all_rows = 1;
         } else if (strcmp(a, "--werror") == 0) {
             o->werror = 1;
+        } else if (strcmp(a, "-w") == 0) {
+            diag_set_warnings(false);
         } else if (strcmp(a, "--system-malloc") == 0) {
             o->system_malloc = 1;
         } else if (strcmp(a, "--print-toolchain") == 0) {
@@ -693,6 +696,7 @@ static int compile(const Options *o, Arena *arena) {
     if (o->dump == DUMP_AST) return ast_print(prog, stdout), 0;
     IrGraph *g = sema_build(arena, prog, (SemaDefine *)o->defs, o->n_defs);
     if (!g) return 1;
+    warn_unused(g);
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;

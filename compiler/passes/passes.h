@@ -17,6 +17,11 @@
  * kernels read such operands). Returns the number of attentions folded. */
 int fold_attention_heads(IrGraph *g);
 
+/* unused.c: warnings (diag_warning) for a value the loss, the metric and the output do not read,
+ * an input nothing of theirs reads, and a trainable parameter the loss does not depend on. Run
+ * on the forward graph from sema; changes nothing. */
+void warn_unused(const IrGraph *g);
+
 /* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);
  * guarantees every trainable parameter that the loss depends on has IrParam.grad, a node of
  * the parameter's shape; parameters the loss does not depend on get a zero gradient (OP_CONST

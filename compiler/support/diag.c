@@ -34,6 +34,7 @@ static int n_sources, cap_sources;
 static int n_errors;
 static bool last_shown = true; /* was the last error printed (hints and notes follow it) */
 static bool said_stopping;
+static bool warnings_off;
 
 const char *diag_add_source(const char *path, const char *text) {
     for (int i = 0; i < n_sources; i++) {
@@ -131,6 +132,17 @@ void diag_error(SrcLoc loc, const char *fmt, ...) {
     va_end(ap);
 }
 
+void diag_warning(SrcLoc loc, const char *fmt, ...) {
+    last_shown = !warnings_off;
+    if (warnings_off) return;
+    va_list ap;
+    va_start(ap, fmt);
+    report(loc, "warning", fmt, ap);
+    va_end(ap);
+}
+
+void diag_set_warnings(bool on) { warnings_off = !on; }
+
 void diag_note(SrcLoc loc, const char *fmt, ...) {
     if (!last_shown) return;
     va_list ap;
@@ -177,4 +189,5 @@ void diag_reset(void) {
     n_errors = 0;
     last_shown = true;
     said_stopping = false;
+    warnings_off = false;
 }

@@ -22,9 +22,14 @@ const char *diag_add_source(const char *path, const char *text);
 
 /* `file:line:col: error: <msg>` + source line + caret. Counts an error. */
 void diag_error(SrcLoc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* `file:line:col: warning: <msg>` + source line + caret: something legal that is likely a
+ * mistake. Not counted: the compilation goes on and succeeds. Notes and hints after it follow
+ * it (and are dropped with it under diag_set_warnings(false): netc -w). */
+void diag_warning(SrcLoc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void diag_set_warnings(bool on);
 /* `file:line:col: note: <msg>` + source line + caret; no count. */
 void diag_note(SrcLoc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* `  hint: <msg>` attached to the previous error. */
+/* `  hint: <msg>` attached to the previous error or warning. */
 void diag_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* `netc: error: <msg>` for errors with no source location (bad flags, missing file). */
 void diag_fatal_noloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

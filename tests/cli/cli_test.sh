@@ -123,5 +123,18 @@ contains "running_mean"
 contains "  buffer"
 contains "buffer values (running statistics)"
 
+# warnings (tests/golden/warnings has their text): they do not stop the build, -w turns them
+# off, and no stock model has one (a warning there would be a false one)
+check "warnings build" 0 "$netc" "$root/tests/golden/warnings/unused.net" -o "$work/unused"
+contains "warning: layer 'fc2' gets no gradient"
+[ -x "$work/unused" ] && passes=$((passes+1)) || { echo "FAIL: no trainer beside the warnings"; fails=$((fails+1)); }
+check "-w" 0 "$netc" "$root/tests/golden/warnings/unused.net" --check -w
+lacks "warning"
+lacks "hint"
+for m in "$root"/models/*.net; do
+  check "no warning in $(basename "$m")" 0 "$netc" "$m" --check
+  lacks "warning"
+done
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -1,7 +1,7 @@
 /* fuzz_frontend.c - feeds arbitrary input to the front end: lexer, parser, AST builders,
  * diagnostics, the AST printer and, for every input that parses without errors, semantic
- * analysis (sema_build: evaluation, shape inference, the IR and its verifier). Nothing may
- * crash, hang, trip a sanitizer, or allocate without bound.
+ * analysis (sema_build: evaluation, shape inference, the IR and its verifier) and its warnings
+ * (warn_unused). Nothing may crash, hang, trip a sanitizer, or allocate without bound.
  *
  * Built two ways:
  *   - with libFuzzer:  clang -fsanitize=fuzzer,address,undefined ... (LLVMFuzzerTestOneInput);
@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "passes.h"
 
 static FILE *sink;
 static long n_parsed_clean, n_sema_ok; /* how deep the inputs got, for the summary line */
@@ -42,6 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         IrGraph *g = sema_build(&arena, prog, NULL, 0);
         if (g) {
             n_sema_ok++;
+            warn_unused(g); /* its warnings go to stderr with the errors */
             if (sink) ir_print(g, sink);
         }
     }
