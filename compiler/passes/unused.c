@@ -9,8 +9,8 @@
  *          ^
  *
  * Warnings change nothing in what is compiled: every value is still computed as written. One
- * warning of a kind per source line (a loop or a block repeats its lines), in the graph's order,
- * at most MAX_WARNINGS; `netc -w` turns them off. */
+ * warning of a kind per source line (a loop or a block repeats its lines), in line order, at
+ * most MAX_WARNINGS; `netc -w` turns them off. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,10 +93,8 @@ void warn_unused(const IrGraph *g) {
     qsort(found, (size_t)n, sizeof *found, by_line);
     int shown = 0;
     for (int i = 0; i < n; i++) {
-        int again = 0; /* a kind once per line: loops and blocks repeat their lines */
-        for (int j = i - 1; j >= 0 && found[j].loc.line == found[i].loc.line && !again; j--)
-            again = found[j].kind == found[i].kind;
-        if (again) continue;
+        /* a kind once per line (loops and blocks repeat their lines): sorted, its repeats follow it */
+        if (i && found[i - 1].loc.line == found[i].loc.line && found[i - 1].kind == found[i].kind) continue;
         if (shown++ == MAX_WARNINGS) {
             fprintf(stderr, "netc: more warnings, not shown\n");
             break;
