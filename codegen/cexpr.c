@@ -1058,6 +1058,7 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
+    if (g->correct && g->correct->attr.top_k > 1) cg_line(c, ".accuracy_top_k = %d,", g->correct->attr.top_k);
     if (g->correct && g->correct->attr.has_ignore) { /* the trainer counts the positions of the labels */
         const IrNode *lab = g->correct->in[1];
         while (lab->op == OP_CAST) lab = lab->in[0];

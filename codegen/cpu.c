@@ -629,14 +629,19 @@ static void emit_rows(Cg *c, const IrNode *n) {
                n->id);
         break;
     case OP_ACCURACY: /* of a sequence, the samples' fractions of correct positions */
-        if (n->attr.has_ignore) { /* the correct positions, which the trainer divides by those it counts */
-            cg_line(c, "v%d[0] = rt_accuracy_ignore(%" PRId64 ", %" PRId64 ", v%d, v%d, %" PRId64 ", %s);", n->id, rows,
-                    cols, a, b, n->attr.ignore_index, valid_rows(c, s, rows, valid, sizeof valid));
-            break;
-        }
-        cg_begin(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s)", n->id, rows, cols, a, b,
-                 valid_rows(c, s, rows, valid, sizeof valid));
-        if (s->rank > 2) {
+        if (n->attr.top_k > 1) { /* INT64_MIN: no label is ignored */
+            cg_begin(c, "v%d[0] = rt_accuracy_top(%" PRId64 ", %" PRId64 ", v%d, v%d, ", n->id, rows, cols, a, b);
+            if (n->attr.has_ignore) cg_put(c, "%" PRId64, n->attr.ignore_index);
+            else cg_put(c, "INT64_MIN");
+            cg_put(c, ", %d, %s)", n->attr.top_k, valid_rows(c, s, rows, valid, sizeof valid));
+        } else if (n->attr.has_ignore)
+            cg_begin(c, "v%d[0] = rt_accuracy_ignore(%" PRId64 ", %" PRId64 ", v%d, v%d, %" PRId64 ", %s)", n->id, rows,
+                     cols, a, b, n->attr.ignore_index, valid_rows(c, s, rows, valid, sizeof valid));
+        else
+            cg_begin(c, "v%d[0] = rt_accuracy(%" PRId64 ", %" PRId64 ", v%d, v%d, %s)", n->id, rows, cols, a, b,
+                     valid_rows(c, s, rows, valid, sizeof valid));
+        /* with ignore_index, the correct positions, which the trainer divides by those it counts */
+        if (s->rank > 2 && !n->attr.has_ignore) {
             cg_put(c, " / ");
             cg_lit(c->out, (double)(rows / s->dim[0]));
         }

@@ -1007,8 +1007,12 @@ static void emit_rows(Cu *u, const IrNode *n) {
             snprintf(divide, sizeof divide, " if (blockIdx.x == 0 && threadIdx.x == 0) v%d[0] = v%d[0] / %s;", n->id,
                      n->id, lit);
         }
-        snprintf(call, sizeof call, "rt_k_accuracy_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, "
-                 "(double *)(base + NETC_OFF_PART));", rows, cols, a, b, ignore, valid);
+        if (n->attr.top_k > 1)
+            snprintf(call, sizeof call, "rt_k_accuracy_top_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %d, %s, "
+                     "(double *)(base + NETC_OFF_PART));", rows, cols, a, b, ignore, n->attr.top_k, valid);
+        else
+            snprintf(call, sizeof call, "rt_k_accuracy_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, "
+                     "(double *)(base + NETC_OFF_PART));", rows, cols, a, b, ignore, valid);
         part_room(u, blocks * 8, "an accuracy's counts");
         lib_kernel(u, n, call, "_part", (unsigned)blocks, BLOCK);
         snprintf(call, sizeof call, "rt_k_accuracy_total(%" PRId64 ", (const double *)(base + NETC_OFF_PART), v%d);%s",

@@ -363,6 +363,7 @@ typedef struct RtModel {
     int64_t eval_every;        /* epochs */
     int64_t log_every;         /* steps */
     int has_accuracy;
+    int accuracy_top_k;        /* accuracy(..., top_k = k): k when above 1 (the logs name it), else 0 */
     const char *loss_name;     /* "cross_entropy", "mse", "bce_logits" */
     /* The model's output, the value its loss function reads first (the logits): per-sample
      * rank (-1 when the loss is written without a loss function) and shape, and a bit per
@@ -620,6 +621,10 @@ float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t
 /* The same among the rows whose label is not `ignore` (masked-LM accuracy's numerator). */
 float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,
                          int64_t n_valid);
+/* Top-k accuracy: the same rows (INT64_MIN as `ignore` for none) whose label's logit is not NaN
+ * and has fewer than top_k logits above it, an equal one counting above when it comes first. */
+float rt_accuracy_top(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,
+                      int64_t top_k, int64_t n_valid);
 
 /* ---- scaled dot-product attention (rt_attention.c)
  *

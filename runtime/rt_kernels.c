@@ -445,6 +445,24 @@ float rt_accuracy_ignore(int64_t rows, int64_t cols, const float *logits, const 
     return (float)correct;
 }
 
+/* Top-k: a row is right when its label's logit is not NaN and fewer than top_k logits rank
+ * above it, a logit ranking above when it is larger, or equal and earlier (argmax's first on
+ * ties, so that top_k = 1 is the argmax's count on rows without NaN). */
+float rt_accuracy_top(int64_t rows, int64_t cols, const float *logits, const int64_t *label, int64_t ignore,
+                      int64_t top_k, int64_t n_valid) {
+    int64_t correct = 0;
+    for (int64_t r = 0; r < rows && r < n_valid; r++) {
+        const int64_t l = label[r];
+        if (l == ignore || l < 0 || l >= cols) continue;
+        const float *x = logits + r * cols, xl = x[l];
+        if (xl != xl) continue;
+        int64_t above = 0;
+        for (int64_t j = 0; j < cols; j++) above += x[j] > xl || (x[j] == xl && j < l);
+        correct += above < top_k;
+    }
+    return (float)correct;
+}
+
 float rt_accuracy(int64_t rows, int64_t cols, const float *logits, const int64_t *label,
                   int64_t n_valid) {
     return rt_accuracy_ignore(rows, cols, logits, label, INT64_MIN, n_valid); /* no label is INT64_MIN */

@@ -468,6 +468,12 @@ static void json_number(FILE *f, const char *key, double v) {
     else fprintf(f, ", \"%s\": null", key);
 }
 
+/* " accuracy 0.9312", or " top-5 accuracy 0.9312" for accuracy(..., top_k = 5): the console's. */
+static void accuracy_text(const RtModel *m, double acc, char *out, size_t size) {
+    if (m->accuracy_top_k > 1) snprintf(out, size, " top-%d accuracy %.4f", m->accuracy_top_k, acc);
+    else snprintf(out, size, " accuracy %.4f", acc);
+}
+
 /* acc is the interval's training accuracy, logged only where the model has a metric. */
 /* wait: the share of the interval a distributed trainer spent waiting for the other ranks. */
 static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate,
@@ -492,8 +498,8 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    char accuracy[32] = "";
-    if (t->m->has_accuracy) snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
+    char accuracy[48] = "";
+    if (t->m->has_accuracy) accuracy_text(t->m, acc, accuracy, sizeof accuracy);
     char norm[96] = "";
     if (t->m->clip_grad_norm > 0) snprintf(norm, sizeof norm, " grad_norm %.4g", t->grad_norm);
     if (t->m->loss_scaling)
@@ -515,9 +521,9 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    char accuracy[32] = "", num[32], meta[48];
+    char accuracy[48] = "", num[32], meta[48];
     if (t->m->has_accuracy) {
-        snprintf(accuracy, sizeof accuracy, " accuracy %.4f", acc);
+        accuracy_text(t->m, acc, accuracy, sizeof accuracy);
         snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
         RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc), meta);
     }

@@ -1282,6 +1282,18 @@ static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *arg
         if (!A->ok) return sema_error();
     }
     IrNode *acc = sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL);
+    Value kv = A->a[3];
+    if (kv.k == V_ERR) return sema_error();
+    if (kv.k != V_NONE) { /* top-k accuracy: the label among the k largest logits */
+        const int64_t classes = logits->shape.dim[logits->shape.rank - 1];
+        if (kv.k != V_INT || kv.i < 1 || kv.i > classes) {
+            diag_error(loc_of(A, 3), "'top_k' of accuracy must be an integer from 1 to the %lld classes, found %s",
+                       (long long)classes, sema_value_text(S, kv));
+            diag_hint("top_k = 5 counts a row right when its label is among its 5 largest logits");
+            return sema_error();
+        }
+        if (kv.i > 1) acc->attr.top_k = (int)kv.i;
+    }
     Value iv = A->a[2];
     if (iv.k == V_ERR) return sema_error();
     if (iv.k == V_NONE) return sema_tensor(acc);
@@ -1516,7 +1528,8 @@ static const SemaBuiltin builtins[] = {
      {"logits", "label", "smoothing", "ignore_index"}},
     {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
     {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
-    {"accuracy", "logits, label, ignore_index=none", b_accuracy, 2, 3, {"logits", "label", "ignore_index"}},
+    {"accuracy", "logits, label, ignore_index=none, top_k=1", b_accuracy, 2, 4,
+     {"logits", "label", "ignore_index", "top_k"}},
     {"embedding", "idx, num, dim, std=1", b_embedding, 3, 4, {"idx", "num", "dim", "std"}},
     {"weight", "name", b_weight, 1, 1, {"name"}},
     {"where", "c, a, b", b_where, 3, 3, {"c", "a", "b"}},

@@ -772,6 +772,7 @@ static int attr_is_default(unsigned attr, const IrAttrs *a) {
     case ATTR_ATTN: return !a->causal && a->attn_scale == 0 && !a->attn_heads[0] && !a->attn_heads[1] && !a->attn_heads[2];
     case ATTR_PART: return !a->part;
     case ATTR_IGNORE: return !a->has_ignore && a->ignore_index == 0;
+    case ATTR_TOPK: return !a->top_k;
     case ATTR_NORM: return a->norm_eps == 0 && !a->norm_params;
     default: ICE("attr_is_default: attribute bit %#x", attr);
     }
@@ -926,6 +927,9 @@ static void print_attr(unsigned attr, const IrNode *n, FILE *out) {
     case ATTR_IGNORE:
         if (a->has_ignore) fprintf(out, " ignore_index=%lld", (long long)a->ignore_index);
         break;
+    case ATTR_TOPK:
+        if (a->top_k > 1) fprintf(out, " top_k=%d", a->top_k);
+        break;
     case ATTR_NORM: fprintf(out, " eps=%g%s", a->norm_eps, a->norm_params ? " params" : ""); break;
     default: ICE("print_attr: attribute bit %#x", attr);
     }
@@ -1016,7 +1020,7 @@ static const char *const lib_names[] = {
 static const char *const attr_names[] = {
     "value", "trans_a trans_b", "kernel", "stride", "pad", "dilation", "groups", "filter",
     "p mask", "batch_masked", "eps momentum running frozen", "row", "smoothing", "perm", "axis", "start",
-    "eps params", "causal scale heads head_dim cols", "ignore_index", "part",
+    "eps params", "causal scale heads head_dim cols", "ignore_index", "part", "top_k",
 };
 _Static_assert(1 << sizeof attr_names / sizeof *attr_names == ATTR__END, "one name per attribute bit");
 

@@ -75,7 +75,8 @@ enum {
     ATTR_ATTN = 1 << 17,         /* causal, attn_scale */
     ATTR_IGNORE = 1 << 18,       /* has_ignore, ignore_index: xent, xent_bwd */
     ATTR_PART = 1 << 19,         /* part */
-    ATTR__END = 1 << 20,
+    ATTR_TOPK = 1 << 20,         /* top_k: accuracy */
+    ATTR__END = 1 << 21,
     ATTR_CONV = ATTR_STRIDE | ATTR_PAD | ATTR_DILATION | ATTR_GROUPS,
     ATTR_POOL = ATTR_KERNEL | ATTR_STRIDE | ATTR_PAD,
 };
@@ -148,6 +149,8 @@ typedef struct IrAttrs {
     int64_t part;                             /* part: element offset into operand 0 */
     int has_ignore;                           /* xent, xent_bwd: rows whose label is ignore_index */
     int64_t ignore_index;                     /* count for nothing (ATTR_IGNORE) */
+    int top_k;                                /* accuracy: right when the label is among the
+                                               * top_k largest logits; 0 (the default) as 1 */
     double norm_eps;                          /* layernorm, rmsnorm: added to the variance */
     int norm_params;                          /* layernorm_bwd, rmsnorm_bwd: the parameter gradients
                                                * packed after dx (grad_norm) */

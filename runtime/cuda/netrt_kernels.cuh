@@ -426,6 +426,27 @@ static __device__ __forceinline__ void rt_k_accuracy_part(int64_t rows, int64_t 
     if (threadIdx.x == 0) part[blockIdx.x] = correct;
 }
 
+/* Top-k accuracy's counts (rt_accuracy_top): as rt_k_accuracy_part, a row right when its
+ * label's logit is not NaN and fewer than top_k logits rank above it (larger, or equal and
+ * earlier), which the block counts over its columns side by side; the counts are whole numbers,
+ * so their sum is exact in any order. */
+static __device__ __forceinline__ void rt_k_accuracy_top_part(int64_t rows, int64_t cols, const float *logits,
+                                                              const int64_t *label, int64_t ignore, int64_t top_k,
+                                                              int64_t n_valid, double *part) {
+    const int64_t n = rows < n_valid ? rows : n_valid;
+    double correct = 0;
+    RT_K_ROWS(r, n) {
+        const int64_t l = label[r];
+        if (l == ignore || l < 0 || l >= cols) continue; /* the same branch for the whole block */
+        const float *x = logits + r * cols, xl = x[l];
+        if (xl != xl) continue;
+        double above = 0;
+        RT_K_COLS(j, cols) above += x[j] > xl || (x[j] == xl && j < l);
+        correct += rt_block_sum(above) < (double)top_k;
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = correct;
+}
+
 /* out[0] = the total of part[0, blocks), rt_k_accuracy_part's counts. One block. */
 static __device__ __forceinline__ void rt_k_accuracy_total(int64_t blocks, const double *part, float *out) {
     if (blockIdx.x != 0) return;

@@ -73,6 +73,7 @@ static const char source[] =
     "extern \"C\" __global__ void k_accuracy(unsigned char *base) {\n"
     "    rt_k_accuracy_part(128, 10, F(0), L(4096 + 256), RT_K_NO_IGNORE, 100, D(1 << 22));\n"
     "    rt_k_accuracy_part(128, 10, F(0), L(4096 + 256), -100, 100, D(1 << 22));\n"
+    "    rt_k_accuracy_top_part(128, 10, F(0), L(4096 + 256), RT_K_NO_IGNORE, 5, 100, D(1 << 22));\n"
     "    rt_k_accuracy_total(128, D(1 << 22), F(1 << 20));\n"
     "}\n"
     "extern \"C\" __global__ void k_mean(unsigned char *base) {\n"

@@ -113,6 +113,11 @@ def ignored_label(n, default=None):
     return int(n.attr["ignore_index"][0]) if "ignore_index" in n.attr else default
 
 
+def top_k(n):
+    """How many of the largest logits an accuracy node `n` counts a label among (top_k, else 1)."""
+    return int(n.attr["top_k"][0]) if "top_k" in n.attr else 1
+
+
 def ints(a):
     return [int(x) for x in a]
 
@@ -253,6 +258,12 @@ class Interp:
         if "norm" in op: return self.norm(n, x)
         if op == "accuracy":  # of a sequence, divided by the positions per sample; or counted
             right = x[0].argmax(-1) == x[1]
+            if top_k(n) > 1:  # the label among the k largest: fewer than k above it (equal and earlier counts)
+                label = x[1].clamp(0, x[0].shape[-1] - 1)
+                at = x[0].gather(-1, label.unsqueeze(-1))
+                first = torch.arange(x[0].shape[-1]) < label.unsqueeze(-1)
+                above = ((x[0] > at) | ((x[0] == at) & first)).sum(-1)
+                right = (above < top_k(n)) & (x[1] >= 0) & (x[1] < x[0].shape[-1])
             if ignored_label(n) is not None:  # the right ones among the labels not ignored (rt_main.c divides)
                 return (right & (x[1] != ignored_label(n))).to(self.dtype).sum()
             return right.to(self.dtype).sum() / (x[1][0].numel() if x[1].dim() > 1 else 1)
@@ -393,8 +404,10 @@ def accuracy_check(nodes, values, correct, got):
     Returns the error as a fraction of its tolerance (where no tie was near, exactly equal)."""
     n = nodes[correct]
     logits, labels = (values[i] for i in n.ins)
-    top = logits.topk(2, dim=-1).values
-    near = (top[..., 0] - top[..., 1]) <= 1e-4 * top[..., 0].abs().clamp(min=1)
+    k = top_k(n)   # a near tie is between the k-th largest logit and the next
+    top = logits.topk(k + 1, dim=-1).values if logits.shape[-1] > k else logits.topk(k, dim=-1).values
+    near = ((top[..., k - 1] - top[..., k]) <= 1e-4 * top[..., k - 1].abs().clamp(min=1)
+            if logits.shape[-1] > k else torch.zeros(top.shape[:-1], dtype=torch.bool))
     if ignored_label(n) is not None:
         counted = labels != ignored_label(n)
         share = 1 / max(int(counted.sum()), 1)

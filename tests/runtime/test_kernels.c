@@ -349,6 +349,43 @@ static void test_accuracy(void **state) {
     assert_true(rt_accuracy(3, 3, logits, label, 1) == 1.0f);
 }
 
+/* Top-k accuracy by hand: ties rank the earlier class higher, as argmax's first maximum; a
+ * NaN label logit, a label outside the classes or the ignored one is never right. */
+static void test_accuracy_top(void **state) {
+    (void)state;
+    const float nan = NAN;
+    float logits[5 * 4] = {
+        4, 3, 2, 1,   /* label 2: third largest */
+        1, 1, 1, 1,   /* label 3: all equal, the three before it rank above */
+        0, 9, 9, 0,   /* label 2: second (class 1 equal and earlier) */
+        1, nan, 2, 3, /* label 1: NaN, never right */
+        1, 2, 3, 4,   /* label 7: not a class */
+    };
+    int64_t label[5] = {2, 3, 2, 1, 7};
+    assert_true(rt_accuracy_top(5, 4, logits, label, INT64_MIN, 1, 5) == 0.0f);
+    assert_true(rt_accuracy_top(5, 4, logits, label, INT64_MIN, 2, 5) == 1.0f);
+    assert_true(rt_accuracy_top(5, 4, logits, label, INT64_MIN, 3, 5) == 2.0f);
+    assert_true(rt_accuracy_top(5, 4, logits, label, INT64_MIN, 4, 5) == 3.0f);
+    assert_true(rt_accuracy_top(5, 4, logits, label, INT64_MIN, 4, 2) == 2.0f); /* the first 2 rows */
+    assert_true(rt_accuracy_top(5, 4, logits, label, 3, 4, 5) == 2.0f);         /* label 3 ignored */
+}
+
+/* top_k = 1 counts what argmax counts, on rows without NaN and with many ties (values from a
+ * set of four), labels and ignored labels drawn at random. */
+static void test_accuracy_top1_is_argmax(void **state) {
+    (void)state;
+    enum { R = 300, C = 7 };
+    float x[R * C];
+    int64_t label[R];
+    uint64_t s = 12345;
+    for (int i = 0; i < R * C; i++) x[i] = (float)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 62);
+    for (int r = 0; r < R; r++) label[r] = (int64_t)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % C;
+    assert_true(rt_accuracy_top(R, C, x, label, INT64_MIN, 1, R) == rt_accuracy(R, C, x, label, R));
+    assert_true(rt_accuracy_top(R, C, x, label, 4, 1, R) == rt_accuracy_ignore(R, C, x, label, 4, R));
+    /* every label is among all C */
+    assert_true(rt_accuracy_top(R, C, x, label, INT64_MIN, C, R) == (float)R);
+}
+
 /* One product of test_gemm: C = alpha op(A) op(B) + beta C, scaled or not, checked element by
  * element, and C's columns past N (scaled: a row stride 3 wider) untouched. */
 static void gemm_case(int64_t M, int64_t N, int64_t K, int ta, int tb, int scaled) {
@@ -602,6 +639,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),          cmocka_unit_test(test_gemm_reference), cmocka_unit_test(test_conv_forward),
         cmocka_unit_test(test_conv_backward), cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_softmax_and_xent), cmocka_unit_test(test_xent_bwd_from_loss), cmocka_unit_test(test_accuracy),
+        cmocka_unit_test(test_accuracy_top), cmocka_unit_test(test_accuracy_top1_is_argmax),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),          cmocka_unit_test(test_ignored_rows), cmocka_unit_test(test_expf),
         cmocka_unit_test(test_expf_nonpos),   cmocka_unit_test(test_erff),

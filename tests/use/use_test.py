@@ -8,7 +8,8 @@ usage: use_test.py CASE NETC WORKDIR
              equal to a float64 numpy forward pass of MLP on the same weights and to PyTorch's
              LeNet (channels-last convolutions inside) and to PyTorch's channels_last_output.net (a
              channels-last output, transposed back as it is written); LeNet's argmax gives the accuracy
-             --eval-only prints; labels are not needed; the output is refused as an input
+             --eval-only prints, and its 3 largest the top-3 accuracy of accuracy(..., top_k = 3);
+             labels are not needed; the output is refused as an input
   summary    netc --summary: LeNet's layers, shapes, parameters and mult-adds against the
              arithmetic written out below; the totals of LeNet and ResNet-18 (CIFAR) against the
              trainer's --list-params and PyTorch's count
@@ -248,6 +249,20 @@ def check_lenet(netc, work, img, lab):
     acc = float(out.split("accuracy ")[1]) if rc == 0 else -1
     mine = float((got.argmax(1) == np.load(lab)).mean()) if got is not None else -2
     check(abs(acc - mine) < 5e-5, f"lenet: --eval-only accuracy {acc}, argmax of the predictions {mine}")
+    # accuracy(..., top_k = 3) on the same weights: the labels among each row's 3 largest
+    # predictions (the last batch padded: its 8 padding rows must not count), printed as such
+    net = os.path.join(work, "lenet_top3.net")
+    with open(os.path.join(ROOT, "models", "lenet.net")) as f:
+        text = f.read()
+    with open(net, "w") as f:
+        f.write(text.replace("accuracy(logits, label)", "accuracy(logits, label, top_k = 3)"))
+    exe3 = compile_model(netc, net, os.path.join(work, "lenet_top3"), "-D", "batch=16")
+    rc, out = run(exe3, "--init", w, "--eval-only", "--eval-data", f"image={img}", "--eval-data", f"label={lab}",
+                  "--threads", "1")
+    acc3 = float(out.split("top-3 accuracy ")[1]) if rc == 0 and "top-3 accuracy " in out else -1
+    mine3 = float((np.argsort(-want, 1, kind="stable")[:, :3] == np.load(lab)[:, None]).any(1).mean())
+    check(abs(acc3 - mine3) < 5e-5 and mine3 != mine,
+          f"lenet: --eval-only top-3 accuracy {acc3}, the predictions' {mine3} (top-1 {mine}): {out}")
 
 
 def check_channels_last(netc, work):
