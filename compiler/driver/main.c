@@ -700,6 +700,8 @@ static int compile(const Options *o, Arena *arena) {
     if (o->check_only) return 0;
     if (o->dump == DUMP_IR) return ir_print(g, stdout), 0;
     if (o->summary) return ir_summary(g, stdout), 0;
+    drop_unused(g);
+    verify(g, "unused values");
     if (!o->no_fuse) fold_attention_heads(g);
     verify(g, "attention heads");
     g->loss_scaling = o->precision == CG_FP16; /* the loss gradient's seed is the loss scale */

@@ -21,6 +21,10 @@ int fold_attention_heads(IrGraph *g);
  * an input nothing of theirs reads, and a trainable parameter the loss does not depend on. Run
  * on the forward graph from sema; changes nothing. */
 void warn_unused(const IrGraph *g);
+/* unused.c: take out of the forward graph every value that neither the loss, the metric, the
+ * output nor a batch norm's running statistics need (inputs, parameters and constants stay).
+ * Run after warn_unused, before autodiff. Returns the number of nodes taken out. */
+int drop_unused(IrGraph *g);
 
 /* autodiff.c: append the backward pass. Requires the forward graph from sema (loss set);
  * guarantees every trainable parameter that the loss depends on has IrParam.grad, a node of

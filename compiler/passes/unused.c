@@ -8,12 +8,19 @@
  *     h2 = relu(fc2: dense(h1, 84))
  *          ^
  *
- * Warnings change nothing in what is compiled: every value is still computed as written. One
- * warning of a kind per source line (a loop or a block repeats its lines), in line order, at
- * most MAX_WARNINGS; `netc -w` turns them off. */
+ * Warnings change nothing in what is compiled. One warning of a kind per source line (a loop or
+ * a block repeats its lines), in line order, at most MAX_WARNINGS; `netc -w` turns them off.
+ *
+ * drop_unused then takes out of the graph the values nothing needs, so that neither the step
+ * nor the evaluation computes them and the memory plan gives them no room: what the loss, the
+ * metric and the output do not read, directly or through others, except a batch norm's
+ * training statistics, which move its running statistics (a side effect PyTorch's forward pass
+ * has too), and what those read. Inputs, parameters and constants stay: the trainer's inputs
+ * and weight files are the model's as written. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "builder.h"
 #include "diag.h"
 #include "passes.h"
 #include "util.h"
@@ -102,4 +109,24 @@ void warn_unused(const IrGraph *g) {
         warn(g, &found[i]);
     }
     free(found), free(live), free(to_loss), free(readers);
+}
+
+int drop_unused(IrGraph *g) {
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->id != i) ICE("drop_unused: the graph is not numbered");
+    if (g->n != g->n_fwd) ICE("drop_unused: run on the forward graph, before autodiff");
+    int n_roots = 0;
+    IrNode **roots = xcalloc((size_t)g->n + 3, sizeof *roots);
+    roots[n_roots++] = g->loss, roots[n_roots++] = g->correct, roots[n_roots++] = g->output;
+    for (int i = 0; i < g->n; i++) /* the running statistics move, whoever reads the batch's */
+        if (g->nodes[i]->op == OP_BN_STATS && !g->nodes[i]->attr.bn_frozen) roots[n_roots++] = g->nodes[i];
+    unsigned char *live = xcalloc((size_t)g->n + 1, 1);
+    reach(g, roots, n_roots, live);
+    IrBuilder *b = irb_begin(g);
+    int dropped = 0;
+    for (int i = g->n - 1; i >= 0; i--) /* readers first: a dead value's readers are dead too */
+        if (!live[i] && ir_op_kind(g->nodes[i]->op) != OPK_SOURCE) irb_remove(b, g->nodes[i]), dropped++;
+    irb_finish(b);
+    free(roots), free(live);
+    return dropped;
 }

@@ -1,7 +1,8 @@
 /* fuzz_frontend.c - feeds arbitrary input to the front end: lexer, parser, AST builders,
  * diagnostics, the AST printer and, for every input that parses without errors, semantic
  * analysis (sema_build: evaluation, shape inference, the IR and its verifier) and its warnings
- * (warn_unused). Nothing may crash, hang, trip a sanitizer, or allocate without bound.
+ * (warn_unused) and the removal of unused values (drop_unused). Nothing may crash, hang, trip a
+ * sanitizer, or allocate without bound.
  *
  * Built two ways:
  *   - with libFuzzer:  clang -fsanitize=fuzzer,address,undefined ... (LLVMFuzzerTestOneInput);
@@ -45,6 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             n_sema_ok++;
             warn_unused(g); /* its warnings go to stderr with the errors */
             if (sink) ir_print(g, sink);
+            drop_unused(g);
         }
     }
     arena_free(&arena);

@@ -33,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from netc_testlib import Checks, run_cases, st_load  # noqa: E402
+from netc_testlib import Checks, run_cases, st_load, st_save  # noqa: E402
 
 check = Checks()
 
@@ -378,6 +378,85 @@ def case_summary(netc, work):
           f"resnet18_cifar layer4.1.conv2: {summary_rows(out).get('layer4.1.conv2')}")
 
 
+DEAD_NET = """model dead
+const batch = 4
+input x : f32[batch, 8]
+input label : i64[batch]
+h = relu(fc1: dense(x, 16))
+aux = aux: dense(tanh(h), 3)
+b = bnx: batchnorm2d(reshape(h, [batch, 4, 2, 2]))
+logits = fc2: dense(h, 5)
+train {
+  loss = cross_entropy(logits, label)
+  optimizer = sgd(0.1, weight_decay = 0.01)
+}
+"""
+
+
+def case_dead(netc, work):
+    """Values nothing needs are not computed (netc's drop_unused): the aux head's product and
+    tanh have no code, and the batch norm on the side keeps only its statistics, whose running
+    means and variances still move as PyTorch's forward pass moves them; the dead layers'
+    parameters still take weight decay (their gradient is zero), and the live layers train as
+    in the model without the dead lines."""
+    net, live = os.path.join(work, "dead.net"), os.path.join(work, "live.net")
+    with open(net, "w") as f:
+        f.write(DEAD_NET)
+    with open(live, "w") as f:
+        f.write("".join(x for x in DEAD_NET.splitlines(True) if not x.startswith(("aux = ", "b = "))))
+    rc, code = run(netc, net, "-w", "--dump=c")
+    lines = [x for x in code.splitlines() if "// %" in x]
+    check(rc == 0 and lines, f"netc --dump=c dead.net: {code[-2000:]}")
+    check(not [x for x in lines if "dead.net:6" in x and ("matmul(" in x or "tanh(" in x)],
+          "the aux head, which nothing reads, is computed: " + "; ".join(x for x in lines if "dead.net:6" in x))
+    check([x for x in lines if "dead.net:7" in x and "bn_stats(" in x], "the side batch norm's statistics are gone")
+    check(not [x for x in lines if "dead.net:7" in x and "row(" in x], "the side batch norm normalises what nothing reads")
+    rng = np.random.default_rng(3)
+    x, label = rng.standard_normal((4, 8)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int64)
+    init = {"fc1.weight": rng.standard_normal((16, 8)), "fc1.bias": rng.standard_normal(16),
+            "aux.weight": rng.standard_normal((3, 16)), "aux.bias": rng.standard_normal(3),
+            "bnx.weight": rng.standard_normal(4), "bnx.bias": rng.standard_normal(4),
+            "bnx.running_mean": np.zeros(4), "bnx.running_var": np.ones(4),
+            "bnx.num_batches_tracked": np.zeros((), np.int64),
+            "fc2.weight": rng.standard_normal((5, 16)), "fc2.bias": rng.standard_normal(5)}
+    init = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in init.items()}
+    files = {}
+    for name, arr in (("x", x), ("label", label)):
+        files[name] = os.path.join(work, name + ".npy")
+        np.save(files[name], arr)
+    data = [a for k, f in files.items() for a in ("--data", f"{k}={f}")]
+    got = {}
+    for which, path, names in (("dead", net, init), ("live", live, [k for k in init if k.startswith("fc")])):
+        w0, w1 = os.path.join(work, which + "-init.safetensors"), os.path.join(work, which + ".safetensors")
+        st_save(w0, {k: init[k] for k in names})
+        exe = compile_model(netc, path, os.path.join(work, which), "-w")
+        rc, out = run(exe, *data, "--init", w0, "--steps", "1", "--no-shuffle", "--threads", "1", "--quiet", "--save", w1)
+        check(rc == 0, f"{which}: training: {out}")
+        got[which] = st_tensors(w1) if rc == 0 else {}
+    dead, lr, wd = got["dead"], 0.1, 0.01
+    if not dead or not got["live"]:
+        return
+    # a zero gradient: one float32 step p - lr * wd * p, within float32's rounding of it
+    for name in ("aux.weight", "aux.bias", "bnx.weight", "bnx.bias"):
+        want = init[name].astype(np.float64) * (1 - lr * wd)
+        check(np.abs(dead[name] - want).max() <= 1e-6 * np.abs(want).max(), f"{name}: not decayed: {dead[name]}")
+    # the batch's statistics of h (float64 from the initial weights) over (batch, 2, 2) per channel,
+    # as PyTorch's BatchNorm2d moves running_mean/var (momentum 0.1, the unbiased variance); h's
+    # float32 rounding is ~1e-7 relative, 1e-5 absolute is far above it and below any wrong value
+    h = np.maximum(x.astype(np.float64) @ init["fc1.weight"].T.astype(np.float64) + init["fc1.bias"], 0)
+    c = h.reshape(4, 4, 4).transpose(1, 0, 2).reshape(4, -1)
+    check(np.abs(dead["bnx.running_mean"] - 0.1 * c.mean(1)).max() <= 1e-5,
+          f"running_mean {dead['bnx.running_mean']}, want {0.1 * c.mean(1)}")
+    check(np.abs(dead["bnx.running_var"] - (0.9 + 0.1 * c.var(1, ddof=1))).max() <= 1e-5,
+          f"running_var {dead['bnx.running_var']}, want {0.9 + 0.1 * c.var(1, ddof=1)}")
+    check(int(dead["bnx.num_batches_tracked"]) == 1, f"num_batches_tracked {dead['bnx.num_batches_tracked']}")
+    # the live layers: the same step as the model without the dead lines (the same kernels on the
+    # same values; 1e-6 relative leaves room for a different vector remainder at other offsets)
+    for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        a, b = dead[name], got["live"][name]
+        check(np.abs(a - b).max() <= 1e-6 * np.abs(b).max(), f"{name}: {a} against the live model's {b}")
+
+
 if __name__ == "__main__":
     sys.exit(run_cases({"eval_only": case_eval_only, "hparams": case_hparams, "summary": case_summary,
-                           "predict": case_predict}, "use", check, sys.argv))
+                           "predict": case_predict, "dead": case_dead}, "use", check, sys.argv))
