@@ -4,7 +4,8 @@
  * a layer whose parameters get no gradient because the loss does not depend on them (autodiff
  * gives them a zero gradient, so an optimizer with weight decay shrinks them at every step).
  *
- *     lenet.net:9:6: warning: this value is never used: the loss, the metric and the output do not read it, so it is not computed
+ *     lenet.net:9:6: warning: this value is never used: the loss, the metric and the output do not
+ *     read it, so it is not computed
  *     h2 = relu(fc2: dense(h1, 84))
  *          ^
  *
@@ -55,7 +56,8 @@ static int by_line(const void *pa, const void *pb) {
 
 static void warn(const IrGraph *g, const Found *f) {
     if (f->kind == W_VALUE) {
-        diag_warning(f->loc, "this value is never used: the loss, the metric and the output do not read it, so it is not computed");
+        diag_warning(f->loc, "this value is never used: the loss, the metric and the output do not read it, "
+                             "so it is not computed");
         return;
     }
     if (f->kind == W_INPUT) {
