@@ -1040,6 +1040,15 @@ static void emit_output_desc(Cg *c) {
     cg_end(c, "}, .output_inputs = 0x%" PRIx32 ",", output_inputs(g));
 }
 
+/* The first metric's accuracy node: g->correct itself, or with several metrics the first item
+ * of the reshapes and concats that join them (sema_train.c), or NULL without metrics. */
+static const IrNode *first_metric(const IrGraph *g) {
+    const IrNode *n = g->correct;
+    while (n && (n->op == OP_CONCAT || n->op == OP_RESHAPE)) n = n->in[0];
+    if (n && n->op != OP_ACCURACY) ICE("the metrics' counts come from %s, not accuracy", ir_op_name(n->op));
+    return n;
+}
+
 /* ... and the training recipe: optimizer, schedule, epochs, logging, loss. */
 void cg_emit_model_recipe(Cg *c) {
     const IrGraph *g = c->g;
@@ -1058,13 +1067,18 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
-    if (g->correct && g->correct->attr.top_k > 1) cg_line(c, ".accuracy_top_k = %d,", g->correct->attr.top_k);
-    if (g->correct && g->correct->attr.has_ignore) { /* the trainer counts the positions of the labels */
-        const IrNode *lab = g->correct->in[1];
+    if (g->correct) {
+        cg_begin(c, ".n_metrics = %d, .metric_top_k = {", g->train.n_metrics);
+        for (int i = 0; i < g->train.n_metrics; i++) cg_put(c, "%s%d", i ? ", " : "", g->train.metric_top_k[i]);
+        cg_end(c, "},");
+    }
+    const IrNode *acc = first_metric(g);
+    if (acc && acc->attr.has_ignore) { /* the trainer counts the positions of the labels (every metric's) */
+        const IrNode *lab = acc->in[1];
         while (lab->op == OP_CAST) lab = lab->in[0];
         if (lab->op != OP_INPUT) ICE("accuracy with ignore_index reads labels that are not an input");
         cg_line(c, ".metric_counts = 1, .metric_input = %d, .metric_ignore = %" PRId64 ",", lab->index,
-                g->correct->attr.ignore_index);
+                acc->attr.ignore_index);
     }
     cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
     emit_output_desc(c);

@@ -883,8 +883,9 @@ static void emit_outputs(Cg *c) {
     const IrGraph *g = c->g;
     cg_blank(c);
     cg_line(c, "ctx->loss = v%d[0];", g->loss->id);
-    if (g->correct) cg_line(c, "ctx->correct = v%d[0];", g->correct->id);
-    else cg_line(c, "ctx->correct = 0;");
+    if (!g->correct) cg_line(c, "ctx->correct[0] = 0;");
+    for (int i = 0; g->correct && i < g->train.n_metrics; i++) /* several: f32[n] of their counts */
+        cg_line(c, "ctx->correct[%d] = v%d[%d];", i, g->correct->id, i);
 }
 
 /* --distributed: the buckets whose gradients are final after schedule position `position`

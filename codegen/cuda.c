@@ -1357,18 +1357,27 @@ static void emit_step_begin(Cu *u) {
     kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
 }
 
-/* Loss and accuracy into the sums; a non-finite loss stops every later update. */
+/* Metric i's count of this batch's correct predictions, as the kernel reads it: g->correct, one
+ * float per metric. */
+static void metric_at(Cu *u, int i, char *buf, size_t size) {
+    snprintf(buf, size, "*(const float *)(base + %" PRId64 ")", dev_offset(u, u->g->correct) + 4 * (int64_t)i);
+}
+
+/* Loss and accuracies into the sums; a non-finite loss stops every later update. */
 static void emit_step_end(Cu *u, int eval) {
     const IrGraph *g = u->g;
     Cg *c = &u->c;
-    char correct[64] = "0.0f";
-    if (g->correct) snprintf(correct, sizeof correct, "*(const float *)(base + %" PRId64 ")", dev_offset(u, g->correct));
+    const int metrics = g->correct ? g->train.n_metrics : 0;
+    char correct[96];
     kernel_open(u);
     cg_line(c, "RtDevState *st = ctx->state;");
     if (eval) {
         cg_line(c, "st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;",
                 dev_offset(u, g->loss));
-        cg_line(c, "st->eval_correct += (double)%s;", correct);
+        for (int i = 0; i < metrics; i++) {
+            metric_at(u, i, correct, sizeof correct);
+            cg_line(c, "st->eval_correct[%d] += (double)%s;", i, correct);
+        }
         kernel_close(u, "eval_end", 1, 1, "evaluation sums");
         return;
     }
@@ -1377,9 +1386,12 @@ static void emit_step_end(Cu *u, int eval) {
     cg_line(c, "const float loss = (float)((st->micro_loss + (double)*(const float *)(base + %" PRId64
                ")) / (double)st->accumulate);", dev_offset(u, g->loss));
     cg_line(c, "st->loss = loss;");
-    cg_line(c, "st->correct = (float)(st->micro_correct + (double)%s);", correct);
-    cg_line(c, "st->micro = 0, st->micro_loss = 0, st->micro_correct = 0;");
-    snprintf(correct, sizeof correct, "st->correct");
+    for (int i = 0; i < metrics; i++) {
+        metric_at(u, i, correct, sizeof correct);
+        cg_line(c, "st->correct[%d] = (float)(st->micro_correct[%d] + (double)%s);", i, i, correct);
+    }
+    cg_line(c, "st->micro = 0, st->micro_loss = 0;");
+    for (int i = 0; i < metrics; i++) cg_line(c, "st->micro_correct[%d] = 0;", i);
     if (g->distributed) { /* every rank adds up, and checks, the loss summed over the ranks */
         kernel_close(u, "step_loss", 1, 1, "this rank's loss and correct predictions");
         cg_line(&u->step, "rt_cuda_sum_join(cu); // summed over the ranks, once every gradient's mean is done");
@@ -1390,7 +1402,7 @@ static void emit_step_end(Cu *u, int eval) {
     cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
     cg_line(c, "st->loss_sum += (double)loss;");
     cg_line(c, "st->loss_steps += 1;");
-    if (g->correct) cg_line(c, "st->correct_sum += (double)%s;", correct);
+    for (int i = 0; i < metrics; i++) cg_line(c, "st->correct_sum[%d] += (double)st->correct[%d];", i, i);
     kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
 }
 
@@ -1451,8 +1463,11 @@ static void emit_grads_sum(Cu *u) {
     }
     cg_open(c, "if (blockIdx.x == 0 && threadIdx.x == 0) { // what step_end makes the step's mean of");
     cg_line(c, "st->micro_loss += (double)*(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
-    if (g->correct) cg_line(c, "st->micro_correct += (double)*(const float *)(base + %" PRId64 ");",
-                            dev_offset(u, g->correct));
+    for (int i = 0; g->correct && i < g->train.n_metrics; i++) {
+        char correct[96];
+        metric_at(u, i, correct, sizeof correct);
+        cg_line(c, "st->micro_correct[%d] += (double)%s;", i, correct);
+    }
     cg_line(c, "st->micro += 1;");
     cg_close(c, "}");
     cg_open(&u->step, "if (part == RT_STEP_SUM) { // --accumulate: one of the step's first K - 1 batches");

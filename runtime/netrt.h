@@ -23,6 +23,7 @@ extern "C" {
 #endif
 
 enum { RT_MAX_RANK = 6, RT_MAX_INPUTS = 16 };
+enum { RT_MAX_METRICS = 4 }; /* metrics = [...]: the accuracies a model reports (IR_MAX_METRICS) */
 
 /* Element types; same order as the compiler's IrDtype. */
 typedef enum { RT_F32, RT_F16, RT_BF16, RT_I32, RT_I64, RT_U8 } RtDtype;
@@ -83,7 +84,7 @@ typedef struct RtCtx {
     uint64_t seed;             /* per-step seed for dropout masks */
     int64_t n_valid;           /* rows of the batch that hold real samples (eval tail) */
     float loss;                /* out: mean loss over the valid rows */
-    float correct;             /* out: correct predictions among the valid rows */
+    float correct[RT_MAX_METRICS]; /* out: each metric's correct predictions among the valid rows */
     const RtOptimParams *hyper; /* the optimizer's hyperparameters (RtModel.hyper, or the command
                                 * line's); optimizer_step reads them */
     float *output;             /* eval_step, when not NULL: out, the model's output for the whole
@@ -172,7 +173,7 @@ typedef struct RtLossScale {
 
 typedef struct RtDeviceSums {
     double loss;             /* training loss summed over `steps` steps */
-    double correct;          /* correct predictions summed over them (0 without a metric) */
+    double correct[RT_MAX_METRICS]; /* each metric's correct predictions summed over them */
     int64_t steps;
     int64_t nonfinite_step;  /* the first step (1-based) whose loss was NaN or Inf, 0 if none */
     double grad_norm;        /* clip_grad_norm: the last step's gradient norm before clipping */
@@ -233,7 +234,8 @@ typedef struct RtDevice {
      * taken before the next is made. */
     void (*post_train)(void);
     int (*take_train)(RtDeviceSums *s, int wait);
-    /* Wait for the queued work and take the evaluation's sums since the last read. */
+    /* Wait for the queued work and take the evaluation's sums since the last read (`correct`:
+     * RT_MAX_METRICS of them). */
     void (*read_eval)(double *loss_sum, double *correct);
     /* --predict: wait for the queued work, and write the model's output of the last evaluation
      * batch into `out` as the CPU trainer's eval_step writes RtCtx.output: float32, logical
@@ -363,7 +365,8 @@ typedef struct RtModel {
     int64_t eval_every;        /* epochs */
     int64_t log_every;         /* steps */
     int has_accuracy;
-    int accuracy_top_k;        /* accuracy(..., top_k = k): k when above 1 (the logs name it), else 0 */
+    int n_metrics;             /* accuracies reported (metrics = [...]), 1 to RT_MAX_METRICS with has_accuracy */
+    int metric_top_k[RT_MAX_METRICS]; /* each one's top_k (1 or 0: the arg-max), which the logs name */
     const char *loss_name;     /* "cross_entropy", "mse", "bce_logits" */
     /* The model's output, the value its loss function reads first (the logits): per-sample
      * rank (-1 when the loss is written without a loss function) and shape, and a bit per

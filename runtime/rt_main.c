@@ -70,7 +70,7 @@ typedef struct Trainer {
     const RtDevice *dev;      /* the step runs there (m->device), or NULL */
     RtAugment aug;            /* --augment: crops and flips of training batches */
     double dev_loss;          /* device trainers: loss summed over dev_steps steps read back */
-    double dev_correct;       /* and correct predictions */
+    double dev_correct[RT_MAX_METRICS]; /* and each metric's correct predictions */
     int64_t dev_steps;
     int posted;               /* the device has sums posted (RtDevice.post_train) that are not taken yet */
     int dev_stop;             /* the exit status a take found where the run could not stop (take_sums) */
@@ -468,20 +468,40 @@ static void json_number(FILE *f, const char *key, double v) {
     else fprintf(f, ", \"%s\": null", key);
 }
 
-/* " accuracy 0.9312", or " top-5 accuracy 0.9312" for accuracy(..., top_k = 5): the console's. */
-static void accuracy_text(const RtModel *m, double acc, char *out, size_t size) {
-    if (m->accuracy_top_k > 1) snprintf(out, size, " top-%d accuracy %.4f", m->accuracy_top_k, acc);
-    else snprintf(out, size, " accuracy %.4f", acc);
+/* Metric i's key in the JSON Lines log: "accuracy" for the first (whatever its top_k), then
+ * "top5_accuracy" for a top-5 one, "accuracy_2" for a second arg-max one. */
+static const char *metric_key(const RtModel *m, int i, char *buf, size_t size) {
+    if (i == 0) return "accuracy";
+    if (m->metric_top_k[i] > 1) snprintf(buf, size, "top%d_accuracy", m->metric_top_k[i]);
+    else snprintf(buf, size, "accuracy_%d", i + 1);
+    return buf;
 }
 
-/* acc is the interval's training accuracy, logged only where the model has a metric. */
-/* wait: the share of the interval a distributed trainer spent waiting for the other ranks. */
-static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, double acc, double lr, double rate,
-                         double wait) {
+/* The metrics on a console line: " accuracy 0.7012 top-5 accuracy 0.9012" (a top-k metric
+ * named so, a second arg-max one "accuracy_2"); "" without. */
+static void accuracy_text(const RtModel *m, const double *acc, char *out, size_t size) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; m->has_accuracy && i < m->n_metrics && used < size; i++) {
+        if (m->metric_top_k[i] > 1)
+            used += (size_t)snprintf(out + used, size - used, " top-%d accuracy %.4f", m->metric_top_k[i], acc[i]);
+        else if (i == 0)
+            used += (size_t)snprintf(out + used, size - used, " accuracy %.4f", acc[i]);
+        else
+            used += (size_t)snprintf(out + used, size - used, " accuracy_%d %.4f", i + 1, acc[i]);
+    }
+}
+
+/* acc: the interval's training accuracies (RtModel.n_metrics), logged only where the model has
+ * metrics. wait: the share of the interval a distributed trainer spent waiting for the other ranks. */
+static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, const double *acc, double lr,
+                         double rate, double wait) {
+    char key[32];
     if (t->log) {
         fprintf(t->log, "{\"step\": %lld, \"epoch\": %lld", (long long)step, (long long)epoch);
         json_number(t->log, "loss", loss);
-        if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
+        for (int i = 0; t->m->has_accuracy && i < t->m->n_metrics; i++)
+            json_number(t->log, metric_key(t->m, i, key, sizeof key), acc[i]);
         json_number(t->log, "lr", lr);
         if (t->m->clip_grad_norm > 0) json_number(t->log, "grad_norm", t->grad_norm);
         if (t->m->loss_scaling) { /* the scale after the step, and the steps skipped so far */
@@ -498,8 +518,8 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    char accuracy[48] = "";
-    if (t->m->has_accuracy) accuracy_text(t->m, acc, accuracy, sizeof accuracy);
+    char accuracy[160];
+    accuracy_text(t->m, acc, accuracy, sizeof accuracy);
     char norm[96] = "";
     if (t->m->clip_grad_norm > 0) snprintf(norm, sizeof norm, " grad_norm %.4g", t->grad_norm);
     if (t->m->loss_scaling)
@@ -512,20 +532,22 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, d
 }
 
 /* Epoch 0: the one evaluation of --eval-only, outside any training. */
-static void log_eval(Trainer *t, int64_t epoch, double loss, double acc) {
+static void log_eval(Trainer *t, int64_t epoch, double loss, const double *acc) {
+    char key[32];
     if (t->log) {
         fprintf(t->log, "{\"eval\": true");
         if (epoch) fprintf(t->log, ", \"epoch\": %lld", (long long)epoch);
         json_number(t->log, "loss", loss);
-        if (t->m->has_accuracy) json_number(t->log, "accuracy", acc);
+        for (int i = 0; t->m->has_accuracy && i < t->m->n_metrics; i++)
+            json_number(t->log, metric_key(t->m, i, key, sizeof key), acc[i]);
         fprintf(t->log, "}\n");
         log_line_done(t);
     }
-    char accuracy[48] = "", num[32], meta[48];
-    if (t->m->has_accuracy) {
-        accuracy_text(t->m, acc, accuracy, sizeof accuracy);
+    char accuracy[160], num[32], meta[48];
+    accuracy_text(t->m, acc, accuracy, sizeof accuracy);
+    if (t->m->has_accuracy) { /* MLPerf's quality: the first metric */
         snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
-        RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc), meta);
+        RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc[0]), meta);
     }
     if (epoch) rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
     else rt_console_line(&t->con, "eval: loss %.4f%s", loss, accuracy); /* --eval-only */
@@ -568,6 +590,15 @@ static double accuracy_of(const RtModel *m, double correct, double samples, doub
     return counted > 0 ? correct / counted : 0;
 }
 
+/* acc[i] = accuracy_of metric i's correct[i] (each metric counts the same samples or positions). */
+static void accuracies(const RtModel *m, const double *correct, double samples, double counted, double *acc) {
+    for (int i = 0; i < RT_MAX_METRICS; i++) acc[i] = i < m->n_metrics ? accuracy_of(m, correct[i], samples, counted) : 0;
+}
+
+/* An evaluation's sums, added up over the ranks: the loss times the samples, each metric's correct
+ * predictions, the positions counted (RtModel.metric_counts). */
+enum { SUM_LOSS, SUM_CORRECT, SUM_COUNTED = SUM_CORRECT + RT_MAX_METRICS, N_SUMS };
+
 /* Every rank takes rank 0's running statistics (rt_dist_share_buffers); a device trainer's on
  * the device too. */
 static void share_buffers(Trainer *t) {
@@ -583,17 +614,17 @@ static void share_buffers(Trainer *t) {
 /* The sums of an evaluation (loss x samples, correct predictions, positions counted) over this
  * rank's batches: batch nth is rank (nth mod ranks)'s, or every batch is (`all`). 0, or the exit
  * status after the evaluation data changed under the trainer. */
-static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all, double sums[3]) {
+static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all, double sums[N_SUMS]) {
     const RtModel *m = t->m;
     RtError err;
     int64_t *idx = rt_alloc((size_t)m->batch * sizeof *idx, "evaluation indices");
-    double loss = 0, correct = 0, counted = 0;
+    double loss = 0, correct[RT_MAX_METRICS] = {0}, counted = 0;
     int64_t nth = 0;
     for (int64_t start = 0; start < ds->n_samples; start += m->batch) {
         if (!all && nth++ % t->dist.ranks != t->dist.rank) continue;
         int64_t count = rt_gather_from(m, ds, start, idx, bufs, &err);
         if (count < 0) {
-            if (t->dev) t->dev->read_eval(&loss, &correct); /* drop the partial sums */
+            if (t->dev) t->dev->read_eval(&loss, correct); /* drop the partial sums */
             free(idx);
             return data_changed(t, &err);
         }
@@ -606,20 +637,22 @@ static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all
         t->ctx.n_valid = count; /* the padded rows count neither in the loss nor the accuracy */
         m->eval_step(&t->ctx);
         loss += (double)t->ctx.loss * (double)count;
-        correct += t->ctx.correct;
+        for (int i = 0; i < RT_MAX_METRICS; i++) correct[i] += t->ctx.correct[i];
     }
-    if (t->dev) t->dev->read_eval(&loss, &correct);
+    if (t->dev) t->dev->read_eval(&loss, correct);
     free(idx);
-    sums[0] = loss, sums[1] = correct, sums[2] = counted;
+    sums[SUM_LOSS] = loss, sums[SUM_COUNTED] = counted;
+    memcpy(sums + SUM_CORRECT, correct, sizeof correct);
     return 0;
 }
 
 /* An evaluation's line, from its sums over every rank. */
-static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const double sums[3]) {
+static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const double sums[N_SUMS]) {
     char meta[48];
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
-    double n = (double)samples;
-    log_eval(t, epoch, sums[0] / n, accuracy_of(t->m, sums[1], n, sums[2]));
+    double n = (double)samples, acc[RT_MAX_METRICS];
+    accuracies(t->m, sums + SUM_CORRECT, n, sums[SUM_COUNTED], acc);
+    log_eval(t, epoch, sums[SUM_LOSS] / n, acc);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
 }
 
@@ -628,9 +661,9 @@ static int take_sums(Trainer *t, int wait);
 /* --eval-rank, training rank 0: the evaluation in flight logged once the evaluator has sent its
  * sums; when `wait`, after waiting for them. */
 static void collect_eval(Trainer *t, int wait) {
-    double sums[3];
+    double sums[N_SUMS];
     int64_t epoch;
-    if (!t->eval_epoch || !t->dist.comm->eval_result(sums, 3, &epoch, wait)) return;
+    if (!t->eval_epoch || !t->dist.comm->eval_result(sums, N_SUMS, &epoch, wait)) return;
     t->eval_epoch = 0;
     /* the training line before it; rank 0 alone is here, so a stop waits in t->dev_stop for the
      * next log point, where every rank finds it */
@@ -680,10 +713,11 @@ static int finish_eval(Trainer *t) {
     int rc = feed_eval(t, INT64_MAX);
     if (rc) return rc;
     if ((rc = take_sums(t, 1))) return rc; /* the training line before it */
-    double sums[3] = {0, 0, t->ae.counted};
-    t->dev->eval_async_read(&sums[0], &sums[1]);
+    double sums[N_SUMS] = {0};
+    sums[SUM_COUNTED] = t->ae.counted;
+    t->dev->eval_async_read(&sums[SUM_LOSS], &sums[SUM_CORRECT]);
     t->ae.active = 0;
-    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
+    rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
     log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, sums);
     return 0;
 }
@@ -724,10 +758,10 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
         return 0;
     }
     if (t->o.eval_async) return begin_eval(t, ds, bufs, epoch);
-    double sums[3];
+    double sums[N_SUMS];
     int rc = eval_sums(t, ds, bufs, 0, sums);
     if (rc) return rc;
-    rt_dist_sum(&t->dist, sums, 3, "summing the evaluation");
+    rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
     log_eval_sums(t, ds->n_samples, epoch, sums);
     return 0;
 }
@@ -743,10 +777,10 @@ static int serve_evals(Trainer *t, const RtDataset *ds, void *const *bufs) {
             t->dev->upload(t->ctx.params, NULL);
             if (first) t->dev->start(0, 1, 1, t->o.seed, NULL);
         }
-        double sums[3];
+        double sums[N_SUMS];
         int rc = eval_sums(t, ds, bufs, 1, sums);
         if (rc) return rc;
-        t->dist.comm->eval_reply(sums, 3, epoch);
+        t->dist.comm->eval_reply(sums, N_SUMS, epoch);
     }
     return (int)epoch;
 }
@@ -979,7 +1013,8 @@ static int take_sums(Trainer *t, int wait) {
     if (!t->posted || !t->dev->take_train(&s, wait)) return 0;
     t->posted = 0;
     /* a distributed trainer's device sums each step's loss and correct predictions over the ranks */
-    t->dev_loss += s.loss / t->dist.ranks, t->dev_correct += s.correct, t->dev_steps += s.steps;
+    t->dev_loss += s.loss / t->dist.ranks, t->dev_steps += s.steps;
+    for (int i = 0; i < RT_MAX_METRICS; i++) t->dev_correct[i] += s.correct[i];
     t->grad_norm = s.grad_norm;
     if (t->m->loss_scaling) t->scale = s.scale;
     if (s.nonfinite_step && s.nonfinite_grads) /* loss scaling: not an overflow, divergence */
@@ -989,12 +1024,13 @@ static int take_sums(Trainer *t, int wait) {
                                             "lower the learning rate, or train with --precision bf16 or fp32");
     if (s.nonfinite_step) return t->dev_stop = nonfinite_loss(t, s.nonfinite_step, "NaN or infinite");
     if (!t->line.pending) return 0;
-    double tn = rt_now();
-    log_interval(t, t->line.step, t->line.epoch, t->dev_loss / (double)t->dev_steps,
-                 accuracy_of(t->m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), t->line.counted),
-                 t->line.lr, t->line.samples / (tn - t->line_t), t->line.wait);
+    double tn = rt_now(), acc[RT_MAX_METRICS];
+    accuracies(t->m, t->dev_correct, (double)(t->dev_steps * global_batch(t)), t->line.counted, acc);
+    log_interval(t, t->line.step, t->line.epoch, t->dev_loss / (double)t->dev_steps, acc, t->line.lr,
+                 t->line.samples / (tn - t->line_t), t->line.wait);
     t->line_t = tn, t->line.pending = 0;
-    t->dev_loss = 0, t->dev_correct = 0, t->dev_steps = 0;
+    t->dev_loss = 0, t->dev_steps = 0;
+    memset(t->dev_correct, 0, sizeof t->dev_correct);
     return 0;
 }
 
@@ -1035,16 +1071,20 @@ static uint64_t rank_seed(const Trainer *t) {
 /* The host's update after a step's batches (not a device's, which updates on its own): the
  * mean gradient over the ranks and the step's K batches, the step's loss (the batches' mean,
  * `loss` their sum) and correct predictions over the ranks, the non-finite check, the optimizer. */
-static int host_update(Trainer *t, int64_t step, double loss, double correct) {
+static int host_update(Trainer *t, int64_t step, double loss, const double *correct) {
     const RtModel *m = t->m;
     const int K = t->o.accumulate;
-    t->ctx.loss = (float)(loss / K), t->ctx.correct = (float)correct;
+    t->ctx.loss = (float)(loss / K);
+    for (int i = 0; i < RT_MAX_METRICS; i++) t->ctx.correct[i] = (float)correct[i];
     rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
-    if (t->dist.ranks > 1) { /* the loss and accuracy over the ranks, and any stop asked */
-        double sums[4] = {t->ctx.loss, t->ctx.correct, stop_asked(t), t->counted};
-        rt_dist_sum(&t->dist, sums, 4, "summing the loss");
-        t->ctx.loss = (float)(sums[0] / t->dist.ranks), t->ctx.correct = (float)sums[1];
-        t->stop_agreed = sums[2] > 0, t->counted = sums[3];
+    if (t->dist.ranks > 1) { /* the loss and accuracies over the ranks, and any stop asked */
+        enum { LOSS, STOP, COUNTED, CORRECT, N = CORRECT + RT_MAX_METRICS };
+        double sums[N] = {[LOSS] = t->ctx.loss, [STOP] = stop_asked(t), [COUNTED] = t->counted};
+        for (int i = 0; i < RT_MAX_METRICS; i++) sums[CORRECT + i] = t->ctx.correct[i];
+        rt_dist_sum(&t->dist, sums, N, "summing the loss");
+        t->ctx.loss = (float)(sums[LOSS] / t->dist.ranks);
+        for (int i = 0; i < RT_MAX_METRICS; i++) t->ctx.correct[i] = (float)sums[CORRECT + i];
+        t->stop_agreed = sums[STOP] > 0, t->counted = sums[COUNTED];
     }
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
@@ -1068,7 +1108,7 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
     t->ctx.lr = (float)rt_lr_at(&m->schedule, step, t->per_epoch, t->total);
     t->ctx.step = step - t->scale.skipped; /* updates made: a loss-scaling run's skipped steps made none */
     t->ctx.n_valid = m->batch;
-    double loss = 0, correct = 0;
+    double loss = 0, correct[RT_MAX_METRICS] = {0};
     t->counted = 0;
     for (int j = 0; j < K; j++) {
         void *const *batch = rt_prefetch_next(pf);
@@ -1083,7 +1123,8 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
         t->ctx.micro_left = K - 1 - j;
         t->ctx.update_in_backward = !t->o.update_after_backward && K == 1; /* the sum is not there yet */
         m->forward_backward(&t->ctx);
-        loss += t->ctx.loss, correct += t->ctx.correct;
+        loss += t->ctx.loss;
+        for (int i = 0; i < RT_MAX_METRICS; i++) correct[i] += t->ctx.correct[i];
         if (j == 0 && K > 1) memcpy(t->ctx.accum, t->ctx.grads, (size_t)m->n_grad_floats * sizeof(float));
         else if (j < K - 1) rt_grads_add(t->ctx.accum, t->ctx.grads, m->n_grad_floats);
     }
@@ -1115,12 +1156,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * K * m->batch, (n - first) * K, t->aug.any ? &t->aug : NULL,
                       t->o.seed, p->epoch);
-    double t0 = rt_now(), t_log = t0, loss_sum = 0, correct = 0, counted = 0;
+    double t0 = rt_now(), t_log = t0, loss_sum = 0, correct[RT_MAX_METRICS] = {0}, counted = 0;
     t->dist.wait_s = 0, t->line_t = t0;
     int rc = 0;
     while (p->batch < n && !stopping(t)) {
         if ((rc = train_step(t, &pf))) break;
-        loss_sum += t->ctx.loss, correct += t->ctx.correct, counted += t->counted, since++;
+        loss_sum += t->ctx.loss, counted += t->counted, since++;
+        for (int i = 0; i < RT_MAX_METRICS; i++) correct[i] += t->ctx.correct[i];
         progress(t, p->batch - first, t0);
         /* one rank: the posted line as soon as the device has got there; several take it at the
          * same point of the run on every rank, the next log point, so that they stop together */
@@ -1135,10 +1177,13 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
                 }
                 if ((rc = post_line(t, samples, wait, counted))) break;
             } else {
-                log_interval(t, p->step, p->epoch, loss_sum / (double)since,
-                             accuracy_of(m, correct, samples, counted), t->ctx.lr, samples / (tn - t_log), wait);
+                double acc[RT_MAX_METRICS];
+                accuracies(m, correct, samples, counted, acc);
+                log_interval(t, p->step, p->epoch, loss_sum / (double)since, acc, t->ctx.lr, samples / (tn - t_log),
+                             wait);
             }
-            t_log = tn, loss_sum = 0, correct = 0, counted = 0, since = 0, t->dist.wait_s = 0;
+            t_log = tn, loss_sum = 0, counted = 0, since = 0, t->dist.wait_s = 0;
+            memset(correct, 0, sizeof correct);
         }
         collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
         if ((rc = step_eval(t))) break; /* --eval-async: the same */

@@ -300,15 +300,61 @@ static void train_loss(Sema *S, const AstStmt *s) {
     S->g->train.loss_kind = loss_kind(s->value);
 }
 
+/* metrics = accuracy(...) or a list of up to IR_MAX_METRICS of them (the top-1 and top-5 of the
+ * same logits, say). Several must count the same positions: every one with the same
+ * ignore_index and labels, or none with one (the trainer counts the positions once). Their
+ * counts are joined into one f32[n] value, g->correct, the step's result. */
 static void train_metrics(Sema *S, const AstStmt *s) {
     Value v = sema_eval(S, S->global, s->value);
-    if (v.k == V_LIST && v.n == 1) v = v.items[0];
     if (v.k == V_ERR) return;
-    if (v.k != V_TENSOR || v.t->op != OP_ACCURACY) {
-        diag_error(s->value->loc, "metrics must be accuracy(logits, label)");
+    const Value *items = v.k == V_LIST ? v.items : &v;
+    const int n = v.k == V_LIST ? v.n : 1;
+    if (n < 1 || n > IR_MAX_METRICS) {
+        diag_error(s->value->loc, "metrics takes 1 to %d accuracies, found a list of %d", IR_MAX_METRICS, n);
+        diag_hint("metrics = [accuracy(logits, label), accuracy(logits, label, top_k = 5)]");
         return;
     }
-    S->g->correct = v.t;
+    IrNode *joined = NULL;
+    for (int i = 0; i < n; i++) {
+        if (items[i].k == V_ERR) return;
+        if (items[i].k != V_TENSOR || items[i].t->op != OP_ACCURACY) {
+            diag_error(s->value->loc, "metrics must be accuracy(logits, label)%s, found %s",
+                       n > 1 ? " for each item" : "", sema_value_desc(S, items[i]));
+            return;
+        }
+        IrNode *acc = items[i].t;
+        const IrNode *first = items[0].t, *lab = acc->in[1], *lab0 = first->in[1];
+        while (lab->op == OP_CAST) lab = lab->in[0];
+        while (lab0->op == OP_CAST) lab0 = lab0->in[0];
+        if (acc->attr.has_ignore != first->attr.has_ignore ||
+            (acc->attr.has_ignore && (acc->attr.ignore_index != first->attr.ignore_index || lab != lab0))) {
+            diag_error(s->value->loc, "metric %d counts other positions than metric 0: every accuracy of metrics "
+                       "must have the same ignore_index and labels, or none an ignore_index", i);
+            return;
+        }
+        for (int j = 0; j < i; j++)
+            if (acc->attr.top_k > 1 && S->g->train.metric_top_k[j] == acc->attr.top_k) {
+                diag_error(s->value->loc, "metrics %d and %d are both the top-%d accuracy: the log would name them "
+                           "alike", j, i, acc->attr.top_k);
+                return;
+            }
+        S->g->train.metric_top_k[i] = acc->attr.top_k > 1 ? acc->attr.top_k : 1;
+        if (n == 1) {
+            joined = acc;
+            break;
+        }
+        IrShape one = {.rank = 1, .dim = {1}};
+        IrNode *r = sema_node(S, OP_RESHAPE, one, DT_F32, acc->loc, 1, acc, NULL, NULL);
+        if (!joined) {
+            joined = r;
+            continue;
+        }
+        IrShape len = {.rank = 1, .dim = {joined->shape.dim[0] + 1}};
+        joined = sema_node(S, OP_CONCAT, len, DT_F32, s->value->loc, 2, joined, r, NULL);
+        joined->attr.axis = 0;
+    }
+    S->g->train.n_metrics = n;
+    S->g->correct = joined;
 }
 
 /* output = x: the value --predict writes, instead of the one the loss function reads first; a

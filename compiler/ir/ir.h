@@ -93,6 +93,7 @@ typedef enum {
 } IrDtype;
 
 enum { IR_MAX_RANK = 6, IR_MAX_OPERANDS = 8 };
+enum { IR_MAX_METRICS = 4 }; /* metrics = [...]: RT_MAX_METRICS (runtime/netrt.h) */
 
 /* A physical layout: the order in which a tensor's logical axes lie in memory, outermost first
  * (order[i] is the logical axis at physical position i, the last one fastest). Row-major is
@@ -248,6 +249,8 @@ typedef struct IrTrain {
     double power;         /* SCHED_POLY: the decay's exponent */
     int64_t accumulate;   /* accumulate = K: batches per optimizer step, the trainer's --accumulate
                            * default (0: not given) */
+    int n_metrics;        /* metrics = accuracy(...) or a list of them: how many (0: none) */
+    int metric_top_k[IR_MAX_METRICS]; /* each one's top_k (1: the arg-max) */
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and
@@ -290,7 +293,9 @@ typedef struct IrGraph {
     int n_params;
     StrMap param_index; /* name -> 1 + its index in params */
     IrNode *loss;      /* scalar f32 */
-    IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy */
+    IrNode *correct;   /* scalar f32 count of correct predictions, or NULL without accuracy;
+                        * with several metrics, f32[n] of their counts, joined by reshapes and
+                        * concats (ir_metrics finds them) */
     IrNode *output;    /* the model's output: the value the loss function reads first (the
                         * logits, mse's prediction), which eval_step hands out; NULL when the
                         * loss is written without a loss function */

@@ -50,6 +50,7 @@
 #include "rt_cuda_internal.h"
 
 enum { RT_CUDA_SLOTS = 2 }; /* staging slots: the host fills one while the device reads the other */
+_Static_assert((int)RT_DEV_METRICS == (int)RT_MAX_METRICS, "RtDevState counts as many metrics as RtCtx");
 
 /* What a lane of work owns; RtCuda holds the step's, and `side` --eval-async's (swap_lane). */
 typedef struct Lane {
@@ -972,7 +973,7 @@ static int cuda_take_train(RtDeviceSums *sums, int wait) {
     }
     const RtDevState *st = cu->posted;
     sums->loss = st->loss_sum;
-    sums->correct = st->correct_sum;
+    memcpy(sums->correct, st->correct_sum, sizeof sums->correct);
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
     sums->grad_norm = st->grad_norm;
@@ -985,7 +986,7 @@ static void cuda_read_eval(double *loss_sum, double *correct) {
     RtCuda *cu = &g_cu;
     const RtDevState *st = read_state(cu);
     *loss_sum = st->eval_loss;
-    *correct = st->eval_correct;
+    memcpy(correct, st->eval_correct, sizeof st->eval_correct);
     ZERO_STATE_FIELD(cu, eval_loss);
     ZERO_STATE_FIELD(cu, eval_correct);
 }
@@ -1040,7 +1041,7 @@ static void cuda_eval_async_read(double *loss_sum, double *correct) {
                   "cudaMemcpyAsync (the evaluation's sums to the host)");
     sync_side(cu, "cudaStreamSynchronize (the evaluation's batches)");
     *loss_sum = cu->host_state->eval_loss;
-    *correct = cu->host_state->eval_correct;
+    memcpy(correct, cu->host_state->eval_correct, sizeof cu->host_state->eval_correct);
 }
 
 static void cuda_close(void) {

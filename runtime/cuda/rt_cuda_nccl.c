@@ -30,6 +30,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -150,8 +151,10 @@ void rt_cuda_sum_join(RtCuda *cu) {
         return;
     RtDevState *st = (RtDevState *)(rt_cuda_base(cu) + rt_cuda_device_model(cu)->off_state);
     fork_from(cu, g_nccl.n_events - 1);
-    /* loss and correct are adjacent floats of RtDevState */
-    check(ncclAllReduce(&st->loss, &st->loss, 2, ncclFloat, ncclSum, g_nccl.comm, g_nccl.stream),
+    /* loss and correct[RT_DEV_METRICS] are adjacent floats of RtDevState */
+    _Static_assert(offsetof(RtDevState, correct) == offsetof(RtDevState, loss) + sizeof(float),
+                   "RtDevState.correct right after loss");
+    check(ncclAllReduce(&st->loss, &st->loss, 1 + RT_DEV_METRICS, ncclFloat, ncclSum, g_nccl.comm, g_nccl.stream),
           "ncclAllReduce (the step's loss)");
     rt_cuda_check(cudaEventRecord(g_nccl.done, g_nccl.stream), "cudaEventRecord (collectives queued)");
     rt_cuda_check(cudaStreamWaitEvent(rt_cuda_stream(cu), g_nccl.done, 0), "cudaStreamWaitEvent (the step's stream)");

@@ -20,6 +20,10 @@
  * writes __launch_bounds__ of it, and the runtime checks each kernel can run it at start-up. */
 enum { RT_CUDA_BLOCK = 256 };
 
+/* The metrics a step counts correct predictions for: netrt.h's RT_MAX_METRICS (rt_cuda.c checks),
+ * which the kernels' compiler does not see. */
+enum { RT_DEV_METRICS = 4 };
+
 typedef struct RtDevState {
     /* the run, set by the host before the first step (and again on resume) */
     long long step;          /* optimizer steps taken; advanced by the last kernel of each step */
@@ -32,22 +36,22 @@ typedef struct RtDevState {
     /* --accumulate: the step's batches so far, each run by the graph of RT_STEP_SUM */
     long long micro;          /* batches of this step already summed: 0 .. K - 1 */
     double micro_loss;        /* their losses, added in order */
-    double micro_correct;     /* their correct predictions */
+    double micro_correct[RT_DEV_METRICS]; /* their correct predictions, per metric */
     /* this step's, written by its first kernel */
     unsigned long long step_seed; /* rt_step_seed(seed, step * accumulate + micro), the dropout
                                    * masks' seed: each batch of the step its own, as on the CPU */
     float lr;                     /* the schedule at `step` */
     float loss;                   /* this step's mean loss (over its --accumulate batches) */
-    float correct;                /* this step's correct predictions (summed over them) */
-    float pad0;
+    float correct[RT_DEV_METRICS]; /* this step's correct predictions per metric (summed over them),
+                                   * right after loss: the ranks sum the two in one all-reduce */
     /* sums the host reads and resets */
     double loss_sum;          /* training loss summed over the steps since the last read */
     long long loss_steps;     /* steps in loss_sum */
-    double correct_sum;       /* correct predictions summed over those steps */
+    double correct_sum[RT_DEV_METRICS]; /* correct predictions per metric, summed over those steps */
     long long nonfinite_step; /* the first step (1-based) whose loss was NaN or Inf, 0 if none;
                                  from that step on the optimizer leaves the parameters alone */
     double eval_loss;         /* evaluation: loss * valid rows, summed over batches */
-    double eval_correct;      /* evaluation: correct predictions, summed */
+    double eval_correct[RT_DEV_METRICS]; /* evaluation: correct predictions per metric, summed */
     /* clip_grad_norm: this step's, written by the second clipping kernel, read by the optimizer */
     double grad_norm;         /* the gradients' 2-norm before clipping */
     float clip_scale;         /* what every gradient is multiplied by: rt_clip_scale(grad_norm, C),

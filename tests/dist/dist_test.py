@@ -146,6 +146,67 @@ def case_equivalence(netc, work):
         check(abs(l1 - l3) <= 1e-5 * l1 and a1 == a3, f"evaluation: one process loss {l1} accuracy {a1}, 3 ranks {l3} {a3}")
 
 
+def case_metrics(netc, work):
+    """Two metrics, the arg-max's and the top-5 accuracy (metrics = [...]), summed over the ranks:
+    the training lines of 2 ranks against one process at twice the batch, an evaluation sharded
+    over 3 ranks against one process, and an evaluation rank beside 2 training ranks against the
+    evaluations those ranks make themselves."""
+    with open(os.path.join(REPO, "models", "mlp.net")) as f:
+        text = f.read()
+    net = os.path.join(work, "mlp2.net")
+    with open(net, "w") as f:
+        f.write(text.replace("metrics   = accuracy(logits, label)",
+                             "metrics   = [accuracy(logits, label), accuracy(logits, label, top_k = 5)]"))
+
+    def build2(batch, distributed):
+        exe = os.path.join(work, f"mlp2_b{batch}{'_dist' if distributed else ''}")
+        if not os.path.exists(exe):
+            subprocess.run([netc, net, "-D", f"batch={batch}", "-o", exe] + (["--distributed"] if distributed else []),
+                           check=True)
+        return exe
+
+    one, two = build2(64, False), build2(32, True)
+    w, logs = os.path.join(work, "mlp2.st"), [os.path.join(work, f"train{k}.jsonl") for k in (1, 2)]
+    steps = ["--steps", "16", "--log-every", "4", "--no-shuffle"]
+    r1 = run([one] + RUN + steps + ["--save", w, "--log", logs[0]])
+    r2 = mpirun(2, [two] + RUN + steps + ["--log", logs[1]])
+    if check.expect(r1, 0, "two metrics: one process") and check.expect(r2, 0, "two metrics: 2 ranks"):
+        lines = [[json.loads(x) for x in open(log) if '"step"' in x] for log in logs]
+        # the same 256 samples per line, predicted from weights equal to float32 rounding: a count
+        # moves only where two logits are that close, at most a sample or two of the 256
+        ok = len(lines[0]) == len(lines[1]) == 4 and all(
+            abs(a[k] - b[k]) <= 2 / 256 for a, b in zip(*lines) for k in ("accuracy", "top5_accuracy"))
+        check(ok and all(a["top5_accuracy"] >= a["accuracy"] for a in lines[1]),
+              f"two metrics: 2 ranks' training lines {lines[1]}, one process's {lines[0]}")
+    elogs = [os.path.join(work, f"eval{k}.jsonl") for k in (1, 3)]
+    whole = run([one, "--eval-only", "--init", w, "--threads", "1", "--log", elogs[0]] + EVAL_DATA)
+    shard = mpirun(3, [two, "--eval-only", "--init", w, "--threads", "1", "--log", elogs[1]] + EVAL_DATA)
+    if check.expect(whole, 0, "two metrics: evaluation in one process") and \
+            check.expect(shard, 0, "two metrics: evaluation over 3 ranks"):
+        e1, e3 = ([json.loads(x) for x in open(log) if '"eval": true' in x][-1] for log in elogs)
+        # whole rows' counts: the same predictions give the same sums, exactly
+        check(e1["accuracy"] == e3["accuracy"] and e1["top5_accuracy"] == e3["top5_accuracy"]
+              and e1["top5_accuracy"] > e1["accuracy"], f"two metrics: evaluation in one process {e1}, over 3 ranks {e3}")
+        print(f"ok   two metrics over the ranks: accuracy {e3['accuracy']}, top5_accuracy {e3['top5_accuracy']}")
+    # an evaluation rank: 64 samples a step, 128 training samples, 3 epochs (an evaluation after each)
+    images, labels = fashion("train")
+    small = [os.path.join(work, f"small_{k}.npy") for k in ("image", "label")]
+    np.save(small[0], images[:128, None].astype("float32"))
+    np.save(small[1], labels[:128].astype("int64"))
+    args = ["--data", f"image={small[0]}", "--data", f"label={small[1]}", "--eval-data", f"image={small[0]}",
+            "--eval-data", f"label={small[1]}", "--threads", "1", "--epochs", "3", "--quiet"]
+    evals = {}
+    for np_, extra in ((2, []), (3, ["--eval-rank"])):
+        log = os.path.join(work, f"er{np_}.jsonl")
+        r = mpirun(np_, [two] + args + extra + ["--log", log])
+        if check.expect(r, 0, f"two metrics: {np_} processes{' with an evaluation rank' * bool(extra)}"):
+            evals[np_] = [(e["epoch"], e["accuracy"], e["top5_accuracy"]) for e in map(json.loads, open(log))
+                          if e.get("eval")]
+    if len(evals) == 2:
+        check(evals[2] == evals[3] and len(evals[2]) == 3,
+              f"two metrics: evaluations by the training ranks {evals[2]}, by the evaluation rank {evals[3]}")
+
+
 def cifar_like(work, split, n):
     """n Fashion-MNIST images as ResNet-18's 32x32 three-channel input: normalised, padded, repeated."""
     import numpy as np
@@ -578,7 +639,8 @@ def case_eval_rank(netc, work):
 
 
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
-         "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank, "accumulate": case_accumulate}
+         "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank, "accumulate": case_accumulate,
+         "metrics": case_metrics}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))

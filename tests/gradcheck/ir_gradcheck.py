@@ -395,6 +395,24 @@ class Interp:
         return v
 
 
+def metric_nodes(nodes, correct):
+    """The accuracy nodes of the metrics: the `correct` node itself, or the items its reshapes and
+    concats join (metrics = [...]), in order."""
+    n = nodes[correct]
+    if n.op == "accuracy":
+        return [correct]
+    if n.op in ("reshape", "concat"):
+        return [a for i in n.ins for a in metric_nodes(nodes, i)]
+    raise SystemExit(f"ir_gradcheck: the metrics' counts come from {n.op}, not accuracy")
+
+
+def metric_key(n, i):
+    """Metric i's key in the trainer's log (rt_main.c's metric_key)."""
+    if i == 0:
+        return "accuracy"
+    return f"top{top_k(n)}_accuracy" if top_k(n) > 1 else f"accuracy_{i + 1}"
+
+
 def accuracy_check(nodes, values, correct, got):
     """The evaluation's accuracy (rt_main.c's accuracy_of) against the reference's `correct`
     node: the right predictions per sample (per position averaged over the sample's), or with
@@ -485,16 +503,21 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
         error = abs(got - want) / tol
         if correct is None:
             return error, values
-        if "accuracy" not in record:
-            print("  the evaluation logged no accuracy, where the model has the metric")
-            return math.inf, values
-        return max(error, accuracy_check(it.nodes, values, correct, record["accuracy"])), values
+        for i, m in enumerate(metrics):
+            key = metric_key(it.nodes[m], i)
+            if key not in record:
+                print(f"  the evaluation logged no {key}, where the model has the metric")
+                return math.inf, values
+            error = max(error, accuracy_check(it.nodes, values, m, record[key]))
+        return error, values
 
+    metrics = metric_nodes(it.nodes, correct) if correct is not None else []
     error, values = evaluate(args, "")
     if "output" in marks:
         error = max(error, predict_check(exe, work, name, init, files, it, values, marks["output"]))
     if correct is None:
         return error
+    correct = metrics[0]  # the labels of the first metric (every one's, with ignore_index) relabeled
     logits_id, labels_id = it.nodes[correct].ins
     while it.nodes[labels_id].op == "cast":  # labels of a narrower integer type, widened
         labels_id = it.nodes[labels_id].ins[0]

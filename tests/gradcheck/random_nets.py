@@ -35,7 +35,7 @@ What a net holds: an input `x` f32[batch, ...] of rank 3 or 4 scaled by a parame
 a third of the nets token sequences: an embedding of `tokens` i64[batch, T] plus a float input
 scaled by a parameter, and the loss gets a cross-entropy of next-token logits (a dense layer on
 a [batch, T, ...] value) against `targets`, with ignore_index=-1 in most of them, and the metric
-is their accuracy (ignoring the same; in a third of them the top-2 to top-5 accuracy). Then 5 to 10 steps, each on one or two live values
+is their accuracy (ignoring the same; in a third of them with the top-2 to top-5 accuracy too). Then 5 to 10 steps, each on one or two live values
 (mostly the newest, so chains form; sometimes an older one, so values have several readers):
 element-wise functions and products (with a parameter broadcast along some axes, or with another
 value), a value less its mean or times its maximum along an axis (kept and broadcast back),
@@ -414,8 +414,10 @@ class Net:
             terms.append(f"cross_entropy(logits, targets{ignored})")
             # a third of them a top-k accuracy, drawn from a stream of its own
             top = random.Random(self.seed * 7919 + 6)
-            top_k = f", top_k={top.randrange(2, 6)}" if top.random() < 0.3 else ""
-            metrics = [f"  metrics = accuracy(logits, targets{ignored}{top_k})"]
+            metric = f"accuracy(logits, targets{ignored})"
+            if top.random() < 0.3:  # the arg-max's and a top-k accuracy, metrics = [...]
+                metric = f"[{metric}, accuracy(logits, targets{ignored}, top_k={top.randrange(2, 6)})]"
+            metrics = [f"  metrics = {metric}"]
         # what --predict writes: the newest value of one row per sample (its first axis as long as
         # the batch), compared element by element where the loss sees only a mean of its sines
         rows = [u for u in self.vals if u[1] and u[1][0] == batch]

@@ -739,7 +739,8 @@ static void emu_post_train(void) {
     RtCuda *cu = &g_cu;
     RtDevState *st = (RtDevState *)(cu->base + cu->dm->off_state);
     cu->posted = *st, cu->posted_at = cu->launches;
-    st->loss_sum = 0, st->correct_sum = 0, st->loss_steps = 0;
+    st->loss_sum = 0, st->loss_steps = 0;
+    memset(st->correct_sum, 0, sizeof st->correct_sum);
 }
 
 static int emu_take_train(RtDeviceSums *sums, int wait) {
@@ -748,7 +749,7 @@ static int emu_take_train(RtDeviceSums *sums, int wait) {
     if (wait && cu->coll_open) cu->dm->coll->wait(cu, NULL, "taking the device's sums");
     const RtDevState *st = &cu->posted;
     sums->loss = st->loss_sum;
-    sums->correct = st->correct_sum;
+    memcpy(sums->correct, st->correct_sum, sizeof sums->correct);
     sums->steps = st->loss_steps;
     sums->nonfinite_step = st->nonfinite_step;
     sums->grad_norm = st->grad_norm;
@@ -760,8 +761,9 @@ static int emu_take_train(RtDeviceSums *sums, int wait) {
 static void emu_read_eval(double *loss_sum, double *correct) {
     RtDevState *st = state(&g_cu);
     *loss_sum = st->eval_loss;
-    *correct = st->eval_correct;
-    st->eval_loss = 0, st->eval_correct = 0;
+    memcpy(correct, st->eval_correct, sizeof st->eval_correct);
+    st->eval_loss = 0;
+    memset(st->eval_correct, 0, sizeof st->eval_correct);
 }
 
 /* rt_cuda.c's --predict: the output's bytes, which must lie inside the arena, through the
@@ -805,7 +807,7 @@ static void emu_eval_async_step(void *const *batch, int64_t n_valid) {
 static void emu_eval_async_read(double *loss_sum, double *correct) {
     const RtDevState *st = (const RtDevState *)(g_cu.side + g_cu.dm->off_state);
     *loss_sum = st->eval_loss;
-    *correct = st->eval_correct;
+    memcpy(correct, st->eval_correct, sizeof st->eval_correct);
 }
 
 static void emu_close(void) {
