@@ -1068,6 +1068,7 @@ void cg_emit_model_recipe(Cg *c) {
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
     if (g->correct) {
+        if (g->train.n_metrics < 1) ICE("the graph has a metric's count but IrTrain.n_metrics is %d", g->train.n_metrics);
         cg_begin(c, ".n_metrics = %d, .metric_top_k = {", g->train.n_metrics);
         for (int i = 0; i < g->train.n_metrics; i++) cg_put(c, "%s%d", i ? ", " : "", g->train.metric_top_k[i]);
         cg_end(c, "},");
