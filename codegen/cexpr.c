@@ -1040,15 +1040,6 @@ static void emit_output_desc(Cg *c) {
     cg_end(c, "}, .output_inputs = 0x%" PRIx32 ",", output_inputs(g));
 }
 
-/* The first metric's accuracy node: g->correct itself, or with several metrics the first item
- * of the reshapes and concats that join them (sema_train.c), or NULL without metrics. */
-static const IrNode *first_metric(const IrGraph *g) {
-    const IrNode *n = g->correct;
-    while (n && (n->op == OP_CONCAT || n->op == OP_RESHAPE)) n = n->in[0];
-    if (n && n->op != OP_ACCURACY) ICE("the metrics' counts come from %s, not accuracy", ir_op_name(n->op));
-    return n;
-}
-
 /* ... and the training recipe: optimizer, schedule, epochs, logging, loss. */
 void cg_emit_model_recipe(Cg *c) {
     const IrGraph *g = c->g;
@@ -1067,13 +1058,15 @@ void cg_emit_model_recipe(Cg *c) {
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);
-    if (g->correct) {
-        if (g->train.n_metrics < 1) ICE("the graph has a metric's count but IrTrain.n_metrics is %d", g->train.n_metrics);
-        cg_begin(c, ".n_metrics = %d, .metric_top_k = {", g->train.n_metrics);
-        for (int i = 0; i < g->train.n_metrics; i++) cg_put(c, "%s%d", i ? ", " : "", g->train.metric_top_k[i]);
+    const IrNode *metric[IR_MAX_METRICS];
+    const int n_metrics = ir_metrics(g, metric);
+    if (n_metrics) {
+        cg_begin(c, ".n_metrics = %d, .metric_top_k = {", n_metrics);
+        for (int i = 0; i < n_metrics; i++)
+            cg_put(c, "%s%d", i ? ", " : "", metric[i]->attr.top_k > 1 ? metric[i]->attr.top_k : 1);
         cg_end(c, "},");
     }
-    const IrNode *acc = first_metric(g);
+    const IrNode *acc = n_metrics ? metric[0] : NULL;
     if (acc && acc->attr.has_ignore) { /* the trainer counts the positions of the labels (every metric's) */
         const IrNode *lab = acc->in[1];
         while (lab->op == OP_CAST) lab = lab->in[0];

@@ -883,8 +883,10 @@ static void emit_outputs(Cg *c) {
     const IrGraph *g = c->g;
     cg_blank(c);
     cg_line(c, "ctx->loss = v%d[0];", g->loss->id);
-    if (!g->correct) cg_line(c, "ctx->correct[0] = 0;");
-    for (int i = 0; g->correct && i < g->train.n_metrics; i++) /* several: f32[n] of their counts */
+    const IrNode *metric[IR_MAX_METRICS];
+    const int n_metrics = ir_metrics(g, metric);
+    if (!n_metrics) cg_line(c, "ctx->correct[0] = 0;");
+    for (int i = 0; i < n_metrics; i++) /* several: f32[n] of their counts */
         cg_line(c, "ctx->correct[%d] = v%d[%d];", i, g->correct->id, i);
 }
 

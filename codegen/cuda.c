@@ -1367,7 +1367,8 @@ static void metric_at(Cu *u, int i, char *buf, size_t size) {
 static void emit_step_end(Cu *u, int eval) {
     const IrGraph *g = u->g;
     Cg *c = &u->c;
-    const int metrics = g->correct ? g->train.n_metrics : 0;
+    const IrNode *metric[IR_MAX_METRICS];
+    const int metrics = ir_metrics(g, metric);
     char correct[96];
     kernel_open(u);
     cg_line(c, "RtDevState *st = ctx->state;");
@@ -1463,7 +1464,8 @@ static void emit_grads_sum(Cu *u) {
     }
     cg_open(c, "if (blockIdx.x == 0 && threadIdx.x == 0) { // what step_end makes the step's mean of");
     cg_line(c, "st->micro_loss += (double)*(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
-    for (int i = 0; g->correct && i < g->train.n_metrics; i++) {
+    const IrNode *metric[IR_MAX_METRICS];
+    for (int i = 0, n = ir_metrics(g, metric); i < n; i++) {
         char correct[96];
         metric_at(u, i, correct, sizeof correct);
         cg_line(c, "st->micro_correct[%d] += (double)%s;", i, correct);

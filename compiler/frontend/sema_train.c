@@ -333,12 +333,11 @@ static void train_metrics(Sema *S, const AstStmt *s) {
             return;
         }
         for (int j = 0; j < i; j++)
-            if (acc->attr.top_k > 1 && S->g->train.metric_top_k[j] == acc->attr.top_k) {
+            if (acc->attr.top_k > 1 && items[j].t->attr.top_k == acc->attr.top_k) {
                 diag_error(s->value->loc, "metrics %d and %d are both the top-%d accuracy: the log would name them "
                            "alike", j, i, acc->attr.top_k);
                 return;
             }
-        S->g->train.metric_top_k[i] = acc->attr.top_k > 1 ? acc->attr.top_k : 1;
         if (n == 1) {
             joined = acc;
             break;
@@ -353,7 +352,6 @@ static void train_metrics(Sema *S, const AstStmt *s) {
         joined = sema_node(S, OP_CONCAT, len, DT_F32, s->value->loc, 2, joined, r, NULL);
         joined->attr.axis = 0;
     }
-    S->g->train.n_metrics = n;
     S->g->correct = joined;
 }
 

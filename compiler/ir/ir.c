@@ -665,6 +665,22 @@ int ir_attention_tokens(const IrNode *n) {
     return n->attr.attn_heads[0] || n->attr.attn_heads[1] || n->attr.attn_heads[2];
 }
 
+static void metrics_of(const IrNode *n, const IrNode *out[IR_MAX_METRICS], int *count) {
+    if (n->op == OP_CONCAT || n->op == OP_RESHAPE) {
+        for (int k = 0; k < n->n_in; k++) metrics_of(n->in[k], out, count);
+        return;
+    }
+    if (n->op != OP_ACCURACY) ICE("the metrics' counts come from %s, not accuracy", ir_op_name(n->op));
+    if (*count == IR_MAX_METRICS) ICE("more than %d metrics", IR_MAX_METRICS);
+    out[(*count)++] = n;
+}
+
+int ir_metrics(const IrGraph *g, const IrNode *out[IR_MAX_METRICS]) {
+    int count = 0;
+    if (g->correct) metrics_of(g->correct, out, &count);
+    return count;
+}
+
 int ir_attention_qkv(const IrNode *n, IrShape qkv[3]) {
     const IrAttrs *a = &n->attr;
     const int tokens = ir_attention_tokens(n);

@@ -249,8 +249,6 @@ typedef struct IrTrain {
     double power;         /* SCHED_POLY: the decay's exponent */
     int64_t accumulate;   /* accumulate = K: batches per optimizer step, the trainer's --accumulate
                            * default (0: not given) */
-    int n_metrics;        /* metrics = accuracy(...) or a list of them: how many (0: none) */
-    int metric_top_k[IR_MAX_METRICS]; /* each one's top_k (1: the arg-max) */
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and
@@ -407,6 +405,9 @@ int ir_attention_ok(const IrNode *q, const IrNode *k, const IrNode *v, const IrN
 /* Whether attention n (or its gradient) reads any of its heads from tokens and writes its
  * result so (attr.attn_heads, fold_attention_heads). */
 int ir_attention_tokens(const IrNode *n);
+/* The metrics' accuracy nodes, in the order the train section lists them: g->correct itself, or
+ * the items its reshapes and concats join (sema_train.c). Returns how many (0 without metrics). */
+int ir_metrics(const IrGraph *g, const IrNode *out[IR_MAX_METRICS]);
 /* Attention n's (or its gradient's) q, k and v as [..., T, d], [..., S, d], [..., S, e]: an
  * operand's own shape, or with its heads read from tokens (attr.attn_heads[i]) [B, heads, T,
  * head_dim] of the base [B, T, W] whose columns attn_col .. attn_col + heads * head_dim hold

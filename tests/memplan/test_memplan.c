@@ -146,7 +146,6 @@ static IrGraph *mlp(Arena *arena, int with_backward) {
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, xent);
     g->loss->attr.batch_masked = 1;
     g->correct = ir_add(g, OP_ACCURACY, ir_scalar_shape(), DT_F32, here, 2, logits, label);
-    g->train.n_metrics = 1, g->train.metric_top_k[0] = 1; /* one metric, as sema_train.c says */
     assert_true(ir_verify(g, "test"));
     if (with_backward) assert_int_equal(ad_differentiate(g), 0);
     else g->n_fwd = g->n;
@@ -364,7 +363,6 @@ static IrGraph *classifier(Arena *arena) {
     g->loss = ir_add(g, OP_MEAN, ir_scalar_shape(), DT_F32, here, 1, xent);
     g->loss->attr.batch_masked = 1;
     g->correct = ir_add(g, OP_ACCURACY, ir_scalar_shape(), DT_F32, here, 2, logits, label);
-    g->train.n_metrics = 1, g->train.metric_top_k[0] = 1; /* one metric, as sema_train.c says */
     assert_int_equal(ad_differentiate(g), 0);
     return g;
 }
