@@ -1054,6 +1054,16 @@ void cg_emit_model_recipe(Cg *c) {
         cg_end(c, ",");
     }
     if (g->loss_scaling) cg_line(c, ".loss_scaling = 1, // --precision fp16: a dynamic loss scale on the device");
+    if (t->target_accuracy > 0) {
+        cg_begin(c, ".target_accuracy = ");
+        cg_dbl(c->out, t->target_accuracy);
+        cg_end(c, ",");
+    }
+    if (t->has_target_loss) {
+        cg_begin(c, ".target_loss = ");
+        cg_dbl(c->out, t->target_loss);
+        cg_end(c, ", .has_target_loss = 1,");
+    }
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);

@@ -389,6 +389,10 @@ typedef struct RtModel {
                                 * of `epochs` whole epochs (0: not given) */
     double clip_grad_norm;     /* clip_grad_norm = C: the gradients' global norm is clipped to C
                                 * before each update (0: off) */
+    double target_accuracy;    /* target_accuracy = A: training stops after the first evaluation whose
+                                * first metric reaches A (0: none; rt_target.c) */
+    double target_loss;        /* target_loss = L: ... whose loss is at most L (when has_target_loss) */
+    int has_target_loss;
     int loss_scaling;          /* netc --precision fp16: the device keeps a dynamic loss scale
                                 * (RtLossScale), which the trainer logs and checkpoints */
     /* netc --distributed: the collectives and the gradient buckets; NULL and 0 for a trainer

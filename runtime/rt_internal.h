@@ -368,6 +368,30 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char
 /* The --help lines: each value the model's schedule has, with the model's value. */
 void rt_hparam_usage(const RtModel *m);
 
+/* ---- training to a quality target (rt_target.c; docs/trainer.md, "Training to a target") */
+
+typedef struct RtTarget {
+    double accuracy;      /* the first metric's evaluation accuracy to reach (0: none) */
+    double loss;          /* the evaluation loss to get down to, when has_loss */
+    int has_loss;
+    int met;              /* an evaluation of this process met every target: in met_epoch's */
+    int64_t met_epoch;
+    int evaluated;        /* this process has evaluated; the last evaluation's values */
+    int64_t last_epoch;
+    double last_loss, last_accuracy;
+} RtTarget;
+
+/* The model's target (train { target_accuracy, target_loss }). */
+void rt_target_init(RtTarget *t, const RtModel *m);
+/* --target-accuracy A, --target-loss L (each replaces the model's), --no-target (drops the
+ * model's); 0, or -1 with a usage error in err. */
+int rt_target_option(RtTarget *t, const RtModel *m, const char *flag, const char *value, RtError *err);
+int rt_target_on(const RtTarget *t);
+/* "accuracy >= 0.759 and loss <= 2.69": the target in words, in buf; its length. */
+int rt_target_text(const RtTarget *t, char *buf, size_t size);
+/* An evaluation's loss and first metric's accuracy: 1 when it is the first to meet every target. */
+int rt_target_eval(RtTarget *t, int64_t epoch, double loss, double accuracy);
+
 /* ---- one rank of a distributed trainer (rt_dist.c; docs/distributed.md) */
 
 typedef struct RtDist {

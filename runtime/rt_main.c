@@ -30,7 +30,7 @@
 extern void openblas_set_num_threads(int n) __attribute__((weak));
 
 /* Exit statuses (docs/trainer.md): 1 a file was refused or a write failed, 2 bad command line. */
-enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5 };
+enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5, EXIT_TARGET_MISSED = 7 };
 
 typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
@@ -45,6 +45,9 @@ typedef struct Options {
     int n_predict;            /* --predict files given */
     RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
     RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
+    RtTarget target;          /* the model's quality target with the command line's changes, and whether
+                               * an evaluation met it (rt_target.c) */
+    int target_given;         /* --target-accuracy, --target-loss or --no-target */
     int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
     double loss_scale;        /* --loss-scale: the first loss scale of a loss-scaling trainer */
     int64_t loss_scale_interval; /* --loss-scale-interval: finite steps in a row that double it */
@@ -88,6 +91,7 @@ typedef struct Trainer {
     double counted;           /* the last step's positions the accuracy counts (counted_positions) */
     RtDist dist;              /* this process's rank among the trainer's ranks (rt_dist.c) */
     int stop_agreed;          /* distributed: some rank asked to stop; every rank stops after this step */
+    int target_agreed;        /* --eval-rank with several ranks: training rank 0 found the target met */
     int gather_state;         /* --shard-optimizer with --checkpoint and several ranks: every rank sends
                                * its optimizer state to rank 0 for each checkpoint */
     float *eval_params;       /* --eval-rank, training rank 0: the parameters handed to the evaluator */
@@ -208,6 +212,14 @@ static void usage(const RtModel *m) {
     printf("  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
            "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
            "                         (default: the model's accumulate setting, or 1)\n");
+    RtTarget target;
+    char text[96] = "none";
+    rt_target_init(&target, m);
+    if (rt_target_on(&target)) rt_target_text(&target, text, sizeof text);
+    printf("  --target-accuracy A    stop at the first evaluation whose accuracy (the first metric) is at\n"
+           "                         least A, and fail (status 7) a run that ends without one\n"
+           "  --target-loss L        the same with an evaluation loss of at most L\n"
+           "  --no-target            drop the model's target (%s) and those given before it\n", text);
     if (!m->device)
         printf("  --update-after-backward\n"
                "                         update every parameter after the whole backward pass, not each as\n"
@@ -227,7 +239,8 @@ static void usage(const RtModel *m) {
     printf("  --help                 this text\n"
            "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
            "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
-           "or --stop-at; the checkpoint, if any, holds the run)%s\n",
+           "or --stop-at; the checkpoint, if any, holds the run)%s, 7 the run ended without\n"
+           "reaching its target\n",
            m->device ? ", 5 no usable device" : "");
     rt_hparam_usage(m);
 }
@@ -305,11 +318,31 @@ static double loss_scale_option(const char *option, const char *value) {
     return v;
 }
 
+/* A target is a training run's: the model's is dropped for the other uses; a training run with
+ * one evaluates, or it could never know it got there. */
+static void check_target(Options *o, int using) {
+    if (using || o->gradcheck) {
+        if (o->target_given && rt_target_on(&o->target))
+            die_usage("--target-accuracy and --target-loss are for training runs: leave them out of %s",
+                      o->gradcheck ? "--gradcheck" : o->eval_only ? "--eval-only" : "--predict");
+        o->target.accuracy = 0, o->target.has_loss = 0;
+        return;
+    }
+    if (!rt_target_on(&o->target) || o->n_eval) return;
+    char text[96];
+    rt_target_text(&o->target, text, sizeof text);
+    die_usage("the run trains until an evaluation reaches its target (%s, %s), and has no --eval-data to evaluate "
+              "on: add --eval-data NAME=FILE for every input%s",
+              text, o->target_given ? "from the command line" : "from the model's train section",
+              o->target_given ? "" : ", or --no-target to train the model's epochs without one");
+}
+
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
                    .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
                    .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
                    .accumulate = m->accumulate > 1 ? m->accumulate : 1};
+    rt_target_init(&o->target, m);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -359,6 +392,13 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
         else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
         else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
+        else if (strcmp(a, "--target-accuracy") == 0 || strcmp(a, "--target-loss") == 0 ||
+                 strcmp(a, "--no-target") == 0) {
+            RtError err;
+            const char *value = strcmp(a, "--no-target") == 0 ? "" : VALUE();
+            if (rt_target_option(&o->target, m, a, value, &err)) die_usage("%s", err.msg);
+            o->target_given = 1;
+        }
         else die_usage("unknown option '%s'", a);
 #undef VALUE
     }
@@ -395,6 +435,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
                   "give one");
     if (o->eval_async && !o->n_eval) die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
+    check_target(o, using);
 }
 
 static void list_params(const RtModel *m) {
@@ -646,6 +687,17 @@ static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all
     return 0;
 }
 
+/* The evaluation of `epoch` met the target: the run stops (target_stop), as if it had ended there. */
+static void target_reached(Trainer *t, int64_t epoch) {
+    char text[96];
+    rt_target_text(&t->o.target, text, sizeof text);
+    rt_console_line(&t->con, "target reached (%s) by epoch %lld's evaluation: training stops", text, (long long)epoch);
+    if (!t->log) return;
+    fprintf(t->log, "{\"target_reached\": true, \"epoch\": %lld, \"step\": %lld}\n", (long long)epoch,
+            (long long)t->pos.step);
+    log_line_done(t);
+}
+
 /* An evaluation's line, from its sums over every rank. */
 static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const double sums[N_SUMS]) {
     char meta[48];
@@ -654,6 +706,7 @@ static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const doub
     accuracies(t->m, sums + SUM_CORRECT, n, sums[SUM_COUNTED], acc);
     log_eval(t, epoch, sums[SUM_LOSS] / n, acc);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
+    if (rt_target_eval(&t->o.target, epoch, sums[SUM_LOSS] / n, acc[0])) target_reached(t, epoch);
 }
 
 static int take_sums(Trainer *t, int wait);
@@ -931,6 +984,13 @@ static int stopping(const Trainer *t) {
            (t->o.stop_at && t->pos.step >= t->o.stop_at && t->pos.step < t->total);
 }
 
+/* The target is met: the run stops after this step. Every rank evaluates alike, and knows it
+ * together, except under --eval-rank, where training rank 0 learns it and the step's sums tell
+ * the others (target_agreed). */
+static int target_stop(const Trainer *t) {
+    return t->o.eval_rank && t->dist.ranks > 1 ? t->target_agreed : t->o.target.met;
+}
+
 /* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
  * with status 1 (an I/O error), a signal or --stop-at with 4. */
 static int stop_run(Trainer *t) {
@@ -1078,13 +1138,14 @@ static int host_update(Trainer *t, int64_t step, double loss, const double *corr
     for (int i = 0; i < RT_MAX_METRICS; i++) t->ctx.correct[i] = (float)correct[i];
     rt_dist_mean_grads(&t->dist, &t->ctx, K); /* the mean gradient over the ranks and the K batches */
     if (t->dist.ranks > 1) { /* the loss and accuracies over the ranks, and any stop asked */
-        enum { LOSS, STOP, COUNTED, CORRECT, N = CORRECT + RT_MAX_METRICS };
-        double sums[N] = {[LOSS] = t->ctx.loss, [STOP] = stop_asked(t), [COUNTED] = t->counted};
+        enum { LOSS, STOP, TARGET, COUNTED, CORRECT, N = CORRECT + RT_MAX_METRICS };
+        double sums[N] = {[LOSS] = t->ctx.loss, [STOP] = stop_asked(t), [TARGET] = t->o.target.met,
+                          [COUNTED] = t->counted};
         for (int i = 0; i < RT_MAX_METRICS; i++) sums[CORRECT + i] = t->ctx.correct[i];
         rt_dist_sum(&t->dist, sums, N, "summing the loss");
         t->ctx.loss = (float)(sums[LOSS] / t->dist.ranks);
         for (int i = 0; i < RT_MAX_METRICS; i++) t->ctx.correct[i] = (float)sums[CORRECT + i];
-        t->stop_agreed = sums[STOP] > 0, t->counted = sums[COUNTED];
+        t->stop_agreed = sums[STOP] > 0, t->target_agreed = sums[TARGET] > 0, t->counted = sums[COUNTED];
     }
     int rc = check_finite(t, step + 1); /* before the update: the last checkpoint stays the last good one */
     if (rc) return rc;
@@ -1159,7 +1220,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     double t0 = rt_now(), t_log = t0, loss_sum = 0, correct[RT_MAX_METRICS] = {0}, counted = 0;
     t->dist.wait_s = 0, t->line_t = t0;
     int rc = 0;
-    while (p->batch < n && !stopping(t)) {
+    while (p->batch < n && !stopping(t) && !target_stop(t)) {
         if ((rc = train_step(t, &pf))) break;
         loss_sum += t->ctx.loss, counted += t->counted, since++;
         for (int i = 0; i < RT_MAX_METRICS; i++) correct[i] += t->ctx.correct[i];
@@ -1171,9 +1232,9 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             double tn = rt_now(), samples = (double)(since * global_batch(t)), wait = t->dist.wait_s / (tn - t_log);
             if (t->dev) { /* no wait for the device inside an epoch: the line comes when its sums do */
                 if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
-                    double sums[2] = {counted, stop_asked(t)};
-                    rt_dist_sum(&t->dist, sums, 2, "summing the positions counted");
-                    counted = sums[0], t->stop_agreed = sums[1] > 0;
+                    double sums[3] = {counted, stop_asked(t), t->o.target.met};
+                    rt_dist_sum(&t->dist, sums, 3, "summing the positions counted");
+                    counted = sums[0], t->stop_agreed = sums[1] > 0, t->target_agreed = sums[2] > 0;
                 }
                 if ((rc = post_line(t, samples, wait, counted))) break;
             } else {
@@ -1213,7 +1274,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_START, p->epoch);
-        if ((rc = run_batches(t, train_ds, order, local, n)) || stopping(t)) break;
+        if ((rc = run_batches(t, train_ds, order, local, n)) || stopping(t) || target_stop(t)) break;
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
             if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total) &&
@@ -1221,14 +1282,19 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
                 break;
             p->eval_done = 1, t->ckpt_current = 0;
         }
-        if (stopping(t) || p->step >= t->total) break;
+        if (stopping(t) || target_stop(t) || p->step >= t->total) break;
         p->epoch++, p->batch = 0, p->eval_done = 0;
     }
     free(order), free(local);
     if (t->dist.rank == 0) rt_prof_report(stdout, t->o.threads);
     collect_eval(t, 1);
     if (!rc) rc = finish_eval(t);
-    if (!rc) rc = stopping(t) ? stop_run(t) : write_checkpoint(t);
+    if (!rc && t->o.eval_rank && t->dist.ranks > 1) { /* rank 0's last evaluation may have met it */
+        double met = t->o.target.met;
+        rt_dist_sum(&t->dist, &met, 1, "agreeing on the target");
+        t->target_agreed = met > 0;
+    }
+    if (!rc) rc = stopping(t) && !target_stop(t) ? stop_run(t) : write_checkpoint(t);
     return rc;
 }
 /* ---- gradient check */
@@ -1417,6 +1483,27 @@ static FILE *open_log(const Trainer *t, const char *path) {
     return f;
 }
 
+/* A run that ended without an evaluation meeting its target failed (MLPerf's status "aborted"),
+ * though what it trained is written as for any finished run. */
+static int target_missed(Trainer *t) {
+    const RtTarget *g = &t->o.target;
+    char text[96], last[160] = "no evaluation in this process";
+    rt_target_text(g, text, sizeof text);
+    if (g->evaluated) {
+        int n = snprintf(last, sizeof last, "the last evaluation, epoch %lld's, gave loss %.4f",
+                         (long long)g->last_epoch, g->last_loss);
+        if (t->m->has_accuracy) snprintf(last + n, sizeof last - (size_t)n, " accuracy %.4f", g->last_accuracy);
+    }
+    if (t->dist.rank == 0)
+        fprintf(stderr, "%sthe run ended after step %lld without reaching its target (%s): %s\n",
+                t->tty ? "\n" : "", (long long)t->pos.step, text, last);
+    if (t->log) {
+        fprintf(t->log, "{\"target_reached\": false, \"step\": %lld}\n", (long long)t->pos.step);
+        log_line_done(t);
+    }
+    return EXIT_TARGET_MISSED;
+}
+
 /* The end of the run: the parameters, if asked for and finite, then the log and stdout closed
  * with their errors reported. Returns the run's exit status. */
 static int finish(Trainer *t, int rc) {
@@ -1437,6 +1524,7 @@ static int finish(Trainer *t, int rc) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
     }
+    if (!rc && rt_target_on(&o->target) && !target_stop(t)) rc = target_missed(t);
     if (t->log && fclose(t->log) != 0 && !rc) {
         fprintf(stderr, "error: cannot write the log '%s': %s\n", t->o.log, strerror(errno));
         rc = 1;
@@ -1690,7 +1778,7 @@ static void check_same_params(Trainer *t, const char *when) {
  * rank ends the same way (a finished run, a stop every rank agreed to, a non-finite loss, which
  * each rank sees in the same summed loss). */
 static int leave(Trainer *t, int rc) {
-    int together = rc == 0 || rc == EXIT_STOPPED || rc == EXIT_NONFINITE;
+    int together = rc == 0 || rc == EXIT_STOPPED || rc == EXIT_NONFINITE || rc == EXIT_TARGET_MISSED;
     if (t->o.eval_rank && together && !t->dist.evaluator && t->dist.rank == 0)
         t->dist.comm->eval_send(NULL, 0, rc); /* the evaluator's run ends with training, as it did */
     rt_dist_close(&t->dist, rc, together);

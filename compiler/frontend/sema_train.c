@@ -369,10 +369,29 @@ static void train_output(Sema *S, const AstStmt *s) {
     S->named_output = v.t;
 }
 
+/* target_accuracy = A, target_loss = L: the evaluation accuracy (the first metric) training
+ * runs until it reaches, an accuracy in (0, 1], and the evaluation loss it runs until it gets
+ * down to, any number. That a target accuracy has a metric is checked once the body is read. */
+static void train_target(Sema *S, const AstStmt *s) {
+    IrTrain *t = &S->g->train;
+    int acc = strcmp(s->name, "target_accuracy") == 0;
+    Value v = sema_eval(S, S->global, s->value);
+    if (v.k == V_ERR) return;
+    double x = v.k == V_INT || v.k == V_FLOAT ? sema_num(v) : NAN;
+    if (acc ? !(x > 0 && x <= 1) : !isfinite(x)) {
+        diag_error(s->value->loc, "'%s' must be %s, found %s", s->name,
+                   acc ? "an accuracy, a number in (0, 1]" : "a number (the evaluation loss to reach)",
+                   sema_value_text(S, v));
+        return;
+    }
+    if (acc) t->target_accuracy = x;
+    else t->target_loss = x, t->has_target_loss = 1;
+}
+
 /* The settings a train body gave that exclude one another, and whether it has an optimizer. */
 typedef struct TrainSeen {
     int have_optim;
-    const AstStmt *warmup, *warmup_steps, *epochs, *steps;
+    const AstStmt *warmup, *warmup_steps, *epochs, *steps, *target_accuracy;
 } TrainSeen;
 
 static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
@@ -390,6 +409,8 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "accumulate") == 0) t->accumulate = (int64_t)train_num(S, s, 1, 1 << 20, 1);
     else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
+    else if (strcmp(s->name, "target_accuracy") == 0) train_target(S, s), seen->target_accuracy = s;
+    else if (strcmp(s->name, "target_loss") == 0) train_target(S, s);
     else if (strcmp(s->name, "freeze") == 0) train_freeze(S, s);
     else if (strcmp(s->name, "no_decay") == 0) train_no_decay(S, s);
     else if (strcmp(s->name, "output") == 0) train_output(S, s);
@@ -397,14 +418,16 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else {
         static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup",
                                            "warmup_steps", "epochs", "steps", "clip_grad_norm", "eval_every",
-                                           "log_every", "freeze", "no_decay", "output", "lora", "accumulate"};
+                                           "log_every", "freeze", "no_decay", "output", "lora", "accumulate",
+                                           "target_accuracy", "target_loss"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, warmup_steps, epochs, steps, "
-                  "clip_grad_norm, accumulate, eval_every, log_every, freeze, no_decay, output, lora");
+                  "clip_grad_norm, accumulate, eval_every, log_every, freeze, no_decay, output, lora, "
+                  "target_accuracy, target_loss");
     }
 }
 
@@ -441,6 +464,11 @@ void sema_train(Sema *S, const AstStmt *train) {
     train_either(seen.warmup, seen.warmup_steps, "the warm-up (in epochs and in optimizer steps)");
     train_either(seen.epochs, seen.steps, "the run's length (in epochs and in optimizer steps)");
     if (S->named_output) S->g->output = S->named_output;
+    if (seen.target_accuracy && !S->g->correct && !diag_error_count()) {
+        diag_error(seen.target_accuracy->name_loc, "'target_accuracy' needs a metric to reach, and the train "
+                                                   "section has none");
+        diag_hint("add e.g. `metrics = accuracy(logits, label)`, or give `target_loss` instead");
+    }
     if (!S->g->loss && !diag_error_count()) {
         diag_error(train->loc, "the train section has no loss");
         diag_hint("add e.g. `loss = cross_entropy(logits, label)`");

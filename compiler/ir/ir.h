@@ -249,6 +249,9 @@ typedef struct IrTrain {
     double power;         /* SCHED_POLY: the decay's exponent */
     int64_t accumulate;   /* accumulate = K: batches per optimizer step, the trainer's --accumulate
                            * default (0: not given) */
+    double target_accuracy; /* target_accuracy = A: stop once an evaluation's first metric reaches A (0: none) */
+    double target_loss;   /* target_loss = L: stop once an evaluation's loss is at most L (has_target_loss) */
+    int has_target_loss;
 } IrTrain;
 
 /* A low-rank adapter (train { lora = ... }): parameter indices of the dense weight it adapts and

@@ -24,6 +24,10 @@
                order of the sums; K = 1 the plain trainer's bits; stopped and resumed with the same
                K bit for bit, and as another split of the same global batch within rounding;
                another global batch refused
+  target       training to a target accuracy (--target-accuracy): 2 ranks stop together after the
+               first evaluation that meets it; beside an evaluation rank, whose results come later,
+               every rank stops at the same step and the checkpoint resumes to the weights of the
+               run without a target; a missed target ends every rank with status 7
   eval_rank    --eval-rank: 2 and 1 training ranks with an evaluation rank against the same ranks
                evaluating between epochs (ResNet-18, narrow): the same weights and evaluations,
                the results taken after later steps; stopped and resumed; refusals
@@ -638,9 +642,55 @@ def case_eval_rank(netc, work):
                  "--eval-rank in a trainer that is not distributed", "unknown option '--eval-rank'")
 
 
+def case_target(netc, work):
+    net = os.path.join(REPO, "tests", "checkpoint", "sgd_momentum.net")
+    exe = os.path.join(work, "sgd_dist")
+    subprocess.run([netc, net, "--distributed", "-o", exe], check=True)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 4))
+    args = []
+    for split, n in (("data", 96), ("eval-data", 40)):  # four classes a linear map separates
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        files = [os.path.join(work, f"{split}_{k}.npy") for k in ("x", "label")]
+        np.save(files[0], x)
+        np.save(files[1], (x @ w).argmax(1).astype(np.int64))
+        args += [f"--{split}", f"x={files[0]}", f"--{split}", f"label={files[1]}"]
+    args += ["--threads", "1", "--epochs", "8", "--quiet"]
+    p = lambda name: os.path.join(work, name)  # noqa: E731
+    r = mpirun(2, [exe] + args + ["--save", p("full.st"), "--log", p("full.jsonl")])
+    if not check.expect(r, 0, "2 ranks without a target"):
+        return
+    accs = [e[2] for e in eval_lines(p("full.jsonl"))]
+    k = next(i for i in range(1, len(accs)) if accs[i] > max(accs[:i])) + 1
+    target = repr((max(accs[:k - 1]) + accs[k - 1]) / 2)  # met first by epoch k's evaluation
+    per_epoch = 96 // 16
+    r = mpirun(2, [exe] + args + ["--target-accuracy", target, "--log", p("t2.jsonl")])
+    if check.expect(r, 0, f"2 ranks, target accuracy {float(target):.4f}"):
+        check([e[0] for e in eval_lines(p("t2.jsonl"))] == list(range(1, k + 1)) and
+              {"target_reached": True, "epoch": k, "step": k * per_epoch} in map(json.loads, open(p("t2.jsonl"))),
+              f"2 ranks: evaluations {eval_lines(p('t2.jsonl'))}, want epochs 1..{k} and a stop after step {k * per_epoch}")
+    # an evaluation rank: rank 0 learns it a step or more after the epoch; the others stop with it
+    r = mpirun(3, [exe] + args + ["--eval-rank", "--target-accuracy", target, "--checkpoint", p("t3.ck"),
+                                  "--log", p("t3.jsonl")])
+    if check.expect(r, 0, "2 ranks and an evaluator, the same target"):
+        log = [json.loads(x) for x in open(p("t3.jsonl"))]
+        reached = [e for e in log if "target_reached" in e]
+        stop = log[-1].get("step", 0)  # the checkpoint's line
+        check(len(reached) == 1 and reached[0]["epoch"] == k and k * per_epoch < stop < 8 * per_epoch,
+              f"beside an evaluator: {reached}, stopped after step {stop}, want epoch {k}'s evaluation and a stop "
+              f"after step {k * per_epoch}")
+        r = mpirun(2, [exe] + args + ["--resume", p("t3.ck"), "--save", p("t3.st")])
+        if check.expect(r, 0, "the checkpoint of the stop beside an evaluator, resumed by 2 ranks"):
+            check(open(p("t3.st"), "rb").read() == open(p("full.st"), "rb").read(),
+                  "the stop beside an evaluator, resumed to the end, differs from the run without a target")
+    for np_, extra in ((2, []), (3, ["--eval-rank"])):
+        check.expect(mpirun(np_, [exe] + args + extra + ["--epochs", "2", "--target-loss", "-1"]), 7,
+                     f"a missed target, {np_} processes", "without reaching its target (loss <= -1)")
+
+
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,
          "sync_bn": case_sync_bn, "shard": case_shard, "eval_rank": case_eval_rank, "accumulate": case_accumulate,
-         "metrics": case_metrics}
+         "metrics": case_metrics, "target": case_target}
 
 if __name__ == "__main__":
     sys.exit(run_cases(CASES, "dist", check, sys.argv))

@@ -131,6 +131,7 @@ static const char builtin_seed[] =
     "  warmup = 1\n"
     "  epochs = 2\n"
     "  eval_every = 1\n"
+    "  target_accuracy = 0.9\n"
     "  log_every = 5\n"
     "  freeze = [\"layer.0\"]\n"
     "}\n";

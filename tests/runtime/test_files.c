@@ -1,6 +1,6 @@
 /* test_files.c - libnetrt's data loaders (.npy, IDX plain and gzipped), dataset binding with
  * the size-1 axis rule, batch gathering with conversion by value, the prefetcher, safetensors
- * round trips and refusals, and the learning-rate schedules. */
+ * round trips and refusals, the learning-rate schedules, and the quality target's rule. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -347,6 +347,46 @@ static int setup(void **state) {
     return mkdtemp(dir) ? 0 : -1;
 }
 
+/* rt_target.c: one evaluation meets every target given, or none; NaN meets nothing; the first
+ * evaluation to meet it is the one reported; the options replace the model's, --no-target drops
+ * them, and bad values are refused. */
+static void test_target(void **state) {
+    (void)state;
+    RtModel m = {.name = "m", .has_accuracy = 1, .target_accuracy = 0.75};
+    RtTarget t;
+    rt_target_init(&t, &m);
+    assert_true(rt_target_on(&t));
+    assert_int_equal(rt_target_eval(&t, 1, 0.5, 0.7499), 0);
+    assert_int_equal(rt_target_eval(&t, 2, NAN, NAN), 0);
+    assert_int_equal(rt_target_eval(&t, 3, 9.0, 0.75), 1); /* at least A: equal is enough */
+    assert_true(t.met && t.met_epoch == 3);
+    assert_int_equal(rt_target_eval(&t, 4, 9.0, 0.9), 0); /* met once; the last evaluation kept */
+    assert_true(t.met_epoch == 3 && t.last_epoch == 4 && t.last_accuracy == 0.9);
+
+    RtError err;
+    rt_target_init(&t, &m);
+    assert_int_equal(rt_target_option(&t, &m, "--target-loss", "0.5", &err), 0);
+    char text[96];
+    rt_target_text(&t, text, sizeof text);
+    assert_string_equal(text, "accuracy >= 0.75 and loss <= 0.5");
+    assert_int_equal(rt_target_eval(&t, 1, 0.6, 0.8), 0); /* accuracy alone */
+    assert_int_equal(rt_target_eval(&t, 2, 0.4, 0.7), 0); /* loss alone */
+    assert_int_equal(rt_target_eval(&t, 3, 0.5, 0.75), 1);
+
+    assert_int_equal(rt_target_option(&t, &m, "--no-target", "", &err), 0);
+    assert_false(rt_target_on(&t));
+    assert_int_equal(rt_target_option(&t, &m, "--target-accuracy", "1", &err), 0);
+    assert_true(t.accuracy == 1 && !t.has_loss);
+    const char *bad[] = {"0", "1.01", "-1", "nan", "0.5x", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_int_equal(rt_target_option(&t, &m, "--target-accuracy", bad[i], &err), -1);
+    assert_int_equal(rt_target_option(&t, &m, "--target-loss", "inf", &err), -1);
+    assert_int_equal(rt_target_option(&t, &m, "--target-loss", "-3", &err), 0); /* any finite loss */
+    m.has_accuracy = 0;
+    assert_int_equal(rt_target_option(&t, &m, "--target-accuracy", "0.5", &err), -1);
+    assert_non_null(strstr(err.msg, "reports no accuracy"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_npy_types),
@@ -356,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_atomic_output),
         cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_target),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -771,7 +771,25 @@ def compare_eval_async(emu, args, work, emu_out, emu_log, later, env=None, launc
     for e in evals_s[:-1] if later else []:  # each but the last has training after it
         assert step_before(a, e["epoch"]) > step_before(s_, e["epoch"]), \
             f"--eval-async: epoch {e['epoch']}'s evaluation was logged where the synchronous one is:\n{a}"
+    if later and len(evals_s) > 1:
+        check_target_async(emu, args, work, a, evals_s[0], env, launch)
     return len(evals_a)
+
+
+def check_target_async(emu, args, work, async_records, first, env, launch):
+    """--eval-async with a target the first evaluation meets (its own loss): the run stops after
+    the step whose end that evaluation's result landed at, with the step records of the run
+    without a target up to there, and not before the step after its epoch."""
+    log, _ = train(emu, args, "emu-evalasync-target", work, "--eval-async", "--target-loss",
+                   repr(first["loss"] * (1 + 1e-6)),  # above the loss the log rounded to 8 digits
+                   env=env, launch=launch)
+    got = records(log)
+    at = next(i for i, r in enumerate(async_records) if r.get("eval"))
+    steps = [r for r in got if "step" in r and "epoch" in r and "target_reached" not in r and "checkpoint" not in r]
+    want = [r for r in async_records[:at] if "step" in r]
+    reached = [r for r in got if "target_reached" in r]
+    assert reached and reached[0]["epoch"] == first["epoch"] and steps == want, \
+        f"--eval-async with a target met by epoch {first['epoch']}: {reached}, steps {steps}, want the steps {want}"
 
 
 def half_marked(exe):

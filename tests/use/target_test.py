@@ -1,0 +1,194 @@
+"""Training to a quality target (docs/trainer.md, "Training to a target"): a run stops at its
+first evaluation that meets the target, as MLPerf's runs do, and a run that ends without one
+fails with status 7.
+
+usage: target_test.py CASE NETC WORKDIR
+  run   a target accuracy taken from a full run's evaluations: the run with it stops at the first
+        epoch whose evaluation reaches it (its log, console and MLPerf log say so), and its
+        checkpoint, resumed without the target, ends in the full run's weights bit for bit; a run
+        stopped before the target and resumed with it stops at the same place with the same
+        weights; an unreachable target trains every epoch, writes the weights that run would
+        write and exits 7 (MLPerf's status "aborted"); every target must be met by the same
+        evaluation; the train section's target_accuracy does the same, and needs --eval-data
+        unless --no-target drops it; bad values and targets outside training are refused
+
+Every run uses --threads 1, so that runs compare bit for bit.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import Checks, run_cases, st_load  # noqa: E402
+
+check = Checks()
+MISSED = 7
+STEPS_PER_EPOCH = 12  # 96 training samples, batch 8
+EPOCHS = 8
+
+
+def run(*argv):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
+
+
+def build(netc, net, exe):
+    r = run(netc, net, "-o", exe)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return exe
+
+
+def data(work):
+    """Four classes a linear map separates: the evaluation accuracy climbs over the epochs."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 4))
+    files = {}
+    for split, n in (("train", 96), ("eval", 40)):
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        files[split] = (os.path.join(work, f"{split}_x.npy"), os.path.join(work, f"{split}_y.npy"))
+        np.save(files[split][0], x)
+        np.save(files[split][1], (x @ w).argmax(1).astype(np.int64))
+    return (["--data", f"x={files['train'][0]}", "--data", f"label={files['train'][1]}", "--threads", "1"],
+            ["--eval-data", f"x={files['eval'][0]}", "--eval-data", f"label={files['eval'][1]}"])
+
+
+def records(log):
+    with open(log) as f:
+        return [json.loads(x) for x in f]
+
+
+def eval_epochs(log):
+    return [e["epoch"] for e in records(log) if e.get("eval")]
+
+
+def run_stop(mllog):
+    with open(mllog) as f:
+        stops = [json.loads(x.split(":::MLLOG ", 1)[1]) for x in f if '"run_stop"' in x]
+    return stops[-1]["metadata"]["status"] if len(stops) == 1 else f"{len(stops)} run_stop lines"
+
+
+def same_tensors(a, b):
+    ta, tb = st_load(a), st_load(b)
+    return ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+
+def pick_target(log):
+    """The first epoch after the first whose evaluation accuracy beats every one before it, and an
+    accuracy between the best before it and its own, which it alone of the epochs up to it meets."""
+    accs = [e["accuracy"] for e in records(log) if e.get("eval")]
+    for k in range(1, len(accs)):
+        if accs[k] > max(accs[:k]):
+            return k + 1, (max(accs[:k]) + accs[k]) / 2
+    raise AssertionError(f"the evaluation accuracy never rose: {accs}")
+
+
+def case_run(netc, work):
+    net = os.path.join(ROOT, "tests", "checkpoint", "sgd_momentum.net")  # a cosine schedule: the
+    exe = build(netc, net, os.path.join(work, "sgd"))  # rate of a step depends on the run's length
+    train, ev = data(work)
+    p = lambda name: os.path.join(work, name)  # noqa: E731
+    full = [*train, *ev, "--epochs", str(EPOCHS)]
+    r = run(exe, *full, "--save", p("full.st"), "--log", p("full.jsonl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    k, target = pick_target(p("full.jsonl"))
+    step = k * STEPS_PER_EPOCH
+
+    # The run with the target stops after epoch k's evaluation, as a finished run does.
+    r = run(exe, *full, "--target-accuracy", repr(target), "--save", p("t.st"), "--checkpoint", p("t.ck"),
+            "--log", p("t.jsonl"), "--mllog", p("t.mllog"))
+    if check.expect(r, 0, f"target accuracy {target:.4f}", f"target reached (accuracy >= {target:.6g}) by epoch {k}'s"):
+        last = records(p("t.jsonl"))[-2:]  # the target line, then the checkpoint's
+        check(eval_epochs(p("t.jsonl")) == list(range(1, k + 1)) and
+              last[0] == {"target_reached": True, "epoch": k, "step": step} and last[1].get("step") == step,
+              f"target accuracy {target}: evaluations {eval_epochs(p('t.jsonl'))}, want 1..{k}; log ends {last}")
+        check(run_stop(p("t.mllog")) == "success", f"a reached target: MLPerf's run_stop {run_stop(p('t.mllog'))}")
+        saved, ck = st_load(p("t.st")), st_load(p("t.ck"))
+        check(all(np.array_equal(saved[n], ck[n]) for n in saved), "the target's --save differs from its checkpoint")
+        check(not same_tensors(p("t.st"), p("full.st")), "the run with a target trained to the end")
+        # Its checkpoint is a clean stop: resumed without the target, the full run's weights.
+        r = run(exe, *full, "--resume", p("t.ck"), "--save", p("t_resumed.st"))
+        if check.expect(r, 0, "the target's checkpoint resumed without the target"):
+            check(same_tensors(p("t_resumed.st"), p("full.st")),
+                  "the target's checkpoint resumed to the end differs from the uninterrupted run")
+    # Stopped in epoch k - 1 and resumed with the target: the same stop, the same weights.
+    stop_at = step - STEPS_PER_EPOCH - 5
+    with_target = [*full, "--target-accuracy", repr(target)]
+    r = run(exe, *with_target, "--checkpoint", p("s.ck"), "--stop-at", stop_at)
+    if check.expect(r, 4, f"stopped at step {stop_at}"):
+        r = run(exe, *with_target, "--resume", p("s.ck"), "--save", p("s.st"), "--log", p("s.jsonl"))
+        if check.expect(r, 0, "resumed with the target"):
+            check(same_tensors(p("s.st"), p("t.st")) and eval_epochs(p("s.jsonl"))[-1] == k,
+                  f"stopped and resumed with the target: evaluations {eval_epochs(p('s.jsonl'))}, weights "
+                  f"{'equal' if same_tensors(p('s.st'), p('t.st')) else 'differ'}")
+    check_missed(exe, train, ev, target, p)
+    check_model_target(netc, net, train, ev, k, target, p)
+    check_refusals(exe, train, ev, p)
+
+
+def check_missed(exe, train, ev, target, p):
+    """A target no evaluation meets: every epoch, the weights written, status 7."""
+    two = [*train, *ev, "--epochs", "2"]
+    r = run(exe, *two, "--save", p("two.st"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    # a cross-entropy is never negative
+    r = run(exe, *two, "--target-loss", "-1", "--save", p("m.st"), "--log", p("m.jsonl"), "--mllog", p("m.mllog"))
+    if check.expect(r, MISSED, "an unreachable target", "the run ended after step 24 without reaching its target "
+                    "(loss <= -1): the last evaluation, epoch 2's, gave loss"):
+        check(same_tensors(p("m.st"), p("two.st")), "a missed target: --save differs from the run without one")
+        check(records(p("m.jsonl"))[-1] == {"target_reached": False, "step": 24} and eval_epochs(p("m.jsonl")) == [1, 2],
+              f"a missed target: the log ends {records(p('m.jsonl'))[-1]}")
+        check(run_stop(p("m.mllog")) == "aborted", f"a missed target: MLPerf's run_stop {run_stop(p('m.mllog'))}")
+    # Both targets: the accuracy alone is met at epoch k, never with the loss.
+    r = run(exe, *train, *ev, "--epochs", str(EPOCHS), "--target-accuracy", repr(target), "--target-loss", "-1",
+            "--log", p("b.jsonl"))
+    if check.expect(r, MISSED, "two targets, one never met", "without reaching its target (accuracy >= "):
+        check(eval_epochs(p("b.jsonl")) == list(range(1, EPOCHS + 1)), "two targets: stopped when one was met")
+
+
+def check_model_target(netc, net, train, ev, k, target, p):
+    """train { target_accuracy = A }: the same stop; --eval-data needed, --no-target drops it."""
+    with open(net) as f:
+        text = f.read()
+    assert "  epochs = 3\n" in text
+    src = p("target.net")
+    with open(src, "w") as f:
+        f.write(text.replace("  epochs = 3\n", f"  epochs = {EPOCHS}\n  target_accuracy = {target!r}\n"))
+    exe = build(netc, src, p("model_target"))
+    r = run(exe, *train, *ev, "--save", p("mt.st"), "--log", p("mt.jsonl"))
+    if check.expect(r, 0, "the train section's target_accuracy"):
+        check(eval_epochs(p("mt.jsonl")) == list(range(1, k + 1)) and same_tensors(p("mt.st"), p("t.st")),
+              f"target_accuracy: evaluations {eval_epochs(p('mt.jsonl'))}, want 1..{k}, and --target-accuracy's weights")
+    check.expect(run(exe, *train), 2, "the model's target without --eval-data", "has no --eval-data",
+                 "from the model's train section", "--no-target")
+    r = run(exe, *train, "--no-target", "--epochs", "2", "--save", p("nt.st"))
+    if check.expect(r, 0, "--no-target without --eval-data"):
+        check(same_tensors(p("nt.st"), p("two.st")), "--no-target: not the run without a target")
+    check.expect(run(exe, "--help"), 0, "--help", f"drop the model's target (accuracy >= {target:.6g})")
+    # a model with no metric has no accuracy to reach
+    src = p("no_metric.net")
+    with open(src, "w") as f:
+        f.write(text.replace("  metrics = accuracy(logits, label)\n", ""))
+    bare = build(netc, src, p("no_metric"))
+    check.expect(run(bare, *train, *ev, "--target-accuracy", "0.5"), 2, "--target-accuracy without a metric",
+                 "reports no accuracy")
+    check.expect(run(bare, *train, *ev, "--epochs", "1", "--target-loss", "100"), 0, "--target-loss without a metric",
+                 "target reached (loss <= 100) by epoch 1's")
+
+
+def check_refusals(exe, train, ev, p):
+    for value in ("0", "1.5", "-0.1", "abc", "nan", ""):
+        check.expect(run(exe, *train, *ev, "--target-accuracy", value), 2, f"--target-accuracy '{value}'",
+                     "--target-accuracy needs an accuracy, a number in (0, 1]")
+    check.expect(run(exe, *train, *ev, "--target-loss", "inf"), 2, "--target-loss inf", "--target-loss needs a number")
+    check.expect(run(exe, *train, "--target-loss", "1"), 2, "--target-loss without --eval-data", "has no --eval-data",
+                 "from the command line")
+    check.expect(run(exe, *ev, "--eval-only", "--init", p("full.st"), "--target-loss", "1"), 2,
+                 "--target-loss with --eval-only", "are for training runs")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases({"run": case_run}, "target", check, sys.argv))
