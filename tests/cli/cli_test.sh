@@ -56,6 +56,8 @@ contains "note: --frozen-half: 3 of the 6 frozen parameters stay float32 (read b
 check "resnet50 -D lars=true" 0 "$netc" "$root/models/resnet50.net" -D lars=true -D image_size=32 -D batch=2 --dump=c
 contains "rt_lars_apply_kept(hk, sk, factor, p, u, state, floats, j)"
 contains ".kind = RT_SCHED_POLY"
+check "resnet50 -D target=0.759" 0 "$netc" "$root/models/resnet50.net" -D target=0.759 -D image_size=32 -D batch=2 --dump=c
+contains ".target_accuracy = 0.759,"
 check "poly with a negative end_lr" 1 "$netc" "$root/models/resnet50.net" -D lars=true -D end_lr=-1 --check
 contains "'end_lr' of poly must be a number in [0, 1e+06], found -1"
 check "--dump=layout" 0 "$netc" "$root/models/lenet.net" --dump=layout
