@@ -1,7 +1,9 @@
 """scripts/plot.py draws a trainer's log (docs/trainer.md, "Plotting a run"): a short run with
 evaluations is drawn; the picture must exist and be a PNG of the size the script draws, and the
 series the script reports (--values) must be exactly the log's loss, accuracy and learning-rate
-values at their steps. A file that is not a log is refused with a message.
+values at their steps. A model with two metrics that trains to a target: both metrics' series
+(training and evaluation) and the step the target stopped the run after. A file that is not a
+log is refused with a message.
 
 usage: plot_test.py CASE NETC WORKDIR   (CASE: curves)
 """
@@ -64,12 +66,43 @@ def curves(netc, work):
             evals.append((at, x))
     want["eval_loss"] = [[s, x["loss"]] for s, x in evals]
     want["eval_accuracy"] = [[s, x["accuracy"]] for s, x in evals]
+    want["target_reached"] = []
     check(got == want, f"plotted values differ from the log:\n{got}\n{want}")
     check(len(want["eval_loss"]) == 3 and len(want["train_loss"]) == 15, f"log records: {want}")
     print(f"ok   curves: {r.stdout.strip()}")
     r = subprocess.run([sys.executable, PLOT, os.path.join(work, "x.npy"), "-o", png], capture_output=True,
                        text=True, timeout=300)
     check(r.returncode != 0 and "error:" in r.stderr, f"plot.py on a .npy: exit {r.returncode} {r.stderr}")
+    two_metrics(netc, work, data)
+
+
+def two_metrics(netc, work, data):
+    """metrics = [accuracy, top-2 accuracy] and a target the first evaluation meets."""
+    net, exe, log = (os.path.join(work, f) for f in ("two.net", "two", "two.jsonl"))
+    with open(MODEL) as f:
+        text = f.read()
+    with open(net, "w") as f:
+        f.write(text.replace("metrics = accuracy(logits, label)",
+                             "metrics = [accuracy(logits, label), accuracy(logits, label, top_k = 2)]"))
+    r = subprocess.run([netc, net, "-o", exe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    argv = [exe, "--data", data[0], "--data", data[1], "--eval-data", data[0], "--eval-data", data[1],
+            "--log-every", "5", "--log", log, "--epochs", "3", "--quiet", "--target-loss", "100"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    png, values = os.path.join(work, "two.png"), os.path.join(work, "two.json")
+    r = subprocess.run([sys.executable, PLOT, log, "-o", png, "--values", values], capture_output=True, text=True,
+                       timeout=300)
+    check(r.returncode == 0 and png_size(png) == (800, 780), f"plot.py, two metrics: exit {r.returncode}\n{r.stderr}")
+    got, recs = json.load(open(values)), [json.loads(s) for s in open(log)]
+    steps = [x for x in recs if "step" in x and "loss" in x]
+    evals = [x for x in recs if x.get("eval")]
+    want = {f"{part}_{k}": [[steps[-1]["step"] if part == "eval" else x["step"], x[k]] for x in xs]
+            for part, xs in (("train", steps), ("eval", evals)) for k in ("accuracy", "top2_accuracy")}
+    want["target_reached"] = [[steps[-1]["step"], 1]]  # the first evaluation, after the first epoch
+    check(all(got.get(k) == v for k, v in want.items()) and len(evals) == 1,
+          f"two metrics and a target: plotted {got}, the log {want}")
+    print(f"ok   two metrics and a target: {r.stdout.strip()}")
 
 
 if __name__ == "__main__":
