@@ -35,7 +35,7 @@ enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5, EXIT_TARGET_MIS
 typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
     const char *predict_out;  /* --predict-out: the model's output for the --predict files */
-    int64_t epochs, steps, log_every, checkpoint_every, stop_at;
+    int64_t epochs, steps, log_every, eval_every, checkpoint_every, stop_at;
     int accumulate;           /* --accumulate K: micro-batches of the model's batch per optimizer step */
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
@@ -170,6 +170,7 @@ static void usage(const RtModel *m) {
            "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
            "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
            "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
+           "  --eval-every N         epochs between evaluations, and after the last (default %lld)\n"
            "%s"
            "  --augment NAME=OPS     augment training images NAME [C,H,W] in the loader, OPS from crop:P\n"
            "                         (random crop after zero-padding P) and flip (horizontal); e.g. crop:4,flip\n"
@@ -201,6 +202,7 @@ static void usage(const RtModel *m) {
            "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
            "                         weights, and exit\n"
            "  --quiet                print nothing but errors\n",
+           (long long)m->eval_every,
            m->comm ? "  --eval-rank            the job's last process evaluates, while the others train on\n"
                      "                         (mpirun -np N+1 for N training ranks)\n" : "",
            (long long)m->epochs,
@@ -338,7 +340,8 @@ static void check_target(Options *o, int using) {
 }
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .shuffle = 1,
+    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .eval_every = m->eval_every,
+                   .shuffle = 1,
                    .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
                    .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
                    .accumulate = m->accumulate > 1 ? m->accumulate : 1};
@@ -356,6 +359,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
         else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
+        else if (strcmp(a, "--eval-every") == 0) o->eval_every = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
         else if (strcmp(a, "--init-skip") == 0) o->init_rules.skip = VALUE();
         else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
@@ -1277,7 +1281,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         if ((rc = run_batches(t, train_ds, order, local, n)) || stopping(t) || target_stop(t)) break;
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
-            if (eval_ds && (p->epoch % m->eval_every == 0 || p->step == t->total) &&
+            if (eval_ds && (p->epoch % t->o.eval_every == 0 || p->step == t->total) &&
                 (rc = evaluate(t, eval_ds, eval_bufs, p->epoch)))
                 break;
             p->eval_done = 1, t->ckpt_current = 0;

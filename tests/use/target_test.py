@@ -10,7 +10,9 @@ usage: target_test.py CASE NETC WORKDIR
         weights; an unreachable target trains every epoch, writes the weights that run would
         write and exits 7 (MLPerf's status "aborted"); every target must be met by the same
         evaluation; the train section's target_accuracy does the same, and needs --eval-data
-        unless --no-target drops it; bad values and targets outside training are refused
+        unless --no-target drops it; bad values and targets outside training are refused;
+        --eval-every 3 evaluates epochs 3, 6 and the last, the same values as every epoch's,
+        and a target is met at the first of them whose evaluation meets it
 
 Every run uses --threads 1, so that runs compare bit for bit.
 """
@@ -124,9 +126,25 @@ def case_run(netc, work):
             check(same_tensors(p("s.st"), p("t.st")) and eval_epochs(p("s.jsonl"))[-1] == k,
                   f"stopped and resumed with the target: evaluations {eval_epochs(p('s.jsonl'))}, weights "
                   f"{'equal' if same_tensors(p('s.st'), p('t.st')) else 'differ'}")
+    check_eval_every(exe, full, target, p)
     check_missed(exe, train, ev, target, p)
     check_model_target(netc, net, train, ev, k, target, p)
     check_refusals(exe, train, ev, p)
+
+
+def check_eval_every(exe, full, target, p):
+    every = {e["epoch"]: e for e in records(p("full.jsonl")) if e.get("eval")}
+    r = run(exe, *full, "--eval-every", "3", "--log", p("e3.jsonl"))
+    if check.expect(r, 0, "--eval-every 3"):
+        got = [e for e in records(p("e3.jsonl")) if e.get("eval")]
+        check([e["epoch"] for e in got] == [3, 6, EPOCHS] and all(e == every[e["epoch"]] for e in got),
+              f"--eval-every 3: evaluations {got}, want epochs 3, 6, {EPOCHS} as every epoch's")
+    met = [e for e in (3, 6, EPOCHS) if every[e]["accuracy"] >= target]
+    r = run(exe, *full, "--eval-every", "3", "--target-accuracy", repr(target), "--log", p("e3t.jsonl"))
+    if check.expect(r, 0 if met else MISSED, f"--eval-every 3 with the target (met by epoch {met[:1]})"):
+        check(eval_epochs(p("e3t.jsonl"))[-1] == (met[0] if met else EPOCHS),
+              f"--eval-every 3 with the target: evaluations {eval_epochs(p('e3t.jsonl'))}, met by {met[:1]}")
+    check.expect(run(exe, *full, "--eval-every", "0"), 2, "--eval-every 0", "--eval-every needs an integer >= 1")
 
 
 def check_missed(exe, train, ev, target, p):
