@@ -1065,6 +1065,7 @@ void cg_emit_model_recipe(Cg *c) {
         cg_end(c, ", .has_target_loss = 1,");
     }
     cg_line(c, ".eval_every = %" PRId64 ",", t->eval_every);
+    if (t->eval_every_steps) cg_line(c, ".eval_every_steps = %" PRId64 ",", t->eval_every_steps);
     cg_line(c, ".log_every = %" PRId64 ",", t->log_every);
     if (t->accumulate > 1) cg_line(c, ".accumulate = %" PRId64 ",", t->accumulate);
     cg_line(c, ".has_accuracy = %d,", g->correct != NULL);

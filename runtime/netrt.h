@@ -363,6 +363,7 @@ typedef struct RtModel {
     RtSchedule schedule;
     int64_t epochs;
     int64_t eval_every;        /* epochs */
+    int64_t eval_every_steps;  /* eval_every_steps = N: evaluations every N optimizer steps instead (0: by epochs) */
     int64_t log_every;         /* steps */
     int has_accuracy;
     int n_metrics;             /* accuracies reported (metrics = [...]), 1 to RT_MAX_METRICS with has_accuracy */

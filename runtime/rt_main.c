@@ -36,6 +36,7 @@ typedef struct Options {
     const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
     const char *predict_out;  /* --predict-out: the model's output for the --predict files */
     int64_t epochs, steps, log_every, eval_every, checkpoint_every, stop_at;
+    int64_t eval_every_steps; /* evaluations every this many optimizer steps instead of epochs (0: by epochs) */
     int accumulate;           /* --accumulate K: micro-batches of the model's batch per optimizer step */
     uint64_t seed;
     int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
@@ -96,13 +97,16 @@ typedef struct Trainer {
                                * its optimizer state to rank 0 for each checkpoint */
     float *eval_params;       /* --eval-rank, training rank 0: the parameters handed to the evaluator */
     int64_t eval_epoch;       /* and the epoch of the evaluation in flight, or 0 */
+    int64_t eval_step;        /* and the step it evaluates */
+    const RtDataset *eval_ds; /* the evaluation data (NULL: none), and the buffers its batches are */
+    void *const *eval_bufs;   /* gathered in, for evaluations inside an epoch (eval_every_steps) */
     int64_t eval_samples;     /* the samples it evaluates */
     struct {                  /* --eval-async: the evaluation in flight on the device's second stream */
         int active;
         const RtDataset *ds;  /* the evaluation data, and the buffers its batches are gathered in */
         void *const *bufs;
         int64_t *idx;
-        int64_t epoch;
+        int64_t epoch, step;  /* the epoch it evaluates, and the step */
         int64_t next;         /* the next batch of the data to consider handing over */
         int64_t steps;        /* training steps since the evaluation began */
         double counted;       /* positions the accuracy counts (counted_positions) */
@@ -171,6 +175,7 @@ static void usage(const RtModel *m) {
            "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
            "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
            "  --eval-every N         epochs between evaluations, and after the last (default %lld)\n"
+           "  --eval-every-steps N   evaluate every N optimizer steps instead (and after the last)\n"
            "%s"
            "  --augment NAME=OPS     augment training images NAME [C,H,W] in the loader, OPS from crop:P\n"
            "                         (random crop after zero-padding P) and flip (horizontal); e.g. crop:4,flip\n"
@@ -341,7 +346,7 @@ static void check_target(Options *o, int using) {
 
 static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
     *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .eval_every = m->eval_every,
-                   .shuffle = 1,
+                   .eval_every_steps = m->eval_every_steps, .shuffle = 1,
                    .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
                    .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
                    .accumulate = m->accumulate > 1 ? m->accumulate : 1};
@@ -359,7 +364,8 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
         else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
         else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
-        else if (strcmp(a, "--eval-every") == 0) o->eval_every = number(a, VALUE(), 1);
+        else if (strcmp(a, "--eval-every") == 0) o->eval_every = number(a, VALUE(), 1), o->eval_every_steps = 0;
+        else if (strcmp(a, "--eval-every-steps") == 0) o->eval_every_steps = number(a, VALUE(), 1);
         else if (strcmp(a, "--init") == 0) o->init = VALUE();
         else if (strcmp(a, "--init-skip") == 0) o->init_rules.skip = VALUE();
         else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
@@ -577,11 +583,12 @@ static void log_interval(Trainer *t, int64_t step, int64_t epoch, double loss, c
 }
 
 /* Epoch 0: the one evaluation of --eval-only, outside any training. */
-static void log_eval(Trainer *t, int64_t epoch, double loss, const double *acc) {
+static void log_eval(Trainer *t, int64_t epoch, int64_t step, double loss, const double *acc) {
     char key[32];
     if (t->log) {
         fprintf(t->log, "{\"eval\": true");
         if (epoch) fprintf(t->log, ", \"epoch\": %lld", (long long)epoch);
+        if (epoch && t->o.eval_every_steps) fprintf(t->log, ", \"step\": %lld", (long long)step);
         json_number(t->log, "loss", loss);
         for (int i = 0; t->m->has_accuracy && i < t->m->n_metrics; i++)
             json_number(t->log, metric_key(t->m, i, key, sizeof key), acc[i]);
@@ -594,7 +601,10 @@ static void log_eval(Trainer *t, int64_t epoch, double loss, const double *acc) 
         snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
         RT_MLLOG(&t->ml, RT_ML_POINT, "eval_accuracy", rt_json_num(num, sizeof num, acc[0]), meta);
     }
-    if (epoch) rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
+    if (epoch && t->o.eval_every_steps)
+        rt_console_line(&t->con, "eval step %lld (epoch %lld): loss %.4f%s", (long long)step, (long long)epoch, loss,
+                        accuracy);
+    else if (epoch) rt_console_line(&t->con, "eval epoch %lld: loss %.4f%s", (long long)epoch, loss, accuracy);
     else rt_console_line(&t->con, "eval: loss %.4f%s", loss, accuracy); /* --eval-only */
 }
 
@@ -691,11 +701,17 @@ static int eval_sums(Trainer *t, const RtDataset *ds, void *const *bufs, int all
     return 0;
 }
 
-/* The evaluation of `epoch` met the target: the run stops (target_stop), as if it had ended there. */
-static void target_reached(Trainer *t, int64_t epoch) {
+/* The evaluation of `epoch` (after `step`) met the target: the run stops (target_stop), as if it
+ * had ended there. */
+static void target_reached(Trainer *t, int64_t epoch, int64_t step) {
     char text[96];
     rt_target_text(&t->o.target, text, sizeof text);
-    rt_console_line(&t->con, "target reached (%s) by epoch %lld's evaluation: training stops", text, (long long)epoch);
+    if (t->o.eval_every_steps)
+        rt_console_line(&t->con, "target reached (%s) by the evaluation after step %lld: training stops", text,
+                        (long long)step);
+    else
+        rt_console_line(&t->con, "target reached (%s) by epoch %lld's evaluation: training stops", text,
+                        (long long)epoch);
     if (!t->log) return;
     fprintf(t->log, "{\"target_reached\": true, \"epoch\": %lld, \"step\": %lld}\n", (long long)epoch,
             (long long)t->pos.step);
@@ -703,14 +719,14 @@ static void target_reached(Trainer *t, int64_t epoch) {
 }
 
 /* An evaluation's line, from its sums over every rank. */
-static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, const double sums[N_SUMS]) {
+static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, int64_t step, const double sums[N_SUMS]) {
     char meta[48];
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
     double n = (double)samples, acc[RT_MAX_METRICS];
     accuracies(t->m, sums + SUM_CORRECT, n, sums[SUM_COUNTED], acc);
-    log_eval(t, epoch, sums[SUM_LOSS] / n, acc);
+    log_eval(t, epoch, step, sums[SUM_LOSS] / n, acc);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
-    if (rt_target_eval(&t->o.target, epoch, sums[SUM_LOSS] / n, acc[0])) target_reached(t, epoch);
+    if (rt_target_eval(&t->o.target, epoch, sums[SUM_LOSS] / n, acc[0])) target_reached(t, epoch, step);
 }
 
 static int take_sums(Trainer *t, int wait);
@@ -725,7 +741,7 @@ static void collect_eval(Trainer *t, int wait) {
     /* the training line before it; rank 0 alone is here, so a stop waits in t->dev_stop for the
      * next log point, where every rank finds it */
     if (t->dev) (void)take_sums(t, 1);
-    log_eval_sums(t, t->eval_samples, epoch, sums);
+    log_eval_sums(t, t->eval_samples, epoch, t->eval_step, sums);
 }
 
 /* --eval-rank, training rank 0: a copy of the parameters to the evaluator, once it has finished
@@ -738,7 +754,7 @@ static void hand_over_eval(Trainer *t, const RtDataset *ds, int64_t epoch) {
     if (!t->eval_params) t->eval_params = rt_alloc(bytes, "the parameters to evaluate");
     memcpy(t->eval_params, t->ctx.params, bytes);
     t->dist.comm->eval_send(t->eval_params, t->m->n_param_floats, epoch);
-    t->eval_epoch = epoch;
+    t->eval_epoch = epoch, t->eval_step = t->pos.step;
 }
 
 /* --eval-async: hand the device this rank's next batches of the evaluation in flight, `most` of
@@ -775,7 +791,7 @@ static int finish_eval(Trainer *t) {
     t->dev->eval_async_read(&sums[SUM_LOSS], &sums[SUM_CORRECT]);
     t->ae.active = 0;
     rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
-    log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, sums);
+    log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, t->ae.step, sums);
     return 0;
 }
 
@@ -797,7 +813,7 @@ static int begin_eval(Trainer *t, const RtDataset *ds, void *const *bufs, int64_
     if (rc) return rc;
     if (!t->ae.idx) t->ae.idx = rt_alloc((size_t)t->m->batch * sizeof *t->ae.idx, "evaluation indices");
     t->dev->eval_async_begin();
-    t->ae.active = 1, t->ae.ds = ds, t->ae.bufs = bufs, t->ae.epoch = epoch;
+    t->ae.active = 1, t->ae.ds = ds, t->ae.bufs = bufs, t->ae.epoch = epoch, t->ae.step = t->pos.step;
     t->ae.next = 0, t->ae.steps = 0, t->ae.counted = 0;
     return 0;
 }
@@ -819,8 +835,23 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     int rc = eval_sums(t, ds, bufs, 0, sums);
     if (rc) return rc;
     rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
-    log_eval_sums(t, ds->n_samples, epoch, sums);
+    log_eval_sums(t, ds->n_samples, epoch, t->pos.step, sums);
     return 0;
+}
+
+/* eval_every_steps = N: an evaluation after every N-th step of the run but its last, which
+ * train() evaluates after as at the end of an epoch. A checkpoint or stop after such a step
+ * comes after its evaluation, so a resumed run has none to make up. The evaluation's time is
+ * left out of the samples/s of the interval around it (t0, t_log: run_batches' clocks). */
+static int step_evaluation(Trainer *t, double *t0, double *t_log) {
+    int64_t every = t->o.eval_every_steps, step = t->pos.step;
+    if (!t->eval_ds || !every || step % every != 0 || step >= t->total) return 0;
+    double start = rt_now();
+    int rc = t->dev ? take_sums(t, 1) : 0; /* the training line before it */
+    if (!rc) rc = evaluate(t, t->eval_ds, t->eval_bufs, t->pos.epoch);
+    double spent = rt_now() - start;
+    *t0 += spent, *t_log += spent, t->line_t += spent;
+    return rc;
 }
 
 /* --eval-rank: the evaluator's part of the run, every evaluation training rank 0 hands over,
@@ -1250,6 +1281,7 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             t_log = tn, loss_sum = 0, counted = 0, since = 0, t->dist.wait_s = 0;
             memset(correct, 0, sizeof correct);
         }
+        if ((rc = step_evaluation(t, &t0, &t_log))) break;
         collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
         if ((rc = step_eval(t))) break; /* --eval-async: the same */
         /* a run resumed from the checkpoint must not lose an evaluation it counts as done */
@@ -1274,6 +1306,7 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
     int rc = 0;
     catch_stop_signals(t->o.quiet);
     rt_prof_open(m, t->o.accumulate);
+    t->eval_ds = eval_ds, t->eval_bufs = eval_bufs;
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
@@ -1281,7 +1314,8 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         if ((rc = run_batches(t, train_ds, order, local, n)) || stopping(t) || target_stop(t)) break;
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
-            if (eval_ds && (p->epoch % t->o.eval_every == 0 || p->step == t->total) &&
+            int by_epoch = !t->o.eval_every_steps && p->epoch % t->o.eval_every == 0;
+            if (eval_ds && (by_epoch || p->step == t->total) &&
                 (rc = evaluate(t, eval_ds, eval_bufs, p->epoch)))
                 break;
             p->eval_done = 1, t->ckpt_current = 0;

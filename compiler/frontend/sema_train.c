@@ -391,7 +391,7 @@ static void train_target(Sema *S, const AstStmt *s) {
 /* The settings a train body gave that exclude one another, and whether it has an optimizer. */
 typedef struct TrainSeen {
     int have_optim;
-    const AstStmt *warmup, *warmup_steps, *epochs, *steps, *target_accuracy;
+    const AstStmt *warmup, *warmup_steps, *epochs, *steps, *target_accuracy, *eval_every, *eval_every_steps;
 } TrainSeen;
 
 static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
@@ -407,7 +407,10 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
     else if (strcmp(s->name, "steps") == 0) t->steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->steps = s;
     else if (strcmp(s->name, "clip_grad_norm") == 0) t->clip_grad_norm = train_num(S, s, 0, 1e9, 0);
     else if (strcmp(s->name, "accumulate") == 0) t->accumulate = (int64_t)train_num(S, s, 1, 1 << 20, 1);
-    else if (strcmp(s->name, "eval_every") == 0) t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1);
+    else if (strcmp(s->name, "eval_every") == 0)
+        t->eval_every = (int64_t)train_num(S, s, 1, 1e9, 1), seen->eval_every = s;
+    else if (strcmp(s->name, "eval_every_steps") == 0)
+        t->eval_every_steps = (int64_t)train_num(S, s, 1, 1e12, 1), seen->eval_every_steps = s;
     else if (strcmp(s->name, "log_every") == 0) t->log_every = (int64_t)train_num(S, s, 1, 1e12, 1);
     else if (strcmp(s->name, "target_accuracy") == 0) train_target(S, s), seen->target_accuracy = s;
     else if (strcmp(s->name, "target_loss") == 0) train_target(S, s);
@@ -419,15 +422,15 @@ static void train_setting(Sema *S, const AstStmt *s, TrainSeen *seen) {
         static const char *const keys[] = {"loss",      "metrics",   "optimizer", "schedule", "warmup",
                                            "warmup_steps", "epochs", "steps", "clip_grad_norm", "eval_every",
                                            "log_every", "freeze", "no_decay", "output", "lora", "accumulate",
-                                           "target_accuracy", "target_loss"};
+                                           "target_accuracy", "target_loss", "eval_every_steps"};
         diag_error(s->name_loc, "unknown train setting '%s'", s->name);
         Suggest sg;
         suggest_init(&sg, s->name);
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) suggest_try(&sg, keys[i]);
         sema_suggest_hint(&sg);
         diag_hint("settings are loss, metrics, optimizer, schedule, warmup, warmup_steps, epochs, steps, "
-                  "clip_grad_norm, accumulate, eval_every, log_every, freeze, no_decay, output, lora, "
-                  "target_accuracy, target_loss");
+                  "clip_grad_norm, accumulate, eval_every, eval_every_steps, log_every, freeze, no_decay, output, "
+                  "lora, target_accuracy, target_loss");
     }
 }
 
@@ -463,6 +466,7 @@ void sema_train(Sema *S, const AstStmt *train) {
     train_body(S, train->body, train->n_body, &seen);
     train_either(seen.warmup, seen.warmup_steps, "the warm-up (in epochs and in optimizer steps)");
     train_either(seen.epochs, seen.steps, "the run's length (in epochs and in optimizer steps)");
+    train_either(seen.eval_every, seen.eval_every_steps, "the evaluations' interval (in epochs and in optimizer steps)");
     if (S->named_output) S->g->output = S->named_output;
     if (seen.target_accuracy && !S->g->correct && !diag_error_count()) {
         diag_error(seen.target_accuracy->name_loc, "'target_accuracy' needs a metric to reach, and the train "

@@ -240,6 +240,7 @@ typedef struct IrTrain {
     double min_lr;        /* SCHED_COSINE: the floor; SCHED_POLY: end_lr */
     int64_t epochs;
     int64_t eval_every;   /* epochs between evaluations */
+    int64_t eval_every_steps; /* eval_every_steps = N: optimizer steps between evaluations instead (0: not given) */
     int64_t log_every;    /* steps between log lines */
     IrLossKind loss_kind;
     int64_t steps;        /* steps = N: optimizer steps instead of epochs (0: not given) */

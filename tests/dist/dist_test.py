@@ -27,7 +27,9 @@
   target       training to a target accuracy (--target-accuracy): 2 ranks stop together after the
                first evaluation that meets it; beside an evaluation rank, whose results come later,
                every rank stops at the same step and the checkpoint resumes to the weights of the
-               run without a target; a missed target ends every rank with status 7
+               run without a target; a missed target ends every rank with status 7; evaluations
+               every 4 steps (--eval-every-steps) by the 2 ranks and by an evaluation rank: the same
+               evaluations of the same steps, the training untouched
   eval_rank    --eval-rank: 2 and 1 training ranks with an evaluation rank against the same ranks
                evaluating between epochs (ResNet-18, narrow): the same weights and evaluations,
                the results taken after later steps; stopped and resumed; refusals
@@ -686,6 +688,21 @@ def case_target(netc, work):
     for np_, extra in ((2, []), (3, ["--eval-rank"])):
         check.expect(mpirun(np_, [exe] + args + extra + ["--epochs", "2", "--target-loss", "-1"]), 7,
                      f"a missed target, {np_} processes", "without reaching its target (loss <= -1)")
+    evals = {}
+    for np_, extra in ((2, []), (3, ["--eval-rank"])):
+        log, out = p(f"s{np_}.jsonl"), p(f"s{np_}.st")
+        r = mpirun(np_, [exe] + args + extra + ["--eval-every-steps", "4", "--log", log, "--save", out])
+        if check.expect(r, 0, f"--eval-every-steps 4, {np_} processes"):
+            evals[np_] = [(e["step"], e["loss"], e["accuracy"]) for e in map(json.loads, open(log)) if e.get("eval")]
+            check(open(out, "rb").read() == open(p("full.st"), "rb").read(),
+                  f"--eval-every-steps 4, {np_} processes: the training changed")
+    if len(evals) == 2:
+        # the same parameters, evaluated whole by the evaluator or in shares by the ranks: the
+        # counts exactly, the float64 sums of the losses within 1e-12
+        check([e[0] for e in evals[2]] == list(range(4, 48, 4)) + [48] and
+              all(a[0] == b[0] and a[2] == b[2] and abs(a[1] - b[1]) <= 1e-12 * abs(b[1])
+                  for a, b in zip(evals[2], evals[3])) and len(evals[2]) == len(evals[3]),
+              f"--eval-every-steps 4: by the ranks {evals[2]}, by an evaluation rank {evals[3]}")
 
 
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,

@@ -12,7 +12,11 @@ usage: target_test.py CASE NETC WORKDIR
         evaluation; the train section's target_accuracy does the same, and needs --eval-data
         unless --no-target drops it; bad values and targets outside training are refused;
         --eval-every 3 evaluates epochs 3, 6 and the last, the same values as every epoch's,
-        and a target is met at the first of them whose evaluation meets it
+        and a target is met at the first of them whose evaluation meets it; --eval-every-steps 5
+        (and the train section's eval_every_steps) evaluates after every fifth step and the last,
+        inside the epochs, without changing the training, with an epoch's end giving its
+        evaluation's values; stopped and resumed, no evaluation is lost or made twice; a target
+        stops the run at the first of these evaluations that meets it
 
 Every run uses --threads 1, so that runs compare bit for bit.
 """
@@ -127,6 +131,7 @@ def case_run(netc, work):
                   f"stopped and resumed with the target: evaluations {eval_epochs(p('s.jsonl'))}, weights "
                   f"{'equal' if same_tensors(p('s.st'), p('t.st')) else 'differ'}")
     check_eval_every(exe, full, target, p)
+    check_eval_every_steps(exe, full, target, p)
     check_missed(exe, train, ev, target, p)
     check_model_target(netc, net, train, ev, k, target, p)
     check_refusals(exe, train, ev, p)
@@ -145,6 +150,43 @@ def check_eval_every(exe, full, target, p):
         check(eval_epochs(p("e3t.jsonl"))[-1] == (met[0] if met else EPOCHS),
               f"--eval-every 3 with the target: evaluations {eval_epochs(p('e3t.jsonl'))}, met by {met[:1]}")
     check.expect(run(exe, *full, "--eval-every", "0"), 2, "--eval-every 0", "--eval-every needs an integer >= 1")
+
+
+def step_evals(log):
+    return [(e["step"], e["accuracy"]) for e in records(log) if e.get("eval")]
+
+
+def check_eval_every_steps(exe, full, target, p):
+    every = {e["epoch"]: e for e in records(p("full.jsonl")) if e.get("eval")}
+    total = EPOCHS * STEPS_PER_EPOCH
+    r = run(exe, *full, "--eval-every-steps", "5", "--save", p("s5.st"), "--log", p("s5.jsonl"))
+    if not check.expect(r, 0, "--eval-every-steps 5"):
+        return
+    got = {e["step"]: e for e in records(p("s5.jsonl")) if e.get("eval")}
+    check(list(got) == list(range(5, total, 5)) + [total], f"--eval-every-steps 5: evaluations after steps {list(got)}")
+    check(same_tensors(p("s5.st"), p("full.st")), "--eval-every-steps 5 changed the training")
+    # step 60 ends epoch 5, and 96 the run: the parameters the epochs' evaluations saw
+    for step in (60, total):
+        e = every[step // STEPS_PER_EPOCH]
+        check(got[step]["epoch"] == e["epoch"] and got[step]["loss"] == e["loss"] and got[step]["accuracy"] == e["accuracy"],
+              f"the evaluation after step {step}: {got[step]}, epoch {e['epoch']}'s {e}")
+    # stopped after step 10, a checkpoint at 5 and 10, each after that step's evaluation
+    args = [*full, "--eval-every-steps", "5", "--checkpoint", p("s5.ck"), "--checkpoint-every", "5"]
+    r = run(exe, *args, "--stop-at", "10", "--log", p("s5a.jsonl"))
+    if check.expect(r, 4, "--eval-every-steps 5 stopped after step 10"):
+        r = run(exe, *args, "--resume", p("s5.ck"), "--log", p("s5b.jsonl"), "--save", p("s5b.st"))
+        if check.expect(r, 0, "--eval-every-steps 5 resumed"):
+            check(step_evals(p("s5a.jsonl")) == [(5, got[5]["accuracy"]), (10, got[10]["accuracy"])] and
+                  step_evals(p("s5b.jsonl")) == [(s, got[s]["accuracy"]) for s in list(got)[2:]] and
+                  same_tensors(p("s5b.st"), p("full.st")),
+                  f"stopped after step 10 and resumed: evaluations {step_evals(p('s5a.jsonl'))} then "
+                  f"{step_evals(p('s5b.jsonl'))}")
+    met = [s for s in got if got[s]["accuracy"] >= target]
+    r = run(exe, *full, "--eval-every-steps", "5", "--target-accuracy", repr(target), "--log", p("s5t.jsonl"))
+    if check.expect(r, 0 if met else MISSED, f"--eval-every-steps 5 with the target (met after step {met[:1]})",
+                    *([f"by the evaluation after step {met[0]}"] if met else [])):
+        check(step_evals(p("s5t.jsonl"))[-1][0] == (met[0] if met else total),
+              f"--eval-every-steps 5 with the target: evaluations {step_evals(p('s5t.jsonl'))}")
 
 
 def check_missed(exe, train, ev, target, p):
@@ -186,6 +228,13 @@ def check_model_target(netc, net, train, ev, k, target, p):
     if check.expect(r, 0, "--no-target without --eval-data"):
         check(same_tensors(p("nt.st"), p("two.st")), "--no-target: not the run without a target")
     check.expect(run(exe, "--help"), 0, "--help", f"drop the model's target (accuracy >= {target:.6g})")
+    src = p("steps.net")
+    with open(src, "w") as f:
+        f.write(text.replace("  epochs = 3\n", "  epochs = 2\n  eval_every_steps = 7\n"))
+    r = run(build(netc, src, p("model_steps")), *train, *ev, "--log", p("ms.jsonl"))
+    if check.expect(r, 0, "the train section's eval_every_steps"):
+        check([s for s, _ in step_evals(p("ms.jsonl"))] == [7, 14, 21, 24],
+              f"eval_every_steps = 7: evaluations after steps {step_evals(p('ms.jsonl'))}")
     # a model with no metric has no accuracy to reach
     src = p("no_metric.net")
     with open(src, "w") as f:

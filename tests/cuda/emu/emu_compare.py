@@ -792,6 +792,27 @@ def check_target_async(emu, args, work, async_records, first, env, launch):
         f"--eval-async with a target met by epoch {first['epoch']}: {reached}, steps {steps}, want the steps {want}"
 
 
+def compare_step_evals(cpu, emu, args, work, emu_out, steps, tol):
+    """Evaluations every 3 optimizer steps (--eval-every-steps 3), inside the epochs: the device
+    evaluates between two steps, the sums of the interval so far taken first, as the CPU trainer
+    does. Required: the CPU trainer's records within TOLERANCE (compare_logs), an evaluation after
+    each third step and after the last; the training untouched (the weights of the emulated run
+    without them, bit for bit); with --eval-async, the same evaluations and weights."""
+    cpu_log, _ = train(cpu, args, "cpu-evalsteps", work, "--eval-every-steps", "3")
+    log, out = train(emu, args, "emu-evalsteps", work, "--eval-every-steps", "3")
+    compare_logs(log, cpu_log, tol)
+    evals = [r for r in records(log) if r.get("eval")]
+    want = [s for s in range(3, steps, 3)] + [steps]
+    assert [r["step"] for r in evals] == want, f"--eval-every-steps 3: evaluations {evals}, want after steps {want}"
+    assert open(out, "rb").read() == open(emu_out, "rb").read(), "--eval-every-steps changed the trained weights"
+    log_a, out_a = train(emu, args, "emu-evalsteps-async", work, "--eval-every-steps", "3", "--eval-async")
+    assert open(out_a, "rb").read() == open(emu_out, "rb").read(), \
+        "--eval-every-steps with --eval-async changed the trained weights"
+    evals_a = [r for r in records(log_a) if r.get("eval")]
+    assert evals_a == evals, f"--eval-every-steps 3: evaluations with --eval-async {evals_a}, without {evals}"
+    return len(evals)
+
+
 def half_marked(exe):
     """--list-params: {name: marked as kept in half on the device} for each frozen parameter."""
     text = subprocess.run([exe, "--list-params"], capture_output=True, text=True, check=True).stdout
@@ -922,6 +943,7 @@ def main():
     assert any(not np.array_equal(a[k], b[k]) for k in b), f"{' '.join(recipe)} left the emulated run as it was"
 
     n_async = compare_eval_async(emu, [*common, *fresh], work, emu_out, emu_log, True)
+    n_step_evals = compare_step_evals(cpu, emu, [*common, *fresh], work, emu_out, steps, tol)
     for exe, args, needle in ((emu, data, "--eval-async needs the data to evaluate: add --eval-data"),
                               (emu, [*evals, "--eval-only", "--init", init], "leave out --eval-only and --predict"),
                               (cpu, [*data, *evals], "--eval-async evaluates on a second stream of a GPU trainer")):
@@ -953,7 +975,8 @@ def main():
           f"NaN found by both at step {at[0]}; {' '.join(recipe)}: parameters {worst_recipe:.3g}; "
           f"--eval-only: the final evaluation; --predict: "
           f"{'no output' if worst_predict is None else f'{worst_predict:.3g}'}; --eval-async: the same weights "
-          f"and {n_async} evaluations, logged later; {acc}")
+          f"and {n_async} evaluations, logged later; --eval-every-steps 3: {n_step_evals} evaluations as the CPU's, "
+          f"with --eval-async too; {acc}")
 
 
 if __name__ == "__main__":
