@@ -200,6 +200,12 @@ static void add_metadata(cJSON *meta, const RtModel *m, const RtTrainState *s) {
     meta_int(meta, "shuffle", s->shuffle);
     meta_int(meta, "threads", s->threads);
     if (s->augment[0]) cJSON_AddStringToObject(meta, "augment", s->augment); /* only when augmenting */
+    if (s->has_best) { /* only after an evaluation: --save-best's record to beat, exactly */
+        snprintf(buf, sizeof buf, "%.17g", s->best);
+        cJSON_AddStringToObject(meta, "best_quality", buf);
+        meta_int(meta, "best_epoch", s->best_epoch);
+        meta_int(meta, "best_step", s->best_step);
+    }
     if (s->has_scale) { /* only from a loss-scaling trainer: the scale, a power of two, printed exactly */
         snprintf(buf, sizeof buf, "%.17g", s->scale.scale);
         cJSON_AddStringToObject(meta, "loss_scale", buf);
@@ -504,6 +510,20 @@ static int read_scale(const Ckpt *c, RtTrainState *s, RtError *err) {
                : 0;
 }
 
+/* The best evaluation's quality so far (--save-best), recorded once the run has evaluated. */
+static int read_best(const Ckpt *c, RtTrainState *s, RtError *err) {
+    const char *v = meta_str(c, "best_quality");
+    char *end;
+    errno = 0;
+    s->best = strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(s->best))
+        return rt_fail(err, "checkpoint '%s': metadata 'best_quality' is '%s', not a finite number", c->path, v);
+    s->has_best = 1;
+    return meta_int64(c, "best_epoch", 1, &s->best_epoch, err) || meta_int64(c, "best_step", 0, &s->best_step, err)
+               ? -1
+               : 0;
+}
+
 static int read_state(const Ckpt *c, int64_t global, RtTrainState *s, RtError *err) {
     int64_t eval_done, shuffle, threads, was_ranks = 1, was_accumulate = 1;
     if (meta_str(c, "ranks") && meta_int64(c, "ranks", 2, &was_ranks, err)) return -1;
@@ -523,6 +543,7 @@ static int read_state(const Ckpt *c, int64_t global, RtTrainState *s, RtError *e
         return rt_fail(err, "checkpoint '%s': metadata 'augment' is too long", c->path);
     snprintf(s->augment, sizeof s->augment, "%s", augment ? augment : "");
     if (meta_str(c, "loss_scale") && read_scale(c, s, err)) return -1;
+    if (meta_str(c, "best_quality") && read_best(c, s, err)) return -1;
     int64_t per_epoch = s->samples / global, at;
     /* in exact arithmetic: a crafted epoch must not wrap around to the recorded step */
     int wraps = __builtin_mul_overflow(s->epoch - 1, per_epoch, &at) || __builtin_add_overflow(at, s->batch, &at);

@@ -297,6 +297,11 @@ typedef struct RtTrainState {
     int accumulate;       /* --accumulate: batches per rank and optimizer step (0 or 1: none) */
     int has_scale;        /* a loss-scaling trainer's run (netc --precision fp16): `scale` holds */
     RtLossScale scale;
+    int has_best;         /* an evaluation of the run had a finite quality: the best, of `best_epoch`'s
+                           * evaluation after step `best_step` (--save-best; the first metric's
+                           * accuracy, or minus the loss of a model without one) */
+    double best;
+    int64_t best_epoch, best_step;
 } RtTrainState;
 
 /* Write parameters, optimizer state (n_state_slots * n_grad_floats floats) and the state

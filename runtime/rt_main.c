@@ -54,6 +54,7 @@ typedef struct Options {
     int64_t loss_scale_interval; /* --loss-scale-interval: finite steps in a row that double it */
     int loss_scale_given, loss_scale_interval_given;
     const char *init, *save, *log, *checkpoint, *resume, *mllog;
+    const char *save_best;    /* --save-best: the parameters of the run's best evaluation so far */
     RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
     const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
     char adapter_files[2][PATH_MAX], save_adapter_files[2][PATH_MAX]; /* the two files of each directory */
@@ -65,6 +66,7 @@ typedef struct Trainer {
     RtCtx ctx;
     FILE *log;
     int log_failed;           /* a write to the log failed: the run stops and ends with status 1 */
+    int best_failed;          /* a write of --save-best failed: the same */
     int tty;
     RtConsole con;            /* the standard output: log lines and the progress line (rt_log.c) */
     RtMllog ml;               /* --mllog */
@@ -189,6 +191,8 @@ static void usage(const RtModel *m) {
            "  --init-partial         load the tensors the model has, keep the initialisation of the rest\n"
            "  --init-prefix P        strip P from the file's tensor names (module. from DDP)\n"
            "  --save FILE            write the trained parameters as safetensors\n"
+           "  --save-best FILE       write the parameters of the best evaluation so far (the first metric's\n"
+           "                         accuracy, or the lowest loss), each time one beats the best\n"
            "%s"
            "  --checkpoint FILE      write parameters, optimizer state and position to FILE at the end,\n"
            "                         on SIGINT/SIGTERM or --stop-at, and every --checkpoint-every N steps\n"
@@ -301,9 +305,9 @@ static void check_eval_only(const RtModel *m, const Options *o) {
     const char *what = o->eval_only ? "--eval-only" : "--predict";
     if (o->eval_only && o->predict_out) die_usage("--eval-only and --predict: give one");
     if (!o->init && !o->resume) die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
-    if (o->save || o->checkpoint || o->gradcheck || o->stop_at || o->save_adapter || o->save_merged)
-        die_usage("%s trains nothing: leave out --save, --save-adapter, --save-merged, --checkpoint, --stop-at and "
-                  "--gradcheck", what);
+    if (o->save || o->checkpoint || o->gradcheck || o->stop_at || o->save_adapter || o->save_merged || o->save_best)
+        die_usage("%s trains nothing: leave out --save, --save-best, --save-adapter, --save-merged, --checkpoint, "
+                  "--stop-at and --gradcheck", what);
     if (!o->eval_only) return check_predict(m, o);
     for (int i = 0; i < m->n_inputs; i++)
         if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
@@ -371,6 +375,7 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
         else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
         else if (strcmp(a, "--init-partial") == 0) o->init_rules.partial = 1;
         else if (strcmp(a, "--save") == 0) o->save = VALUE();
+        else if (strcmp(a, "--save-best") == 0) o->save_best = VALUE();
         else if (strcmp(a, "--adapter") == 0) o->adapter = lora_option(m, a, VALUE());
         else if (strcmp(a, "--save-adapter") == 0) o->save_adapter = lora_option(m, a, VALUE());
         else if (strcmp(a, "--save-merged") == 0) o->save_merged = lora_option(m, a, VALUE());
@@ -446,6 +451,13 @@ static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
                   "give one");
     if (o->eval_async && !o->n_eval) die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
     check_target(o, using);
+    if (o->save_best && o->gradcheck) die_usage("--gradcheck trains nothing: leave out --save-best");
+    if (o->save_best && !o->n_eval)
+        die_usage("--save-best keeps the parameters of the best evaluation, and there is no --eval-data to evaluate "
+                  "on: add --eval-data NAME=FILE for every input");
+    if (o->save_best && o->eval_async)
+        die_usage("--save-best writes the parameters an evaluation saw, which --eval-async keeps on the GPU only: "
+                  "evaluate between steps, or beside training with --eval-rank");
 }
 
 static void list_params(const RtModel *m) {
@@ -719,13 +731,35 @@ static void target_reached(Trainer *t, int64_t epoch, int64_t step) {
 }
 
 /* An evaluation's line, from its sums over every rank. */
-static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, int64_t step, const double sums[N_SUMS]) {
+/* --save-best: the parameters the evaluation of (epoch, step) saw (NULL: still only on the
+ * device), when its quality, the first metric's accuracy or minus the loss of a model without one,
+ * beats the run's best so far (t->pos, which checkpoints keep; a tie keeps the earlier). Every
+ * rank keeps the record; rank 0 writes the file, as --save. */
+static void keep_best(Trainer *t, int64_t epoch, int64_t step, double loss, double accuracy, const float *params) {
+    RtTrainState *p = &t->pos;
+    double q = t->m->has_accuracy ? accuracy : -loss;
+    if (!isfinite(q) || (p->has_best && q <= p->best)) return;
+    p->has_best = 1, p->best = q, p->best_epoch = epoch, p->best_step = step;
+    if (!t->o.save_best) return;
+    if (!params) { /* the device's, as they are now: the evaluation was between steps */
+        t->dev->download(t->ctx.params, NULL);
+        params = t->ctx.params;
+    }
+    RtError err;
+    if (!rt_st_save(t->o.save_best, t->m, params, &err)) return;
+    fprintf(stderr, "%serror: %s; stopping the run\n", t->tty ? "\n" : "", err.msg);
+    t->best_failed = 1;
+}
+
+static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, int64_t step, const double sums[N_SUMS],
+                          const float *params) {
     char meta[48];
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
     double n = (double)samples, acc[RT_MAX_METRICS];
     accuracies(t->m, sums + SUM_CORRECT, n, sums[SUM_COUNTED], acc);
     log_eval(t, epoch, step, sums[SUM_LOSS] / n, acc);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
+    keep_best(t, epoch, step, sums[SUM_LOSS] / n, acc[0], params);
     if (rt_target_eval(&t->o.target, epoch, sums[SUM_LOSS] / n, acc[0])) target_reached(t, epoch, step);
 }
 
@@ -741,7 +775,7 @@ static void collect_eval(Trainer *t, int wait) {
     /* the training line before it; rank 0 alone is here, so a stop waits in t->dev_stop for the
      * next log point, where every rank finds it */
     if (t->dev) (void)take_sums(t, 1);
-    log_eval_sums(t, t->eval_samples, epoch, t->eval_step, sums);
+    log_eval_sums(t, t->eval_samples, epoch, t->eval_step, sums, t->eval_params);
 }
 
 /* --eval-rank, training rank 0: a copy of the parameters to the evaluator, once it has finished
@@ -791,7 +825,7 @@ static int finish_eval(Trainer *t) {
     t->dev->eval_async_read(&sums[SUM_LOSS], &sums[SUM_CORRECT]);
     t->ae.active = 0;
     rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
-    log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, t->ae.step, sums);
+    log_eval_sums(t, t->ae.ds->n_samples, t->ae.epoch, t->ae.step, sums, NULL); /* no --save-best */
     return 0;
 }
 
@@ -835,7 +869,7 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
     int rc = eval_sums(t, ds, bufs, 0, sums);
     if (rc) return rc;
     rt_dist_sum(&t->dist, sums, N_SUMS, "summing the evaluation");
-    log_eval_sums(t, ds->n_samples, epoch, t->pos.step, sums);
+    log_eval_sums(t, ds->n_samples, epoch, t->pos.step, sums, t->dev ? NULL : t->ctx.params);
     return 0;
 }
 
@@ -1011,7 +1045,7 @@ static int write_checkpoint(Trainer *t) {
 }
 
 /* A signal, or --stop-at short of the end, asks the run to stop after the current step. */
-static int stop_asked(const Trainer *t) { return stop_signal || t->log_failed || t->ml.failed; }
+static int stop_asked(const Trainer *t) { return stop_signal || t->log_failed || t->ml.failed || t->best_failed; }
 
 /* A distributed run stops where every rank agrees to: each step's sums carry the ranks' requests. */
 static int stopping(const Trainer *t) {
@@ -1029,8 +1063,9 @@ static int target_stop(const Trainer *t) {
 /* After a stop: keep what can be kept and say how to go on. A failed log write ends the run
  * with status 1 (an I/O error), a signal or --stop-at with 4. */
 static int stop_run(Trainer *t) {
-    int log_failed = t->log_failed || t->ml.failed;
-    const char *name = log_failed           ? "the failed log write"
+    int log_failed = t->log_failed || t->ml.failed || t->best_failed;
+    const char *name = t->best_failed       ? "the failed --save-best write"
+                       : log_failed         ? "the failed log write"
                        : stop_signal == SIGINT ? "SIGINT"
                        : stop_signal           ? "SIGTERM"
                        : t->stop_agreed        ? "a signal to another rank"
@@ -1402,7 +1437,7 @@ static int gradcheck(Trainer *t, const RtDataset *ds, void *const *bufs) {
  * replaced: it may also be a named pipe or a character device (a terminal, /dev/null).
  */
 
-enum { MAX_FILES = (2 * RT_CIFAR_MAX_FILES + 1) * RT_MAX_INPUTS + 6, MAX_OUTPUTS = 8 };
+enum { MAX_FILES = (2 * RT_CIFAR_MAX_FILES + 1) * RT_MAX_INPUTS + 6, MAX_OUTPUTS = 9 };
 
 typedef struct NamedFile {
     char what[160]; /* the option that names it, as the user wrote it */
@@ -1473,6 +1508,8 @@ static void check_outputs(const Trainer *t) {
     int n_in = list_inputs(t, in), n_out = 0;
     char why[RT_WHY_MAX];
     if (o->save && rt_out_probe(o->save, why, sizeof why) != 0) die("cannot save weights to '%s': %s", o->save, why);
+    if (o->save_best && rt_out_probe(o->save_best, why, sizeof why) != 0)
+        die("cannot save the best weights to '%s': %s", o->save_best, why);
     RtError err;
     if (o->checkpoint && rt_ckpt_check_writable(o->checkpoint, &err)) die("%s", err.msg);
     if (o->log) check_log(o->log);
@@ -1492,6 +1529,7 @@ static void check_outputs(const Trainer *t) {
         n_out = add_file(out, n_out, 0, file, "--save-adapter%s %s", "");
     }
     n_out = add_file(out, n_out, 0, o->save, "--save%s %s", "");
+    n_out = add_file(out, n_out, 0, o->save_best, "--save-best%s %s", "");
     n_out = add_file(out, n_out, 0, o->checkpoint, "--checkpoint%s %s", "");
     n_out = add_file(out, n_out, 1, o->log, "--log%s %s", "");
     n_out = add_file(out, n_out, 1, o->mllog, "--mllog%s %s", "");
@@ -1569,7 +1607,7 @@ static int finish(Trainer *t, int rc) {
     }
     t->log = NULL;
     if (rt_mllog_close(&t->ml, rc == 0) && !rc) rc = 1; /* a failed save is an aborted run too */
-    if (t->log_failed && !rc) rc = 1;
+    if ((t->log_failed || t->best_failed) && !rc) rc = 1;
     if ((fflush(stdout) != 0 || ferror(stdout)) && !rc) {
         fprintf(stderr, "error: cannot write to the standard output: %s\n", strerror(errno));
         rc = 1;
@@ -1788,7 +1826,7 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
     if (d->rank > 0) {
         Options *o = &t->o;
         o->quiet = 1, t->con.quiet = 1, t->tty = 0;
-        o->save = o->log = o->checkpoint = o->mllog = o->save_adapter = o->save_merged = NULL;
+        o->save = o->log = o->checkpoint = o->mllog = o->save_adapter = o->save_merged = o->save_best = NULL;
     }
     int cpus = d->comm ? rt_dist_cpus() : 0;
     if (cpus && cpus < t->o.threads && d->rank == 0) /* the others' are alike, as a rule */

@@ -35,6 +35,7 @@ from netc_testlib import Checks, compile_model, run_cases, st_load  # noqa: E402
 META_KEYS = {"format", "netc_checkpoint", "model", "fingerprint", "optimizer", "batch", "step", "epoch",
              "batch_in_epoch", "eval_done", "total_steps", "epochs", "steps", "samples", "seed", "shuffle",
              "threads", "crc32"}
+BEST_KEYS = {"best_quality", "best_epoch", "best_step"}  # once the run has evaluated
 STOPPED = 4  # exit status of a run stopped before its end (signal or --stop-at)
 
 check = Checks()
@@ -68,7 +69,9 @@ def verify(path):
         header, meta, body = read_checkpoint(path)
     except (OSError, ValueError, KeyError, struct.error) as e:
         raise AssertionError(f"{path}: {e!r}")
-    assert set(meta) == META_KEYS, f"{path}: metadata keys {sorted(meta)}"
+    keys = set(meta)
+    assert META_KEYS <= keys <= META_KEYS | BEST_KEYS and keys & BEST_KEYS in (set(), BEST_KEYS), \
+        f"{path}: metadata keys {sorted(meta)}"
     assert meta["netc_checkpoint"] == "1"
     assert max(t["data_offsets"][1] for t in header.values()) == len(body), f"{path}: size"
     assert checkpoint_crc(body, meta) == meta["crc32"], f"{path}: crc32"

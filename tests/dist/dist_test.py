@@ -29,7 +29,8 @@
                every rank stops at the same step and the checkpoint resumes to the weights of the
                run without a target; a missed target ends every rank with status 7; evaluations
                every 4 steps (--eval-every-steps) by the 2 ranks and by an evaluation rank: the same
-               evaluations of the same steps, the training untouched
+               evaluations of the same steps, the training untouched, and the same --save-best file
+               (the parameters handed to the evaluator, written by rank 0)
   eval_rank    --eval-rank: 2 and 1 training ranks with an evaluation rank against the same ranks
                evaluating between epochs (ResNet-18, narrow): the same weights and evaluations,
                the results taken after later steps; stopped and resumed; refusals
@@ -691,7 +692,8 @@ def case_target(netc, work):
     evals = {}
     for np_, extra in ((2, []), (3, ["--eval-rank"])):
         log, out = p(f"s{np_}.jsonl"), p(f"s{np_}.st")
-        r = mpirun(np_, [exe] + args + extra + ["--eval-every-steps", "4", "--log", log, "--save", out])
+        r = mpirun(np_, [exe] + args + extra + ["--eval-every-steps", "4", "--log", log, "--save", out,
+                                               "--save-best", p(f"best{np_}.st")])
         if check.expect(r, 0, f"--eval-every-steps 4, {np_} processes"):
             evals[np_] = [(e["step"], e["loss"], e["accuracy"]) for e in map(json.loads, open(log)) if e.get("eval")]
             check(open(out, "rb").read() == open(p("full.st"), "rb").read(),
@@ -703,6 +705,8 @@ def case_target(netc, work):
               all(a[0] == b[0] and a[2] == b[2] and abs(a[1] - b[1]) <= 1e-12 * abs(b[1])
                   for a, b in zip(evals[2], evals[3])) and len(evals[2]) == len(evals[3]),
               f"--eval-every-steps 4: by the ranks {evals[2]}, by an evaluation rank {evals[3]}")
+        check(open(p("best2.st"), "rb").read() == open(p("best3.st"), "rb").read(),
+              "--save-best: the ranks' file and the one beside an evaluation rank differ")
 
 
 CASES = {"equivalence": case_equivalence, "checkpoint": case_checkpoint, "failures": case_failures,

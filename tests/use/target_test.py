@@ -16,7 +16,10 @@ usage: target_test.py CASE NETC WORKDIR
         (and the train section's eval_every_steps) evaluates after every fifth step and the last,
         inside the epochs, without changing the training, with an epoch's end giving its
         evaluation's values; stopped and resumed, no evaluation is lost or made twice; a target
-        stops the run at the first of these evaluations that meets it
+        stops the run at the first of these evaluations that meets it; --save-best holds the
+        parameters of the best evaluation (the highest accuracy, or the lowest loss of a model
+        without a metric), those of a checkpoint at that epoch's end, bit for bit, without
+        changing the training; a resumed run beats the best its checkpoint records, not its own
 
 Every run uses --threads 1, so that runs compare bit for bit.
 """
@@ -134,6 +137,8 @@ def case_run(netc, work):
     check_eval_every_steps(exe, full, target, p)
     check_missed(exe, train, ev, target, p)
     check_model_target(netc, net, train, ev, k, target, p)
+    check_save_best(exe, full, "accuracy", p)
+    check_save_best(p("no_metric"), full, "loss", p)
     check_refusals(exe, train, ev, p)
 
 
@@ -187,6 +192,44 @@ def check_eval_every_steps(exe, full, target, p):
                     *([f"by the evaluation after step {met[0]}"] if met else [])):
         check(step_evals(p("s5t.jsonl"))[-1][0] == (met[0] if met else total),
               f"--eval-every-steps 5 with the target: evaluations {step_evals(p('s5t.jsonl'))}")
+
+
+def check_save_best(exe, full, key, p):
+    """--save-best against the parameters at the end of the best epoch, and across a resume."""
+    tag = os.path.basename(exe)
+    r = run(exe, *full, "--save-best", p(f"{tag}_best.st"), "--save", p(f"{tag}_all.st"), "--log", p(f"{tag}_b.jsonl"))
+    if not check.expect(r, 0, f"--save-best ({key})"):
+        return
+    evals = [e for e in records(p(f"{tag}_b.jsonl")) if e.get("eval")]
+    sign = 1 if key == "accuracy" else -1
+    best = max(evals, key=lambda e: (sign * e[key], -e["epoch"]))["epoch"]  # the first of equals
+    r = run(exe, *full, "--stop-at", best * STEPS_PER_EPOCH, "--checkpoint", p(f"{tag}_at_best.ck"))
+    if best < EPOCHS and not check.expect(r, 4, f"stopped at the end of epoch {best}"):
+        return
+    if best == EPOCHS:  # the run's end: its --save
+        want = st_load(p(f"{tag}_all.st"))
+    else:
+        want = st_load(p(f"{tag}_at_best.ck"))
+    got = st_load(p(f"{tag}_best.st"))
+    check(all(np.array_equal(got[n], want[n]) for n in got) and got.keys() <= want.keys(),
+          f"--save-best ({key}): not the parameters at the end of epoch {best}, the best evaluation")
+    if key == "accuracy":
+        full_run = run(exe, *full, "--save", p("again.st"))
+        check(full_run.returncode == 0 and same_tensors(p(f"{tag}_all.st"), p("again.st")),
+              "--save-best changed the training")
+    # stopped in epoch 5, resumed with another file: written only if a later epoch beats the best
+    args = [*full, "--checkpoint", p(f"{tag}_b.ck")]
+    r = run(exe, *args, "--stop-at", 4 * STEPS_PER_EPOCH + 5, "--save-best", p(f"{tag}_b1.st"))
+    if check.expect(r, 4, f"--save-best ({key}) stopped in epoch 5"):
+        r = run(exe, *args, "--resume", p(f"{tag}_b.ck"), "--save-best", p(f"{tag}_b2.st"))
+        if check.expect(r, 0, f"--save-best ({key}) resumed"):
+            if best > 4:
+                check(same_tensors(p(f"{tag}_b2.st"), p(f"{tag}_best.st")),
+                      f"--save-best resumed: epoch {best}'s parameters not written after the resume")
+            else:
+                check(same_tensors(p(f"{tag}_b1.st"), p(f"{tag}_best.st")) and not os.path.exists(p(f"{tag}_b2.st")),
+                      f"--save-best resumed: the best (epoch {best}) was before the stop, yet the resumed run wrote "
+                      f"{p(f'{tag}_b2.st')}")
 
 
 def check_missed(exe, train, ev, target, p):
@@ -255,6 +298,13 @@ def check_refusals(exe, train, ev, p):
                  "from the command line")
     check.expect(run(exe, *ev, "--eval-only", "--init", p("full.st"), "--target-loss", "1"), 2,
                  "--target-loss with --eval-only", "are for training runs")
+    check.expect(run(exe, *train, "--save-best", p("x.st")), 2, "--save-best without --eval-data",
+                 "--save-best keeps the parameters of the best evaluation")
+    check.expect(run(exe, *ev, "--eval-only", "--init", p("full.st"), "--save-best", p("x.st")), 2,
+                 "--save-best with --eval-only", "trains nothing")
+    check.expect(run(exe, *train, *ev, "--save-best", p("x.st"), "--save", p("x.st")), 2,
+                 "--save-best naming --save's file", "name the same file")
+    check(not os.path.exists(p("x.st")), "a refused run wrote x.st")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ With --ranks N both trainers are distributed and run as N ranks under mpirun (ma
 same parameters, checkpoints and logs within TOLERANCE, and the same step on a NaN.
 """
 import json
+import math
 import os
 import re
 import struct
@@ -797,9 +798,12 @@ def compare_step_evals(cpu, emu, args, work, emu_out, steps, tol):
     evaluates between two steps, the sums of the interval so far taken first, as the CPU trainer
     does. Required: the CPU trainer's records within TOLERANCE (compare_logs), an evaluation after
     each third step and after the last; the training untouched (the weights of the emulated run
-    without them, bit for bit); with --eval-async, the same evaluations and weights."""
+    without them, bit for bit); with --eval-async, the same evaluations and weights; --save-best's
+    file, read back from the device after the best evaluation, the parameters of a checkpoint
+    taken at that step."""
     cpu_log, _ = train(cpu, args, "cpu-evalsteps", work, "--eval-every-steps", "3")
-    log, out = train(emu, args, "emu-evalsteps", work, "--eval-every-steps", "3")
+    best = os.path.join(work, "emu-best.safetensors")
+    log, out = train(emu, args, "emu-evalsteps", work, "--eval-every-steps", "3", "--save-best", best)
     compare_logs(log, cpu_log, tol)
     evals = [r for r in records(log) if r.get("eval")]
     want = [s for s in range(3, steps, 3)] + [steps]
@@ -810,6 +814,17 @@ def compare_step_evals(cpu, emu, args, work, emu_out, steps, tol):
         "--eval-every-steps with --eval-async changed the trained weights"
     evals_a = [r for r in records(log_a) if r.get("eval")]
     assert evals_a == evals, f"--eval-every-steps 3: evaluations with --eval-async {evals_a}, without {evals}"
+    key = "accuracy" if "accuracy" in evals[0] else "loss"
+    sign = 1 if key == "accuracy" else -1
+    at = max(evals, key=lambda r: (sign * r[key] if r[key] is not None else -math.inf, -r["step"]))["step"]
+    if at < steps:
+        ck = os.path.join(work, "emu-at-best.ckpt")
+        train(emu, args, "emu-at-best", work, "--stop-at", str(at), "--checkpoint", ck, expect=4)
+    else:
+        ck = emu_out
+    got, want = st_load(best), st_load(ck)
+    assert all(np.array_equal(got[k], want[k]) for k in got), \
+        f"--save-best: not the parameters after step {at}, the best evaluation's ({key})"
     return len(evals)
 
 
