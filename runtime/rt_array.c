@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -29,6 +30,13 @@ int rt_fail(RtError *err, const char *fmt, ...) {
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+int rt_parse_finite(const char *text, double *v) {
+    char *end;
+    errno = 0;
+    *v = strtod(text, &end);
+    return !*text || *end || errno || !isfinite(*v) ? -1 : 0;
 }
 
 int rt_read_text(const char *path, char **text, RtError *err) {

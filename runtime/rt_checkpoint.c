@@ -486,11 +486,9 @@ static int meta_int64(const Ckpt *c, const char *key, int64_t min, int64_t *out,
 }
 
 int rt_parse_loss_scale(const char *text, double *scale) {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
+    double v;
     int e;
-    if (!*text || *end || errno || !(v >= RT_LOSS_SCALE_MIN && v <= RT_LOSS_SCALE_MAX) || frexp(v, &e) != 0.5)
+    if (rt_parse_finite(text, &v) || !(v >= RT_LOSS_SCALE_MIN && v <= RT_LOSS_SCALE_MAX) || frexp(v, &e) != 0.5)
         return -1;
     *scale = v;
     return 0;
@@ -513,10 +511,7 @@ static int read_scale(const Ckpt *c, RtTrainState *s, RtError *err) {
 /* The best evaluation's quality so far (--save-best), recorded once the run has evaluated. */
 static int read_best(const Ckpt *c, RtTrainState *s, RtError *err) {
     const char *v = meta_str(c, "best_quality");
-    char *end;
-    errno = 0;
-    s->best = strtod(v, &end);
-    if (!*v || *end || errno || !isfinite(s->best))
+    if (rt_parse_finite(v, &s->best))
         return rt_fail(err, "checkpoint '%s': metadata 'best_quality' is '%s', not a finite number", c->path, v);
     s->has_best = 1;
     return meta_int64(c, "best_epoch", 1, &s->best_epoch, err) || meta_int64(c, "best_step", 0, &s->best_step, err)

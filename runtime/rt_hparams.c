@@ -11,8 +11,6 @@
  * RtModel, which the checkpoint fingerprint is computed from, so a checkpoint records them:
  * resuming it needs the same flags.
  */
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,10 +66,8 @@ void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char
     const HParam *h = find(flag);
     if (h->kind >= 0 && (int)m->schedule.kind != h->kind)
         usage_error("%s: the model's schedule is %s, which has no such value", flag, sched_names[m->schedule.kind]);
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (!*value || *end || errno || !isfinite(v) || v < 0 || (h->positive && v == 0))
+    double v;
+    if (rt_parse_finite(value, &v) || v < 0 || (h->positive && v == 0))
         usage_error(h->positive ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
                     value);
     *field(h, s, o) = v;

@@ -20,6 +20,9 @@ typedef struct RtError {
 } RtError;
 
 int rt_fail(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* *v = the whole of text as a finite number (strtod's forms; no overflow or underflow); 0, or -1
+ * with *v unspecified. */
+int rt_parse_finite(const char *text, double *v);
 /* The whole text file at path into *text (malloc'd, NUL-terminated). */
 int rt_read_text(const char *path, char **text, RtError *err);
 /* Where rt_gemm sends its products (rt_gemm.c), decided at the first call from NETC_GEMM and the

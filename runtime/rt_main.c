@@ -730,7 +730,6 @@ static void target_reached(Trainer *t, int64_t epoch, int64_t step) {
     log_line_done(t);
 }
 
-/* An evaluation's line, from its sums over every rank. */
 /* --save-best: the parameters the evaluation of (epoch, step) saw (NULL: still only on the
  * device), when its quality, the first metric's accuracy or minus the loss of a model without one,
  * beats the run's best so far (t->pos, which checkpoints keep; a tie keeps the earlier). Every
@@ -751,16 +750,18 @@ static void keep_best(Trainer *t, int64_t epoch, int64_t step, double loss, doub
     t->best_failed = 1;
 }
 
+/* An evaluation's line, from its sums over every rank; then the best and the target, which it
+ * may have beaten and met. `params`: what it evaluated, as keep_best takes them. */
 static void log_eval_sums(Trainer *t, int64_t samples, int64_t epoch, int64_t step, const double sums[N_SUMS],
                           const float *params) {
     char meta[48];
     snprintf(meta, sizeof meta, "\"epoch_num\": %lld", (long long)epoch);
-    double n = (double)samples, acc[RT_MAX_METRICS];
+    double n = (double)samples, loss = sums[SUM_LOSS] / n, acc[RT_MAX_METRICS];
     accuracies(t->m, sums + SUM_CORRECT, n, sums[SUM_COUNTED], acc);
-    log_eval(t, epoch, step, sums[SUM_LOSS] / n, acc);
+    log_eval(t, epoch, step, loss, acc);
     RT_MLLOG(&t->ml, RT_ML_END, "eval_stop", NULL, meta);
-    keep_best(t, epoch, step, sums[SUM_LOSS] / n, acc[0], params);
-    if (rt_target_eval(&t->o.target, epoch, sums[SUM_LOSS] / n, acc[0])) target_reached(t, epoch, step);
+    keep_best(t, epoch, step, loss, acc[0], params);
+    if (rt_target_eval(&t->o.target, epoch, loss, acc[0])) target_reached(t, epoch, step);
 }
 
 static int take_sums(Trainer *t, int wait);

@@ -8,10 +8,7 @@
  * is, and whether an evaluation met it; rt_main decides where the run stops (every rank at the
  * same step) and what it writes.
  */
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "rt_internal.h"
@@ -25,10 +22,8 @@ int rt_target_option(RtTarget *t, const RtModel *m, const char *flag, const char
         t->accuracy = 0, t->has_loss = 0;
         return 0;
     }
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    int bad = !*value || *end || errno || !isfinite(v);
+    double v;
+    int bad = rt_parse_finite(value, &v) != 0;
     if (strcmp(flag, "--target-loss") == 0) {
         if (bad) return rt_fail(err, "%s needs a number, found '%s'", flag, value);
         t->loss = v, t->has_loss = 1;
