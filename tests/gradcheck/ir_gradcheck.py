@@ -11,7 +11,9 @@ nodes. This needs no finite differences, so it also holds for models whose loss 
 kinked for the trainer's float32 --gradcheck (batch norm over a handful of values per channel).
 Then the trainer evaluates the same parameters on the same batch (--eval-only), and its loss must
 match the reference's with batch norm from the running statistics (eval_check), and its accuracy
-too where the model has the metric (accuracy_check).
+too where the model has the metric (accuracy_check). The gradient's tolerance includes how far float32
+rounding alone moves it, measured by evaluating the same graph again in float32 (float32_spread):
+a net whose loss amplifies rounding gets the room it needs, and every other keeps float32's.
 Flags after WORKDIR go to netc when it compiles the trainer (`--copy-views`, `--no-fuse`, ...).
 With `--exe TRAINER` the trainer was built elsewhere from those flags and is run as it is (the
 emulated CUDA trainer of emu_vs_cpu.sh --reference).
@@ -540,10 +542,29 @@ def eval_check(exe, work, name, init, args, it, loss, n_fwd, marks):
     return error
 
 
+def float32_spread(it, n):
+    """The same graph evaluated again in float32 (PyTorch's operators, the reference's order of
+    values, half-precision values rounded as before): how far float32 rounding alone moves each
+    of the first n values from the float64 reference. Most nets keep it near float32's 6e-8
+    relative; a net whose loss amplifies rounding (sin of a product of large values through
+    batch statistics of a handful of elements, random_nets.py's net 1758) moves its gradients
+    by up to half a percent, as much in PyTorch as in the trainer."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # the tensors the interpreter creates itself too
+    try:
+        it32 = Interp(it.nodes, {k: v if v.dtype == torch.long else v.float() for k, v in it.inputs.items()},
+                      {k: v.float() for k, v in it.params.items()}, dtype=torch.float32)
+        it32.half, it32.loss_scale = it.half, it.loss_scale
+        return [v.double() if torch.is_floating_point(v) else v for v in it32.run(n)]
+    finally:
+        torch.set_default_dtype(default)
+
+
 def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags, it, loss, n_fwd, marks,
                   emulated=None):
     """The compiled trainer's gradient (from one SGD step) against the reference's, and its
     evaluation (eval_check)."""
+    values32 = float32_spread(it, len(nodes))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     from netc_testlib import st_load, st_save
     if any(n.op == "dropout" for n in nodes):
@@ -582,6 +603,12 @@ def trainer_check(netc, model, work, nodes, params, pvals, batch, values, flags,
         # (a filter's) may have rounded the other way, by one unit in its last place (the
         # module's docstring)
         tol = 1e-3 * np.abs(want) + 1e-6 * np.abs(p0) / lr + 1e-5 * np.abs(want).max()
+        # and what float32 rounding does to this gradient in PyTorch (float32_spread): the
+        # trainer rounds at other places and in other orders, so its error is of the same size,
+        # not at the same elements: the tensor's largest spread, four times over (the trainer's
+        # largest error was 0.5 to 1.15 times PyTorch's in net 1758's tensors)
+        spread = float((values32[gid] - values[gid]).abs().max()) if want.size else 0.0
+        tol += 4 * spread / (it.loss_scale if it.half == "fp16" else 1)
         if it.half:
             tol += TIP[it.half] * np.abs(want)
         bad = np.abs(applied - want) > tol
