@@ -468,4 +468,40 @@ int rt_predict_check(const RtModel *m, const char *const *files, RtError *err);
 int rt_predict(const RtModel *m, RtCtx *ctx, const RtDevice *dev, const char *const *files, const char *path,
                int64_t *n_out, RtError *err);
 
+/* ---- the trainer's command line (rt_options.c) */
+
+/* The run as the command line asks for it: the model's defaults with the options' changes. */
+typedef struct RtOptions {
+    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
+    const char *predict_out;  /* --predict-out: the model's output for the --predict files */
+    int64_t epochs, steps, log_every, eval_every, checkpoint_every, stop_at;
+    int64_t eval_every_steps; /* evaluations every this many optimizer steps instead of epochs (0: by epochs) */
+    int accumulate;           /* --accumulate K: micro-batches of the model's batch per optimizer step */
+    uint64_t seed;
+    int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
+    int eval_only;            /* one evaluation of the --init or --resume weights, no training */
+    int eval_rank;            /* --eval-rank: the job's last process evaluates while the others train */
+    int eval_async;           /* --eval-async: a GPU trainer evaluates on a second stream while it trains */
+    int n_predict;            /* --predict files given */
+    RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
+    RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
+    RtTarget target;          /* the model's quality target with the command line's changes, and whether
+                               * an evaluation met it (rt_target.c) */
+    int target_given;         /* --target-accuracy, --target-loss or --no-target */
+    int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
+    double loss_scale;        /* --loss-scale: the first loss scale of a loss-scaling trainer */
+    int64_t loss_scale_interval; /* --loss-scale-interval: finite steps in a row that double it */
+    int loss_scale_given, loss_scale_interval_given;
+    const char *init, *save, *log, *checkpoint, *resume, *mllog;
+    const char *save_best;    /* --save-best: the parameters of the run's best evaluation so far */
+    RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
+    const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
+    char adapter_files[2][PATH_MAX], save_adapter_files[2][PATH_MAX]; /* the two files of each directory */
+} RtOptions;
+/* *o from the command line, checked against the model and against itself; a bad option ends the
+ * process with status 2 (rt_die_usage), --help with 0 after the usage. */
+void rt_parse_options(int argc, char **argv, const RtModel *m, RtOptions *o);
+/* A bad command line: the message on stderr with a hint to --help, and exit status 2. */
+_Noreturn void rt_die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif

@@ -1,6 +1,6 @@
-/* rt_main.c - the trainer's main(): command line, buffers, parameter initialisation, the
- * training loop with its learning-rate schedule, evaluation, logging, checkpoints and resuming,
- * signals, and --gradcheck.
+/* rt_main.c - the trainer's main(): buffers, parameter initialisation, the training loop with
+ * its learning-rate schedule, evaluation, logging, checkpoints and resuming, signals, and
+ * --gradcheck. The command line is read and checked by rt_options.c.
  *
  * Everything is allocated once before the first step: the flat parameter, gradient and
  * optimizer-state buffers, the planned arena, the kernels' per-thread scratch, and the
@@ -32,37 +32,10 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 /* Exit statuses (docs/trainer.md): 1 a file was refused or a write failed, 2 bad command line. */
 enum { EXIT_NONFINITE = 3, EXIT_STOPPED = 4, EXIT_NO_DEVICE = 5, EXIT_TARGET_MISSED = 7 };
 
-typedef struct Options {
-    const char *data[RT_MAX_INPUTS], *eval[RT_MAX_INPUTS], *augment[RT_MAX_INPUTS], *predict[RT_MAX_INPUTS];
-    const char *predict_out;  /* --predict-out: the model's output for the --predict files */
-    int64_t epochs, steps, log_every, eval_every, checkpoint_every, stop_at;
-    int64_t eval_every_steps; /* evaluations every this many optimizer steps instead of epochs (0: by epochs) */
-    int accumulate;           /* --accumulate K: micro-batches of the model's batch per optimizer step */
-    uint64_t seed;
-    int shuffle, threads, quiet, list_params, gradcheck, n_eval, no_graph, update_after_backward;
-    int eval_only;            /* one evaluation of the --init or --resume weights, no training */
-    int eval_rank;            /* --eval-rank: the job's last process evaluates while the others train */
-    int eval_async;           /* --eval-async: a GPU trainer evaluates on a second stream while it trains */
-    int n_predict;            /* --predict files given */
-    RtSchedule schedule;      /* the model's, with the command line's overrides (rt_hparams.c) */
-    RtOptimParams hyper;      /* the same for the optimizer's hyperparameters */
-    RtTarget target;          /* the model's quality target with the command line's changes, and whether
-                               * an evaluation met it (rt_target.c) */
-    int target_given;         /* --target-accuracy, --target-loss or --no-target */
-    int epochs_given, steps_given, seed_given; /* a resume keeps the recorded values otherwise */
-    double loss_scale;        /* --loss-scale: the first loss scale of a loss-scaling trainer */
-    int64_t loss_scale_interval; /* --loss-scale-interval: finite steps in a row that double it */
-    int loss_scale_given, loss_scale_interval_given;
-    const char *init, *save, *log, *checkpoint, *resume, *mllog;
-    const char *save_best;    /* --save-best: the parameters of the run's best evaluation so far */
-    RtInitRules init_rules;   /* --init-skip, --init-prefix, --init-partial */
-    const char *adapter, *save_adapter, *save_merged; /* LoRA's adapters in PEFT's format (rt_lora.c) */
-    char adapter_files[2][PATH_MAX], save_adapter_files[2][PATH_MAX]; /* the two files of each directory */
-} Options;
 
 typedef struct Trainer {
     const RtModel *m;
-    Options o;
+    RtOptions o;
     RtCtx ctx;
     FILE *log;
     int log_failed;           /* a write to the log failed: the run stops and ends with status 1 */
@@ -134,331 +107,10 @@ static _Noreturn void die(const char *fmt, ...) {
     exit(1);
 }
 
-static _Noreturn void die_usage(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "error: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n  hint: run with --help for the options\n");
-    exit(2);
-}
-
 /* Samples per optimizer step, over all ranks and micro-batches. */
 static int64_t global_batch(const Trainer *t) { return t->m->batch * t->dist.ranks * t->o.accumulate; }
 
-static const char *dtype_name(RtDtype dt) {
-    static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
-    return names[dt];
-}
-
-/* ---- command line */
-
-static void usage(const RtModel *m) {
-    printf("usage: %s --data INPUT=FILE... [options]\n\n", m->name);
-    printf("Train model '%s' (compiled by netc from %s, for %s CPUs).\n\nmodel inputs (per sample; batch %lld):\n",
-           m->name, m->source, rt_cpu_level_name(rt_cpu_level), (long long)m->batch);
-    for (int i = 0; i < m->n_inputs; i++) {
-        printf("  %-12s %s[", m->inputs[i].name, dtype_name(m->inputs[i].dtype));
-        for (int d = 0; d < m->inputs[i].rank; d++) printf("%s%lld", d ? ", " : "", (long long)m->inputs[i].shape[d]);
-        if (m->inputs[i].classes) printf("]  indices in [0, %lld)\n", (long long)m->inputs[i].classes);
-        else printf("]\n");
-    }
-    if (m->output_rank >= 0) { /* what --predict writes, and the inputs it needs */
-        printf("\nmodel output (per sample; what --predict writes): f32[");
-        for (int d = 0; d < m->output_rank; d++) printf("%s%lld", d ? ", " : "", (long long)m->output_shape[d]);
-        printf("], from input%s", m->output_inputs & (m->output_inputs - 1) ? "s" : "");
-        for (int i = 0, k = 0; i < m->n_inputs; i++)
-            if ((m->output_inputs >> i) & 1) printf("%s %s", k++ ? "," : "", m->inputs[i].name);
-        printf("\n");
-    }
-    printf("\noptions:\n"
-           "  --data NAME=FILE       training data for input NAME: .npy or IDX (either optionally gzipped),\n"
-           "                         .csv (numbers, one sample per line), or cifar:F1.bin,F2.bin,... (CIFAR-10)\n"
-           "  --eval-data NAME=FILE  evaluation data, evaluated at the end of epochs\n"
-           "  --eval-every N         epochs between evaluations, and after the last (default %lld)\n"
-           "  --eval-every-steps N   evaluate every N optimizer steps instead (and after the last)\n"
-           "%s"
-           "  --augment NAME=OPS     augment training images NAME [C,H,W] in the loader, OPS from crop:P\n"
-           "                         (random crop after zero-padding P) and flip (horizontal); e.g. crop:4,flip\n"
-           "  --epochs N             epochs to train (default %lld)\n"
-           "  --steps N              stop after N optimizer steps (overrides --epochs)\n"
-           "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
-           "  --no-shuffle           visit the samples in file order every epoch\n"
-           "  --threads N            threads for the kernels (default: all cores)\n"
-           "  --init FILE            initial parameters from a safetensors file\n"
-           "  --init-skip NAME,...   keep the initialisation of these parameters (names, prefixes, globs)\n"
-           "  --init-partial         load the tensors the model has, keep the initialisation of the rest\n"
-           "  --init-prefix P        strip P from the file's tensor names (module. from DDP)\n"
-           "  --save FILE            write the trained parameters as safetensors\n"
-           "  --save-best FILE       write the parameters of the best evaluation so far (the first metric's\n"
-           "                         accuracy, or the lowest loss), each time one beats the best\n"
-           "%s"
-           "  --checkpoint FILE      write parameters, optimizer state and position to FILE at the end,\n"
-           "                         on SIGINT/SIGTERM or --stop-at, and every --checkpoint-every N steps\n"
-           "  --checkpoint-every N   optimizer steps between checkpoints (needs --checkpoint)\n"
-           "  --resume FILE          continue the run a checkpoint recorded; gives the same bits as\n"
-           "                         a run that was never stopped\n"
-           "  --stop-at STEP         stop after optimizer step STEP as if signalled (for time-limited jobs)\n"
-           "  --log FILE             JSON Lines log of training and evaluation\n"
-           "  --log-every N          steps between log lines (default %lld)\n"
-           "  --mllog FILE           MLPerf's :::MLLOG lines (init, epochs, evaluations, run_stop)\n"
-           "  --list-params          list the parameters and exit\n"
-           "  --gradcheck            compare gradients with finite differences on one batch and exit\n"
-           "  --eval-only            evaluate the --init or --resume weights on --eval-data once and exit\n"
-           "  --predict NAME=FILE    samples of input NAME (only the inputs the model's output reads) to predict\n"
-           "  --predict-out FILE     write the model's output (the value its loss reads first, e.g. the logits)\n"
-           "                         for every --predict sample as float32 .npy, using the --init or --resume\n"
-           "                         weights, and exit\n"
-           "  --quiet                print nothing but errors\n",
-           (long long)m->eval_every,
-           m->comm ? "  --eval-rank            the job's last process evaluates, while the others train on\n"
-                     "                         (mpirun -np N+1 for N training ranks)\n" : "",
-           (long long)m->epochs,
-           m->lora ? "  --adapter DIR          LoRA's adapters from DIR/adapter_model.safetensors (PEFT's format)\n"
-                     "  --save-adapter DIR     write the trained adapters to DIR as PEFT saves them\n"
-                     "  --save-merged FILE     write the model with the adapters merged in, W + (alpha/r) B A\n"
-                   : "",
-           (long long)m->log_every);
-    printf("  --accumulate K         K batches' gradients per optimizer step (gradient accumulation): a global\n"
-           "                         batch of K x the model's batch (x the ranks), at the memory of one batch\n"
-           "                         (default: the model's accumulate setting, or 1)\n");
-    RtTarget target;
-    char text[96] = "none";
-    rt_target_init(&target, m);
-    if (rt_target_on(&target)) rt_target_text(&target, text, sizeof text);
-    printf("  --target-accuracy A    stop at the first evaluation whose accuracy (the first metric) is at\n"
-           "                         least A, and fail (status 7) a run that ends without one\n"
-           "  --target-loss L        the same with an evaluation loss of at most L\n"
-           "  --no-target            drop the model's target (%s) and those given before it\n", text);
-    if (!m->device)
-        printf("  --update-after-backward\n"
-               "                         update every parameter after the whole backward pass, not each as\n"
-               "                         soon as the pass is done with it (same results; for comparison)\n");
-    if (m->device)
-        printf("  --no-graph             launch the step's kernels one by one instead of replaying the\n"
-               "                         captured %s graph (same results; for comparison and debugging)\n"
-               "  --eval-async           evaluate on a copy of the parameters on a second stream, one\n"
-               "                         batch per training step, while training goes on\n",
-               m->device->name);
-    if (m->loss_scaling)
-        printf("  --loss-scale S         the dynamic loss scale's first value, a power of two (default 65536);\n"
-               "                         halved on a step whose gradients overflow, which is skipped\n"
-               "  --loss-scale-interval N\n"
-               "                         double the loss scale after N steps in a row without an overflow\n"
-               "                         (default 2000)\n");
-    printf("  --help                 this text\n"
-           "\nexit status: 0 done, 1 a file was refused or a write failed, 2 bad command line,\n"
-           "3 the loss or the parameters became NaN/Inf, 4 stopped before the end (SIGINT, SIGTERM\n"
-           "or --stop-at; the checkpoint, if any, holds the run)%s, 7 the run ended without\n"
-           "reaching its target\n",
-           m->device ? ", 5 no usable device" : "");
-    rt_hparam_usage(m);
-}
-
-static int find_input(const RtModel *m, const char *name, size_t len) {
-    for (int i = 0; i < m->n_inputs; i++)
-        if (strlen(m->inputs[i].name) == len && strncmp(m->inputs[i].name, name, len) == 0) return i;
-    return -1;
-}
-
-static void bind(const RtModel *m, const char *flag, const char *arg, const char **files) {
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg || !eq[1]) die_usage("%s needs NAME=FILE, found '%s'", flag, arg);
-    int i = find_input(m, arg, (size_t)(eq - arg));
-    if (i < 0) {
-        char names[512] = "";
-        for (int k = 0; k < m->n_inputs; k++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", m->inputs[k].name);
-        die_usage("%s %s: model '%s' has no input '%.*s' (its inputs: %s)", flag, arg, m->name,
-                  (int)(eq - arg), arg, names);
-    }
-    if (files[i]) die_usage("%s given twice for input '%s'", flag, m->inputs[i].name);
-    files[i] = eq + 1;
-}
-
-static int64_t number(const char *flag, const char *s, int64_t min) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < min) die_usage("%s needs an integer >= %lld, found '%s'", flag, (long long)min, s);
-    return v;
-}
-
-/* A number that must fit a smaller type: checked before it is narrowed. */
-static int64_t number_at_most(const char *flag, const char *s, int64_t min, int64_t max) {
-    int64_t v = number(flag, s, min);
-    if (v > max) die_usage("%s %s is more than %lld", flag, s, (long long)max);
-    return v;
-}
-
-/* --predict reads weights and the files of the inputs the output reads, and writes the output. */
-static void check_predict(const RtModel *m, const Options *o) {
-    if (!o->n_predict) die_usage("--predict-out needs the samples to predict: add --predict NAME=FILE");
-    if (!o->predict_out) die_usage("--predict needs --predict-out OUT.npy, the file to write");
-    RtError err;
-    if (rt_predict_check(m, o->predict, &err)) die_usage("%s", err.msg);
-}
-
-/* --eval-only and --predict read weights and data, and write nothing but their own output. */
-static void check_eval_only(const RtModel *m, const Options *o) {
-    const char *what = o->eval_only ? "--eval-only" : "--predict";
-    if (o->eval_only && o->predict_out) die_usage("--eval-only and --predict: give one");
-    if (!o->init && !o->resume) die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
-    if (o->save || o->checkpoint || o->gradcheck || o->stop_at || o->save_adapter || o->save_merged || o->save_best)
-        die_usage("%s trains nothing: leave out --save, --save-best, --save-adapter, --save-merged, --checkpoint, "
-                  "--stop-at and --gradcheck", what);
-    if (!o->eval_only) return check_predict(m, o);
-    for (int i = 0; i < m->n_inputs; i++)
-        if (!o->eval[i]) die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
-                                   m->inputs[i].name, m->inputs[i].name);
-}
-
-/* The value of an option about LoRA's adapters, which only a model with adapters takes. */
-static const char *lora_option(const RtModel *m, const char *option, const char *value) {
-    if (!m->lora)
-        die_usage("%s: model '%s' has no LoRA adapters (a train section's lora = lora(...) adds them)", option, m->name);
-    return value;
-}
-
-/* --loss-scale S: a power of two, so that unscaling (1 / S) is exact, within the device's range. */
-static double loss_scale_option(const char *option, const char *value) {
-    double v;
-    if (rt_parse_loss_scale(value, &v))
-        die_usage("%s needs a power of two from 2^-24 to 2^127 (65536, 0.5, ...), found '%s'", option, value);
-    return v;
-}
-
-/* A target is a training run's: the model's is dropped for the other uses; a training run with
- * one evaluates, or it could never know it got there. */
-static void check_target(Options *o, int using) {
-    if (using || o->gradcheck) {
-        if (o->target_given && rt_target_on(&o->target))
-            die_usage("--target-accuracy and --target-loss are for training runs: leave them out of %s",
-                      o->gradcheck ? "--gradcheck" : o->eval_only ? "--eval-only" : "--predict");
-        o->target.accuracy = 0, o->target.has_loss = 0;
-        return;
-    }
-    if (!rt_target_on(&o->target) || o->n_eval) return;
-    char text[96];
-    rt_target_text(&o->target, text, sizeof text);
-    die_usage("the run trains until an evaluation reaches its target (%s, %s), and has no --eval-data to evaluate "
-              "on: add --eval-data NAME=FILE for every input%s",
-              text, o->target_given ? "from the command line" : "from the model's train section",
-              o->target_given ? "" : ", or --no-target to train the model's epochs without one");
-}
-
-static void parse_options(int argc, char **argv, const RtModel *m, Options *o) {
-    *o = (Options){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .eval_every = m->eval_every,
-                   .eval_every_steps = m->eval_every_steps, .shuffle = 1,
-                   .threads = omp_get_num_procs(), .schedule = m->schedule, .hyper = m->hyper,
-                   .loss_scale = 65536, .loss_scale_interval = 2000, /* GradScaler's defaults */
-                   .accumulate = m->accumulate > 1 ? m->accumulate : 1};
-    rt_target_init(&o->target, m);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has_value = i + 1 < argc;
-#define VALUE() (has_value ? argv[++i] : (die_usage("%s needs a value", a), ""))
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(m), exit(0);
-        else if (strcmp(a, "--data") == 0) bind(m, a, VALUE(), o->data);
-        else if (strcmp(a, "--eval-data") == 0) bind(m, a, VALUE(), o->eval);
-        else if (strcmp(a, "--augment") == 0) bind(m, a, VALUE(), o->augment);
-        else if (strcmp(a, "--epochs") == 0) o->epochs = number(a, VALUE(), 1), o->epochs_given = 1;
-        else if (strcmp(a, "--steps") == 0) o->steps = number(a, VALUE(), 1), o->steps_given = 1;
-        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)number(a, VALUE(), 0), o->seed_given = 1;
-        else if (strcmp(a, "--threads") == 0) o->threads = (int)number_at_most(a, VALUE(), 1, 1024);
-        else if (strcmp(a, "--log-every") == 0) o->log_every = number(a, VALUE(), 1);
-        else if (strcmp(a, "--eval-every") == 0) o->eval_every = number(a, VALUE(), 1), o->eval_every_steps = 0;
-        else if (strcmp(a, "--eval-every-steps") == 0) o->eval_every_steps = number(a, VALUE(), 1);
-        else if (strcmp(a, "--init") == 0) o->init = VALUE();
-        else if (strcmp(a, "--init-skip") == 0) o->init_rules.skip = VALUE();
-        else if (strcmp(a, "--init-prefix") == 0) o->init_rules.prefix = VALUE();
-        else if (strcmp(a, "--init-partial") == 0) o->init_rules.partial = 1;
-        else if (strcmp(a, "--save") == 0) o->save = VALUE();
-        else if (strcmp(a, "--save-best") == 0) o->save_best = VALUE();
-        else if (strcmp(a, "--adapter") == 0) o->adapter = lora_option(m, a, VALUE());
-        else if (strcmp(a, "--save-adapter") == 0) o->save_adapter = lora_option(m, a, VALUE());
-        else if (strcmp(a, "--save-merged") == 0) o->save_merged = lora_option(m, a, VALUE());
-        else if (strcmp(a, "--checkpoint") == 0) o->checkpoint = VALUE();
-        else if (strcmp(a, "--checkpoint-every") == 0) o->checkpoint_every = number(a, VALUE(), 1);
-        else if (strcmp(a, "--resume") == 0) o->resume = VALUE();
-        else if (strcmp(a, "--stop-at") == 0) o->stop_at = number(a, VALUE(), 1);
-        else if (strcmp(a, "--accumulate") == 0) o->accumulate = (int)number_at_most(a, VALUE(), 1, 1 << 20);
-        else if (strcmp(a, "--log") == 0) o->log = VALUE();
-        else if (strcmp(a, "--mllog") == 0) o->mllog = VALUE();
-        else if (strcmp(a, "--no-shuffle") == 0) o->shuffle = 0;
-        else if (strcmp(a, "--quiet") == 0) o->quiet = 1;
-        else if (strcmp(a, "--list-params") == 0) o->list_params = 1;
-        else if (strcmp(a, "--gradcheck") == 0) o->gradcheck = 1;
-        else if (strcmp(a, "--no-graph") == 0 && m->device) o->no_graph = 1;
-        else if (strcmp(a, "--loss-scale") == 0 && m->loss_scaling)
-            o->loss_scale = loss_scale_option(a, VALUE()), o->loss_scale_given = 1;
-        else if (strcmp(a, "--loss-scale-interval") == 0 && m->loss_scaling)
-            o->loss_scale_interval = number(a, VALUE(), 1), o->loss_scale_interval_given = 1;
-        else if (strcmp(a, "--update-after-backward") == 0 && !m->device) o->update_after_backward = 1;
-        else if (strcmp(a, "--eval-only") == 0) o->eval_only = 1;
-        else if (strcmp(a, "--eval-rank") == 0 && m->comm) o->eval_rank = 1;
-        else if (strcmp(a, "--eval-async") == 0) {
-            if (!m->device)
-                die_usage("--eval-async evaluates on a second stream of a GPU trainer (netc --backend cuda); a "
-                          "distributed CPU trainer evaluates beside training with --eval-rank");
-            o->eval_async = 1;
-        }
-        else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
-        else if (strcmp(a, "--predict-out") == 0) o->predict_out = VALUE();
-        else if (rt_hparam_is_flag(a)) rt_hparam_set(m, &o->schedule, &o->hyper, a, VALUE());
-        else if (strcmp(a, "--target-accuracy") == 0 || strcmp(a, "--target-loss") == 0 ||
-                 strcmp(a, "--no-target") == 0) {
-            RtError err;
-            const char *value = strcmp(a, "--no-target") == 0 ? "" : VALUE();
-            if (rt_target_option(&o->target, m, a, value, &err)) die_usage("%s", err.msg);
-            o->target_given = 1;
-        }
-        else die_usage("unknown option '%s'", a);
-#undef VALUE
-    }
-    if (o->epochs_given && !o->steps_given) o->steps = 0; /* --epochs takes the place of the model's steps = N */
-    for (int config = 0; config < 2; config++) { /* for the checks of inputs against outputs */
-        if (o->adapter) rt_lora_file(o->adapter, config, o->adapter_files[config], PATH_MAX);
-        if (o->save_adapter) rt_lora_file(o->save_adapter, config, o->save_adapter_files[config], PATH_MAX);
-    }
-    if (o->checkpoint_every && !o->checkpoint) die_usage("--checkpoint-every needs --checkpoint FILE");
-    if (o->stop_at && !o->checkpoint) die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
-    if (o->resume && o->init) die_usage("--resume and --init both set the parameters; give one");
-    if (o->resume && o->adapter) die_usage("--resume and --adapter both set the adapters; give one");
-    if (!o->init && (o->init_rules.skip || o->init_rules.prefix || o->init_rules.partial))
-        die_usage("--init-skip, --init-prefix and --init-partial need --init FILE");
-    if (o->resume && o->gradcheck) die_usage("--resume and --gradcheck do not go together");
-    if (o->gradcheck && m->device)
-        die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
-    if (o->list_params) return;
-    int using = o->eval_only || o->predict_out || o->n_predict;
-    if (using) check_eval_only(m, o);
-    for (int i = 0; i < m->n_inputs; i++) {
-        if (!o->data[i] && !using) die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
-        o->n_eval += o->eval[i] != NULL;
-    }
-    if (o->n_eval && o->n_eval != m->n_inputs)
-        for (int i = 0; i < m->n_inputs; i++)
-            if (!o->eval[i]) die_usage("--eval-data is given for some inputs but not for '%s'", m->inputs[i].name);
-    if (o->eval_rank && (using || o->gradcheck))
-        die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
-    if (o->eval_rank && !o->n_eval) die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
-    if (o->eval_async && using) /* --gradcheck is refused for any device trainer above */
-        die_usage("--eval-async evaluates beside training: leave out --eval-only and --predict");
-    if (o->eval_async && o->eval_rank)
-        die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
-                  "give one");
-    if (o->eval_async && !o->n_eval) die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
-    check_target(o, using);
-    if (o->save_best && o->gradcheck) die_usage("--gradcheck trains nothing: leave out --save-best");
-    if (o->save_best && !o->n_eval)
-        die_usage("--save-best keeps the parameters of the best evaluation, and there is no --eval-data to evaluate "
-                  "on: add --eval-data NAME=FILE for every input");
-    if (o->save_best && o->eval_async)
-        die_usage("--save-best writes the parameters an evaluation saw, which --eval-async keeps on the GPU only: "
-                  "evaluate between steps, or beside training with --eval-rank");
-}
+/* ---- the parameters: --list-params and their first values */
 
 static void list_params(const RtModel *m) {
     int64_t total = 0, trainable = 0, buffers = 0;
@@ -1471,7 +1123,7 @@ static int add_data(NamedFile *files, int n, const char *spec, const char *fmt, 
 }
 
 static int list_inputs(const Trainer *t, NamedFile *in) {
-    const Options *o = &t->o;
+    const RtOptions *o = &t->o;
     int n = 0;
     for (int i = 0; i < t->m->n_inputs; i++) {
         n = add_data(in, n, o->data[i], "--data %s=%s", t->m->inputs[i].name);
@@ -1504,7 +1156,7 @@ static void check_log(const char *path) {
 }
 
 static void check_outputs(const Trainer *t) {
-    const Options *o = &t->o;
+    const RtOptions *o = &t->o;
     NamedFile in[MAX_FILES], out[MAX_OUTPUTS];
     int n_in = list_inputs(t, in), n_out = 0;
     char why[RT_WHY_MAX];
@@ -1540,11 +1192,13 @@ static void check_outputs(const Trainer *t) {
         for (int i = 0; i < n_in; i++) {
             int continuing = out[k].path == o->checkpoint && in[i].path == o->resume;
             if (!continuing && rt_same_file(&out[k].id, &in[i].id))
-                die_usage("%s names the same file as %s: writing it would destroy that input", out[k].what, in[i].what);
+                rt_die_usage("%s names the same file as %s: writing it would destroy that input", out[k].what,
+                             in[i].what);
         }
         for (int j = 0; j < k; j++)
             if (rt_same_file(&out[k].id, &out[j].id))
-                die_usage("%s and %s name the same file: one output would replace the other", out[j].what, out[k].what);
+                rt_die_usage("%s and %s name the same file: one output would replace the other", out[j].what,
+                             out[k].what);
     }
 }
 
@@ -1586,7 +1240,7 @@ static int target_missed(Trainer *t) {
 static int finish(Trainer *t, int rc) {
     RtError err;
     rt_console_end(&t->con);
-    const Options *o = &t->o;
+    const RtOptions *o = &t->o;
     const char *out = o->save ? o->save : o->save_adapter ? o->save_adapter : o->save_merged;
     const char *bad = rc || o->gradcheck || !out ? NULL : nonfinite_params(t);
     if (bad) {
@@ -1676,7 +1330,7 @@ static void plan_run(Trainer *t, const RtDataset *ds) {
             t->dist.ranks > 1 || t->o.accumulate > 1 ? "global " : "", (long long)global_batch(t), ranks);
     t->total = t->o.steps;
     if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
-        die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
+        rt_die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
                   (long long)t->per_epoch, (long long)INT64_MAX);
     t->pos = (RtTrainState){.epoch = 1, .samples = ds->n_samples};
 }
@@ -1693,12 +1347,12 @@ static void resume_target(Trainer *t, const RtTrainState *s) {
     }
     if (t->total == s->total_steps) return;
     if (t->m->schedule.kind == RT_SCHED_COSINE || t->m->schedule.kind == RT_SCHED_POLY)
-        die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its %s schedule spans the whole "
+        rt_die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its %s schedule spans the whole "
                   "run, so the steps already taken would have had other learning rates; leave out --epochs and "
                   "--steps to finish the recorded run", t->o.steps_given ? "steps" : "epochs", t->o.resume,
                   recorded, (long long)t->total, t->m->schedule.kind == RT_SCHED_POLY ? "poly" : "cosine");
     if (t->total < s->step)
-        die_usage("checkpoint '%s' is at step %lld, past the %lld steps asked for", t->o.resume,
+        rt_die_usage("checkpoint '%s' is at step %lld, past the %lld steps asked for", t->o.resume,
                   (long long)s->step, (long long)t->total);
     if (!t->o.quiet) printf("note: the run's length changes from %lld to %lld steps\n", recorded, (long long)t->total);
 }
@@ -1729,21 +1383,21 @@ static void resume(Trainer *t, const RtDataset *ds) {
         die("checkpoint '%s' was written for %lld training samples, but %s has %lld\n"
             "  hint: resume with the same --data", f, (long long)s.samples, t->o.data[0], (long long)ds->n_samples);
     if (t->o.seed_given && t->o.seed != s.seed)
-        die_usage("--seed %llu differs from the seed %llu that checkpoint '%s' records; leave --seed out",
+        rt_die_usage("--seed %llu differs from the seed %llu that checkpoint '%s' records; leave --seed out",
                   (unsigned long long)t->o.seed, (unsigned long long)s.seed, f);
     if (!t->o.shuffle && s.shuffle)
-        die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
+        rt_die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
     t->o.seed = s.seed, t->o.shuffle = s.shuffle;
     if (s.has_scale && t->m->loss_scaling) { /* the scale goes on from where it was */
         if (t->o.loss_scale_given && t->o.loss_scale != s.scale.scale)
-            die_usage("--loss-scale %g: checkpoint '%s' records the run's loss scale, %g; leave --loss-scale out",
+            rt_die_usage("--loss-scale %g: checkpoint '%s' records the run's loss scale, %g; leave --loss-scale out",
                       t->o.loss_scale, f, s.scale.scale);
         t->scale.scale = s.scale.scale, t->scale.good = s.scale.good, t->scale.skipped = s.scale.skipped;
         if (!t->o.loss_scale_interval_given) t->scale.interval = s.scale.interval; /* as recorded */
     } else if (s.has_scale) { /* this trainer does not scale: it updates at every step from here on */
         t->scale = s.scale, t->carry_scale = 1;
     }
-    if (rt_augment_resume(t->m, &t->aug, s.augment, f, &err)) die_usage("%s", err.msg);
+    if (rt_augment_resume(t->m, &t->aug, s.augment, f, &err)) rt_die_usage("%s", err.msg);
     resume_target(t, &s);
     if (s.threads != t->o.threads && !t->o.quiet)
         printf("note: checkpoint '%s' was written with --threads %d; with %d the results may differ in the last bits\n",
@@ -1820,12 +1474,12 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
     if (rt_dist_open(&t->dist, t->m, argc, argv, t->o.eval_rank)) exit(1);
     RtDist *d = &t->dist;
     if (d->ranks > 1 && (t->o.gradcheck || t->o.predict_out))
-        die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
+        rt_die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
                   t->o.gradcheck ? "--gradcheck" : "--predict", d->ranks);
     if (d->ranks > 1) t->ctx.dist = d;
     t->gather_state = t->m->shard_optimizer && d->ranks > 1 && t->o.checkpoint;
     if (d->rank > 0) {
-        Options *o = &t->o;
+        RtOptions *o = &t->o;
         o->quiet = 1, t->con.quiet = 1, t->tty = 0;
         o->save = o->log = o->checkpoint = o->mllog = o->save_adapter = o->save_merged = o->save_best = NULL;
     }
@@ -1880,7 +1534,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     Trainer t = {.tty = isatty(STDOUT_FILENO)};
     if (model->n_inputs > RT_MAX_INPUTS) /* netc refuses such a model; a hand-written one */
         die("model '%s' has %d inputs; this trainer holds at most %d", model->name, model->n_inputs, RT_MAX_INPUTS);
-    parse_options(argc, argv, model, &t.o);
+    rt_parse_options(argc, argv, model, &t.o);
     rt_gemm_route(); /* a bad NETC_GEMM or NETC_CONV stops the trainer here */
     rt_conv_choice();
     t.con = (RtConsole){.tty = t.tty, .quiet = t.o.quiet};
@@ -1892,7 +1546,7 @@ int rt_main(int argc, char **argv, const RtModel *model) {
     if (t.o.list_params) return list_params(m), 0;
     join_ranks(&t, &argc, &argv);
     RtError aug_err;
-    if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) die_usage("%s", aug_err.msg);
+    if (rt_augment_parse(m, t.o.augment, &t.aug, &aug_err)) rt_die_usage("%s", aug_err.msg);
     check_outputs(&t);
     if (t.o.mllog) rt_mllog_open(&t.ml, open_log(&t, t.o.mllog), t.o.mllog);
     /* before anything may start a library's threads or plan for them (the device's start-up) */
