@@ -529,15 +529,15 @@ static int evaluate(Trainer *t, const RtDataset *ds, void *const *bufs, int64_t 
 /* eval_every_steps = N: an evaluation after every N-th step of the run but its last, which
  * train() evaluates after as at the end of an epoch. A checkpoint or stop after such a step
  * comes after its evaluation, so a resumed run has none to make up. The evaluation's time is
- * left out of the samples/s of the interval around it (t0, t_log: run_batches' clocks). */
-static int step_evaluation(Trainer *t, double *t0, double *t_log) {
+ * left out of the samples/s of the interval around it (t0 and interval_t0: run_batches' clocks). */
+static int step_evaluation(Trainer *t, double *t0, double *interval_t0) {
     int64_t every = t->o.eval_every_steps, step = t->pos.step;
     if (!t->eval_ds || !every || step % every != 0 || step >= t->total) return 0;
     double start = rt_now();
     int rc = t->dev ? take_sums(t, 1) : 0; /* the training line before it */
     if (!rc) rc = evaluate(t, t->eval_ds, t->eval_bufs, t->pos.epoch);
     double spent = rt_now() - start;
-    *t0 += spent, *t_log += spent, t->line_t += spent;
+    *t0 += spent, *interval_t0 += spent, t->line_t += spent;
     return rc;
 }
 
@@ -926,6 +926,36 @@ static int train_step(Trainer *t, RtPrefetch *pf) {
 
 /* Batches t->pos.batch .. n-1 of epoch t->pos.epoch, whose order is rebuilt from (seed, epoch)
  * so a resumed epoch sees the same batches as an uninterrupted one. Stops early on a signal. */
+/* The steps since the last log line: their sums, kept until the line that reports them. */
+typedef struct Interval {
+    int64_t steps;
+    double t0; /* when it began (evaluations inside it move it on by their time) */
+    double loss, correct[RT_MAX_METRICS], counted;
+} Interval;
+
+/* The interval's log line, and a new interval. A device trainer's line is posted: it is written
+ * when the device's sums arrive, without waiting for them inside an epoch. */
+static int end_interval(Trainer *t, Interval *in) {
+    double tn = rt_now(), samples = (double)(in->steps * global_batch(t)), wait = t->dist.wait_s / (tn - in->t0);
+    int rc = 0;
+    if (t->dev) {
+        if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
+            double sums[3] = {in->counted, stop_asked(t), t->o.target.met};
+            rt_dist_sum(&t->dist, sums, 3, "summing the positions counted");
+            in->counted = sums[0], t->stop_agreed = sums[1] > 0, t->target_agreed = sums[2] > 0;
+        }
+        rc = post_line(t, samples, wait, in->counted);
+    } else {
+        double acc[RT_MAX_METRICS];
+        accuracies(t->m, in->correct, samples, in->counted, acc);
+        log_interval(t, t->pos.step, t->pos.epoch, in->loss / (double)in->steps, acc, t->ctx.lr, samples / (tn - in->t0),
+                     wait);
+    }
+    *in = (Interval){.t0 = tn};
+    t->dist.wait_s = 0;
+    return rc;
+}
+
 static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t *local, int64_t n) {
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
@@ -936,40 +966,25 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
     if (t->o.shuffle) shuffle(order, ds->n_samples, t->o.seed, p->epoch);
     const int64_t K = t->o.accumulate; /* batches per step (--accumulate), each rank's of the step's */
     if (t->dist.ranks > 1) rt_dist_shard(&t->dist, order, n * K, m->batch, local), order = local;
-    int64_t first = p->batch, since = 0;
+    int64_t first = p->batch;
     RtPrefetch pf;
     rt_prefetch_start(&pf, m, ds, order + first * K * m->batch, (n - first) * K, t->aug.any ? &t->aug : NULL,
                       t->o.seed, p->epoch);
-    double t0 = rt_now(), t_log = t0, loss_sum = 0, correct[RT_MAX_METRICS] = {0}, counted = 0;
+    double t0 = rt_now();
+    Interval in = {.t0 = t0};
     t->dist.wait_s = 0, t->line_t = t0;
     int rc = 0;
     while (p->batch < n && !stopping(t) && !target_stop(t)) {
         if ((rc = train_step(t, &pf))) break;
-        loss_sum += t->ctx.loss, counted += t->counted, since++;
-        for (int i = 0; i < RT_MAX_METRICS; i++) correct[i] += t->ctx.correct[i];
+        in.loss += t->ctx.loss, in.counted += t->counted, in.steps++;
+        for (int i = 0; i < RT_MAX_METRICS; i++) in.correct[i] += t->ctx.correct[i];
         progress(t, p->batch - first, t0);
         /* one rank: the posted line as soon as the device has got there; several take it at the
          * same point of the run on every rank, the next log point, so that they stop together */
         if (t->dev && t->dist.ranks == 1 && (rc = take_sums(t, 0))) break;
-        if (p->batch % t->o.log_every == 0 || p->batch == n) { /* same lines whether or not resumed */
-            double tn = rt_now(), samples = (double)(since * global_batch(t)), wait = t->dist.wait_s / (tn - t_log);
-            if (t->dev) { /* no wait for the device inside an epoch: the line comes when its sums do */
-                if (t->dist.ranks > 1) { /* the ranks' positions counted, and any stop asked, from here on */
-                    double sums[3] = {counted, stop_asked(t), t->o.target.met};
-                    rt_dist_sum(&t->dist, sums, 3, "summing the positions counted");
-                    counted = sums[0], t->stop_agreed = sums[1] > 0, t->target_agreed = sums[2] > 0;
-                }
-                if ((rc = post_line(t, samples, wait, counted))) break;
-            } else {
-                double acc[RT_MAX_METRICS];
-                accuracies(m, correct, samples, counted, acc);
-                log_interval(t, p->step, p->epoch, loss_sum / (double)since, acc, t->ctx.lr, samples / (tn - t_log),
-                             wait);
-            }
-            t_log = tn, loss_sum = 0, counted = 0, since = 0, t->dist.wait_s = 0;
-            memset(correct, 0, sizeof correct);
-        }
-        if ((rc = step_evaluation(t, &t0, &t_log))) break;
+        /* same lines whether or not resumed */
+        if ((p->batch % t->o.log_every == 0 || p->batch == n) && (rc = end_interval(t, &in))) break;
+        if ((rc = step_evaluation(t, &t0, &in.t0))) break;
         collect_eval(t, 0); /* --eval-rank: an evaluation that has ended lands in the log after this step's line */
         if ((rc = step_eval(t))) break; /* --eval-async: the same */
         /* a run resumed from the checkpoint must not lose an evaluation it counts as done */
@@ -977,6 +992,9 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
             ((rc = finish_eval(t)) || (rc = write_checkpoint(t))))
             break;
     }
+    /* stopped inside an interval (a signal, --stop-at, a target met): its steps get their line too,
+     * on every rank alike, since every rank stops after the same step */
+    if (!rc && in.steps) rc = end_interval(t, &in);
     rt_prefetch_stop(&pf); /* joins the loader thread on every way out */
     if (!rc && t->dev && !(rc = take_sums(t, 1))) rc = t->dev_stop; /* the epoch's last line, before its evaluation */
     return rc;

@@ -160,6 +160,11 @@ def resume_model(netc, work, name, shape, first):
         expect(segments(exe, common, first, ck, stops, "--save", out), 0, f"{name} resumed after {stops}")
         same_file(full, out, f"{name}: weights after stops at {stops} vs uninterrupted")
         same_file(full_ck, ck, f"{name}: final checkpoint after stops at {stops} vs uninterrupted")
+    # the log of the last series (its first run replaced the log, the others appended): every
+    # step taken is in one training line, a stop inside an interval (25, 35) ending one
+    steps = [json.loads(line)["step"] for line in open(os.path.join(work, name + ".jsonl")) if "samples_per_s" in line]
+    check(steps == sorted(set(steps)) and {12, 24, 25, 35} <= set(steps),
+          f"{name}: training lines of a run stopped at {stops}: after steps {steps}")
     events = [json.loads(line) for line in open(os.path.join(work, name + ".jsonl")) if '"checkpoint"' in line]
     check(all(e["step"] % 5 == 0 or e["step"] in (12, 24, 25, 30, 35, 36, 48) for e in events),
           f"{name}: --checkpoint-every 5 writes at global multiples of 5: {[e['step'] for e in events]}")

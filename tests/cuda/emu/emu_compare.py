@@ -780,7 +780,8 @@ def compare_eval_async(emu, args, work, emu_out, emu_log, later, env=None, launc
 def check_target_async(emu, args, work, async_records, first, env, launch):
     """--eval-async with a target the first evaluation meets (its own loss): the run stops after
     the step whose end that evaluation's result landed at, with the step records of the run
-    without a target up to there, and not before the step after its epoch."""
+    without a target up to there and one for the steps since the last of them (unless the stop
+    is at a log point), and not before the step after its epoch."""
     log, _ = train(emu, args, "emu-evalasync-target", work, "--eval-async", "--target-loss",
                    repr(first["loss"] * (1 + 1e-6)),  # above the loss the log rounded to 8 digits
                    env=env, launch=launch)
@@ -789,8 +790,12 @@ def check_target_async(emu, args, work, async_records, first, env, launch):
     steps = [r for r in got if "step" in r and "epoch" in r and "target_reached" not in r and "checkpoint" not in r]
     want = [r for r in async_records[:at] if "step" in r]
     reached = [r for r in got if "target_reached" in r]
-    assert reached and reached[0]["epoch"] == first["epoch"] and steps == want, \
+    assert reached and reached[0]["epoch"] == first["epoch"] and steps[:len(want)] == want, \
         f"--eval-async with a target met by epoch {first['epoch']}: {reached}, steps {steps}, want the steps {want}"
+    stop = reached[0]["step"]
+    last = [] if want and want[-1]["step"] == stop else [stop]
+    assert [r["step"] for r in steps[len(want):]] == last, \
+        f"--eval-async with a target: stopped after step {stop}, step records {steps}, want {want} and {last}"
 
 
 def compare_step_evals(cpu, emu, args, work, emu_out, steps, tol):
