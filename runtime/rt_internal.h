@@ -382,8 +382,7 @@ typedef struct RtTarget {
     double accuracy;      /* the first metric's evaluation accuracy to reach (0: none) */
     double loss;          /* the evaluation loss to get down to, when has_loss */
     int has_loss;
-    int met;              /* an evaluation of this process met every target: in met_epoch's */
-    int64_t met_epoch;
+    int met;              /* an evaluation of this process met every target */
     int evaluated;        /* this process has evaluated; the last evaluation's values */
     int64_t last_epoch;
     double last_loss, last_accuracy;

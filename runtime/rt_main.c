@@ -74,7 +74,7 @@ typedef struct Trainer {
     int64_t eval_epoch;       /* and the epoch of the evaluation in flight, or 0 */
     int64_t eval_step;        /* and the step it evaluates */
     const RtDataset *eval_ds; /* the evaluation data (NULL: none), and the buffers its batches are */
-    void *const *eval_bufs;   /* gathered in, for evaluations inside an epoch (eval_every_steps) */
+    void *const *eval_bufs;   /* gathered in */
     int64_t eval_samples;     /* the samples it evaluates */
     struct {                  /* --eval-async: the evaluation in flight on the device's second stream */
         int active;
@@ -1002,8 +1002,9 @@ static int run_batches(Trainer *t, const RtDataset *ds, int64_t *order, int64_t 
 
 /* Epochs from t->pos until t->total steps; then the final checkpoint. A resumed run starts
  * inside its epoch and, when the checkpoint was taken between an epoch's last step and its
- * evaluation, runs that evaluation first. */
-static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds, void *const *eval_bufs) {
+ * evaluation, runs that evaluation first. Evaluations, where there is evaluation data, read
+ * t->eval_ds into t->eval_bufs. */
+static int train(Trainer *t, const RtDataset *train_ds) {
     const RtModel *m = t->m;
     RtTrainState *p = &t->pos;
     int64_t *order = rt_alloc((size_t)train_ds->n_samples * sizeof *order, "the sample order");
@@ -1012,7 +1013,6 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
     int rc = 0;
     catch_stop_signals(t->o.quiet);
     rt_prof_open(m, t->o.accumulate);
-    t->eval_ds = eval_ds, t->eval_bufs = eval_bufs;
     for (;;) {
         int64_t n = epoch_steps(t, p->epoch);
         int steps_left = p->batch < n; /* no epoch_start or _stop for a resumed epoch's evaluation */
@@ -1021,8 +1021,8 @@ static int train(Trainer *t, const RtDataset *train_ds, const RtDataset *eval_ds
         if (steps_left) rt_mllog_epoch(&t->ml, RT_ML_END, p->epoch);
         if (!p->eval_done) {
             int by_epoch = !t->o.eval_every_steps && p->epoch % t->o.eval_every == 0;
-            if (eval_ds && (by_epoch || p->step == t->total) &&
-                (rc = evaluate(t, eval_ds, eval_bufs, p->epoch)))
+            if (t->eval_ds && (by_epoch || p->step == t->total) &&
+                (rc = evaluate(t, t->eval_ds, t->eval_bufs, p->epoch)))
                 break;
             p->eval_done = 1, t->ckpt_current = 0;
         }
@@ -1604,8 +1604,8 @@ int rt_main(int argc, char **argv, const RtModel *model) {
         t.dev->start(t.pos.step, t.per_epoch, t.total, rank_seed(&t), m->loss_scaling || t.carry_scale ? &t.scale : NULL);
     }
     void **bufs = batch_buffers(m);
-    int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs)
-                           : train(&t, &train_ds, t.o.n_eval ? &eval_ds : NULL, bufs);
+    t.eval_ds = t.o.n_eval ? &eval_ds : NULL, t.eval_bufs = bufs;
+    int rc = t.o.gradcheck ? gradcheck(&t, &train_ds, bufs) : train(&t, &train_ds);
     if (!rc && t.dev && !t.ckpt_current) rc = device_sums(&t);
     if (!rc && t.dev) t.dev->download(t.ctx.params, t.ctx.optstate);
     if (!rc) rt_dist_share_buffers(&t.dist, t.ctx.params);

@@ -54,6 +54,6 @@ int rt_target_eval(RtTarget *t, int64_t epoch, double loss, double accuracy) {
     t->evaluated = 1, t->last_epoch = epoch, t->last_loss = loss, t->last_accuracy = accuracy;
     if (!rt_target_on(t) || t->met) return 0;
     int met = (t->accuracy <= 0 || accuracy >= t->accuracy) && (!t->has_loss || loss <= t->loss);
-    if (met) t->met = 1, t->met_epoch = epoch;
+    if (met) t->met = 1;
     return met;
 }
