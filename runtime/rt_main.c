@@ -948,8 +948,8 @@ static int end_interval(Trainer *t, Interval *in) {
     } else {
         double acc[RT_MAX_METRICS];
         accuracies(t->m, in->correct, samples, in->counted, acc);
-        log_interval(t, t->pos.step, t->pos.epoch, in->loss / (double)in->steps, acc, t->ctx.lr, samples / (tn - in->t0),
-                     wait);
+        log_interval(t, t->pos.step, t->pos.epoch, in->loss / (double)in->steps, acc, t->ctx.lr,
+                     samples / (tn - in->t0), wait);
     }
     *in = (Interval){.t0 = tn};
     t->dist.wait_s = 0;
@@ -1349,7 +1349,7 @@ static void plan_run(Trainer *t, const RtDataset *ds) {
     t->total = t->o.steps;
     if (!t->o.steps && __builtin_mul_overflow(t->o.epochs, t->per_epoch, &t->total))
         rt_die_usage("--epochs %lld of %lld steps each is more than %lld steps", (long long)t->o.epochs,
-                  (long long)t->per_epoch, (long long)INT64_MAX);
+                     (long long)t->per_epoch, (long long)INT64_MAX);
     t->pos = (RtTrainState){.epoch = 1, .samples = ds->n_samples};
 }
 
@@ -1366,12 +1366,12 @@ static void resume_target(Trainer *t, const RtTrainState *s) {
     if (t->total == s->total_steps) return;
     if (t->m->schedule.kind == RT_SCHED_COSINE || t->m->schedule.kind == RT_SCHED_POLY)
         rt_die_usage("--%s changes the run in '%s' from %lld to %lld steps, but its %s schedule spans the whole "
-                  "run, so the steps already taken would have had other learning rates; leave out --epochs and "
-                  "--steps to finish the recorded run", t->o.steps_given ? "steps" : "epochs", t->o.resume,
-                  recorded, (long long)t->total, t->m->schedule.kind == RT_SCHED_POLY ? "poly" : "cosine");
+                     "run, so the steps already taken would have had other learning rates; leave out --epochs and "
+                     "--steps to finish the recorded run", t->o.steps_given ? "steps" : "epochs", t->o.resume,
+                     recorded, (long long)t->total, t->m->schedule.kind == RT_SCHED_POLY ? "poly" : "cosine");
     if (t->total < s->step)
         rt_die_usage("checkpoint '%s' is at step %lld, past the %lld steps asked for", t->o.resume,
-                  (long long)s->step, (long long)t->total);
+                     (long long)s->step, (long long)t->total);
     if (!t->o.quiet) printf("note: the run's length changes from %lld to %lld steps\n", recorded, (long long)t->total);
 }
 
@@ -1402,14 +1402,14 @@ static void resume(Trainer *t, const RtDataset *ds) {
             "  hint: resume with the same --data", f, (long long)s.samples, t->o.data[0], (long long)ds->n_samples);
     if (t->o.seed_given && t->o.seed != s.seed)
         rt_die_usage("--seed %llu differs from the seed %llu that checkpoint '%s' records; leave --seed out",
-                  (unsigned long long)t->o.seed, (unsigned long long)s.seed, f);
+                     (unsigned long long)t->o.seed, (unsigned long long)s.seed, f);
     if (!t->o.shuffle && s.shuffle)
         rt_die_usage("--no-shuffle: the run in checkpoint '%s' shuffles; leave --no-shuffle out", f);
     t->o.seed = s.seed, t->o.shuffle = s.shuffle;
     if (s.has_scale && t->m->loss_scaling) { /* the scale goes on from where it was */
         if (t->o.loss_scale_given && t->o.loss_scale != s.scale.scale)
             rt_die_usage("--loss-scale %g: checkpoint '%s' records the run's loss scale, %g; leave --loss-scale out",
-                      t->o.loss_scale, f, s.scale.scale);
+                         t->o.loss_scale, f, s.scale.scale);
         t->scale.scale = s.scale.scale, t->scale.good = s.scale.good, t->scale.skipped = s.scale.skipped;
         if (!t->o.loss_scale_interval_given) t->scale.interval = s.scale.interval; /* as recorded */
     } else if (s.has_scale) { /* this trainer does not scale: it updates at every step from here on */
@@ -1493,7 +1493,7 @@ static void join_ranks(Trainer *t, int *argc, char ***argv) {
     RtDist *d = &t->dist;
     if (d->ranks > 1 && (t->o.gradcheck || t->o.predict_out))
         rt_die_usage("%s runs as one process: start the trainer without mpirun (it has %d ranks)",
-                  t->o.gradcheck ? "--gradcheck" : "--predict", d->ranks);
+                     t->o.gradcheck ? "--gradcheck" : "--predict", d->ranks);
     if (d->ranks > 1) t->ctx.dist = d;
     t->gather_state = t->m->shard_optimizer && d->ranks > 1 && t->o.checkpoint;
     if (d->rank > 0) {

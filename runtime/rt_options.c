@@ -144,7 +144,7 @@ static void bind(const RtModel *m, const char *flag, const char *arg, const char
         for (int k = 0; k < m->n_inputs; k++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", m->inputs[k].name);
         rt_die_usage("%s %s: model '%s' has no input '%.*s' (its inputs: %s)", flag, arg, m->name,
-                  (int)(eq - arg), arg, names);
+                     (int)(eq - arg), arg, names);
     }
     if (files[i]) rt_die_usage("%s given twice for input '%s'", flag, m->inputs[i].name);
     files[i] = eq + 1;
@@ -181,11 +181,14 @@ static void check_eval_only(const RtModel *m, const RtOptions *o) {
     if (!o->init && !o->resume) rt_die_usage("%s needs the weights to use: add --init FILE or --resume FILE", what);
     if (o->save || o->checkpoint || o->gradcheck || o->stop_at || o->save_adapter || o->save_merged || o->save_best)
         rt_die_usage("%s trains nothing: leave out --save, --save-best, --save-adapter, --save-merged, --checkpoint, "
-                  "--stop-at and --gradcheck", what);
-    if (!o->eval_only) return check_predict(m, o);
+                     "--stop-at and --gradcheck", what);
+    if (!o->eval_only) {
+        check_predict(m, o);
+        return;
+    }
     for (int i = 0; i < m->n_inputs; i++)
         if (!o->eval[i]) rt_die_usage("--eval-only: no evaluation data for input '%s': add --eval-data %s=FILE",
-                                   m->inputs[i].name, m->inputs[i].name);
+                                      m->inputs[i].name, m->inputs[i].name);
 }
 
 /* The value of an option about LoRA's adapters, which only a model with adapters takes. */
@@ -210,7 +213,7 @@ static void check_target(RtOptions *o, int using) {
     if (using || o->gradcheck) {
         if (o->target_given && rt_target_on(&o->target))
             rt_die_usage("--target-accuracy and --target-loss are for training runs: leave them out of %s",
-                      o->gradcheck ? "--gradcheck" : o->eval_only ? "--eval-only" : "--predict");
+                         o->gradcheck ? "--gradcheck" : o->eval_only ? "--eval-only" : "--predict");
         o->target.accuracy = 0, o->target.has_loss = 0;
         return;
     }
@@ -218,10 +221,53 @@ static void check_target(RtOptions *o, int using) {
     char text[96];
     rt_target_text(&o->target, text, sizeof text);
     rt_die_usage("the run trains until an evaluation reaches its target (%s, %s), and has no --eval-data to evaluate "
-              "on: add --eval-data NAME=FILE for every input%s",
-              text, o->target_given ? "from the command line" : "from the model's train section",
-              o->target_given ? "" : ", or --no-target to train the model's epochs without one");
+                 "on: add --eval-data NAME=FILE for every input%s",
+                 text, o->target_given ? "from the command line" : "from the model's train section",
+                 o->target_given ? "" : ", or --no-target to train the model's epochs without one");
 }
+
+/* The options against each other and against the model: what the run could not do, refused
+ * before anything is read or written. */
+static void check_options(const RtModel *m, RtOptions *o) {
+    if (o->checkpoint_every && !o->checkpoint) rt_die_usage("--checkpoint-every needs --checkpoint FILE");
+    if (o->stop_at && !o->checkpoint) rt_die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
+    if (o->resume && o->init) rt_die_usage("--resume and --init both set the parameters; give one");
+    if (o->resume && o->adapter) rt_die_usage("--resume and --adapter both set the adapters; give one");
+    if (!o->init && (o->init_rules.skip || o->init_rules.prefix || o->init_rules.partial))
+        rt_die_usage("--init-skip, --init-prefix and --init-partial need --init FILE");
+    if (o->resume && o->gradcheck) rt_die_usage("--resume and --gradcheck do not go together");
+    if (o->gradcheck && m->device)
+        rt_die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
+    if (o->list_params) return;
+    int using = o->eval_only || o->predict_out || o->n_predict;
+    if (using) check_eval_only(m, o);
+    for (int i = 0; i < m->n_inputs; i++) {
+        if (!o->data[i] && !using)
+            rt_die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
+        o->n_eval += o->eval[i] != NULL;
+    }
+    if (o->n_eval && o->n_eval != m->n_inputs)
+        for (int i = 0; i < m->n_inputs; i++)
+            if (!o->eval[i]) rt_die_usage("--eval-data is given for some inputs but not for '%s'", m->inputs[i].name);
+    if (o->eval_rank && (using || o->gradcheck))
+        rt_die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
+    if (o->eval_rank && !o->n_eval) rt_die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
+    if (o->eval_async && using) /* --gradcheck is refused for any device trainer above */
+        rt_die_usage("--eval-async evaluates beside training: leave out --eval-only and --predict");
+    if (o->eval_async && o->eval_rank)
+        rt_die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
+                     "give one");
+    if (o->eval_async && !o->n_eval) rt_die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
+    check_target(o, using);
+    if (o->save_best && o->gradcheck) rt_die_usage("--gradcheck trains nothing: leave out --save-best");
+    if (o->save_best && !o->n_eval)
+        rt_die_usage("--save-best keeps the parameters of the best evaluation, and there is no --eval-data to evaluate "
+                     "on: add --eval-data NAME=FILE for every input");
+    if (o->save_best && o->eval_async)
+        rt_die_usage("--save-best writes the parameters an evaluation saw, which --eval-async keeps on the GPU only: "
+                     "evaluate between steps, or beside training with --eval-rank");
+}
+
 
 void rt_parse_options(int argc, char **argv, const RtModel *m, RtOptions *o) {
     *o = (RtOptions){.epochs = m->epochs, .steps = m->steps, .log_every = m->log_every, .eval_every = m->eval_every,
@@ -276,7 +322,7 @@ void rt_parse_options(int argc, char **argv, const RtModel *m, RtOptions *o) {
         else if (strcmp(a, "--eval-async") == 0) {
             if (!m->device)
                 rt_die_usage("--eval-async evaluates on a second stream of a GPU trainer (netc --backend cuda); a "
-                          "distributed CPU trainer evaluates beside training with --eval-rank");
+                             "distributed CPU trainer evaluates beside training with --eval-rank");
             o->eval_async = 1;
         }
         else if (strcmp(a, "--predict") == 0) bind(m, a, VALUE(), o->predict), o->n_predict++;
@@ -297,42 +343,5 @@ void rt_parse_options(int argc, char **argv, const RtModel *m, RtOptions *o) {
         if (o->adapter) rt_lora_file(o->adapter, config, o->adapter_files[config], PATH_MAX);
         if (o->save_adapter) rt_lora_file(o->save_adapter, config, o->save_adapter_files[config], PATH_MAX);
     }
-    if (o->checkpoint_every && !o->checkpoint) rt_die_usage("--checkpoint-every needs --checkpoint FILE");
-    if (o->stop_at && !o->checkpoint) rt_die_usage("--stop-at needs --checkpoint FILE, or the stopped run is lost");
-    if (o->resume && o->init) rt_die_usage("--resume and --init both set the parameters; give one");
-    if (o->resume && o->adapter) rt_die_usage("--resume and --adapter both set the adapters; give one");
-    if (!o->init && (o->init_rules.skip || o->init_rules.prefix || o->init_rules.partial))
-        rt_die_usage("--init-skip, --init-prefix and --init-partial need --init FILE");
-    if (o->resume && o->gradcheck) rt_die_usage("--resume and --gradcheck do not go together");
-    if (o->gradcheck && m->device)
-        rt_die_usage("--gradcheck runs in CPU trainers only: build one from the same .net with netc --backend cpu");
-    if (o->list_params) return;
-    int using = o->eval_only || o->predict_out || o->n_predict;
-    if (using) check_eval_only(m, o);
-    for (int i = 0; i < m->n_inputs; i++) {
-        if (!o->data[i] && !using)
-            rt_die_usage("no training data for input '%s': add --data %s=FILE", m->inputs[i].name, m->inputs[i].name);
-        o->n_eval += o->eval[i] != NULL;
-    }
-    if (o->n_eval && o->n_eval != m->n_inputs)
-        for (int i = 0; i < m->n_inputs; i++)
-            if (!o->eval[i]) rt_die_usage("--eval-data is given for some inputs but not for '%s'", m->inputs[i].name);
-    if (o->eval_rank && (using || o->gradcheck))
-        rt_die_usage("--eval-rank evaluates beside training: leave out --eval-only, --predict and --gradcheck");
-    if (o->eval_rank && !o->n_eval) rt_die_usage("--eval-rank needs the data to evaluate: add --eval-data NAME=FILE");
-    if (o->eval_async && using) /* --gradcheck is refused for any device trainer above */
-        rt_die_usage("--eval-async evaluates beside training: leave out --eval-only and --predict");
-    if (o->eval_async && o->eval_rank)
-        rt_die_usage("--eval-async and --eval-rank both evaluate beside training (on the GPU, in another process); "
-                  "give one");
-    if (o->eval_async && !o->n_eval) rt_die_usage("--eval-async needs the data to evaluate: add --eval-data NAME=FILE");
-    check_target(o, using);
-    if (o->save_best && o->gradcheck) rt_die_usage("--gradcheck trains nothing: leave out --save-best");
-    if (o->save_best && !o->n_eval)
-        rt_die_usage("--save-best keeps the parameters of the best evaluation, and there is no --eval-data to evaluate "
-                  "on: add --eval-data NAME=FILE for every input");
-    if (o->save_best && o->eval_async)
-        rt_die_usage("--save-best writes the parameters an evaluation saw, which --eval-async keeps on the GPU only: "
-                  "evaluate between steps, or beside training with --eval-rank");
+    check_options(m, o);
 }
-
