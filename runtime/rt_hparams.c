@@ -11,7 +11,6 @@
  * RtModel, which the checkpoint fingerprint is computed from, so a checkpoint records them:
  * resuming it needs the same flags.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "rt_internal.h"
@@ -41,13 +40,6 @@ enum { N_HPARAMS = sizeof hparams / sizeof hparams[0] };
 
 static const char *const sched_names[] = {"constant()", "step(...)", "cosine(...)", "poly(...)"};
 
-static _Noreturn void usage_error(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n  hint: run with --help for the options\n");
-    exit(2);
-}
-
 static const HParam *find(const char *flag) {
     for (int i = 0; i < N_HPARAMS; i++)
         if (strcmp(hparams[i].flag, flag) == 0) return &hparams[i];
@@ -65,11 +57,11 @@ static double *field(const HParam *h, RtSchedule *s, RtOptimParams *o) {
 void rt_hparam_set(const RtModel *m, RtSchedule *s, RtOptimParams *o, const char *flag, const char *value) {
     const HParam *h = find(flag);
     if (h->kind >= 0 && (int)m->schedule.kind != h->kind)
-        usage_error("%s: the model's schedule is %s, which has no such value", flag, sched_names[m->schedule.kind]);
+        rt_die_usage("%s: the model's schedule is %s, which has no such value", flag, sched_names[m->schedule.kind]);
     double v;
     if (rt_parse_finite(value, &v) || v < 0 || (h->positive && v == 0))
-        usage_error(h->positive ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
-                    value);
+        rt_die_usage(h->positive ? "%s needs a number > 0, found '%s'" : "%s needs a number >= 0, found '%s'", flag,
+                     value);
     *field(h, s, o) = v;
     /* a value in epochs takes the place of its twin in steps, and the reverse (rt_lr_at reads
      * the one in steps when it is not 0) */
