@@ -275,7 +275,7 @@ static void train_no_decay(Sema *S, const AstStmt *s) {
         int hits = 0;
         for (int p = 0; p < S->g->n_params; p++)
             if (no_decay_matches(&S->g->params[p], v.items[i].s)) S->g->params[p].no_decay = 1, hits++;
-        if (!hits)
+        if (!hits && S->errors_before_train == 0) /* after an error some parameters may be missing */
             diag_error(s->value->loc, "no_decay: no parameter matches '%s' (\"biases\", \"norms\", or a parameter "
                        "name or prefix)", v.items[i].s);
     }
