@@ -153,6 +153,14 @@ AstExpr *ast_index(Parser *P, AstExpr *base, ExprList *items) {
     return e;
 }
 
+/* a:b inside an index, located at its ':'; either side may be NULL. */
+AstExpr *ast_range(Parser *P, SrcLoc loc, AstExpr *start, AstExpr *end) {
+    AstExpr *e = new_expr(P, AST_RANGE, loc, max_int(depth_of(start), depth_of(end)));
+    e->lhs = start;
+    e->rhs = end;
+    return e;
+}
+
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target) {
     int depth = depth_of(target);
     for (int i = 0; i < label->n; i++) depth = max_int(depth, depth_of(label->items[i].expr));
@@ -519,6 +527,13 @@ static void print_expr(const AstExpr *e, FILE *out) {
             if (e->items[i]) print_expr(e->items[i], out);
             else fputc(':', out);
         }
+        fputc(')', out);
+        return;
+    case AST_RANGE:
+        fputs("(range ", out);
+        if (e->lhs) print_expr(e->lhs, out);
+        fputc(':', out);
+        if (e->rhs) print_expr(e->rhs, out);
         fputc(')', out);
         return;
     }

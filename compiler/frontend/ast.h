@@ -27,6 +27,7 @@ typedef enum {
     AST_LABELED, /* label: expr -- names the parameters the call creates (conv1: conv2d(...)) */
     AST_LIST,    /* [a, b, c]: shapes and string lists */
     AST_INDEX,   /* lhs[i, :, j]: items, a NULL item for ':' (the whole axis) */
+    AST_RANGE,   /* lhs:rhs, an item of AST_INDEX; a side left out is NULL (a:, :b) */
 } AstExprKind;
 
 typedef enum {

@@ -34,7 +34,8 @@ typedef struct Token {
 
 /* The innermost open bracket, as the lexer tracks it. */
 typedef struct OpenBracket {
-    char kind; /* '(', '[' or '{'; 0 = none */
+    char kind;  /* '(', '[' or '{'; 0 = none */
+    bool index; /* a '[' after a value: an index, whose ':' is a range's, not a label's */
     SrcLoc loc;
 } OpenBracket;
 
@@ -106,6 +107,7 @@ AstExpr *ast_call(Parser *P, SrcLoc loc, const char *name, ArgList *args);
 AstExpr *ast_list(Parser *P, SrcLoc loc, ExprList *items);
 /* base[items]: an item NULL stands for ':' */
 AstExpr *ast_index(Parser *P, AstExpr *base, ExprList *items);
+AstExpr *ast_range(Parser *P, SrcLoc loc, AstExpr *start, AstExpr *end);
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target);
 
 ExprList *ast_exprs_add(Parser *P, ExprList *l, AstExpr *e);

@@ -62,6 +62,8 @@ static void yyerror(SrcLoc *loc, yyscan_t scanner, Parser *P, const char *msg);
        K_AND "and" K_OR "or" K_NOT "not" K_TRUE "true" K_FALSE "false"
 %token LPAREN "(" RPAREN ")" LBRACKET "[" RBRACKET "]" LBRACE "{" RBRACE "}"
        COMMA "," COLON ":" SEMI ";" ASSIGN "=" DOT "." DOTDOT ".."
+/* ':' inside an index's brackets (the lexer tells them apart): x[:, 1:3] */
+%token RANGE "range's :"
 /* binary operators: PLUS..GE must stay contiguous */
 %token PLUS "+" MINUS "-" STAR "*" SLASH "/" FLOORDIV "//" PERCENT "%" POW "**"
        EQ "==" NE "!=" LT "<" LE "<=" GT ">" GE ">="
@@ -190,8 +192,8 @@ postfix:
   | postfix "[" index_list "]"           { $$ = ast_index(P, $1, $3); }
   ;
 
-/* l[i], x[:, -1]: an integer picks an element (an axis of a tensor away), ':' keeps an axis.
- * Ranges a:b are written slice(x, axis, a, b): inside brackets `a: b` reads as a label. */
+/* l[i], x[:, -1]: an integer picks an element (an axis of a tensor away), ':' keeps an axis,
+ * a:b, a: and :b take a range of it. */
 index_list:
     index                                { $$ = ast_exprs_add(P, NULL, $1); }
   | index_list "," index                 { $$ = ast_exprs_add(P, $1, $3); }
@@ -199,7 +201,10 @@ index_list:
 
 index:
     expr
-  | ":"                                  { $$ = NULL; }
+  | RANGE                                { $$ = NULL; }
+  | expr RANGE expr                      { $$ = ast_range(P, @2, $1, $3); }
+  | expr RANGE                           { $$ = ast_range(P, @2, $1, NULL); }
+  | RANGE expr                           { $$ = ast_range(P, @1, NULL, $2); }
   ;
 
 /* call arguments: positional, then keyword (`k=5`); the builder reports the wrong order */
@@ -289,6 +294,7 @@ static const char *sym_desc(int k, char *buf, size_t size) {
     case YYSYMBOL_YYEOF: case YYSYMBOL_NEWLINE: case YYSYMBOL_IDENT: case YYSYMBOL_INT:
     case YYSYMBOL_FLOAT: case YYSYMBOL_STRING:
         return yysymbol_name(k);
+    case YYSYMBOL_RANGE: return "':'";
     default:
         snprintf(buf, size, "'%s'", yysymbol_name(k));
         return buf;
@@ -327,7 +333,7 @@ static void drop(Expected *x, bool (*pred)(int), bool keep_one) {
 /* After a name: an operator, a label's '.' or ':', a call's '(', an index's '[' or a keyword
  * argument's '='. */
 static bool sym_continues(int k) {
-    return sym_is_binop(k) || k == YYSYMBOL_DOT || k == YYSYMBOL_COLON || k == YYSYMBOL_LPAREN ||
+    return sym_is_binop(k) || k == YYSYMBOL_DOT || k == YYSYMBOL_COLON || k == YYSYMBOL_RANGE || k == YYSYMBOL_LPAREN ||
            k == YYSYMBOL_LBRACKET || k == YYSYMBOL_ASSIGN;
 }
 static bool sym_is_semi_or_else(int k) { return k == YYSYMBOL_SEMI || k == YYSYMBOL_K_ELSE; }
@@ -412,6 +418,8 @@ static void syntax_hints(Parser *P, int found, const Expected *x) {
         diag_hint("to name a layer, put ':' after the name: `fc1: dense(x, 10)`");
     if (found == YYSYMBOL_DOT && x->has[YYSYMBOL_LBRACKET])
         diag_hint("a number needs a digit before the point: 0.5");
+    if (found == YYSYMBOL_RANGE && !x->has[found])
+        diag_hint("a range is a:b, a: or :b, without a step");
     if (x->has[YYSYMBOL_DOTDOT] && !x->has[found])
         diag_hint("a loop runs over a range of integers: `for i in 0..n { ... }`");
 }

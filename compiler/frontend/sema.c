@@ -406,29 +406,57 @@ static int64_t index_in(Sema *S, Value v, SrcLoc loc, int64_t n, const char *wha
     return v.i < 0 ? v.i + n : v.i;
 }
 
+/* The range a:b over n things as [*lo, *hi): each side an integer in [-n, n], negative from the
+ * end, a side left out 0 or n; false after an error naming `what`. */
+static bool range_in(Sema *S, Env *env, const AstExpr *r, int64_t n, const char *what, int64_t *lo, int64_t *hi) {
+    const AstExpr *side[2] = {r->lhs, r->rhs};
+    int64_t b[2] = {0, n};
+    for (int i = 0; i < 2; i++) {
+        if (!side[i]) continue;
+        Value v = sema_eval(S, env, side[i]);
+        if (v.k == V_ERR) return false;
+        if (v.k != V_INT || v.i < -n || v.i > n) {
+            diag_error(side[i]->loc, "the %s of a range over %s must be an integer in [%lld, %lld], found %s",
+                       i ? "end" : "start", what, (long long)-n, (long long)n, sema_value_text(S, v));
+            return false;
+        }
+        b[i] = v.i < 0 ? v.i + n : v.i;
+    }
+    *lo = b[0], *hi = b[1];
+    return true;
+}
+
+/* l[i] and l[a:b] on a compile-time list. */
+static Value index_list(Sema *S, Env *env, const AstExpr *e, Value base) {
+    const AstExpr *it = e->n_items == 1 ? e->items[0] : NULL;
+    if (!it) {
+        diag_error(e->loc, "a list takes one integer index or range, l[i] or l[a:b]");
+        return sema_error();
+    }
+    char what[80];
+    snprintf(what, sizeof what, "a list of %d", base.n);
+    if (it->kind == AST_RANGE) {
+        int64_t lo, hi;
+        if (!range_in(S, env, it, base.n, what, &lo, &hi)) return sema_error();
+        if (lo > hi) {
+            diag_error(it->loc, "the range %lld:%lld over %s ends before it starts", (long long)lo, (long long)hi,
+                       what);
+            return sema_error();
+        }
+        return (Value){.k = V_LIST, .n = (int)(hi - lo), .items = base.items + lo};
+    }
+    Value i = sema_eval(S, env, it);
+    snprintf(what, sizeof what, "the index into a list of %d", base.n);
+    int64_t k = index_in(S, i, it->loc, base.n, what);
+    return k < 0 ? sema_error() : base.items[k];
+}
+
 /* l[i] on a compile-time list; x[i, :, j] on a tensor: an integer selects along its axis and
- * drops it (a slice of one, then a reshape view), ':' keeps the axis, and axes past the last
- * item are kept. */
+ * drops it (a slice of one, then a reshape view), ':' keeps the axis, a:b keeps that range of
+ * it (a slice), and axes past the last item are kept. */
 static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
     if (base.k == V_ERR) return base;
-    for (int i = 0; i < e->n_items; i++) /* `a:b` parses as a label; a range is not an index */
-        if (e->items[i] && e->items[i]->kind == AST_LABELED) {
-            diag_error(e->items[i]->loc, "ranges a:b are not indices");
-            diag_hint("take a range with slice(x, axis, start, end); inside brackets only an integer or ':' "
-                      "stands for an axis");
-            return sema_error();
-        }
-    if (base.k == V_LIST) {
-        if (e->n_items != 1 || !e->items[0]) {
-            diag_error(e->loc, "a list takes one integer index, l[i]");
-            return sema_error();
-        }
-        Value i = sema_eval(S, env, e->items[0]);
-        char what[80];
-        snprintf(what, sizeof what, "the index into a list of %d", base.n);
-        int64_t k = index_in(S, i, e->items[0]->loc, base.n, what);
-        return k < 0 ? sema_error() : base.items[k];
-    }
+    if (base.k == V_LIST) return index_list(S, env, e, base);
     if (base.k != V_TENSOR) {
         diag_error(e->loc, "only lists and tensors can be indexed, found %s", sema_value_desc(S, base));
         return sema_error();
@@ -446,15 +474,28 @@ static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
             out.dim[out.rank++] = shape.dim[a];
             continue;
         }
-        Value i = sema_eval(S, env, it);
-        char what[96];
-        snprintf(what, sizeof what, "the index into axis %d of shape %s", a, sema_shape_str(S, &shape));
-        int64_t k = index_in(S, i, it->loc, shape.dim[a], what);
-        if (k < 0) return sema_error();
         if (!ir_dtype_is_float(x->dtype) && x->dtype != DT_I64) {
             diag_error(e->loc, "indexing takes an f32 or i64 tensor, found %s", sema_value_desc(S, base));
             return sema_error();
         }
+        char what[96];
+        snprintf(what, sizeof what, "axis %d of shape %s", a, sema_shape_str(S, &shape));
+        if (it->kind == AST_RANGE) {
+            int64_t lo, hi;
+            if (!range_in(S, env, it, shape.dim[a], what, &lo, &hi)) return sema_error();
+            if (lo >= hi) {
+                diag_error(it->loc, "the range %lld:%lld over %s is empty", (long long)lo, (long long)hi, what);
+                diag_hint("a range a:b takes a <= i < b, counted from the end where negative");
+                return sema_error();
+            }
+            x = sema_slice(S, x, a, lo, hi - lo, e->loc);
+            out.dim[out.rank++] = hi - lo;
+            continue;
+        }
+        Value i = sema_eval(S, env, it);
+        snprintf(what, sizeof what, "the index into axis %d of shape %s", a, sema_shape_str(S, &shape));
+        int64_t k = index_in(S, i, it->loc, shape.dim[a], what);
+        if (k < 0) return sema_error();
         x = sema_slice(S, x, a, k, 1, e->loc);
     }
     return sema_tensor(sema_reshape(S, x, out, e->loc));
@@ -536,6 +577,7 @@ Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
     case AST_LABELED: return eval_labeled(S, env, e);
     case AST_LIST: return eval_list(S, env, e);
     case AST_INDEX: return eval_index(S, env, e);
+    case AST_RANGE: break; /* only an item of AST_INDEX, read by index_value */
     }
     ICE("sema_eval: expression kind %d", e->kind);
 }
