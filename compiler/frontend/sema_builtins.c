@@ -447,6 +447,43 @@ static Value b_reshape(Sema *S, const AstExpr *c, const char *label, Value *args
     return sema_tensor(reshape(S, x, s, c->loc));
 }
 
+/* expand(x, shape): x broadcast to `shape` as torch's expand: numpy's rules from the last axis
+ * (each axis of x equal to the shape's or 1, new axes in front), -1 keeping x's own axis. The
+ * gradient sums over the broadcast axes. */
+static Value b_expand(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    (void)label;
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
+    Value dims = A->a[1];
+    if (!A->ok) return sema_error();
+    const int r = x->shape.rank;
+    IrShape s = {.rank = dims.n};
+    int ok = dims.k == V_LIST && dims.n >= r && dims.n >= 1 && dims.n <= IR_MAX_RANK;
+    for (int i = 0; ok && i < dims.n; i++) {
+        const int xa = i - (dims.n - r); /* x's axis, or < 0 for a new one */
+        const Value d = dims.items[i];
+        ok = d.k == V_INT && (d.i >= 1 || (d.i == -1 && xa >= 0));
+        s.dim[i] = ok && d.i == -1 ? x->shape.dim[xa] : d.i;
+    }
+    if (!ok) {
+        diag_error(arg_loc(c, "shape", 1), "the shape of expand must be a list of %d to %d positive integers "
+                   "(-1 keeps an axis of x), found %s", r > 1 ? r : 1, IR_MAX_RANK, sema_value_text(S, dims));
+        return sema_error();
+    }
+    for (int a = 0; a < r; a++) {
+        const int64_t from = x->shape.dim[a], to = s.dim[a + s.rank - r];
+        if (from != 1 && from != to) {
+            diag_error(c->loc, "expand of shape %s to %s: axis %d of x has %lld, which broadcasts only from 1",
+                       sema_shape_str(S, &x->shape), sema_shape_str(S, &s), a, (long long)from);
+            diag_hint("each axis of x must equal the shape's or be 1 (numpy broadcasting, from the last axis)");
+            return sema_error();
+        }
+    }
+    if (!sema_check_shape(S, &s, c->loc)) return sema_error();
+    if (ir_shape_eq(&s, &x->shape)) return sema_tensor(x);
+    return sema_tensor(sema_node(S, OP_EXPAND, s, x->dtype, c->loc, 1, x, NULL, NULL));
+}
+
 static double num_relu(double x) { return x > 0 ? x : 0; }
 static double num_sigmoid(double x) { return 1 / (1 + exp(-x)); }
 static double num_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
@@ -1501,6 +1538,7 @@ static const SemaBuiltin builtins[] = {
     {"adaptive_avgpool2d", "x, out=1", b_adaptive_avgpool2d, 1, 2, {"x", "out"}},
     {"flatten", "x", b_flatten, 1, 1, {"x"}},
     {"reshape", "x, shape", b_reshape, 2, 2, {"x", "shape"}},
+    {"expand", "x, shape", b_expand, 2, 2, {"x", "shape"}},
     {"layernorm", "x, eps=1e-5, bias=true", b_norm, 1, 3, {"x", "eps", "bias"}},
     {"rmsnorm", "x, eps=1e-6", b_norm, 1, 2, {"x", "eps"}},
     UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("silu"),
