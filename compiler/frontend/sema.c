@@ -789,6 +789,15 @@ static IrNode *declare_input(Sema *S, const AstStmt *s) {
         shape.dim[i] = v.i;
     }
     if (!sema_check_shape(S, &shape, s->dims[0]->loc)) return NULL;
+    /* `const image = 28` then `input image : ...`: the input would silently take the name the
+     * constant (and its -D) had */
+    const Value *prior = env_lookup(S->global, s->name);
+    if (prior && prior->k != V_TENSOR && prior->k != V_ERR) {
+        diag_error(s->name_loc, "input '%s' would hide the compile-time value '%s' (%s) defined before it", s->name,
+                   s->name, sema_value_text(S, *prior));
+        diag_hint("give the input or the value another name");
+        return NULL;
+    }
     for (int i = 0; i < S->g->n_inputs; i++)
         if (strcmp(S->g->inputs[i].name, s->name) == 0) {
             diag_error(s->name_loc, "input '%s' is declared twice", s->name);
