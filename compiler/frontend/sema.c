@@ -276,7 +276,7 @@ Value sema_tensor_binop(Sema *S, int op, Value a, Value b, SrcLoc loc) {
     IrOp iop = tensor_op(op);
     if (iop == OP__COUNT) {
         diag_error(loc, "'%s' is not defined on tensors", ast_binop_name(op));
-        diag_hint("tensors support + - * /");
+        diag_hint("tensors support + - * / and ** with a number as the power");
         return sema_error();
     }
     IrNode *x = a.k == V_TENSOR ? a.t : NULL, *y = b.k == V_TENSOR ? b.t : NULL;
@@ -351,6 +351,7 @@ static Value eval_binary(Sema *S, Env *env, const AstExpr *e) {
     if (e->op >= BIN_EQ && e->op <= BIN_GE && (a.k == V_TENSOR || b.k == V_TENSOR))
         return tensor_compare(S, e->op, a, b, e->loc);
     if (e->op >= BIN_EQ && e->op <= BIN_GE) return compare(e->op, a, b, e->loc);
+    if (e->op == BIN_POW && a.k == V_TENSOR && is_num(b)) return sema_tensor_pow(S, a, b, e->loc);
     if (a.k == V_TENSOR || b.k == V_TENSOR) return sema_tensor_binop(S, e->op, a, b, e->loc);
     if (is_num(a) && is_num(b)) return num_arith(e->op, a, b, e->loc);
     if (a.k == V_LIST && b.k == V_LIST && e->op == BIN_ADD) return list_concat(S, a, b);

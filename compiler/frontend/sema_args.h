@@ -28,4 +28,11 @@ int arg_bool(Args *A, int i, int def);
 double arg_num_in(Args *A, int i, double def, double min, double max, int open_max);
 double arg_num(Args *A, int i, double def, double min, double max);
 
+/* sema_pointwise.c: element-wise built-ins composed of comparisons, where and arithmetic */
+Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args);
+
 #endif

@@ -1571,6 +1571,11 @@ static const SemaBuiltin builtins[] = {
     {"embedding", "idx, num, dim, std=1", b_embedding, 3, 4, {"idx", "num", "dim", "std"}},
     {"weight", "name", b_weight, 1, 1, {"name"}},
     {"where", "c, a, b", b_where, 3, 3, {"c", "a", "b"}},
+    {"abs", "x", sema_b_abs, 1, 1, {"x"}},
+    {"leaky_relu", "x, negative_slope=0.01", sema_b_leaky_relu, 1, 2, {"x", "negative_slope"}},
+    {"clamp", "x, min=none, max=none", sema_b_clamp, 1, 3, {"x", "min", "max"}},
+    {"maximum", "a, b", sema_b_maximum, 2, 2, {"a", "b"}},
+    {"minimum", "a, b", sema_b_minimum, 2, 2, {"a", "b"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},
 };
 

@@ -1,0 +1,191 @@
+/* sema_pointwise.c - element-wise built-ins composed of the IR's own operators: abs, clamp,
+ * leaky_relu, minimum, maximum, and a tensor raised to a number (x ** p).
+ *
+ * Each is a where() over comparisons and arithmetic, so it needs no operator of its own: its
+ * gradient follows from where's (the gradient goes to the branch taken) and the arithmetic's,
+ * it fuses into element-wise chains like the rest, and both backends and the float64 reference
+ * of the tests run it as they are. On compile-time numbers they compute numbers. The branches are chosen so that the gradient at a kink is
+ * PyTorch's: abs'(0) = 0 (sign(0)), leaky_relu'(0) = the slope, clamp passes the gradient on
+ * its bounds (min <= x <= max), and maximum and minimum split it in halves at a tie. A value
+ * is NaN where an operand is, as in PyTorch: every comparison with NaN is false, and the
+ * branch all comparisons fail picks the operand itself.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "sema_args.h"
+
+/* A float32 tensor argument (a half one is refused: where's kernels take float32), or NULL
+ * after an error naming the argument. */
+static IrNode *f32_arg(Args *A, int i) {
+    Value v = A->a[i];
+    SrcLoc loc = arg_loc(A->call, A->b->params[i], i);
+    char what[64];
+    snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
+    if (!sema_want_float_tensor(A->S, v, loc, what)) return A->ok = 0, NULL;
+    if (v.t->dtype != DT_F32) {
+        diag_error(loc, "%s must be an f32 tensor, found %s", what, sema_value_desc(A->S, v));
+        diag_hint("convert it with f32(x); --precision bf16 or fp16 casts float32 values itself");
+        return A->ok = 0, NULL;
+    }
+    return v.t;
+}
+
+static IrNode *num(Sema *S, double v, SrcLoc loc) { return ir_const(S->g, v, DT_F32, loc); }
+
+static int is_number(Value v) { return v.k == V_INT || v.k == V_FLOAT; }
+
+static IrShape broadcast(const IrNode *a, const IrNode *b) {
+    IrShape s;
+    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("pointwise: shapes checked before");
+    return s;
+}
+
+static IrNode *binary(Sema *S, IrOp op, IrNode *a, IrNode *b, SrcLoc loc) {
+    IrDtype dt = op >= OP_EQ && op <= OP_GE ? DT_U8 : DT_F32;
+    return sema_node(S, op, broadcast(a, b), dt, loc, 2, a, b, NULL);
+}
+
+/* c ? a : b, broadcast to all three */
+static IrNode *where(Sema *S, IrNode *c, IrNode *a, IrNode *b, SrcLoc loc) {
+    IrShape s = broadcast(c, a);
+    if (!ir_broadcast(&s, &b->shape, &s)) ICE("pointwise: shapes checked before");
+    return sema_node(S, OP_WHERE, s, DT_F32, loc, 3, c, a, b);
+}
+
+/* abs(x) = x > 0 ? x : (x < 0 ? -x : 0): PyTorch's gradient sign(x), 0 at 0 */
+Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    if (args[0].k == V_INT && args[0].i != INT64_MIN) return sema_int(args[0].i < 0 ? -args[0].i : args[0].i);
+    if (is_number(args[0])) return sema_float(fabs(sema_num(args[0])));
+    IrNode *x = f32_arg(A, 0);
+    if (!A->ok) return sema_error();
+    SrcLoc at = c->loc;
+    IrNode *zero = num(S, 0, at);
+    IrNode *neg = where(S, binary(S, OP_LT, x, zero, at), sema_node(S, OP_NEG, x->shape, DT_F32, at, 1, x, NULL, NULL),
+                        zero, at);
+    return sema_tensor(where(S, binary(S, OP_GT, x, zero, at), x, neg, at));
+}
+
+/* leaky_relu(x, negative_slope=0.01) = x > 0 ? x : slope * x, as torch.nn.LeakyReLU */
+Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    double slope = arg_num(A, 1, 0.01, -1e6, 1e6);
+    if (is_number(args[0]) && A->ok) {
+        double v = sema_num(args[0]);
+        return sema_float(v > 0 ? v : slope * v);
+    }
+    IrNode *x = f32_arg(A, 0);
+    if (!A->ok) return sema_error();
+    SrcLoc at = c->loc;
+    IrNode *scaled = binary(S, OP_MUL, x, num(S, slope, at), at);
+    return sema_tensor(where(S, binary(S, OP_GT, x, num(S, 0, at), at), x, scaled, at));
+}
+
+/* clamp(x, min=none, max=none) = x < min ? min : (x > max ? max : x): the gradient passes where
+ * min <= x <= max, as torch.clamp's */
+Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = is_number(args[0]) ? NULL : f32_arg(A, 0);
+    int has_lo = args[1].k != V_NONE, has_hi = args[2].k != V_NONE;
+    double lo = has_lo ? arg_num(A, 1, 0, -HUGE_VAL, HUGE_VAL) : 0;
+    double hi = has_hi ? arg_num(A, 2, 0, -HUGE_VAL, HUGE_VAL) : 0;
+    if (!A->ok) return sema_error();
+    if (!has_lo && !has_hi) {
+        diag_error(c->loc, "clamp needs 'min', 'max' or both");
+        diag_hint("clamp(x, min = 0), clamp(x, max = 1), clamp(x, -1, 1)");
+        return sema_error();
+    }
+    if (has_lo && has_hi && lo > hi) {
+        diag_error(c->loc, "clamp: 'min' %g is above 'max' %g", lo, hi);
+        return sema_error();
+    }
+    if (!x) { /* the operand or the bound it passes, as given (an integer stays one) */
+        double v = sema_num(args[0]);
+        return has_lo && v < lo ? args[1] : has_hi && v > hi ? args[2] : args[0];
+    }
+    SrcLoc at = c->loc;
+    IrNode *y = x;
+    if (has_hi) {
+        IrNode *bound = num(S, hi, at);
+        y = where(S, binary(S, OP_GT, x, bound, at), bound, y, at);
+    }
+    if (has_lo) {
+        IrNode *bound = num(S, lo, at);
+        y = where(S, binary(S, OP_LT, x, bound, at), bound, y, at);
+    }
+    return sema_tensor(y);
+}
+
+/* maximum(a, b) = a > b ? a : (a < b ? b : (a + b) / 2), minimum the same with < and >: at a
+ * tie the value is a (a + a is exact, and so is halving it) and each side gets half the
+ * gradient, as torch.maximum and torch.minimum give it. */
+static Value extremum(Sema *S, const AstExpr *c, const char *label, Value *args, IrOp first, IrOp second) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        Value v = args[i];
+        if (v.k == V_INT || v.k == V_FLOAT) continue;
+        x[i] = f32_arg(A, i);
+    }
+    if (!A->ok) return sema_error();
+    if (!x[0] && !x[1]) {
+        double a = sema_num(args[0]), b = sema_num(args[1]);
+        int pick_a = first == OP_GT ? a >= b : a <= b;
+        return pick_a ? args[0] : args[1];
+    }
+    for (int i = 0; i < 2; i++)
+        if (!x[i]) x[i] = num(S, sema_num(args[i]), c->loc);
+    IrShape s;
+    if (!ir_broadcast(&x[0]->shape, &x[1]->shape, &s)) {
+        diag_error(c->loc, "%s: shapes %s and %s do not broadcast", c->name, sema_shape_str(S, &x[0]->shape),
+                   sema_shape_str(S, &x[1]->shape));
+        diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
+        return sema_error();
+    }
+    SrcLoc at = c->loc;
+    IrNode *tie = binary(S, OP_MUL, binary(S, OP_ADD, x[0], x[1], at), num(S, 0.5, at), at);
+    IrNode *rest = where(S, binary(S, second, x[0], x[1], at), x[1], tie, at);
+    return sema_tensor(where(S, binary(S, first, x[0], x[1], at), x[0], rest, at));
+}
+
+Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    return extremum(S, c, label, args, OP_GT, OP_LT);
+}
+
+Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    return extremum(S, c, label, args, OP_LT, OP_GT);
+}
+
+/* x ** p for a float tensor x and a number p: an integer from -8 to 8 as products of x (by
+ * squaring; a negative power is 1 over the positive one, 0 ones, as torch.pow even where x is NaN), 0.5 as sqrt(x) and
+ * -0.5 as 1 / sqrt(x). Other powers would need exp(p log x), wrong for x < 0 where an integer
+ * power is defined, and are refused. */
+Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
+    if (!sema_want_float_tensor(S, base, loc, "the left operand of '**'")) return sema_error();
+    IrNode *x = base.t;
+    if (x->dtype != DT_F32) {
+        diag_error(loc, "the left operand of '**' must be an f32 tensor, found %s", sema_value_desc(S, base));
+        return sema_error();
+    }
+    double p = power.k == V_INT ? (double)power.i : power.k == V_FLOAT ? power.f : NAN;
+    if (p == 0.5 || p == -0.5) {
+        IrNode *r = sema_node(S, OP_SQRT, x->shape, DT_F32, loc, 1, x, NULL, NULL);
+        return sema_tensor(p > 0 ? r : binary(S, OP_DIV, num(S, 1, loc), r, loc));
+    }
+    if (!(p == floor(p) && fabs(p) <= 8)) {
+        diag_error(loc, "a tensor's power must be an integer from -8 to 8, 0.5 or -0.5, found %s",
+                   sema_value_text(S, power));
+        diag_hint("write exp(p * log(x)) for another power of a positive x");
+        return sema_error();
+    }
+    int n = (int)fabs(p);
+    IrNode *y = NULL, *sq = x; /* y = x^(bits of n seen so far), sq = x^(2^k) */
+    for (; n; n >>= 1) {
+        if (n & 1) y = y ? binary(S, OP_MUL, y, sq, loc) : sq;
+        if (n > 1) sq = binary(S, OP_MUL, sq, sq, loc);
+    }
+    if (!y) return sema_tensor(sema_node(S, OP_EXPAND, x->shape, DT_F32, loc, 1, num(S, 1, loc), NULL, NULL));
+    return sema_tensor(p < 0 ? binary(S, OP_DIV, num(S, 1, loc), y, loc) : y);
+}
