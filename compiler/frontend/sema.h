@@ -81,7 +81,7 @@ void sema_exec_body(Sema *S, Env *env, AstStmt *const *body, int n);
 int sema_bind_args(Sema *S, Env *env, const AstExpr *call, const char *const *names, int n,
                    Value *out);
 Value sema_tensor_binop(Sema *S, int op, Value a, Value b, SrcLoc loc);
-/* sema_pointwise.c: x ** p, a float tensor to the power of a number */
+/* sema_composed.c: x ** p, a float tensor to the power of a number */
 Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc);
 IrNode *sema_node(Sema *S, IrOp op, IrShape shape, IrDtype dt, SrcLoc loc, int n_in, IrNode *a,
                   IrNode *b, IrNode *c);

@@ -22,17 +22,25 @@ typedef struct {
 
 /* Where argument number `index` (or keyword `name`) was written, for error carets. */
 SrcLoc arg_loc(const AstExpr *call, const char *name, int index);
+/* An integer >= min (def when the argument is absent); clears A->ok after an error */
+int64_t arg_int(Args *A, int i, int64_t def, int64_t min);
 /* true or false (def when the argument is absent); clears A->ok after an error */
 int arg_bool(Args *A, int i, int def);
 /* A number in [min, max], or in [min, max) when `open_max` (def when absent). */
 double arg_num_in(Args *A, int i, double def, double min, double max, int open_max);
 double arg_num(Args *A, int i, double def, double min, double max);
 
-/* sema_pointwise.c: element-wise built-ins composed of comparisons, where and arithmetic */
+/* A new parameter (NULL after an error: a name defined twice, too many, a shape too large). */
+IrParam *sema_new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a, SrcLoc loc);
+
+/* sema_composed.c: built-ins composed of other operators (element-wise ones of comparisons,
+ * where and arithmetic; groupnorm and upsample) */
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args);
 
 #endif

@@ -26,7 +26,7 @@ SrcLoc arg_loc(const AstExpr *call, const char *name, int index) {
 
 static SrcLoc loc_of(Args *A, int i) { return arg_loc(A->call, A->b->params[i], i); }
 
-static int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
+int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
     Value v = A->a[i];
     if (v.k == V_NONE) return def;
     if (v.k == V_ERR) {
@@ -192,8 +192,7 @@ static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
     return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
 }
 
-static IrParam *new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a,
-                          SrcLoc loc) {
+IrParam *sema_new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a, SrcLoc loc) {
     if (!sema_check_shape(S, &shape, loc)) return NULL;
     if (S->g->n_params >= SEMA_MAX_PARAMS) { /* too_big stops the evaluation */
         if (!S->too_big) diag_error(loc, "the model has too many parameters (more than %d tensors)", SEMA_MAX_PARAMS);
@@ -229,12 +228,12 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     const char *name = sema_layer_name(S, label, "dense");
     double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
     /* transposed = true: the weight stored [in, out], as Hugging Face's Conv1D (GPT-2) */
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name),
                            transposed ? ir_shape(2, in, out) : ir_shape(2, out, in),
                            normal ? INIT_NORMAL : INIT_UNIFORM, normal ? std : bound, c->loc);
     if (!w) return sema_error();
     w->dense = transposed ? 2 : 1;
-    IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+    IrParam *b = bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   normal ? INIT_ZEROS : INIT_UNIFORM, bound, c->loc)
                       : NULL;
     if (bias && !b) return sema_error();
@@ -282,11 +281,11 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
     const char *name = sema_layer_name(S, label, "conv2d");
     int64_t fan_in = C / groups * k[0] * k[1];
     double bound = 1.0 / sqrt((double)fan_in); /* torch.nn.Conv2d's default */
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name),
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name),
                            ir_shape(4, out, C / groups, (int64_t)k[0], (int64_t)k[1]),
                            INIT_UNIFORM, bound, c->loc);
     if (!w) return sema_error();
-    IrParam *b = bias ? new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+    IrParam *b = bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
                                   INIT_UNIFORM, bound, c->loc)
                       : NULL;
     if (bias && !b) return sema_error();
@@ -339,7 +338,7 @@ static Value b_pool(Sema *S, const AstExpr *c, const char *label, Value *args) {
 /* A running statistic: a parameter the optimizer never touches (PyTorch's "buffer"). */
 static IrParam *new_buffer(Sema *S, const char *name, IrShape shape, IrInit init, IrDtype file_dt,
                            SrcLoc loc) {
-    IrParam *p = new_param(S, name, shape, init, 0, loc);
+    IrParam *p = sema_new_param(S, name, shape, init, 0, loc);
     if (p) p->trainable = 0, p->buffer = 1, p->file_dtype = file_dt;
     return p;
 }
@@ -359,8 +358,8 @@ static Value b_batchnorm2d(Sema *S, const AstExpr *c, const char *label, Value *
     int64_t C = x->shape.dim[1];
     const char *name = sema_layer_name(S, label, "batchnorm2d");
     IrShape per_c = ir_shape(1, C);
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), per_c, INIT_ONES, 0, c->loc);
-    IrParam *b = w ? new_param(S, arena_printf(S->arena, "%s.bias", name), per_c, INIT_ZEROS, 0, c->loc) : NULL;
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), per_c, INIT_ONES, 0, c->loc);
+    IrParam *b = w ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), per_c, INIT_ZEROS, 0, c->loc) : NULL;
     IrParam *rm = b ? new_buffer(S, arena_printf(S->arena, "%s.running_mean", name), per_c, INIT_ZEROS, DT_F32, c->loc) : NULL;
     IrParam *rv = rm ? new_buffer(S, arena_printf(S->arena, "%s.running_var", name), per_c, INIT_ONES, DT_F32, c->loc) : NULL;
     IrParam *nb = rv ? new_buffer(S, arena_printf(S->arena, "%s.num_batches_tracked", name), ir_scalar_shape(),
@@ -599,12 +598,12 @@ static Value b_norm(Sema *S, const AstExpr *c, const char *label, Value *args) {
     int64_t D = x->shape.dim[x->shape.rank - 1];
     const char *name = sema_layer_name(S, label, c->name);
     IrShape per_d = ir_shape(1, D);
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), per_d, INIT_ONES, 0, c->loc);
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), per_d, INIT_ONES, 0, c->loc);
     if (!w) return sema_error();
     w->norm = 1;
     IrNode *b = NULL;
     if (bias) {
-        IrParam *bp = new_param(S, arena_printf(S->arena, "%s.bias", name), per_d, INIT_ZEROS, 0, c->loc);
+        IrParam *bp = sema_new_param(S, arena_printf(S->arena, "%s.bias", name), per_d, INIT_ZEROS, 0, c->loc);
         if (!bp) return sema_error();
         bp->norm = 1;
         b = bp->node;
@@ -827,7 +826,7 @@ static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) 
         diag_hint("init is \"zeros\", \"ones\", \"uniform\" or \"normal\"");
         return sema_error();
     }
-    IrParam *p = new_param(S, sema_layer_name(S, label, "param"), s, kind, ia, c->loc);
+    IrParam *p = sema_new_param(S, sema_layer_name(S, label, "param"), s, kind, ia, c->loc);
     return p ? sema_tensor(p->node) : sema_error();
 }
 
@@ -1389,7 +1388,7 @@ static Value b_embedding(Sema *S, const AstExpr *c, const char *label, Value *ar
     ys.dim[ys.rank++] = dim;
     if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
     const char *name = sema_layer_name(S, label, "embedding");
-    IrParam *w = new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, num, dim), INIT_NORMAL, std,
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, num, dim), INIT_NORMAL, std,
                            c->loc);
     if (!w) return sema_error();
     return sema_tensor(sema_node(S, OP_GATHER, ys, DT_F32, c->loc, 2, w->node, idx, NULL));
@@ -1576,6 +1575,8 @@ static const SemaBuiltin builtins[] = {
     {"clamp", "x, min=none, max=none", sema_b_clamp, 1, 3, {"x", "min", "max"}},
     {"maximum", "a, b", sema_b_maximum, 2, 2, {"a", "b"}},
     {"minimum", "a, b", sema_b_minimum, 2, 2, {"a", "b"}},
+    {"groupnorm", "x, groups, eps=1e-5, affine=true", sema_b_groupnorm, 2, 4, {"x", "groups", "eps", "affine"}},
+    {"upsample", "x, scale=2", sema_b_upsample, 1, 2, {"x", "scale"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},
 };
 

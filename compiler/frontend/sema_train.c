@@ -248,7 +248,7 @@ static void train_freeze(Sema *S, const AstStmt *s) {
 }
 
 /* Whether entry `what` of no_decay names parameter p: "biases" every X.bias, "norms" every
- * weight and bias of a batchnorm2d, layernorm or rmsnorm (IrParam.norm), anything else a name
+ * weight and bias of a batchnorm2d, layernorm, rmsnorm or groupnorm (IrParam.norm), anything else a name
  * or prefix as in freeze. */
 static int no_decay_matches(const IrParam *p, const char *what) {
     size_t n = strlen(what), len = strlen(p->name);

@@ -1,14 +1,18 @@
-/* sema_pointwise.c - element-wise built-ins composed of the IR's own operators: abs, clamp,
- * leaky_relu, minimum, maximum, and a tensor raised to a number (x ** p).
+/* sema_composed.c - built-ins composed of the IR's own operators, so that each needs no operator,
+ * kernel or gradient rule of its own: their gradients follow from those of the operators they are
+ * made of, they fuse and lay out like the rest, and both backends and the float64 reference of
+ * the tests run them as they are.
  *
- * Each is a where() over comparisons and arithmetic, so it needs no operator of its own: its
- * gradient follows from where's (the gradient goes to the branch taken) and the arithmetic's,
- * it fuses into element-wise chains like the rest, and both backends and the float64 reference
- * of the tests run it as they are. On compile-time numbers they compute numbers. The branches are chosen so that the gradient at a kink is
- * PyTorch's: abs'(0) = 0 (sign(0)), leaky_relu'(0) = the slope, clamp passes the gradient on
- * its bounds (min <= x <= max), and maximum and minimum split it in halves at a tie. A value
- * is NaN where an operand is, as in PyTorch: every comparison with NaN is false, and the
- * branch all comparisons fail picks the operand itself.
+ * Element-wise: abs, clamp, leaky_relu, minimum, maximum, and a tensor raised to a number
+ * (x ** p), each a where() over comparisons and arithmetic. The branches are chosen so that the
+ * gradient at a kink is PyTorch's: abs'(0) = 0 (sign(0)), leaky_relu'(0) = the slope, clamp
+ * passes the gradient on its bounds (min <= x <= max), and maximum and minimum split it in
+ * halves at a tie. A value is NaN where an operand is, as in PyTorch: every comparison with NaN
+ * is false, and the branch all comparisons fail picks the operand itself. On compile-time
+ * numbers they compute numbers.
+ *
+ * Layers: groupnorm (a layer norm over each group's values, then a per-channel scale and shift)
+ * and upsample (nearest-neighbour: an expand between two reshapes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -188,4 +192,66 @@ Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
     }
     if (!y) return sema_tensor(sema_node(S, OP_EXPAND, x->shape, DT_F32, loc, 1, num(S, 1, loc), NULL, NULL));
     return sema_tensor(p < 0 ? binary(S, OP_DIV, num(S, 1, loc), y, loc) : y);
+}
+
+/* groupnorm(x, groups, eps=1e-5, affine=true) on x [N, C, ...]: torch.nn.GroupNorm. The values
+ * of each sample's group of C / groups channels (with their spatial positions) are normalised by
+ * their mean and biased variance: x reshaped to [N, groups, M] through a layer norm over M with
+ * unit weight and zero bias, then LABEL.weight [C] (ones) and LABEL.bias [C] (zeros) per
+ * channel. */
+Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = f32_arg(A, 0);
+    int64_t groups = arg_int(A, 1, 1, 1);
+    double eps = arg_num(A, 2, 1e-5, 0, 1);
+    int affine = arg_bool(A, 3, 1);
+    if (!A->ok) return sema_error();
+    const IrShape shape = x->shape;
+    if (shape.rank < 2 || shape.dim[1] % groups) {
+        diag_error(c->loc, "groupnorm of shape %s into %lld groups: needs [N, C, ...] with C a multiple of the "
+                   "groups", sema_shape_str(S, &shape), (long long)groups);
+        return sema_error();
+    }
+    const int64_t C = shape.dim[1], M = ir_numel(&shape) / shape.dim[0] / groups;
+    SrcLoc at = c->loc;
+    IrShape rows = {.rank = 3, .dim = {shape.dim[0], groups, M}}, per_m = ir_shape(1, M);
+    IrNode *ones = sema_node(S, OP_EXPAND, per_m, DT_F32, at, 1, num(S, 1, at), NULL, NULL);
+    IrNode *zeros = sema_node(S, OP_EXPAND, per_m, DT_F32, at, 1, num(S, 0, at), NULL, NULL);
+    IrNode *y = sema_node(S, OP_LAYERNORM, rows, DT_F32, at, 3, sema_reshape(S, x, rows, at), ones, zeros);
+    y->attr.norm_eps = eps;
+    y = sema_reshape(S, y, shape, at);
+    if (!affine) return sema_tensor(y);
+    /* the per-channel parameters as [C, 1, ...], broadcast over the positions */
+    const char *name = sema_layer_name(S, label, c->name);
+    IrShape per_c = {.rank = shape.rank - 1, .dim = {C}};
+    for (int i = 1; i < per_c.rank; i++) per_c.dim[i] = 1;
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(1, C), INIT_ONES, 0, at);
+    IrParam *b = w ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, C), INIT_ZEROS, 0, at)
+                   : NULL;
+    if (!b) return sema_error();
+    w->norm = b->norm = 1;
+    y = binary(S, OP_MUL, y, sema_reshape(S, w->node, per_c, at), at);
+    return sema_tensor(binary(S, OP_ADD, y, sema_reshape(S, b->node, per_c, at), at));
+}
+
+/* upsample(x, scale=2) on x [N, C, H, W]: nearest-neighbour, each value repeated scale x scale
+ * times, as torch.nn.Upsample(scale_factor=scale) (mode "nearest"): x as [N, C, H, 1, W, 1],
+ * expanded to [N, C, H, scale, W, scale], read as [N, C, H * scale, W * scale]. The gradient
+ * sums each block of scale x scale. */
+Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = f32_arg(A, 0);
+    int64_t k = arg_int(A, 1, 2, 1);
+    if (!A->ok) return sema_error();
+    const IrShape s = x->shape;
+    if (s.rank != 4) {
+        diag_error(c->loc, "upsample takes an image batch [N, C, H, W], found shape %s", sema_shape_str(S, &s));
+        return sema_error();
+    }
+    IrShape spread = {.rank = 6, .dim = {s.dim[0], s.dim[1], s.dim[2], 1, s.dim[3], 1}};
+    IrShape big = {.rank = 6, .dim = {s.dim[0], s.dim[1], s.dim[2], k, s.dim[3], k}};
+    IrShape out = {.rank = 4, .dim = {s.dim[0], s.dim[1], s.dim[2] * k, s.dim[3] * k}};
+    if (!sema_check_shape(S, &out, c->loc)) return sema_error();
+    IrNode *y = sema_node(S, OP_EXPAND, big, DT_F32, c->loc, 1, sema_reshape(S, x, spread, c->loc), NULL, NULL);
+    return sema_tensor(sema_reshape(S, y, out, c->loc));
 }

@@ -1,0 +1,145 @@
+"""The built-ins composed of other operators (compiler/frontend/sema_composed.c) against PyTorch's
+own, in float64 on the same data.
+
+pointwise (composed_pointwise.net): the element-wise ones made of where and comparisons, at the
+points where the two could differ: abs at 0 (gradient sign(0) = 0), leaky_relu at 0 (the slope),
+clamp on its bounds (the gradient passes), maximum and minimum at ties (half to each side), and
+powers. The trainer's output (--predict, the concatenated values) on the initial weights, then
+every parameter after one SGD step.
+
+layers (composed_layers.net): groupnorm and upsample between two convolutions, against
+torch.nn.GroupNorm and nearest interpolation: every parameter after three SGD steps, the trainer
+built with its default channels-last layouts and with --layout=row-major.
+
+usage: composed.py pointwise|layers NETC WORKDIR
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from netc_testlib import Checks, st_load, st_save  # noqa: E402
+
+# pointwise: the values are exact or one float32 rounding from the float64 reference (a product, a square
+# root, a quotient): relative 2^-24 = 6e-8 of each value, 1e-6 leaves a margin. A gradient
+# convention that differs at a kink moves one element's gradient by half of it or all of it,
+# 0.5 * lr * |dz| ~ 1e-2 of the parameter.
+TOLERANCE = 1e-6
+N, LR = 16, 0.5
+# row values with 0, the clamp bounds +-1 and 0.5, and values either side of each
+ROW = [0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -3.0, 1.5, -1.5, 0.75, 3.0, -0.25, 0.0, 1.0]
+
+
+def forward(x, w, u):
+    y = x + w
+    return torch.cat([y.abs(), torch.nn.functional.leaky_relu(y, 0.1), y.clamp(-1, 1), y.clamp(min=0.5),
+                      torch.maximum(y, u), torch.minimum(u, y),
+                      (y + 4) ** -2 + (y + 4) ** 0.5 + y ** 3 + y ** 0], -1)
+
+
+def pointwise(netc, work, check):
+    x = np.array([ROW, ROW[::-1]], dtype=np.float32)
+    # u ties with both rows in the first 4 columns (0, 1, -1 and 0.5 stand there in each row)
+    u = np.array([0.0, 1.0, -1.0, 0.5] + [0.3 * (i - 8) for i in range(4, N)], dtype=np.float32)
+    x[1, :4] = x[0, :4]
+    t = np.random.default_rng(3).standard_normal((2, 7 * N)).astype(np.float32)
+    init = {"w": np.zeros(N, np.float32), "u": u}
+    paths = {k: os.path.join(work, f"{k}.npy") for k in ("x", "t")}
+    np.save(paths["x"], x)
+    np.save(paths["t"], t)
+    st_save(os.path.join(work, "init.safetensors"), init)
+
+    exe = os.path.join(work, "pointwise")
+    subprocess.run([netc, os.path.join(HERE, "composed_pointwise.net"), "-o", exe], check=True)
+    pred = os.path.join(work, "z.npy")
+    subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--predict", f"x={paths['x']}",
+                    "--predict-out", pred, "--quiet"], check=True)
+    subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--data", f"x={paths['x']}",
+                    "--data", f"t={paths['t']}", "--steps", "1", "--quiet", "--save", os.path.join(work, "out.safetensors")],
+                   check=True)
+    got = st_load(os.path.join(work, "out.safetensors"))
+
+    p = {k: torch.from_numpy(v.astype(np.float64)).requires_grad_() for k, v in init.items()}
+    xt = torch.from_numpy(x.astype(np.float64))
+    z = forward(xt, p["w"], p["u"])
+    err = np.abs(np.load(pred) - z.detach().numpy()).max() / np.abs(z.detach().numpy()).max()
+    print(f"values: largest difference {err:.2e} of the largest")
+    check(err <= TOLERANCE, f"the values differ from PyTorch's by {err:.2e}")
+    torch.nn.functional.mse_loss(z, torch.from_numpy(t.astype(np.float64))).backward()
+    for name, v in p.items():
+        want = (v - LR * v.grad).detach().numpy()
+        e = np.abs(got[name] - want).max() / np.abs(want).max()
+        print(f"{name} after one step: largest difference {e:.2e} of the largest (gradient {v.grad.numpy()})")
+        check(e <= TOLERANCE, f"{name} differs from PyTorch's after one step by {e:.2e}")
+
+
+# layers: float32 against float64 through two 3x3 convolutions (27 and 72 terms), a group norm
+# over 72 values and three steps: ~1e-6 relative per tensor; a wrong group (a channel in the
+# next group), a missing 1/scale or a block of the upsampling's gradient left out moves a tensor
+# by 1e-2 and more.
+LAYERS_TOL = 2e-5
+LAYERS_STEPS, LAYERS_LR = 3, 0.1
+
+
+class Layers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(4, 8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.gn(self.conv(x)))
+        return self.conv2(torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest"))
+
+
+def layers(netc, work, check):
+    torch.manual_seed(4)
+    net = Layers().double()
+    with torch.no_grad():  # the norm's scale and shift off 1 and 0, so that a missing one shows
+        net.gn.weight.add_(torch.randn(8, dtype=torch.float64) * 0.3)
+        net.gn.bias.add_(torch.randn(8, dtype=torch.float64) * 0.3)
+    init = {k: v.detach().numpy().astype(np.float32) for k, v in net.state_dict().items()}
+    st_save(os.path.join(work, "init.safetensors"), init)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2 * LAYERS_STEPS, 3, 6, 6)).astype(np.float32)
+    t = rng.standard_normal((2 * LAYERS_STEPS, 8, 12, 12)).astype(np.float32)
+    np.save(os.path.join(work, "x.npy"), x)
+    np.save(os.path.join(work, "t.npy"), t)
+    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()})
+    opt = torch.optim.SGD(net.parameters(), lr=LAYERS_LR)
+    for s in range(LAYERS_STEPS):
+        opt.zero_grad()
+        xb, tb = (torch.from_numpy(a[2 * s:2 * s + 2].astype(np.float64)) for a in (x, t))
+        torch.nn.functional.mse_loss(net(xb), tb).backward()
+        opt.step()
+    for tag, flags in (("channels-last", []), ("row-major", ["--layout=row-major"])):
+        exe = os.path.join(work, f"layers-{tag}")
+        subprocess.run([netc, os.path.join(HERE, "composed_layers.net"), "-o", exe, *flags], check=True)
+        out = exe + ".safetensors"
+        subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--data", f"x={work}/x.npy",
+                        "--data", f"t={work}/t.npy", "--steps", str(LAYERS_STEPS), "--no-shuffle", "--quiet",
+                        "--save", out], check=True)
+        got = st_load(out)
+        for name, want in net.state_dict().items():
+            want = want.numpy()
+            e = np.linalg.norm(got[name] - want) / np.linalg.norm(want)
+            print(f"{tag}: {name} relative error {e:.2e}")
+            check(e <= LAYERS_TOL, f"{tag}: {name} differs from PyTorch's by {e:.2e}")
+
+
+def main():
+    case, netc, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(work, exist_ok=True)
+    check = Checks()
+    {"pointwise": pointwise, "layers": layers}[case](netc, work, check)
+    print(f"composed {case}: {check.count} checks, {len(check.failures)} failed")
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
