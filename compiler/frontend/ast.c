@@ -161,6 +161,8 @@ AstExpr *ast_range(Parser *P, SrcLoc loc, AstExpr *start, AstExpr *end) {
     return e;
 }
 
+AstExpr *ast_ellipsis(Parser *P, SrcLoc loc) { return new_expr(P, AST_ELLIPSIS, loc, 0); }
+
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target) {
     int depth = depth_of(target);
     for (int i = 0; i < label->n; i++) depth = max_int(depth, depth_of(label->items[i].expr));
@@ -529,6 +531,7 @@ static void print_expr(const AstExpr *e, FILE *out) {
         }
         fputc(')', out);
         return;
+    case AST_ELLIPSIS: fputs("...", out); return;
     case AST_RANGE:
         fputs("(range ", out);
         if (e->lhs) print_expr(e->lhs, out);

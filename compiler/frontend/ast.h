@@ -28,6 +28,7 @@ typedef enum {
     AST_LIST,    /* [a, b, c]: shapes and string lists */
     AST_INDEX,   /* lhs[i, :, j]: items, a NULL item for ':' (the whole axis) */
     AST_RANGE,   /* lhs:rhs, an item of AST_INDEX; a side left out is NULL (a:, :b) */
+    AST_ELLIPSIS, /* ..., an item of AST_INDEX: the axes the other items leave */
 } AstExprKind;
 
 typedef enum {

@@ -108,6 +108,7 @@ AstExpr *ast_list(Parser *P, SrcLoc loc, ExprList *items);
 /* base[items]: an item NULL stands for ':' */
 AstExpr *ast_index(Parser *P, AstExpr *base, ExprList *items);
 AstExpr *ast_range(Parser *P, SrcLoc loc, AstExpr *start, AstExpr *end);
+AstExpr *ast_ellipsis(Parser *P, SrcLoc loc);
 AstExpr *ast_labeled(Parser *P, LabelList *label, AstExpr *target);
 
 ExprList *ast_exprs_add(Parser *P, ExprList *l, AstExpr *e);

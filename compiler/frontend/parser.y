@@ -64,6 +64,7 @@ static void yyerror(SrcLoc *loc, yyscan_t scanner, Parser *P, const char *msg);
        COMMA "," COLON ":" SEMI ";" ASSIGN "=" DOT "." DOTDOT ".."
 /* ':' inside an index's brackets (the lexer tells them apart): x[:, 1:3] */
 %token RANGE "range's :"
+%token ELLIPSIS "..."
 /* binary operators: PLUS..GE must stay contiguous */
 %token PLUS "+" MINUS "-" STAR "*" SLASH "/" FLOORDIV "//" PERCENT "%" POW "**"
        EQ "==" NE "!=" LT "<" LE "<=" GT ">" GE ">="
@@ -193,7 +194,7 @@ postfix:
   ;
 
 /* l[i], x[:, -1]: an integer picks an element (an axis of a tensor away), ':' keeps an axis,
- * a:b, a: and :b take a range of it. */
+ * a:b, a: and :b take a range of it, and '...' stands for the axes no other item names. */
 index_list:
     index                                { $$ = ast_exprs_add(P, NULL, $1); }
   | index_list "," index                 { $$ = ast_exprs_add(P, $1, $3); }
@@ -205,6 +206,7 @@ index:
   | expr RANGE expr                      { $$ = ast_range(P, @2, $1, $3); }
   | expr RANGE                           { $$ = ast_range(P, @2, $1, NULL); }
   | RANGE expr                           { $$ = ast_range(P, @1, NULL, $2); }
+  | ELLIPSIS                             { $$ = ast_ellipsis(P, @1); }
   ;
 
 /* call arguments: positional, then keyword (`k=5`); the builder reports the wrong order */

@@ -430,7 +430,7 @@ static bool range_in(Sema *S, Env *env, const AstExpr *r, int64_t n, const char 
 /* l[i] and l[a:b] on a compile-time list. */
 static Value index_list(Sema *S, Env *env, const AstExpr *e, Value base) {
     const AstExpr *it = e->n_items == 1 ? e->items[0] : NULL;
-    if (!it) {
+    if (!it || it->kind == AST_ELLIPSIS) {
         diag_error(e->loc, "a list takes one integer index or range, l[i] or l[a:b]");
         return sema_error();
     }
@@ -464,13 +464,26 @@ static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
     }
     IrNode *x = base.t;
     const IrShape shape = x->shape;
-    if (e->n_items > shape.rank) {
-        diag_error(e->loc, "%d indices into a tensor of shape %s", e->n_items, sema_shape_str(S, &shape));
+    int dots = -1; /* the item '...' is, or -1 */
+    for (int i = 0; i < e->n_items; i++)
+        if (e->items[i] && e->items[i]->kind == AST_ELLIPSIS) {
+            if (dots >= 0) {
+                diag_error(e->items[i]->loc, "an index has at most one '...'");
+                return sema_error();
+            }
+            dots = i;
+        }
+    const int named = e->n_items - (dots >= 0); /* the axes the items other than '...' stand for */
+    if (named > shape.rank) {
+        diag_error(e->loc, "%d indices into a tensor of shape %s", named, sema_shape_str(S, &shape));
         return sema_error();
     }
     IrShape out = {0};
     for (int a = 0; a < shape.rank; a++) {
-        const AstExpr *it = a < e->n_items ? e->items[a] : NULL;
+        /* before '...' the items name the first axes, after it the last ones */
+        const int after = shape.rank - (e->n_items - dots - 1);
+        const AstExpr *it = dots < 0 || a < dots ? (a < e->n_items ? e->items[a] : NULL)
+                            : a >= after ? e->items[a - after + dots + 1] : NULL;
         if (!it) {
             out.dim[out.rank++] = shape.dim[a];
             continue;
@@ -578,7 +591,7 @@ Value sema_eval(Sema *S, Env *env, const AstExpr *e) {
     case AST_LABELED: return eval_labeled(S, env, e);
     case AST_LIST: return eval_list(S, env, e);
     case AST_INDEX: return eval_index(S, env, e);
-    case AST_RANGE: break; /* only an item of AST_INDEX, read by index_value */
+    case AST_RANGE: case AST_ELLIPSIS: break; /* only items of AST_INDEX, read by index_value */
     }
     ICE("sema_eval: expression kind %d", e->kind);
 }

@@ -28,7 +28,7 @@ def forward(p, x):
     y = (a @ v).transpose(1, 2).reshape(B, T, C)
     y = y @ p["c_proj.weight"] + p["c_proj.bias"]
     h = (y - y.mean(-1, keepdim=True)) / torch.sqrt(y.var(-1, keepdim=True, correction=0) + 1e-5)
-    feat = torch.cat([h[:, -1], h[:, 1:].amax(1), h[:, :-2].sum(1) * 0.1], -1)
+    feat = torch.cat([h[:, -1], h[:, 1:].amax(1), h[..., :-2, :].sum(1) * 0.1], -1)
     return feat @ p["head"].T
 
 
