@@ -33,6 +33,15 @@ double arg_num(Args *A, int i, double def, double min, double max);
 /* A new parameter (NULL after an error: a name defined twice, too many, a shape too large). */
 IrParam *sema_new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a, SrcLoc loc);
 
+/* A convolution's window: kernel, stride, padding and dilation as [h, w]; groups; a bias or not. */
+typedef struct SemaConv {
+    int k[2], stride[2], pad[2], dil[2];
+    int64_t groups;
+    int bias;
+} SemaConv;
+IrNode *sema_conv(Sema *S, const AstExpr *c, const char *label, IrNode *x, int64_t out, const SemaConv *v,
+                  int weight_rank);
+
 /* sema_composed.c: built-ins composed of other operators (element-wise ones of comparisons,
  * where and arithmetic; groupnorm and upsample) */
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args);
@@ -40,6 +49,7 @@ Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *arg
 Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args);
 

@@ -257,50 +257,61 @@ static Value b_conv2d(Sema *S, const AstExpr *c, const char *label, Value *args)
     BEGIN_ARGS(S, c, args);
     IrNode *x = arg_f32_tensor(A, 0, 4, 4);
     int64_t out = arg_int(A, 1, 1, 1);
-    int k[2], st[2], pad[2], dil[2];
-    arg_pair(A, 2, 1, 1, k);
-    arg_pair(A, 3, 1, 1, st);
-    arg_pair(A, 4, 0, 0, pad);
-    arg_pair(A, 5, 1, 1, dil);
-    int64_t groups = arg_int(A, 6, 1, 1);
-    int bias = arg_bool(A, 7, 1);
+    SemaConv v;
+    arg_pair(A, 2, 1, 1, v.k);
+    arg_pair(A, 3, 1, 1, v.stride);
+    arg_pair(A, 4, 0, 0, v.pad);
+    arg_pair(A, 5, 1, 1, v.dil);
+    v.groups = arg_int(A, 6, 1, 1);
+    v.bias = arg_bool(A, 7, 1);
     if (!A->ok) return sema_error();
-    int64_t C = x->shape.dim[1];
+    IrNode *y = sema_conv(S, c, label, x, out, &v, 4);
+    return y ? sema_tensor(y) : sema_error();
+}
+
+/* The convolution of x [N, C, H, W] into `out` channels, with its parameters LABEL.weight and
+ * LABEL.bias (PyTorch's default initialisation); the weight has the filter's 4 axes
+ * [out, C / groups, kh, kw], or with weight_rank 3 (conv1d's, kh = 1) [out, C / groups, kw], the
+ * filter a view of it. NULL after an error. */
+IrNode *sema_conv(Sema *S, const AstExpr *c, const char *label, IrNode *x, int64_t out, const SemaConv *v,
+                  int weight_rank) {
+    const int *k = v->k, *dil = v->dil, *pad = v->pad;
+    const int64_t groups = v->groups, C = x->shape.dim[1];
     if (C % groups || out % groups) {
         diag_error(c->loc, "groups=%lld must divide both the input channels (%lld) and the output "
                    "channels (%lld)", (long long)groups, (long long)C, (long long)out);
-        return sema_error();
+        return NULL;
     }
-    int64_t P = window_out(x->shape.dim[2], k[0], st[0], pad[0], dil[0]);
-    int64_t Q = window_out(x->shape.dim[3], k[1], st[1], pad[1], dil[1]);
+    int64_t P = window_out(x->shape.dim[2], k[0], v->stride[0], pad[0], dil[0]);
+    int64_t Q = window_out(x->shape.dim[3], k[1], v->stride[1], pad[1], dil[1]);
     if (P < 1 || Q < 1) {
         diag_error(c->loc, "a %dx%d kernel (dilation %d,%d, padding %d,%d) does not fit input %s",
                    k[0], k[1], dil[0], dil[1], pad[0], pad[1], sema_shape_str(S, &x->shape));
-        return sema_error();
+        return NULL;
     }
-    const char *name = sema_layer_name(S, label, "conv2d");
+    const char *name = sema_layer_name(S, label, c->name);
     int64_t fan_in = C / groups * k[0] * k[1];
-    double bound = 1.0 / sqrt((double)fan_in); /* torch.nn.Conv2d's default */
-    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name),
-                           ir_shape(4, out, C / groups, (int64_t)k[0], (int64_t)k[1]),
-                           INIT_UNIFORM, bound, c->loc);
-    if (!w) return sema_error();
-    IrParam *b = bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
-                                  INIT_UNIFORM, bound, c->loc)
-                      : NULL;
-    if (bias && !b) return sema_error();
+    double bound = 1.0 / sqrt((double)fan_in); /* torch.nn.Conv2d's and Conv1d's default */
+    IrShape filter = ir_shape(4, out, C / groups, (int64_t)k[0], (int64_t)k[1]);
+    IrShape ws = weight_rank == 4 ? filter : ir_shape(3, out, C / groups, (int64_t)k[1]);
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ws, INIT_UNIFORM, bound, c->loc);
+    if (!w) return NULL;
+    IrParam *b = v->bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+                                          INIT_UNIFORM, bound, c->loc)
+                         : NULL;
+    if (v->bias && !b) return NULL;
     IrShape ys = ir_shape(4, x->shape.dim[0], out, P, Q);
-    if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
-    IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, w->node, NULL);
-    memcpy(y->attr.stride, st, sizeof st);
-    memcpy(y->attr.pad, pad, sizeof pad);
-    memcpy(y->attr.dil, dil, sizeof dil);
+    if (!sema_check_shape(S, &ys, c->loc)) return NULL;
+    IrNode *y = sema_node(S, OP_CONV2D, ys, DT_F32, c->loc, 2, x, reshape(S, w->node, filter, c->loc), NULL);
+    memcpy(y->attr.stride, v->stride, sizeof v->stride);
+    memcpy(y->attr.pad, v->pad, sizeof v->pad);
+    memcpy(y->attr.dil, v->dil, sizeof v->dil);
     y->attr.groups = (int)groups;
     if (b) {
         IrNode *b3 = reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), c->loc);
         y = sema_node(S, OP_ADD, ys, DT_F32, c->loc, 2, y, b3, NULL);
     }
-    return sema_tensor(y);
+    return y;
 }
 
 static Value b_pool(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -1575,6 +1586,8 @@ static const SemaBuiltin builtins[] = {
     {"clamp", "x, min=none, max=none", sema_b_clamp, 1, 3, {"x", "min", "max"}},
     {"maximum", "a, b", sema_b_maximum, 2, 2, {"a", "b"}},
     {"minimum", "a, b", sema_b_minimum, 2, 2, {"a", "b"}},
+    {"conv1d", "x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true", sema_b_conv1d, 3, 8,
+     {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"groupnorm", "x, groups, eps=1e-5, affine=true", sema_b_groupnorm, 2, 4, {"x", "groups", "eps", "affine"}},
     {"upsample", "x, scale=2", sema_b_upsample, 1, 2, {"x", "scale"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},

@@ -11,8 +11,9 @@
  * is false, and the branch all comparisons fail picks the operand itself. On compile-time
  * numbers they compute numbers.
  *
- * Layers: groupnorm (a layer norm over each group's values, then a per-channel scale and shift)
- * and upsample (nearest-neighbour: an expand between two reshapes).
+ * Layers: conv1d (a 2-D convolution of a 1 x k window), groupnorm (a layer norm over each
+ * group's values, then a per-channel scale and shift) and upsample (nearest-neighbour: an expand
+ * between two reshapes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -254,4 +255,33 @@ Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args)
     if (!sema_check_shape(S, &out, c->loc)) return sema_error();
     IrNode *y = sema_node(S, OP_EXPAND, big, DT_F32, c->loc, 1, sema_reshape(S, x, spread, c->loc), NULL, NULL);
     return sema_tensor(sema_reshape(S, y, out, c->loc));
+}
+
+/* conv1d(x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true) on x [N, C, L]:
+ * torch.nn.Conv1d, with its parameters LABEL.weight [out, C / groups, k] and LABEL.bias [out]:
+ * the 2-D convolution of x as [N, C, 1, L] with a 1 x k kernel (a view of the weight), read back
+ * as [N, out, L']. */
+Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = f32_arg(A, 0);
+    int64_t out = arg_int(A, 1, 1, 1);
+    int64_t k = arg_int(A, 2, 1, 1), stride = arg_int(A, 3, 1, 1), pad = arg_int(A, 4, 0, 0);
+    int64_t dil = arg_int(A, 5, 1, 1), groups = arg_int(A, 6, 1, 1);
+    int bias = arg_bool(A, 7, 1);
+    if (!A->ok) return sema_error();
+    if (x->shape.rank != 3) {
+        diag_error(c->loc, "conv1d takes a batch of sequences [N, C, L], found shape %s",
+                   sema_shape_str(S, &x->shape));
+        return sema_error();
+    }
+    if (k > 1 << 20 || stride > 1 << 20 || pad > 1 << 20 || dil > 1 << 20) {
+        diag_error(c->loc, "conv1d: kernel %lld, stride %lld, padding %lld or dilation %lld is too large",
+                   (long long)k, (long long)stride, (long long)pad, (long long)dil);
+        return sema_error();
+    }
+    SemaConv v = {{1, (int)k}, {1, (int)stride}, {0, (int)pad}, {1, (int)dil}, groups, bias};
+    const int64_t N = x->shape.dim[0], C = x->shape.dim[1], L = x->shape.dim[2];
+    IrNode *y = sema_conv(S, c, label, sema_reshape(S, x, ir_shape(4, N, C, (int64_t)1, L), c->loc), out, &v, 3);
+    if (!y) return sema_error();
+    return sema_tensor(sema_reshape(S, y, ir_shape(3, N, out, y->shape.dim[3]), c->loc));
 }

@@ -8,8 +8,9 @@ powers. The trainer's output (--predict, the concatenated values) on the initial
 every parameter after one SGD step.
 
 layers (composed_layers.net): groupnorm and upsample between two convolutions, against
-torch.nn.GroupNorm and nearest interpolation: every parameter after three SGD steps, the trainer
-built with its default channels-last layouts and with --layout=row-major.
+torch.nn.GroupNorm and nearest interpolation, and conv1d against torch.nn.Conv1d (dilated,
+strided, grouped, two in a chain): every parameter after three SGD steps, the trainer built with
+its default channels-last layouts and with --layout=row-major.
 
 usage: composed.py pointwise|layers NETC WORKDIR
 """
@@ -91,10 +92,13 @@ class Layers(torch.nn.Module):
         self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.gn = torch.nn.GroupNorm(4, 8)
         self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.seq1 = torch.nn.Conv1d(4, 6, 3, padding=2, dilation=2)
+        self.seq2 = torch.nn.Conv1d(6, 6, 4, stride=2, padding=1, groups=2)
 
-    def forward(self, x):
+    def forward(self, x, s):
         y = torch.relu(self.gn(self.conv(x)))
-        return self.conv2(torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest"))
+        z = self.conv2(torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest"))
+        return z, self.seq2(torch.relu(self.seq1(s)))
 
 
 def layers(netc, work, check):
@@ -106,24 +110,25 @@ def layers(netc, work, check):
     init = {k: v.detach().numpy().astype(np.float32) for k, v in net.state_dict().items()}
     st_save(os.path.join(work, "init.safetensors"), init)
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((2 * LAYERS_STEPS, 3, 6, 6)).astype(np.float32)
-    t = rng.standard_normal((2 * LAYERS_STEPS, 8, 12, 12)).astype(np.float32)
-    np.save(os.path.join(work, "x.npy"), x)
-    np.save(os.path.join(work, "t.npy"), t)
+    data = {"x": (3, 6, 6), "t": (8, 12, 12), "s": (4, 10), "u": (6, 5)}
+    data = {k: rng.standard_normal((2 * LAYERS_STEPS, *v)).astype(np.float32) for k, v in data.items()}
+    for k, v in data.items():
+        np.save(os.path.join(work, f"{k}.npy"), v)
     net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()})
     opt = torch.optim.SGD(net.parameters(), lr=LAYERS_LR)
     for s in range(LAYERS_STEPS):
         opt.zero_grad()
-        xb, tb = (torch.from_numpy(a[2 * s:2 * s + 2].astype(np.float64)) for a in (x, t))
-        torch.nn.functional.mse_loss(net(xb), tb).backward()
+        x, t, sq, u = (torch.from_numpy(data[k][2 * s:2 * s + 2].astype(np.float64)) for k in "xtsu")
+        z, q = net(x, sq)
+        (torch.nn.functional.mse_loss(z, t) + torch.nn.functional.mse_loss(q, u)).backward()
         opt.step()
     for tag, flags in (("channels-last", []), ("row-major", ["--layout=row-major"])):
         exe = os.path.join(work, f"layers-{tag}")
         subprocess.run([netc, os.path.join(HERE, "composed_layers.net"), "-o", exe, *flags], check=True)
         out = exe + ".safetensors"
-        subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--data", f"x={work}/x.npy",
-                        "--data", f"t={work}/t.npy", "--steps", str(LAYERS_STEPS), "--no-shuffle", "--quiet",
-                        "--save", out], check=True)
+        files = sum((["--data", f"{k}={work}/{k}.npy"] for k in data), [])
+        subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), *files, "--steps", str(LAYERS_STEPS),
+                        "--no-shuffle", "--quiet", "--save", out], check=True)
         got = st_load(out)
         for name, want in net.state_dict().items():
             want = want.numpy()
