@@ -18,7 +18,6 @@ usage: gpt2_crosscheck.py NETC WORK [STEPS]
 import os
 import sys
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,8 +25,9 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from gpt2_torch import GPT2, decay_groups  # noqa: E402
-from lm_check import (as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
+from lm_check import (begin, as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
                       compile_model, nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
+from lm_check import key_bias_noise as lm_key_bias_noise  # noqa: E402
 from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
@@ -61,11 +61,7 @@ def key_bias_noise(name, got, want, start, steps):
     """attn.c_attn.bias's key part (see the tolerances): |diff| <= steps * lr; the rest compared."""
     if not name.endswith("attn.c_attn.bias"):
         return got, want, start
-    C = CFG["n_embd"]
-    diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
-    check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
-    print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
-    return tuple(np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
+    return lm_key_bias_noise(check, name, got, want, start, CFG["n_embd"], steps * LR)
 
 
 def reference(init, tokens, targets, steps):
@@ -101,11 +97,7 @@ def transformers_check(saved, net64, tokens):
 
 
 def main():
-    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(1234)
-    torch.set_num_threads(2)
+    netc, work, steps = begin(sys.argv, 1234)
     tokens, targets = token_windows(BATCH * steps, CFG["seq"], CFG["vocab"], seed=5)
     inputs = save_inputs(work, "gpt2", {"tokens": tokens, "targets": targets})
     init_net = GPT2(**CFG)

@@ -25,7 +25,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from llama_torch import Llama, decay_groups, hf_llama  # noqa: E402
-from lm_check import (as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
+from lm_check import (begin, as_float64, causal_lm_reference, compare_logits, compare_params, compare_steps,  # noqa: E402
                       compile_model, nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks  # noqa: E402
 
@@ -81,11 +81,7 @@ def transformers_check(saved, net64, tokens):
 
 
 def main():
-    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(4321)
-    torch.set_num_threads(2)
+    netc, work, steps = begin(sys.argv, 4321)
     tokens, targets = token_windows(BATCH * steps, SEQ, CFG["vocab"], seed=7)
     inputs = save_inputs(work, "llama", {"tokens": tokens, "targets": targets})
     init_net = Llama(**CFG)

@@ -12,6 +12,16 @@ import torch
 from netc_testlib import st_load, st_save
 
 
+def begin(argv, seed):
+    """A cross-check's command line NETC WORK [STEPS] (6 steps by default): WORK made, torch seeded
+    with seed and held to the 2 threads the trainer uses. Returns (netc, work, steps)."""
+    netc, work = os.path.abspath(argv[1]), os.path.abspath(argv[2])
+    os.makedirs(work, exist_ok=True)
+    torch.manual_seed(seed)
+    torch.set_num_threads(2)
+    return netc, work, int(argv[3]) if len(argv) > 3 else 6
+
+
 def cosine_warmup(k, total, warmup):
     """rt_lr_at's factor for cosine(min_lr = 0) with warmup_steps = warmup, over `total` steps."""
     g = (1 + math.cos(math.pi * min(k / total, 1.0))) / 2
@@ -164,3 +174,14 @@ def compare_params(check, saved, ref, init, tol, noise=None):
         moved = np.linalg.norm(want - start) / np.linalg.norm(want)
         print(f"{name:55s} relative error {rel:.2e} (moved {moved:.2e})")
         check(saved[name].shape == ref[name].shape and rel <= tol, f"{name}: relative error {rel:.2e} > {tol}")
+
+
+def key_bias_noise(check, name, got, want, start, width, bound):
+    """The key part (the middle third, `width` values) of an attention's fused q, k, v bias: its
+    gradient is 0 in exact arithmetic (softmax ignores a shift of a query's scores), so both sides
+    follow rounding noise there, which AdamW normalises into steps of up to lr: held to
+    |diff| <= bound (steps * lr). Returns the query and value parts (with start) to compare."""
+    diff = np.abs(got[width:2 * width] - want[width:2 * width]).max()
+    check(diff <= bound, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
+    print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {bound:g})")
+    return tuple(np.concatenate([t[:width], t[2 * width:]]) for t in (got, want, start))

@@ -39,7 +39,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 from llama_torch import Llama, add_lora, hf_llama  # noqa: E402
-from lm_check import (causal_lm_reference, compare_logits, compare_params, compare_steps, compile_model,  # noqa: E402
+from lm_check import (begin, causal_lm_reference, compare_logits, compare_params, compare_steps, compile_model,  # noqa: E402
                       nudged_init, predicted_logits, save_inputs, tensors64, token_windows, train)
 from netc_testlib import Checks, st_load, st_save  # noqa: E402
 
@@ -155,11 +155,7 @@ def peft_check(base, adir, lora64, tokens):
 
 
 def main():
-    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(1234)
-    torch.set_num_threads(2)
+    netc, work, steps = begin(sys.argv, 1234)
     tokens, targets = token_windows(BATCH * steps, SEQ, CFG["vocab"], seed=11)
     inputs = save_inputs(work, "lora", {"tokens": tokens, "targets": targets})
     base_file, init_file = os.path.join(work, "base.safetensors"), os.path.join(work, "init.safetensors")

@@ -23,8 +23,9 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from lm_check import (as_float64, compare_logits, compare_params, compare_steps, compile_model, cosine_warmup,  # noqa: E402
+from lm_check import (begin, as_float64, compare_logits, compare_params, compare_steps, compile_model, cosine_warmup,  # noqa: E402
                       nudged_init, predicted_logits, reference_steps, save_inputs, train)
+from lm_check import key_bias_noise as lm_key_bias_noise  # noqa: E402
 from netc_testlib import Checks  # noqa: E402
 
 check = Checks()
@@ -133,11 +134,7 @@ def key_bias_noise(name, got, want, start, steps):
     """attn.qkv.bias's key part (see the tolerances): |diff| <= steps * lr; the rest compared."""
     if not name.endswith("attn.qkv.bias"):
         return got, want, start
-    C = CFG["dim"]
-    diff = np.abs(got[C:2 * C] - want[C:2 * C]).max()
-    check(diff <= steps * LR, f"{name}: the key bias differs by {diff:.2e} > steps * lr")
-    print(f"{name}: key part largest difference {diff:.2e} (rounding noise, bound {steps * LR:g})")
-    return tuple(np.concatenate([t[:C], t[2 * C:]]) for t in (got, want, start))
+    return lm_key_bias_noise(check, name, got, want, start, CFG["dim"], steps * LR)
 
 
 def smallest_gradient(name, g, smallest):
@@ -170,11 +167,7 @@ def reference(init, images, labels, steps):
 
 
 def main():
-    netc, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
-    os.makedirs(work, exist_ok=True)
-    torch.manual_seed(1234)
-    torch.set_num_threads(2)
+    netc, work, steps = begin(sys.argv, 1234)
     rng = np.random.default_rng(17)
     n, s = BATCH * steps, CFG["img_size"]
     images = rng.integers(0, 256, size=(n, CFG["channels"], s, s)).astype(np.float32)
