@@ -114,6 +114,8 @@ MODELS = {
                  pixels=False, noise=["attention.self.key.bias"]),
     "llama": dict(defs=["seq=64", "n_layer=2", "batch=4"], steps=1, tol=0.2, stat_tol=1e-3, converge=0,
                   pixels=False),
+    "vit": dict(defs=["depth=2", "batch=8"], steps=1, tol=0.2, stat_tol=1e-3, converge=0, pixels=False,
+                noise=["attn.qkv.bias"]),
     # The emulation test's nets (tests/cuda/emu/, --models): their defaults, one step, the loosest
     # tolerances. features' first convolution has a bias before batch norm (a shift the norm
     # takes out again: zero gradient, noise); attention and lora draw dropout masks, new ones for
