@@ -59,7 +59,7 @@ static IrNode *where(Sema *S, IrNode *c, IrNode *a, IrNode *b, SrcLoc loc) {
     return sema_node(S, OP_WHERE, s, DT_F32, loc, 3, c, a, b);
 }
 
-/* abs(x) = x > 0 ? x : (x < 0 ? -x : 0): PyTorch's gradient sign(x), 0 at 0 */
+/* abs(x) = x < 0 ? -x : (x > 0 ? x : 0 * x): PyTorch's gradient sign(x), 0 at 0, and NaN for NaN */
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
     if (args[0].k == V_INT && args[0].i != INT64_MIN) return sema_int(args[0].i < 0 ? -args[0].i : args[0].i);
@@ -68,9 +68,9 @@ Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (!A->ok) return sema_error();
     SrcLoc at = c->loc;
     IrNode *zero = num(S, 0, at);
-    IrNode *neg = where(S, binary(S, OP_LT, x, zero, at), sema_node(S, OP_NEG, x->shape, DT_F32, at, 1, x, NULL, NULL),
-                        zero, at);
-    return sema_tensor(where(S, binary(S, OP_GT, x, zero, at), x, neg, at));
+    IrNode *pos = where(S, binary(S, OP_GT, x, zero, at), x, binary(S, OP_MUL, x, zero, at), at);
+    IrNode *neg = sema_node(S, OP_NEG, x->shape, DT_F32, at, 1, x, NULL, NULL);
+    return sema_tensor(where(S, binary(S, OP_LT, x, zero, at), neg, pos, at));
 }
 
 /* leaky_relu(x, negative_slope=0.01) = x > 0 ? x : slope * x, as torch.nn.LeakyReLU */

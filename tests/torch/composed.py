@@ -56,9 +56,12 @@ def pointwise(netc, work, check):
 
     exe = os.path.join(work, "pointwise")
     subprocess.run([netc, os.path.join(HERE, "composed_pointwise.net"), "-o", exe], check=True)
+    # the output on the data and on a row with NaN in every column: NaN wherever PyTorch's is
+    nan_x = np.concatenate([x, np.full((1, N), np.nan, np.float32)])
+    np.save(os.path.join(work, "x_nan.npy"), nan_x)
     pred = os.path.join(work, "z.npy")
-    subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--predict", f"x={paths['x']}",
-                    "--predict-out", pred, "--quiet"], check=True)
+    subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--predict",
+                    f"x={os.path.join(work, 'x_nan.npy')}", "--predict-out", pred, "--quiet"], check=True)
     subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), "--data", f"x={paths['x']}",
                     "--data", f"t={paths['t']}", "--steps", "1", "--quiet", "--save", os.path.join(work, "out.safetensors")],
                    check=True)
@@ -66,8 +69,14 @@ def pointwise(netc, work, check):
 
     p = {k: torch.from_numpy(v.astype(np.float64)).requires_grad_() for k, v in init.items()}
     xt = torch.from_numpy(x.astype(np.float64))
+    with torch.no_grad():
+        want_nan = forward(torch.from_numpy(nan_x.astype(np.float64)), p["w"], p["u"]).numpy()
+    got_nan = np.load(pred)
+    same = np.array_equal(np.isnan(got_nan), np.isnan(want_nan))
+    print(f"NaN row: NaN in {int(np.isnan(got_nan).sum())} outputs, PyTorch in {int(np.isnan(want_nan).sum())}")
+    check(same, "NaN where PyTorch's output is not, or the other way round")
     z = forward(xt, p["w"], p["u"])
-    err = np.abs(np.load(pred) - z.detach().numpy()).max() / np.abs(z.detach().numpy()).max()
+    err = np.abs(got_nan[:len(x)] - z.detach().numpy()).max() / np.abs(z.detach().numpy()).max()
     print(f"values: largest difference {err:.2e} of the largest")
     check(err <= TOLERANCE, f"the values differ from PyTorch's by {err:.2e}")
     torch.nn.functional.mse_loss(z, torch.from_numpy(t.astype(np.float64))).backward()
