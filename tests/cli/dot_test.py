@@ -72,7 +72,8 @@ def models(netc, work):
             for i in ids & set(boxes):
                 op, name, _, shape, _ = want[i]
                 lab = boxes[i].split("\\n")
-                ok = lab[0].split(" ")[0] == op and lab[1].removesuffix(" nhwc") == shape and (not name or lab[2] == name)
+                stored = re.sub(r" (nhwc|order=[0-9,]+)$", "", lab[1])  # the layout, when not row-major
+                ok = lab[0].split(" ")[0] == op and stored == shape and (not name or lab[2] == name)
                 check(ok, f"{base} {stage}: node {i} is {boxes[i]!r}, want {op} {shape} {name or ''}")
             want_edges = {(a, i) for i in ids for a in want[i][2] if want[a][0] != "const"}
             check(edges == want_edges, f"{base} {stage}: edges differ by {sorted(edges ^ want_edges)[:8]}")
