@@ -43,7 +43,7 @@ static int is_number(Value v) { return v.k == V_INT || v.k == V_FLOAT; }
 
 static IrShape broadcast(const IrNode *a, const IrNode *b) {
     IrShape s;
-    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("pointwise: shapes checked before");
+    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("composed: shapes checked before");
     return s;
 }
 
@@ -55,7 +55,7 @@ static IrNode *binary(Sema *S, IrOp op, IrNode *a, IrNode *b, SrcLoc loc) {
 /* c ? a : b, broadcast to all three */
 static IrNode *where(Sema *S, IrNode *c, IrNode *a, IrNode *b, SrcLoc loc) {
     IrShape s = broadcast(c, a);
-    if (!ir_broadcast(&s, &b->shape, &s)) ICE("pointwise: shapes checked before");
+    if (!ir_broadcast(&s, &b->shape, &s)) ICE("composed: shapes checked before");
     return sema_node(S, OP_WHERE, s, DT_F32, loc, 3, c, a, b);
 }
 
