@@ -96,6 +96,9 @@ def main():
     run("resnet_cpu_vs_torch.py", [*netc, *one, "--batch", "2", "--steps", "1", "--no-compile"],
         [rf"^\| netc row-major \| {num} \| {num} \| {num}% \| {num}x \| {num} MiB \|$",
          rf"netc's default against PyTorch's best \([^)]*\): \*\*{num}x\*\*"])
+    run("vit_cpu_vs_torch.py", [*netc, *one, "--batch", "2", "--steps", "1", "--depth", "1", "--dim", "16",
+                                "--heads", "2", "--patch", "7"],
+        [rf"netc / PyTorch: speed \*\*{num}x\*\*, memory {num}x"])
     run("dist_cpu_scaling.py", [*netc, "--steps", "8", "--batch", "8", "--ranks", "1,2"],
         [rf"^\s+1\s+\d+\s+{num}\s+{num}\s+{num}x", rf"^\s+2\s+\d+\s+{num}\s+{num}\s+{num}x"])
 
