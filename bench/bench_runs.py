@@ -1,10 +1,12 @@
-"""What the step benchmarks (gpt2_, resnet_, bert_ and lora_cpu_vs_torch.py) share: a netc trainer
-timed from its JSON log and a PyTorch loop run in its own interpreter (ending in TORCH_TIMING),
-each for WARMUP untimed steps and then the timed ones, and synthetic token windows.
+"""What the step benchmarks (gpt2_, vit_, resnet_, bert_ and lora_cpu_vs_torch.py) share: a netc
+trainer timed from its JSON log and a PyTorch loop run in its own interpreter (TORCH_PRELUDE, the
+loop, TORCH_TIMING), each for WARMUP untimed steps and then the timed ones, synthetic token
+windows, and the table of rates and FLOP utilisation (flop_table).
 """
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -12,6 +14,21 @@ import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WARMUP = 2  # untimed steps before the timed ones, in both
+
+
+# The start of the step benchmarks' PyTorch loops (a program text run with the folder of its
+# model's module and a JSON configuration as arguments): that folder on the path, the run's
+# threads, batch, steps and data folder taken out of cfg (what is left: the model's sizes and the
+# benchmark's own keys), torch on those threads and seeded.
+TORCH_PRELUDE = r"""
+import sys, time, resource, json
+import numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+cfg = json.loads(sys.argv[2])
+threads, batch, steps, data = (cfg.pop(k) for k in ("threads", "batch", "steps", "data"))
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+"""
 
 
 # The end of every PyTorch loop (a program text that defines step(s) and steps): WARMUP untimed
@@ -141,3 +158,18 @@ def token_files(work, n, seq, vocab):
     idx = np.arange(n)[:, None] * seq + np.arange(seq + 1)[None, :]
     np.save(f"{work}/tokens.npy", stream[idx][:, :-1].astype(np.int64))
     np.save(f"{work}/targets.npy", stream[idx][:, 1:].astype(np.int64))
+
+
+def flop_table(unit, per_item, peak, netc_runs, netc_key, torch_runs, torch_key):
+    """The summary of gpt2_ and vit_cpu_vs_torch.py: each side's median rate of `unit`s a second
+    (the runs' netc_key, torch_key), its GFLOP/s at per_item FLOPs a `unit` and share of the
+    matmul peak, and its largest peak memory; then netc's speed and memory over PyTorch's."""
+    sides = [(name, statistics.median(r[key] for r in runs), max(r["peak_kib"] for r in runs) / 1024)
+             for name, runs, key in (("netc", netc_runs, netc_key), ("PyTorch", torch_runs, torch_key))]
+    print(f"| | {unit}s/s | GFLOP/s | of the matmul peak | peak RSS |")
+    print("|---|---|---|---|---|")
+    for name, rate, mem in sides:
+        print(f"| {name} | {rate:.0f} | {rate * per_item / 1e9:.1f} | {100 * rate * per_item / peak:.0f}% | "
+              f"{mem:.0f} MiB |")
+    (_, nr, nm), (_, tr, tm) = sides
+    print(f"netc / PyTorch: speed **{nr / tr:.2f}x**, memory {nm / tm:.2f}x")

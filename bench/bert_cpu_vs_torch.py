@@ -28,21 +28,15 @@ import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, torch_blas
+from bench_runs import ROOT, TORCH_PRELUDE, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, torch_blas
 
 SEQ, VOCAB = 128, 30522
 PACKED_INPUTS = ["input_ids", "token_type_ids", "position_ids", "sequence_ids", "labels"]
 PLAIN_INPUTS = ["input_ids", "token_type_ids", "attention_mask", "labels"]
 
-TORCH_LOOP = r"""
-import sys, time, resource, json
-import numpy as np, torch
-sys.path.insert(0, sys.argv[1])
+TORCH_LOOP = TORCH_PRELUDE + r"""
 from bert_torch import Bert, lamb_groups
-cfg = json.loads(sys.argv[2])
-threads, batch, steps, data, packed = (cfg.pop(k) for k in ("threads", "batch", "steps", "data", "packed"))
-torch.set_num_threads(threads)
-torch.manual_seed(0)
+packed = cfg.pop("packed")
 names = ["input_ids", "token_type_ids"] + (["position_ids", "sequence_ids"] if packed else ["attention_mask"])
 x = {n: torch.from_numpy(np.load(f"{data}/train_{n}.npy").astype(np.int64)) for n in names + ["labels"]}
 net = Bert(**cfg)

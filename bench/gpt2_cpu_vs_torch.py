@@ -21,22 +21,14 @@ machine hits both; the medians are compared. Peak memory is each process's maxim
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 
-from bench_runs import (ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files,
-                        torch_blas)
+from bench_runs import (ROOT, TORCH_MATMUL_PEAK, TORCH_PRELUDE, TORCH_TIMING, WARMUP, flop_table, run_args, run_netc,
+                        run_torch, token_files, torch_blas)
 
-TORCH_LOOP = r"""
-import sys, time, resource, json
-import numpy as np, torch
-sys.path.insert(0, sys.argv[1])
+TORCH_LOOP = TORCH_PRELUDE + r"""
 from gpt2_torch import GPT2, decay_groups
-cfg = json.loads(sys.argv[2])
-threads, batch, steps, data = cfg.pop("threads"), cfg.pop("batch"), cfg.pop("steps"), cfg.pop("data")
-torch.set_num_threads(threads)
-torch.manual_seed(0)
 x_all = torch.from_numpy(np.load(data + "/tokens.npy").astype(np.int64))
 y_all = torch.from_numpy(np.load(data + "/targets.npy").astype(np.int64))
 net = GPT2(**cfg)
@@ -82,10 +74,6 @@ def main():
             r = run_netc(exe, args, a.threads, a.steps, a.batch, work)
             netc.append(dict(r, tokens_per_s=r["samples_per_s"] * a.seq))
             torch.append(run_torch(a.python, TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)))
-    nt = statistics.median(r["tokens_per_s"] for r in netc)
-    tt = statistics.median(r["tokens_per_s"] for r in torch)
-    nm = max(r["peak_kib"] for r in netc) / 1024
-    tm = max(r["peak_kib"] for r in torch) / 1024
     peak = max(r["matmul_flops"] for r in torch)
     params = torch[0]["params"]
     per_token = 6 * params + 12 * a.n_layer * a.seq * a.n_embd
@@ -95,12 +83,7 @@ def main():
     print(f"PyTorch {torch[0]['version']} ({a.python}), eager{torch_blas(a.python)[1]}")
     print(f"{per_token / 1e6:.1f} MFLOP per token "
           f"(6 N + 12 L T C); float32 matmul peak measured {peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
-    print("| | tokens/s | GFLOP/s | of the matmul peak | peak RSS |")
-    print("|---|---|---|---|---|")
-    for name, tps, mem in (("netc", nt, nm), ("PyTorch", tt, tm)):
-        print(f"| {name} | {tps:.0f} | {tps * per_token / 1e9:.1f} | {100 * tps * per_token / peak:.0f}% | "
-              f"{mem:.0f} MiB |")
-    print(f"netc / PyTorch: speed **{nt / tt:.2f}x**, memory {nm / tm:.2f}x")
+    flop_table("token", per_token, peak, netc, "tokens_per_s", torch, "tokens_per_s")
 
 
 if __name__ == "__main__":

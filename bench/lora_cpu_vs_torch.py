@@ -33,19 +33,13 @@ import statistics
 import subprocess
 import tempfile
 
-from bench_runs import ROOT, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files, torch_blas
+from bench_runs import ROOT, TORCH_PRELUDE, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, token_files, torch_blas
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # models/llama.net's list
 R, ALPHA, DROPOUT = 8, 32, 0.1
 
-TORCH_LOOP = r"""
-import sys, time, resource, json
-import numpy as np, torch
-sys.path.insert(0, sys.argv[1])
+TORCH_LOOP = TORCH_PRELUDE + r"""
 from llama_torch import Llama, add_lora
-cfg = json.loads(sys.argv[2])
-threads, batch, steps, data, lora = (cfg.pop(k) for k in ("threads", "batch", "steps", "data", "lora"))
-torch.set_num_threads(threads)
-torch.manual_seed(0)
+lora = cfg.pop("lora")
 x_all = torch.from_numpy(np.load(data + "/tokens.npy").astype(np.int64))
 y_all = torch.from_numpy(np.load(data + "/targets.npy").astype(np.int64))
 net = Llama(**cfg)

@@ -20,23 +20,16 @@ medians are compared. Peak memory is each process's maximum resident set.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 
 import numpy as np
 
-from bench_runs import ROOT, TORCH_MATMUL_PEAK, TORCH_TIMING, WARMUP, run_args, run_netc, run_torch, torch_blas
+from bench_runs import (ROOT, TORCH_MATMUL_PEAK, TORCH_PRELUDE, TORCH_TIMING, WARMUP, flop_table, run_args, run_netc,
+                        run_torch, torch_blas)
 
-TORCH_LOOP = r"""
-import sys, time, resource, json
-import numpy as np, torch
-sys.path.insert(0, sys.argv[1])
+TORCH_LOOP = TORCH_PRELUDE + r"""
 from vit_crosscheck import ViT, no_decay
-cfg = json.loads(sys.argv[2])
-threads, batch, steps, data = cfg.pop("threads"), cfg.pop("batch"), cfg.pop("steps"), cfg.pop("data")
-torch.set_num_threads(threads)
-torch.manual_seed(0)
 x_all = torch.from_numpy(np.load(data + "/image.npy"))
 y_all = torch.from_numpy(np.load(data + "/label.npy"))
 net = ViT(**cfg)
@@ -86,10 +79,6 @@ def main():
         for _ in range(a.repeat):
             netc.append(run_netc(exe, args, a.threads, a.steps, a.batch, work))
             torch.append(run_torch(a.python, TORCH_LOOP, os.path.join(ROOT, "tests", "torch"), json.dumps(cfg)))
-    ni = statistics.median(r["samples_per_s"] for r in netc)
-    ti = statistics.median(r["images_per_s"] for r in torch)
-    nm = max(r["peak_kib"] for r in netc) / 1024
-    tm = max(r["peak_kib"] for r in torch) / 1024
     peak = max(r["matmul_flops"] for r in torch)
     per_image = 6 * torch[0]["product_params"] * tokens + 12 * a.depth * tokens ** 2 * a.dim
     print(f"vit training (patches of {a.patch}, {tokens} tokens, width {a.dim}, {a.depth} layers, {a.heads} heads), "
@@ -97,12 +86,7 @@ def main():
     print(f"PyTorch {torch[0]['version']} ({a.python}), eager{torch_blas(a.python)[1]}")
     print(f"{per_image / 1e6:.1f} MFLOP per image (6 N T + 12 L T^2 D); float32 matmul peak measured "
           f"{peak / 1e9:.1f} GFLOP/s (PyTorch, 2048^3)")
-    print("| | images/s | GFLOP/s | of the matmul peak | peak RSS |")
-    print("|---|---|---|---|---|")
-    for name, ips, mem in (("netc", ni, nm), ("PyTorch", ti, tm)):
-        print(f"| {name} | {ips:.0f} | {ips * per_image / 1e9:.1f} | {100 * ips * per_image / peak:.0f}% | "
-              f"{mem:.0f} MiB |")
-    print(f"netc / PyTorch: speed **{ni / ti:.2f}x**, memory {nm / tm:.2f}x")
+    flop_table("image", per_image, peak, netc, "samples_per_s", torch, "images_per_s")
 
 
 if __name__ == "__main__":
