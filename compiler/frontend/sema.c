@@ -478,10 +478,10 @@ static Value index_value(Sema *S, Env *env, const AstExpr *e, Value base) {
         diag_error(e->loc, "%d indices into a tensor of shape %s", named, sema_shape_str(S, &shape));
         return sema_error();
     }
+    /* before '...' the items name the first axes, after it the last ones, from axis `after` */
+    const int after = shape.rank - (e->n_items - dots - 1);
     IrShape out = {0};
     for (int a = 0; a < shape.rank; a++) {
-        /* before '...' the items name the first axes, after it the last ones */
-        const int after = shape.rank - (e->n_items - dots - 1);
         const AstExpr *it = dots < 0 || a < dots ? (a < e->n_items ? e->items[a] : NULL)
                             : a >= after ? e->items[a - after + dots + 1] : NULL;
         if (!it) {

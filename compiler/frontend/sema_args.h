@@ -24,6 +24,9 @@ typedef struct {
 SrcLoc arg_loc(const AstExpr *call, const char *name, int index);
 /* An integer >= min (def when the argument is absent); clears A->ok after an error */
 int64_t arg_int(Args *A, int i, int64_t def, int64_t min);
+/* A float32 tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0); f16 and
+ * bf16 ones are refused, naming the layer. NULL after an error (A->ok cleared). */
+IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank);
 /* true or false (def when the argument is absent); clears A->ok after an error */
 int arg_bool(Args *A, int i, int def);
 /* A number in [min, max], or in [min, max) when `open_max` (def when absent). */

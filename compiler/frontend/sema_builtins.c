@@ -151,7 +151,7 @@ static IrNode *refuse_half(Args *A, int i, IrNode *x) {
     return NULL;
 }
 
-static IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
+IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
     return refuse_half(A, i, arg_tensor(A, i, rank, min_rank));
 }
 
@@ -229,12 +229,12 @@ static Value b_dense(Sema *S, const AstExpr *c, const char *label, Value *args) 
     double bound = 1.0 / sqrt((double)in); /* torch.nn.Linear: kaiming_uniform(a=sqrt(5)) */
     /* transposed = true: the weight stored [in, out], as Hugging Face's Conv1D (GPT-2) */
     IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name),
-                           transposed ? ir_shape(2, in, out) : ir_shape(2, out, in),
-                           normal ? INIT_NORMAL : INIT_UNIFORM, normal ? std : bound, c->loc);
+                                transposed ? ir_shape(2, in, out) : ir_shape(2, out, in),
+                                normal ? INIT_NORMAL : INIT_UNIFORM, normal ? std : bound, c->loc);
     if (!w) return sema_error();
     w->dense = transposed ? 2 : 1;
     IrParam *b = bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
-                                  normal ? INIT_ZEROS : INIT_UNIFORM, bound, c->loc)
+                                       normal ? INIT_ZEROS : INIT_UNIFORM, bound, c->loc)
                       : NULL;
     if (bias && !b) return sema_error();
     IrNode *x2 = reshape(S, x, ir_shape(2, rows, in), c->loc);
@@ -1399,8 +1399,8 @@ static Value b_embedding(Sema *S, const AstExpr *c, const char *label, Value *ar
     ys.dim[ys.rank++] = dim;
     if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
     const char *name = sema_layer_name(S, label, "embedding");
-    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, num, dim), INIT_NORMAL, std,
-                           c->loc);
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(2, num, dim), INIT_NORMAL,
+                                std, c->loc);
     if (!w) return sema_error();
     return sema_tensor(sema_node(S, OP_GATHER, ys, DT_F32, c->loc, 2, w->node, idx, NULL));
 }

@@ -17,25 +17,8 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "sema_args.h"
-
-/* A float32 tensor argument (a half one is refused: where's kernels take float32), or NULL
- * after an error naming the argument. */
-static IrNode *f32_arg(Args *A, int i) {
-    Value v = A->a[i];
-    SrcLoc loc = arg_loc(A->call, A->b->params[i], i);
-    char what[64];
-    snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
-    if (!sema_want_float_tensor(A->S, v, loc, what)) return A->ok = 0, NULL;
-    if (v.t->dtype != DT_F32) {
-        diag_error(loc, "%s must be an f32 tensor, found %s", what, sema_value_desc(A->S, v));
-        diag_hint("convert it with f32(x); --precision bf16 or fp16 casts float32 values itself");
-        return A->ok = 0, NULL;
-    }
-    return v.t;
-}
 
 static IrNode *num(Sema *S, double v, SrcLoc loc) { return ir_const(S->g, v, DT_F32, loc); }
 
@@ -64,7 +47,7 @@ Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
     if (args[0].k == V_INT && args[0].i != INT64_MIN) return sema_int(args[0].i < 0 ? -args[0].i : args[0].i);
     if (is_number(args[0])) return sema_float(fabs(sema_num(args[0])));
-    IrNode *x = f32_arg(A, 0);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     if (!A->ok) return sema_error();
     SrcLoc at = c->loc;
     IrNode *zero = num(S, 0, at);
@@ -81,7 +64,7 @@ Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *arg
         double v = sema_num(args[0]);
         return sema_float(v > 0 ? v : slope * v);
     }
-    IrNode *x = f32_arg(A, 0);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     if (!A->ok) return sema_error();
     SrcLoc at = c->loc;
     IrNode *scaled = binary(S, OP_MUL, x, num(S, slope, at), at);
@@ -92,7 +75,7 @@ Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *arg
  * min <= x <= max, as torch.clamp's */
 Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = is_number(args[0]) ? NULL : f32_arg(A, 0);
+    IrNode *x = is_number(args[0]) ? NULL : arg_f32_tensor(A, 0, 0, 0);
     int has_lo = args[1].k != V_NONE, has_hi = args[2].k != V_NONE;
     double lo = has_lo ? arg_num(A, 1, 0, -HUGE_VAL, HUGE_VAL) : 0;
     double hi = has_hi ? arg_num(A, 2, 0, -HUGE_VAL, HUGE_VAL) : 0;
@@ -130,9 +113,7 @@ static Value extremum(Sema *S, const AstExpr *c, const char *label, Value *args,
     BEGIN_ARGS(S, c, args);
     IrNode *x[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
-        Value v = args[i];
-        if (v.k == V_INT || v.k == V_FLOAT) continue;
-        x[i] = f32_arg(A, i);
+        if (!is_number(args[i])) x[i] = arg_f32_tensor(A, i, 0, 0);
     }
     if (!A->ok) return sema_error();
     if (!x[0] && !x[1]) {
@@ -164,9 +145,9 @@ Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args) 
 }
 
 /* x ** p for a float tensor x and a number p: an integer from -8 to 8 as products of x (by
- * squaring; a negative power is 1 over the positive one, 0 ones, as torch.pow even where x is NaN), 0.5 as sqrt(x) and
- * -0.5 as 1 / sqrt(x). Other powers would need exp(p log x), wrong for x < 0 where an integer
- * power is defined, and are refused. */
+ * squaring; a negative power is 1 over the positive one, 0 ones, as torch.pow even where x is
+ * NaN), 0.5 as sqrt(x) and -0.5 as 1 / sqrt(x). Other powers would need exp(p log x), wrong for
+ * x < 0 where an integer power is defined, and are refused. */
 Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
     if (!sema_want_float_tensor(S, base, loc, "the left operand of '**'")) return sema_error();
     IrNode *x = base.t;
@@ -202,7 +183,7 @@ Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
  * channel. */
 Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = f32_arg(A, 0);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     int64_t groups = arg_int(A, 1, 1, 1);
     double eps = arg_num(A, 2, 1e-5, 0, 1);
     int affine = arg_bool(A, 3, 1);
@@ -241,7 +222,7 @@ Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args
  * sums each block of scale x scale. */
 Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = f32_arg(A, 0);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     int64_t k = arg_int(A, 1, 2, 1);
     if (!A->ok) return sema_error();
     const IrShape s = x->shape;
@@ -263,7 +244,7 @@ Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args)
  * as [N, out, L']. */
 Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
-    IrNode *x = f32_arg(A, 0);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     int64_t out = arg_int(A, 1, 1, 1);
     int64_t k = arg_int(A, 2, 1, 1), stride = arg_int(A, 3, 1, 1), pad = arg_int(A, 4, 0, 0);
     int64_t dil = arg_int(A, 5, 1, 1), groups = arg_int(A, 6, 1, 1);
