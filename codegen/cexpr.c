@@ -655,7 +655,10 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
     case OP_SQRT: call(c, "sqrtf", n); break;
     case OP_SIN: call(c, "sinf", n); break;
     case OP_COS: call(c, "cosf", n); break;
+    case OP_LOG1P: call(c, "log1pf", n); break;
+    case OP_EXPM1: call(c, "expm1f", n); break;
     case OP_CAST:
+    case OP_DETACH:
     case OP_EXPAND:
     case OP_LAYOUT: cg_elem(c, n->in[0], n); break;
     case OP_DROPOUT:
@@ -809,6 +812,7 @@ void cg_emit_optim_no_decay(Cg *c, const IrTrain *t, const char *lr, const char 
 const char *const cg_init_enums[] = {
     [INIT_ZEROS] = "RT_INIT_ZEROS", [INIT_ONES] = "RT_INIT_ONES",
     [INIT_UNIFORM] = "RT_INIT_UNIFORM", [INIT_NORMAL] = "RT_INIT_NORMAL",
+    [INIT_CONST] = "RT_INIT_CONST",
 };
 const char *const cg_dtype_enums[] = {
     [DT_F32] = "RT_F32", [DT_F16] = "RT_F16", [DT_BF16] = "RT_BF16",
@@ -817,9 +821,6 @@ const char *const cg_dtype_enums[] = {
 const char *const cg_sched_enums[] = {
     [SCHED_CONSTANT] = "RT_SCHED_CONSTANT", [SCHED_STEP] = "RT_SCHED_STEP", [SCHED_COSINE] = "RT_SCHED_COSINE",
     [SCHED_POLY] = "RT_SCHED_POLY",
-};
-const char *const cg_loss_names[] = {
-    [LOSS_CROSS_ENTROPY] = "cross_entropy", [LOSS_MSE] = "mse", [LOSS_BCE_LOGITS] = "bce_logits",
 };
 
 void cg_dims(FILE *o, const IrShape *s, int from) {
@@ -1085,7 +1086,7 @@ void cg_emit_model_recipe(Cg *c) {
         cg_line(c, ".metric_counts = 1, .metric_input = %d, .metric_ignore = %" PRId64 ",", lab->index,
                 acc->attr.ignore_index);
     }
-    cg_line(c, ".loss_name = \"%s\",", cg_loss_names[t->loss_kind]);
+    cg_line(c, ".loss_name = \"%s\",", t->loss_name ? t->loss_name : "expression");
     emit_output_desc(c);
     cg_begin(c, ".hyper = {");
     const char *sep = "";

@@ -89,7 +89,6 @@ void cg_blank(Cg *c);
 extern const char *const cg_init_enums[];
 extern const char *const cg_dtype_enums[];
 extern const char *const cg_sched_enums[];
-extern const char *const cg_loss_names[];
 
 double cg_const_value(const IrNode *n);
 void cg_lit(FILE *o, double v);

@@ -36,7 +36,7 @@ typedef struct RtInput {
     int64_t classes;            /* class indices (a loss's or metric's labels): each in [0, classes); 0 if not */
 } RtInput;
 
-typedef enum { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_UNIFORM, RT_INIT_NORMAL } RtInit;
+typedef enum { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_UNIFORM, RT_INIT_NORMAL, RT_INIT_CONST } RtInit;
 
 typedef struct RtParam {
     const char *name;           /* "fc1.weight": the safetensors / PyTorch state_dict name */
@@ -45,7 +45,7 @@ typedef struct RtParam {
     int64_t offset;             /* element offset in RtCtx.params */
     int64_t grad_offset;        /* element offset in RtCtx.grads; -1 when frozen */
     RtInit init;
-    float init_a;               /* uniform: bound a of U(-a, a); normal: std */
+    float init_a;               /* uniform: bound a of U(-a, a); normal: std; const: the value */
     RtDtype file_dtype;         /* dtype in weight files: RT_F32, or RT_I64 for counters */
     int buffer;                 /* a running statistic (PyTorch buffer): saved, never trained */
 } RtParam;
@@ -368,7 +368,7 @@ typedef struct RtModel {
     int has_accuracy;
     int n_metrics;             /* accuracies reported (metrics = [...]), 1 to RT_MAX_METRICS with has_accuracy */
     int metric_top_k[RT_MAX_METRICS]; /* each one's top_k (1 or 0: the arg-max), which the logs name */
-    const char *loss_name;     /* "cross_entropy", "mse", "bce_logits" */
+    const char *loss_name;     /* the loss's built-in: "cross_entropy", "mse", ..., or "expression" */
     /* The model's output, the value its loss function reads first (the logits): per-sample
      * rank (-1 when the loss is written without a loss function) and shape, and a bit per
      * input it depends on (the others, such as labels, are not needed to compute it). */

@@ -154,6 +154,7 @@ void rt_init_params(const RtModel *m, float *params, uint64_t seed) {
             switch (p->init) {
             case RT_INIT_ZEROS: x[k] = 0; break;
             case RT_INIT_ONES: x[k] = 1; break;
+            case RT_INIT_CONST: x[k] = p->init_a; break;
             case RT_INIT_UNIFORM: x[k] = (float)(p->init_a * (2 * uniform01(&state) - 1)); break;
             case RT_INIT_NORMAL: { /* Box-Muller */
                 double u = uniform01(&state), v = uniform01(&state);

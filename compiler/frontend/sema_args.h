@@ -22,11 +22,21 @@ typedef struct {
 
 /* Where argument number `index` (or keyword `name`) was written, for error carets. */
 SrcLoc arg_loc(const AstExpr *call, const char *name, int index);
+/* Where argument i of the call was written */
+SrcLoc arg_at(Args *A, int i);
+/* A float tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0); NULL after
+ * an error (A->ok cleared). */
+IrNode *arg_tensor(Args *A, int i, int rank, int min_rank);
+/* x, argument i, unless it is f16 or bf16, which a library kernel's operand cannot be: NULL after
+ * an error naming the layer (A->ok cleared) */
+IrNode *arg_refuse_half(Args *A, int i, IrNode *x);
 /* An integer >= min (def when the argument is absent); clears A->ok after an error */
 int64_t arg_int(Args *A, int i, int64_t def, int64_t min);
 /* A float32 tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0); f16 and
  * bf16 ones are refused, naming the layer. NULL after an error (A->ok cleared). */
 IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank);
+/* An axis of `shape` (negative ones count from the end); -1 after an error (A->ok cleared) */
+int arg_axis(Args *A, int i, const IrShape *shape);
 /* true or false (def when the argument is absent); clears A->ok after an error */
 int arg_bool(Args *A, int i, int def);
 /* A number in [min, max], or in [min, max) when `open_max` (def when absent). */
@@ -45,8 +55,17 @@ typedef struct SemaConv {
 IrNode *sema_conv(Sema *S, const AstExpr *c, const char *label, IrNode *x, int64_t out, const SemaConv *v,
                   int weight_rank);
 
+/* sema_losses.c: the losses and the metric */
+Value sema_b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_mse(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_bce(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_l1(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_smooth_l1(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args);
+
 /* sema_composed.c: built-ins composed of other operators (element-wise ones of comparisons,
  * where and arithmetic; groupnorm and upsample) */
+IrNode *sema_abs(Sema *S, IrNode *x, SrcLoc at); /* |x|, gradient sign(x) (0 at 0) */
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);
@@ -55,5 +74,11 @@ Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_softplus(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_elu(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_hardtanh(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_activation(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_glu(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_prelu(Sema *S, const AstExpr *c, const char *label, Value *args);
 
 #endif

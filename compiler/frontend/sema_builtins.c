@@ -1,4 +1,6 @@
-/* sema_builtins.c - the built-in layers, functions and losses (the train section: sema_train.c).
+/* sema_builtins.c - the built-in layers, functions, views and reductions (the losses and the
+ * metric: sema_losses.c; those made of other operators: sema_composed.c; the train section:
+ * sema_train.c).
  *
  * Each built-in checks its arguments (shapes named in every error), creates its parameters
  * under PyTorch's names and initialisation, and emits IR. docs/language.md documents each one;
@@ -24,7 +26,7 @@ SrcLoc arg_loc(const AstExpr *call, const char *name, int index) {
     return call->loc;
 }
 
-static SrcLoc loc_of(Args *A, int i) { return arg_loc(A->call, A->b->params[i], i); }
+SrcLoc arg_at(Args *A, int i) { return arg_loc(A->call, A->b->params[i], i); }
 
 int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
     Value v = A->a[i];
@@ -34,7 +36,7 @@ int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
         return def;
     }
     if (v.k != V_INT || v.i < min) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer >= %lld, found %s", A->b->params[i],
+        diag_error(arg_at(A, i), "'%s' of %s must be an integer >= %lld, found %s", A->b->params[i],
                    A->b->name, (long long)min, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
@@ -54,14 +56,14 @@ static void arg_pair(Args *A, int i, int def, int min, int out[2]) {
         return;
     }
     if (v.k == V_LIST) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer or [h, w] with integers >= %d, "
+        diag_error(arg_at(A, i), "'%s' of %s must be an integer or [h, w] with integers >= %d, "
                    "found a list of %d", A->b->params[i], A->b->name, min, v.n);
         A->ok = 0;
         return;
     }
     int64_t x = arg_int(A, i, def, min);
     if (x > 1 << 20) {
-        diag_error(loc_of(A, i), "'%s' of %s is too large (%lld)", A->b->params[i], A->b->name,
+        diag_error(arg_at(A, i), "'%s' of %s is too large (%lld)", A->b->params[i], A->b->name,
                    (long long)x);
         A->ok = 0;
         return;
@@ -74,7 +76,7 @@ int arg_bool(Args *A, int i, int def) {
     if (v.k == V_NONE) return def;
     if (v.k != V_BOOL) {
         if (v.k != V_ERR)
-            diag_error(loc_of(A, i), "'%s' of %s must be true or false, found %s", A->b->params[i],
+            diag_error(arg_at(A, i), "'%s' of %s must be true or false, found %s", A->b->params[i],
                        A->b->name, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
@@ -89,7 +91,7 @@ double arg_num_in(Args *A, int i, double def, double min, double max, int open_m
     double x = sema_num(v);
     if ((v.k != V_INT && v.k != V_FLOAT) || !(x >= min && (open_max ? x < max : x <= max))) {
         if (v.k != V_ERR)
-            diag_error(loc_of(A, i), "'%s' of %s must be a number in [%g, %g%c, found %s",
+            diag_error(arg_at(A, i), "'%s' of %s must be a number in [%g, %g%c, found %s",
                        A->b->params[i], A->b->name, min, max, open_max ? ')' : ']',
                        sema_value_text(A->S, v));
         A->ok = 0;
@@ -107,7 +109,7 @@ static const char *arg_str(Args *A, int i, const char *def) {
     if (v.k == V_NONE) return def;
     if (v.k != V_STR) {
         if (v.k != V_ERR)
-            diag_error(loc_of(A, i), "'%s' of %s must be a string, found %s", A->b->params[i],
+            diag_error(arg_at(A, i), "'%s' of %s must be a string, found %s", A->b->params[i],
                        A->b->name, sema_value_text(A->S, v));
         A->ok = 0;
         return def;
@@ -116,17 +118,17 @@ static const char *arg_str(Args *A, int i, const char *def) {
 }
 
 /* A float tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0). */
-static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
+IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
     Value v = A->a[i];
     char what[64];
     snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
-    if (!sema_want_float_tensor(A->S, v, loc_of(A, i), what)) {
+    if (!sema_want_float_tensor(A->S, v, arg_at(A, i), what)) {
         A->ok = 0;
         return NULL;
     }
     int r = v.t->shape.rank;
     if ((rank && r != rank) || r < min_rank) {
-        diag_error(loc_of(A, i), "%s must have %s%d axes, found shape %s", what,
+        diag_error(arg_at(A, i), "%s must have %s%d axes, found shape %s", what,
                    rank ? "" : "at least ", rank ? rank : min_rank,
                    sema_shape_str(A->S, &v.t->shape));
         A->ok = 0;
@@ -139,10 +141,10 @@ static IrNode *arg_tensor(Args *A, int i, int rank, int min_rank) {
  * product, convolution, pooling, batch norm, softmax rows, the mean squared error): the CPU
  * kernels and the CUDA target's fp32 path take float32 only, so f16 and bf16 values are refused
  * here, naming the layer, rather than failing in the code generator. */
-static IrNode *refuse_half(Args *A, int i, IrNode *x) {
+IrNode *arg_refuse_half(Args *A, int i, IrNode *x) {
     if (!x || !ir_dtype_is_half(x->dtype)) return x;
     const char *layer = A->label ? arena_printf(A->S->arena, "%s '%s'", A->b->name, A->label) : A->b->name;
-    diag_error(loc_of(A, i), "'%s' of %s must be an f32 tensor, found %s", A->b->params[i], layer,
+    diag_error(arg_at(A, i), "'%s' of %s must be an f32 tensor, found %s", A->b->params[i], layer,
                sema_value_desc(A->S, sema_tensor(x)));
     diag_hint("the CPU and CUDA fp32 kernels take f32 only: convert it with f32(x); for bf16 or fp16 "
               "products and convolutions compile with --backend cuda --precision bf16 (or fp16), which "
@@ -152,44 +154,7 @@ static IrNode *refuse_half(Args *A, int i, IrNode *x) {
 }
 
 IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank) {
-    return refuse_half(A, i, arg_tensor(A, i, rank, min_rank));
-}
-
-/* Logits [N, C] for a loss or metric. Logits of higher rank usually come from a dense layer fed
- * an unflattened image: dense acts on the last axis only, so the note points at that layer. */
-static IrNode *arg_logits(Args *A, int i) {
-    Value v = A->a[i];
-    if (v.k == V_TENSOR && v.t->shape.rank > 2 && ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc_of(A, i), "'%s' of %s must have 2 axes [N, classes], found shape %s",
-                   A->b->params[i], A->b->name, sema_shape_str(A->S, &v.t->shape));
-        diag_note(v.t->loc, "the %s value comes from here", sema_shape_str(A->S, &v.t->shape));
-        diag_hint("dense acts on the last axis and keeps the others: flatten its input first, "
-                  "e.g. dense(flatten(x), 10)");
-        A->ok = 0;
-        return NULL;
-    }
-    return arg_f32_tensor(A, i, 2, 2);
-}
-
-/* An integer tensor of class indices [N] matching `logits` [N, C], cast to i64 if needed. */
-static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
-    Value v = A->a[i];
-    if (v.k == V_ERR) return NULL;
-    if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer tensor of class indices, found %s",
-                   A->b->params[i], A->b->name, sema_value_desc(A->S, v));
-        A->ok = 0;
-        return NULL;
-    }
-    if (v.t->shape.rank != 1 || v.t->shape.dim[0] != logits->shape.dim[0]) {
-        diag_error(loc_of(A, i), "labels of shape %s do not match logits of shape %s",
-                   sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
-        diag_hint("logits are [N, classes] and labels [N]");
-        A->ok = 0;
-        return NULL;
-    }
-    if (v.t->dtype == DT_I64) return v.t;
-    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
+    return arg_refuse_half(A, i, arg_tensor(A, i, rank, min_rank));
 }
 
 IrParam *sema_new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a, SrcLoc loc) {
@@ -501,6 +466,7 @@ static double num_gelu_tanh(double x) {
     return 0.5 * x * (1 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
 }
 static double num_silu(double x) { return x * num_sigmoid(x); }
+static double num_same(double x) { return x; }
 
 /* The one-operand element-wise builtins: the operator each makes, the least rank of its
  * operand, and what it computes on a compile-time number (`sqrt(2 * fan_in)`), with the numbers
@@ -509,6 +475,7 @@ typedef enum {
     DOMAIN_ALL,      /* every number */
     DOMAIN_NONNEG,   /* x >= 0 */
     DOMAIN_POSITIVE, /* x > 0 */
+    DOMAIN_ABOVE_M1, /* x > -1 */
 } NumDomain;
 
 static const struct {
@@ -523,12 +490,15 @@ static const struct {
     {"exp", OP_EXP, 0, exp, DOMAIN_ALL},        {"log", OP_LOG, 0, log, DOMAIN_POSITIVE},
     {"sqrt", OP_SQRT, 0, sqrt, DOMAIN_NONNEG},  {"silu", OP_SILU, 0, num_silu, DOMAIN_ALL},
     {"sin", OP_SIN, 0, sin, DOMAIN_ALL},        {"cos", OP_COS, 0, cos, DOMAIN_ALL},
+    {"log1p", OP_LOG1P, 0, log1p, DOMAIN_ABOVE_M1}, {"expm1", OP_EXPM1, 0, expm1, DOMAIN_ALL},
+    {"detach", OP_DETACH, 0, num_same, DOMAIN_ALL},
 };
 
 /* A unary function of a compile-time number: a number, or an error naming the value. */
 static Value unary_number(Sema *S, const AstExpr *c, Value v, double (*fn)(double), NumDomain d) {
     double x = sema_num(v);
-    if ((d == DOMAIN_NONNEG && !(x >= 0)) || (d == DOMAIN_POSITIVE && !(x > 0))) {
+    if ((d == DOMAIN_NONNEG && !(x >= 0)) || (d == DOMAIN_POSITIVE && !(x > 0)) ||
+        (d == DOMAIN_ABOVE_M1 && !(x > -1))) {
         diag_error(c->loc, "%s of %s is not defined", c->name, sema_value_text(S, v));
         return sema_error();
     }
@@ -562,7 +532,7 @@ static Value b_gelu(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (!A->ok) return sema_error();
     if (strcmp(approx, "none") == 0) return b_unary(S, c, label, args);
     if (strcmp(approx, "tanh") != 0) {
-        diag_error(loc_of(A, 1), "'approximate' of gelu must be \"none\" or \"tanh\", found \"%s\"", approx);
+        diag_error(arg_at(A, 1), "'approximate' of gelu must be \"none\" or \"tanh\", found \"%s\"", approx);
         return sema_error();
     }
     Value v = args[0];
@@ -572,7 +542,6 @@ static Value b_gelu(Sema *S, const AstExpr *c, const char *label, Value *args) {
     return sema_tensor(sema_node(S, OP_GELU_TANH, x->shape, x->dtype, c->loc, 1, x, NULL, NULL));
 }
 
-static int arg_axis(Args *A, int i, const IrShape *shape);
 
 /* The axis argument i of a builtin on x (arg_axis), or def when it is not given. */
 static int arg_axis_or(Args *A, int i, const IrNode *x, int def) {
@@ -814,7 +783,7 @@ static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) 
     BEGIN_ARGS(S, c, args);
     Value dims = A->a[0];
     const char *init = arg_str(A, 1, "normal");
-    double std = arg_num(A, 2, 1.0, 0, 1e6), a = arg_num(A, 3, 1.0, 0, 1e6);
+    double std = arg_num(A, 2, 1.0, 0, 1e6), a = arg_num(A, 3, 1.0, 0, 1e6), value = arg_num(A, 4, 0, -1e6, 1e6);
     if (!A->ok) return sema_error();
     IrShape s = {.rank = dims.n};
     int ok = dims.k == V_LIST && dims.n <= IR_MAX_RANK;
@@ -832,9 +801,10 @@ static Value b_param(Sema *S, const AstExpr *c, const char *label, Value *args) 
     if (strcmp(init, "zeros") == 0) kind = INIT_ZEROS;
     else if (strcmp(init, "ones") == 0) kind = INIT_ONES;
     else if (strcmp(init, "uniform") == 0) kind = INIT_UNIFORM, ia = a;
+    else if (strcmp(init, "constant") == 0) kind = INIT_CONST, ia = value;
     else if (strcmp(init, "normal") != 0) {
         diag_error(arg_loc(c, "init", 1), "unknown init \"%s\"", init);
-        diag_hint("init is \"zeros\", \"ones\", \"uniform\" or \"normal\"");
+        diag_hint("init is \"zeros\", \"ones\", \"constant\" (with value), \"uniform\" or \"normal\"");
         return sema_error();
     }
     IrParam *p = sema_new_param(S, sema_layer_name(S, label, "param"), s, kind, ia, c->loc);
@@ -858,10 +828,10 @@ int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *sha
     return (int)(v.i < 0 ? v.i + r : v.i);
 }
 
-static int arg_axis(Args *A, int i, const IrShape *shape) {
+int arg_axis(Args *A, int i, const IrShape *shape) {
     char what[64];
     snprintf(what, sizeof what, "'%s' of %s", A->b->params[i], A->b->name);
-    int axis = sema_axis(A->S, A->a[i], loc_of(A, i), what, shape);
+    int axis = sema_axis(A->S, A->a[i], arg_at(A, i), what, shape);
     if (axis < 0) A->ok = 0;
     return axis;
 }
@@ -898,13 +868,13 @@ static IrNode *arg_copy_tensor(Args *A, int i, int min_rank) {
     Value v = A->a[i];
     if (v.k == V_TENSOR && !ir_dtype_is_float(v.t->dtype)) {
         if (v.t->dtype != DT_I64) {
-            diag_error(loc_of(A, i), "'%s' of %s must be an f32 or i64 tensor, found %s", A->b->params[i], A->b->name,
+            diag_error(arg_at(A, i), "'%s' of %s must be an f32 or i64 tensor, found %s", A->b->params[i], A->b->name,
                        sema_value_desc(A->S, v));
             A->ok = 0;
             return NULL;
         }
         if (v.t->shape.rank < min_rank) {
-            diag_error(loc_of(A, i), "'%s' of %s must have at least %d axes, found shape %s", A->b->params[i],
+            diag_error(arg_at(A, i), "'%s' of %s must have at least %d axes, found shape %s", A->b->params[i],
                        A->b->name, min_rank, sema_shape_str(A->S, &v.t->shape));
             A->ok = 0;
             return NULL;
@@ -963,7 +933,7 @@ static int64_t slice_index(Args *A, int i, int64_t n, int64_t def, int end) {
     if (v.k == V_ERR) return A->ok = 0, -1;
     int64_t hi = end ? n : n - 1;
     if (v.k != V_INT || v.i < -n || v.i > hi) {
-        diag_error(loc_of(A, i), "'%s' of slice must be an integer in [%lld, %lld] for an axis of %lld, found %s",
+        diag_error(arg_at(A, i), "'%s' of slice must be an integer in [%lld, %lld] for an axis of %lld, found %s",
                    A->b->params[i], (long long)-n, (long long)hi, (long long)n, sema_value_text(A->S, v));
         A->ok = 0;
         return -1;
@@ -1092,15 +1062,15 @@ static int arg_axes(Args *A, int i, const IrShape *shape, int mask[IR_MAX_RANK])
     Value one = v;
     int n = v.k == V_LIST ? v.n : 1;
     if (v.k == V_LIST && n == 0) {
-        diag_error(loc_of(A, i), "%s: an empty list of axes", what);
+        diag_error(arg_at(A, i), "%s: an empty list of axes", what);
         return A->ok = 0, -1;
     }
     for (int k = 0; k < n; k++) {
         if (v.k == V_LIST) one = v.items[k];
-        int a = sema_axis(A->S, one, loc_of(A, i), what, shape);
+        int a = sema_axis(A->S, one, arg_at(A, i), what, shape);
         if (a < 0) return A->ok = 0, -1;
         if (mask[a]++) {
-            diag_error(loc_of(A, i), "%s names axis %d twice", what, a);
+            diag_error(arg_at(A, i), "%s names axis %d twice", what, a);
             return A->ok = 0, -1;
         }
     }
@@ -1143,7 +1113,7 @@ static Value b_reduce(Sema *S, const AstExpr *c, const char *label, Value *args)
     if (A->a[1].k == V_NONE && !keepdim)
         return sema_tensor(sema_node(S, op, ir_scalar_shape(), x->dtype, c->loc, 1, x, NULL, NULL));
     int mask[IR_MAX_RANK];
-    if (arg_axes(A, 1, &x->shape, mask) < 0 || !refuse_half(A, 0, x)) return sema_error();
+    if (arg_axes(A, 1, &x->shape, mask) < 0 || !arg_refuse_half(A, 0, x)) return sema_error();
     IrNode *y = sum_axes(S, x, mask, keepdim, c->loc);
     if (mean) y = scale(S, y, 1.0 / (double)masked_count(&x->shape, mask), c->loc);
     return sema_tensor(y);
@@ -1198,169 +1168,36 @@ static Value b_max(Sema *S, const AstExpr *c, const char *label, Value *args) {
     return sema_tensor(y);
 }
 
-/* ---- losses and metrics: the mean over the batch's valid rows */
-
-static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
-    IrNode *m = sema_node(S, OP_MEAN, ir_scalar_shape(), DT_F32, loc, 1, x, NULL, NULL);
-    m->attr.batch_masked = x->shape.rank >= 1 && x->shape.dim[0] == S->g->batch;
-    return m;
-}
-
-/* Labels [...] for logits [..., C] of rank > 2 (a sequence: [B, T, C] with [B, T]), cast to i64;
- * NULL (no error) when `v` is not a tensor of rank logits - 1, which the [N, C] path then
- * reports. */
-static IrNode *seq_labels(Args *A, Value v, const IrNode *logits) {
-    if (v.k != V_TENSOR || v.t->shape.rank != logits->shape.rank - 1) return NULL;
-    if (ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc_of(A, 1), "'%s' of %s must be an integer tensor of class indices, found %s", A->b->params[1],
-                   A->b->name, sema_value_desc(A->S, v));
-        A->ok = 0;
-        return NULL;
-    }
-    for (int i = 0; i < v.t->shape.rank; i++) {
-        if (v.t->shape.dim[i] == logits->shape.dim[i]) continue;
-        diag_error(loc_of(A, 1), "labels of shape %s do not match logits of shape %s",
-                   sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
-        diag_hint("logits are [..., classes] and labels [...], the same leading axes");
-        A->ok = 0;
-        return NULL;
-    }
-    if (v.t->dtype == DT_I64) return v.t;
-    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
-}
-
-/* cross_entropy(logits [..., C], label [...], smoothing=0, ignore_index=none): the mean over
- * every position of the valid samples, as PyTorch's reduction="mean"; with ignore_index, the
- * positions whose label is it count for nothing and the mean is over the others (0/0 = NaN
- * when every one is ignored, as PyTorch). */
-static Value b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args) {
+/* logsumexp(x, axis, keepdim=false) = m + log(sum(exp(x - m))) along one axis, with m the
+ * maximum, or 0 where that is infinite, as torch.logsumexp. m is detached: the gradient is then
+ * softmax(x) alone, as PyTorch's, with no term through m that would cancel only up to
+ * rounding. */
+static Value b_logsumexp(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    Value lv = A->a[0];
-    IrNode *logits = NULL, *lab = NULL;
-    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) {
-        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
-        if (!A->ok) return sema_error();
-        lab = seq_labels(A, A->a[1], x);
-        if (!A->ok) return sema_error();
-        if (lab) logits = x;
-    }
-    if (!lab) { /* [N, C] with [N], or an error that says so */
-        logits = arg_logits(A, 0);
-        if (!A->ok) return sema_error();
-        lab = arg_labels(A, 1, logits);
-        if (!A->ok) return sema_error();
-    }
-    double smoothing = arg_num(A, 2, 0, 0, 1);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    int keepdim = arg_bool(A, 2, 0);
     if (!A->ok) return sema_error();
-    Value iv = A->a[3];
-    if (iv.k == V_ERR) return sema_error();
-    if (iv.k != V_NONE && iv.k != V_INT) {
-        diag_error(loc_of(A, 3), "'ignore_index' of cross_entropy must be an integer, found %s",
-                   sema_value_text(S, iv));
-        diag_hint("PyTorch's usual value is -100: labels equal to it count for nothing");
-        return sema_error();
-    }
-    IrNode *l = sema_node(S, OP_XENT, lab->shape, DT_F32, c->loc, 2, logits, lab, NULL);
-    l->attr.smoothing = smoothing;
-    S->g->output = logits;
-    if (iv.k == V_NONE) return sema_tensor(batch_mean(S, l, c->loc));
-    l->attr.has_ignore = 1;
-    l->attr.ignore_index = iv.i;
-    /* sum(loss) / count(label != ignore_index), both over the valid samples: the ratio of two
-     * means, computed on the device */
-    IrNode *k = ir_const(S->g, (double)iv.i, DT_I64, c->loc);
-    IrNode *keep = sema_node(S, OP_NE, lab->shape, DT_U8, c->loc, 2, lab, k, NULL);
-    IrNode *keepf = sema_node(S, OP_CAST, lab->shape, DT_F32, c->loc, 1, keep, NULL, NULL);
-    IrNode *num = batch_mean(S, l, c->loc), *den = batch_mean(S, keepf, c->loc);
-    return sema_tensor(sema_node(S, OP_DIV, ir_scalar_shape(), DT_F32, c->loc, 2, num, den, NULL));
-}
-
-/* The two operands of an element-wise loss, which must have the same shape. */
-static int loss_pair(Args *A, IrNode **x, IrNode **t) {
-    *x = arg_tensor(A, 0, 0, 1);
-    *t = arg_tensor(A, 1, 0, 1);
-    if (!A->ok) return 0;
-    if (!ir_shape_eq(&(*x)->shape, &(*t)->shape)) {
-        diag_error(A->call->loc, "%s: prediction %s and target %s must have the same shape",
-                   A->b->name, sema_shape_str(A->S, &(*x)->shape), sema_shape_str(A->S, &(*t)->shape));
-        return 0;
-    }
-    return 1;
-}
-
-static Value b_mse(Sema *S, const AstExpr *c, const char *label, Value *args) {
-    (void)label;
-    BEGIN_ARGS(S, c, args);
-    IrNode *x, *t;
-    if (!loss_pair(A, &x, &t) || !refuse_half(A, 0, x) || !refuse_half(A, 1, t)) return sema_error();
-    IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, t, NULL);
-    IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
-    S->g->output = x;
-    return sema_tensor(batch_mean(S, sq, c->loc));
-}
-
-static Value b_bce(Sema *S, const AstExpr *c, const char *label, Value *args) {
-    (void)label;
-    BEGIN_ARGS(S, c, args);
-    IrNode *x, *t;
-    if (!loss_pair(A, &x, &t)) return sema_error();
-    IrNode *l = sema_node(S, OP_BCE_LOGITS, x->shape, DT_F32, c->loc, 2, x, t, NULL);
-    S->g->output = x;
-    return sema_tensor(batch_mean(S, l, c->loc));
-}
-
-static Value b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
-    (void)label;
-    BEGIN_ARGS(S, c, args);
-    Value lv = A->a[0];
-    IrNode *logits = NULL, *lab = NULL;
-    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) { /* a sequence */
-        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
-        if (!A->ok) return sema_error();
-        lab = seq_labels(A, A->a[1], x);
-        if (!A->ok) return sema_error();
-        if (lab) logits = x;
-    }
-    if (!lab) {
-        logits = arg_logits(A, 0);
-        if (!A->ok) return sema_error();
-        lab = arg_labels(A, 1, logits);
-        if (!A->ok) return sema_error();
-    }
-    IrNode *acc = sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL);
-    Value kv = A->a[3];
-    if (kv.k == V_ERR) return sema_error();
-    if (kv.k != V_NONE) { /* top-k accuracy: the label among the k largest logits */
-        const int64_t classes = logits->shape.dim[logits->shape.rank - 1];
-        if (kv.k != V_INT || kv.i < 1 || kv.i > classes) {
-            diag_error(loc_of(A, 3), "'top_k' of accuracy must be an integer from 1 to the %lld classes, found %s",
-                       (long long)classes, sema_value_text(S, kv));
-            diag_hint("top_k = 5 counts a row right when its label is among its 5 largest logits");
-            return sema_error();
-        }
-        if (kv.i > 1) acc->attr.top_k = (int)kv.i;
-    }
-    Value iv = A->a[2];
-    if (iv.k == V_ERR) return sema_error();
-    if (iv.k == V_NONE) return sema_tensor(acc);
-    if (iv.k != V_INT) {
-        diag_error(loc_of(A, 2), "'ignore_index' of accuracy must be an integer, found %s", sema_value_text(S, iv));
-        diag_hint("-100, as the labels of a masked-LM batch mark the positions not to predict");
-        return sema_error();
-    }
-    /* The trainer divides by the positions counted, which it counts in the label input's
-     * batches itself: the labels must be an input, as they are in a masked-LM batch. */
-    const IrNode *src = lab->op == OP_CAST ? lab->in[0] : lab;
-    if (src->op != OP_INPUT) {
-        diag_error(loc_of(A, 1), "accuracy with ignore_index needs its labels to be a model input, found %s",
-                   sema_value_desc(S, A->a[1]));
-        diag_hint("pass the labels input itself, e.g. accuracy(logits, labels, ignore_index = -100)");
-        return sema_error();
-    }
-    acc->attr.has_ignore = 1;
-    acc->attr.ignore_index = iv.i;
-    return sema_tensor(acc);
+    int axis = arg_axis(A, 1, &x->shape);
+    if (!A->ok) return sema_error();
+    SrcLoc at = c->loc;
+    IrShape kept = x->shape, dropped = {0};
+    kept.dim[axis] = 1;
+    for (int d = 0; d < x->shape.rank; d++)
+        if (d != axis) dropped.dim[dropped.rank++] = x->shape.dim[d];
+    IrNode *m = sema_node(S, OP_MAX, kept, DT_F32, at, 1, x, NULL, NULL), *zero = ir_const(S->g, 0, DT_F32, at);
+    m->attr.axis = axis;
+    m = sema_node(S, OP_DETACH, kept, DT_F32, at, 1, m, NULL, NULL);
+    IrNode *finite = sema_node(S, OP_EQ, kept, DT_U8, at, 2, sema_node(S, OP_SUB, kept, DT_F32, at, 2, m, m, NULL),
+                               zero, NULL);
+    m = sema_node(S, OP_WHERE, kept, DT_F32, at, 3, finite, m, zero);
+    IrNode *e = sema_node(S, OP_EXP, x->shape, DT_F32, at, 1, sema_node(S, OP_SUB, x->shape, DT_F32, at, 2, x, m, NULL),
+                          NULL, NULL);
+    int mask[IR_MAX_RANK] = {0};
+    mask[axis] = 1;
+    IrNode *s = sema_node(S, OP_LOG, kept, DT_F32, at, 1, sum_axes(S, e, mask, 1, at), NULL, NULL);
+    IrNode *y = sema_node(S, OP_ADD, kept, DT_F32, at, 2, s, m, NULL);
+    return sema_tensor(keepdim ? y : reshape(S, y, dropped, at));
 }
 
 /* ---- indices, masks and tied weights */
@@ -1373,7 +1210,7 @@ static IrNode *arg_indices(Args *A, int i) {
         return NULL;
     }
     if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype)) {
-        diag_error(loc_of(A, i), "'%s' of %s must be an integer tensor of indices, found %s", A->b->params[i],
+        diag_error(arg_at(A, i), "'%s' of %s must be an integer tensor of indices, found %s", A->b->params[i],
                    A->b->name, sema_value_desc(A->S, v));
         diag_hint("token ids are an i64 (or i32) input, e.g. `input tokens : i64[batch, seq]`");
         A->ok = 0;
@@ -1391,7 +1228,7 @@ static Value b_embedding(Sema *S, const AstExpr *c, const char *label, Value *ar
     double std = arg_num(A, 3, 1.0, 0, 1e6);
     if (!A->ok) return sema_error();
     if (idx->shape.rank >= IR_MAX_RANK) {
-        diag_error(loc_of(A, 0), "the indices of embedding have %d axes; at most %d fit, with the rows' axis",
+        diag_error(arg_at(A, 0), "the indices of embedding have %d axes; at most %d fit, with the rows' axis",
                    idx->shape.rank, IR_MAX_RANK - 1);
         return sema_error();
     }
@@ -1452,7 +1289,7 @@ static Value b_weight(Sema *S, const AstExpr *c, const char *label, Value *args)
     }
     IrParam *p = ir_find_param(S->g, name);
     if (p) return sema_tensor(p->node);
-    diag_error(loc_of(A, 0), "no parameter '%s' is defined before this point", name);
+    diag_error(arg_at(A, 0), "no parameter '%s' is defined before this point", name);
     const AstExpr *later = S->prog ? label_in(S, S->prog->stmts, S->prog->n_stmts, name) : NULL;
     if (later && later->loc.line > c->loc.line) {
         diag_note(later->loc, "this layer creates it, further down");
@@ -1475,17 +1312,17 @@ static Value b_where(Sema *S, const AstExpr *c, const char *label, Value *args) 
     Value cv = A->a[0], av = A->a[1], bv = A->a[2];
     if (cv.k == V_ERR || av.k == V_ERR || bv.k == V_ERR) return sema_error();
     if (cv.k != V_TENSOR) {
-        diag_error(loc_of(A, 0), "the condition of where must be a tensor, found %s", sema_value_text(S, cv));
+        diag_error(arg_at(A, 0), "the condition of where must be a tensor, found %s", sema_value_text(S, cv));
         diag_hint("a mask such as iota([T, T], 0) >= iota([T, T], 1); a number is a compile-time `if`");
         return sema_error();
     }
     IrNode *x[2] = {NULL, NULL};
     for (int k = 0; k < 2; k++) {
         Value v = k ? bv : av;
-        if (v.k == V_TENSOR && !refuse_half(A, k + 1, arg_tensor(A, k + 1, 0, 0))) return sema_error();
+        if (v.k == V_TENSOR && !arg_refuse_half(A, k + 1, arg_tensor(A, k + 1, 0, 0))) return sema_error();
         if (v.k == V_TENSOR) x[k] = v.t;
         else if (v.k != V_INT && v.k != V_FLOAT) {
-            diag_error(loc_of(A, k + 1), "'%s' of where must be a float tensor or a number, found %s",
+            diag_error(arg_at(A, k + 1), "'%s' of where must be a float tensor or a number, found %s",
                        A->b->params[k + 1], sema_value_text(S, v));
             return sema_error();
         }
@@ -1519,12 +1356,12 @@ static Value b_iota(Sema *S, const AstExpr *c, const char *label, Value *args) {
         s.dim[i] = dims.items[i].i;
     }
     if (!ok) {
-        diag_error(loc_of(A, 0), "the shape of iota must be a list of 1 to %d positive integers, found %s",
+        diag_error(arg_at(A, 0), "the shape of iota must be a list of 1 to %d positive integers, found %s",
                    IR_MAX_RANK, sema_value_text(S, dims));
         return sema_error();
     }
     if (av.k != V_INT || av.i < -s.rank || av.i >= s.rank) {
-        diag_error(loc_of(A, 1), "the axis of iota must be an integer in [%d, %d) for shape %s, found %s", -s.rank,
+        diag_error(arg_at(A, 1), "the axis of iota must be an integer in [%d, %d) for shape %s, found %s", -s.rank,
                    s.rank, sema_shape_str(S, &s), sema_value_text(S, av));
         return sema_error();
     }
@@ -1554,6 +1391,7 @@ static const SemaBuiltin builtins[] = {
     UNARY("relu"), UNARY("sigmoid"), UNARY("tanh"), UNARY("silu"),
     {"gelu", "x, approximate=\"none\"", b_gelu, 1, 2, {"x", "approximate"}},
     UNARY("exp"), UNARY("log"), UNARY("sqrt"), UNARY("sin"), UNARY("cos"),
+    UNARY("log1p"), UNARY("expm1"), UNARY("detach"),
     {"softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"log_softmax", "x, axis=-1", b_softmax, 1, 2, {"x", "axis"}},
     {"dropout", "x, p=0.5", b_dropout, 1, 2, {"x", "p"}},
@@ -1562,21 +1400,25 @@ static const SemaBuiltin builtins[] = {
      {"q", "k", "v", "causal", "mask", "scale", "dropout"}},
     CAST("f32"), CAST("f16"), CAST("bf16"), CAST("i32"), CAST("i64"), CAST("u8"),
     {"str", "x", b_str, 1, 1, {"x"}},
-    {"param", "shape, init=\"normal\", std=1, a=1", b_param, 1, 4, {"shape", "init", "std", "a"}},
+    {"param", "shape, init=\"normal\", std=1, a=1, value=0", b_param, 1, 5, {"shape", "init", "std", "a", "value"}},
     {"mean", "x, axis=none, keepdim=false", b_reduce, 1, 3, {"x", "axis", "keepdim"}},
     {"sum", "x, axis=none, keepdim=false", b_reduce, 1, 3, {"x", "axis", "keepdim"}},
     {"max", "x, axis, keepdim=false", b_max, 2, 3, {"x", "axis", "keepdim"}},
+    {"logsumexp", "x, axis, keepdim=false", b_logsumexp, 2, 3, {"x", "axis", "keepdim"}},
     {"var", "x, axis=none, keepdim=false, correction=1", b_var, 1, 4, {"x", "axis", "keepdim", "correction"}},
     {"permute", "x, axes", b_permute, 2, 2, {"x", "axes"}},
     {"transpose", "x, a=-2, b=-1", b_transpose, 1, 3, {"x", "a", "b"}},
     {"slice", "x, axis, start, end=none", b_slice, 3, 4, {"x", "axis", "start", "end"}},
     {"split", "x, parts, axis=-1", b_split, 2, 3, {"x", "parts", "axis"}},
     {"concat", "xs, axis=0", b_concat, 1, 2, {"xs", "axis"}},
-    {"cross_entropy", "logits, label, smoothing=0, ignore_index=none", b_cross_entropy, 2, 4,
+    {"cross_entropy", "logits, label, smoothing=0, ignore_index=none", sema_b_cross_entropy, 2, 4,
      {"logits", "label", "smoothing", "ignore_index"}},
-    {"mse", "pred, target", b_mse, 2, 2, {"pred", "target"}},
-    {"bce_with_logits", "logits, target", b_bce, 2, 2, {"logits", "target"}},
-    {"accuracy", "logits, label, ignore_index=none, top_k=1", b_accuracy, 2, 4,
+    {"mse", "pred, target", sema_b_mse, 2, 2, {"pred", "target"}},
+    {"bce_with_logits", "logits, target", sema_b_bce, 2, 2, {"logits", "target"}},
+    {"l1", "pred, target", sema_b_l1, 2, 2, {"pred", "target"}},
+    {"smooth_l1", "pred, target, beta=1", sema_b_smooth_l1, 2, 3, {"pred", "target", "beta"}},
+    {"huber", "pred, target, delta=1", sema_b_smooth_l1, 2, 3, {"pred", "target", "delta"}},
+    {"accuracy", "logits, label, ignore_index=none, top_k=1", sema_b_accuracy, 2, 4,
      {"logits", "label", "ignore_index", "top_k"}},
     {"embedding", "idx, num, dim, std=1", b_embedding, 3, 4, {"idx", "num", "dim", "std"}},
     {"weight", "name", b_weight, 1, 1, {"name"}},
@@ -1590,6 +1432,19 @@ static const SemaBuiltin builtins[] = {
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
     {"groupnorm", "x, groups, eps=1e-5, affine=true", sema_b_groupnorm, 2, 4, {"x", "groups", "eps", "affine"}},
     {"upsample", "x, scale=2", sema_b_upsample, 1, 2, {"x", "scale"}},
+    {"softplus", "x, beta=1, threshold=20", sema_b_softplus, 1, 3, {"x", "beta", "threshold"}},
+    {"elu", "x, alpha=1", sema_b_elu, 1, 2, {"x", "alpha"}},
+    {"celu", "x, alpha=1", sema_b_elu, 1, 2, {"x", "alpha"}},
+    {"selu", "x", sema_b_elu, 1, 1, {"x"}},
+    {"hardtanh", "x, min_val=-1, max_val=1", sema_b_hardtanh, 1, 3, {"x", "min_val", "max_val"}},
+    {"relu6", "x", sema_b_hardtanh, 1, 1, {"x"}},
+    {"mish", "x", sema_b_activation, 1, 1, {"x"}},
+    {"hardsigmoid", "x", sema_b_activation, 1, 1, {"x"}},
+    {"hardswish", "x", sema_b_activation, 1, 1, {"x"}},
+    {"logsigmoid", "x", sema_b_activation, 1, 1, {"x"}},
+    {"softsign", "x", sema_b_activation, 1, 1, {"x"}},
+    {"prelu", "x, num_parameters=1, init=0.25", sema_b_prelu, 1, 3, {"x", "num_parameters", "init"}},
+    {"glu", "x, axis=-1", sema_b_glu, 1, 2, {"x", "axis"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},
 };
 

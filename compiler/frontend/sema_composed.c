@@ -11,12 +11,17 @@
  * is false, and the branch all comparisons fail picks the operand itself. On compile-time
  * numbers they compute numbers.
  *
+ * Activations: torch.nn's softplus, elu, selu, celu, mish, hardtanh, relu6, hardsigmoid,
+ * hardswish, logsigmoid, softsign, prelu and glu, with PyTorch's values and gradients at their
+ * kinks; an exponential in a branch not taken has its operand held at 0 there.
+ *
  * Layers: conv1d (a 2-D convolution of a 1 x k window), groupnorm (a layer norm over each
  * group's values, then a per-channel scale and shift) and upsample (nearest-neighbour: an expand
  * between two reshapes).
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "sema_args.h"
 
@@ -42,18 +47,24 @@ static IrNode *where(Sema *S, IrNode *c, IrNode *a, IrNode *b, SrcLoc loc) {
     return sema_node(S, OP_WHERE, s, DT_F32, loc, 3, c, a, b);
 }
 
+static IrNode *unary(Sema *S, IrOp op, IrNode *x, SrcLoc loc) {
+    return sema_node(S, op, x->shape, DT_F32, loc, 1, x, NULL, NULL);
+}
+
 /* abs(x) = x < 0 ? -x : (x > 0 ? x : 0 * x): PyTorch's gradient sign(x), 0 at 0, and NaN for NaN */
+IrNode *sema_abs(Sema *S, IrNode *x, SrcLoc at) {
+    IrNode *zero = num(S, 0, at);
+    IrNode *pos = where(S, binary(S, OP_GT, x, zero, at), x, binary(S, OP_MUL, x, zero, at), at);
+    return where(S, binary(S, OP_LT, x, zero, at), unary(S, OP_NEG, x, at), pos, at);
+}
+
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
     BEGIN_ARGS(S, c, args);
     if (args[0].k == V_INT && args[0].i != INT64_MIN) return sema_int(args[0].i < 0 ? -args[0].i : args[0].i);
     if (is_number(args[0])) return sema_float(fabs(sema_num(args[0])));
     IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     if (!A->ok) return sema_error();
-    SrcLoc at = c->loc;
-    IrNode *zero = num(S, 0, at);
-    IrNode *pos = where(S, binary(S, OP_GT, x, zero, at), x, binary(S, OP_MUL, x, zero, at), at);
-    IrNode *neg = sema_node(S, OP_NEG, x->shape, DT_F32, at, 1, x, NULL, NULL);
-    return sema_tensor(where(S, binary(S, OP_LT, x, zero, at), neg, pos, at));
+    return sema_tensor(sema_abs(S, x, c->loc));
 }
 
 /* leaky_relu(x, negative_slope=0.01) = x > 0 ? x : slope * x, as torch.nn.LeakyReLU */
@@ -109,6 +120,12 @@ Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args) {
 /* maximum(a, b) = a > b ? a : (a < b ? b : (a + b) / 2), minimum the same with < and >: at a
  * tie the value is a (a + a is exact, and so is halving it) and each side gets half the
  * gradient, as torch.maximum and torch.minimum give it. */
+static IrNode *extremum_of(Sema *S, IrNode *a, IrNode *b, IrOp first, IrOp second, SrcLoc at) {
+    IrNode *tie = binary(S, OP_MUL, binary(S, OP_ADD, a, b, at), num(S, 0.5, at), at);
+    IrNode *rest = where(S, binary(S, second, a, b, at), b, tie, at);
+    return where(S, binary(S, first, a, b, at), a, rest, at);
+}
+
 static Value extremum(Sema *S, const AstExpr *c, const char *label, Value *args, IrOp first, IrOp second) {
     BEGIN_ARGS(S, c, args);
     IrNode *x[2] = {NULL, NULL};
@@ -130,10 +147,7 @@ static Value extremum(Sema *S, const AstExpr *c, const char *label, Value *args,
         diag_hint("trailing dimensions must be equal or 1 (numpy broadcasting)");
         return sema_error();
     }
-    SrcLoc at = c->loc;
-    IrNode *tie = binary(S, OP_MUL, binary(S, OP_ADD, x[0], x[1], at), num(S, 0.5, at), at);
-    IrNode *rest = where(S, binary(S, second, x[0], x[1], at), x[1], tie, at);
-    return sema_tensor(where(S, binary(S, first, x[0], x[1], at), x[0], rest, at));
+    return sema_tensor(extremum_of(S, x[0], x[1], first, second, c->loc));
 }
 
 Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -142,6 +156,233 @@ Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args) 
 
 Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args) {
     return extremum(S, c, label, args, OP_LT, OP_GT);
+}
+
+/* ---- activations: PyTorch's torch.nn ones, each with its value and its gradient at the kinks.
+ * Where a branch not taken holds an exponential, its operand is held at 0 there, so that it
+ * cannot overflow: where() passes the not-taken branch a zero gradient, and 0 * inf is NaN. */
+
+/* An activation builds its nodes from x and its parameters k[], and computes the same function
+ * of a compile-time number. */
+typedef struct {
+    IrNode *(*build)(Sema *S, IrNode *x, const double *k, SrcLoc at);
+    double (*number)(double x, const double *k);
+} Activation;
+
+static Value activation(Args *A, Activation f, const double *k) {
+    if (!A->ok) return sema_error();
+    if (is_number(A->a[0])) {
+        double y = f.number(sema_num(A->a[0]), k);
+        if (!isfinite(y)) {
+            diag_error(A->call->loc, "%s of %s overflows", A->call->name, sema_value_text(A->S, A->a[0]));
+            return sema_error();
+        }
+        return sema_float(y);
+    }
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
+    if (!A->ok) return sema_error();
+    return sema_tensor(f.build(A->S, x, k, A->call->loc));
+}
+
+/* x * k, or x itself for k = 1 */
+static IrNode *times(Sema *S, IrNode *x, double k, SrcLoc at) {
+    return k == 1 ? x : binary(S, OP_MUL, x, num(S, k, at), at);
+}
+
+/* softplus(x, beta=1, threshold=20) = log1p(exp(beta x)) / beta, and x where beta x > threshold,
+ * as torch.nn.Softplus (k = beta, threshold) */
+static IrNode *softplus_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    IrNode *bx = times(S, x, k[0], at), *zero = num(S, 0, at);
+    IrNode *linear = binary(S, OP_GT, bx, num(S, k[1], at), at);
+    IrNode *y = unary(S, OP_LOG1P, unary(S, OP_EXP, where(S, linear, zero, bx, at), at), at);
+    if (k[0] != 1) y = binary(S, OP_DIV, y, num(S, k[0], at), at);
+    return where(S, linear, x, y, at);
+}
+static double softplus_num(double x, const double *k) { return k[0] * x > k[1] ? x : log1p(exp(k[0] * x)) / k[0]; }
+
+/* x > 0 ? scale x : alpha scale (exp(in_scale x) - 1), PyTorch's elu with its scale and
+ * input_scale (k = alpha, scale, in_scale): elu, selu, celu. At 0 the value is 0 and the
+ * gradient the negative side's (alpha scale in_scale), as PyTorch's. */
+static IrNode *elu_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    IrNode *zero = num(S, 0, at), *pos = binary(S, OP_GT, x, zero, at);
+    IrNode *neg = unary(S, OP_EXPM1, times(S, where(S, pos, zero, x, at), k[2], at), at);
+    return where(S, pos, times(S, x, k[1], at), times(S, neg, k[0] * k[1], at), at);
+}
+static double elu_num(double x, const double *k) { return x > 0 ? k[1] * x : k[0] * k[1] * expm1(k[2] * x); }
+
+/* mish(x) = x tanh(softplus(x)), torch.nn.Mish: softplus taken as x above 20 changes nothing,
+ * tanh of either being 1 in float32 there */
+static IrNode *mish_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    (void)k;
+    const double sp[2] = {1, 20};
+    return binary(S, OP_MUL, x, unary(S, OP_TANH, softplus_of(S, x, sp, at), at), at);
+}
+static double mish_num(double x, const double *k) {
+    (void)k;
+    return x * tanh(log1p(exp(x)));
+}
+
+/* hardtanh(x, min_val=-1, max_val=1): x held to [min_val, max_val] as clamp, but without a
+ * gradient on the bounds, as torch.nn.Hardtanh; relu6 is hardtanh(x, 0, 6), torch.nn.ReLU6 */
+static IrNode *hardtanh_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    IrNode *lo = num(S, k[0], at), *hi = num(S, k[1], at);
+    IrNode *y = where(S, binary(S, OP_GE, x, hi, at), hi, x, at);
+    return where(S, binary(S, OP_LE, x, lo, at), lo, y, at);
+}
+static double hardtanh_num(double x, const double *k) { return x <= k[0] ? k[0] : x >= k[1] ? k[1] : x; }
+
+/* hardsigmoid(x): 0 up to -3, 1 from 3, (x + 3) / 6 between; no gradient at -3 and 3, as
+ * torch.nn.Hardsigmoid */
+static IrNode *hardsigmoid_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    (void)k;
+    IrNode *mid = binary(S, OP_DIV, binary(S, OP_ADD, x, num(S, 3, at), at), num(S, 6, at), at);
+    IrNode *y = where(S, binary(S, OP_GE, x, num(S, 3, at), at), num(S, 1, at), mid, at);
+    return where(S, binary(S, OP_LE, x, num(S, -3, at), at), num(S, 0, at), y, at);
+}
+static double hardsigmoid_num(double x, const double *k) {
+    (void)k;
+    return x <= -3 ? 0 : x >= 3 ? 1 : (x + 3) / 6;
+}
+
+/* hardswish(x): 0 below -3, x above 3, x (x + 3) / 6 between, as torch.nn.Hardswish, whose
+ * gradient x / 3 + 1/2 holds on both ends (-1/2 at -3, 3/2 at 3) */
+static IrNode *hardswish_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    (void)k;
+    IrNode *mid = binary(S, OP_MUL, x, binary(S, OP_ADD, x, num(S, 3, at), at), at);
+    mid = binary(S, OP_DIV, mid, num(S, 6, at), at);
+    IrNode *y = where(S, binary(S, OP_GT, x, num(S, 3, at), at), x, mid, at);
+    return where(S, binary(S, OP_LT, x, num(S, -3, at), at), num(S, 0, at), y, at);
+}
+static double hardswish_num(double x, const double *k) {
+    (void)k;
+    return x < -3 ? 0 : x > 3 ? x : x * (x + 3) / 6;
+}
+
+/* logsigmoid(x) = log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), PyTorch's form (gradient 1/2
+ * at 0: the minimum's tie) */
+static IrNode *logsigmoid_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    (void)k;
+    IrNode *lo = extremum_of(S, x, num(S, 0, at), OP_LT, OP_GT, at);
+    IrNode *tail = unary(S, OP_LOG1P, unary(S, OP_EXP, unary(S, OP_NEG, sema_abs(S, x, at), at), at), at);
+    return binary(S, OP_SUB, lo, tail, at);
+}
+static double logsigmoid_num(double x, const double *k) {
+    (void)k;
+    return fmin(x, 0) - log1p(exp(-fabs(x)));
+}
+
+/* softsign(x) = x / (1 + |x|), torch.nn.Softsign */
+static IrNode *softsign_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
+    (void)k;
+    return binary(S, OP_DIV, x, binary(S, OP_ADD, sema_abs(S, x, at), num(S, 1, at), at), at);
+}
+static double softsign_num(double x, const double *k) {
+    (void)k;
+    return x / (fabs(x) + 1);
+}
+
+Value sema_b_softplus(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    double k[2] = {arg_num(A, 1, 1, -1e6, 1e6), arg_num(A, 2, 20, -1e6, 1e6)};
+    if (A->ok && k[0] == 0) {
+        diag_error(arg_loc(c, "beta", 1), "softplus: 'beta' must not be 0");
+        return sema_error();
+    }
+    return activation(A, (Activation){softplus_of, softplus_num}, k);
+}
+
+/* elu(x, alpha=1), selu(x) and celu(x, alpha=1): torch.nn.ELU, SELU (its fixed alpha and
+ * scale) and CELU (elu of x / alpha, times alpha) */
+Value sema_b_elu(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    double k[3] = {1.6732632423543772848170429916717, 1.0507009873554804934193349852946, 1};
+    if (strcmp(c->name, "selu") != 0) {
+        k[0] = arg_num(A, 1, 1, -1e6, 1e6), k[1] = 1;
+        if (A->ok && strcmp(c->name, "celu") == 0) {
+            if (k[0] == 0) {
+                diag_error(arg_loc(c, "alpha", 1), "celu: 'alpha' must not be 0");
+                return sema_error();
+            }
+            k[2] = 1 / k[0];
+        }
+    }
+    return activation(A, (Activation){elu_of, elu_num}, k);
+}
+
+Value sema_b_hardtanh(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    double k[2] = {0, 6}; /* relu6 */
+    if (strcmp(c->name, "hardtanh") == 0) {
+        k[0] = arg_num(A, 1, -1, -HUGE_VAL, HUGE_VAL), k[1] = arg_num(A, 2, 1, -HUGE_VAL, HUGE_VAL);
+        if (A->ok && k[0] > k[1]) {
+            diag_error(c->loc, "hardtanh: 'min_val' %g is above 'max_val' %g", k[0], k[1]);
+            return sema_error();
+        }
+    }
+    return activation(A, (Activation){hardtanh_of, hardtanh_num}, k);
+}
+
+/* The activations without parameters: mish, hardsigmoid, hardswish, logsigmoid, softsign. */
+Value sema_b_activation(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    static const struct {
+        const char *name;
+        Activation f;
+    } table[] = {
+        {"mish", {mish_of, mish_num}},
+        {"hardsigmoid", {hardsigmoid_of, hardsigmoid_num}},
+        {"hardswish", {hardswish_of, hardswish_num}},
+        {"logsigmoid", {logsigmoid_of, logsigmoid_num}},
+        {"softsign", {softsign_of, softsign_num}},
+    };
+    BEGIN_ARGS(S, c, args);
+    const double none = 0;
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (strcmp(table[i].name, c->name) == 0) return activation(A, table[i].f, &none);
+    ICE("sema_b_activation: %s", c->name);
+}
+
+/* prelu(x, num_parameters=1, init=0.25) = x > 0 ? x : a x with learned slopes LABEL.weight
+ * [num_parameters] (each init), one for all of x or one per channel (axis 1), as torch.nn.PReLU;
+ * at 0 the gradient is the slope's side, as PyTorch's */
+Value sema_b_prelu(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
+    int64_t n = arg_int(A, 1, 1, 1);
+    double init = arg_num(A, 2, 0.25, -1e6, 1e6);
+    if (!A->ok) return sema_error();
+    const IrShape s = x->shape;
+    if (n > 1 && (s.rank < 2 || s.dim[1] != n)) {
+        diag_error(c->loc, "prelu with %lld slopes takes [N, %lld, ...] (one per channel), found shape %s",
+                   (long long)n, (long long)n, sema_shape_str(S, &s));
+        diag_hint("num_parameters = 1 (the default) shares one slope over the whole tensor");
+        return sema_error();
+    }
+    SrcLoc at = c->loc;
+    const char *name = sema_layer_name(S, label, c->name);
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), ir_shape(1, n), INIT_CONST, init, at);
+    if (!w) return sema_error();
+    IrShape per_c = {.rank = s.rank > 1 ? s.rank - 1 : 1, .dim = {n}}; /* [C, 1, ...] against [N, C, ...] */
+    for (int i = 1; i < per_c.rank; i++) per_c.dim[i] = 1;
+    IrNode *slope = binary(S, OP_MUL, x, sema_reshape(S, w->node, per_c, at), at);
+    return sema_tensor(where(S, binary(S, OP_GT, x, num(S, 0, at), at), x, slope, at));
+}
+
+/* glu(x, axis=-1) = a * sigmoid(b) for the halves a, b of x along the axis, torch.nn.GLU */
+Value sema_b_glu(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    if (!A->ok) return sema_error();
+    if (A->a[1].k == V_NONE) A->a[1] = sema_int(-1);
+    int axis = arg_axis(A, 1, &x->shape);
+    if (!A->ok) return sema_error();
+    int64_t n = x->shape.dim[axis];
+    if (n % 2) {
+        diag_error(c->loc, "glu halves axis %d of shape %s, which is odd (%lld)", axis, sema_shape_str(S, &x->shape),
+                   (long long)n);
+        return sema_error();
+    }
+    IrNode *a = sema_slice(S, x, axis, 0, n / 2, c->loc), *b = sema_slice(S, x, axis, n / 2, n / 2, c->loc);
+    return sema_tensor(binary(S, OP_MUL, a, unary(S, OP_SIGMOID, b, c->loc), c->loc));
 }
 
 /* x ** p for a float tensor x and a number p: an integer from -8 to 8 as products of x (by
@@ -266,3 +507,4 @@ Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (!y) return sema_error();
     return sema_tensor(sema_reshape(S, y, ir_shape(3, N, out, y->shape.dim[3]), c->loc));
 }
+

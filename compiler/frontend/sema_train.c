@@ -281,11 +281,9 @@ static void train_no_decay(Sema *S, const AstStmt *s) {
     }
 }
 
-static IrLossKind loss_kind(const AstExpr *e) {
+static const char *loss_name(const AstExpr *e) {
     while (e->kind == AST_LABELED) e = e->lhs;
-    if (e->kind == AST_CALL && strcmp(e->name, "mse") == 0) return LOSS_MSE;
-    if (e->kind == AST_CALL && strcmp(e->name, "bce_with_logits") == 0) return LOSS_BCE_LOGITS;
-    return LOSS_CROSS_ENTROPY;
+    return e->kind == AST_CALL ? e->name : "expression";
 }
 
 static void train_loss(Sema *S, const AstStmt *s) {
@@ -297,7 +295,7 @@ static void train_loss(Sema *S, const AstStmt *s) {
         return;
     }
     S->g->loss = v.t;
-    S->g->train.loss_kind = loss_kind(s->value);
+    S->g->train.loss_name = loss_name(s->value);
 }
 
 /* metrics = accuracy(...) or a list of up to IR_MAX_METRICS of them (the top-1 and top-5 of the

@@ -200,7 +200,7 @@ struct IrNode {
     int first_use, last_use; /* schedule positions where the value is defined / last read */
 };
 
-typedef enum { INIT_ZEROS, INIT_ONES, INIT_UNIFORM, INIT_NORMAL } IrInit;
+typedef enum { INIT_ZEROS, INIT_ONES, INIT_UNIFORM, INIT_NORMAL, INIT_CONST } IrInit;
 
 typedef struct IrParam {
     const char *name; /* hierarchical: layer1.0.conv1.weight */
@@ -226,7 +226,6 @@ typedef struct IrInput {
 } IrInput;
 
 typedef enum { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE, SCHED_POLY } IrSchedKind;
-typedef enum { LOSS_CROSS_ENTROPY, LOSS_MSE, LOSS_BCE_LOGITS } IrLossKind;
 
 /* The training recipe from the train { } section; units as in docs/language.md. */
 typedef struct IrTrain {
@@ -242,7 +241,7 @@ typedef struct IrTrain {
     int64_t eval_every;   /* epochs between evaluations */
     int64_t eval_every_steps; /* eval_every_steps = N: optimizer steps between evaluations instead (0: not given) */
     int64_t log_every;    /* steps between log lines */
-    IrLossKind loss_kind;
+    const char *loss_name; /* the loss's built-in (cross_entropy, mse, ...), or "expression" */
     int64_t steps;        /* steps = N: optimizer steps instead of epochs (0: not given) */
     double warmup_steps;  /* warmup_steps = N: the warm-up in steps instead of epochs (0: none) */
     double step_steps;    /* SCHED_STEP with every_steps: multiply by gamma every step_steps steps */

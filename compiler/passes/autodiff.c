@@ -123,6 +123,8 @@ static void grad_unary(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_LOG: dx = ew2(ad, OP_DIV, dy, x); break;
     case OP_SIN: dx = ew2(ad, OP_MUL, dy, ew1(ad, OP_COS, x)); break;
     case OP_COS: dx = ew1(ad, OP_NEG, ew2(ad, OP_MUL, dy, ew1(ad, OP_SIN, x))); break;
+    case OP_LOG1P: dx = ew2(ad, OP_DIV, dy, ew2(ad, OP_ADD, x, constant(ad, 1, x->dtype))); break;
+    case OP_EXPM1: dx = ew2(ad, OP_MUL, dy, ew2(ad, OP_ADD, y, constant(ad, 1, y->dtype))); break;
     case OP_SQRT: /* d sqrt(x) = 1 / (2 sqrt(x)) */
         dx = ew2(ad, OP_DIV, ew2(ad, OP_MUL, dy, constant(ad, 0.5, dy->dtype)), y);
         break;
@@ -402,13 +404,17 @@ static void grad_norm(Ad *ad, IrNode *y, IrNode *dy) {
 static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     switch (y->op) {
     case OP_INPUT: case OP_PARAM: case OP_CONST: case OP_LOSS_SCALE: case OP_ACCURACY: case OP_BN_STATS: break;
+    case OP_DETACH: break; /* never needed (mark_needed): no gradient passes */
     case OP_IOTA: case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE:
         break; /* integer results: never on a gradient's path */
     case OP_WHERE: grad_where(ad, y, dy); break;
     case OP_BN_APPLY: grad_bn(ad, y, dy); break;
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: grad_arith(ad, y, dy); break;
     case OP_RELU: case OP_SIGMOID: case OP_TANH: case OP_GELU: case OP_GELU_TANH: case OP_SILU:
-    case OP_EXP: case OP_LOG: case OP_SQRT: case OP_SIN: case OP_COS: case OP_DROPOUT: grad_unary(ad, y, dy); break;
+    case OP_EXP: case OP_LOG: case OP_SQRT: case OP_SIN: case OP_COS: case OP_LOG1P: case OP_EXPM1:
+    case OP_DROPOUT:
+        grad_unary(ad, y, dy);
+        break;
     case OP_CAST: case OP_EXPAND: case OP_RESHAPE: case OP_SUM_TO: case OP_SUM: case OP_MEAN:
         grad_shape(ad, y, dy);
         break;
@@ -442,7 +448,8 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
  * the statistics operands of BN_APPLY (mean and invstd: its rule differentiates through them
  * itself) and the condition of WHERE. */
 static int differentiable_edge(const IrNode *y, int k) {
-    if (y->op == OP_ACCURACY || y->op == OP_BN_STATS || (y->op == OP_WHERE && k == 0)) return 0;
+    if (y->op == OP_ACCURACY || y->op == OP_BN_STATS || y->op == OP_DETACH) return 0;
+    if (y->op == OP_WHERE && k == 0) return 0;
     return ir_dtype_is_float(y->dtype) && !(y->op == OP_BN_APPLY && (k == 1 || k == 2));
 }
 
@@ -457,7 +464,7 @@ static void mark_needed(Ad *ad) {
         IrNode *y = g->nodes[i];
         for (int k = 0; k < y->n_in && !from_param[i]; k++)
             from_param[i] = from_param[y->in[k]->id];
-        from_param[i] &= ir_dtype_is_float(y->dtype);
+        from_param[i] &= ir_dtype_is_float(y->dtype) && y->op != OP_DETACH;
     }
     to_loss[g->loss->id] = 1;
     for (int i = n - 1; i >= 0; i--) {

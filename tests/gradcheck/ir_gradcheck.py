@@ -41,6 +41,9 @@ central finite differences of the loss (every element up to 64 per parameter). T
 from make_data.py (same distributions as the trainer-level check); parameters are N(0, 1)
 with a fixed seed.
 
+A detach node's value is held at the checked point while the finite differences move the
+parameters, which is what detach means: no gradient flows through it.
+
 Why these tolerances: in float64 with h = 1e-6 the central difference is off by ~h^2 * f'''
 (1e-12) plus rounding ~1e-16 / h (1e-10); an error of 1e-6 + 1e-5 * |g| is a wrong rule, not
 noise. A kink (relu, max-pool tie) within 1e-6 of a checked point is improbable with random data.
@@ -147,6 +150,7 @@ class Interp:
         self.evaluating = False  # batch norm from the running statistics, as an evaluation does
         self.loss_scale = LOSS_SCALE
         self.half = None  # the trainer's half precision (bf16, fp16), where the graph has one
+        self.frozen = {}  # detach nodes' values held fixed for the finite differences
 
     def mask(self, n, shape):
         key = int(n.attr["mask"][0])
@@ -178,6 +182,8 @@ class Interp:
             "gelu": lambda: F.gelu(x[0]), "exp": lambda: torch.exp(x[0]),
             "log": lambda: torch.log(x[0]), "sqrt": lambda: torch.sqrt(x[0]),
             "sin": lambda: torch.sin(x[0]), "cos": lambda: torch.cos(x[0]),
+            "log1p": lambda: torch.log1p(x[0]), "expm1": lambda: torch.expm1(x[0]),
+            "detach": lambda: self.frozen.get(n.id, x[0]).detach(),
             "expand": lambda: x[0].expand(n.shape).clone(), "reshape": lambda: x[0].reshape(n.shape),
             "sum": lambda: x[0].sum(), "mean": lambda: x[0].mean(),
             "sum_to": lambda: sum_to(x[0], n.shape),
@@ -669,6 +675,8 @@ def main():
                       marks, emulated)
     checked = failed = 0
     h = 1e-6
+    # detach(u) is u held at the point the gradient is taken: the finite differences read it there
+    it.frozen = {n.id: values[n.id] for n in nodes[:n_fwd] if n.op == "detach"}
     for name, nid, trainable, gid in params:
         if not trainable:
             assert gid is None, f"frozen param {name} has a gradient"

@@ -12,7 +12,13 @@ torch.nn.GroupNorm and nearest interpolation, and conv1d against torch.nn.Conv1d
 strided, grouped, two in a chain): every parameter after three SGD steps, the trainer built with
 its default channels-last layouts and with --layout=row-major.
 
-usage: composed.py pointwise|layers NETC WORKDIR
+activations (composed_activations.net): the activations (softplus, elu, selu, celu, mish,
+hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, prelu, glu, logsumexp; log1p,
+expm1, detach) and the regression losses l1, smooth_l1 and huber against torch.nn.functional's
+on their kinks and thresholds and where an exponential of the branch not taken would overflow:
+the values (and NaN where PyTorch gives NaN), then every parameter after one SGD step.
+
+usage: composed.py pointwise|layers|activations NETC WORKDIR
 """
 import os
 import subprocess
@@ -146,11 +152,107 @@ def layers(netc, work, check):
             check(e <= LAYERS_TOL, f"{tag}: {name} differs from PyTorch's by {e:.2e}")
 
 
+# activations: each value is a few float32 roundings of functions within 2 ulp (rt_expf, log1pf,
+# expm1f, tanhf) from the float64 reference, ~10 ulp = 6e-7 of the value at most; 2e-6 leaves
+# a margin. Values float32 cannot hold (logsigmoid(100) = -4e-44, below FLT_MIN: the float32
+# exponential gives 0) count within ACT_FLOOR. A gradient that differs at a kink or a threshold
+# moves one element's gradient by half of it or all of it: 1e-3 and more of the parameter.
+ACT_TOL, ACT_FLOOR = 2e-6, 1e-30
+# the parameters after one step: the targets are the values plus N(0, 1), so each value's share
+# of the gradient, z - t, is about 1 whether the value is 1e-3 or 100; float32 rounds a value of
+# 100 by 4e-6 (half an ulp), and so that share, by 4e-6 of the largest gradient. A gradient that
+# differs at a kink moves one of ~20 shares by half of it or all of it: 1e-2 of the largest.
+ACT_GRAD_TOL = 2e-5
+# kinks and thresholds: 0, +-1 (hardtanh), 6 (relu6), +-3 (hardsigmoid, hardswish), 1.5 (2x = 3,
+# softplus's threshold at beta 2), 20 (the default threshold); +-30 and +-100, where an
+# exponential of the other branch would overflow
+ACT_ROW = [0.0, 1.0, -1.0, 3.0, -3.0, 6.0, 1.5, 20.0, 30.0, -30.0, 100.0, -100.0, 0.5, -0.5, 2.5, -2.5]
+# y - s for the regression losses: 0 (l1's kink), +-0.5 (smooth_l1's beta), +-2 (huber's delta)
+ACT_DIFF = [0.0, 0.5, -0.5, 2.0, -2.0, 0.0, 0.25, 1.0, -1.0, 3.0, 0.0, -3.0, 0.5, -2.0, -0.25, 2.0]
+ACT_SLOPES = {"slope.weight": [0.1], "slopes.weight": [0.25, -0.5, 1.5, 0.3]}
+
+
+def hardswish(y):
+    """F.hardswish through PyTorch's scalar kernel, one element at a time. At 3 its vectorised
+    CPU kernel gives the gradient 1 (x >= 3 takes the linear side), the scalar and CUDA kernels
+    3/3 + 1/2 = 3/2 (x <= 3 the quadratic one), as netc does."""
+    return torch.stack([torch.nn.functional.hardswish(v.reshape(1))[0] for v in y.flatten()]).reshape(y.shape)
+
+
+def act_forward(y, p):
+    F = torch.nn.functional
+    return torch.cat([F.softplus(y), F.softplus(y, beta=2, threshold=3), F.elu(y), F.selu(y), F.celu(y, alpha=0.5),
+                      F.mish(y), F.hardtanh(y), F.hardtanh(y, -0.5, 6), F.relu6(y), F.hardsigmoid(y),
+                      hardswish(y), F.logsigmoid(y), F.softsign(y), F.prelu(y, p["slope.weight"]),
+                      F.prelu(y.reshape(len(y), 4, 4), p["slopes.weight"]).reshape(len(y), N),
+                      torch.log1p(y * y) + torch.expm1(0.01 * y), torch.tanh(y) * torch.tanh(y).detach(), F.glu(y),
+                      torch.logsumexp(y, -1, keepdim=True)], -1)
+
+
+def act_loss(y, s, z, t):
+    F = torch.nn.functional
+    return (F.l1_loss(y, s) + F.smooth_l1_loss(y, s, beta=0.5) + F.huber_loss(y, s, delta=2) +
+            F.mse_loss(z, t))
+
+
+def close(got, want):
+    """the largest |got - want| over ACT_TOL |want| + ACT_FLOOR (at most 1 passes), NaN where
+    PyTorch's is"""
+    if not np.array_equal(np.isnan(got), np.isnan(want)): return np.inf
+    ok = ~np.isnan(want)
+    return float((np.abs(got[ok] - want[ok]) / (ACT_TOL * np.abs(want[ok]) + ACT_FLOOR)).max())
+
+
+def activations(netc, work, check):
+    x = np.array([ACT_ROW, ACT_ROW[::-1]], dtype=np.float32)
+    s = x - np.array([ACT_DIFF, ACT_DIFF[::-1]], dtype=np.float32)
+    init = {"w": np.zeros(N, np.float32), **{k: np.array(v, np.float32) for k, v in ACT_SLOPES.items()}}
+    p = {k: torch.from_numpy(v.astype(np.float64)).requires_grad_() for k, v in init.items()}
+    y = torch.from_numpy(x.astype(np.float64)) + p["w"]
+    with torch.no_grad():  # targets near the values (ACT_GRAD_TOL)
+        t = act_forward(y, p).numpy()
+    t = (t + np.random.default_rng(5).standard_normal(t.shape)).astype(np.float32)
+    for k, v in (("x", x), ("s", s), ("t", t)):
+        np.save(os.path.join(work, f"{k}.npy"), v)
+    exe = os.path.join(work, "activations")
+    subprocess.run([netc, os.path.join(HERE, "composed_activations.net"), "-o", exe], check=True)
+
+    # the output with the default initialisation (prelu's slopes 0.1 and 0.25), on the data and on
+    # a row of NaN
+    nan_x = np.concatenate([x, np.full((1, N), np.nan, np.float32)])
+    np.save(os.path.join(work, "x_nan.npy"), nan_x)
+    pred, w_only = os.path.join(work, "z.npy"), os.path.join(work, "w.safetensors")
+    st_save(w_only, {"w": np.zeros(N, np.float32)})
+    subprocess.run([exe, "--init", w_only, "--init-partial", "--predict", f"x={work}/x_nan.npy", "--predict-out",
+                    pred, "--quiet"], check=True)
+    default = {"slope.weight": torch.tensor([0.1], dtype=torch.float64),
+               "slopes.weight": torch.full((4,), 0.25, dtype=torch.float64)}
+    with torch.no_grad():
+        want = act_forward(torch.from_numpy(nan_x.astype(np.float64)), default).numpy()
+    e = close(np.load(pred), want)
+    print(f"values (default slopes, and a NaN row): largest error {e:.2f} of the tolerance")
+    check(e <= 1, f"the values differ from PyTorch's: {e:.2f} of the tolerance (inf: NaN in other places)")
+
+    # one SGD step from other slopes: every parameter against PyTorch's
+    st_save(os.path.join(work, "init.safetensors"), init)
+    out = os.path.join(work, "out.safetensors")
+    subprocess.run([exe, "--init", os.path.join(work, "init.safetensors"), *sum((["--data", f"{k}={work}/{k}.npy"]
+                    for k in "xst"), []), "--steps", "1", "--quiet", "--save", out], check=True)
+    got = st_load(out)
+    f64 = {k: torch.from_numpy(v.astype(np.float64)) for k, v in (("s", s), ("t", t))}
+    act_loss(y, f64["s"], act_forward(y, p), f64["t"]).backward()
+    for name, v in p.items():
+        want = (v - LR * v.grad).detach().numpy()
+        e = np.abs(got[name] - want).max() / np.abs(want).max()
+        print(f"{name} after one step: largest difference {e:.2e} of the largest")
+        check(e <= ACT_GRAD_TOL, f"{name} differs from PyTorch's after one step by {e:.2e}")
+
+
 def main():
     case, netc, work = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(work, exist_ok=True)
     check = Checks()
-    {"pointwise": pointwise, "layers": layers}[case](netc, work, check)
+    {"pointwise": pointwise, "layers": layers, "activations": activations}[case](netc, work, check)
     print(f"composed {case}: {check.count} checks, {len(check.failures)} failed")
     return 1 if check.failures else 0
 
