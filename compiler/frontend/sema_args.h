@@ -35,6 +35,9 @@ int64_t arg_int(Args *A, int i, int64_t def, int64_t min);
 /* A float32 tensor argument of at least `min_rank` axes (exactly `rank` if rank > 0); f16 and
  * bf16 ones are refused, naming the layer. NULL after an error (A->ok cleared). */
 IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank);
+/* An int or a [h, w] list of ints >= min (both def when absent), as PyTorch's kernel_size,
+ * stride and padding; clears A->ok after an error */
+void arg_pair(Args *A, int i, int def, int min, int out[2]);
 /* An axis of `shape` (negative ones count from the end); -1 after an error (A->ok cleared) */
 int arg_axis(Args *A, int i, const IrShape *shape);
 /* true or false (def when the argument is absent); clears A->ok after an error */
@@ -72,6 +75,7 @@ Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_maximum(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_minimum(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_conv_transpose2d(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_upsample(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_softplus(Sema *S, const AstExpr *c, const char *label, Value *args);

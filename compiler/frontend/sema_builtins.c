@@ -45,7 +45,7 @@ int64_t arg_int(Args *A, int i, int64_t def, int64_t min) {
 }
 
 /* An int or a [h, w] list, as PyTorch's kernel_size/stride/padding. */
-static void arg_pair(Args *A, int i, int def, int min, int out[2]) {
+void arg_pair(Args *A, int i, int def, int min, int out[2]) {
     Value v = A->a[i];
     out[0] = out[1] = def;
     if (v.k == V_LIST && v.n == 2 && v.items[0].k == V_INT && v.items[1].k == V_INT &&
@@ -1430,6 +1430,8 @@ static const SemaBuiltin builtins[] = {
     {"minimum", "a, b", sema_b_minimum, 2, 2, {"a", "b"}},
     {"conv1d", "x, out, k, stride=1, pad=0, dilation=1, groups=1, bias=true", sema_b_conv1d, 3, 8,
      {"x", "out", "k", "stride", "pad", "dilation", "groups", "bias"}},
+    {"conv_transpose2d", "x, out, k, stride=1, pad=0, output_padding=0, dilation=1, groups=1, bias=true",
+     sema_b_conv_transpose2d, 3, 9, {"x", "out", "k", "stride", "pad", "output_padding", "dilation", "groups", "bias"}},
     {"groupnorm", "x, groups, eps=1e-5, affine=true", sema_b_groupnorm, 2, 4, {"x", "groups", "eps", "affine"}},
     {"upsample", "x, scale=2", sema_b_upsample, 1, 2, {"x", "scale"}},
     {"softplus", "x, beta=1, threshold=20", sema_b_softplus, 1, 3, {"x", "beta", "threshold"}},

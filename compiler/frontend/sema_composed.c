@@ -15,9 +15,9 @@
  * hardswish, logsigmoid, softsign, prelu and glu, with PyTorch's values and gradients at their
  * kinks; an exponential in a branch not taken has its operand held at 0 there.
  *
- * Layers: conv1d (a 2-D convolution of a 1 x k window), groupnorm (a layer norm over each
- * group's values, then a per-channel scale and shift) and upsample (nearest-neighbour: an expand
- * between two reshapes).
+ * Layers: conv1d (a 2-D convolution of a 1 x k window), conv_transpose2d (a convolution's data
+ * gradient), groupnorm (a layer norm over each group's values, then a per-channel scale and
+ * shift) and upsample (nearest-neighbour: an expand between two reshapes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -508,3 +508,65 @@ Value sema_b_conv1d(Sema *S, const AstExpr *c, const char *label, Value *args) {
     return sema_tensor(sema_reshape(S, y, ir_shape(3, N, out, y->shape.dim[3]), c->loc));
 }
 
+/* conv_transpose2d(x, out, k, stride=1, pad=0, output_padding=0, dilation=1, groups=1, bias=true)
+ * on x [N, C, H, W]: torch.nn.ConvTranspose2d, the gradient of a convolution from `out` to C
+ * channels with respect to its input (the IR's CONV2D_BWD_DATA, whose own gradients are that
+ * convolution and its filter gradient). Its filter LABEL.weight is that convolution's,
+ * [C, out / groups, kh, kw], as PyTorch stores it; LABEL.bias [out]; both U(-b, b) with
+ * b = 1 / sqrt(out / groups * kh * kw), PyTorch's default. The output is [N, out, H', W'] with
+ * H' = (H - 1) stride - 2 pad + dilation (kh - 1) + output_padding + 1, which the convolution
+ * takes back to H: output_padding must be below the stride. */
+Value sema_b_conv_transpose2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
+    int64_t out = arg_int(A, 1, 1, 1);
+    SemaConv v;
+    int extra[2];
+    arg_pair(A, 2, 1, 1, v.k);
+    arg_pair(A, 3, 1, 1, v.stride);
+    arg_pair(A, 4, 0, 0, v.pad);
+    arg_pair(A, 5, 0, 0, extra);
+    arg_pair(A, 6, 1, 1, v.dil);
+    v.groups = arg_int(A, 7, 1, 1);
+    v.bias = arg_bool(A, 8, 1);
+    if (!A->ok) return sema_error();
+    const int64_t N = x->shape.dim[0], C = x->shape.dim[1];
+    if (C % v.groups || out % v.groups) {
+        diag_error(c->loc, "groups=%lld must divide both the input channels (%lld) and the output channels (%lld)",
+                   (long long)v.groups, (long long)C, (long long)out);
+        return sema_error();
+    }
+    if (extra[0] >= v.stride[0] || extra[1] >= v.stride[1]) {
+        diag_error(arg_loc(c, "output_padding", 5), "conv_transpose2d: output_padding %d,%d must be below the "
+                   "stride %d,%d", extra[0], extra[1], v.stride[0], v.stride[1]);
+        diag_hint("output_padding picks among the outputs a strided convolution takes to the same size");
+        return sema_error();
+    }
+    int64_t hw[2];
+    for (int i = 0; i < 2; i++)
+        hw[i] = (x->shape.dim[2 + i] - 1) * v.stride[i] - 2 * (int64_t)v.pad[i] + (int64_t)v.dil[i] * (v.k[i] - 1) +
+                extra[i] + 1;
+    if (hw[0] < 1 || hw[1] < 1) {
+        diag_error(c->loc, "conv_transpose2d of %s with a %dx%d kernel (padding %d,%d) has an empty output",
+                   sema_shape_str(S, &x->shape), v.k[0], v.k[1], v.pad[0], v.pad[1]);
+        return sema_error();
+    }
+    IrShape ys = ir_shape(4, N, out, hw[0], hw[1]);
+    if (!sema_check_shape(S, &ys, c->loc)) return sema_error();
+    SrcLoc at = c->loc;
+    const char *name = sema_layer_name(S, label, c->name);
+    double bound = 1.0 / sqrt((double)(out / v.groups * v.k[0] * v.k[1]));
+    IrShape filter = ir_shape(4, C, out / v.groups, (int64_t)v.k[0], (int64_t)v.k[1]);
+    IrParam *w = sema_new_param(S, arena_printf(S->arena, "%s.weight", name), filter, INIT_UNIFORM, bound, at);
+    IrParam *b = w && v.bias ? sema_new_param(S, arena_printf(S->arena, "%s.bias", name), ir_shape(1, out),
+                                              INIT_UNIFORM, bound, at)
+                             : NULL;
+    if (!w || (v.bias && !b)) return sema_error();
+    IrNode *y = sema_node(S, OP_CONV2D_BWD_DATA, ys, DT_F32, at, 2, x, w->node, NULL);
+    memcpy(y->attr.stride, v.stride, sizeof v.stride);
+    memcpy(y->attr.pad, v.pad, sizeof v.pad);
+    memcpy(y->attr.dil, v.dil, sizeof v.dil);
+    y->attr.groups = (int)v.groups;
+    if (b) y = binary(S, OP_ADD, y, sema_reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), at), at);
+    return sema_tensor(y);
+}

@@ -220,6 +220,14 @@ static void grad_lib(Ad *ad, IrNode *y, IrNode *dy) {
         if (wants(ad, x))
             accumulate(ad, x, lib(ad, OP_CONV2D_BWD_DATA, y, &x->shape, 2, dy, w, NULL));
         break;
+    case OP_CONV2D_BWD_DATA: /* a transposed convolution (conv_transpose2d), y = the gradient of
+                              * conv(., w) at x: its data gradient is that convolution, and its
+                              * filter's, the filter gradient with the operands' roles exchanged */
+        if (wants(ad, w))
+            accumulate(ad, w, lib(ad, OP_CONV2D_BWD_FILTER, y, &w->shape, 2, dy, x, NULL));
+        if (wants(ad, x))
+            accumulate(ad, x, lib(ad, OP_CONV2D, y, &x->shape, 2, dy, w, NULL));
+        break;
     case OP_MAXPOOL2D:
         accumulate(ad, x, lib(ad, OP_MAXPOOL2D_BWD, y, &x->shape, 2, x, dy, NULL));
         break;
@@ -421,14 +429,14 @@ static void differentiate(Ad *ad, IrNode *y, IrNode *dy) {
     case OP_BCE_LOGITS: grad_bce(ad, y, dy); break;
     case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_MAX: grad_axes(ad, y, dy); break;
     case OP_MATMUL: grad_matmul(ad, y, dy); break;
-    case OP_CONV2D: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX: case OP_LOG_SOFTMAX:
-    case OP_XENT: case OP_GATHER:
+    case OP_CONV2D: case OP_CONV2D_BWD_DATA: case OP_MAXPOOL2D: case OP_AVGPOOL2D: case OP_SOFTMAX:
+    case OP_LOG_SOFTMAX: case OP_XENT: case OP_GATHER:
         grad_lib(ad, y, dy);
         break;
     case OP_ATTENTION: case OP_ATTENTION_MASKED: grad_attention(ad, y, dy); break;
     case OP_LAYERNORM: case OP_RMSNORM: grad_norm(ad, y, dy); break;
     case OP_RELU_GRAD: case OP_SIGMOID_GRAD: case OP_TANH_GRAD: case OP_GELU_GRAD:
-    case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD: case OP_CONV2D_BWD_DATA:
+    case OP_DROPOUT_GRAD: case OP_BCE_LOGITS_GRAD:
     case OP_CONV2D_BWD_FILTER: case OP_MAXPOOL2D_BWD: case OP_AVGPOOL2D_BWD: case OP_SOFTMAX_BWD:
     case OP_XENT_BWD: case OP_GATHER_BWD: case OP_BN_BWD_DATA: case OP_BN_BWD_SUMS: case OP_ROW: case OP_LAYOUT: case OP_PERMUTE_VIEW:
     case OP_SLICE_BWD: case OP_MAX_BWD:

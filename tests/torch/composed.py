@@ -9,8 +9,9 @@ every parameter after one SGD step.
 
 layers (composed_layers.net): groupnorm and upsample between two convolutions, against
 torch.nn.GroupNorm and nearest interpolation, and conv1d against torch.nn.Conv1d (dilated,
-strided, grouped, two in a chain): every parameter after three SGD steps, the trainer built with
-its default channels-last layouts and with --layout=row-major.
+strided, grouped, two in a chain), and conv_transpose2d against torch.nn.ConvTranspose2d (strided
+with output padding, grouped, a 2x3 kernel, dilated): every parameter after three SGD steps, the
+trainer built with its default channels-last layouts and with --layout=row-major.
 
 activations (composed_activations.net): the activations (softplus, elu, selu, celu, mish,
 hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, prelu, glu, logsumexp; log1p,
@@ -109,11 +110,16 @@ class Layers(torch.nn.Module):
         self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
         self.seq1 = torch.nn.Conv1d(4, 6, 3, padding=2, dilation=2)
         self.seq2 = torch.nn.Conv1d(6, 6, 4, stride=2, padding=1, groups=2)
+        self.de1 = torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+        self.de2 = torch.nn.ConvTranspose2d(4, 6, (2, 3), stride=(2, 1), padding=(0, 1), groups=2, bias=False)
+        self.de3 = torch.nn.ConvTranspose2d(3, 2, 3, dilation=2, padding=2)
+        self.de4 = torch.nn.ConvTranspose2d(3, 2, 2, stride=2, output_padding=1)
 
     def forward(self, x, s):
         y = torch.relu(self.gn(self.conv(x)))
         z = self.conv2(torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest"))
-        return z, self.seq2(torch.relu(self.seq1(s)))
+        r = self.de2(torch.relu(self.de1(x)))
+        return z, self.seq2(torch.relu(self.seq1(s))), r, self.de3(x), self.de4(x)
 
 
 def layers(netc, work, check):
@@ -125,7 +131,8 @@ def layers(netc, work, check):
     init = {k: v.detach().numpy().astype(np.float32) for k, v in net.state_dict().items()}
     st_save(os.path.join(work, "init.safetensors"), init)
     rng = np.random.default_rng(6)
-    data = {"x": (3, 6, 6), "t": (8, 12, 12), "s": (4, 10), "u": (6, 5)}
+    data = {"x": (3, 6, 6), "t": (8, 12, 12), "s": (4, 10), "u": (6, 5), "v": (6, 24, 12), "o": (2, 6, 6),
+            "e": (2, 13, 13)}
     data = {k: rng.standard_normal((2 * LAYERS_STEPS, *v)).astype(np.float32) for k, v in data.items()}
     for k, v in data.items():
         np.save(os.path.join(work, f"{k}.npy"), v)
@@ -133,9 +140,9 @@ def layers(netc, work, check):
     opt = torch.optim.SGD(net.parameters(), lr=LAYERS_LR)
     for s in range(LAYERS_STEPS):
         opt.zero_grad()
-        x, t, sq, u = (torch.from_numpy(data[k][2 * s:2 * s + 2].astype(np.float64)) for k in "xtsu")
-        z, q = net(x, sq)
-        (torch.nn.functional.mse_loss(z, t) + torch.nn.functional.mse_loss(q, u)).backward()
+        x, t, sq, u, v, o, e = (torch.from_numpy(data[k][2 * s:2 * s + 2].astype(np.float64)) for k in "xtsuvoe")
+        outs = net(x, sq)
+        sum(torch.nn.functional.mse_loss(a, b) for a, b in zip(outs, (t, u, v, o, e))).backward()
         opt.step()
     for tag, flags in (("channels-last", []), ("row-major", ["--layout=row-major"])):
         exe = os.path.join(work, f"layers-{tag}")
