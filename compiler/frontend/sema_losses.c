@@ -24,27 +24,40 @@ static IrNode *arg_logits(Args *A, int i) {
     return arg_f32_tensor(A, i, 2, 2);
 }
 
-/* An integer tensor of class indices [N] matching `logits` [N, C], cast to i64 if needed. */
-static IrNode *arg_labels(Args *A, int i, const IrNode *logits) {
-    Value v = A->a[i];
-    if (v.k == V_ERR) return NULL;
+/* Integer class indices, argument 1, for logits [..., C]: the same leading axes, cast to i64 if
+ * needed; NULL after an error. */
+static IrNode *arg_labels(Args *A, const IrNode *logits) {
+    Value v = A->a[1];
+    if (v.k == V_ERR) return A->ok = 0, NULL;
     if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype)) {
-        diag_error(arg_at(A, i), "'%s' of %s must be an integer tensor of class indices, found %s",
-                   A->b->params[i], A->b->name, sema_value_desc(A->S, v));
-        A->ok = 0;
-        return NULL;
+        diag_error(arg_at(A, 1), "'%s' of %s must be an integer tensor of class indices, found %s",
+                   A->b->params[1], A->b->name, sema_value_desc(A->S, v));
+        return A->ok = 0, NULL;
     }
-    if (v.t->shape.rank != 1 || v.t->shape.dim[0] != logits->shape.dim[0]) {
-        diag_error(arg_at(A, i), "labels of shape %s do not match logits of shape %s",
+    const int r = logits->shape.rank - 1;
+    int same = v.t->shape.rank == r;
+    for (int i = 0; same && i < r; i++) same = v.t->shape.dim[i] == logits->shape.dim[i];
+    if (!same) {
+        diag_error(arg_at(A, 1), "labels of shape %s do not match logits of shape %s",
                    sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
-        diag_hint("logits are [N, classes] and labels [N]");
-        A->ok = 0;
-        return NULL;
+        diag_hint(r == 1 ? "logits are [N, classes] and labels [N]"
+                         : "logits are [..., classes] and labels [...], the same leading axes");
+        return A->ok = 0, NULL;
     }
     if (v.t->dtype == DT_I64) return v.t;
     return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
 }
 
+/* The logits (argument 0) and labels (1) of cross_entropy and accuracy: [N, C] with [N], or a
+ * sequence's [..., C] with [...] (labels of one axis fewer). 0 after an error. */
+static int logits_labels(Args *A, IrNode **logits, IrNode **labels) {
+    Value lv = A->a[0], v = A->a[1];
+    int seq = lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype) && v.k == V_TENSOR &&
+              v.t->shape.rank == lv.t->shape.rank - 1;
+    *logits = seq ? arg_f32_tensor(A, 0, 0, 3) : arg_logits(A, 0);
+    *labels = A->ok ? arg_labels(A, *logits) : NULL;
+    return A->ok;
+}
 
 /* ---- losses and metrics: the mean over the batch's valid rows */
 
@@ -54,29 +67,6 @@ static IrNode *batch_mean(Sema *S, IrNode *x, SrcLoc loc) {
     return m;
 }
 
-/* Labels [...] for logits [..., C] of rank > 2 (a sequence: [B, T, C] with [B, T]), cast to i64;
- * NULL (no error) when `v` is not a tensor of rank logits - 1, which the [N, C] path then
- * reports. */
-static IrNode *seq_labels(Args *A, Value v, const IrNode *logits) {
-    if (v.k != V_TENSOR || v.t->shape.rank != logits->shape.rank - 1) return NULL;
-    if (ir_dtype_is_float(v.t->dtype)) {
-        diag_error(arg_at(A, 1), "'%s' of %s must be an integer tensor of class indices, found %s", A->b->params[1],
-                   A->b->name, sema_value_desc(A->S, v));
-        A->ok = 0;
-        return NULL;
-    }
-    for (int i = 0; i < v.t->shape.rank; i++) {
-        if (v.t->shape.dim[i] == logits->shape.dim[i]) continue;
-        diag_error(arg_at(A, 1), "labels of shape %s do not match logits of shape %s",
-                   sema_shape_str(A->S, &v.t->shape), sema_shape_str(A->S, &logits->shape));
-        diag_hint("logits are [..., classes] and labels [...], the same leading axes");
-        A->ok = 0;
-        return NULL;
-    }
-    if (v.t->dtype == DT_I64) return v.t;
-    return sema_node(A->S, OP_CAST, v.t->shape, DT_I64, v.t->loc, 1, v.t, NULL, NULL);
-}
-
 /* cross_entropy(logits [..., C], label [...], smoothing=0, ignore_index=none): the mean over
  * every position of the valid samples, as PyTorch's reduction="mean"; with ignore_index, the
  * positions whose label is it count for nothing and the mean is over the others (0/0 = NaN
@@ -84,21 +74,8 @@ static IrNode *seq_labels(Args *A, Value v, const IrNode *logits) {
 Value sema_b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    Value lv = A->a[0];
-    IrNode *logits = NULL, *lab = NULL;
-    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) {
-        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
-        if (!A->ok) return sema_error();
-        lab = seq_labels(A, A->a[1], x);
-        if (!A->ok) return sema_error();
-        if (lab) logits = x;
-    }
-    if (!lab) { /* [N, C] with [N], or an error that says so */
-        logits = arg_logits(A, 0);
-        if (!A->ok) return sema_error();
-        lab = arg_labels(A, 1, logits);
-        if (!A->ok) return sema_error();
-    }
+    IrNode *logits, *lab;
+    if (!logits_labels(A, &logits, &lab)) return sema_error();
     double smoothing = arg_num(A, 2, 0, 0, 1);
     if (!A->ok) return sema_error();
     Value iv = A->a[3];
@@ -213,21 +190,8 @@ Value sema_b_smooth_l1(Sema *S, const AstExpr *c, const char *label, Value *args
 Value sema_b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args) {
     (void)label;
     BEGIN_ARGS(S, c, args);
-    Value lv = A->a[0];
-    IrNode *logits = NULL, *lab = NULL;
-    if (lv.k == V_TENSOR && lv.t->shape.rank > 2 && ir_dtype_is_float(lv.t->dtype)) { /* a sequence */
-        IrNode *x = arg_f32_tensor(A, 0, 0, 3);
-        if (!A->ok) return sema_error();
-        lab = seq_labels(A, A->a[1], x);
-        if (!A->ok) return sema_error();
-        if (lab) logits = x;
-    }
-    if (!lab) {
-        logits = arg_logits(A, 0);
-        if (!A->ok) return sema_error();
-        lab = arg_labels(A, 1, logits);
-        if (!A->ok) return sema_error();
-    }
+    IrNode *logits, *lab;
+    if (!logits_labels(A, &logits, &lab)) return sema_error();
     IrNode *acc = sema_node(S, OP_ACCURACY, ir_scalar_shape(), DT_F32, c->loc, 2, logits, lab, NULL);
     Value kv = A->a[3];
     if (kv.k == V_ERR) return sema_error();
