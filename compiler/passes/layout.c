@@ -221,7 +221,7 @@ static IrNode **conversion_slot(IrGraph *g, Conversions **list, IrLayout layout)
  * it is computed, and the conversion becomes the gradient. A view's layout is then what its
  * operand's bytes give (ir_view_layout); a reshape reads row-major without `views`, or when it
  * is one of the step's results (escapes), as the runtime reads those. */
-static void convert(IrGraph *g, IrBuilder *b, int views, const unsigned char *escapes) {
+static void convert(IrGraph *g, IrBuilder *b, int krsc_filters, int views, const unsigned char *escapes) {
     Conversions **conv = arena_alloc(g->arena, ((size_t)g->n + 1) * sizeof *conv); /* by value */
     unsigned char *is_grad = arena_alloc(g->arena, (size_t)g->n + 1);
     for (int i = 0; i < g->n_params; i++)
@@ -230,6 +230,11 @@ static void convert(IrGraph *g, IrBuilder *b, int views, const unsigned char *es
         IrNode *n = g->nodes[i];
         if (!irb_placed(b, n)) continue; /* a permute sweep 0 merged away */
         int row_major = n->op == OP_RESHAPE && (!views || escapes[n->id]);
+        /* a filter gradient whose activations are channels-last is KRSC (choose() decided so
+         * with the layouts it gave; under --layout=row-major, a view's gradient read in place
+         * can still be channels-last: a patch embedding's tokens [N, h*w, D] as [N, D, h, w]) */
+        if (krsc_filters && n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_nhwc(n, 0))
+            n->layout = LAYOUT_NHWC;
         for (int k = 0; k < n->n_in; k++) {
             IrNode *x = n->in[k];
             IrLayout want = LAYOUT_ROW_MAJOR;
@@ -260,6 +265,6 @@ int layout_select(IrGraph *g, int channels_last, int krsc_filters, int views) {
     else
         for (int i = 0; i < g->n; i++) g->nodes[i]->layout = g->nodes[i]->attr.filter = LAYOUT_ROW_MAJOR;
     if (views) permute_views(g, b, escapes);
-    convert(g, b, views, escapes);
+    convert(g, b, krsc_filters, views, escapes);
     return irb_finish(b);
 }
