@@ -32,72 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cexpr.h"
 #include "codegen.h"
-#include "netrt.h"
+#include "cuda_gen.h"
 #include "passes.h"
-#include "rt_devstate.h"
-
-enum {
-    BLOCK = RT_CUDA_BLOCK, /* threads per block of every generated kernel (rt_devstate.h) */
-    MAX_GRID = 1 << 20,   /* blocks of a grid-stride kernel; more elements loop */
-    BN_ROWS = 256,        /* rows per partial sum of the batch-norm kernels (RT_K_BN_ROWS) */
-    NORM_ROWS = 32,       /* rows per partial sum of the norms' parameter gradients (RT_K_NORM_ROWS) */
-    ALIGN = 256,          /* every region of the device arena starts at a multiple of this */
-    CLIP_BLOCKS = 256,    /* blocks of the first clip_grad_norm kernel at most (emit_clip) */
-    ACC_BLOCKS = 1024,    /* blocks counting an accuracy's rows at most (emit_rows) */
-    SUM_RUN_ROWS = 256,   /* rows per run of a SUM_TO over rows (emit_sum_to), at least */
-    SUM_RUNS = 64,        /* runs of rows of a SUM_TO over rows at most */
-    PIECE = 16 * BLOCK,   /* floats per block of a layer-wise optimizer's kernels (emit_layerwise) */
-};
-
-/* Where everything lives in the device allocation, in bytes from its base. */
-typedef struct Map {
-    int64_t state, batch, params, grads, optstate, arena, part, total;
-    int64_t shard; /* --shard-optimizer: this rank's slices (netrt_cuda.h's off_shard); else 0 */
-    int64_t half_params; /* --frozen-half: the flat buffer's last n_half_params values, in half */
-    int64_t eval_end; /* what an evaluation step touches ends here: state to partial sums */
-    int64_t batch_bytes;
-    int64_t input[RT_MAX_INPUTS]; /* inside the staged batch */
-} Map;
-
-enum {
-    KERNEL_NAME = 64, /* k8_add_relu_l11 and the like, with room to spare */
-    WHAT = 320,       /* a launch's comment (node_what): its text, an id, a file's base name (at most 255), a line */
-};
-
-typedef struct Kernel {
-    char name[KERNEL_NAME];
-    char *key; /* its body as twin_key gives it, to find twins */
-    int n_at;  /* the entries of its RtKAt it reads: 0, it takes none */
-} Kernel;
-
-/* Every text being written has its own printer, a Cg whose out is that text and whose depth
- * follows its blocks: c, the emitter's state, prints the kernel being written; cu, step and plan
- * (whose other fields stay zero) print the kernels and the bodies of the host functions, which
- * the two files' printers (emit_cu_prologue, emit_host) copy in at the depth they were printed at.
- * A format that ends in "\n" leaves a blank line after its line; cg_blank prints one alone, and
- * an empty piece of a line is "%s", "" (the printers' formats are checked, and an empty one is
- * refused). */
-typedef struct Cu {
-    Cg c;              /* c.out: the body of the kernel being written, at depth 1 in its braces */
-    const IrGraph *g;
-    Map map;
-    Cg cu;             /* the kernels, in launch order */
-    Cg step;           /* the body of the host function being written (train or eval) */
-    Cg plan;           /* the body of the host plan() function */
-    unsigned char *planned; /* planned[id]: node id's library plan exists (2: and a fallback, emit_matmul) */
-    int *readers;      /* readers[id]: nodes of the training step that read node id */
-    Kernel *kernels;
-    int n_kernels, cap;
-    char *buf;         /* the kernel body being written */
-    size_t buf_size;
-    int64_t at[RT_K_AT]; /* what its launch passes as its RtKAt, at[0..n_at) (at_slot) */
-    int n_at;
-    int *renum;        /* twin_key's numbering of the ids, one per node */
-    unsigned char *vec; /* vec[id]: VEC_LOAD or VEC_STORE in the four-a-thread loop being written */
-    int *vec_ids, n_vec; /* those ids, in the order the loop's operands and outputs come (plan_vec) */
-} Cu;
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -129,9 +66,9 @@ static int64_t acc_blocks(const IrNode *logits) {
     return rows < 1 ? 1 : rows > ACC_BLOCKS ? ACC_BLOCKS : rows;
 }
 
-/* A layer-wise optimizer's blocks (emit_layerwise): the pieces of at most PIECE floats its
+/* A layer-wise optimizer's blocks (cu_layerwise): the pieces of at most PIECE floats its
  * trainable tensors are cut into, each tensor on its own; *tensors the tensors. */
-static int64_t layerwise_pieces(const IrGraph *g, int *tensors) {
+int64_t cu_layerwise_pieces(const IrGraph *g, int *tensors) {
     int64_t pieces = 0;
     *tensors = 0;
     for (int i = 0; i < g->n_params; i++)
@@ -216,13 +153,13 @@ static Map plan_memory(const IrGraph *g) {
         int64_t need = bn_blocks(M) * 2 * C * 8 + (g->sync_bn ? (2 * C + 2) * 8 : 0);
         if (need > part) part = need;
     }
-    /* emit_clip's sums (clip_grad_norm, or the loss scale's overflow check), and with a sharded
+    /* cu_clip's sums (clip_grad_norm, or the loss scale's overflow check), and with a sharded
      * optimizer their total, summed over the ranks */
     int64_t clip_part = (CLIP_BLOCKS + (g->shard_optimizer ? 1 : 0)) * 8;
     if ((g->train.clip_grad_norm > 0 || g->loss_scaling) && part < clip_part) part = clip_part;
-    if (rt_optimizer(g->train.optim)->apply_fn) { /* emit_layerwise's sums and factors */
+    if (rt_optimizer(g->train.optim)->apply_fn) { /* cu_layerwise's sums and factors */
         int tensors;
-        int64_t pieces = layerwise_pieces(g, &tensors);
+        int64_t pieces = cu_layerwise_pieces(g, &tensors);
         if (part < pieces * 16 + tensors * 4) part = pieces * 16 + tensors * 4;
     }
     m.part = at, at = align_up(at + part);
@@ -240,7 +177,7 @@ static Map plan_memory(const IrGraph *g) {
 }
 
 /* Bytes from the base to node n's first element (views included). */
-static int64_t dev_offset(const Cu *u, const IrNode *n) {
+int64_t cu_dev_offset(const Cu *u, const IrNode *n) {
     const IrNode *r = ir_storage_root(n);
     int64_t elems = 0;
     for (const IrNode *v = n; v != r; v = v->in[0])
@@ -263,7 +200,7 @@ static int64_t dev_offset(const Cu *u, const IrNode *n) {
 /* The host expression for a node's device pointer: (const float *)(base + 4096). */
 static void host_ptr(Cu *u, const IrNode *n, int writable) {
     cg_put(&u->step, "(%s%s *)(base + %" PRId64 ")", writable ? "" : "const ", ir_dtype_ctype(n->dtype),
-           dev_offset(u, n));
+           cu_dev_offset(u, n));
 }
 
 /* ---- kernels */
@@ -273,15 +210,15 @@ static void host_ptr(Cu *u, const IrNode *n, int writable) {
 static int at_slot(Cg *c, const IrNode *n, int64_t number) {
     Cu *u = (Cu *)c; /* c is Cu's first member */
     if (u->n_at == RT_K_AT) return -1;
-    u->at[u->n_at] = n ? dev_offset(u, n) : number;
+    u->at[u->n_at] = n ? cu_dev_offset(u, n) : number;
     return u->n_at++;
 }
 
-static void kernel_open(Cu *u) {
+void cu_kernel_open(Cu *u) {
     u->c.out = open_memstream(&u->buf, &u->buf_size);
     if (!u->c.out) ICE("cuda: out of memory");
     memset(u->c.decl, 0, (size_t)u->g->n + 1);
-    u->c.depth = 1; /* the body, which kernel_close puts between the kernel's braces */
+    u->c.depth = 1; /* the body, which cu_kernel_close puts between the kernel's braces */
     u->n_at = 0;
 }
 
@@ -329,7 +266,7 @@ static char *twin_key(Cu *u, const char *body) {
 /* Finish the kernel being written: write it to the .cu file unless a twin exists (twin_key),
  * and launch it from the host step with `grid` blocks of `block` threads, with at[0..n_at) as
  * its RtKAt where it reads one. */
-static void kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
+void cu_kernel_close(Cu *u, const char *name, unsigned grid, unsigned block, const char *what) {
     if (u->c.depth != 1) ICE("cuda: kernel %s ends inside a block", name);
     fclose(u->c.out);
     u->c.out = NULL;
@@ -407,7 +344,7 @@ static void kernel_name(const Cu *u, const IrNode *head, const char *suffix, cha
     snprintf(buf + len, size - len, "%s", line);
 }
 
-static unsigned grid_for(int64_t n) {
+unsigned cu_grid_for(int64_t n) {
     int64_t b = (n + BLOCK - 1) / BLOCK;
     return (unsigned)(b < 1 ? 1 : b > MAX_GRID ? MAX_GRID : b);
 }
@@ -454,7 +391,7 @@ enum { VEC_LOAD = 1, VEC_STORE = 2 };
  * is cudaMalloc's, 256-aligned. */
 static int vec_aligned(const Cu *u, const IrNode *x) {
     if (x->storage == ST_STATE || (x->dtype != DT_F32 && !ir_dtype_is_half(x->dtype))) return 0;
-    return dev_offset(u, x) % (4 * ir_dtype_size(x->dtype)) == 0;
+    return cu_dev_offset(u, x) % (4 * ir_dtype_size(x->dtype)) == 0;
 }
 
 static const char *vec_type(const IrNode *x) { return x->dtype == DT_F32 ? "NetcF4" : "NetcH4"; }
@@ -558,7 +495,7 @@ static void emit_group(Cu *u, const IrNode *head) {
     const IrNode *n;
     int64_t total = ir_numel(&head->shape);
     char name[KERNEL_NAME], group[64], what[WHAT];
-    kernel_open(u);
+    cu_kernel_open(u);
     cg_group_header(c, head);
     c->group = head->group; /* operands computed inside the group are locals, not pointers */
     int64_t largest = 0;
@@ -573,14 +510,14 @@ static void emit_group(Cu *u, const IrNode *head) {
     close_loop(u, vec);
     kernel_name(u, head, "", name, sizeof name);
     snprintf(group, sizeof group, "fused group %d, %" PRId64 " elements, from", head->group, total);
-    kernel_close(u, name, grid_for(vec ? total / 4 : total), BLOCK, node_what(head, group, what, sizeof what));
+    cu_kernel_close(u, name, cu_grid_for(vec ? total / 4 : total), BLOCK, node_what(head, group, what, sizeof what));
 }
 
 static void emit_ew(Cu *u, const IrNode *n) {
     Cg *c = &u->c;
     int64_t total = ir_numel(&n->shape);
     char name[KERNEL_NAME], what[WHAT];
-    kernel_open(u);
+    cu_kernel_open(u);
     cg_comment(c, n);
     declare_operands(u, n);
     cg_declare(c, n);
@@ -589,10 +526,16 @@ static void emit_ew(Cu *u, const IrNode *n) {
     cg_ew_store(c, n, 0);
     close_loop(u, vec);
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, grid_for(vec ? total / 4 : total), BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
+    cu_kernel_close(u, name, cu_grid_for(vec ? total / 4 : total), BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
-static void part_room(const Cu *u, int64_t bytes, const char *what);
+/* A kernel uses `bytes` of the partial-sum region, which device_map sized: an internal error if
+ * it did not size it for it (it would write over the gradients after it). */
+void cu_part_room(const Cu *u, int64_t bytes, const char *what) {
+    if (bytes > u->map.eval_end - u->map.part)
+        ICE("cuda: %s needs %" PRId64 " bytes of the partial-sum region, which has %" PRId64, what, bytes,
+            u->map.eval_end - u->map.part);
+}
 
 /* A SUM_TO over rows with sum_runs(n) = R runs (a bias's gradient: out_n outputs over red_n rows
  * of a [red_n, out_n] gradient): two kernels. In the first, a block takes 256 adjacent outputs
@@ -606,8 +549,8 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     int64_t out_n = ir_numel(&n->shape), red_n = ir_numel(&x->shape) / out_n;
     int64_t run = (red_n + runs - 1) / runs, chunks = (out_n + BLOCK - 1) / BLOCK;
     char name[KERNEL_NAME], what[WHAT];
-    part_room(u, runs * out_n * 8, "a sum over rows");
-    kernel_open(u);
+    cu_part_room(u, runs * out_n * 8, "a sum over rows");
+    cu_kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, x);
     cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
@@ -622,8 +565,8 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     cg_line(c, "part[b / %" PRId64 " * %" PRId64 " + o] = acc;", chunks, out_n);
     cg_close(c, "}");
     kernel_name(u, n, "_part", name, sizeof name);
-    kernel_close(u, name, rows_grid(runs * chunks), BLOCK, node_what(n, "sum_to", what, sizeof what));
-    kernel_open(u);
+    cu_kernel_close(u, name, rows_grid(runs * chunks), BLOCK, node_what(n, "sum_to", what, sizeof what));
+    cu_kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, n);
     cg_line(c, "const double *part = (const double *)(base + NETC_OFF_PART);");
@@ -633,7 +576,7 @@ static void emit_sum_to_runs(Cu *u, const IrNode *n, int64_t runs) {
     cg_line(c, "v%d[o] = (float)acc;", n->id);
     cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, grid_for(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
+    cu_kernel_close(u, name, cu_grid_for(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
 }
 
 /* SUM_TO: over rows with enough of them, emit_sum_to_runs; else one block per output element,
@@ -649,7 +592,7 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
         emit_sum_to_runs(u, n, runs);
         return;
     }
-    kernel_open(u);
+    cu_kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
@@ -667,7 +610,7 @@ static void emit_sum_to(Cu *u, const IrNode *n) {
     cg_line(c, "if (threadIdx.x == 0) v%d[o] = (float)acc;", n->id);
     cg_close(c, "}");
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, rows_grid(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
+    cu_kernel_close(u, name, rows_grid(out_n), BLOCK, node_what(n, "sum_to", what, sizeof what));
 }
 
 static void emit_reduce(Cu *u, const IrNode *n) {
@@ -681,7 +624,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     }
     if (n->dtype != DT_F32 || x->dtype != DT_F32) ICE("cuda: %s of %s", ir_op_name(n->op), ir_dtype_name(x->dtype));
     int masked = n->op == OP_MEAN && n->attr.batch_masked && x->shape.rank > 0;
-    kernel_open(u);
+    cu_kernel_open(u);
     cg_comment(c, n);
     cg_declare(c, x);
     cg_declare(c, n);
@@ -690,7 +633,7 @@ static void emit_reduce(Cu *u, const IrNode *n) {
     else cg_line(c, "const int64_t count = %" PRId64 ";", total);
     cg_line(c, "rt_k_mean(count, v%d, %d, v%d);", x->id, n->op == OP_MEAN, n->id);
     kernel_name(u, n, "", name, sizeof name);
-    kernel_close(u, name, 1, BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
+    cu_kernel_close(u, name, 1, BLOCK, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 /* ---- library operators */
@@ -718,7 +661,7 @@ static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_
     Cg *c = &u->c;
     char name[KERNEL_NAME], what[WHAT];
     if (n_extra > RT_K_AT) ICE("cuda: %s passes %d integers to its kernel", ir_op_name(n->op), n_extra);
-    kernel_open(u);
+    cu_kernel_open(u);
     for (int i = 0; i < n_extra; i++) u->at[u->n_at++] = extra[i];
     cg_comment(c, n);
     for (int k = 0; k <= n->n_in; k++) { /* the pointers this call uses */
@@ -727,7 +670,7 @@ static void lib_kernel_at(Cu *u, const IrNode *n, const char *call, const int64_
     }
     cg_line(c, "%s", call);
     kernel_name(u, n, suffix, name, sizeof name);
-    kernel_close(u, name, grid, block, node_what(n, ir_op_name(n->op), what, sizeof what));
+    cu_kernel_close(u, name, grid, block, node_what(n, ir_op_name(n->op), what, sizeof what));
 }
 
 static void lib_kernel(Cu *u, const IrNode *n, const char *call, const char *suffix, unsigned grid,
@@ -875,7 +818,7 @@ static void emit_pool(Cu *u, const IrNode *n) {
                       ir_layout_eq(n->layout, LAYOUT_NHWC));
     for (int k = 0; k < n->n_in; k++) at += snprintf(call + at, sizeof call - (size_t)at, ", v%d", n->in[k]->id);
     snprintf(call + at, sizeof call - (size_t)at, ", v%d);", n->id);
-    lib_kernel(u, n, call, "", grid_for(ir_numel(&n->shape)), BLOCK); /* outputs, or inputs gathered */
+    lib_kernel(u, n, call, "", cu_grid_for(ir_numel(&n->shape)), BLOCK); /* outputs, or inputs gathered */
 }
 
 /* Layer norm and RMS norm over the last axis D of [rows, D]: a block per row, or for the
@@ -920,10 +863,10 @@ static void emit_norm(Cu *u, const IrNode *n) {
     }
     snprintf(call, sizeof call, "rt_k_norm_params_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s);", rows, D, x, w,
              stats, part);
-    lib_kernel(u, n, call, "_part", grid_for(norm_blocks(rows) * D), BLOCK);
+    lib_kernel(u, n, call, "_part", cu_grid_for(norm_blocks(rows) * D), BLOCK);
     snprintf(call, sizeof call, "rt_k_norm_params_final(%" PRId64 ", %" PRId64 ", %d, %s, %s);", D, norm_blocks(rows),
              rms, part, params);
-    lib_kernel(u, n, call, "_sum", grid_for(D), BLOCK);
+    lib_kernel(u, n, call, "_sum", cu_grid_for(D), BLOCK);
 }
 
 /* Softmax and log-softmax along any axis: a block per row of [outer * inner rows, len]. */
@@ -1013,7 +956,7 @@ static void emit_rows(Cu *u, const IrNode *n) {
         else
             snprintf(call, sizeof call, "rt_k_accuracy_part(%" PRId64 ", %" PRId64 ", v%d, v%d, %s, %s, "
                      "(double *)(base + NETC_OFF_PART));", rows, cols, a, b, ignore, valid);
-        part_room(u, blocks * 8, "an accuracy's counts");
+        cu_part_room(u, blocks * 8, "an accuracy's counts");
         lib_kernel(u, n, call, "_part", (unsigned)blocks, BLOCK);
         snprintf(call, sizeof call, "rt_k_accuracy_total(%" PRId64 ", (const double *)(base + NETC_OFF_PART), v%d);%s",
                  blocks, n->id, divide);
@@ -1035,16 +978,16 @@ static void emit_index(Cu *u, const IrNode *n) {
         int64_t count = ir_numel(&idx->shape);
         snprintf(call, sizeof call, "rt_k_gather(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, v%d, v%d);", count,
                  t->shape.dim[0], t->shape.dim[1], t->id, idx->id, n->id);
-        lib_kernel(u, n, call, "", grid_for(count * t->shape.dim[1]), BLOCK);
+        lib_kernel(u, n, call, "", cu_grid_for(count * t->shape.dim[1]), BLOCK);
         return;
     }
     if (n->op != OP_GATHER_BWD) ICE("cuda: %s is not an index kernel", ir_op_name(n->op));
     const IrNode *idx = n->in[0], *dy = n->in[1];
     const int64_t count = ir_numel(&idx->shape), num = n->shape.dim[0], dim = n->shape.dim[1];
     const GatherSort sort = gather_sort(count, num);
-    part_room(u, sort.bytes, "an embedding gradient's sort");
+    cu_part_room(u, sort.bytes, "an embedding gradient's sort");
     snprintf(call, sizeof call, "rt_k_gather_bwd_zero(%" PRId64 ", %" PRId64 ", v%d);", num, dim, n->id);
-    lib_kernel(u, n, call, "_zero", grid_for(num * dim), BLOCK);
+    lib_kernel(u, n, call, "_zero", cu_grid_for(num * dim), BLOCK);
     const char *counts = "(int64_t *)(base + NETC_OFF_PART)";
     char src[80] = "(const int64_t *)0", dst[80] = "", suffix[16];
     for (int p = 0; p < sort.passes; p++) {
@@ -1064,7 +1007,7 @@ static void emit_index(Cu *u, const IrNode *n) {
     }
     snprintf(call, sizeof call, "rt_k_gather_bwd_runs(%" PRId64 ", %" PRId64 ", %" PRId64 ", v%d, %s, v%d, v%d);", count,
              num, dim, idx->id, src, dy->id, n->id);
-    lib_kernel(u, n, call, "_runs", grid_for(count * dim), BLOCK);
+    lib_kernel(u, n, call, "_runs", cu_grid_for(count * dim), BLOCK);
 }
 
 /* --sync-bn: batch-norm node n (statistics, or the backward sums) sums over the ranks: a batch
@@ -1090,20 +1033,20 @@ static void emit_bn_sync(Cu *u, const IrNode *n, int64_t M, int64_t C, int64_t H
     if (n->op == OP_BN_BWD_SUMS) {
         snprintf(call, sizeof call, "rt_k_bn_bwd_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s);", M,
                  C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);
-        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+        lib_kernel(u, n, call, "_part", cu_grid_for(nb * C), BLOCK);
         snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, 1.0, %s);", 2 * C,
                  2 * C, nb, part, s1);
         lib_kernel(u, n, call, "_sum", rows_grid(2 * C + 1), BLOCK);
         cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 "LL, %" PRId64 "); // over every rank's batch",
                 u->map.part + at1, 2 * C + 1);
         snprintf(call, sizeof call, "rt_k_bn_sync_mean(%" PRId64 ", %s, v%d);", 2 * C, s1, n->id);
-        lib_kernel(u, n, call, "_mean", grid_for(2 * C), BLOCK);
+        lib_kernel(u, n, call, "_mean", cu_grid_for(2 * C), BLOCK);
         return;
     }
     const IrParam *rm = &u->g->params[n->attr.stat_param];
     snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW, nhwc,
              x->id, part);
-    lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+    lib_kernel(u, n, call, "_part", cu_grid_for(nb * C), BLOCK);
     snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %" PRId64 ".0, %s);", C,
              2 * C, nb, part, M, s1);
     lib_kernel(u, n, call, "_sum", rows_grid(C + 1), BLOCK);
@@ -1111,7 +1054,7 @@ static void emit_bn_sync(Cu *u, const IrNode *n, int64_t M, int64_t C, int64_t H
             u->map.part + at1, C + 1);
     snprintf(call, sizeof call, "rt_k_bn_sync_sqdev(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", M, C, HW,
              nhwc, x->id, s1, part);
-    lib_kernel(u, n, call, "_sqdev", grid_for(nb * C), BLOCK);
+    lib_kernel(u, n, call, "_sqdev", cu_grid_for(nb * C), BLOCK);
     snprintf(call, sizeof call, "rt_k_bn_sync_sums(%" PRId64 ", %" PRId64 ", %" PRId64 ", %s, %" PRId64 ".0, %s);", C, C,
              nb, part, M, s2);
     lib_kernel(u, n, call, "_sum2", rows_grid(C + 1), BLOCK);
@@ -1120,7 +1063,7 @@ static void emit_bn_sync(Cu *u, const IrNode *n, int64_t M, int64_t C, int64_t H
     const int64_t running = u->map.params + rm->offset * 4; /* the running statistics: at.o[0] */
     snprintf(call, sizeof call, "rt_k_bn_sync_final(%" PRId64 ", %s, %s, v%d, %.17g, %.17g, (float *)(base + at.o[0]));",
              C, s1, s2, n->id, n->attr.eps, n->attr.momentum);
-    lib_kernel_at(u, n, call, &running, 1, "_stats", grid_for(C), BLOCK);
+    lib_kernel_at(u, n, call, &running, 1, "_stats", cu_grid_for(C), BLOCK);
 }
 
 /* Batch-norm statistics and backward sums: per fixed block of rows into the shared partial-sum
@@ -1140,7 +1083,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
     if (n->op == OP_BN_BWD_SUMS) {
         snprintf(call, sizeof call, "rt_k_bn_bwd_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, v%d, v%d, %s);", M,
                  C, HW, nhwc, x->id, n->in[1]->id, n->in[2]->id, part);
-        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+        lib_kernel(u, n, call, "_part", cu_grid_for(nb * C), BLOCK);
         snprintf(call, sizeof call, "rt_k_bn_bwd_final(%" PRId64 ", %" PRId64 ", %s, v%d);", C, nb, part, n->id);
         lib_kernel(u, n, call, "_sum", rows_grid(2 * C), BLOCK);
         return;
@@ -1154,7 +1097,7 @@ static void emit_bn(Cu *u, const IrNode *n) {
     if (batch_stats) {
         snprintf(call, sizeof call, "rt_k_bn_stats_part(%" PRId64 ", %" PRId64 ", %" PRId64 ", %d, v%d, %s);", M, C, HW,
                  nhwc, x->id, part);
-        lib_kernel(u, n, call, "_part", grid_for(nb * C), BLOCK);
+        lib_kernel(u, n, call, "_part", cu_grid_for(nb * C), BLOCK);
     }
     const int64_t running = u->map.params + rm->offset * 4; /* the running statistics: at.o[0] */
     snprintf(call, sizeof call,
@@ -1212,7 +1155,7 @@ static void emit_axes(Cu *u, const IrNode *n) {
         break;
     default: ICE("cuda: %s is not a copy along axes", ir_op_name(n->op));
     }
-    lib_kernel(u, n, call, "", grid_for(threads), BLOCK);
+    lib_kernel(u, n, call, "", cu_grid_for(threads), BLOCK);
 }
 
 /* Attention (netrt_attention.cuh): the forward one kernel, a block per (slice, tile of 256 query
@@ -1270,7 +1213,7 @@ static void emit_attention(Cu *u, const IrNode *n) {
                  ir_attention_grad_at(n, i), len);
         char suffix[16];
         snprintf(suffix, sizeof suffix, "_zero%d", i);
-        lib_kernel(u, n, call, suffix, grid_for(len), BLOCK);
+        lib_kernel(u, n, call, suffix, cu_grid_for(len), BLOCK);
     }
     char grad[3][48];
     for (int i = 0; i < 3; i++) cg_attention_grad(n, &a, i, grad[i], sizeof grad[i]);
@@ -1317,517 +1260,6 @@ static void emit_node(Cu *u, const IrNode *n) {
     }
 }
 
-/* ---- the step's bookkeeping on the device */
-
-/* The learning rate at st->step: rt_lr_at, as on the host, on the run's schedule (st->schedule:
- * the model's, or the one the trainer's options made of it), whose values the kernel names in a
- * comment. */
-static void emit_step_begin(Cu *u) {
-    const IrTrain *t = &u->g->train;
-    Cg *c = &u->c;
-    kernel_open(u);
-    cg_line(c, "RtDevState *st = ctx->state;");
-    cg_line(c, "st->step_seed = rt_step_seed(st->seed, st->step * st->accumulate + st->micro); // each batch its masks");
-    int poly = t->sched == SCHED_POLY, in_steps = t->warmup_steps || t->step_steps || poly;
-    cg_line(c, "// the model's schedule, which the trainer's --lr, --warmup-epochs, ... may change:");
-    cg_line(c, "// {kind, base_lr, warmup_epochs, step_epochs, gamma, min_lr%s%s}",
-            in_steps ? ", warmup_steps, step_steps" : "", poly ? ", power" : "");
-    cg_begin(c, "// {%s, ", cg_sched_enums[t->sched]);
-    cg_dbl(c->out, t->lr);
-    cg_put(c, ", ");
-    cg_dbl(c->out, t->warmup_epochs);
-    cg_put(c, ", ");
-    cg_dbl(c->out, t->step_epochs);
-    cg_put(c, ", ");
-    cg_dbl(c->out, t->gamma);
-    cg_put(c, ", ");
-    cg_dbl(c->out, t->min_lr);
-    if (in_steps) {
-        cg_put(c, ", ");
-        cg_dbl(c->out, t->warmup_steps);
-        cg_put(c, ", ");
-        cg_dbl(c->out, t->step_steps);
-    }
-    if (poly) {
-        cg_put(c, ", ");
-        cg_dbl(c->out, t->power);
-    }
-    cg_end(c, "}");
-    cg_line(c, "st->lr = (float)rt_lr_at(&st->schedule, st->step, st->per_epoch, st->total);");
-    kernel_close(u, "step_begin", 1, 1, "this step's learning rate and dropout seed");
-}
-
-/* Metric i's count of this batch's correct predictions, as the kernel reads it: g->correct, one
- * float per metric. */
-static void metric_at(Cu *u, int i, char *buf, size_t size) {
-    snprintf(buf, size, "*(const float *)(base + %" PRId64 ")", dev_offset(u, u->g->correct) + 4 * (int64_t)i);
-}
-
-/* Loss and accuracies into the sums; a non-finite loss stops every later update. */
-static void emit_step_end(Cu *u, int eval) {
-    const IrGraph *g = u->g;
-    Cg *c = &u->c;
-    const IrNode *metric[IR_MAX_METRICS];
-    const int metrics = ir_metrics(g, metric);
-    char correct[96];
-    kernel_open(u);
-    cg_line(c, "RtDevState *st = ctx->state;");
-    if (eval) {
-        cg_line(c, "st->eval_loss += (double)*(const float *)(base + %" PRId64 ") * (double)ctx->n_valid;",
-                dev_offset(u, g->loss));
-        for (int i = 0; i < metrics; i++) {
-            metric_at(u, i, correct, sizeof correct);
-            cg_line(c, "st->eval_correct[%d] += (double)%s;", i, correct);
-        }
-        kernel_close(u, "eval_end", 1, 1, "evaluation sums");
-        return;
-    }
-    /* --accumulate K: the mean of the step's K losses, added in order in double as the CPU
-     * trainer adds them (for K = 1 the batch's own, exactly) */
-    cg_line(c, "const float loss = (float)((st->micro_loss + (double)*(const float *)(base + %" PRId64
-               ")) / (double)st->accumulate);", dev_offset(u, g->loss));
-    cg_line(c, "st->loss = loss;");
-    for (int i = 0; i < metrics; i++) {
-        metric_at(u, i, correct, sizeof correct);
-        cg_line(c, "st->correct[%d] = (float)(st->micro_correct[%d] + (double)%s);", i, i, correct);
-    }
-    cg_line(c, "st->micro = 0, st->micro_loss = 0;");
-    for (int i = 0; i < metrics; i++) cg_line(c, "st->micro_correct[%d] = 0;", i);
-    if (g->distributed) { /* every rank adds up, and checks, the loss summed over the ranks */
-        kernel_close(u, "step_loss", 1, 1, "this rank's loss and correct predictions");
-        cg_line(&u->step, "rt_cuda_sum_join(cu); // summed over the ranks, once every gradient's mean is done");
-        kernel_open(u);
-        cg_line(c, "RtDevState *st = ctx->state;");
-        cg_line(c, "const float loss = st->loss;");
-    }
-    cg_line(c, "if (!isfinite(loss) && st->nonfinite_step == 0) st->nonfinite_step = st->step + 1;");
-    cg_line(c, "st->loss_sum += (double)loss;");
-    cg_line(c, "st->loss_steps += 1;");
-    for (int i = 0; i < metrics; i++) cg_line(c, "st->correct_sum[%d] += (double)st->correct[%d];", i, i);
-    kernel_close(u, "step_end", 1, 1, "loss sums, non-finite check");
-}
-
-/* --accumulate K (RtStepPart): the step's summed gradients, n_grad_floats floats at
- * RtDevState.accum_at, which the runtime allocates and zeroes. Each RT_STEP_SUM batch adds its
- * gradients to the sum (zero plus the first batch's: the CPU trainer's copy of it, but for a
- * -0.0f, which becomes +0.0f); RT_STEP_LAST adds the sum to the last batch's gradients, divides
- * by K - (g + sum) * (1 / K), as the CPU trainer rounds it - and zeroes the sum for the next
- * step. A distributed step does that bucket by bucket, before each bucket's mean over the ranks
- * (whose 1 / ranks follows: the same bits as the CPU's 1 / (ranks K) where both are powers of
- * two), and its SUM batches start no collective. */
-static void emit_grads_mean(Cu *u, int64_t offset, int64_t count, const char *name) {
-    Cg *c = &u->c;
-    kernel_open(u);
-    cg_line(c, "const RtDevState *st = ctx->state;");
-    if (offset)
-        cg_line(c, "float *g = ctx->grads + %" PRId64 ", *sum = (float *)(base + st->accum_at) + %" PRId64 ";", offset,
-                offset);
-    else cg_line(c, "float *g = ctx->grads, *sum = (float *)(base + st->accum_at);");
-    cg_line(c, "const float mean = 1.0f / (float)st->accumulate;");
-    cg_open(c, "NETC_FOR(i, %" PRId64 ") {", count);
-    cg_line(c, "g[i] = (g[i] + sum[i]) * mean;");
-    cg_line(c, "sum[i] = 0.0f;");
-    cg_close(c, "}");
-    cg_line(&u->step, "if (part == RT_STEP_LAST)");
-    u->step.depth++;
-    kernel_close(u, name, grid_for(count), BLOCK, "--accumulate: the step's sum added, divided by K");
-    u->step.depth--;
-}
-
-/* The gradients of the buckets final at `position` of the training step: with --accumulate the
- * step's sum added (emit_grads_mean), then their mean over the ranks started, but in RT_STEP_SUM
- * batches. */
-static void emit_grads_ready(Cu *u, int position) {
-    const IrGraph *g = u->g;
-    for (int k = 0; g->distributed && k < g->n_buckets; k++) {
-        if (g->buckets[k].ready != position) continue;
-        char name[32];
-        snprintf(name, sizeof name, "grads_mean_b%d", k);
-        emit_grads_mean(u, g->buckets[k].offset, g->buckets[k].count, name);
-        cg_line(&u->step, "if (part != RT_STEP_SUM) rt_cuda_sum_start(cu, %d); // final: start their mean over the "
-                          "ranks", k);
-    }
-}
-
-/* The end of an RT_STEP_SUM batch: its gradients, loss and correct predictions added to the
- * step's, then no update; and a whole trainer's RT_STEP_LAST mean (a distributed one's is per
- * bucket, emit_grads_ready). */
-static void emit_grads_sum(Cu *u) {
-    const IrGraph *g = u->g;
-    Cg *c = &u->c;
-    int64_t n = g->n_grad_floats;
-    kernel_open(u);
-    cg_line(c, "RtDevState *st = ctx->state;");
-    if (n) {
-        cg_line(c, "float *sum = (float *)(base + st->accum_at);");
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") sum[i] += ctx->grads[i];", n);
-    }
-    cg_open(c, "if (blockIdx.x == 0 && threadIdx.x == 0) { // what step_end makes the step's mean of");
-    cg_line(c, "st->micro_loss += (double)*(const float *)(base + %" PRId64 ");", dev_offset(u, g->loss));
-    const IrNode *metric[IR_MAX_METRICS];
-    for (int i = 0, n = ir_metrics(g, metric); i < n; i++) {
-        char correct[96];
-        metric_at(u, i, correct, sizeof correct);
-        cg_line(c, "st->micro_correct[%d] += (double)%s;", i, correct);
-    }
-    cg_line(c, "st->micro += 1;");
-    cg_close(c, "}");
-    cg_open(&u->step, "if (part == RT_STEP_SUM) { // --accumulate: one of the step's first K - 1 batches");
-    kernel_close(u, "grads_sum", grid_for(n), BLOCK, "its gradients, loss and accuracy added to the step's");
-    cg_line(&u->step, "return; // no update until the step's last batch");
-    cg_close(&u->step, "}");
-    if (!g->distributed && n) emit_grads_mean(u, 0, n, "grads_mean");
-}
-
-/* Gradients the memory plan could not place in the gradient buffer are copied there. */
-static void emit_grad_copies(Cu *u) {
-    const IrGraph *g = u->g;
-    Cg *c = &u->c;
-    for (int i = 0; i < g->n_params; i++) {
-        const IrParam *p = &g->params[i];
-        if (!p->trainable || (p->grad && cg_in_place(p))) continue;
-        int64_t n = ir_numel(&p->node->shape);
-        char name[32], what[160];
-        kernel_open(u);
-        cg_begin(c, "// d ");
-        cg_comment_text(c->out, p->name);
-        cg_end(c, "%s", ""); /* the name ends the line */
-        if (p->grad && p->grad->storage != ST_INLINE) cg_declare(c, p->grad);
-        cg_begin(c, "NETC_FOR(i, %" PRId64 ") ctx->grads[%" PRId64 " + i] = ", n, p->grad_offset);
-        if (!p->grad) cg_put(c, "0.0f");
-        else if (p->grad->storage == ST_INLINE) cg_lit(c->out, cg_const_value(p->grad));
-        else cg_put(c, "v%d[i]", p->grad->id);
-        cg_end(c, ";");
-        snprintf(name, sizeof name, "grad%d", i);
-        snprintf(what, sizeof what, "gradient of %.120s", p->name);
-        kernel_close(u, name, grid_for(n), BLOCK, what);
-    }
-}
-
-/* --shard-optimizer: the table of this rank's slices the runtime writes (netrt_cuda.h), and
- * with `floats` their floats, the stride of the slots of the state. */
-static void emit_slices(Cu *u, int floats) {
-    Cg *c = &u->c;
-    cg_line(c, "// this rank's slices (netc --shard-optimizer): {offset, count, at} per bucket, then their floats");
-    cg_line(c, "const long long *slice = (const long long *)(base + NETC_OFF_SHARD);");
-    if (floats) cg_line(c, "const long long floats = slice[%d];", 3 * u->g->n_buckets);
-}
-
-/* The optimizer's kernels use `bytes` of the partial-sum region, which device_map sized: an
- * internal error if it did not size it for them (they would write over the gradients after it). */
-static void part_room(const Cu *u, int64_t bytes, const char *what) {
-    if (bytes > u->map.eval_end - u->map.part)
-        ICE("cuda: %s needs %" PRId64 " bytes of the partial-sum region, which has %" PRId64, what, bytes,
-            u->map.eval_end - u->map.part);
-}
-
-/* --precision fp16: torch.cuda.amp.GradScaler's unscale_ and update() in the clip_scale kernel,
- * from the squares' sum `sq` of the scaled gradients: `unscale` = 1 / S (a power of two: exact),
- * the step skipped (st->scale_skip) and S halved when sq is not finite, S doubled after
- * scale_interval finite steps in a row. Not finite at the smallest scale is divergence: the run
- * stops as on a non-finite loss. */
-static void emit_loss_scale(Cg *c) {
-    cg_line(c, "// dynamic loss scaling: the gradients are S times the true ones");
-    cg_line(c, "const float unscale = 1.0f / st->loss_scale;");
-    cg_line(c, "st->scale_skip = !isfinite(sq);");
-    cg_open(c, "if (st->scale_skip) { // an overflow: no update, and S halved");
-    cg_line(c, "st->skipped_steps += 1, st->scale_good = 0;");
-    cg_line(c, "if (st->loss_scale > RT_LOSS_SCALE_MIN) st->loss_scale *= 0.5f;");
-    cg_line(c, "else if (st->nonfinite_step == 0) st->nonfinite_step = st->step + 1, st->nonfinite_grads = 1;");
-    cg_close(c, "} else if (++st->scale_good == st->scale_interval) { // finite that many steps in a row: S doubled");
-    c->depth++;
-    cg_line(c, "if (st->loss_scale < RT_LOSS_SCALE_MAX) st->loss_scale *= 2.0f;");
-    cg_line(c, "st->scale_good = 0;");
-    cg_close(c, "}");
-}
-
-/* clip_grad_norm, and --precision fp16's dynamic loss scaling: the gradients' 2-norm in two
- * kernels with fixed trees, no atomics, and the scale the optimizer kernel reads
- * (st->clip_scale), all on the device. The first kernel's `nb` blocks each add the squares of
- * elements b*256 + t, b*256 + t + nb*256, ... per thread in double, then the block's 256 threads
- * by rt_block_sum's tree, into the partial-sum region; the second, one block, adds those nb sums
- * the same way. Under loss scaling the sum is the overflow check too: one gradient that is not
- * finite makes it NaN or Inf (emit_loss_scale). */
-static void emit_clip(Cu *u) {
-    const IrTrain *t = &u->g->train;
-    int64_t n = u->g->n_grad_floats, nb = (n + BLOCK - 1) / BLOCK;
-    if (nb > CLIP_BLOCKS) nb = CLIP_BLOCKS;
-    int shard = u->g->shard_optimizer, clip = t->clip_grad_norm > 0, scaling = u->g->loss_scaling;
-    const char *what = clip && scaling ? "clip_grad_norm and the loss scale" : clip ? "clip_grad_norm" : "the loss scale";
-    char why[96];
-    Cg *c = &u->c;
-    part_room(u, (CLIP_BLOCKS + shard) * 8, what);
-    kernel_open(u);
-    cg_line(c, "double *part = (double *)(base + NETC_OFF_PART);");
-    cg_line(c, "double sq = 0;");
-    if (shard) { /* this rank's slices, each the same way */
-        emit_slices(u, 0);
-        cg_open(c, "for (int k = 0; k < %d; k++) {", u->g->n_buckets);
-        cg_line(c, "const float *g = ctx->grads + slice[3 * k];");
-        cg_line(c, "for (long long j = (long long)blockIdx.x * %d + threadIdx.x; j < slice[3 * k + 1]; j += %" PRId64
-                   ") {", BLOCK, nb * BLOCK);
-        cg_line(c, "    const double x = (double)g[j];");
-    } else {
-        cg_line(c, "for (int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x; i < %" PRId64 "; i += %" PRId64 ") {",
-                BLOCK, n, nb * BLOCK);
-        cg_line(c, "    const double x = (double)ctx->grads[i];");
-    }
-    cg_line(c, "    sq += x * x;");
-    cg_line(c, "}");
-    if (shard) cg_close(c, "}");
-    cg_line(c, "sq = rt_block_sum(sq);");
-    cg_line(c, "if (threadIdx.x == 0) part[blockIdx.x] = sq;");
-    snprintf(why, sizeof why, "%s: the squares' sums per block", what);
-    kernel_close(u, "clip_sums", (unsigned)nb, BLOCK, why);
-    kernel_open(u);
-    if (!shard) cg_line(c, "RtDevState *st = ctx->state;");
-    cg_line(c, "%sdouble *part = (%sdouble *)(base + NETC_OFF_PART);", shard ? "" : "const ", shard ? "" : "const ");
-    cg_line(c, "double sq = 0;");
-    cg_line(c, "for (int b = (int)threadIdx.x; b < %" PRId64 "; b += %d) sq += part[b];", nb, BLOCK);
-    cg_line(c, "sq = rt_block_sum(sq);");
-    if (shard) { /* the ranks' sums added, then the norm */
-        cg_line(c, "if (threadIdx.x == 0) part[%d] = sq;", CLIP_BLOCKS);
-        snprintf(why, sizeof why, "%s: this rank's squares' sum", what);
-        kernel_close(u, "clip_total", 1, BLOCK, why);
-        cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 ", 1); // the squares' sum over the ranks",
-                u->map.part + CLIP_BLOCKS * 8);
-        kernel_open(u);
-        cg_line(c, "RtDevState *st = ctx->state;");
-        cg_line(c, "const double sq = ((const double *)(base + NETC_OFF_PART))[%d];", CLIP_BLOCKS);
-    }
-    cg_open(c, "if (threadIdx.x == 0) {");
-    if (scaling) emit_loss_scale(c);
-    cg_line(c, "st->grad_norm = sqrt(sq)%s;", scaling ? " * unscale" : "");
-    if (clip) cg_emit_clip_scale(c, t, "st->grad_norm");
-    cg_line(c, "st->clip_scale = %s;", clip && scaling ? "clip * unscale" : clip ? "clip" : "unscale");
-    cg_close(c, "}");
-    snprintf(why, sizeof why, "%s: the norm and the scale", what);
-    kernel_close(u, "clip_scale", 1, shard ? 1 : BLOCK, why);
-}
-
-/* The gradient bucket that holds trainable parameter p's gradient (buckets never split one). */
-static int bucket_of(const IrGraph *g, const IrParam *p) {
-    for (int b = 0; b < g->n_buckets; b++)
-        if (g->buckets[b].offset <= p->grad_offset && p->grad_offset < g->buckets[b].offset + g->buckets[b].count)
-            return b;
-    ICE("cuda: %s lies in no gradient bucket", p->name);
-}
-
-/* The trainable tensors in flat order, each with the index of its first piece of PIECE floats
- * (the blocks of emit_layerwise's kernels), as a table in the kernel: {offset, count, first}. */
-static void emit_piece_table(Cu *u) {
-    const IrGraph *g = u->g;
-    Cg *c = &u->c;
-    int nt = 0;
-    for (int i = 0; i < g->n_params; i++) nt += g->params[i].trainable;
-    const IrParam **t = calloc((size_t)(nt ? nt : 1), sizeof *t);
-    if (!t) ICE("cuda: out of memory");
-    for (int i = 0, k = 0; i < g->n_params; i++)
-        if (g->params[i].trainable) t[k++] = &g->params[i];
-    for (int a = 1; a < nt; a++) /* by offset: few tensors */
-        for (int b = a; b > 0 && t[b - 1]->grad_offset > t[b]->grad_offset; b--) {
-            const IrParam *x = t[b];
-            t[b] = t[b - 1], t[b - 1] = x;
-        }
-    int64_t first = 0, shard = g->shard_optimizer;
-    cg_line(c, "// the trainable tensors in flat order: {offset, floats, first piece of %d floats%s}", PIECE,
-            shard ? ", gradient bucket" : "");
-    cg_open(c, "static const long long tensor[%d][%d] = {", nt, shard ? 4 : 3);
-    for (int k = 0; k < nt; k++) {
-        int64_t count = ir_numel(&t[k]->node->shape);
-        if (shard)
-            cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 ", %d}, // %s", t[k]->grad_offset, count, first,
-                    bucket_of(g, t[k]), t[k]->name);
-        else cg_line(c, "{%" PRId64 ", %" PRId64 ", %" PRId64 "}, // %s", t[k]->grad_offset, count, first, t[k]->name);
-        first += (count + PIECE - 1) / PIECE;
-    }
-    cg_close(c, "};");
-    free(t);
-}
-
-/* The start of each optimizer kernel: nothing once a loss was not finite, nor on a step the
- * loss scale skips; the hyperparameters at the step, which counts the updates made (the steps
- * taken less those skipped, as torch.optim counts the step() calls that GradScaler lets through). */
-static void emit_optim_head(Cu *u) {
-    const IrTrain *t = &u->g->train;
-    /* the updates made: a loss-scaling run's skipped steps (carried from its checkpoint into a
-     * trainer that does not scale, rt_main.c) made none */
-    const char *step = "st->step - st->skipped_steps";
-    Cg *c = &u->c;
-    cg_line(c, "const RtDevState *st = ctx->state;");
-    if (u->g->loss_scaling) cg_line(c, "if (st->nonfinite_step || st->scale_skip) return;");
-    else cg_line(c, "if (st->nonfinite_step) return;");
-    cg_emit_optim_step(c, t, "st->lr", step, "st->hyper");
-    if (u->g->n_decay_floats < u->g->n_grad_floats) cg_emit_optim_no_decay(c, t, "st->lr", step);
-}
-
-/* emit_layerwise's first or last pass (the block's piece found) with --shard-optimizer: the
- * same blocks and threads over the same pieces, each thread moving the elements of its piece
- * that lie in this rank's slice of the tensor's bucket, so that one rank computes the plain
- * trainer's bits. The pieces' sums of the first pass are then summed over the ranks. */
-static void emit_layerwise_sharded(Cu *u, int pass, int clip, const char *hs) {
-    const RtOptimizer *o = rt_optimizer(u->g->train.optim);
-    int nt;
-    const int64_t pieces = layerwise_pieces(u->g, &nt);
-    Cg *c = &u->c;
-    emit_slices(u, 1);
-    cg_line(c, "const long long *mine = slice + 3 * tensor[lo][3]; // this rank's part of the tensor's bucket");
-    cg_line(c, "const long long a = mine[0], b = mine[0] + mine[1];");
-    cg_line(c, "%sfloat *p = ctx->params + a;", pass == 0 ? "const " : "");
-    cg_line(c, "float *state = ctx->optstate + mine[2];");
-    if (pass == 2) {
-        cg_line(c, "const float *g = ctx->grads + a;");
-        cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d)", BLOCK);
-        cg_line(c, "    if (i >= a && i < b) %s(%s, factor[lo], p, g, state, floats, i - a);", o->apply_fn, hs);
-        kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: each tensor's update by its factor, this rank's parameters");
-        return;
-    }
-    if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
-    cg_line(c, "%sfloat *g = ctx->grads + a;", clip ? "" : "const ");
-    cg_line(c, "double pp = 0, uu = 0;");
-    cg_open(c, "for (long long i = from + threadIdx.x; i < to; i += %d) {", BLOCK);
-    cg_line(c, "if (i < a || i >= b) continue;");
-    if (clip) cg_line(c, "g[i - a] *= clip;");
-    cg_line(c, "const float v = %s(%s, p, g, state, floats, i - a);", o->update_fn, hs);
-    cg_line(c, "pp += (double)p[i - a] * p[i - a], uu += (double)v * v;");
-    cg_close(c, "}");
-    cg_line(c, "pp = rt_block_sum(pp);");
-    cg_line(c, "uu = rt_block_sum(uu);");
-    cg_line(c, "if (threadIdx.x == 0) sums[2 * blockIdx.x] = pp, sums[2 * blockIdx.x + 1] = uu;");
-    kernel_close(u, "optimizer_sums", (unsigned)pieces, BLOCK,
-                 "optimizer: the moments, and each piece's squares of p and u, this rank's elements");
-    cg_line(&u->step, "rt_cuda_sum_doubles(cu, %" PRId64 ", %" PRId64 "); // the pieces' squares over the ranks",
-            u->map.part, 2 * pieces);
-}
-
-/* A layer-wise optimizer (LAMB, LARS: rt_recipe.h) in three kernels, as the CPU backend's three
- * passes: a block per piece of PIECE floats inside one tensor moves the moments and sums the
- * squares of p and of the direction u (rt_block_sum's fixed tree, in double); a thread per
- * tensor adds its pieces' sums in piece order into the tensor's factor; a block per piece
- * moves p. The sums and factors lie in the partial-sum region: [pieces][2] doubles, then
- * [tensors] floats. Every kernel does nothing once a loss was not finite. */
-static void emit_layerwise(Cu *u, int clip) {
-    const IrTrain *t = &u->g->train;
-    const RtOptimizer *o = rt_optimizer(t->optim);
-    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
-    int shard = u->g->shard_optimizer;
-    int nt;
-    const int64_t pieces = layerwise_pieces(u->g, &nt);
-    Cg *c = &u->c;
-    part_room(u, pieces * 16 + nt * 4, "the layer-wise optimizer");
-    for (int pass = 0; pass < 3; pass++) {
-        kernel_open(u);
-        emit_optim_head(u);
-        emit_piece_table(u);
-        if (pass < 2) cg_line(c, "double *sums = (double *)(base + NETC_OFF_PART); // [%" PRId64 "][2]", pieces);
-        if (pass > 0)
-            cg_line(c, "float *factor = (float *)(base + NETC_OFF_PART + %" PRId64 "LL); // [%d]", pieces * 16, nt);
-        if (pass == 1) { /* a thread per tensor */
-            cg_line(c, "const int k = (int)(blockIdx.x * blockDim.x + threadIdx.x);");
-            cg_line(c, "if (k >= %d) return;", nt);
-            cg_line(c, "const long long end = k + 1 < %d ? tensor[k + 1][2] : %" PRId64 ";", nt, pieces);
-            cg_line(c, "double pp = 0, uu = 0;");
-            cg_line(c, "for (long long b = tensor[k][2]; b < end; b++) pp += sums[2 * b], uu += sums[2 * b + 1];");
-            if (nd < n) cg_line(c, "const int decay = tensor[k][0] < %" PRId64 "; // the no_decay tensors lie last", nd);
-            cg_line(c, "factor[k] = %s(%s, %s, sqrt(pp), sqrt(uu));", o->ratio_fn,
-                    nd < n ? "decay ? h : h_nd, decay ? s : s_nd" : "h, s", nd < n ? "decay" : "1");
-            kernel_close(u, "optimizer_factors", (unsigned)((nt + BLOCK - 1) / BLOCK), BLOCK,
-                         "optimizer: each tensor's norms and factor");
-            continue;
-        }
-        cg_line(c, "// this block's piece: the last tensor whose first piece is at most blockIdx.x");
-        cg_line(c, "int lo = 0, hi = %d;", nt - 1);
-        cg_open(c, "while (lo < hi) {");
-        cg_line(c, "const int mid = (lo + hi + 1) / 2;");
-        cg_line(c, "if (tensor[mid][2] <= (long long)blockIdx.x) lo = mid;");
-        cg_line(c, "else hi = mid - 1;");
-        cg_close(c, "}");
-        cg_line(c, "const long long from = tensor[lo][0] + ((long long)blockIdx.x - tensor[lo][2]) * %d;", PIECE);
-        cg_line(c, "const long long to = from + %d < tensor[lo][0] + tensor[lo][1] ? from + %d : tensor[lo][0] + "
-                   "tensor[lo][1];", PIECE, PIECE);
-        const char *hs = nd < n ? "decay ? h : h_nd, decay ? s : s_nd" : "h, s";
-        if (nd < n) cg_line(c, "const int decay = tensor[lo][0] < %" PRId64 ";", nd);
-        if (shard) {
-            emit_layerwise_sharded(u, pass, clip, hs);
-            continue;
-        }
-        if (pass == 0) {
-            if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
-            cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
-            cg_line(c, "double pp = 0, uu = 0;");
-            cg_open(c, "for (long long i = from + threadIdx.x; i < to; i += %d) {", BLOCK);
-            if (clip) cg_line(c, "g[i] *= clip;");
-            cg_line(c, "const float v = %s(%s, ctx->params, g, ctx->optstate, %" PRId64 ", i);", o->update_fn, hs, n);
-            cg_line(c, "pp += (double)ctx->params[i] * ctx->params[i], uu += (double)v * v;");
-            cg_close(c, "}");
-            cg_line(c, "pp = rt_block_sum(pp);");
-            cg_line(c, "uu = rt_block_sum(uu);");
-            cg_line(c, "if (threadIdx.x == 0) sums[2 * blockIdx.x] = pp, sums[2 * blockIdx.x + 1] = uu;");
-            kernel_close(u, "optimizer_sums", (unsigned)pieces, BLOCK,
-                         "optimizer: the moments, and each piece's squares of p and u");
-        } else {
-            cg_line(c, "for (long long i = from + threadIdx.x; i < to; i += %d) %s(%s, factor[lo], ctx->params, "
-                       "ctx->grads, ctx->optstate, %" PRId64 ", i);", BLOCK, o->apply_fn, hs, n);
-            kernel_close(u, "optimizer", (unsigned)pieces, BLOCK, "optimizer: each tensor's update by its factor, every parameter");
-        }
-    }
-}
-
-/* emit_optimizer's kernel with --shard-optimizer, from its hyperparameters on: the update of
- * this rank's slices, their state at each slice's place `at` in slots of `floats`. */
-static void emit_optimizer_sharded(Cu *u, int clip) {
-    const RtOptimizer *o = rt_optimizer(u->g->train.optim);
-    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
-    Cg *c = &u->c;
-    emit_slices(u, 1);
-    cg_open(c, "for (int k = 0; k < %d; k++) {", u->g->n_buckets);
-    cg_line(c, "const long long from = slice[3 * k];");
-    cg_line(c, "float *p = ctx->params + from, *state = ctx->optstate + slice[3 * k + 2];");
-    cg_line(c, "%sfloat *g = ctx->grads + from;", clip ? "" : "const ");
-    const char *open = clip ? "{ g[j] *= clip; " : "", *close = clip ? " }" : "";
-    if (nd == n)
-        cg_line(c, "NETC_FOR(j, slice[3 * k + 1]) %s%s(h, s, p, g, state, floats, j);%s", open, o->update_fn, close);
-    else /* the parameter groups by the element's place in the whole buffer */
-        cg_line(c, "NETC_FOR(j, slice[3 * k + 1]) %s%s(from + j < %" PRId64 " ? h : h_nd, from + j < %" PRId64
-                   " ? s : s_nd, p, g, state, floats, j);%s", open, o->update_fn, nd, nd, close);
-    cg_close(c, "}");
-    kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, this rank's slices of the parameters");
-}
-
-/* One update of the flat parameter buffer with PyTorch's formulas, skipped once a loss was
- * not finite. */
-static void emit_optimizer(Cu *u) {
-    const IrTrain *t = &u->g->train;
-    int64_t n = u->g->n_grad_floats, nd = u->g->n_decay_floats;
-    if (n == 0) return;
-    Cg *c = &u->c;
-    /* clip: the gradients are multiplied by st->clip_scale, clip_grad_norm's and the loss scale's */
-    int clip = t->clip_grad_norm > 0 || u->g->loss_scaling;
-    if (clip) emit_clip(u);
-    if (rt_optimizer(t->optim)->apply_fn) {
-        emit_layerwise(u, clip);
-        return;
-    }
-    kernel_open(u);
-    emit_optim_head(u);
-    if (clip) cg_line(c, "const float clip = st->clip_scale; // clip_grad_norm (emit_clip)");
-    if (u->g->shard_optimizer) {
-        emit_optimizer_sharded(u, clip);
-        return;
-    }
-    cg_line(c, "float *p = ctx->params, *state = ctx->optstate;");
-    cg_line(c, "%sfloat *g = ctx->grads;", clip ? "" : "const ");
-    const char *open = clip ? "{ g[i] *= clip; " : "", *close = clip ? " }" : "";
-    if (nd == n)
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(h, s, p, g, state, %" PRId64 ", i);%s", n, open,
-                rt_optimizer(t->optim)->update_fn, n, close);
-    else /* the two parameter groups are two ranges of one grid */
-        cg_line(c, "NETC_FOR(i, %" PRId64 ") %s%s(i < %" PRId64 " ? h : h_nd, i < %" PRId64
-                " ? s : s_nd, p, g, state, %" PRId64 ", i);%s", n, open, rt_optimizer(t->optim)->update_fn, nd, nd, n,
-                close);
-    kernel_close(u, "optimizer", grid_for(n), BLOCK, "optimizer, every parameter");
-}
-
 /* ---- the two step functions */
 
 /* A printer into a growing buffer whose text begins at `depth`: 1 for a host function's body,
@@ -1845,18 +1277,18 @@ static void walk(Cu *u, int eval) {
     u->c.eval = eval;
     memset(u->c.done, 0, (size_t)g->n_groups + 1);
     int end = eval ? g->n_fwd : g->n;
-    if (!eval) emit_step_begin(u);
+    if (!eval) cu_step_begin(u);
     for (int i = 0; i < end; i++) {
         if (i == g->n_fwd) cg_line(&u->step, "// ---- backward");
         emit_node(u, g->nodes[i]);
-        if (!eval) emit_grads_ready(u, i);
+        if (!eval) cu_grads_ready(u, i);
     }
     if (!eval) {
-        emit_grad_copies(u);
-        emit_grads_ready(u, g->n);
-        emit_grads_sum(u);
+        cu_grad_copies(u);
+        cu_grads_ready(u, g->n);
+        cu_grads_sum(u);
     }
-    emit_step_end(u, eval);
+    cu_step_end(u, eval);
     u->c.eval = 0;
 }
 
@@ -2051,7 +1483,7 @@ static void emit_host_models(Cu *u, Cg *c) {
     cg_line(c, ".train = train,");
     cg_line(c, ".eval = eval,");
     if (cg_has_output(g)) {
-        cg_line(c, ".off_output = %" PRId64 ",", dev_offset(u, g->output));
+        cg_line(c, ".off_output = %" PRId64 ",", cu_dev_offset(u, g->output));
         cg_line(c, ".output_bytes = %" PRId64 ",", ir_numel(&g->output->shape) * ir_dtype_size(g->output->dtype));
         cg_line(c, ".output_to_host = output_to_host,");
     }
@@ -2145,12 +1577,12 @@ static void cuda_step(CgEmit *e) { walk(&e->u, 0); }
 /* The update, then the step counter: the last kernels of the training step. */
 static void cuda_optimizer(CgEmit *e) {
     Cu *u = &e->u;
-    emit_optimizer(u);
+    cu_optimizer(u);
     if (u->g->shard_optimizer && u->g->n_grad_floats)
         cg_line(&u->step, "rt_cuda_gather_params(cu); // every rank's updated slices to every rank");
-    kernel_open(u);
+    cu_kernel_open(u);
     cg_line(&u->c, "ctx->state->step += 1;");
-    kernel_close(u, "step_advance", 1, 1, "the step counter");
+    cu_kernel_close(u, "step_advance", 1, 1, "the step counter");
 }
 
 static void cuda_eval(CgEmit *e) {

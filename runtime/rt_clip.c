@@ -4,7 +4,7 @@
  * RT_CLIP_MIN floats each); each block's squares are added in double, left to right, by
  * whichever thread takes it, and the blocks' sums are then added in block order. So the norm
  * is the same bits for any number of threads, run after run. The CUDA backend forms the same
- * sum with its own fixed tree (codegen/cuda.c: emit_clip), which can differ in the last bits
+ * sum with its own fixed tree (codegen/cuda_step.c: cu_clip), which can differ in the last bits
  * of the double, far below the float the scale is rounded to.
  */
 #include <math.h>

@@ -310,7 +310,7 @@ RT_RECIPE_FN void rt_lars_apply_kept(RtOptimParams h, RtOptimStep s, float facto
  * table of hyperparameters, which checks its value); its section in docs/language.md; a case
  * against torch.optim in tests/optimizer, or against its formula written in tests/torch's
  * recipe_crosscheck.py (LAMB and LARS, which torch lacks). A layer-wise one's passes are the backends'
- * (codegen/cpu.c and codegen/cuda.c: emit_layerwise*). Nothing else names an optimizer. */
+ * (codegen/cpu.c: emit_layerwise*, codegen/cuda_step.c: cu_layerwise*). Nothing else names an optimizer. */
 #define RT_OPTIMIZERS(X)                                                           \
     X(SGD, sgd, 0, "lr, momentum=0, dampening=0, weight_decay=0, nesterov=false") \
     X(ADAMW, adamw, 0, "lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01")     \
