@@ -84,5 +84,10 @@ Value sema_b_hardtanh(Sema *S, const AstExpr *c, const char *label, Value *args)
 Value sema_b_activation(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_glu(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_prelu(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_instancenorm2d(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_pool1d(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_one_hot(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_normalize(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_cosine_similarity(Sema *S, const AstExpr *c, const char *label, Value *args);
 
 #endif

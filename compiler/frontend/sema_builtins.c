@@ -1447,6 +1447,12 @@ static const SemaBuiltin builtins[] = {
     {"softsign", "x", sema_b_activation, 1, 1, {"x"}},
     {"prelu", "x, num_parameters=1, init=0.25", sema_b_prelu, 1, 3, {"x", "num_parameters", "init"}},
     {"glu", "x, axis=-1", sema_b_glu, 1, 2, {"x", "axis"}},
+    {"instancenorm2d", "x, eps=1e-5, affine=false", sema_b_instancenorm2d, 1, 3, {"x", "eps", "affine"}},
+    {"maxpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
+    {"avgpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
+    {"one_hot", "idx, num", sema_b_one_hot, 2, 2, {"idx", "num"}},
+    {"normalize", "x, axis=1, eps=1e-12", sema_b_normalize, 1, 3, {"x", "axis", "eps"}},
+    {"cosine_similarity", "a, b, axis=1, eps=1e-8", sema_b_cosine_similarity, 2, 4, {"a", "b", "axis", "eps"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},
 };
 

@@ -16,8 +16,10 @@
  * kinks; an exponential in a branch not taken has its operand held at 0 there.
  *
  * Layers: conv1d (a 2-D convolution of a 1 x k window), conv_transpose2d (a convolution's data
- * gradient), groupnorm (a layer norm over each group's values, then a per-channel scale and
- * shift) and upsample (nearest-neighbour: an expand between two reshapes).
+ * gradient), groupnorm and instancenorm2d (a layer norm over each group's values, then a
+ * per-channel scale and shift), upsample (nearest-neighbour: an expand between two reshapes),
+ * maxpool1d and avgpool1d (2-D poolings of a 1 x k window); normalize and cosine_similarity
+ * (sums of squares), one_hot (an equality with an iota).
  */
 #include <math.h>
 #include <stdint.h>
@@ -422,19 +424,9 @@ Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
  * their mean and biased variance: x reshaped to [N, groups, M] through a layer norm over M with
  * unit weight and zero bias, then LABEL.weight [C] (ones) and LABEL.bias [C] (zeros) per
  * channel. */
-Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args) {
-    BEGIN_ARGS(S, c, args);
-    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
-    int64_t groups = arg_int(A, 1, 1, 1);
-    double eps = arg_num(A, 2, 1e-5, 0, 1);
-    int affine = arg_bool(A, 3, 1);
-    if (!A->ok) return sema_error();
+static Value group_norm(Sema *S, const AstExpr *c, const char *label, IrNode *x, int64_t groups, double eps,
+                        int affine) {
     const IrShape shape = x->shape;
-    if (shape.rank < 2 || shape.dim[1] % groups) {
-        diag_error(c->loc, "groupnorm of shape %s into %lld groups: needs [N, C, ...] with C a multiple of the "
-                   "groups", sema_shape_str(S, &shape), (long long)groups);
-        return sema_error();
-    }
     const int64_t C = shape.dim[1], M = ir_numel(&shape) / shape.dim[0] / groups;
     SrcLoc at = c->loc;
     IrShape rows = {.rank = 3, .dim = {shape.dim[0], groups, M}}, per_m = ir_shape(1, M);
@@ -455,6 +447,33 @@ Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args
     w->norm = b->norm = 1;
     y = binary(S, OP_MUL, y, sema_reshape(S, w->node, per_c, at), at);
     return sema_tensor(binary(S, OP_ADD, y, sema_reshape(S, b->node, per_c, at), at));
+}
+
+Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 0);
+    int64_t groups = arg_int(A, 1, 1, 1);
+    double eps = arg_num(A, 2, 1e-5, 0, 1);
+    int affine = arg_bool(A, 3, 1);
+    if (!A->ok) return sema_error();
+    if (x->shape.rank < 2 || x->shape.dim[1] % groups) {
+        diag_error(c->loc, "groupnorm of shape %s into %lld groups: needs [N, C, ...] with C a multiple of the "
+                   "groups", sema_shape_str(S, &x->shape), (long long)groups);
+        return sema_error();
+    }
+    return group_norm(S, c, label, x, groups, eps, affine);
+}
+
+/* instancenorm2d(x, eps=1e-5, affine=false) on x [N, C, H, W]: torch.nn.InstanceNorm2d (without
+ * running statistics, its default): each sample's channel normalised over its positions, a
+ * group norm of C groups; with affine, LABEL.weight and LABEL.bias [C]. */
+Value sema_b_instancenorm2d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 4, 4);
+    double eps = arg_num(A, 1, 1e-5, 0, 1);
+    int affine = arg_bool(A, 2, 0);
+    if (!A->ok) return sema_error();
+    return group_norm(S, c, label, x, x->shape.dim[1], eps, affine);
 }
 
 /* upsample(x, scale=2) on x [N, C, H, W]: nearest-neighbour, each value repeated scale x scale
@@ -569,4 +588,117 @@ Value sema_b_conv_transpose2d(Sema *S, const AstExpr *c, const char *label, Valu
     y->attr.groups = (int)v.groups;
     if (b) y = binary(S, OP_ADD, y, sema_reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), at), at);
     return sema_tensor(y);
+}
+
+/* maxpool1d and avgpool1d(x, k, stride=k, pad=0) on x [N, C, L]: torch.nn.MaxPool1d and
+ * AvgPool1d, the 2-D pooling of x as [N, C, 1, L] with a 1 x k window (avgpool1d counts the
+ * padding in its average, as AvgPool1d's default). */
+Value sema_b_pool1d(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 3, 3);
+    int64_t k = arg_int(A, 1, 1, 1);
+    int64_t stride = A->a[2].k == V_NONE ? k : arg_int(A, 2, 1, 1), pad = arg_int(A, 3, 0, 0);
+    if (!A->ok) return sema_error();
+    if (k > 1 << 20 || stride > 1 << 20) {
+        diag_error(c->loc, "%s: a window of %lld or a stride of %lld is too large", c->name, (long long)k,
+                   (long long)stride);
+        return sema_error();
+    }
+    if (pad > k / 2) {
+        diag_error(arg_at(A, 3), "%s: padding %lld is more than half the window of %lld", c->name, (long long)pad,
+                   (long long)k);
+        diag_hint("PyTorch allows pad <= kernel/2");
+        return sema_error();
+    }
+    const int64_t N = x->shape.dim[0], C = x->shape.dim[1], L = x->shape.dim[2];
+    const int64_t out = (L + 2 * pad - k) / stride + 1;
+    if (L + 2 * pad < k) {
+        diag_error(c->loc, "%s: a window of %lld does not fit input %s", c->name, (long long)k,
+                   sema_shape_str(S, &x->shape));
+        return sema_error();
+    }
+    IrOp op = strcmp(c->name, "maxpool1d") == 0 ? OP_MAXPOOL2D : OP_AVGPOOL2D;
+    IrNode *y = sema_node(S, op, ir_shape(4, N, C, (int64_t)1, out), DT_F32, c->loc, 1,
+                          sema_reshape(S, x, ir_shape(4, N, C, (int64_t)1, L), c->loc), NULL, NULL);
+    y->attr.kernel[0] = 1, y->attr.kernel[1] = (int)k;
+    y->attr.stride[0] = 1, y->attr.stride[1] = (int)stride;
+    y->attr.pad[0] = 0, y->attr.pad[1] = (int)pad;
+    return sema_tensor(sema_reshape(S, y, ir_shape(3, N, C, out), c->loc));
+}
+
+/* one_hot(idx, num): f32 [..., num], 1 where the last index equals idx and 0 elsewhere (an index
+ * outside 0..num-1 gives a row of zeros; torch.nn.functional.one_hot refuses it), as an
+ * equality of idx with an iota. */
+Value sema_b_one_hot(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    Value v = A->a[0];
+    int64_t n = arg_int(A, 1, 1, 1);
+    if (!A->ok || v.k == V_ERR) return sema_error();
+    if (v.k != V_TENSOR || ir_dtype_is_float(v.t->dtype) || v.t->shape.rank >= IR_MAX_RANK) {
+        diag_error(arg_at(A, 0), "one_hot takes an integer tensor of indices of fewer than %d axes, found %s",
+                   IR_MAX_RANK, sema_value_desc(S, v));
+        return sema_error();
+    }
+    IrNode *idx = v.t;
+    SrcLoc at = c->loc;
+    if (idx->dtype != DT_I64) idx = sema_node(S, OP_CAST, idx->shape, DT_I64, at, 1, idx, NULL, NULL);
+    IrShape s = idx->shape, col = idx->shape;
+    s.dim[s.rank++] = n;
+    col.dim[col.rank++] = 1;
+    if (!sema_check_shape(S, &s, at)) return sema_error();
+    IrNode *k = sema_node(S, OP_IOTA, s, DT_I64, at, 0, NULL, NULL, NULL);
+    k->attr.axis = s.rank - 1;
+    IrNode *eq = sema_node(S, OP_EQ, s, DT_U8, at, 2, sema_reshape(S, idx, col, at), k, NULL);
+    return sema_tensor(sema_node(S, OP_CAST, s, DT_F32, at, 1, eq, NULL, NULL));
+}
+
+/* x / max(||x||, eps) along an axis: sqrt of the sum of squares held at eps^2 or more, which is
+ * max(||x||, eps) without a zero under the square root (whose gradient would be 0 / 0). */
+static IrNode *normalized(Sema *S, IrNode *x, int axis, double eps, SrcLoc at) {
+    IrShape kept = x->shape;
+    kept.dim[axis] = 1;
+    IrNode *sq = sema_node(S, OP_SUM_TO, kept, DT_F32, at, 1, binary(S, OP_MUL, x, x, at), NULL, NULL);
+    IrNode *floor = num(S, eps * eps, at);
+    IrNode *norm = unary(S, OP_SQRT, where(S, binary(S, OP_LT, sq, floor, at), floor, sq, at), at);
+    return binary(S, OP_DIV, x, norm, at);
+}
+
+/* normalize(x, axis=1, eps=1e-12): torch.nn.functional.normalize with p = 2, x / max(||x||, eps)
+ * along the axis */
+Value sema_b_normalize(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    double eps = arg_num(A, 2, 1e-12, 0, 1);
+    if (!A->ok) return sema_error();
+    if (A->a[1].k == V_NONE) A->a[1] = sema_int(x->shape.rank > 1 ? 1 : 0);
+    int axis = arg_axis(A, 1, &x->shape);
+    if (!A->ok) return sema_error();
+    return sema_tensor(normalized(S, x, axis, eps, c->loc));
+}
+
+/* cosine_similarity(a, b, axis=1, eps=1e-8): the sum along the axis of a / max(||a||, eps) times
+ * b / max(||b||, eps), both normalised first (the form PyTorch documents); a and b broadcast. */
+Value sema_b_cosine_similarity(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *a = arg_f32_tensor(A, 0, 0, 1), *b = arg_f32_tensor(A, 1, 0, 1);
+    double eps = arg_num(A, 3, 1e-8, 0, 1);
+    if (!A->ok) return sema_error();
+    IrShape s;
+    if (!ir_broadcast(&a->shape, &b->shape, &s)) {
+        diag_error(c->loc, "cosine_similarity: shapes %s and %s do not broadcast", sema_shape_str(S, &a->shape),
+                   sema_shape_str(S, &b->shape));
+        return sema_error();
+    }
+    SrcLoc at = c->loc;
+    if (!ir_shape_eq(&a->shape, &s)) a = sema_node(S, OP_EXPAND, s, DT_F32, at, 1, a, NULL, NULL);
+    if (!ir_shape_eq(&b->shape, &s)) b = sema_node(S, OP_EXPAND, s, DT_F32, at, 1, b, NULL, NULL);
+    if (A->a[2].k == V_NONE) A->a[2] = sema_int(s.rank > 1 ? 1 : 0);
+    int axis = arg_axis(A, 2, &s);
+    if (!A->ok) return sema_error();
+    IrNode *p = binary(S, OP_MUL, normalized(S, a, axis, eps, at), normalized(S, b, axis, eps, at), at);
+    IrShape kept = s, dropped = {0};
+    kept.dim[axis] = 1;
+    for (int d = 0; d < s.rank; d++)
+        if (d != axis) dropped.dim[dropped.rank++] = s.dim[d];
+    return sema_tensor(sema_reshape(S, sema_node(S, OP_SUM_TO, kept, DT_F32, at, 1, p, NULL, NULL), dropped, at));
 }

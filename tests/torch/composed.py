@@ -11,7 +11,8 @@ layers (composed_layers.net): groupnorm and upsample between two convolutions, a
 torch.nn.GroupNorm and nearest interpolation, and conv1d against torch.nn.Conv1d (dilated,
 strided, grouped, two in a chain), and conv_transpose2d against torch.nn.ConvTranspose2d (strided
 with output padding, grouped, a 2x3 kernel, dilated): every parameter after three SGD steps, the
-trainer built with its default channels-last layouts and with --layout=row-major.
+trainer built with its default channels-last layouts and with --layout=row-major; with them
+instancenorm2d, maxpool1d and avgpool1d, normalize, cosine_similarity and one_hot.
 
 activations (composed_activations.net): the activations (softplus, elu, selu, celu, mish,
 hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, prelu, glu, logsumexp; log1p,
@@ -114,12 +115,24 @@ class Layers(torch.nn.Module):
         self.de2 = torch.nn.ConvTranspose2d(4, 6, (2, 3), stride=(2, 1), padding=(0, 1), groups=2, bias=False)
         self.de3 = torch.nn.ConvTranspose2d(3, 2, 3, dilation=2, padding=2)
         self.de4 = torch.nn.ConvTranspose2d(3, 2, 2, stride=2, output_padding=1)
+        self.conv3 = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.inorm = torch.nn.InstanceNorm2d(4, affine=True)
+        self.proj = torch.nn.Linear(108, 8)
+        self.proj2 = torch.nn.Linear(108, 8)
+        self.cls = torch.nn.Linear(4, 3)
 
-    def forward(self, x, s):
+    def forward(self, x, s, lbl):
+        F = torch.nn.functional
         y = torch.relu(self.gn(self.conv(x)))
-        z = self.conv2(torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest"))
+        z = self.conv2(F.interpolate(y, scale_factor=2, mode="nearest"))
         r = self.de2(torch.relu(self.de1(x)))
-        return z, self.seq2(torch.relu(self.seq1(s))), r, self.de3(x), self.de4(x)
+        g = self.inorm(self.conv3(x)) + F.instance_norm(x[:, :1], eps=1e-3)
+        h1 = self.seq1(s)
+        p = F.max_pool1d(h1, 3, stride=2, padding=1) + F.avg_pool1d(h1, 2)
+        emb = self.proj(x.flatten(1))
+        cs = F.cosine_similarity(emb, self.proj2(x.flatten(1)))
+        c5 = self.cls(F.one_hot(lbl, 4).double())
+        return (z, self.seq2(torch.relu(h1)), r, self.de3(x), self.de4(x), g, p, F.normalize(emb), cs, c5)
 
 
 def layers(netc, work, check):
@@ -132,17 +145,20 @@ def layers(netc, work, check):
     st_save(os.path.join(work, "init.safetensors"), init)
     rng = np.random.default_rng(6)
     data = {"x": (3, 6, 6), "t": (8, 12, 12), "s": (4, 10), "u": (6, 5), "v": (6, 24, 12), "o": (2, 6, 6),
-            "e": (2, 13, 13)}
+            "e": (2, 13, 13), "gt": (4, 6, 6), "pt": (6, 5), "nt": (8,), "ct": (), "c5t": (5, 3)}
     data = {k: rng.standard_normal((2 * LAYERS_STEPS, *v)).astype(np.float32) for k, v in data.items()}
+    data["lbl"] = rng.integers(0, 4, (2 * LAYERS_STEPS, 5))
     for k, v in data.items():
         np.save(os.path.join(work, f"{k}.npy"), v)
     net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in init.items()})
     opt = torch.optim.SGD(net.parameters(), lr=LAYERS_LR)
     for s in range(LAYERS_STEPS):
         opt.zero_grad()
-        x, t, sq, u, v, o, e = (torch.from_numpy(data[k][2 * s:2 * s + 2].astype(np.float64)) for k in "xtsuvoe")
-        outs = net(x, sq)
-        sum(torch.nn.functional.mse_loss(a, b) for a, b in zip(outs, (t, u, v, o, e))).backward()
+        b = {k: torch.from_numpy(v[2 * s:2 * s + 2]) for k, v in data.items()}
+        b = {k: v if k == "lbl" else v.double() for k, v in b.items()}
+        outs = net(b["x"], b["s"], b["lbl"])
+        targets = [b[k] for k in ("t", "u", "v", "o", "e", "gt", "pt", "nt", "ct", "c5t")]
+        sum(torch.nn.functional.mse_loss(a, t) for a, t in zip(outs, targets)).backward()
         opt.step()
     for tag, flags in (("channels-last", []), ("row-major", ["--layout=row-major"])):
         exe = os.path.join(work, f"layers-{tag}")
