@@ -40,6 +40,8 @@ IrNode *arg_f32_tensor(Args *A, int i, int rank, int min_rank);
 void arg_pair(Args *A, int i, int def, int min, int out[2]);
 /* An axis of `shape` (negative ones count from the end); -1 after an error (A->ok cleared) */
 int arg_axis(Args *A, int i, const IrShape *shape);
+/* A string (def when the argument is absent); clears A->ok after an error */
+const char *arg_str(Args *A, int i, const char *def);
 /* true or false (def when the argument is absent); clears A->ok after an error */
 int arg_bool(Args *A, int i, int def);
 /* A number in [min, max], or in [min, max) when `open_max` (def when absent). */
@@ -89,5 +91,6 @@ Value sema_b_pool1d(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_one_hot(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_normalize(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_cosine_similarity(Sema *S, const AstExpr *c, const char *label, Value *args);
+Value sema_b_pad(Sema *S, const AstExpr *c, const char *label, Value *args);
 
 #endif

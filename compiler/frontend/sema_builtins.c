@@ -104,7 +104,7 @@ double arg_num(Args *A, int i, double def, double min, double max) {
     return arg_num_in(A, i, def, min, max, 0);
 }
 
-static const char *arg_str(Args *A, int i, const char *def) {
+const char *arg_str(Args *A, int i, const char *def) {
     Value v = A->a[i];
     if (v.k == V_NONE) return def;
     if (v.k != V_STR) {
@@ -1451,6 +1451,7 @@ static const SemaBuiltin builtins[] = {
     {"maxpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
     {"avgpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
     {"one_hot", "idx, num", sema_b_one_hot, 2, 2, {"idx", "num"}},
+    {"pad", "x, pads, mode=\"constant\", value=0", sema_b_pad, 2, 4, {"x", "pads", "mode", "value"}},
     {"normalize", "x, axis=1, eps=1e-12", sema_b_normalize, 1, 3, {"x", "axis", "eps"}},
     {"cosine_similarity", "a, b, axis=1, eps=1e-8", sema_b_cosine_similarity, 2, 4, {"a", "b", "axis", "eps"}},
     {"iota", "shape, axis", b_iota, 2, 2, {"shape", "axis"}},

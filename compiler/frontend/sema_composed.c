@@ -19,10 +19,12 @@
  * gradient), groupnorm and instancenorm2d (a layer norm over each group's values, then a
  * per-channel scale and shift), upsample (nearest-neighbour: an expand between two reshapes),
  * maxpool1d and avgpool1d (2-D poolings of a 1 x k window); normalize and cosine_similarity
- * (sums of squares), one_hot (an equality with an iota).
+ * (sums of squares), one_hot (an equality with an iota), pad (slices, concatenations and
+ * expands).
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sema_args.h"
@@ -702,3 +704,94 @@ Value sema_b_cosine_similarity(Sema *S, const AstExpr *c, const char *label, Val
         if (d != axis) dropped.dim[dropped.rank++] = s.dim[d];
     return sema_tensor(sema_reshape(S, sema_node(S, OP_SUM_TO, kept, DT_F32, at, 1, p, NULL, NULL), dropped, at));
 }
+
+/* a and b joined along the axis */
+static IrNode *join(Sema *S, IrNode *a, IrNode *b, int axis, SrcLoc at) {
+    IrShape s = a->shape;
+    s.dim[axis] += b->shape.dim[axis];
+    IrNode *y = sema_node(S, OP_CONCAT, s, DT_F32, at, 2, a, b, NULL);
+    y->attr.axis = axis;
+    return y;
+}
+
+/* The n values pad() puts beside x along the axis, before it (`before`) or after: `value`
+ * (constant), the edge repeated (replicate), or the values next to the edge mirrored about it
+ * (reflect: x[n], ..., x[1] before, x[L-2], ..., x[L-1-n] after). */
+static IrNode *pad_block(Sema *S, IrNode *x, int axis, int64_t n, int mode, double value, int before, SrcLoc at) {
+    const int64_t L = x->shape.dim[axis];
+    IrShape s = x->shape;
+    s.dim[axis] = n;
+    if (mode == 0) return sema_node(S, OP_EXPAND, s, DT_F32, at, 1, num(S, value, at), NULL, NULL);
+    if (mode == 1) {
+        IrNode *edge = sema_slice(S, x, axis, before ? 0 : L - 1, 1, at);
+        return n == 1 ? edge : sema_node(S, OP_EXPAND, s, DT_F32, at, 1, edge, NULL, NULL);
+    }
+    IrNode *y = NULL;
+    for (int64_t i = 0; i < n; i++) { /* in the order they will lie */
+        int64_t src = before ? n - i : L - 2 - i;
+        IrNode *one = sema_slice(S, x, axis, src, 1, at);
+        y = y ? join(S, y, one, axis, at) : one;
+    }
+    return y;
+}
+
+/* pad(x, pads, mode="constant", value=0): torch.nn.functional.pad. pads = [before, after] of the
+ * last axis, then of the one before it, and so on (up to x's rank pairs); a negative amount
+ * crops. mode "constant" fills with value, "replicate" repeats the edge, "reflect" mirrors the
+ * values beside it (fewer than the axis's length). Concatenations, slices and expands: the
+ * gradient of a padded value goes back to where it came from. */
+Value sema_b_pad(Sema *S, const AstExpr *c, const char *label, Value *args) {
+    BEGIN_ARGS(S, c, args);
+    IrNode *x = arg_f32_tensor(A, 0, 0, 1);
+    const char *mode_name = arg_str(A, 2, "constant");
+    double value = arg_num(A, 3, 0, -HUGE_VAL, HUGE_VAL);
+    if (!A->ok) return sema_error();
+    static const char *const modes[] = {"constant", "replicate", "reflect"};
+    int mode = 0;
+    while (mode < 3 && strcmp(modes[mode], mode_name) != 0) mode++;
+    if (mode == 3) {
+        diag_error(arg_at(A, 2), "pad: unknown mode \"%s\"", mode_name);
+        diag_hint("mode is \"constant\" (with value), \"replicate\" or \"reflect\"");
+        return sema_error();
+    }
+    if (mode && A->a[3].k != V_NONE) {
+        diag_error(arg_at(A, 3), "pad: 'value' is for mode \"constant\", not \"%s\"", mode_name);
+        return sema_error();
+    }
+    Value p = A->a[1];
+    int ok = p.k == V_LIST && p.n >= 2 && p.n % 2 == 0 && p.n <= 2 * x->shape.rank;
+    for (int i = 0; ok && i < p.n; i++) ok = p.items[i].k == V_INT && llabs(p.items[i].i) <= 1 << 20;
+    if (!ok) {
+        diag_error(arg_at(A, 1), "pad: 'pads' must be a list of pairs of integers [before, after], the last axis's "
+                   "first, at most %d for shape %s, found %s%s", 2 * x->shape.rank, sema_shape_str(S, &x->shape),
+                   sema_value_text(S, p), p.k == V_LIST ? arena_printf(S->arena, " of %d", p.n) : "");
+        return sema_error();
+    }
+    SrcLoc at = c->loc;
+    for (int j = 0; j < p.n / 2; j++) {
+        const int axis = x->shape.rank - 1 - j;
+        int64_t before = p.items[2 * j].i, after = p.items[2 * j + 1].i, L = x->shape.dim[axis];
+        int64_t keep = L - (before < 0 ? -before : 0) - (after < 0 ? -after : 0);
+        if (keep < 1) {
+            diag_error(c->loc, "pad: cropping %lld and %lld from axis %d of shape %s leaves nothing",
+                       (long long)(before < 0 ? -before : 0), (long long)(after < 0 ? -after : 0), axis,
+                       sema_shape_str(S, &x->shape));
+            return sema_error();
+        }
+        x = sema_slice(S, x, axis, before < 0 ? -before : 0, keep, at);
+        L = keep;
+        if (mode == 2 && (before >= L || after >= L)) {
+            diag_error(c->loc, "pad: reflecting %lld and %lld values along axis %d of length %lld: each must be "
+                       "below the length", (long long)(before > 0 ? before : 0), (long long)(after > 0 ? after : 0),
+                       axis, (long long)L);
+            return sema_error();
+        }
+        IrNode *y = x;
+        if (before > 0) y = join(S, pad_block(S, x, axis, before, mode, value, 1, at), y, axis, at);
+        if (after > 0) y = join(S, y, pad_block(S, x, axis, after, mode, value, 0, at), axis, at);
+        if (!sema_check_shape(S, &y->shape, at)) return sema_error();
+        x = y;
+    }
+    return sema_tensor(x);
+}
+

@@ -12,7 +12,8 @@ torch.nn.GroupNorm and nearest interpolation, and conv1d against torch.nn.Conv1d
 strided, grouped, two in a chain), and conv_transpose2d against torch.nn.ConvTranspose2d (strided
 with output padding, grouped, a 2x3 kernel, dilated): every parameter after three SGD steps, the
 trainer built with its default channels-last layouts and with --layout=row-major; with them
-instancenorm2d, maxpool1d and avgpool1d, normalize, cosine_similarity and one_hot.
+instancenorm2d, maxpool1d and avgpool1d, normalize, cosine_similarity, one_hot, and pad in its
+three modes and cropping.
 
 activations (composed_activations.net): the activations (softplus, elu, selu, celu, mish,
 hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, prelu, glu, logsumexp; log1p,
@@ -120,6 +121,10 @@ class Layers(torch.nn.Module):
         self.proj = torch.nn.Linear(108, 8)
         self.proj2 = torch.nn.Linear(108, 8)
         self.cls = torch.nn.Linear(4, 3)
+        self.conv4 = torch.nn.Conv2d(3, 2, 3)
+        self.conv5 = torch.nn.Conv2d(3, 2, 3)
+        self.causal = torch.nn.Conv1d(4, 3, 3, dilation=2)
+        self.conv6 = torch.nn.Conv2d(3, 2, 1)
 
     def forward(self, x, s, lbl):
         F = torch.nn.functional
@@ -132,7 +137,10 @@ class Layers(torch.nn.Module):
         emb = self.proj(x.flatten(1))
         cs = F.cosine_similarity(emb, self.proj2(x.flatten(1)))
         c5 = self.cls(F.one_hot(lbl, 4).double())
-        return (z, self.seq2(torch.relu(h1)), r, self.de3(x), self.de4(x), g, p, F.normalize(emb), cs, c5)
+        pads = (self.conv4(F.pad(x, (1, 2, 0, 1), mode="reflect")), self.conv5(F.pad(x, (2, 1, 1, 2), mode="replicate")),
+                self.causal(F.pad(s, (4, 0))), self.conv6(F.pad(x, (-1, -1, 1, 0), value=0.5)))
+        pads = torch.cat([v.flatten(1) for v in pads], 1)
+        return (z, self.seq2(torch.relu(h1)), r, self.de3(x), self.de4(x), g, p, F.normalize(emb), cs, c5, pads)
 
 
 def layers(netc, work, check):
@@ -145,7 +153,7 @@ def layers(netc, work, check):
     st_save(os.path.join(work, "init.safetensors"), init)
     rng = np.random.default_rng(6)
     data = {"x": (3, 6, 6), "t": (8, 12, 12), "s": (4, 10), "u": (6, 5), "v": (6, 24, 12), "o": (2, 6, 6),
-            "e": (2, 13, 13), "gt": (4, 6, 6), "pt": (6, 5), "nt": (8,), "ct": (), "c5t": (5, 3)}
+            "e": (2, 13, 13), "gt": (4, 6, 6), "pt": (6, 5), "nt": (8,), "ct": (), "c5t": (5, 3), "padt": (254,)}
     data = {k: rng.standard_normal((2 * LAYERS_STEPS, *v)).astype(np.float32) for k, v in data.items()}
     data["lbl"] = rng.integers(0, 4, (2 * LAYERS_STEPS, 5))
     for k, v in data.items():
@@ -157,7 +165,7 @@ def layers(netc, work, check):
         b = {k: torch.from_numpy(v[2 * s:2 * s + 2]) for k, v in data.items()}
         b = {k: v if k == "lbl" else v.double() for k, v in b.items()}
         outs = net(b["x"], b["s"], b["lbl"])
-        targets = [b[k] for k in ("t", "u", "v", "o", "e", "gt", "pt", "nt", "ct", "c5t")]
+        targets = [b[k] for k in ("t", "u", "v", "o", "e", "gt", "pt", "nt", "ct", "c5t", "padt")]
         sum(torch.nn.functional.mse_loss(a, t) for a, t in zip(outs, targets)).backward()
         opt.step()
     for tag, flags in (("channels-last", []), ("row-major", ["--layout=row-major"])):
