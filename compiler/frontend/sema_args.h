@@ -60,6 +60,9 @@ typedef struct SemaConv {
 IrNode *sema_conv(Sema *S, const AstExpr *c, const char *label, IrNode *x, int64_t out, const SemaConv *v,
                   int weight_rank);
 
+/* sema_rnn.c: lstm and gru */
+Value sema_b_rnn(Sema *S, const AstExpr *c, const char *label, Value *args);
+
 /* sema_losses.c: the losses and the metric */
 Value sema_b_cross_entropy(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_mse(Sema *S, const AstExpr *c, const char *label, Value *args);

@@ -1447,6 +1447,8 @@ static const SemaBuiltin builtins[] = {
     {"softsign", "x", sema_b_activation, 1, 1, {"x"}},
     {"prelu", "x, num_parameters=1, init=0.25", sema_b_prelu, 1, 3, {"x", "num_parameters", "init"}},
     {"glu", "x, axis=-1", sema_b_glu, 1, 2, {"x", "axis"}},
+    {"lstm", "x, hidden, layers=1, batch_first=false", sema_b_rnn, 2, 4, {"x", "hidden", "layers", "batch_first"}},
+    {"gru", "x, hidden, layers=1, batch_first=false", sema_b_rnn, 2, 4, {"x", "hidden", "layers", "batch_first"}},
     {"instancenorm2d", "x, eps=1e-5, affine=false", sema_b_instancenorm2d, 1, 3, {"x", "eps", "affine"}},
     {"maxpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
     {"avgpool1d", "x, k, stride=k, pad=0", sema_b_pool1d, 2, 4, {"x", "k", "stride", "pad"}},
