@@ -646,7 +646,7 @@ void cg_ew_expr(Cg *c, const IrNode *n) {
         break;
     case OP_RELU: call(c, "relu", n); break;
     case OP_SIGMOID: call(c, "sigmoid", n); break;
-    case OP_TANH: call(c, "tanhf", n); break;
+    case OP_TANH: call(c, "rt_tanhf", n); break;
     case OP_GELU: call(c, "gelu", n); break;
     case OP_GELU_TANH: call(c, "gelu_tanh", n); break;
     case OP_SILU: call(c, "silu", n); break;

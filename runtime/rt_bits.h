@@ -169,6 +169,24 @@ RT_BITS_FN float rt_erff(float x) {
     return x != x ? x : x < 0.0f ? -r : r;
 }
 
+/* tanh(x) in float, within 2 ulp of the exact value (test_tanhf; measured 1.31, where glibc's
+ * tanhf is 2.16 off), branch-free so that its loops vectorise (an LSTM's and a GRU's gates, mish;
+ * libm's tanhf is a call per element, 13 ns against 1.1 on an AMD EPYC with AVX-512), and the same
+ * bits on both backends. Two pieces, both computed and one chosen:
+ *   |x| < 0.625: x + x^3 P(x^2), Cephes' polynomial of degree 4;
+ *   above: 1 - 2 / (e^(2|x|) + 1) by rt_expf, |x| clamped to 20, where tanh is 1 in float. */
+RT_BITS_FN float rt_tanhf(float x) {
+    const float a = x < 0.0f ? -x : x, s = a * a, c = a < 20.0f ? a : 20.0f;
+    float p = -5.70498872745e-3f;
+    p = p * s + 2.06390887954e-2f;
+    p = p * s + -5.37397155531e-2f;
+    p = p * s + 1.33314422036e-1f;
+    p = p * s + -3.33332819422e-1f;
+    const float small = a + a * s * p, big = 1.0f - 2.0f / (rt_expf(c + c) + 1.0f);
+    const float r = a < 0.625f ? small : big;
+    return x != x ? x : x < 0.0f ? -r : r;
+}
+
 RT_BITS_FN float rt_bf16_to_f32(uint16_t h) { return rt_float_of((uint32_t)h << 16); }
 
 RT_BITS_FN uint16_t rt_f32_to_bf16(float f) {

@@ -622,6 +622,30 @@ static void test_erff(void **state) {
     assert_true(rt_erff(10.0f) == 1.0f && rt_erff(-4.5f) == -1.0f && isnan(rt_erff(NAN)));
 }
 
+/* rt_tanhf against the exact tanh at every 97th float with |x| < 12 (tanh is 1 beyond, in
+ * float), both signs: within 2 ulp of the float nearest the exact value. */
+static void test_tanhf(void **state) {
+    (void)state;
+    double worst = 0;
+    for (uint32_t bits = 0; bits < 0x41400000u; bits += 97) { /* [0, 12) */
+        for (int sign = 0; sign < 2; sign++) {
+            float x = rt_float_of(bits | (sign ? 0x80000000u : 0));
+            double want = tanh((double)x);
+            int e;
+            frexp(want, &e);
+            double err = fabs(rt_tanhf(x) - want) / ldexp(1.0, (fabs(want) < 0x1p-126 ? -125 : e) - 24);
+            if (err > worst) worst = err;
+            if (err > 2.0) {
+                print_error("rt_tanhf(%.9g) = %.9g, tanh %.17g: %.3g ulp\n", x, rt_tanhf(x), want, err);
+                fail();
+            }
+        }
+    }
+    print_message("rt_tanhf: at most %.3f ulp\n", worst);
+    assert_true(rt_tanhf(0.0f) == 0.0f && rt_tanhf(INFINITY) == 1.0f && rt_tanhf(-INFINITY) == -1.0f);
+    assert_true(rt_tanhf(30.0f) == 1.0f && rt_tanhf(-100.0f) == -1.0f && isnan(rt_tanhf(NAN)));
+}
+
 static void test_half(void **state) {
     (void)state;
     float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
@@ -642,7 +666,7 @@ int main(void) {
         cmocka_unit_test(test_accuracy_top), cmocka_unit_test(test_accuracy_top1_is_argmax),
         cmocka_unit_test(test_batchnorm),     cmocka_unit_test(test_bn_fold),
         cmocka_unit_test(test_half),          cmocka_unit_test(test_ignored_rows), cmocka_unit_test(test_expf),
-        cmocka_unit_test(test_expf_nonpos),   cmocka_unit_test(test_erff),
+        cmocka_unit_test(test_expf_nonpos),   cmocka_unit_test(test_erff),         cmocka_unit_test(test_tanhf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
