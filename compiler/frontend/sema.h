@@ -110,6 +110,7 @@ void sema_train(Sema *S, const AstStmt *train);
 void sema_train_lora(Sema *S, const AstStmt *s);
 void sema_lora_apply(Sema *S);
 int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *shape);
+/* x with its axes permuted (output axis i is x's axis perm[i]); perm has IR_MAX_RANK entries */
 IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc);
 IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, SrcLoc loc);
 IrNode *sema_reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc);

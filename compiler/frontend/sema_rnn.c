@@ -105,7 +105,7 @@ Value sema_b_rnn(Sema *S, const AstExpr *c, const char *label, Value *args) {
     int64_t hidden = arg_int(A, 1, 1, 1), layers = arg_int(A, 2, 1, 1);
     int batch_first = arg_bool(A, 3, 0);
     if (!A->ok) return sema_error();
-    static const int swap[3] = {1, 0, 2};
+    static const int swap[IR_MAX_RANK] = {1, 0, 2}; /* sema_permute reads IR_MAX_RANK entries */
     if (batch_first) x = sema_permute(S, x, swap, c->loc);
     const int64_t T = x->shape.dim[0];
     if (T > 4096) {
