@@ -989,7 +989,7 @@ static void emit_index(Cu *u, const IrNode *n) {
     snprintf(call, sizeof call, "rt_k_gather_bwd_zero(%" PRId64 ", %" PRId64 ", v%d);", num, dim, n->id);
     lib_kernel(u, n, call, "_zero", cu_grid_for(num * dim), BLOCK);
     const char *counts = "(int64_t *)(base + NETC_OFF_PART)";
-    char src[80] = "(const int64_t *)0", dst[80] = "", suffix[16];
+    char src[80] = "(const int64_t *)0", dst[80] = "", suffix[24]; /* _count and an int */
     for (int p = 0; p < sort.passes; p++) {
         snprintf(dst, sizeof dst, "(int64_t *)(base + NETC_OFF_PART + %" PRId64 "LL)", sort.pos[p % 2]);
         snprintf(call, sizeof call, "rt_k_gather_sort_count(%" PRId64 ", %" PRId64 ", %d, v%d, %s, %s);", count, num,

@@ -1334,7 +1334,7 @@ static void setup_context(Trainer *t) {
 /* What setup_context allocated. */
 static void free_context(RtCtx *c) {
     rt_pieces_close(c);
-    free(c->params), free(c->grads), free(c->optstate), free(c->arena), free(c->scratch);
+    free(c->params), free(c->grads), free(c->accum), free(c->optstate), free(c->arena), free(c->scratch);
 }
 
 /* A fresh run: from step 0 to --steps, or --epochs whole epochs. */
