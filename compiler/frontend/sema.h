@@ -113,6 +113,7 @@ int sema_axis(Sema *S, Value v, SrcLoc loc, const char *what, const IrShape *sha
 /* x with its axes permuted (output axis i is x's axis perm[i]); perm has IR_MAX_RANK entries */
 IrNode *sema_permute(Sema *S, IrNode *x, const int *perm, SrcLoc loc);
 IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, SrcLoc loc);
+IrNode *sema_concat(Sema *S, IrNode *a, IrNode *b, int axis, SrcLoc loc);
 IrNode *sema_reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc);
 IrNode *sema_matmul(Sema *S, IrNode *a, IrNode *b, SrcLoc loc);
 

@@ -48,6 +48,12 @@ int arg_bool(Args *A, int i, int def);
 double arg_num_in(Args *A, int i, double def, double min, double max, int open_max);
 double arg_num(Args *A, int i, double def, double min, double max);
 
+/* x summed over the axes whose mask is set, kept as axes of 1 (keepdim) or dropped */
+IrNode *sema_sum_axes(Sema *S, IrNode *x, const int *mask, int keepdim, SrcLoc loc);
+/* y, a unary function's value on the compile-time number v: a number, or an error that it
+ * overflows */
+Value sema_number_result(Sema *S, const AstExpr *c, Value v, double y);
+
 /* A new parameter (NULL after an error: a name defined twice, too many, a shape too large). */
 IrParam *sema_new_param(Sema *S, const char *name, IrShape shape, IrInit init, double a, SrcLoc loc);
 
@@ -74,6 +80,9 @@ Value sema_b_accuracy(Sema *S, const AstExpr *c, const char *label, Value *args)
 /* sema_composed.c: built-ins composed of other operators (element-wise ones of comparisons,
  * where and arithmetic; groupnorm and upsample) */
 IrNode *sema_abs(Sema *S, IrNode *x, SrcLoc at); /* |x|, gradient sign(x) (0 at 0) */
+/* a op b broadcast (u8 for a comparison, f32 otherwise), and op x, for shapes checked before */
+IrNode *sema_binary(Sema *S, IrOp op, IrNode *a, IrNode *b, SrcLoc loc);
+IrNode *sema_unary(Sema *S, IrOp op, IrNode *x, SrcLoc loc);
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *args);
 Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args);

@@ -502,7 +502,10 @@ static Value unary_number(Sema *S, const AstExpr *c, Value v, double (*fn)(doubl
         diag_error(c->loc, "%s of %s is not defined", c->name, sema_value_text(S, v));
         return sema_error();
     }
-    double y = fn(x);
+    return sema_number_result(S, c, v, fn(x));
+}
+
+Value sema_number_result(Sema *S, const AstExpr *c, Value v, double y) {
     if (!isfinite(y)) {
         diag_error(c->loc, "%s of %s overflows", c->name, sema_value_text(S, v));
         return sema_error();
@@ -863,6 +866,15 @@ IrNode *sema_slice(Sema *S, IrNode *x, int axis, int64_t start, int64_t len, Src
 
 IrNode *sema_reshape(Sema *S, IrNode *x, IrShape shape, SrcLoc loc) { return reshape(S, x, shape, loc); }
 
+/* a and b joined along axis (every other axis equal, one dtype: checked by the caller) */
+IrNode *sema_concat(Sema *S, IrNode *a, IrNode *b, int axis, SrcLoc loc) {
+    IrShape s = a->shape;
+    s.dim[axis] += b->shape.dim[axis];
+    IrNode *y = sema_node(S, OP_CONCAT, s, a->dtype, loc, 2, a, b, NULL);
+    y->attr.axis = axis;
+    return y;
+}
+
 /* The tensor argument of a copy along axes: f32 or i64 (the dtypes the kernels move). */
 static IrNode *arg_copy_tensor(Args *A, int i, int min_rank) {
     Value v = A->a[i];
@@ -1039,8 +1051,7 @@ static Value b_concat(Sema *S, const AstExpr *c, const char *label, Value *args)
         }
         s.dim[axis] += b->shape.dim[axis];
         if (!sema_check_shape(S, &s, c->loc)) return sema_error();
-        y = sema_node(S, OP_CONCAT, s, b->dtype, c->loc, 2, y ? y : xs.items[0].t, b, NULL);
-        y->attr.axis = axis;
+        y = sema_concat(S, y ? y : xs.items[0].t, b, axis, c->loc);
     }
     if (!y && args[1].k != V_NONE && sema_axis(S, args[1], arg_loc(c, "axis", 1), "'axis' of concat",
                                                 &xs.items[0].t->shape) < 0)
@@ -1079,7 +1090,7 @@ static int arg_axes(Args *A, int i, const IrShape *shape, int mask[IR_MAX_RANK])
 
 /* x summed over the masked axes, kept as axes of 1 (keepdim) or dropped, in f32 or the IR of
  * the whole-tensor SUM when every axis goes and none is kept. */
-static IrNode *sum_axes(Sema *S, IrNode *x, const int *mask, int keepdim, SrcLoc loc) {
+IrNode *sema_sum_axes(Sema *S, IrNode *x, const int *mask, int keepdim, SrcLoc loc) {
     IrShape kept = x->shape, dropped = {0};
     for (int d = 0; d < x->shape.rank; d++) {
         if (mask[d]) kept.dim[d] = 1;
@@ -1114,7 +1125,7 @@ static Value b_reduce(Sema *S, const AstExpr *c, const char *label, Value *args)
         return sema_tensor(sema_node(S, op, ir_scalar_shape(), x->dtype, c->loc, 1, x, NULL, NULL));
     int mask[IR_MAX_RANK];
     if (arg_axes(A, 1, &x->shape, mask) < 0 || !arg_refuse_half(A, 0, x)) return sema_error();
-    IrNode *y = sum_axes(S, x, mask, keepdim, c->loc);
+    IrNode *y = sema_sum_axes(S, x, mask, keepdim, c->loc);
     if (mean) y = scale(S, y, 1.0 / (double)masked_count(&x->shape, mask), c->loc);
     return sema_tensor(y);
 }
@@ -1135,10 +1146,10 @@ static Value b_var(Sema *S, const AstExpr *c, const char *label, Value *args) {
         diag_hint("the variance needs more elements than the correction (correction=0 is the biased variance)");
         return sema_error();
     }
-    IrNode *m = scale(S, sum_axes(S, x, mask, 1, c->loc), 1.0 / (double)n, c->loc);
+    IrNode *m = scale(S, sema_sum_axes(S, x, mask, 1, c->loc), 1.0 / (double)n, c->loc);
     IrNode *d = sema_node(S, OP_SUB, x->shape, DT_F32, c->loc, 2, x, m, NULL);
     IrNode *sq = sema_node(S, OP_MUL, x->shape, DT_F32, c->loc, 2, d, d, NULL);
-    return sema_tensor(scale(S, sum_axes(S, sq, mask, keepdim, c->loc), 1.0 / (double)(n - correction), c->loc));
+    return sema_tensor(scale(S, sema_sum_axes(S, sq, mask, keepdim, c->loc), 1.0 / (double)(n - correction), c->loc));
 }
 
 /* max(x, axis, keepdim=false) of a tensor along one axis; of two numbers, the larger. */
@@ -1195,7 +1206,7 @@ static Value b_logsumexp(Sema *S, const AstExpr *c, const char *label, Value *ar
                           NULL, NULL);
     int mask[IR_MAX_RANK] = {0};
     mask[axis] = 1;
-    IrNode *s = sema_node(S, OP_LOG, kept, DT_F32, at, 1, sum_axes(S, e, mask, 1, at), NULL, NULL);
+    IrNode *s = sema_node(S, OP_LOG, kept, DT_F32, at, 1, sema_sum_axes(S, e, mask, 1, at), NULL, NULL);
     IrNode *y = sema_node(S, OP_ADD, kept, DT_F32, at, 2, s, m, NULL);
     return sema_tensor(keepdim ? y : reshape(S, y, dropped, at));
 }

@@ -39,7 +39,7 @@ static IrShape broadcast(const IrNode *a, const IrNode *b) {
     return s;
 }
 
-static IrNode *binary(Sema *S, IrOp op, IrNode *a, IrNode *b, SrcLoc loc) {
+IrNode *sema_binary(Sema *S, IrOp op, IrNode *a, IrNode *b, SrcLoc loc) {
     IrDtype dt = op >= OP_EQ && op <= OP_GE ? DT_U8 : DT_F32;
     return sema_node(S, op, broadcast(a, b), dt, loc, 2, a, b, NULL);
 }
@@ -51,15 +51,15 @@ static IrNode *where(Sema *S, IrNode *c, IrNode *a, IrNode *b, SrcLoc loc) {
     return sema_node(S, OP_WHERE, s, DT_F32, loc, 3, c, a, b);
 }
 
-static IrNode *unary(Sema *S, IrOp op, IrNode *x, SrcLoc loc) {
+IrNode *sema_unary(Sema *S, IrOp op, IrNode *x, SrcLoc loc) {
     return sema_node(S, op, x->shape, DT_F32, loc, 1, x, NULL, NULL);
 }
 
 /* abs(x) = x < 0 ? -x : (x > 0 ? x : 0 * x): PyTorch's gradient sign(x), 0 at 0, and NaN for NaN */
 IrNode *sema_abs(Sema *S, IrNode *x, SrcLoc at) {
     IrNode *zero = num(S, 0, at);
-    IrNode *pos = where(S, binary(S, OP_GT, x, zero, at), x, binary(S, OP_MUL, x, zero, at), at);
-    return where(S, binary(S, OP_LT, x, zero, at), unary(S, OP_NEG, x, at), pos, at);
+    IrNode *pos = where(S, sema_binary(S, OP_GT, x, zero, at), x, sema_binary(S, OP_MUL, x, zero, at), at);
+    return where(S, sema_binary(S, OP_LT, x, zero, at), sema_unary(S, OP_NEG, x, at), pos, at);
 }
 
 Value sema_b_abs(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -82,8 +82,8 @@ Value sema_b_leaky_relu(Sema *S, const AstExpr *c, const char *label, Value *arg
     IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     if (!A->ok) return sema_error();
     SrcLoc at = c->loc;
-    IrNode *scaled = binary(S, OP_MUL, x, num(S, slope, at), at);
-    return sema_tensor(where(S, binary(S, OP_GT, x, num(S, 0, at), at), x, scaled, at));
+    IrNode *scaled = sema_binary(S, OP_MUL, x, num(S, slope, at), at);
+    return sema_tensor(where(S, sema_binary(S, OP_GT, x, num(S, 0, at), at), x, scaled, at));
 }
 
 /* clamp(x, min=none, max=none) = x < min ? min : (x > max ? max : x): the gradient passes where
@@ -112,11 +112,11 @@ Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args) {
     IrNode *y = x;
     if (has_hi) {
         IrNode *bound = num(S, hi, at);
-        y = where(S, binary(S, OP_GT, x, bound, at), bound, y, at);
+        y = where(S, sema_binary(S, OP_GT, x, bound, at), bound, y, at);
     }
     if (has_lo) {
         IrNode *bound = num(S, lo, at);
-        y = where(S, binary(S, OP_LT, x, bound, at), bound, y, at);
+        y = where(S, sema_binary(S, OP_LT, x, bound, at), bound, y, at);
     }
     return sema_tensor(y);
 }
@@ -125,9 +125,9 @@ Value sema_b_clamp(Sema *S, const AstExpr *c, const char *label, Value *args) {
  * tie the value is a (a + a is exact, and so is halving it) and each side gets half the
  * gradient, as torch.maximum and torch.minimum give it. */
 static IrNode *extremum_of(Sema *S, IrNode *a, IrNode *b, IrOp first, IrOp second, SrcLoc at) {
-    IrNode *tie = binary(S, OP_MUL, binary(S, OP_ADD, a, b, at), num(S, 0.5, at), at);
-    IrNode *rest = where(S, binary(S, second, a, b, at), b, tie, at);
-    return where(S, binary(S, first, a, b, at), a, rest, at);
+    IrNode *tie = sema_binary(S, OP_MUL, sema_binary(S, OP_ADD, a, b, at), num(S, 0.5, at), at);
+    IrNode *rest = where(S, sema_binary(S, second, a, b, at), b, tie, at);
+    return where(S, sema_binary(S, first, a, b, at), a, rest, at);
 }
 
 static Value extremum(Sema *S, const AstExpr *c, const char *label, Value *args, IrOp first, IrOp second) {
@@ -175,14 +175,7 @@ typedef struct {
 
 static Value activation(Args *A, Activation f, const double *k) {
     if (!A->ok) return sema_error();
-    if (is_number(A->a[0])) {
-        double y = f.number(sema_num(A->a[0]), k);
-        if (!isfinite(y)) {
-            diag_error(A->call->loc, "%s of %s overflows", A->call->name, sema_value_text(A->S, A->a[0]));
-            return sema_error();
-        }
-        return sema_float(y);
-    }
+    if (is_number(A->a[0])) return sema_number_result(A->S, A->call, A->a[0], f.number(sema_num(A->a[0]), k));
     IrNode *x = arg_f32_tensor(A, 0, 0, 0);
     if (!A->ok) return sema_error();
     return sema_tensor(f.build(A->S, x, k, A->call->loc));
@@ -190,16 +183,16 @@ static Value activation(Args *A, Activation f, const double *k) {
 
 /* x * k, or x itself for k = 1 */
 static IrNode *times(Sema *S, IrNode *x, double k, SrcLoc at) {
-    return k == 1 ? x : binary(S, OP_MUL, x, num(S, k, at), at);
+    return k == 1 ? x : sema_binary(S, OP_MUL, x, num(S, k, at), at);
 }
 
 /* softplus(x, beta=1, threshold=20) = log1p(exp(beta x)) / beta, and x where beta x > threshold,
  * as torch.nn.Softplus (k = beta, threshold) */
 static IrNode *softplus_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     IrNode *bx = times(S, x, k[0], at), *zero = num(S, 0, at);
-    IrNode *linear = binary(S, OP_GT, bx, num(S, k[1], at), at);
-    IrNode *y = unary(S, OP_LOG1P, unary(S, OP_EXP, where(S, linear, zero, bx, at), at), at);
-    if (k[0] != 1) y = binary(S, OP_DIV, y, num(S, k[0], at), at);
+    IrNode *linear = sema_binary(S, OP_GT, bx, num(S, k[1], at), at);
+    IrNode *y = sema_unary(S, OP_LOG1P, sema_unary(S, OP_EXP, where(S, linear, zero, bx, at), at), at);
+    if (k[0] != 1) y = sema_binary(S, OP_DIV, y, num(S, k[0], at), at);
     return where(S, linear, x, y, at);
 }
 static double softplus_num(double x, const double *k) { return k[0] * x > k[1] ? x : log1p(exp(k[0] * x)) / k[0]; }
@@ -208,8 +201,8 @@ static double softplus_num(double x, const double *k) { return k[0] * x > k[1] ?
  * input_scale (k = alpha, scale, in_scale): elu, selu, celu. At 0 the value is 0 and the
  * gradient the negative side's (alpha scale in_scale), as PyTorch's. */
 static IrNode *elu_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
-    IrNode *zero = num(S, 0, at), *pos = binary(S, OP_GT, x, zero, at);
-    IrNode *neg = unary(S, OP_EXPM1, times(S, where(S, pos, zero, x, at), k[2], at), at);
+    IrNode *zero = num(S, 0, at), *pos = sema_binary(S, OP_GT, x, zero, at);
+    IrNode *neg = sema_unary(S, OP_EXPM1, times(S, where(S, pos, zero, x, at), k[2], at), at);
     return where(S, pos, times(S, x, k[1], at), times(S, neg, k[0] * k[1], at), at);
 }
 static double elu_num(double x, const double *k) { return x > 0 ? k[1] * x : k[0] * k[1] * expm1(k[2] * x); }
@@ -219,7 +212,7 @@ static double elu_num(double x, const double *k) { return x > 0 ? k[1] * x : k[0
 static IrNode *mish_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     (void)k;
     const double sp[2] = {1, 20};
-    return binary(S, OP_MUL, x, unary(S, OP_TANH, softplus_of(S, x, sp, at), at), at);
+    return sema_binary(S, OP_MUL, x, sema_unary(S, OP_TANH, softplus_of(S, x, sp, at), at), at);
 }
 static double mish_num(double x, const double *k) {
     (void)k;
@@ -230,8 +223,8 @@ static double mish_num(double x, const double *k) {
  * gradient on the bounds, as torch.nn.Hardtanh; relu6 is hardtanh(x, 0, 6), torch.nn.ReLU6 */
 static IrNode *hardtanh_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     IrNode *lo = num(S, k[0], at), *hi = num(S, k[1], at);
-    IrNode *y = where(S, binary(S, OP_GE, x, hi, at), hi, x, at);
-    return where(S, binary(S, OP_LE, x, lo, at), lo, y, at);
+    IrNode *y = where(S, sema_binary(S, OP_GE, x, hi, at), hi, x, at);
+    return where(S, sema_binary(S, OP_LE, x, lo, at), lo, y, at);
 }
 static double hardtanh_num(double x, const double *k) { return x <= k[0] ? k[0] : x >= k[1] ? k[1] : x; }
 
@@ -239,9 +232,9 @@ static double hardtanh_num(double x, const double *k) { return x <= k[0] ? k[0] 
  * torch.nn.Hardsigmoid */
 static IrNode *hardsigmoid_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     (void)k;
-    IrNode *mid = binary(S, OP_DIV, binary(S, OP_ADD, x, num(S, 3, at), at), num(S, 6, at), at);
-    IrNode *y = where(S, binary(S, OP_GE, x, num(S, 3, at), at), num(S, 1, at), mid, at);
-    return where(S, binary(S, OP_LE, x, num(S, -3, at), at), num(S, 0, at), y, at);
+    IrNode *mid = sema_binary(S, OP_DIV, sema_binary(S, OP_ADD, x, num(S, 3, at), at), num(S, 6, at), at);
+    IrNode *y = where(S, sema_binary(S, OP_GE, x, num(S, 3, at), at), num(S, 1, at), mid, at);
+    return where(S, sema_binary(S, OP_LE, x, num(S, -3, at), at), num(S, 0, at), y, at);
 }
 static double hardsigmoid_num(double x, const double *k) {
     (void)k;
@@ -252,10 +245,10 @@ static double hardsigmoid_num(double x, const double *k) {
  * gradient x / 3 + 1/2 holds on both ends (-1/2 at -3, 3/2 at 3) */
 static IrNode *hardswish_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     (void)k;
-    IrNode *mid = binary(S, OP_MUL, x, binary(S, OP_ADD, x, num(S, 3, at), at), at);
-    mid = binary(S, OP_DIV, mid, num(S, 6, at), at);
-    IrNode *y = where(S, binary(S, OP_GT, x, num(S, 3, at), at), x, mid, at);
-    return where(S, binary(S, OP_LT, x, num(S, -3, at), at), num(S, 0, at), y, at);
+    IrNode *mid = sema_binary(S, OP_MUL, x, sema_binary(S, OP_ADD, x, num(S, 3, at), at), at);
+    mid = sema_binary(S, OP_DIV, mid, num(S, 6, at), at);
+    IrNode *y = where(S, sema_binary(S, OP_GT, x, num(S, 3, at), at), x, mid, at);
+    return where(S, sema_binary(S, OP_LT, x, num(S, -3, at), at), num(S, 0, at), y, at);
 }
 static double hardswish_num(double x, const double *k) {
     (void)k;
@@ -267,8 +260,9 @@ static double hardswish_num(double x, const double *k) {
 static IrNode *logsigmoid_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     (void)k;
     IrNode *lo = extremum_of(S, x, num(S, 0, at), OP_LT, OP_GT, at);
-    IrNode *tail = unary(S, OP_LOG1P, unary(S, OP_EXP, unary(S, OP_NEG, sema_abs(S, x, at), at), at), at);
-    return binary(S, OP_SUB, lo, tail, at);
+    IrNode *e = sema_unary(S, OP_EXP, sema_unary(S, OP_NEG, sema_abs(S, x, at), at), at);
+    IrNode *tail = sema_unary(S, OP_LOG1P, e, at);
+    return sema_binary(S, OP_SUB, lo, tail, at);
 }
 static double logsigmoid_num(double x, const double *k) {
     (void)k;
@@ -278,7 +272,7 @@ static double logsigmoid_num(double x, const double *k) {
 /* softsign(x) = x / (1 + |x|), torch.nn.Softsign */
 static IrNode *softsign_of(Sema *S, IrNode *x, const double *k, SrcLoc at) {
     (void)k;
-    return binary(S, OP_DIV, x, binary(S, OP_ADD, sema_abs(S, x, at), num(S, 1, at), at), at);
+    return sema_binary(S, OP_DIV, x, sema_binary(S, OP_ADD, sema_abs(S, x, at), num(S, 1, at), at), at);
 }
 static double softsign_num(double x, const double *k) {
     (void)k;
@@ -367,8 +361,8 @@ Value sema_b_prelu(Sema *S, const AstExpr *c, const char *label, Value *args) {
     if (!w) return sema_error();
     IrShape per_c = {.rank = s.rank > 1 ? s.rank - 1 : 1, .dim = {n}}; /* [C, 1, ...] against [N, C, ...] */
     for (int i = 1; i < per_c.rank; i++) per_c.dim[i] = 1;
-    IrNode *slope = binary(S, OP_MUL, x, sema_reshape(S, w->node, per_c, at), at);
-    return sema_tensor(where(S, binary(S, OP_GT, x, num(S, 0, at), at), x, slope, at));
+    IrNode *slope = sema_binary(S, OP_MUL, x, sema_reshape(S, w->node, per_c, at), at);
+    return sema_tensor(where(S, sema_binary(S, OP_GT, x, num(S, 0, at), at), x, slope, at));
 }
 
 /* glu(x, axis=-1) = a * sigmoid(b) for the halves a, b of x along the axis, torch.nn.GLU */
@@ -386,7 +380,7 @@ Value sema_b_glu(Sema *S, const AstExpr *c, const char *label, Value *args) {
         return sema_error();
     }
     IrNode *a = sema_slice(S, x, axis, 0, n / 2, c->loc), *b = sema_slice(S, x, axis, n / 2, n / 2, c->loc);
-    return sema_tensor(binary(S, OP_MUL, a, unary(S, OP_SIGMOID, b, c->loc), c->loc));
+    return sema_tensor(sema_binary(S, OP_MUL, a, sema_unary(S, OP_SIGMOID, b, c->loc), c->loc));
 }
 
 /* x ** p for a float tensor x and a number p: an integer from -8 to 8 as products of x (by
@@ -403,7 +397,7 @@ Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
     double p = power.k == V_INT ? (double)power.i : power.k == V_FLOAT ? power.f : NAN;
     if (p == 0.5 || p == -0.5) {
         IrNode *r = sema_node(S, OP_SQRT, x->shape, DT_F32, loc, 1, x, NULL, NULL);
-        return sema_tensor(p > 0 ? r : binary(S, OP_DIV, num(S, 1, loc), r, loc));
+        return sema_tensor(p > 0 ? r : sema_binary(S, OP_DIV, num(S, 1, loc), r, loc));
     }
     if (!(p == floor(p) && fabs(p) <= 8)) {
         diag_error(loc, "a tensor's power must be an integer from -8 to 8, 0.5 or -0.5, found %s",
@@ -414,11 +408,11 @@ Value sema_tensor_pow(Sema *S, Value base, Value power, SrcLoc loc) {
     int n = (int)fabs(p);
     IrNode *y = NULL, *sq = x; /* y = x^(bits of n seen so far), sq = x^(2^k) */
     for (; n; n >>= 1) {
-        if (n & 1) y = y ? binary(S, OP_MUL, y, sq, loc) : sq;
-        if (n > 1) sq = binary(S, OP_MUL, sq, sq, loc);
+        if (n & 1) y = y ? sema_binary(S, OP_MUL, y, sq, loc) : sq;
+        if (n > 1) sq = sema_binary(S, OP_MUL, sq, sq, loc);
     }
     if (!y) return sema_tensor(sema_node(S, OP_EXPAND, x->shape, DT_F32, loc, 1, num(S, 1, loc), NULL, NULL));
-    return sema_tensor(p < 0 ? binary(S, OP_DIV, num(S, 1, loc), y, loc) : y);
+    return sema_tensor(p < 0 ? sema_binary(S, OP_DIV, num(S, 1, loc), y, loc) : y);
 }
 
 /* groupnorm(x, groups, eps=1e-5, affine=true) on x [N, C, ...]: torch.nn.GroupNorm. The values
@@ -447,8 +441,8 @@ static Value group_norm(Sema *S, const AstExpr *c, const char *label, IrNode *x,
                    : NULL;
     if (!b) return sema_error();
     w->norm = b->norm = 1;
-    y = binary(S, OP_MUL, y, sema_reshape(S, w->node, per_c, at), at);
-    return sema_tensor(binary(S, OP_ADD, y, sema_reshape(S, b->node, per_c, at), at));
+    y = sema_binary(S, OP_MUL, y, sema_reshape(S, w->node, per_c, at), at);
+    return sema_tensor(sema_binary(S, OP_ADD, y, sema_reshape(S, b->node, per_c, at), at));
 }
 
 Value sema_b_groupnorm(Sema *S, const AstExpr *c, const char *label, Value *args) {
@@ -588,7 +582,7 @@ Value sema_b_conv_transpose2d(Sema *S, const AstExpr *c, const char *label, Valu
     memcpy(y->attr.pad, v.pad, sizeof v.pad);
     memcpy(y->attr.dil, v.dil, sizeof v.dil);
     y->attr.groups = (int)v.groups;
-    if (b) y = binary(S, OP_ADD, y, sema_reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), at), at);
+    if (b) y = sema_binary(S, OP_ADD, y, sema_reshape(S, b->node, ir_shape(3, out, (int64_t)1, (int64_t)1), at), at);
     return sema_tensor(y);
 }
 
@@ -657,12 +651,12 @@ Value sema_b_one_hot(Sema *S, const AstExpr *c, const char *label, Value *args) 
 /* x / max(||x||, eps) along an axis: sqrt of the sum of squares held at eps^2 or more, which is
  * max(||x||, eps) without a zero under the square root (whose gradient would be 0 / 0). */
 static IrNode *normalized(Sema *S, IrNode *x, int axis, double eps, SrcLoc at) {
-    IrShape kept = x->shape;
-    kept.dim[axis] = 1;
-    IrNode *sq = sema_node(S, OP_SUM_TO, kept, DT_F32, at, 1, binary(S, OP_MUL, x, x, at), NULL, NULL);
+    int mask[IR_MAX_RANK] = {0};
+    mask[axis] = 1;
+    IrNode *sq = sema_sum_axes(S, sema_binary(S, OP_MUL, x, x, at), mask, 1, at);
     IrNode *floor = num(S, eps * eps, at);
-    IrNode *norm = unary(S, OP_SQRT, where(S, binary(S, OP_LT, sq, floor, at), floor, sq, at), at);
-    return binary(S, OP_DIV, x, norm, at);
+    IrNode *norm = sema_unary(S, OP_SQRT, where(S, sema_binary(S, OP_LT, sq, floor, at), floor, sq, at), at);
+    return sema_binary(S, OP_DIV, x, norm, at);
 }
 
 /* normalize(x, axis=1, eps=1e-12): torch.nn.functional.normalize with p = 2, x / max(||x||, eps)
@@ -697,21 +691,10 @@ Value sema_b_cosine_similarity(Sema *S, const AstExpr *c, const char *label, Val
     if (A->a[2].k == V_NONE) A->a[2] = sema_int(s.rank > 1 ? 1 : 0);
     int axis = arg_axis(A, 2, &s);
     if (!A->ok) return sema_error();
-    IrNode *p = binary(S, OP_MUL, normalized(S, a, axis, eps, at), normalized(S, b, axis, eps, at), at);
-    IrShape kept = s, dropped = {0};
-    kept.dim[axis] = 1;
-    for (int d = 0; d < s.rank; d++)
-        if (d != axis) dropped.dim[dropped.rank++] = s.dim[d];
-    return sema_tensor(sema_reshape(S, sema_node(S, OP_SUM_TO, kept, DT_F32, at, 1, p, NULL, NULL), dropped, at));
-}
-
-/* a and b joined along the axis */
-static IrNode *join(Sema *S, IrNode *a, IrNode *b, int axis, SrcLoc at) {
-    IrShape s = a->shape;
-    s.dim[axis] += b->shape.dim[axis];
-    IrNode *y = sema_node(S, OP_CONCAT, s, DT_F32, at, 2, a, b, NULL);
-    y->attr.axis = axis;
-    return y;
+    IrNode *p = sema_binary(S, OP_MUL, normalized(S, a, axis, eps, at), normalized(S, b, axis, eps, at), at);
+    int mask[IR_MAX_RANK] = {0};
+    mask[axis] = 1;
+    return sema_tensor(sema_sum_axes(S, p, mask, 0, at));
 }
 
 /* The n values pad() puts beside x along the axis, before it (`before`) or after: `value`
@@ -730,7 +713,7 @@ static IrNode *pad_block(Sema *S, IrNode *x, int axis, int64_t n, int mode, doub
     for (int64_t i = 0; i < n; i++) { /* in the order they will lie */
         int64_t src = before ? n - i : L - 2 - i;
         IrNode *one = sema_slice(S, x, axis, src, 1, at);
-        y = y ? join(S, y, one, axis, at) : one;
+        y = y ? sema_concat(S, y, one, axis, at) : one;
     }
     return y;
 }
@@ -787,8 +770,8 @@ Value sema_b_pad(Sema *S, const AstExpr *c, const char *label, Value *args) {
             return sema_error();
         }
         IrNode *y = x;
-        if (before > 0) y = join(S, pad_block(S, x, axis, before, mode, value, 1, at), y, axis, at);
-        if (after > 0) y = join(S, y, pad_block(S, x, axis, after, mode, value, 0, at), axis, at);
+        if (before > 0) y = sema_concat(S, pad_block(S, x, axis, before, mode, value, 1, at), y, axis, at);
+        if (after > 0) y = sema_concat(S, y, pad_block(S, x, axis, after, mode, value, 0, at), axis, at);
         if (!sema_check_shape(S, &y->shape, at)) return sema_error();
         x = y;
     }

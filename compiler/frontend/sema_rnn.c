@@ -21,15 +21,8 @@ typedef struct {
     int64_t N, H;
 } Rnn;
 
-static IrNode *ew2(const Rnn *r, IrOp op, IrNode *a, IrNode *b) {
-    IrShape s;
-    if (!ir_broadcast(&a->shape, &b->shape, &s)) ICE("rnn: shapes checked before");
-    return sema_node(r->S, op, s, DT_F32, r->at, 2, a, b, NULL);
-}
-
-static IrNode *ew1(const Rnn *r, IrOp op, IrNode *x) {
-    return sema_node(r->S, op, x->shape, DT_F32, r->at, 1, x, NULL, NULL);
-}
+static IrNode *ew2(const Rnn *r, IrOp op, IrNode *a, IrNode *b) { return sema_binary(r->S, op, a, b, r->at); }
+static IrNode *ew1(const Rnn *r, IrOp op, IrNode *x) { return sema_unary(r->S, op, x, r->at); }
 
 /* x [R, K] by w [G, K] transposed, plus b [G] */
 static IrNode *affine(const Rnn *r, IrNode *x, IrNode *w, IrNode *b) {
@@ -45,12 +38,8 @@ static IrNode *gate(const Rnn *r, IrNode *g, int k) { return sema_slice(r->S, g,
 static IrNode *join_steps(const Rnn *r, IrNode **steps, int lo, int hi) {
     if (hi - lo == 1) return steps[lo];
     int mid = lo + (hi - lo) / 2;
-    IrNode *a = join_steps(r, steps, lo, mid), *b = join_steps(r, steps, mid, hi);
-    IrShape s = a->shape;
-    s.dim[0] += b->shape.dim[0];
-    IrNode *y = sema_node(r->S, OP_CONCAT, s, DT_F32, r->at, 2, a, b, NULL);
-    y->attr.axis = 0;
-    return y;
+    IrNode *a = join_steps(r, steps, lo, mid), *b = join_steps(r, steps, mid, hi); /* in this order */
+    return sema_concat(r->S, a, b, 0, r->at);
 }
 
 /* One layer over x [T, N, I]: its four parameters, then the steps; the states [T, N, H]. */

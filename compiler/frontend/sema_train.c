@@ -346,9 +346,7 @@ static void train_metrics(Sema *S, const AstStmt *s) {
             joined = r;
             continue;
         }
-        IrShape len = {.rank = 1, .dim = {joined->shape.dim[0] + 1}};
-        joined = sema_node(S, OP_CONCAT, len, DT_F32, s->value->loc, 2, joined, r, NULL);
-        joined->attr.axis = 0;
+        joined = sema_concat(S, joined, r, 0, s->value->loc);
     }
     S->g->correct = joined;
 }
