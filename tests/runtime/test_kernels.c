@@ -556,6 +556,14 @@ static void test_gemm_reference(void **state) {
  * (measured over every 7th float: 0.99 ulp at most; libm's expf 0.50), an ulp being that of
  * the exact value; and its ends: 0 below ln FLT_MIN, +inf above ln FLT_MAX and for +inf, 0 for
  * -inf, 1 for +-0, NaN for NaN. */
+/* |got - want| in units in the last place of the float nearest want (below the smallest normal
+ * float, in its unit) */
+static double ulp_error(float got, double want) {
+    int e;
+    frexp(want, &e);
+    return fabs(got - want) / ldexp(1.0, (fabs(want) < 0x1p-126 ? -125 : e) - 24);
+}
+
 static void test_expf(void **state) {
     (void)state;
     const float lo = -87.3365479f, hi = 88.7228394f;
@@ -563,10 +571,7 @@ static void test_expf(void **state) {
     for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 997) {
         float x = rt_float_of((uint32_t)bits);
         if (!(x >= lo && x <= hi)) continue;
-        double want = exp((double)x);
-        int e;
-        frexp(want, &e);
-        double err = fabs(rt_expf(x) - want) / ldexp(1.0, (want < 0x1p-126 ? -125 : e) - 24);
+        double want = exp((double)x), err = ulp_error(rt_expf(x), want);
         if (err > worst) worst = err;
         if (err > 2.0) {
             print_error("rt_expf(%.9g) = %.9g, exp %.17g: %.3g ulp\n", x, rt_expf(x), want, err);
@@ -598,50 +603,37 @@ static void test_expf_nonpos(void **state) {
     assert_true(rt_expf_nonpos(0.0f) == 1.0f && rt_expf_nonpos(-INFINITY) == 0.0f);
 }
 
-/* rt_erff against the exact erf at every 97th float with |x| < 6 (erf is 1 beyond, in float),
- * both signs: within 2 ulp of the float nearest the exact value. */
-static void test_erff(void **state) {
-    (void)state;
+/* fn, an odd function's float version, against the exact one at every 97th float of [0, end) and
+ * their negatives: within 2 ulp of the float nearest the exact value. The largest error. */
+static double odd_within_2ulp(const char *name, float (*fn)(float), double (*exact)(double), uint32_t end) {
     double worst = 0;
-    for (uint32_t bits = 0; bits < 0x40c00000u; bits += 97) { /* [0, 6) */
+    for (uint32_t bits = 0; bits < end; bits += 97) {
         for (int sign = 0; sign < 2; sign++) {
             float x = rt_float_of(bits | (sign ? 0x80000000u : 0));
-            double want = erf((double)x);
-            int e;
-            frexp(want, &e);
-            double err = fabs(rt_erff(x) - want) / ldexp(1.0, (fabs(want) < 0x1p-126 ? -125 : e) - 24);
+            double want = exact((double)x), err = ulp_error(fn(x), want);
             if (err > worst) worst = err;
             if (err > 2.0) {
-                print_error("rt_erff(%.9g) = %.9g, erf %.17g: %.3g ulp\n", x, rt_erff(x), want, err);
+                print_error("%s(%.9g) = %.9g, exactly %.17g: %.3g ulp\n", name, x, fn(x), want, err);
                 fail();
             }
         }
     }
-    print_message("rt_erff: at most %.3f ulp\n", worst);
+    print_message("%s: at most %.3f ulp\n", name, worst);
+    return worst;
+}
+
+/* rt_erff for |x| < 6 (erf is 1 beyond, in float) */
+static void test_erff(void **state) {
+    (void)state;
+    odd_within_2ulp("rt_erff", rt_erff, erf, 0x40c00000u);
     assert_true(rt_erff(0.0f) == 0.0f && rt_erff(INFINITY) == 1.0f && rt_erff(-INFINITY) == -1.0f);
     assert_true(rt_erff(10.0f) == 1.0f && rt_erff(-4.5f) == -1.0f && isnan(rt_erff(NAN)));
 }
 
-/* rt_tanhf against the exact tanh at every 97th float with |x| < 12 (tanh is 1 beyond, in
- * float), both signs: within 2 ulp of the float nearest the exact value. */
+/* rt_tanhf for |x| < 12 (tanh is 1 beyond, in float) */
 static void test_tanhf(void **state) {
     (void)state;
-    double worst = 0;
-    for (uint32_t bits = 0; bits < 0x41400000u; bits += 97) { /* [0, 12) */
-        for (int sign = 0; sign < 2; sign++) {
-            float x = rt_float_of(bits | (sign ? 0x80000000u : 0));
-            double want = tanh((double)x);
-            int e;
-            frexp(want, &e);
-            double err = fabs(rt_tanhf(x) - want) / ldexp(1.0, (fabs(want) < 0x1p-126 ? -125 : e) - 24);
-            if (err > worst) worst = err;
-            if (err > 2.0) {
-                print_error("rt_tanhf(%.9g) = %.9g, tanh %.17g: %.3g ulp\n", x, rt_tanhf(x), want, err);
-                fail();
-            }
-        }
-    }
-    print_message("rt_tanhf: at most %.3f ulp\n", worst);
+    odd_within_2ulp("rt_tanhf", rt_tanhf, tanh, 0x41400000u);
     assert_true(rt_tanhf(0.0f) == 0.0f && rt_tanhf(INFINITY) == 1.0f && rt_tanhf(-INFINITY) == -1.0f);
     assert_true(rt_tanhf(30.0f) == 1.0f && rt_tanhf(-100.0f) == -1.0f && isnan(rt_tanhf(NAN)));
 }
