@@ -117,13 +117,6 @@ static void choose(IrGraph *g, const IrBuilder *b, int krsc_filters, const unsig
         }
         n->layout = LAYOUT_NHWC;
     }
-    /* last, when the layouts of x and dy are final: a filter gradient beside channels-last
-     * activations is produced KRSC, gradient or not (convert() turns a gradient back) */
-    for (int i = 0; i < g->n && krsc_filters; i++) {
-        IrNode *n = g->nodes[i];
-        if (n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_nhwc(n, 0))
-            n->layout = LAYOUT_NHWC;
-    }
 }
 
 /* Every reader of p reads it stored in `layout` as it is: an element-wise operator (it strides
@@ -230,9 +223,10 @@ static void convert(IrGraph *g, IrBuilder *b, int krsc_filters, int views, const
         IrNode *n = g->nodes[i];
         if (!irb_placed(b, n)) continue; /* a permute sweep 0 merged away */
         int row_major = n->op == OP_RESHAPE && (!views || escapes[n->id]);
-        /* a filter gradient whose activations are channels-last is KRSC (choose() decided so
-         * with the layouts it gave; under --layout=row-major, a view's gradient read in place
-         * can still be channels-last: a patch embedding's tokens [N, h*w, D] as [N, D, h, w]) */
+        /* a filter gradient whose activations are channels-last is produced KRSC, gradient or
+         * not (turned back below), decided here, where its operands' layouts are final: under
+         * --layout=row-major too, where a view's gradient read in place can be channels-last (a
+         * patch embedding's tokens [N, h*w, D] as [N, D, h, w]) */
         if (krsc_filters && n->op == OP_CONV2D_BWD_FILTER && sensitive(n) && ir_operand_nhwc(n, 0))
             n->layout = LAYOUT_NHWC;
         for (int k = 0; k < n->n_in; k++) {
